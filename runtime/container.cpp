@@ -1,0 +1,456 @@
+#include "runtime/container.hpp"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+
+#include "runtime/mount.hpp"
+#include "runtime/spawner.hpp"
+#include "runtime/sys.hpp"
+#include "runtime/unix_socket.hpp"
+
+namespace dsec {
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+uint64_t now_ns() {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                 clock_type::now().time_since_epoch())
+                                 .count());
+}
+
+std::string new_id() {
+  unsigned char b[6];
+  if (::getrandom(b, sizeof b, 0) != static_cast<ssize_t>(sizeof b))
+    for (auto& x : b)
+      x = static_cast<unsigned char>(std::rand());
+  static const char hex[] = "0123456789abcdef";
+  std::string s(12, '0');
+  for (size_t i = 0; i < sizeof b; ++i) {
+    s[2 * i] = hex[b[i] >> 4];
+    s[2 * i + 1] = hex[b[i] & 15];
+  }
+  return s;
+}
+
+const char* signal_name(int sig) {
+  const char* d = ::sigabbrev_np(sig);
+  return d ? d : "?";
+}
+
+} // namespace
+
+std::vector<std::string> command::default_env() {
+  std::vector<std::string> env = {
+    "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root",
+    "LANG=C.UTF-8"};
+  if (const char* term = std::getenv("TERM"); term && *term)
+    env.push_back(std::string{"TERM="} + term);
+  return env;
+}
+
+std::string exit_status::to_string() const {
+  if (signal != 0)
+    return std::string{"killed by signal "} + std::to_string(signal) + " (SIG"
+           + signal_name(signal) + ")";
+  return "exited with status " + std::to_string(code);
+}
+
+exit_status exit_status::from_wait_status(int st) {
+  exit_status s;
+  if (WIFEXITED(st))
+    s.code = WEXITSTATUS(st);
+  else if (WIFSIGNALED(st))
+    s.signal = WTERMSIG(st);
+  return s;
+}
+
+// ---- creation steps ---------------------------------------------------------
+
+struct container::create_ctx {
+  spawner& sp;
+  std::span<const int> lowers;
+  const container_options& opts;
+  const cgroup_root* cgroups;
+  container& c;
+  upper_layer upper;
+  unique_fd overlay;
+  unique_fd child_ctl;
+};
+
+struct create_steps {
+  using ctx = container::create_ctx;
+
+  static expected<void> make_upper(ctx& x) {
+    DSEC_TRY(u, dsec::make_upper(x.opts.disk_bytes, x.sp.ids().base));
+    x.upper = std::move(u);
+    return {};
+  }
+
+  static expected<void> make_overlay(ctx& x) {
+    DSEC_TRY(o, dsec::make_overlay(x.lowers, x.upper));
+    x.overlay = std::move(o);
+    // The overlay holds the upper dirs now.
+    x.upper = upper_layer{};
+    return {};
+  }
+
+  static expected<void> make_cgroup(ctx& x) {
+    if (!x.opts.lim.any())
+      return {};
+    if (!x.cgroups)
+      return make_error(errc::unsupported, "limits were set but no cgroup root was given");
+    DSEC_TRY(cg, x.cgroups->create(x.c.id_, x.opts.lim));
+    x.c.cgroup_.emplace(std::move(cg));
+    return {};
+  }
+
+  static expected<void> spawn(ctx& x) {
+    int sv[2];
+    if (unix_socket::pair(sv) < 0)
+      return sys_error("socketpair for the sandbox control socket");
+    x.c.ctl_.reset(sv[0]);
+    x.child_ctl.reset(sv[1]);
+    std::vector<int> cg_fds;
+    if (x.c.cgroup_)
+      cg_fds = x.c.cgroup_->join_fds();
+    const auto& hostname = x.opts.hostname.empty() ? x.c.id_ : x.opts.hostname;
+    DSEC_TRY(s, x.sp.spawn(x.overlay.get(), x.child_ctl.get(), cg_fds, hostname, x.opts.net));
+    x.c.pid_ = s.pid;
+    x.c.pidfd_ = std::move(s.pidfd);
+    if (x.c.cgroup_)
+      x.c.cgroup_->close_join_fds();
+    // The sandbox holds its root and its end of the socket now.
+    x.overlay.reset();
+    x.child_ctl.reset();
+    return {};
+  }
+
+  static expected<void> wait_ready(ctx& x) {
+    auto& c = x.c;
+    alignas(8) char buf[256];
+    pollfd pf[2] = {{c.ctl_.get(), POLLIN, 0}, {c.pidfd_.get(), POLLIN, 0}};
+    for (;;) {
+      if (sys::retry([&] { return ::poll(pf, 1, -1); }) < 0)
+        return sys_error("poll on the sandbox control socket");
+      auto n = sys::retry([&] { return ::recv(c.ctl_.get(), buf, sizeof buf, 0); });
+      if (n <= 0) {
+        c.init_gone_ = true;
+        return c.init_died();
+      }
+      proto::header h;
+      if (static_cast<size_t>(n) < sizeof h)
+        continue;
+      std::memcpy(&h, buf, sizeof h);
+      if (h.kind == proto::type::ready && static_cast<size_t>(n) == sizeof(proto::ready)) {
+        proto::ready r;
+        std::memcpy(&r, buf, sizeof r);
+        for (uint32_t i = 0; i < r.steps && i < static_cast<uint32_t>(proto::child_step::count);
+             ++i)
+          c.timings_[c.ntimings_++] = {proto::child_step_name(i), r.step_ns[i]};
+        return {};
+      }
+      if (h.kind == proto::type::setup_failed
+          && static_cast<size_t>(n) == sizeof(proto::setup_failed)) {
+        proto::setup_failed f;
+        std::memcpy(&f, buf, sizeof f);
+        f.path[sizeof f.path - 1] = '\0';
+        auto e = sys_error("cannot set up the sandbox at", f.path, f.err);
+        e.code = errc::system_error;
+        e.step = proto::child_step_name(f.step);
+        return e;
+      }
+      // Anything else before ready is a protocol violation.
+      return make_error(errc::sandbox_failed, "the sandbox init sent an unexpected message");
+    }
+  }
+};
+
+namespace {
+
+struct host_step {
+  const char* name;
+  expected<void> (*run)(create_steps::ctx&);
+};
+
+// The host's creation steps, in order.
+constexpr host_step host_steps[] = {
+  {"make_upper", &create_steps::make_upper},   {"make_overlay", &create_steps::make_overlay},
+  {"make_cgroup", &create_steps::make_cgroup}, {"spawn", &create_steps::spawn},
+  {"wait_ready", &create_steps::wait_ready},
+};
+
+} // namespace
+
+expected<std::unique_ptr<container>>
+container::create(spawner& sp, std::span<const int> lowers, const container_options& opts,
+                  const cgroup_root* cgroups) {
+  if (lowers.empty())
+    return make_error(errc::invalid_argument, "a sandbox needs at least one layer");
+  std::unique_ptr<container> c{new container};
+  c->id_ = new_id();
+  create_ctx x{sp, lowers, opts, cgroups, *c, {}, {}, {}};
+  for (const auto& step : host_steps) {
+    auto t0 = now_ns();
+    size_t slot = c->ntimings_++;
+    c->timings_[slot] = {step.name, 0};
+    auto r = step.run(x);
+    c->timings_[slot].ns = now_ns() - t0;
+    if (!r)
+      return std::move(r).error_value().in_step(step.name); // ~container cleans up
+  }
+  // wait_ready appended the child steps after its own slot: nothing to fix up,
+  // the child steps happen inside it.
+  return c;
+}
+
+error container::init_died() {
+  siginfo_t info{};
+  if (pidfd_ && sys::retry([&] {
+        return ::waitid(P_PIDFD, static_cast<id_t>(pidfd_.get()), &info, WEXITED | WNOHANG);
+      }) == 0
+      && info.si_pid != 0) {
+    pid_ = -1;
+    std::string how = info.si_code == CLD_EXITED
+                        ? "exited with status " + std::to_string(info.si_status)
+                        : std::string{"was killed by signal SIG"} + signal_name(info.si_status);
+    if (oom_killed())
+      how += " (out of memory)";
+    return make_error(errc::sandbox_failed, "the sandbox's init " + how);
+  }
+  return make_error(errc::sandbox_failed, "the sandbox's init closed its control socket");
+}
+
+expected<bool> container::pump(std::optional<clock_type::time_point> deadline) {
+  pollfd pf[2] = {{ctl_.get(), POLLIN, 0}, {pidfd_.get(), POLLIN, 0}};
+  int timeout = -1;
+  if (deadline) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(*deadline
+                                                                      - clock_type::now());
+    timeout = left.count() < 0 ? 0 : static_cast<int>(std::min<int64_t>(left.count() + 1, 1 << 30));
+  }
+  int n = sys::retry([&] { return ::poll(pf, 2, timeout); });
+  if (n < 0)
+    return sys_error("poll on the sandbox control socket");
+  if (n == 0)
+    return false;
+  if (!(pf[0].revents & (POLLIN | POLLHUP | POLLERR))) {
+    // init died with nothing left to read
+    init_gone_ = true;
+    return init_died();
+  }
+  alignas(8) char buf[256];
+  auto len = sys::retry([&] { return ::recv(ctl_.get(), buf, sizeof buf, MSG_DONTWAIT); });
+  if (len < 0 && errno == EAGAIN)
+    return true;
+  if (len <= 0) {
+    init_gone_ = true;
+    return init_died();
+  }
+  proto::header h;
+  if (static_cast<size_t>(len) < sizeof h)
+    return make_error(errc::sandbox_failed, "the sandbox init sent a short message");
+  std::memcpy(&h, buf, sizeof h);
+  auto find = [&](uint64_t id) -> pending* {
+    for (auto& p : cmds_)
+      if (p.id == id)
+        return &p;
+    return nullptr;
+  };
+  if (h.kind == proto::type::started && static_cast<size_t>(len) == sizeof(proto::started)) {
+    proto::started m;
+    std::memcpy(&m, buf, sizeof m);
+    if (auto* p = find(m.id))
+      p->started = true;
+  } else if (h.kind == proto::type::exited && static_cast<size_t>(len) == sizeof(proto::exited)) {
+    proto::exited m;
+    std::memcpy(&m, buf, sizeof m);
+    if (auto* p = find(m.id)) {
+      p->done = true;
+      p->status = exit_status::from_wait_status(m.status);
+    }
+  } else if (h.kind == proto::type::exec_failed
+             && static_cast<size_t>(len) == sizeof(proto::exec_failed)) {
+    proto::exec_failed m;
+    std::memcpy(&m, buf, sizeof m);
+    if (auto* p = find(m.id)) {
+      p->done = true;
+      p->failure = make_error(m.err == ENOENT ? errc::not_found : errc::invalid_argument, "");
+      p->failure->sys_errno = m.err;
+      p->failure->step = proto::exec_stage_name(m.stage);
+    }
+  } else {
+    return make_error(errc::sandbox_failed, "the sandbox init sent an unexpected message");
+  }
+  return true;
+}
+
+expected<uint64_t> container::exec(const command& cmd, const stdio& io) {
+  if (destroyed_ || init_gone_)
+    return make_error(errc::not_found, "sandbox " + id_ + " is destroyed");
+  if (cmd.argv.empty() || cmd.argv[0].empty())
+    return make_error(errc::invalid_argument, "no command given");
+  // Build the message in a reused buffer: header, cwd, argv, env.
+  proto::exec m;
+  m.id = next_id_++;
+  m.argc = static_cast<uint32_t>(cmd.argv.size());
+  m.envc = static_cast<uint32_t>(cmd.env.size());
+  if (cmd.uid || cmd.gid) {
+    m.flags |= proto::exec_set_ids;
+    m.uid = cmd.uid.value_or(0);
+    m.gid = cmd.gid.value_or(cmd.uid.value_or(0));
+  }
+  size_t need = sizeof m + cmd.cwd.size() + 1;
+  for (const auto& s : cmd.argv)
+    need += s.size() + 1;
+  for (const auto& s : cmd.env)
+    need += s.size() + 1;
+  if (need > proto::max_exec_message)
+    return make_error(errc::invalid_argument,
+                      "command line and environment are too long ("
+                        + std::to_string(need) + " bytes, at most "
+                        + std::to_string(proto::max_exec_message) + ")");
+  for (const auto& s : cmd.argv)
+    if (s.find('\0') != std::string::npos)
+      return make_error(errc::invalid_argument, "an argument contains a NUL byte");
+  m.data_len = static_cast<uint32_t>(need - sizeof m);
+  msg_.resize(need);
+  char* p = msg_.data();
+  std::memcpy(p, &m, sizeof m);
+  p += sizeof m;
+  auto put = [&](const std::string& s) {
+    std::memcpy(p, s.c_str(), s.size() + 1);
+    p += s.size() + 1;
+  };
+  put(cmd.cwd);
+  for (const auto& s : cmd.argv)
+    put(s);
+  for (const auto& s : cmd.env)
+    put(s);
+  unique_fd devnull;
+  auto fd_or_null = [&](int fd) {
+    if (fd >= 0)
+      return fd;
+    if (!devnull)
+      devnull.reset(::open("/dev/null", O_RDWR | O_CLOEXEC));
+    return devnull.get();
+  };
+  int fds[3] = {fd_or_null(io.in), fd_or_null(io.out), fd_or_null(io.err)};
+  if (fds[0] < 0 || fds[1] < 0 || fds[2] < 0)
+    return sys_error("open", "/dev/null");
+  cmds_.emplace_back().id = m.id;
+  if (unix_socket::send(ctl_.get(), msg_.data(), need, fds, 3) < 0) {
+    cmds_.pop_back();
+    if (errno == EPIPE || errno == ECONNRESET) {
+      init_gone_ = true;
+      return init_died();
+    }
+    return sys_error("sending a command to the sandbox");
+  }
+  for (;;) {
+    pending* p = nullptr;
+    for (auto& c : cmds_)
+      if (c.id == m.id)
+        p = &c;
+    if (p->failure) {
+      auto e = std::move(*p->failure);
+      cmds_.erase(cmds_.begin() + (p - cmds_.data()));
+      const auto& prog = cmd.argv[0];
+      if (e.step == "execve")
+        e.message = "cannot execute '" + prog + "' in the sandbox: " + std::strerror(e.sys_errno);
+      else if (e.step == "chdir")
+        e.message = "cannot change to directory '" + cmd.cwd + "' in the sandbox: "
+                    + std::strerror(e.sys_errno);
+      else if (e.step == "setuid")
+        e.message = "cannot switch to uid " + std::to_string(m.uid) + " gid "
+                    + std::to_string(m.gid) + ": " + std::strerror(e.sys_errno);
+      else
+        e.message = std::string{"cannot start '"} + prog + "': " + std::strerror(e.sys_errno);
+      return e;
+    }
+    if (p->started || p->done)
+      return m.id;
+    DSEC_TRY(more, pump({}));
+    (void) more;
+  }
+}
+
+expected<exit_status> container::wait(uint64_t id,
+                                      std::optional<clock_type::time_point> deadline) {
+  for (;;) {
+    size_t i = 0;
+    for (; i < cmds_.size(); ++i)
+      if (cmds_[i].id == id)
+        break;
+    if (i == cmds_.size())
+      return make_error(errc::not_found, "no command " + std::to_string(id) + " in sandbox " + id_);
+    if (cmds_[i].done) {
+      auto st = cmds_[i].status;
+      cmds_.erase(cmds_.begin() + static_cast<ptrdiff_t>(i));
+      return st;
+    }
+    if (init_gone_ || destroyed_)
+      return make_error(errc::sandbox_failed, "sandbox " + id_ + " is gone");
+    DSEC_TRY(progressed, pump(deadline));
+    if (!progressed)
+      return make_error(errc::timeout, "the command is still running");
+  }
+}
+
+expected<void> container::signal(uint64_t id, int sig) {
+  if (destroyed_ || init_gone_)
+    return make_error(errc::not_found, "sandbox " + id_ + " is destroyed");
+  proto::signal m;
+  m.id = id;
+  m.sig = sig;
+  if (unix_socket::send(ctl_.get(), &m, sizeof m, nullptr, 0) < 0)
+    return sys_error("signalling a command in the sandbox");
+  return {};
+}
+
+bool container::oom_killed() const {
+  return cgroup_ && cgroup_->oom_killed();
+}
+
+expected<void> container::destroy() {
+  if (destroyed_)
+    return {};
+  destroyed_ = true;
+  expected<void> result;
+  if (pidfd_) {
+    // SIGKILL to a pid namespace's init kills every process in it; init's exit
+    // waits for them, so once it is reaped the sandbox is empty.
+    if (pid_ > 0)
+      sys::pidfd_send_signal(pidfd_.get(), SIGKILL);
+    siginfo_t info{};
+    if (sys::retry([&] {
+          return ::waitid(P_PIDFD, static_cast<id_t>(pidfd_.get()), &info, WEXITED);
+        }) < 0
+        && errno != ECHILD)
+      result = sys_error("reaping the sandbox init");
+    pid_ = -1;
+    pidfd_.reset();
+  }
+  ctl_.reset();
+  if (cgroup_) {
+    auto r = cgroup_->destroy();
+    if (!r && result)
+      result = std::move(r).error_value();
+  }
+  return result;
+}
+
+container::~container() {
+  (void) destroy();
+}
+
+} // namespace dsec

@@ -1,0 +1,150 @@
+// A live sandbox: the resource (the spec is a value, container_options).
+//
+// create() runs the creation steps below, in order, each timed; a failure names
+// its step and the path involved. Host steps, in this process:
+//   make_upper    a detached tmpfs for the writable upper and work dirs
+//   make_overlay  a detached overlay of the layers under it
+//   make_cgroup   a cgroup with the limits (only when limits are set)
+//   spawn         the zygote clones the sandbox init into fresh namespaces
+//   wait_ready    init reports its own steps (proto::child_step) done
+// Nothing is mounted in the host's mount namespace; the sandbox's mounts die
+// with its mount namespace when init dies.
+#pragma once
+
+#include <sys/types.h>
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "runtime/cgroup.hpp"
+#include "runtime/error.hpp"
+#include "runtime/fd.hpp"
+#include "runtime/proto.hpp"
+
+namespace dsec {
+
+class spawner;
+
+/// What a sandbox is made of, besides its layers.
+struct container_options {
+  std::string hostname;    ///< empty: the sandbox id
+  bool net = false;        ///< a private network namespace with loopback up
+  uint64_t disk_bytes = 0; ///< size of the writable layer; 0: tmpfs default (half of RAM)
+  limits lim;              ///< cgroup limits; none set: no cgroup of its own
+};
+
+/// A command to run in a sandbox.
+struct command {
+  std::vector<std::string> argv;
+  std::vector<std::string> env; ///< "K=V"; the whole environment
+  std::string cwd = "/";
+  std::optional<uint32_t> uid;   ///< sandbox uid; none: root (0)
+  std::optional<uint32_t> gid;
+
+  /// PATH, HOME=/root, TERM (from the host if set), LANG=C.UTF-8.
+  static std::vector<std::string> default_env();
+};
+
+/// Descriptors handed to a command; -1 means /dev/null.
+struct stdio {
+  int in = -1;
+  int out = -1;
+  int err = -1;
+};
+
+/// How a command ended.
+struct exit_status {
+  int code = 0;   ///< exit code, when it exited
+  int signal = 0; ///< the signal that killed it, else 0
+
+  /// The shell convention: code, or 128 + signal.
+  [[nodiscard]] int shell_code() const { return signal != 0 ? 128 + signal : code; }
+  [[nodiscard]] std::string to_string() const;
+  static exit_status from_wait_status(int status);
+};
+
+struct step_timing {
+  const char* name;
+  uint64_t ns;
+};
+
+class container {
+public:
+  /// Creates a sandbox from `lowers` (directory fds of mounted layers, topmost
+  /// first). `cgroups` may be null when opts.lim sets no limit.
+  static expected<std::unique_ptr<container>>
+  create(spawner& sp, std::span<const int> lowers, const container_options& opts,
+         const cgroup_root* cgroups);
+
+  /// Starts a command; returns its id once it runs (or why it could not start:
+  /// not_found for a missing program, with the program's name).
+  expected<uint64_t> exec(const command& cmd, const stdio& io);
+
+  /// Waits for a command to end. With a deadline, errc::timeout once it passes
+  /// (the command keeps running). errc::sandbox_failed if the sandbox died.
+  expected<exit_status>
+  wait(uint64_t id, std::optional<std::chrono::steady_clock::time_point> deadline = {});
+
+  /// Sends a signal to a command's process group.
+  expected<void> signal(uint64_t id, int sig);
+
+  /// Kills everything in the sandbox, reaps init, releases the cgroup. The
+  /// mounts go with the mount namespace. Idempotent; the destructor calls it.
+  expected<void> destroy();
+
+  /// True if the kernel's OOM killer killed something in the sandbox's cgroup.
+  [[nodiscard]] bool oom_killed() const;
+
+  [[nodiscard]] const std::string& id() const { return id_; }
+  [[nodiscard]] pid_t pid() const { return pid_; }
+  [[nodiscard]] int pidfd() const { return pidfd_.get(); }
+  /// Host and child creation steps with their durations, in order.
+  [[nodiscard]] std::span<const step_timing> timings() const {
+    return {timings_.data(), ntimings_};
+  }
+
+  ~container();
+  container(const container&) = delete;
+  container& operator=(const container&) = delete;
+
+private:
+  container() = default;
+  struct create_ctx;
+  friend struct create_steps;
+
+  // Reads one message from init (waiting up to `deadline`); stores results.
+  // Returns false on timeout.
+  expected<bool> pump(std::optional<std::chrono::steady_clock::time_point> deadline);
+  error init_died();
+
+  std::string id_;
+  pid_t pid_ = -1;
+  unique_fd pidfd_;
+  unique_fd ctl_;
+  std::optional<sandbox_cgroup> cgroup_;
+  uint64_t next_id_ = 1;
+  bool destroyed_ = false;
+  bool init_gone_ = false;
+
+  struct pending {
+    uint64_t id;
+    bool started = false;
+    bool done = false;
+    exit_status status;
+    std::optional<error> failure;
+  };
+  std::vector<pending> cmds_;
+  std::vector<char> msg_; // reused exec message buffer
+
+  static constexpr size_t max_timings = 5 + static_cast<size_t>(proto::child_step::count);
+  std::array<step_timing, max_timings> timings_{};
+  size_t ntimings_ = 0;
+};
+
+} // namespace dsec

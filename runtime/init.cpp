@@ -1,0 +1,261 @@
+#include "runtime/init.hpp"
+
+#include <fcntl.h>
+#include <grp.h>
+#include <limits.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/signalfd.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <vector>
+
+#include "runtime/proto.hpp"
+#include "runtime/sys.hpp"
+#include "runtime/unix_socket.hpp"
+
+namespace dsec {
+
+namespace {
+
+struct running {
+  pid_t pid;
+  uint64_t id;
+};
+
+struct init_state {
+  int ctl;
+  std::vector<running> cmds;
+  std::vector<char> buf = std::vector<char>(proto::max_exec_message + 64);
+  std::vector<char*> argv;
+  std::vector<char*> envp;
+};
+
+void send_or_exit(int ctl, const void* msg, size_t len) {
+  if (unix_socket::send(ctl, msg, len, nullptr, 0) < 0)
+    ::_exit(0); // dsec is gone: leaving tears the sandbox down
+}
+
+// Shared with the vfork child, which writes here before it _exits.
+struct vfork_result {
+  volatile int err;
+  volatile uint32_t stage;
+};
+
+// Runs in the vfork child: only async-signal-safe calls, no allocation.
+[[noreturn]] void exec_child(const proto::exec& m, const char* cwd, char* const* argv,
+                             char* const* envp, const int* fds, vfork_result* out) {
+  auto fail = [&](proto::exec_stage st) {
+    out->err = errno;
+    out->stage = static_cast<uint32_t>(st);
+    ::_exit(127);
+  };
+  sigset_t all;
+  sigemptyset(&all);
+  ::sigprocmask(SIG_SETMASK, &all, nullptr);
+  // Its own session and process group: no controlling terminal (so TIOCSTI on
+  // a terminal passed in from the host fails), and signals reach the whole job.
+  ::setsid();
+  // Move the three descriptors into place without clobbering one another.
+  int tmp[3];
+  for (int i = 0; i < 3; ++i) {
+    tmp[i] = ::fcntl(fds[i], F_DUPFD_CLOEXEC, 3);
+    if (tmp[i] < 0)
+      fail(proto::exec_stage::fork);
+  }
+  for (int i = 0; i < 3; ++i)
+    if (::dup2(tmp[i], i) < 0)
+      fail(proto::exec_stage::fork);
+  sys::close_range(3, ~0U, 0);
+  if (::chdir(cwd) < 0)
+    fail(proto::exec_stage::chdir);
+  if (m.flags & proto::exec_set_ids) {
+    if (::setgroups(0, nullptr) < 0 || ::setresgid(m.gid, m.gid, m.gid) < 0
+        || ::setresuid(m.uid, m.uid, m.uid) < 0)
+      fail(proto::exec_stage::set_ids);
+  }
+  const char* file = argv[0];
+  if (std::strchr(file, '/')) {
+    ::execve(file, argv, envp);
+    fail(proto::exec_stage::execve);
+  }
+  // Search the command's own PATH, not init's.
+  const char* path = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+  for (char* const* e = envp; *e; ++e)
+    if (std::strncmp(*e, "PATH=", 5) == 0)
+      path = *e + 5;
+  size_t flen = std::strlen(file);
+  int first_err = ENOENT;
+  char candidate[PATH_MAX];
+  for (const char* p = path;; ) {
+    const char* end = std::strchr(p, ':');
+    size_t dlen = end ? static_cast<size_t>(end - p) : std::strlen(p);
+    if (dlen + 1 + flen + 1 <= sizeof candidate) {
+      size_t k = 0;
+      if (dlen == 0)
+        candidate[k++] = '.';
+      std::memcpy(candidate + k, p, dlen);
+      k += dlen;
+      candidate[k++] = '/';
+      std::memcpy(candidate + k, file, flen + 1);
+      ::execve(candidate, argv, envp);
+      if (errno == EACCES)
+        first_err = EACCES;
+      else if (errno != ENOENT && errno != ENOTDIR)
+        fail(proto::exec_stage::execve);
+    }
+    if (!end)
+      break;
+    p = end + 1;
+  }
+  errno = first_err;
+  fail(proto::exec_stage::execve);
+  __builtin_unreachable();
+}
+
+// Parses one exec message and starts the command. Malformed messages are
+// answered with exec_failed(EPROTO): dsec built them, so that is a bug, but init
+// must not crash on it.
+void handle_exec(init_state& s, size_t len, const int* fds, size_t nfds) {
+  proto::exec m;
+  std::memcpy(&m, s.buf.data(), sizeof m);
+  proto::exec_failed fail;
+  fail.id = m.id;
+  const char* data = s.buf.data() + sizeof m;
+  size_t data_len = len - sizeof m;
+  bool ok = nfds == 3 && m.data_len == data_len && m.argc >= 1 && m.argc < 65536
+            && m.envc < 65536 && data_len > 0 && data[data_len - 1] == '\0';
+  // Split the strings: cwd, argv..., env...
+  s.argv.clear();
+  s.envp.clear();
+  const char* cwd = data;
+  if (ok) {
+    size_t want = 1 + m.argc + m.envc, got = 0;
+    const char* p = data;
+    const char* end = data + data_len;
+    while (p < end) {
+      if (got >= 1 && got < 1 + m.argc)
+        s.argv.push_back(const_cast<char*>(p));
+      else if (got >= 1 + m.argc)
+        s.envp.push_back(const_cast<char*>(p));
+      ++got;
+      p += std::strlen(p) + 1;
+    }
+    ok = got == want;
+  }
+  if (!ok) {
+    fail.stage = static_cast<uint32_t>(proto::exec_stage::fork);
+    fail.err = EPROTO;
+    send_or_exit(s.ctl, &fail, sizeof fail);
+    return;
+  }
+  s.argv.push_back(nullptr);
+  s.envp.push_back(nullptr);
+  vfork_result r{0, 0};
+  pid_t pid = ::vfork();
+  if (pid == 0)
+    exec_child(m, cwd, s.argv.data(), s.envp.data(), fds, &r);
+  if (pid < 0) {
+    fail.stage = static_cast<uint32_t>(proto::exec_stage::fork);
+    fail.err = errno;
+    send_or_exit(s.ctl, &fail, sizeof fail);
+    return;
+  }
+  if (r.err != 0) {
+    int st;
+    sys::retry([&] { return ::waitpid(pid, &st, 0); });
+    fail.stage = r.stage;
+    fail.err = r.err;
+    send_or_exit(s.ctl, &fail, sizeof fail);
+    return;
+  }
+  s.cmds.push_back({pid, m.id});
+  proto::started st;
+  st.id = m.id;
+  st.pid = pid;
+  send_or_exit(s.ctl, &st, sizeof st);
+}
+
+void handle_signal(init_state& s, const proto::signal& m) {
+  for (auto& c : s.cmds)
+    if (c.id == m.id) {
+      if (::kill(-c.pid, m.sig) < 0)
+        ::kill(c.pid, m.sig);
+      return;
+    }
+}
+
+void reap(init_state& s) {
+  for (;;) {
+    int st;
+    pid_t pid = ::waitpid(-1, &st, WNOHANG);
+    if (pid <= 0)
+      return;
+    for (size_t i = 0; i < s.cmds.size(); ++i)
+      if (s.cmds[i].pid == pid) {
+        proto::exited e;
+        e.id = s.cmds[i].id;
+        e.status = st;
+        s.cmds[i] = s.cmds.back();
+        s.cmds.pop_back();
+        send_or_exit(s.ctl, &e, sizeof e);
+        break;
+      }
+  }
+}
+
+} // namespace
+
+void init_main(int ctl) {
+  init_state s;
+  s.ctl = ctl;
+  sigset_t chld;
+  sigemptyset(&chld);
+  sigaddset(&chld, SIGCHLD);
+  ::sigprocmask(SIG_BLOCK, &chld, nullptr);
+  int sfd = ::signalfd(-1, &chld, SFD_CLOEXEC | SFD_NONBLOCK);
+  if (sfd < 0)
+    ::_exit(1);
+  pollfd pf[2] = {{ctl, POLLIN, 0}, {sfd, POLLIN, 0}};
+  for (;;) {
+    if (::poll(pf, 2, -1) < 0) {
+      if (errno == EINTR)
+        continue;
+      ::_exit(1);
+    }
+    if (pf[1].revents) {
+      signalfd_siginfo si;
+      while (::read(sfd, &si, sizeof si) > 0) {
+      }
+      reap(s);
+    }
+    if (pf[0].revents) {
+      int fds[unix_socket::max_fds];
+      size_t nfds = 0;
+      ssize_t n = unix_socket::recv(ctl, s.buf.data(), s.buf.size(), fds,
+                                    unix_socket::max_fds, &nfds);
+      if (n == 0 || (n < 0 && errno != EINTR && errno != EMSGSIZE))
+        ::_exit(0);
+      if (n >= static_cast<ssize_t>(sizeof(proto::header))) {
+        proto::header h;
+        std::memcpy(&h, s.buf.data(), sizeof h);
+        if (h.magic == proto::magic && h.kind == proto::type::exec
+            && n >= static_cast<ssize_t>(sizeof(proto::exec))) {
+          handle_exec(s, static_cast<size_t>(n), fds, nfds);
+        } else if (h.magic == proto::magic && h.kind == proto::type::signal
+                   && n == static_cast<ssize_t>(sizeof(proto::signal))) {
+          proto::signal m;
+          std::memcpy(&m, s.buf.data(), sizeof m);
+          handle_signal(s, m);
+        }
+      }
+      for (size_t i = 0; i < nfds; ++i)
+        ::close(fds[i]);
+    }
+  }
+}
+
+} // namespace dsec

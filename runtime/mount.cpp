@@ -1,0 +1,89 @@
+#include "runtime/mount.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+
+#include <cstdio>
+
+#include "runtime/sys.hpp"
+
+namespace dsec {
+
+expected<layer_mount> layer_mount::open(const std::string& image, int userns_fd) {
+  unique_fd fs{sys::fsopen("erofs", FSOPEN_CLOEXEC)};
+  if (!fs)
+    return sys_error("fsopen(erofs) for", image);
+  if (sys::fsconfig(fs.get(), FSCONFIG_SET_STRING, "source", image.c_str(), 0) < 0)
+    return sys::fs_error(fs.get(), "cannot use EROFS image", image);
+  if (sys::fsconfig(fs.get(), FSCONFIG_CMD_CREATE, nullptr, nullptr, 0) < 0)
+    return sys::fs_error(fs.get(), "cannot mount EROFS image", image);
+  layer_mount m;
+  m.image_ = image;
+  m.mnt_.reset(sys::fsmount(fs.get(), FSMOUNT_CLOEXEC,
+                            MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID));
+  if (!m.mnt_)
+    return sys::fs_error(fs.get(), "fsmount of EROFS image", image);
+  if (userns_fd >= 0) {
+    mount_attr attr{};
+    attr.attr_set = MOUNT_ATTR_IDMAP;
+    attr.userns_fd = static_cast<uint64_t>(userns_fd);
+    if (sys::mount_setattr(m.mnt_.get(), "", AT_EMPTY_PATH, &attr) < 0)
+      return sys_error("idmapping the mount of", image);
+  }
+  // fsmount() returns an O_PATH-like fd that FSCONFIG_SET_FD refuses (EBADF).
+  m.dir_.reset(::openat(m.mnt_.get(), ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!m.dir_)
+    return sys_error("opening the root of the mounted image", image);
+  return m;
+}
+
+expected<upper_layer> make_upper(uint64_t size_bytes, uint32_t owner) {
+  unique_fd fs{sys::fsopen("tmpfs", FSOPEN_CLOEXEC)};
+  if (!fs)
+    return sys_error("fsopen(tmpfs)");
+  char buf[32];
+  if (size_bytes > 0) {
+    std::snprintf(buf, sizeof buf, "%llu", static_cast<unsigned long long>(size_bytes));
+    if (sys::fsconfig(fs.get(), FSCONFIG_SET_STRING, "size", buf, 0) < 0)
+      return sys::fs_error(fs.get(), "tmpfs size", buf);
+  }
+  if (sys::fsconfig(fs.get(), FSCONFIG_SET_STRING, "mode", "0755", 0) < 0
+      || sys::fsconfig(fs.get(), FSCONFIG_CMD_CREATE, nullptr, nullptr, 0) < 0)
+    return sys::fs_error(fs.get(), "creating the upper tmpfs", "");
+  upper_layer u;
+  u.mnt.reset(sys::fsmount(fs.get(), FSMOUNT_CLOEXEC, MOUNT_ATTR_NODEV));
+  if (!u.mnt)
+    return sys::fs_error(fs.get(), "fsmount of the upper tmpfs", "");
+  if (::mkdirat(u.mnt.get(), "upper", 0755) < 0 || ::mkdirat(u.mnt.get(), "work", 0700) < 0)
+    return sys_error("mkdir in the upper tmpfs");
+  // The upper dir's owner becomes the owner of the sandbox's "/".
+  if (owner != 0 && ::fchownat(u.mnt.get(), "upper", owner, owner, 0) < 0)
+    return sys_error("chown of the upper dir");
+  u.upper.reset(::openat(u.mnt.get(), "upper", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  u.work.reset(::openat(u.mnt.get(), "work", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!u.upper || !u.work)
+    return sys_error("opening upper/work dirs");
+  return u;
+}
+
+expected<unique_fd> make_overlay(std::span<const int> lowers, const upper_layer& upper) {
+  unique_fd fs{sys::fsopen("overlay", FSOPEN_CLOEXEC)};
+  if (!fs)
+    return sys_error("fsopen(overlay)");
+  // lowerdir+ appends: the first one given is the topmost lower layer.
+  for (int fd : lowers)
+    if (sys::fsconfig(fs.get(), FSCONFIG_SET_FD, "lowerdir+", nullptr, fd) < 0)
+      return sys::fs_error(fs.get(), "adding a lower layer to the overlay", "");
+  if (sys::fsconfig(fs.get(), FSCONFIG_SET_FD, "upperdir", nullptr, upper.upper.get()) < 0)
+    return sys::fs_error(fs.get(), "setting the overlay upper dir", "");
+  if (sys::fsconfig(fs.get(), FSCONFIG_SET_FD, "workdir", nullptr, upper.work.get()) < 0)
+    return sys::fs_error(fs.get(), "setting the overlay work dir", "");
+  if (sys::fsconfig(fs.get(), FSCONFIG_CMD_CREATE, nullptr, nullptr, 0) < 0)
+    return sys::fs_error(fs.get(), "creating the overlay", "");
+  unique_fd mnt{sys::fsmount(fs.get(), FSMOUNT_CLOEXEC, 0)};
+  if (!mnt)
+    return sys::fs_error(fs.get(), "fsmount of the overlay", "");
+  return mnt;
+}
+
+} // namespace dsec

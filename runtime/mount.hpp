@@ -1,0 +1,53 @@
+// The mount mechanics of a sandbox root, all with the new mount API and all
+// detached: nothing here is ever attached to the host's mount namespace.
+//
+//   layer_mount   one EROFS image, mounted once (file-backed, read-only) and shared
+//                 by every sandbox that uses it; idmapped into the sandbox user
+//                 namespace so that its root-owned files belong to the sandbox root.
+//   make_upper    a private tmpfs holding the sandbox's writable upper and work dirs.
+//   make_overlay  the overlay of the lower layers under that upper dir.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include "runtime/error.hpp"
+#include "runtime/fd.hpp"
+
+namespace dsec {
+
+class layer_mount {
+public:
+  /// Mounts the EROFS image at `image` (a regular file: the kernel reads it
+  /// directly, no loop device) as a detached read-only mount. With a user
+  /// namespace fd, the mount is idmapped through it (MOUNT_ATTR_IDMAP).
+  static expected<layer_mount> open(const std::string& image, int userns_fd);
+
+  /// An O_DIRECTORY descriptor of the layer's root, as overlayfs' lowerdir+
+  /// wants it (the fsmount fd itself is O_PATH and is refused).
+  [[nodiscard]] int dir_fd() const { return dir_.get(); }
+  [[nodiscard]] const std::string& image() const { return image_; }
+
+private:
+  unique_fd mnt_; // keeps the detached mount alive
+  unique_fd dir_;
+  std::string image_;
+};
+
+/// A sandbox's private writable layer: a detached tmpfs with `upper` and `work`.
+struct upper_layer {
+  unique_fd mnt;   ///< the tmpfs mount
+  unique_fd upper; ///< O_DIRECTORY fd of upper/ (owned by the sandbox root)
+  unique_fd work;  ///< O_DIRECTORY fd of work/
+};
+
+/// Makes the tmpfs. `size_bytes` 0 leaves the kernel default (half of RAM);
+/// `owner` is the host uid (and gid) that the sandbox's root maps to.
+expected<upper_layer> make_upper(uint64_t size_bytes, uint32_t owner);
+
+/// Builds a detached overlay of `lowers` (directory fds, topmost first) under
+/// `upper`, and returns its mount fd, ready for move_mount(2) in the sandbox.
+expected<unique_fd> make_overlay(std::span<const int> lowers, const upper_layer& upper);
+
+} // namespace dsec

@@ -1,0 +1,154 @@
+// The private wire format between a dsec process, its zygote (dsec-spawner) and
+// each sandbox's init. Fixed-layout structs over SOCK_SEQPACKET: both ends are
+// built from the same tree, so there is no versioning; every message starts with
+// a header and the receiver checks magic, type and size before it trusts it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace dsec::proto {
+
+constexpr uint32_t magic = 0x63657364; // "dsec"
+
+enum class type : uint32_t {
+  hello = 1,     ///< zygote -> host, once: started (or why not)
+  spawn,         ///< host -> zygote: create a sandbox init
+  spawn_reply,   ///< zygote -> host: its pid, and its pidfd attached
+  setup_failed,  ///< init -> host: a creation step failed; init exits
+  ready,         ///< init -> host: the sandbox is up; step timings
+  exec,          ///< host -> init: run a command; stdin/stdout/stderr attached
+  signal,        ///< host -> init: signal a command's process group
+  started,       ///< init -> host: the command runs
+  exec_failed,   ///< init -> host: the command could not be started
+  exited,        ///< init -> host: the command ended; its wait status
+};
+
+struct header {
+  uint32_t magic = proto::magic;
+  type kind;
+};
+
+/// The steps the sandbox's first process takes, in order. Names are what errors
+/// and timings print; keep them in sync with child_step_names.
+enum class child_step : uint32_t {
+  join_cgroup,
+  enter_cgroup_ns,
+  attach_root,
+  mount_proc,
+  mount_devpts,
+  enter_root,
+  set_hostname,
+  setup_network,
+  landlock,
+  drop_capabilities,
+  seccomp,
+  count
+};
+
+inline const char* child_step_name(uint32_t s) {
+  static const char* names[] = {"join_cgroup",  "enter_cgroup_ns",   "attach_root",
+                                "mount_proc",   "mount_devpts",      "enter_root",
+                                "set_hostname", "setup_network",     "landlock",
+                                "drop_capabilities", "seccomp"};
+  return s < static_cast<uint32_t>(child_step::count) ? names[s] : "unknown";
+}
+
+/// Why the zygote could not start (hello.err != 0): which of its steps failed.
+struct hello {
+  header h{magic, type::hello};
+  int32_t err = 0;
+  char step[32] = {};
+  char path[128] = {};
+  uint32_t landlock_abi = 0; ///< 0: Landlock unavailable
+};
+
+constexpr uint32_t spawn_net = 1; ///< a fresh network namespace with loopback up
+
+/// Descriptors attached, in order: the overlay mount, init's end of the control
+/// socket, then `cgroup_fds` cgroup.procs files to join.
+struct spawn {
+  header h{magic, type::spawn};
+  uint32_t flags = 0;
+  uint32_t cgroup_fds = 0;
+  char hostname[64] = {};
+};
+
+/// pidfd attached when err == 0.
+struct spawn_reply {
+  header h{magic, type::spawn_reply};
+  int32_t err = 0;
+  int32_t pid = 0;
+};
+
+struct setup_failed {
+  header h{magic, type::setup_failed};
+  uint32_t step = 0;
+  int32_t err = 0;
+  char path[192] = {};
+};
+
+struct ready {
+  header h{magic, type::ready};
+  uint32_t steps = 0;
+  uint32_t pad = 0;
+  uint64_t step_ns[static_cast<size_t>(child_step::count)] = {};
+};
+
+constexpr uint32_t exec_set_ids = 1; ///< uid/gid are set: switch to them
+
+/// Followed by `data_len` bytes: cwd NUL, argc args each NUL-terminated, then
+/// envc "K=V" strings each NUL-terminated. stdin, stdout, stderr attached.
+struct exec {
+  header h{magic, type::exec};
+  uint64_t id = 0;
+  uint32_t flags = 0;
+  uint32_t uid = 0;
+  uint32_t gid = 0;
+  uint32_t argc = 0;
+  uint32_t envc = 0;
+  uint32_t data_len = 0;
+};
+
+/// Largest exec message (header + strings). SEQPACKET messages must fit the
+/// socket buffer; the host refuses longer command lines with a clear error.
+constexpr size_t max_exec_message = 128 * 1024;
+
+struct signal {
+  header h{magic, type::signal};
+  uint64_t id = 0;
+  int32_t sig = 0;
+};
+
+struct started {
+  header h{magic, type::started};
+  uint64_t id = 0;
+  int32_t pid = 0; ///< in the sandbox's pid namespace
+};
+
+enum class exec_stage : uint32_t { fork, chdir, set_ids, execve };
+
+inline const char* exec_stage_name(uint32_t s) {
+  switch (static_cast<exec_stage>(s)) {
+    case exec_stage::fork: return "fork";
+    case exec_stage::chdir: return "chdir";
+    case exec_stage::set_ids: return "setuid";
+    case exec_stage::execve: return "execve";
+  }
+  return "unknown";
+}
+
+struct exec_failed {
+  header h{magic, type::exec_failed};
+  uint64_t id = 0;
+  uint32_t stage = 0;
+  int32_t err = 0;
+};
+
+struct exited {
+  header h{magic, type::exited};
+  uint64_t id = 0;
+  int32_t status = 0; ///< a wait(2) status
+};
+
+} // namespace dsec::proto

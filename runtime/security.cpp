@@ -1,0 +1,201 @@
+#include "runtime/security.hpp"
+
+#include <fcntl.h>
+#include <linux/capability.h>
+#include <linux/seccomp.h>
+#include <sched.h>
+#include <seccomp.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+namespace dsec::security {
+
+namespace {
+
+// Landlock definitions newer than Debian 12's kernel headers (ABI 6, Linux 6.12).
+struct landlock_ruleset_attr_v6 {
+  uint64_t handled_access_fs;
+  uint64_t handled_access_net;
+  uint64_t scoped;
+};
+constexpr uint32_t landlock_create_ruleset_version = 1U << 0;
+constexpr uint64_t landlock_scope_abstract_unix_socket = 1ULL << 0;
+constexpr uint64_t landlock_scope_signal = 1ULL << 1;
+
+const std::vector<const char*> denied = {
+  // mounting and namespaces
+  "mount", "umount2", "pivot_root", "move_mount", "open_tree", "fsopen", "fsconfig",
+  "fsmount", "fspick", "mount_setattr", "unshare", "setns",
+  // the kernel itself
+  "init_module", "finit_module", "delete_module", "kexec_load", "kexec_file_load",
+  "bpf", "perf_event_open", "reboot", "swapon", "swapoff", "acct", "iopl", "ioperm",
+  "syslog", "lookup_dcookie", "quotactl", "quotactl_fd", "nfsservctl", "uselib",
+  "sysfs", "_sysctl", "vhangup",
+  // keyrings are not namespaced
+  "keyctl", "add_key", "request_key",
+  // clocks are not namespaced
+  "settimeofday", "clock_settime", "clock_adjtime", "adjtimex",
+  // file handles bypass the mount namespace; userfaultfd and io_uring are large
+  // attack surfaces agents do not need
+  "open_by_handle_at", "name_to_handle_at", "userfaultfd", "io_uring_setup",
+  "io_uring_enter", "io_uring_register",
+};
+
+} // namespace
+
+const std::vector<const char*>& denied_syscalls() {
+  return denied;
+}
+
+expected<seccomp_program> build_seccomp_filter() {
+  scmp_filter_ctx ctx = seccomp_init(SCMP_ACT_ALLOW);
+  if (!ctx)
+    return make_error(errc::system_error, "seccomp_init failed");
+  struct ctx_guard {
+    scmp_filter_ctx c;
+    ~ctx_guard() { seccomp_release(c); }
+  } guard{ctx};
+  auto fail = [](const char* what, int rc) {
+    return make_error(errc::system_error, std::string{"building the seccomp filter: "}
+                                            + what + ": " + std::strerror(-rc));
+  };
+  // Other ABIs reach the kernel with other syscall numbers: kill them outright
+  // rather than let them around the deny list.
+  if (int rc = seccomp_attr_set(ctx, SCMP_FLTATR_ACT_BADARCH, SCMP_ACT_KILL_PROCESS); rc < 0)
+    return fail("bad-arch action", rc);
+  // A binary tree over the syscall numbers instead of a linear chain: the
+  // kernel emulates the filter for every syscall number when it is installed
+  // (to cache the always-allowed ones), so a short path per syscall makes
+  // installing it, once per sandbox, several times cheaper.
+  if (int rc = seccomp_attr_set(ctx, SCMP_FLTATR_CTL_OPTIMIZE, 2); rc < 0)
+    return fail("optimize attribute", rc);
+  // We set no_new_privs ourselves, in the right order.
+  if (int rc = seccomp_attr_set(ctx, SCMP_FLTATR_CTL_NNP, 0); rc < 0)
+    return fail("nnp attribute", rc);
+  for (const char* name : denied) {
+    int nr = seccomp_syscall_resolve_name(name);
+    if (nr == __NR_SCMP_ERROR)
+      continue; // not on this architecture
+    if (int rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), nr, 0); rc < 0)
+      return fail(name, rc);
+  }
+  // clone3 passes its flags in memory a filter cannot read: say it does not
+  // exist, and libc falls back to clone(2), whose flags we can check.
+  if (int rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(ENOSYS), SCMP_SYS(clone3), 0); rc < 0)
+    return fail("clone3", rc);
+  for (unsigned long flag : {CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC, CLONE_NEWUSER,
+                             CLONE_NEWPID, CLONE_NEWNET, CLONE_NEWCGROUP}) {
+    if (int rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(clone), 1,
+                                  SCMP_A0(SCMP_CMP_MASKED_EQ, flag, flag));
+        rc < 0)
+      return fail("clone", rc);
+  }
+  // Injecting input into a terminal handed in from the host (CVE-2017-5226).
+  for (unsigned long req : {static_cast<unsigned long>(TIOCSTI),
+                            static_cast<unsigned long>(TIOCLINUX)}) {
+    if (int rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(ioctl), 1,
+                                  SCMP_A1(SCMP_CMP_MASKED_EQ, 0xffffffffUL, req));
+        rc < 0)
+      return fail("ioctl", rc);
+  }
+  // Export the BPF through a pipe-like memfd.
+  int fd = static_cast<int>(::syscall(SYS_memfd_create, "dsec-seccomp", MFD_CLOEXEC));
+  if (fd < 0)
+    return sys_error("memfd_create for the seccomp filter");
+  struct fd_guard {
+    int fd;
+    ~fd_guard() { ::close(fd); }
+  } fguard{fd};
+  if (int rc = seccomp_export_bpf(ctx, fd); rc < 0)
+    return fail("export", rc);
+  off_t len = ::lseek(fd, 0, SEEK_END);
+  if (len <= 0 || len % static_cast<off_t>(sizeof(sock_filter)) != 0)
+    return make_error(errc::system_error, "building the seccomp filter: bad export size");
+  seccomp_program p;
+  p.code.resize(static_cast<size_t>(len) / sizeof(sock_filter));
+  if (::pread(fd, p.code.data(), static_cast<size_t>(len), 0) != len)
+    return sys_error("reading the seccomp filter");
+  return p;
+}
+
+int install_seccomp(const seccomp_program& p) {
+  sock_fprog prog{};
+  prog.len = static_cast<unsigned short>(p.code.size());
+  prog.filter = const_cast<sock_filter*>(p.code.data());
+  if (::prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog, 0, 0) < 0)
+    return -errno;
+  return 0;
+}
+
+uint32_t landlock_abi() {
+  long v = ::syscall(SYS_landlock_create_ruleset, nullptr, 0,
+                     landlock_create_ruleset_version);
+  return v > 0 ? static_cast<uint32_t>(v) : 0;
+}
+
+int restrict_landlock(uint32_t abi) {
+  if (abi < 6)
+    return 0;
+  landlock_ruleset_attr_v6 attr{};
+  attr.scoped = landlock_scope_abstract_unix_socket | landlock_scope_signal;
+  int fd = static_cast<int>(::syscall(SYS_landlock_create_ruleset, &attr, sizeof attr, 0));
+  if (fd < 0)
+    return -errno;
+  int rc = static_cast<int>(::syscall(SYS_landlock_restrict_self, fd, 0));
+  int err = errno;
+  ::close(fd);
+  return rc < 0 ? -err : 0;
+}
+
+const std::vector<int>& kept_capabilities() {
+  static const std::vector<int> caps = {CAP_CHOWN, CAP_DAC_OVERRIDE, CAP_FOWNER,
+                                        CAP_FSETID, CAP_KILL,         CAP_SETGID,
+                                        CAP_SETUID, CAP_SETPCAP,      CAP_NET_BIND_SERVICE};
+  return caps;
+}
+
+namespace {
+
+uint64_t kept_mask() {
+  uint64_t keep = 0;
+  for (int c : kept_capabilities())
+    keep |= 1ULL << c;
+  return keep;
+}
+
+} // namespace
+
+int limit_bounding_set() {
+  uint64_t keep = kept_mask();
+  for (int c = 0; c < 64; ++c) {
+    if (keep & (1ULL << c))
+      continue;
+    if (::prctl(PR_CAPBSET_DROP, c, 0, 0, 0) < 0) {
+      if (errno == EINVAL)
+        break; // past the last capability this kernel knows
+      return -errno;
+    }
+  }
+  return 0;
+}
+
+int drop_capabilities() {
+  uint64_t keep = kept_mask();
+  if (::prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) < 0 && errno != EINVAL)
+    return -errno;
+  __user_cap_header_struct hdr{_LINUX_CAPABILITY_VERSION_3, 0};
+  __user_cap_data_struct data[2] = {};
+  data[0].effective = data[0].permitted = static_cast<uint32_t>(keep);
+  data[1].effective = data[1].permitted = static_cast<uint32_t>(keep >> 32);
+  if (::syscall(SYS_capset, &hdr, data) < 0)
+    return -errno;
+  return 0;
+}
+
+} // namespace dsec::security

@@ -1,0 +1,173 @@
+#include "runtime/spawner.hpp"
+
+#include <fcntl.h>
+#include <limits.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+
+#include "runtime/proto.hpp"
+#include "runtime/sys.hpp"
+#include "runtime/unix_socket.hpp"
+
+#ifndef DSEC_LIBEXECDIR
+#define DSEC_LIBEXECDIR "/usr/local/libexec/dsec"
+#endif
+
+namespace dsec {
+
+namespace {
+
+bool executable(const std::string& p) {
+  struct stat st;
+  return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(p.c_str(), X_OK) == 0;
+}
+
+} // namespace
+
+expected<std::string> spawner::find_binary() {
+  if (const char* env = std::getenv("DSEC_SPAWNER"); env && *env) {
+    if (!executable(env))
+      return make_error(errc::not_found, std::string{"DSEC_SPAWNER="} + env
+                                           + " is not an executable file");
+    return std::string{env};
+  }
+  char self[PATH_MAX];
+  auto n = ::readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n > 0) {
+    self[n] = '\0';
+    std::string dir{self};
+    dir.resize(dir.rfind('/'));
+    for (auto candidate : {dir + "/dsec-spawner", dir + "/../tools/dsec-spawner",
+                           dir + "/../libexec/dsec/dsec-spawner"})
+      if (executable(candidate))
+        return candidate;
+  }
+  std::string installed = DSEC_LIBEXECDIR "/dsec-spawner";
+  if (executable(installed))
+    return installed;
+  return make_error(errc::not_found,
+                    "cannot find dsec-spawner (looked beside the dsec binary and in "
+                    DSEC_LIBEXECDIR "; set DSEC_SPAWNER to its path)");
+}
+
+expected<std::unique_ptr<spawner>> spawner::start(const options& opts) {
+  std::string binary = opts.binary;
+  if (binary.empty()) {
+    DSEC_TRY(found, find_binary());
+    binary = std::move(found);
+  }
+  DSEC_TRY(userns, make_userns(opts.ids));
+  int sv[2];
+  if (unix_socket::pair(sv) < 0)
+    return sys_error("socketpair for the zygote");
+  unique_fd mine{sv[0]}, theirs{sv[1]};
+  std::unique_ptr<spawner> s{new spawner};
+  s->ids_ = opts.ids;
+  char host_pid[16];
+  std::snprintf(host_pid, sizeof host_pid, "%d", ::getpid());
+  // The zygote is exec'd, not just forked: a fresh, small address space makes its
+  // clones cheap, and it must not share anything with this (threaded) process.
+  const char* argv[] = {binary.c_str(), "--zygote", host_pid, nullptr};
+  const char* envp[] = {"PATH=/usr/sbin:/usr/bin:/sbin:/bin", nullptr};
+  int sock_fd = theirs.get(), ns_fd = userns.get();
+  pid_t pid = ::fork();
+  if (pid < 0)
+    return sys_error("fork for the zygote");
+  if (pid == 0) {
+    // Async-signal-safe only. Put the two descriptors at 3 and 4.
+    int a = ::fcntl(sock_fd, F_DUPFD, 10), b = ::fcntl(ns_fd, F_DUPFD, 10);
+    if (a < 0 || b < 0 || ::dup2(a, 3) < 0 || ::dup2(b, 4) < 0)
+      ::_exit(126);
+    sigset_t none;
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    ::execve(argv[0], const_cast<char**>(argv), const_cast<char**>(envp));
+    ::_exit(127);
+  }
+  s->pid_ = pid;
+  theirs.reset();
+  s->sock_ = std::move(mine);
+  proto::hello h;
+  auto n = sys::retry([&] { return ::recv(s->sock_.get(), &h, sizeof h, 0); });
+  if (n != static_cast<ssize_t>(sizeof h) || h.h.magic != proto::magic
+      || h.h.kind != proto::type::hello) {
+    // The zygote died before saying anything: report how.
+    int st = 0;
+    sys::retry([&] { return ::waitpid(pid, &st, 0); });
+    s->pid_ = -1;
+    std::string how = WIFEXITED(st) ? "exited with status " + std::to_string(WEXITSTATUS(st))
+                                    : "was killed by signal " + std::to_string(WTERMSIG(st));
+    if (WIFEXITED(st) && WEXITSTATUS(st) == 127)
+      how += " (cannot execute " + binary + ")";
+    return make_error(errc::system_error, "the sandbox spawner " + binary + " " + how);
+  }
+  if (h.err != 0) {
+    auto e = sys_error(std::string{"the sandbox spawner could not start: step '"} + h.step
+                         + "' failed on",
+                       h.path, h.err);
+    e.step = "start_spawner";
+    return e; // ~spawner reaps it
+  }
+  s->landlock_abi_ = h.landlock_abi;
+  s->userns_ = std::move(userns);
+  return s;
+}
+
+expected<spawner::spawned> spawner::spawn(int overlay, int ctl,
+                                          std::span<const int> cgroup_fds,
+                                          const std::string& hostname, bool net) {
+  proto::spawn req;
+  req.flags = net ? proto::spawn_net : 0;
+  if (hostname.size() >= sizeof req.hostname)
+    return make_error(errc::invalid_argument,
+                      "hostname '" + hostname + "' is longer than 63 characters");
+  std::memcpy(req.hostname, hostname.data(), hostname.size());
+  int fds[unix_socket::max_fds];
+  if (2 + cgroup_fds.size() > unix_socket::max_fds)
+    return make_error(errc::invalid_argument, "too many cgroups");
+  fds[0] = overlay;
+  fds[1] = ctl;
+  for (size_t i = 0; i < cgroup_fds.size(); ++i)
+    fds[2 + i] = cgroup_fds[i];
+  req.cgroup_fds = static_cast<uint32_t>(cgroup_fds.size());
+  std::lock_guard<std::mutex> guard{mu_};
+  if (unix_socket::send(sock_.get(), &req, sizeof req, fds, 2 + cgroup_fds.size()) < 0)
+    return make_error(errc::disconnected,
+                      std::string{"the sandbox spawner is gone: "} + std::strerror(errno));
+  proto::spawn_reply reply;
+  int pidfd = -1;
+  size_t nfds = 0;
+  auto n = unix_socket::recv(sock_.get(), &reply, sizeof reply, &pidfd, 1, &nfds);
+  if (n <= 0)
+    return make_error(errc::disconnected, "the sandbox spawner is gone");
+  spawned out;
+  out.pidfd.reset(nfds == 1 ? pidfd : -1);
+  if (n != static_cast<ssize_t>(sizeof reply) || reply.h.kind != proto::type::spawn_reply)
+    return make_error(errc::system_error, "the sandbox spawner answered garbage");
+  if (reply.err != 0) {
+    auto e = sys_error("clone of the sandbox init", "", reply.err);
+    if (reply.err == EAGAIN || reply.err == ENOMEM || reply.err == ENOSPC)
+      e.code = errc::overloaded;
+    return e;
+  }
+  if (!out.pidfd)
+    return make_error(errc::system_error, "the sandbox spawner sent no pidfd");
+  out.pid = reply.pid;
+  return out;
+}
+
+spawner::~spawner() {
+  sock_.reset();
+  if (pid_ > 0) {
+    int st;
+    sys::retry([&] { return ::waitpid(pid_, &st, 0); });
+  }
+}
+
+} // namespace dsec

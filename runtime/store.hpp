@@ -1,0 +1,130 @@
+// dsec::store: the local content-addressed layer store under the state directory.
+//
+//   STATE/lock                 flock(2): LOCK_EX while the store changes (commit of a
+//                              build, rm), LOCK_SH while a lease is taken or refs are read
+//   STATE/blobs/sha256/<hex>   EROFS images, mode 0444, named by the digest of their bytes
+//   STATE/refs/NAME@VERSION    one small text file per layer (kind=, digest=, size=,
+//                              created=, source=); a lease is a LOCK_SH on this file
+//   STATE/tmp/                 staging; each build owns one locked entry, entries whose
+//                              owner died are removed by open()
+//   STATE/system/              the dsec system layer image (system-vN.erofs)
+//
+// Layers are immutable: a NAME@VERSION is built once and only ever removed. Two layers
+// with the same bytes share one blob. Every operation either completes or leaves the
+// store as it was (no temp files, no partial refs or blobs).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "runtime/error.hpp"
+#include "runtime/fd.hpp"
+#include "runtime/layer.hpp"
+
+namespace dsec {
+
+/// What the store knows about one layer (the parsed ref file).
+struct layer_info {
+  layer_ref ref;
+  layer_kind kind = layer_kind::base;
+  std::string digest;    ///< "sha256:<64 hex>", the digest of the image bytes
+  uint64_t size = 0;     ///< image size in bytes
+  int64_t created = 0;   ///< unix seconds when the ref was committed
+  std::string source;    ///< the absolute SRC path the layer was built from
+  std::string blob_path; ///< STATE/blobs/sha256/<hex>: the EROFS image to mount
+};
+
+/// How build() makes the image.
+struct build_options {
+  std::string compress; ///< "" (uncompressed, fastest to read), "lz4" or "lz4hc"
+};
+
+/// What build() did.
+struct build_result {
+  layer_info info;
+  bool deduplicated = false; ///< the same image was already stored; no new blob
+  double seconds = 0;        ///< wall time of the whole build
+};
+
+/// A shared hold on one layer while a sandbox uses it: an O_RDONLY descriptor of
+/// the ref file with flock(LOCK_SH). store::remove() refuses (in_use) while any
+/// lease on the ref exists, in this process or another. Released on destruction.
+class layer_lease {
+public:
+  layer_lease(layer_lease&&) noexcept = default;
+  layer_lease& operator=(layer_lease&&) noexcept = default;
+  layer_lease(const layer_lease&) = delete;
+  layer_lease& operator=(const layer_lease&) = delete;
+  ~layer_lease() = default;
+
+  /// The layer as it was when the lease was taken (refs are immutable).
+  [[nodiscard]] const layer_info& info() const noexcept { return info_; }
+  /// The EROFS image to mount.
+  [[nodiscard]] const std::string& blob_path() const noexcept { return info_.blob_path; }
+  /// False only for a moved-from lease.
+  explicit operator bool() const noexcept { return static_cast<bool>(fd_); }
+
+private:
+  friend class store;
+  layer_lease(unique_fd fd, layer_info info) noexcept
+    : fd_(std::move(fd)), info_(std::move(info)) {}
+
+  unique_fd fd_; ///< the ref file, flock(LOCK_SH) held until close
+  layer_info info_;
+};
+
+/// A handle on a store directory. Cheap to copy: all state lives on disk, and
+/// every method is safe to call from several threads and processes at once.
+class store {
+public:
+  /// Opens the store at `state_dir` (made absolute), creating the layout if
+  /// missing (mkdir -p), and removes what crashed builds left in tmp/.
+  static expected<store> open(std::string state_dir);
+
+  /// Builds layer `ref` of `kind` from `src`: a directory (used as is) or a regular
+  /// file holding a tar archive (plain or compressed; extracted with owners,
+  /// permissions and xattrs kept, so `docker export` output works). Errors:
+  /// not_found (no SRC), invalid_argument (SRC is another file type, bad ref or
+  /// options), already_exists (the ref exists: versions are immutable),
+  /// tool_failed (tar or mkfs.erofs failed; the message carries its stderr).
+  /// The image is deterministic: the same tree gives the same digest, stored once.
+  expected<build_result> build(layer_kind kind, const layer_ref& ref,
+                               const std::string& src,
+                               const build_options& options = {});
+
+  /// Every layer, sorted by name then version, each compared in natural order
+  /// (digit runs as numbers, so python@9 comes before python@10).
+  [[nodiscard]] expected<std::vector<layer_info>> list() const;
+
+  /// One layer; not_found "unknown layer X@Y (see 'dsec layer ls')".
+  [[nodiscard]] expected<layer_info> find(const layer_ref& ref) const;
+
+  /// Takes a lease on `ref` (see layer_lease). Taken under the store lock
+  /// (LOCK_SH) so that a concurrent remove() cannot delete the layer under it.
+  [[nodiscard]] expected<layer_lease> lease(const layer_ref& ref) const;
+
+  /// Removes `ref`; the blob goes too unless another ref names the same digest.
+  /// not_found if unknown, in_use while any lease on it is held.
+  expected<void> remove(const layer_ref& ref);
+
+  /// The path of the dsec system layer image (device nodes, /proc, /sys, /tmp
+  /// mount points, /dev symlinks) that goes on top of every sandbox's layers.
+  /// Built on first use (needs CAP_MKNOD), then reused.
+  expected<std::string> system_layer();
+
+  /// The absolute state directory.
+  [[nodiscard]] const std::string& dir() const noexcept { return dir_; }
+
+  /// Bumped whenever the system layer's contents change, so a new dsec builds a
+  /// new image next to the old one instead of using a stale one.
+  static constexpr int system_layer_version = 1;
+
+private:
+  explicit store(std::string dir) : dir_(std::move(dir)) {}
+
+  std::string dir_;
+};
+
+} // namespace dsec

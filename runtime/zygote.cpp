@@ -1,0 +1,305 @@
+#include "runtime/zygote.hpp"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <linux/sched.h>
+#include <net/if.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/ioctl.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+
+#include "runtime/init.hpp"
+#include "runtime/proto.hpp"
+#include "runtime/security.hpp"
+#include "runtime/sys.hpp"
+#include "runtime/unix_socket.hpp"
+
+namespace dsec {
+
+namespace {
+
+constexpr int host_sock = 3;
+constexpr int userns_fd = 4;
+
+struct zygote_state {
+  char* argv_begin = nullptr; // our argv strings, overwritten in each init
+  size_t argv_len = 0;
+  int host_pidfd = -1;
+  security::seccomp_program seccomp;
+  uint32_t landlock_abi = 0;
+};
+
+uint64_t now_ns() {
+  timespec ts;
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000ULL
+         + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+void copy_str(char* dst, size_t cap, const char* src) {
+  std::strncpy(dst, src, cap - 1);
+  dst[cap - 1] = '\0';
+}
+
+[[noreturn]] void startup_failed(const char* step, const char* path, int err) {
+  proto::hello h;
+  h.err = err != 0 ? err : EINVAL;
+  copy_str(h.step, sizeof h.step, step);
+  copy_str(h.path, sizeof h.path, path);
+  (void) unix_socket::send(host_sock, &h, sizeof h, nullptr, 0);
+  ::_exit(1);
+}
+
+// The zygote's own setup, in order. Each failure names its step.
+void set_up(zygote_state& z, pid_t host) {
+  // Die with the dsec process; if it is already gone, do not start.
+  if (::prctl(PR_SET_PDEATHSIG, SIGKILL) < 0 || ::getppid() != host)
+    startup_failed("pdeathsig", "", errno);
+  // Only the two descriptors we were given survive.
+  sys::close_range(5, ~0U, 0);
+  z.host_pidfd = sys::pidfd_open(host, 0);
+  if (z.host_pidfd < 0)
+    startup_failed("pidfd_open", "", errno);
+  auto filter = security::build_seccomp_filter();
+  if (!filter)
+    startup_failed("seccomp_filter", filter.error_value().message.c_str(), EINVAL);
+  z.seccomp = std::move(*filter);
+  z.landlock_abi = security::landlock_abi();
+  // A private copy of the host's mounts, so that nothing we do propagates back.
+  if (::unshare(CLONE_NEWNS) < 0)
+    startup_failed("private_mounts", "unshare(CLONE_NEWNS)", errno);
+  if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) < 0)
+    startup_failed("private_mounts", "/", errno);
+  // A minimal root: an empty tmpfs with /mnt (where each sandbox's root is
+  // attached) and /proc (without a visible proc mount the kernel refuses to
+  // mount a sandbox's own proc from inside a user namespace).
+  if (::mount("dsec-zygote", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
+              "size=64k,mode=0755") < 0)
+    startup_failed("minimal_root", "/tmp", errno);
+  if (::mkdir("/tmp/mnt", 0755) < 0 || ::mkdir("/tmp/proc", 0555) < 0)
+    startup_failed("minimal_root", "/tmp/mnt", errno);
+  if (::mount("proc", "/tmp/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr) < 0)
+    startup_failed("minimal_root", "/tmp/proc", errno);
+  if (::chdir("/tmp") < 0 || ::syscall(SYS_pivot_root, ".", ".") < 0)
+    startup_failed("minimal_root", "pivot_root", errno);
+  if (::umount2(".", MNT_DETACH) < 0 || ::chdir("/") < 0)
+    startup_failed("minimal_root", "umount old root", errno);
+  // Become the sandbox user namespace's root.
+  if (::setns(userns_fd, CLONE_NEWUSER) < 0)
+    startup_failed("enter_userns", "setns", errno);
+  if (::setgroups(0, nullptr) < 0 || ::setresgid(0, 0, 0) < 0 || ::setresuid(0, 0, 0) < 0)
+    startup_failed("enter_userns", "setresuid", errno);
+  ::close(userns_fd);
+  // Each prctl(PR_CAPBSET_DROP) commits new credentials: do the thirty-odd of
+  // them once here rather than in every sandbox. It limits only what an execve
+  // can gain, so the sandboxes still have what their setup needs.
+  if (int rc = security::limit_bounding_set(); rc < 0)
+    startup_failed("bounding_set", "prctl(PR_CAPBSET_DROP)", -rc);
+  // Sandboxes without networking share this namespace: it has only a loopback
+  // device, which stays down, so they cannot reach each other or anything else.
+  if (::unshare(CLONE_NEWNET) < 0)
+    startup_failed("empty_netns", "unshare(CLONE_NEWNET)", errno);
+}
+
+// ---- the sandbox's first process ------------------------------------------
+
+struct child_ctx {
+  const zygote_state* z;
+  const proto::spawn* req;
+  int* fds;
+  size_t nfds;
+  int ctl;
+  proto::ready ready;
+  uint64_t last;
+};
+
+[[noreturn]] void child_fail(child_ctx& c, proto::child_step step, const char* path, int err) {
+  proto::setup_failed m;
+  m.step = static_cast<uint32_t>(step);
+  m.err = err;
+  copy_str(m.path, sizeof m.path, path);
+  (void) unix_socket::send(c.ctl, &m, sizeof m, nullptr, 0);
+  ::_exit(1);
+}
+
+void mark(child_ctx& c, proto::child_step step) {
+  auto t = now_ns();
+  c.ready.step_ns[static_cast<size_t>(step)] = t - c.last;
+  c.last = t;
+}
+
+bool loopback_up() {
+  int s = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (s < 0)
+    return false;
+  ifreq ifr{};
+  std::strcpy(ifr.ifr_name, "lo");
+  bool ok = ::ioctl(s, SIOCGIFFLAGS, &ifr) == 0;
+  ifr.ifr_flags |= IFF_UP | IFF_RUNNING;
+  ok = ok && ::ioctl(s, SIOCSIFFLAGS, &ifr) == 0;
+  int err = errno;
+  ::close(s);
+  errno = err;
+  return ok;
+}
+
+// The creation steps inside the sandbox, in order (proto::child_step).
+[[noreturn]] void child_main(child_ctx& c) {
+  using S = proto::child_step;
+  const auto& req = *c.req;
+  // Nothing of the zygote may reach the sandbox.
+  ::close(host_sock);
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  pollfd p{c.z->host_pidfd, POLLIN, 0};
+  if (::poll(&p, 1, 0) != 0) // the dsec process died before we could watch it
+    ::_exit(1);
+  ::close(c.z->host_pidfd);
+  // What `ps` shows as pid 1 in the sandbox: not our path or the host's pid.
+  if (c.z->argv_len > 0) {
+    std::memset(c.z->argv_begin, 0, c.z->argv_len);
+    copy_str(c.z->argv_begin, c.z->argv_len, "dsec-init");
+  }
+  ::prctl(PR_SET_NAME, "dsec-init", 0, 0, 0);
+  c.last = now_ns();
+
+  for (uint32_t i = 0; i < req.cgroup_fds; ++i) {
+    if (::write(c.fds[2 + i], "0", 1) != 1)
+      child_fail(c, S::join_cgroup, "cgroup.procs", errno);
+    ::close(c.fds[2 + i]);
+  }
+  mark(c, S::join_cgroup);
+  // /proc/self/cgroup then shows "/" instead of the host's cgroup paths.
+  if (::unshare(CLONE_NEWCGROUP) < 0)
+    child_fail(c, S::enter_cgroup_ns, "unshare(CLONE_NEWCGROUP)", errno);
+  mark(c, S::enter_cgroup_ns);
+  if (sys::move_mount(c.fds[0], "", AT_FDCWD, "/mnt", MOVE_MOUNT_F_EMPTY_PATH) < 0)
+    child_fail(c, S::attach_root, "/mnt", errno);
+  ::close(c.fds[0]);
+  mark(c, S::attach_root);
+  if (::mount("proc", "/mnt/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr) < 0)
+    child_fail(c, S::mount_proc, "/proc", errno);
+  mark(c, S::mount_proc);
+  if (::mount("devpts", "/mnt/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC,
+              "newinstance,ptmxmode=0666,mode=0620,gid=5") < 0)
+    child_fail(c, S::mount_devpts, "/dev/pts", errno);
+  mark(c, S::mount_devpts);
+  // MS_MOVE + chroot instead of pivot_root: pivot_root walks every task on the
+  // host. What lies beneath is the zygote's empty tmpfs, and the sandbox keeps
+  // neither CAP_SYS_CHROOT nor CAP_SYS_ADMIN to climb out.
+  if (::chdir("/mnt") < 0 || ::mount(".", "/", nullptr, MS_MOVE, nullptr) < 0
+      || ::chroot(".") < 0 || ::chdir("/") < 0)
+    child_fail(c, S::enter_root, "/", errno);
+  mark(c, S::enter_root);
+  if (::sethostname(req.hostname, ::strnlen(req.hostname, sizeof req.hostname)) < 0)
+    child_fail(c, S::set_hostname, req.hostname, errno);
+  mark(c, S::set_hostname);
+  if ((req.flags & proto::spawn_net) && !loopback_up())
+    child_fail(c, S::setup_network, "lo", errno);
+  mark(c, S::setup_network);
+  if (int rc = security::restrict_landlock(c.z->landlock_abi); rc < 0)
+    child_fail(c, S::landlock, "landlock_restrict_self", -rc);
+  mark(c, S::landlock);
+  if (int rc = security::drop_capabilities(); rc < 0)
+    child_fail(c, S::drop_capabilities, "capset", -rc);
+  if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
+    child_fail(c, S::drop_capabilities, "no_new_privs", errno);
+  // Not dumpable: no process of the sandbox can ptrace init or read its memory.
+  if (::prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0)
+    child_fail(c, S::drop_capabilities, "dumpable", errno);
+  mark(c, S::drop_capabilities);
+  if (int rc = security::install_seccomp(c.z->seccomp); rc < 0)
+    child_fail(c, S::seccomp, "seccomp", -rc);
+  mark(c, S::seccomp);
+  c.ready.steps = static_cast<uint32_t>(S::count);
+  if (unix_socket::send(c.ctl, &c.ready, sizeof c.ready, nullptr, 0) < 0)
+    ::_exit(1);
+  init_main(c.ctl);
+}
+
+pid_t clone_sandbox(uint32_t flags, int* pidfd) {
+  clone_args args{};
+  args.flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_PARENT
+               | CLONE_PIDFD;
+  if (flags & proto::spawn_net)
+    args.flags |= CLONE_NEWNET;
+  args.pidfd = reinterpret_cast<uint64_t>(pidfd);
+  args.exit_signal = 0; // CLONE_PARENT: the child signals our parent like we would
+  return static_cast<pid_t>(::syscall(SYS_clone3, &args, sizeof args));
+}
+
+void serve(zygote_state& z) {
+  for (;;) {
+    proto::spawn req;
+    int fds[unix_socket::max_fds];
+    size_t nfds = 0;
+    ssize_t n = unix_socket::recv(host_sock, &req, sizeof req, fds, unix_socket::max_fds, &nfds);
+    if (n == 0)
+      ::_exit(0); // the dsec process closed the socket: we are done
+    proto::spawn_reply reply;
+    if (n < 0) {
+      if (errno == EINTR)
+        continue;
+      reply.err = errno;
+    } else if (static_cast<size_t>(n) != sizeof req || req.h.magic != proto::magic
+               || req.h.kind != proto::type::spawn || nfds < 2
+               || nfds != 2 + static_cast<size_t>(req.cgroup_fds)) {
+      reply.err = EPROTO;
+    }
+    int pidfd = -1;
+    if (reply.err == 0) {
+      pid_t pid = clone_sandbox(req.flags, &pidfd);
+      if (pid == 0) {
+        child_ctx c{&z, &req, fds, nfds, fds[1], {}, 0};
+        child_main(c);
+      }
+      if (pid < 0)
+        reply.err = errno;
+      else
+        reply.pid = pid;
+    }
+    for (size_t i = 0; i < nfds; ++i)
+      ::close(fds[i]);
+    if (unix_socket::send(host_sock, &reply, sizeof reply, &pidfd, pidfd >= 0 ? 1 : 0) < 0)
+      ::_exit(1);
+    if (pidfd >= 0)
+      ::close(pidfd);
+  }
+}
+
+} // namespace
+
+int zygote_main(int argc, char** argv) {
+  if (argc != 3 || std::strcmp(argv[1], "--zygote") != 0) {
+    const char* usage =
+      "dsec-spawner is dsec's internal sandbox spawner; dsec starts it itself.\n"
+      "usage: dsec-spawner --zygote HOST_PID (fd 3: control socket, fd 4: user namespace)\n";
+    (void) !::write(2, usage, std::strlen(usage));
+    return 2;
+  }
+  pid_t host = static_cast<pid_t>(std::atoi(argv[2]));
+  zygote_state z;
+  z.argv_begin = argv[0];
+  z.argv_len = static_cast<size_t>(argv[argc - 1] + std::strlen(argv[argc - 1]) + 1 - argv[0]);
+  set_up(z, host);
+  proto::hello h;
+  h.landlock_abi = z.landlock_abi;
+  if (unix_socket::send(host_sock, &h, sizeof h, nullptr, 0) < 0)
+    return 1;
+  serve(z);
+  return 0;
+}
+
+} // namespace dsec

@@ -1,0 +1,74 @@
+#include "tools/dsec/cli.hpp"
+
+#include <cstdio>
+#include <cstdlib>
+
+namespace dsec::cli {
+
+args::args(int argc, char** argv, int first) : pos_(0) {
+  for (int i = first; i < argc; ++i)
+    argv_.emplace_back(argv[i]);
+}
+
+expected<bool> args::option(std::string_view name, std::string& value) {
+  if (empty())
+    return false;
+  std::string_view a = argv_[pos_];
+  if (a == name) {
+    if (pos_ + 1 >= argv_.size())
+      return make_error(errc::invalid_argument,
+                        "option " + std::string{name} + " needs a value");
+    value = argv_[pos_ + 1];
+    pos_ += 2;
+    return true;
+  }
+  if (a.size() > name.size() && a.substr(0, name.size()) == name
+      && a[name.size()] == '=') {
+    value = std::string{a.substr(name.size() + 1)};
+    ++pos_;
+    return true;
+  }
+  return false;
+}
+
+bool args::flag(std::string_view name) {
+  if (!empty() && argv_[pos_] == name) {
+    ++pos_;
+    return true;
+  }
+  return false;
+}
+
+bool args::help() {
+  return flag("-h") || flag("--help");
+}
+
+bool args::rest(std::vector<std::string>& out) {
+  if (empty() || argv_[pos_] != "--")
+    return false;
+  ++pos_;
+  while (pos_ < argv_.size())
+    out.push_back(argv_[pos_++]);
+  return true;
+}
+
+int fail(const error& err, int code) {
+  std::fprintf(stderr, "dsec: %s\n", err.to_string().c_str());
+  return code;
+}
+
+int usage_error(std::string_view verb, std::string_view message) {
+  std::fprintf(stderr, "dsec %.*s: %.*s\nTry 'dsec %.*s --help'.\n",
+               static_cast<int>(verb.size()), verb.data(),
+               static_cast<int>(message.size()), message.data(),
+               static_cast<int>(verb.size()), verb.data());
+  return 2;
+}
+
+std::string default_state_dir() {
+  if (const char* env = std::getenv("DSEC_STATE"); env && *env)
+    return env;
+  return "/var/lib/dsec";
+}
+
+} // namespace dsec::cli

@@ -1,0 +1,67 @@
+// Shared pieces of the dsec command line: global options, a small argument
+// cursor, and how errors are printed. Each verb lives in its own file.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "runtime/error.hpp"
+
+namespace dsec::cli {
+
+/// Options that come before the verb: `dsec [--state DIR] VERB ...`.
+struct global_options {
+  std::string state_dir; ///< --state, else $DSEC_STATE, else /var/lib/dsec
+};
+
+/// Walks argv from a start index. Understands `--name VALUE`, `--name=VALUE`,
+/// boolean `--name`, and `--` (everything after it is left for rest()).
+class args {
+public:
+  args(int argc, char** argv, int first);
+
+  [[nodiscard]] bool empty() const { return pos_ >= argv_.size(); }
+  [[nodiscard]] std::string_view peek() const {
+    return empty() ? std::string_view{} : std::string_view{argv_[pos_]};
+  }
+  std::string_view next() { return empty() ? std::string_view{} : argv_[pos_++]; }
+
+  /// True if the current argument is `--name` or `--name=...`; then consumes it
+  /// and its value. A missing value is an error naming the option.
+  expected<bool> option(std::string_view name, std::string& value);
+
+  /// True (and consumed) if the current argument is exactly `--name`.
+  bool flag(std::string_view name);
+
+  /// True if the current argument is -h or --help (consumed).
+  bool help();
+
+  /// If the current argument is `--`, consumes it and everything after it.
+  bool rest(std::vector<std::string>& out);
+
+  /// The current argument looks like an option (starts with '-').
+  [[nodiscard]] bool at_option() const {
+    auto a = peek();
+    return a.size() > 1 && a[0] == '-';
+  }
+
+private:
+  std::vector<std::string> argv_;
+  size_t pos_;
+};
+
+/// Prints "dsec: MESSAGE" on stderr and returns 1 (or `code`).
+int fail(const error& err, int code = 1);
+
+/// Prints "dsec VERB: MESSAGE" and a pointer to --help on stderr; returns 2.
+int usage_error(std::string_view verb, std::string_view message);
+
+/// Resolves the state directory from --state, $DSEC_STATE or the default.
+std::string default_state_dir();
+
+// The verbs. Each returns the process exit status.
+int layer_main(const global_options& global, args& a);
+int run_main(const global_options& global, args& a);
+
+} // namespace dsec::cli

@@ -1,0 +1,399 @@
+// dsec run: one command in a fresh sandbox, then the sandbox is destroyed.
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "runtime/cgroup.hpp"
+#include "runtime/container.hpp"
+#include "runtime/layer.hpp"
+#include "runtime/mount.hpp"
+#include "runtime/spawner.hpp"
+#include "runtime/store.hpp"
+#include "runtime/units.hpp"
+#include "tools/dsec/cli.hpp"
+
+namespace dsec::cli {
+
+namespace {
+
+const char* run_usage = R"(usage: dsec run [OPTIONS] -- CMD [ARGS...]
+
+Creates a sandbox from layers of the local store, runs CMD in it with this
+terminal's stdin, stdout and stderr, passes its exit status through, and
+destroys the sandbox with everything in it.
+
+The sandbox's root is an overlay of, from top to bottom: its private writable
+layer (a tmpfs, gone with the sandbox), dsec's system layer (/dev, /proc,
+/tmp mount points), the tool layers (the last --tool on top), the workdir
+layer, the base layer.
+
+Layers:
+  --base NAME@VERSION      the base image (required)
+  --workdir NAME@VERSION   a working-directory layer
+  --tool NAME@VERSION      a tool layer; repeat for several
+
+Environment of the command:
+  --env KEY=VALUE          add or replace a variable (repeatable); the defaults
+                           are PATH, HOME=/root, LANG=C.UTF-8 and the host's TERM
+  --cwd DIR                working directory inside the sandbox (default /)
+  --user UID[:GID]         run as this uid/gid of the sandbox (default 0, the
+                           sandbox's root, which has no privileges on the host)
+  --hostname NAME          the sandbox's hostname (default: its id)
+
+Isolation and limits:
+  --net                    a private network namespace with a working loopback
+                           (127.0.0.1); without it the sandbox has no network at
+                           all, not even loopback. No route leads outside.
+  --memory SIZE            memory limit (e.g. 512m, 2g); OOM kills inside
+  --pids N                 most processes and threads at once
+  --cpus N                 CPU bandwidth, in CPUs (e.g. 0.5, 2)
+  --disk SIZE              size of the writable layer (default: half of RAM)
+  --timeout DUR            wall-clock limit (e.g. 30s, 500ms, 2m): then the whole
+                           sandbox is killed and dsec exits with 124
+
+Other:
+  --timings                print each creation step's duration on stderr
+  -h, --help               this text
+
+Exit status: CMD's own status; 128+N if a signal N killed it; 124 on timeout;
+126 if CMD cannot be executed, 127 if it is not found; 125 if dsec itself
+failed (the message says which step and which path).
+)";
+
+volatile sig_atomic_t pending_signal = 0;
+
+void on_signal(int sig) {
+  pending_signal = sig;
+}
+
+struct run_args {
+  std::optional<layer_ref> base, workdir;
+  std::vector<layer_ref> tools;
+  container_options opts;
+  command cmd;
+  std::optional<std::chrono::milliseconds> timeout;
+  bool timings = false;
+};
+
+// Parses the options; returns an exit status on error.
+std::optional<int> parse(args& a, run_args& r) {
+  std::vector<std::string> env_overrides;
+  while (!a.empty()) {
+    if (a.help()) {
+      std::fputs(run_usage, stdout);
+      return 0;
+    }
+    if (a.peek() == "--") {
+      a.rest(r.cmd.argv);
+      break;
+    }
+    std::string v;
+    auto opt = [&](const char* name) -> std::optional<bool> {
+      auto got = a.option(name, v);
+      if (!got) {
+        usage_error("run", got.error_value().message);
+        return std::nullopt;
+      }
+      return *got;
+    };
+    auto layer = [&](const char* name, std::optional<layer_ref>* one,
+                     std::vector<layer_ref>* many) -> std::optional<int> {
+      auto ref = parse_layer_ref(v);
+      if (!ref)
+        return usage_error("run", std::string{name} + ": " + ref.error_value().message);
+      if (one) {
+        if (*one)
+          return usage_error("run", std::string{name} + " given twice");
+        *one = *ref;
+      } else {
+        many->push_back(*ref);
+      }
+      return std::nullopt;
+    };
+    std::optional<bool> got;
+#define DSEC_OPT(name)                                                         \
+  got = opt(name);                                                             \
+  if (!got)                                                                    \
+    return 2;                                                                  \
+  if (*got)
+    DSEC_OPT("--base") {
+      if (auto rc = layer("--base", &r.base, nullptr))
+        return rc;
+      continue;
+    }
+    DSEC_OPT("--workdir") {
+      if (auto rc = layer("--workdir", &r.workdir, nullptr))
+        return rc;
+      continue;
+    }
+    DSEC_OPT("--tool") {
+      if (auto rc = layer("--tool", nullptr, &r.tools))
+        return rc;
+      continue;
+    }
+    DSEC_OPT("--env") {
+      if (v.find('=') == std::string::npos || v.front() == '=')
+        return usage_error("run", "--env: expected KEY=VALUE, got '" + v + "'");
+      env_overrides.push_back(v);
+      continue;
+    }
+    DSEC_OPT("--cwd") {
+      if (v.empty() || v.front() != '/')
+        return usage_error("run", "--cwd: expected an absolute path, got '" + v + "'");
+      r.cmd.cwd = v;
+      continue;
+    }
+    DSEC_OPT("--user") {
+      auto colon = v.find(':');
+      auto num = [&](std::string_view s, uint32_t& out) {
+        if (s.empty() || s.size() > 9)
+          return false;
+        out = 0;
+        for (char c : s) {
+          if (c < '0' || c > '9')
+            return false;
+          out = out * 10 + static_cast<uint32_t>(c - '0');
+        }
+        return out < 65536;
+      };
+      uint32_t uid = 0, gid = 0;
+      std::string_view sv{v};
+      if (!num(sv.substr(0, colon), uid)
+          || (colon != std::string::npos && !num(sv.substr(colon + 1), gid)))
+        return usage_error("run", "--user: expected UID[:GID] with numbers below 65536, got '"
+                                    + v + "'");
+      r.cmd.uid = uid;
+      r.cmd.gid = colon == std::string::npos ? uid : gid;
+      continue;
+    }
+    DSEC_OPT("--hostname") {
+      if (v.empty() || v.size() > 63)
+        return usage_error("run", "--hostname: expected 1 to 63 characters");
+      r.opts.hostname = v;
+      continue;
+    }
+    DSEC_OPT("--memory") {
+      auto s = parse_size(v, "--memory");
+      if (!s)
+        return usage_error("run", s.error_value().message);
+      r.opts.lim.memory_bytes = *s;
+      continue;
+    }
+    DSEC_OPT("--disk") {
+      auto s = parse_size(v, "--disk");
+      if (!s)
+        return usage_error("run", s.error_value().message);
+      if (*s < 1024 * 1024)
+        return usage_error("run", "--disk: must be at least 1m, got '" + v + "'");
+      r.opts.disk_bytes = *s;
+      continue;
+    }
+    DSEC_OPT("--pids") {
+      char* end = nullptr;
+      long n = std::strtol(v.c_str(), &end, 10);
+      if (v.empty() || *end != '\0' || n < 1 || n > 4'194'304)
+        return usage_error("run", "--pids: expected a whole number from 1 to 4194304, got '"
+                                    + v + "'");
+      r.opts.lim.pids = static_cast<uint64_t>(n);
+      continue;
+    }
+    DSEC_OPT("--cpus") {
+      char* end = nullptr;
+      double n = std::strtod(v.c_str(), &end);
+      if (v.empty() || *end != '\0' || !(n > 0))
+        return usage_error("run", "--cpus: expected a positive number, got '" + v + "'");
+      r.opts.lim.cpus = n;
+      continue;
+    }
+    DSEC_OPT("--timeout") {
+      auto d = parse_duration(v, "--timeout");
+      if (!d)
+        return usage_error("run", d.error_value().message);
+      if (d->count() <= 0)
+        return usage_error("run", "--timeout: must be positive");
+      r.timeout = *d;
+      continue;
+    }
+#undef DSEC_OPT
+    if (a.flag("--net")) {
+      r.opts.net = true;
+      continue;
+    }
+    if (a.flag("--timings")) {
+      r.timings = true;
+      continue;
+    }
+    if (a.at_option())
+      return usage_error("run", "unknown option '" + std::string{a.peek()} + "'");
+    return usage_error("run", "unexpected argument '" + std::string{a.peek()}
+                                + "' (put the command after --)");
+  }
+  if (r.cmd.argv.empty())
+    return usage_error("run", "no command given (dsec run [OPTIONS] -- CMD [ARGS...])");
+  if (!r.base)
+    return usage_error("run", "--base NAME@VERSION is required");
+  if (auto ok = r.opts.lim.validate(); !ok)
+    return usage_error("run", ok.error_value().message);
+  r.cmd.env = command::default_env();
+  for (const auto& kv : env_overrides) {
+    auto key = kv.substr(0, kv.find('=') + 1);
+    std::erase_if(r.cmd.env, [&](const std::string& e) { return e.rfind(key, 0) == 0; });
+    r.cmd.env.push_back(kv);
+  }
+  return std::nullopt;
+}
+
+// Looks a layer up and checks that it fits the slot it was given for.
+expected<layer_lease> lease_layer(const store& st, const layer_ref& ref, layer_kind want,
+                                  const char* option) {
+  DSEC_TRY(l, st.lease(ref));
+  if (l.info().kind != want)
+    return make_error(errc::wrong_kind, std::string{option} + " " + ref.to_string() + " is a "
+                                          + to_string(l.info().kind) + " layer, not a "
+                                          + to_string(want) + " layer");
+  return l;
+}
+
+void print_timings(const container& c, double total_ms) {
+  std::fprintf(stderr, "dsec: sandbox %s created in %.3f ms:\n", c.id().c_str(), total_ms);
+  bool child = false;
+  for (const auto& t : c.timings()) {
+    if (child)
+      std::fprintf(stderr, "  %-20s %8.1f us   (in the sandbox)\n", t.name, t.ns / 1e3);
+    else
+      std::fprintf(stderr, "  %-20s %8.1f us\n", t.name, t.ns / 1e3);
+    if (std::strcmp(t.name, "wait_ready") == 0)
+      child = true;
+  }
+}
+
+} // namespace
+
+int run_main(const global_options& g, args& a) {
+  run_args r;
+  if (auto rc = parse(a, r))
+    return *rc;
+  constexpr int dsec_failed = 125;
+  auto t_start = std::chrono::steady_clock::now();
+
+  auto st = store::open(g.state_dir);
+  if (!st)
+    return fail(st.error_value(), dsec_failed);
+  // Leases keep `dsec layer rm` away from the layers while the sandbox runs.
+  std::vector<layer_lease> leases;
+  auto add = [&](const layer_ref& ref, layer_kind kind, const char* opt) -> bool {
+    auto l = lease_layer(*st, ref, kind, opt);
+    if (!l) {
+      fail(l.error_value(), dsec_failed);
+      return false;
+    }
+    leases.push_back(std::move(*l));
+    return true;
+  };
+  // Topmost first.
+  for (auto it = r.tools.rbegin(); it != r.tools.rend(); ++it)
+    if (!add(*it, layer_kind::tool, "--tool"))
+      return dsec_failed;
+  if (r.workdir && !add(*r.workdir, layer_kind::workdir, "--workdir"))
+    return dsec_failed;
+  if (!add(*r.base, layer_kind::base, "--base"))
+    return dsec_failed;
+  auto sys_layer = st->system_layer();
+  if (!sys_layer)
+    return fail(sys_layer.error_value(), dsec_failed);
+
+  auto sp = spawner::start({});
+  if (!sp)
+    return fail(sp.error_value(), dsec_failed);
+  std::vector<layer_mount> mounts;
+  mounts.reserve(leases.size() + 1);
+  auto mount_one = [&](const std::string& path) -> bool {
+    auto m = layer_mount::open(path, (*sp)->userns_fd());
+    if (!m) {
+      fail(std::move(m).error_value().in_step("mount_layers"), dsec_failed);
+      return false;
+    }
+    mounts.push_back(std::move(*m));
+    return true;
+  };
+  if (!mount_one(*sys_layer))
+    return dsec_failed;
+  for (const auto& l : leases)
+    if (!mount_one(l.blob_path()))
+      return dsec_failed;
+  std::vector<int> lowers;
+  for (const auto& m : mounts)
+    lowers.push_back(m.dir_fd());
+
+  std::optional<cgroup_root> cgroups;
+  if (r.opts.lim.any()) {
+    auto root = cgroup_root::detect();
+    if (!root)
+      return fail(std::move(root).error_value().in_step("make_cgroup"), dsec_failed);
+    (void) root->collect_garbage(); // leftovers of a dsec that was killed
+    cgroups.emplace(std::move(*root));
+  }
+
+  // Forward these to the command; it has no terminal of its own.
+  struct sigaction sa{};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT})
+    ::sigaction(sig, &sa, nullptr);
+
+  auto t_create = std::chrono::steady_clock::now();
+  auto c = container::create(**sp, lowers, r.opts, cgroups ? &*cgroups : nullptr);
+  if (!c)
+    return fail(c.error_value(), dsec_failed);
+  auto t_ready = std::chrono::steady_clock::now();
+  if (r.timings)
+    print_timings(**c, std::chrono::duration<double, std::milli>(t_ready - t_create).count());
+
+  auto id = (*c)->exec(r.cmd, stdio{0, 1, 2});
+  if (!id) {
+    auto& e = id.error_value();
+    fail(e);
+    return e.step == "execve" ? (e.sys_errno == ENOENT ? 127 : 126) : dsec_failed;
+  }
+  std::optional<std::chrono::steady_clock::time_point> deadline;
+  if (r.timeout)
+    deadline = t_start + *r.timeout;
+  for (;;) {
+    // Wake up now and then to forward signals.
+    auto slice = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
+    auto until = deadline && *deadline < slice ? *deadline : slice;
+    auto res = (*c)->wait(*id, until);
+    if (res) {
+      bool oom = (*c)->oom_killed();
+      auto status = *res;
+      if (status.signal != 0)
+        std::fprintf(stderr, "dsec: the command was %s%s\n", status.to_string().c_str(),
+                     oom ? " (out of memory: the --memory limit was reached)" : "");
+      (void) (*c)->destroy();
+      return status.shell_code();
+    }
+    if (res.error_value().code != errc::timeout) {
+      fail(res.error_value());
+      (void) (*c)->destroy();
+      return dsec_failed;
+    }
+    if (deadline && std::chrono::steady_clock::now() >= *deadline) {
+      (void) (*c)->destroy();
+      std::fprintf(stderr, "dsec: timed out after %s; the sandbox was killed\n",
+                   format_duration(*r.timeout).c_str());
+      return 124;
+    }
+    if (int sig = pending_signal) {
+      pending_signal = 0;
+      (void) (*c)->signal(*id, sig);
+    }
+  }
+}
+
+} // namespace dsec::cli
