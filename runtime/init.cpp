@@ -11,7 +11,6 @@
 
 #include <cerrno>
 #include <cstring>
-#include <vector>
 
 #include "runtime/proto.hpp"
 #include "runtime/sys.hpp"
@@ -26,12 +25,23 @@ struct running {
   uint64_t id;
 };
 
+// Most commands running at once in one sandbox; more are refused with EAGAIN.
+constexpr size_t max_running = 4096;
+// Most argv + envp entries of one command (each takes at least 1 byte).
+constexpr size_t max_strings = proto::max_exec_message / 2 + 2;
+
+// init's memory is static on purpose: it is a fork of the zygote, so touching the
+// zygote's heap (a std::vector, malloc) costs copy-on-write faults in every
+// sandbox, and zeroing a 128 KiB buffer costs 33 page faults. Static .bss pages
+// are faulted in only as far as a message actually reaches.
+alignas(16) char buf[proto::max_exec_message + 64];
+char* argv_buf[max_strings];
+char* envp_buf[max_strings];
+running cmds[max_running];
+
 struct init_state {
   int ctl;
-  std::vector<running> cmds;
-  std::vector<char> buf = std::vector<char>(proto::max_exec_message + 64);
-  std::vector<char*> argv;
-  std::vector<char*> envp;
+  size_t ncmds = 0;
 };
 
 void send_or_exit(int ctl, const void* msg, size_t len) {
@@ -121,30 +131,29 @@ struct vfork_result {
 // must not crash on it.
 void handle_exec(init_state& s, size_t len, const int* fds, size_t nfds) {
   proto::exec m;
-  std::memcpy(&m, s.buf.data(), sizeof m);
+  std::memcpy(&m, buf, sizeof m);
   proto::exec_failed fail;
   fail.id = m.id;
-  const char* data = s.buf.data() + sizeof m;
+  const char* data = buf + sizeof m;
   size_t data_len = len - sizeof m;
   bool ok = nfds == 3 && m.data_len == data_len && m.argc >= 1 && m.argc < 65536
             && m.envc < 65536 && data_len > 0 && data[data_len - 1] == '\0';
   // Split the strings: cwd, argv..., env...
-  s.argv.clear();
-  s.envp.clear();
   const char* cwd = data;
+  size_t nargv = 0, nenvp = 0;
   if (ok) {
     size_t want = 1 + m.argc + m.envc, got = 0;
     const char* p = data;
     const char* end = data + data_len;
-    while (p < end) {
+    while (p < end && got < want) {
       if (got >= 1 && got < 1 + m.argc)
-        s.argv.push_back(const_cast<char*>(p));
+        argv_buf[nargv++] = const_cast<char*>(p);
       else if (got >= 1 + m.argc)
-        s.envp.push_back(const_cast<char*>(p));
+        envp_buf[nenvp++] = const_cast<char*>(p);
       ++got;
       p += std::strlen(p) + 1;
     }
-    ok = got == want;
+    ok = got == want && p == end;
   }
   if (!ok) {
     fail.stage = static_cast<uint32_t>(proto::exec_stage::fork);
@@ -152,12 +161,18 @@ void handle_exec(init_state& s, size_t len, const int* fds, size_t nfds) {
     send_or_exit(s.ctl, &fail, sizeof fail);
     return;
   }
-  s.argv.push_back(nullptr);
-  s.envp.push_back(nullptr);
+  if (s.ncmds == max_running) {
+    fail.stage = static_cast<uint32_t>(proto::exec_stage::fork);
+    fail.err = EAGAIN;
+    send_or_exit(s.ctl, &fail, sizeof fail);
+    return;
+  }
+  argv_buf[nargv] = nullptr;
+  envp_buf[nenvp] = nullptr;
   vfork_result r{0, 0};
   pid_t pid = ::vfork();
   if (pid == 0)
-    exec_child(m, cwd, s.argv.data(), s.envp.data(), fds, &r);
+    exec_child(m, cwd, argv_buf, envp_buf, fds, &r);
   if (pid < 0) {
     fail.stage = static_cast<uint32_t>(proto::exec_stage::fork);
     fail.err = errno;
@@ -172,7 +187,7 @@ void handle_exec(init_state& s, size_t len, const int* fds, size_t nfds) {
     send_or_exit(s.ctl, &fail, sizeof fail);
     return;
   }
-  s.cmds.push_back({pid, m.id});
+  cmds[s.ncmds++] = {pid, m.id};
   proto::started st;
   st.id = m.id;
   st.pid = pid;
@@ -180,10 +195,10 @@ void handle_exec(init_state& s, size_t len, const int* fds, size_t nfds) {
 }
 
 void handle_signal(init_state& s, const proto::signal& m) {
-  for (auto& c : s.cmds)
-    if (c.id == m.id) {
-      if (::kill(-c.pid, m.sig) < 0)
-        ::kill(c.pid, m.sig);
+  for (size_t i = 0; i < s.ncmds; ++i)
+    if (cmds[i].id == m.id) {
+      if (::kill(-cmds[i].pid, m.sig) < 0)
+        ::kill(cmds[i].pid, m.sig);
       return;
     }
 }
@@ -194,13 +209,12 @@ void reap(init_state& s) {
     pid_t pid = ::waitpid(-1, &st, WNOHANG);
     if (pid <= 0)
       return;
-    for (size_t i = 0; i < s.cmds.size(); ++i)
-      if (s.cmds[i].pid == pid) {
+    for (size_t i = 0; i < s.ncmds; ++i)
+      if (cmds[i].pid == pid) {
         proto::exited e;
-        e.id = s.cmds[i].id;
+        e.id = cmds[i].id;
         e.status = st;
-        s.cmds[i] = s.cmds.back();
-        s.cmds.pop_back();
+        cmds[i] = cmds[--s.ncmds];
         send_or_exit(s.ctl, &e, sizeof e);
         break;
       }
@@ -235,20 +249,19 @@ void init_main(int ctl) {
     if (pf[0].revents) {
       int fds[unix_socket::max_fds];
       size_t nfds = 0;
-      ssize_t n = unix_socket::recv(ctl, s.buf.data(), s.buf.size(), fds,
-                                    unix_socket::max_fds, &nfds);
+      ssize_t n = unix_socket::recv(ctl, buf, sizeof buf, fds, unix_socket::max_fds, &nfds);
       if (n == 0 || (n < 0 && errno != EINTR && errno != EMSGSIZE))
         ::_exit(0);
       if (n >= static_cast<ssize_t>(sizeof(proto::header))) {
         proto::header h;
-        std::memcpy(&h, s.buf.data(), sizeof h);
+        std::memcpy(&h, buf, sizeof h);
         if (h.magic == proto::magic && h.kind == proto::type::exec
             && n >= static_cast<ssize_t>(sizeof(proto::exec))) {
           handle_exec(s, static_cast<size_t>(n), fds, nfds);
         } else if (h.magic == proto::magic && h.kind == proto::type::signal
                    && n == static_cast<ssize_t>(sizeof(proto::signal))) {
           proto::signal m;
-          std::memcpy(&m, s.buf.data(), sizeof m);
+          std::memcpy(&m, buf, sizeof m);
           handle_signal(s, m);
         }
       }

@@ -1,10 +1,12 @@
 // What a sandbox may not do: its seccomp filter, its Landlock scope and the
-// capabilities it keeps. Built once in the zygote; applied by each sandbox's
-// init with a few system calls and no allocation.
+// capabilities it keeps. The filter is defined in security.cpp (with
+// libseccomp) and compiled at build time (seccomp_gen.cpp); confine.cpp applies
+// all of it in each sandbox's init with a few system calls and no allocation.
 #pragma once
 
 #include <linux/filter.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -32,6 +34,7 @@ const std::vector<const char*>& denied_syscalls();
 
 /// Installs the program on the calling thread. Needs no_new_privs. 0 or -errno.
 int install_seccomp(const seccomp_program& p);
+int install_seccomp(const sock_filter* code, size_t len);
 
 /// The highest Landlock ABI this kernel offers, 0 if none.
 uint32_t landlock_abi();

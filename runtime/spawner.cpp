@@ -69,11 +69,14 @@ expected<std::unique_ptr<spawner>> spawner::start(const options& opts) {
   unique_fd mine{sv[0]}, theirs{sv[1]};
   std::unique_ptr<spawner> s{new spawner};
   s->ids_ = opts.ids;
+  s->binary_ = binary;
+  s->shared_netns_ = opts.shared_netns;
   char host_pid[16];
   std::snprintf(host_pid, sizeof host_pid, "%d", ::getpid());
   // The zygote is exec'd, not just forked: a fresh, small address space makes its
   // clones cheap, and it must not share anything with this (threaded) process.
-  const char* argv[] = {binary.c_str(), "--zygote", host_pid, nullptr};
+  const char* argv[] = {binary.c_str(), "--zygote", host_pid,
+                        opts.shared_netns ? nullptr : "--no-shared-netns", nullptr};
   const char* envp[] = {"PATH=/usr/sbin:/usr/bin:/sbin:/bin", nullptr};
   int sock_fd = theirs.get(), ns_fd = userns.get();
   pid_t pid = ::fork();
@@ -93,30 +96,41 @@ expected<std::unique_ptr<spawner>> spawner::start(const options& opts) {
   s->pid_ = pid;
   theirs.reset();
   s->sock_ = std::move(mine);
+  s->userns_ = std::move(userns);
+  return s;
+}
+
+expected<void> spawner::ready() {
+  if (hello_)
+    return {};
+  if (start_error_)
+    return *start_error_;
   proto::hello h;
-  auto n = sys::retry([&] { return ::recv(s->sock_.get(), &h, sizeof h, 0); });
+  auto n = sys::retry([&] { return ::recv(sock_.get(), &h, sizeof h, 0); });
   if (n != static_cast<ssize_t>(sizeof h) || h.h.magic != proto::magic
       || h.h.kind != proto::type::hello) {
     // The zygote died before saying anything: report how.
     int st = 0;
-    sys::retry([&] { return ::waitpid(pid, &st, 0); });
-    s->pid_ = -1;
+    sys::retry([&] { return ::waitpid(pid_, &st, 0); });
+    pid_ = -1;
     std::string how = WIFEXITED(st) ? "exited with status " + std::to_string(WEXITSTATUS(st))
                                     : "was killed by signal " + std::to_string(WTERMSIG(st));
     if (WIFEXITED(st) && WEXITSTATUS(st) == 127)
-      how += " (cannot execute " + binary + ")";
-    return make_error(errc::system_error, "the sandbox spawner " + binary + " " + how);
+      how += " (cannot execute " + binary_ + ")";
+    start_error_ = make_error(errc::system_error, "the sandbox spawner " + binary_ + " " + how);
+    start_error_->step = "start_spawner";
+    return *start_error_;
   }
   if (h.err != 0) {
-    auto e = sys_error(std::string{"the sandbox spawner could not start: step '"} + h.step
-                         + "' failed on",
-                       h.path, h.err);
-    e.step = "start_spawner";
-    return e; // ~spawner reaps it
+    start_error_ = sys_error(std::string{"the sandbox spawner could not start: step '"} + h.step
+                               + "' failed on",
+                             h.path, h.err);
+    start_error_->step = "start_spawner";
+    return *start_error_; // ~spawner reaps it
   }
-  s->landlock_abi_ = h.landlock_abi;
-  s->userns_ = std::move(userns);
-  return s;
+  landlock_abi_ = h.landlock_abi;
+  hello_ = true;
+  return {};
 }
 
 expected<spawner::spawned> spawner::spawn(int overlay, int ctl,
@@ -127,6 +141,10 @@ expected<spawner::spawned> spawner::spawn(int overlay, int ctl,
   if (hostname.size() >= sizeof req.hostname)
     return make_error(errc::invalid_argument,
                       "hostname '" + hostname + "' is longer than 63 characters");
+  if (!net && !shared_netns_)
+    return make_error(errc::invalid_argument,
+                      "this spawner was started without a shared network namespace: "
+                      "it only makes sandboxes with their own (net)");
   std::memcpy(req.hostname, hostname.data(), hostname.size());
   int fds[unix_socket::max_fds];
   if (2 + cgroup_fds.size() > unix_socket::max_fds)
@@ -137,6 +155,7 @@ expected<spawner::spawned> spawner::spawn(int overlay, int ctl,
     fds[2 + i] = cgroup_fds[i];
   req.cgroup_fds = static_cast<uint32_t>(cgroup_fds.size());
   std::lock_guard<std::mutex> guard{mu_};
+  DSEC_TRY_VOID(ready());
   if (unix_socket::send(sock_.get(), &req, sizeof req, fds, 2 + cgroup_fds.size()) < 0)
     return make_error(errc::disconnected,
                       std::string{"the sandbox spawner is gone: "} + std::strerror(errno));

@@ -23,6 +23,7 @@
 
 #include "runtime/init.hpp"
 #include "runtime/proto.hpp"
+#include "runtime/seccomp_filter.hpp" // generated at build time
 #include "runtime/security.hpp"
 #include "runtime/sys.hpp"
 #include "runtime/unix_socket.hpp"
@@ -38,7 +39,6 @@ struct zygote_state {
   char* argv_begin = nullptr; // our argv strings, overwritten in each init
   size_t argv_len = 0;
   int host_pidfd = -1;
-  security::seccomp_program seccomp;
   uint32_t landlock_abi = 0;
 };
 
@@ -64,7 +64,7 @@ void copy_str(char* dst, size_t cap, const char* src) {
 }
 
 // The zygote's own setup, in order. Each failure names its step.
-void set_up(zygote_state& z, pid_t host) {
+void set_up(zygote_state& z, pid_t host, bool shared_netns) {
   // Die with the dsec process; if it is already gone, do not start.
   if (::prctl(PR_SET_PDEATHSIG, SIGKILL) < 0 || ::getppid() != host)
     startup_failed("pdeathsig", "", errno);
@@ -73,10 +73,6 @@ void set_up(zygote_state& z, pid_t host) {
   z.host_pidfd = sys::pidfd_open(host, 0);
   if (z.host_pidfd < 0)
     startup_failed("pidfd_open", "", errno);
-  auto filter = security::build_seccomp_filter();
-  if (!filter)
-    startup_failed("seccomp_filter", filter.error_value().message.c_str(), EINVAL);
-  z.seccomp = std::move(*filter);
   z.landlock_abi = security::landlock_abi();
   // A private copy of the host's mounts, so that nothing we do propagates back.
   if (::unshare(CLONE_NEWNS) < 0)
@@ -110,7 +106,7 @@ void set_up(zygote_state& z, pid_t host) {
     startup_failed("bounding_set", "prctl(PR_CAPBSET_DROP)", -rc);
   // Sandboxes without networking share this namespace: it has only a loopback
   // device, which stays down, so they cannot reach each other or anything else.
-  if (::unshare(CLONE_NEWNET) < 0)
+  if (shared_netns && ::unshare(CLONE_NEWNET) < 0)
     startup_failed("empty_netns", "unshare(CLONE_NEWNET)", errno);
 }
 
@@ -220,7 +216,9 @@ bool loopback_up() {
   if (::prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0)
     child_fail(c, S::drop_capabilities, "dumpable", errno);
   mark(c, S::drop_capabilities);
-  if (int rc = security::install_seccomp(c.z->seccomp); rc < 0)
+  if (int rc = security::install_seccomp(security::compiled_filter,
+                                         std::size(security::compiled_filter));
+      rc < 0)
     child_fail(c, S::seccomp, "seccomp", -rc);
   mark(c, S::seccomp);
   c.ready.steps = static_cast<uint32_t>(S::count);
@@ -282,10 +280,13 @@ void serve(zygote_state& z) {
 } // namespace
 
 int zygote_main(int argc, char** argv) {
-  if (argc != 3 || std::strcmp(argv[1], "--zygote") != 0) {
+  bool shared_netns = !(argc == 4 && std::strcmp(argv[3], "--no-shared-netns") == 0);
+  if ((argc != 3 && argc != 4) || std::strcmp(argv[1], "--zygote") != 0
+      || (argc == 4 && shared_netns)) {
     const char* usage =
       "dsec-spawner is dsec's internal sandbox spawner; dsec starts it itself.\n"
-      "usage: dsec-spawner --zygote HOST_PID (fd 3: control socket, fd 4: user namespace)\n";
+      "usage: dsec-spawner --zygote HOST_PID [--no-shared-netns]\n"
+      "       (fd 3: control socket, fd 4: user namespace)\n";
     (void) !::write(2, usage, std::strlen(usage));
     return 2;
   }
@@ -293,7 +294,7 @@ int zygote_main(int argc, char** argv) {
   zygote_state z;
   z.argv_begin = argv[0];
   z.argv_len = static_cast<size_t>(argv[argc - 1] + std::strlen(argv[argc - 1]) + 1 - argv[0]);
-  set_up(z, host);
+  set_up(z, host, shared_netns);
   proto::hello h;
   h.landlock_abi = z.landlock_abi;
   if (unix_socket::send(host_sock, &h, sizeof h, nullptr, 0) < 0)

@@ -282,6 +282,13 @@ int run_main(const global_options& g, args& a) {
   constexpr int dsec_failed = 125;
   auto t_start = std::chrono::steady_clock::now();
 
+  // The zygote sets itself up (~1.5 ms) while we open the store and mount.
+  spawner::options sp_opts;
+  sp_opts.shared_netns = !r.opts.net;
+  auto sp = spawner::start(sp_opts);
+  if (!sp)
+    return fail(sp.error_value(), dsec_failed);
+
   auto st = store::open(g.state_dir);
   if (!st)
     return fail(st.error_value(), dsec_failed);
@@ -308,9 +315,6 @@ int run_main(const global_options& g, args& a) {
   if (!sys_layer)
     return fail(sys_layer.error_value(), dsec_failed);
 
-  auto sp = spawner::start({});
-  if (!sp)
-    return fail(sp.error_value(), dsec_failed);
   std::vector<layer_mount> mounts;
   mounts.reserve(leases.size() + 1);
   auto mount_one = [&](const std::string& path) -> bool {
