@@ -1,5 +1,9 @@
 // dsec: the command line. Global options come before the verb; each verb lives
 // in its own file and has its own --help.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -34,6 +38,18 @@ Examples:
 
 int main(int argc, char** argv) {
   using namespace dsec::cli;
+  // `dsec run` hands descriptors 0, 1 and 2 to the command in the sandbox. If
+  // one is closed, the next descriptor dsec opens takes its number (the
+  // spawner's control socket, a layer lease) and would reach the sandbox as its
+  // stdio: point closed ones at /dev/null first (open takes the lowest free
+  // number, which is `fd` because the ones below it are open by then).
+  for (int fd = 0; fd < 3; ++fd) {
+    if (::fcntl(fd, F_GETFD) >= 0 || errno != EBADF)
+      continue;
+    int null = ::open("/dev/null", O_RDWR);
+    if (null != fd)
+      return 125;
+  }
   global_options g;
   g.state_dir = default_state_dir();
   args a{argc, argv, 1};
