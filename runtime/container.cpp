@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -135,44 +136,6 @@ struct create_steps {
     return {};
   }
 
-  static expected<void> wait_ready(ctx& x) {
-    auto& c = x.c;
-    alignas(8) char buf[256];
-    pollfd pf[2] = {{c.ctl_.get(), POLLIN, 0}, {c.pidfd_.get(), POLLIN, 0}};
-    for (;;) {
-      if (sys::retry([&] { return ::poll(pf, 1, -1); }) < 0)
-        return sys_error("poll on the sandbox control socket");
-      auto n = sys::retry([&] { return ::recv(c.ctl_.get(), buf, sizeof buf, 0); });
-      if (n <= 0) {
-        c.init_gone_ = true;
-        return c.init_died();
-      }
-      proto::header h;
-      if (static_cast<size_t>(n) < sizeof h)
-        continue;
-      std::memcpy(&h, buf, sizeof h);
-      if (h.kind == proto::type::ready && static_cast<size_t>(n) == sizeof(proto::ready)) {
-        proto::ready r;
-        std::memcpy(&r, buf, sizeof r);
-        for (uint32_t i = 0; i < r.steps && i < static_cast<uint32_t>(proto::child_step::count);
-             ++i)
-          c.timings_[c.ntimings_++] = {proto::child_step_name(i), r.step_ns[i]};
-        return {};
-      }
-      if (h.kind == proto::type::setup_failed
-          && static_cast<size_t>(n) == sizeof(proto::setup_failed)) {
-        proto::setup_failed f;
-        std::memcpy(&f, buf, sizeof f);
-        f.path[sizeof f.path - 1] = '\0';
-        auto e = sys_error("cannot set up the sandbox at", f.path, f.err);
-        e.code = errc::system_error;
-        e.step = proto::child_step_name(f.step);
-        return e;
-      }
-      // Anything else before ready is a protocol violation.
-      return make_error(errc::sandbox_failed, "the sandbox init sent an unexpected message");
-    }
-  }
 };
 
 namespace {
@@ -182,18 +145,19 @@ struct host_step {
   expected<void> (*run)(create_steps::ctx&);
 };
 
-// The host's creation steps, in order.
+// The host's creation steps, in order. Then init takes its own steps
+// (proto::child_step) and reports `ready`: create() waits for that as its last
+// step, "wait_ready"; start() returns before it.
 constexpr host_step host_steps[] = {
   {"make_upper", &create_steps::make_upper},   {"make_overlay", &create_steps::make_overlay},
   {"make_cgroup", &create_steps::make_cgroup}, {"spawn", &create_steps::spawn},
-  {"wait_ready", &create_steps::wait_ready},
 };
 
 } // namespace
 
 expected<std::unique_ptr<container>>
-container::create(spawner& sp, std::span<const int> lowers, const container_options& opts,
-                  const cgroup_root* cgroups) {
+container::start(spawner& sp, std::span<const int> lowers, const container_options& opts,
+                 const cgroup_root* cgroups) {
   if (lowers.empty())
     return make_error(errc::invalid_argument, "a sandbox needs at least one layer");
   std::unique_ptr<container> c{new container};
@@ -208,9 +172,107 @@ container::create(spawner& sp, std::span<const int> lowers, const container_opti
     if (!r)
       return std::move(r).error_value().in_step(step.name); // ~container cleans up
   }
-  // wait_ready appended the child steps after its own slot: nothing to fix up,
-  // the child steps happen inside it.
   return c;
+}
+
+expected<std::unique_ptr<container>>
+container::create(spawner& sp, std::span<const int> lowers, const container_options& opts,
+                  const cgroup_root* cgroups) {
+  DSEC_TRY(c, start(sp, lowers, opts, cgroups));
+  auto t0 = now_ns();
+  size_t slot = c->ntimings_++;
+  c->timings_[slot] = {"wait_ready", 0};
+  auto r = c->wait_until_ready();
+  c->timings_[slot].ns = now_ns() - t0;
+  if (!r)
+    return std::move(r).error_value().in_step("wait_ready");
+  return c;
+}
+
+expected<void> container::wait_until_ready() {
+  pollfd pf{ctl_.get(), POLLIN, 0};
+  while (!ready_) {
+    if (sys::retry([&] { return ::poll(&pf, 1, -1); }) < 0)
+      return sys_error("poll on the sandbox control socket");
+    DSEC_TRY(ev, next_event());
+    if (ev.what != container_event::kind::none && ev.what != container_event::kind::ready)
+      return make_error(errc::sandbox_failed, "the sandbox init sent an unexpected message");
+  }
+  return {};
+}
+
+void container::add_timings(const proto::ready& r) {
+  for (uint32_t i = 0; i < r.steps && i < static_cast<uint32_t>(proto::child_step::count)
+                       && ntimings_ < timings_.size();
+       ++i)
+    timings_[ntimings_++] = {proto::child_step_name(i), r.step_ns[i]};
+}
+
+expected<container_event> container::next_event() {
+  container_event ev;
+  if (destroyed_ || init_gone_)
+    return make_error(errc::sandbox_failed, "sandbox " + id_ + " is gone");
+  alignas(8) char buf[256];
+  auto len = sys::retry([&] { return ::recv(ctl_.get(), buf, sizeof buf, MSG_DONTWAIT); });
+  if (len < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+    return ev;
+  if (len <= 0) {
+    init_gone_ = true;
+    return init_died();
+  }
+  proto::header h;
+  if (static_cast<size_t>(len) < sizeof h)
+    return make_error(errc::sandbox_failed, "the sandbox init sent a short message");
+  std::memcpy(&h, buf, sizeof h);
+  auto is = [&](proto::type t, size_t size) {
+    return h.magic == proto::magic && h.kind == t && static_cast<size_t>(len) == size;
+  };
+  if (!ready_) {
+    // Before ready, init only reports its setup.
+    if (is(proto::type::ready, sizeof(proto::ready))) {
+      proto::ready r;
+      std::memcpy(&r, buf, sizeof r);
+      add_timings(r);
+      ready_ = true;
+      ev.what = container_event::kind::ready;
+      return ev;
+    }
+    if (is(proto::type::setup_failed, sizeof(proto::setup_failed))) {
+      proto::setup_failed f;
+      std::memcpy(&f, buf, sizeof f);
+      f.path[sizeof f.path - 1] = '\0';
+      auto e = sys_error("cannot set up the sandbox at", f.path, f.err);
+      e.code = errc::system_error;
+      e.step = proto::child_step_name(f.step);
+      init_gone_ = true; // it exits now
+      return e;
+    }
+    return make_error(errc::sandbox_failed, "the sandbox init sent an unexpected message");
+  }
+  if (is(proto::type::started, sizeof(proto::started))) {
+    proto::started m;
+    std::memcpy(&m, buf, sizeof m);
+    ev.what = container_event::kind::started;
+    ev.id = m.id;
+  } else if (is(proto::type::exited, sizeof(proto::exited))) {
+    proto::exited m;
+    std::memcpy(&m, buf, sizeof m);
+    ev.what = container_event::kind::exited;
+    ev.id = m.id;
+    ev.status = exit_status::from_wait_status(m.status);
+  } else if (is(proto::type::exec_failed, sizeof(proto::exec_failed))) {
+    proto::exec_failed m;
+    std::memcpy(&m, buf, sizeof m);
+    ev.what = container_event::kind::exec_failed;
+    ev.id = m.id;
+    auto e = make_error(m.err == ENOENT ? errc::not_found : errc::invalid_argument, "");
+    e.sys_errno = m.err;
+    e.step = proto::exec_stage_name(m.stage);
+    ev.failure = std::move(e);
+  } else {
+    return make_error(errc::sandbox_failed, "the sandbox init sent an unexpected message");
+  }
+  return ev;
 }
 
 error container::init_died() {
@@ -248,53 +310,44 @@ expected<bool> container::pump(std::optional<clock_type::time_point> deadline) {
     init_gone_ = true;
     return init_died();
   }
-  alignas(8) char buf[256];
-  auto len = sys::retry([&] { return ::recv(ctl_.get(), buf, sizeof buf, MSG_DONTWAIT); });
-  if (len < 0 && errno == EAGAIN)
-    return true;
-  if (len <= 0) {
-    init_gone_ = true;
-    return init_died();
-  }
-  proto::header h;
-  if (static_cast<size_t>(len) < sizeof h)
-    return make_error(errc::sandbox_failed, "the sandbox init sent a short message");
-  std::memcpy(&h, buf, sizeof h);
-  auto find = [&](uint64_t id) -> pending* {
-    for (auto& p : cmds_)
-      if (p.id == id)
-        return &p;
-    return nullptr;
-  };
-  if (h.kind == proto::type::started && static_cast<size_t>(len) == sizeof(proto::started)) {
-    proto::started m;
-    std::memcpy(&m, buf, sizeof m);
-    if (auto* p = find(m.id))
-      p->started = true;
-  } else if (h.kind == proto::type::exited && static_cast<size_t>(len) == sizeof(proto::exited)) {
-    proto::exited m;
-    std::memcpy(&m, buf, sizeof m);
-    if (auto* p = find(m.id)) {
-      p->done = true;
-      p->status = exit_status::from_wait_status(m.status);
+  DSEC_TRY(ev, next_event());
+  for (auto& p : cmds_) {
+    if (p.id != ev.id)
+      continue;
+    switch (ev.what) {
+      case container_event::kind::started: p.started = true; break;
+      case container_event::kind::exited:
+        p.done = true;
+        p.status = ev.status;
+        break;
+      case container_event::kind::exec_failed:
+        p.done = true;
+        p.failure = std::move(ev.failure);
+        break;
+      default: break;
     }
-  } else if (h.kind == proto::type::exec_failed
-             && static_cast<size_t>(len) == sizeof(proto::exec_failed)) {
-    proto::exec_failed m;
-    std::memcpy(&m, buf, sizeof m);
-    if (auto* p = find(m.id)) {
-      p->done = true;
-      p->failure = make_error(m.err == ENOENT ? errc::not_found : errc::invalid_argument, "");
-      p->failure->sys_errno = m.err;
-      p->failure->step = proto::exec_stage_name(m.stage);
-    }
-  } else {
-    return make_error(errc::sandbox_failed, "the sandbox init sent an unexpected message");
   }
   return true;
 }
 
-expected<uint64_t> container::exec(const command& cmd, const stdio& io) {
+error container::describe_exec_failure(const command& cmd, error e) {
+  const auto& prog = cmd.argv.empty() ? std::string{} : cmd.argv[0];
+  const char* why = std::strerror(e.sys_errno);
+  if (e.step == "execve")
+    e.message = "cannot execute '" + prog + "' in the sandbox: " + why;
+  else if (e.step == "chdir")
+    e.message = "cannot change to directory '" + cmd.cwd + "' in the sandbox: " + why;
+  else if (e.step == "setuid")
+    e.message = "cannot switch to uid " + std::to_string(cmd.uid.value_or(0)) + " gid "
+                + std::to_string(cmd.gid.value_or(cmd.uid.value_or(0))) + ": " + why;
+  else if (e.sys_errno == EAGAIN)
+    e.message = "cannot start '" + prog + "': too many commands running in the sandbox";
+  else
+    e.message = "cannot start '" + prog + "': " + why;
+  return e;
+}
+
+expected<uint64_t> container::send_exec(const command& cmd, const stdio& io) {
   if (destroyed_ || init_gone_)
     return make_error(errc::not_found, "sandbox " + id_ + " is destroyed");
   if (cmd.argv.empty() || cmd.argv[0].empty())
@@ -347,38 +400,28 @@ expected<uint64_t> container::exec(const command& cmd, const stdio& io) {
   int fds[3] = {fd_or_null(io.in), fd_or_null(io.out), fd_or_null(io.err)};
   if (fds[0] < 0 || fds[1] < 0 || fds[2] < 0)
     return sys_error("open", "/dev/null");
-  cmds_.emplace_back().id = m.id;
   if (unix_socket::send(ctl_.get(), msg_.data(), need, fds, 3) < 0) {
-    cmds_.pop_back();
     if (errno == EPIPE || errno == ECONNRESET) {
       init_gone_ = true;
       return init_died();
     }
     return sys_error("sending a command to the sandbox");
   }
+  return m.id;
+}
+
+expected<uint64_t> container::exec(const command& cmd, const stdio& io) {
+  DSEC_TRY(id, send_exec(cmd, io));
+  cmds_.emplace_back().id = id;
   for (;;) {
-    pending* p = nullptr;
-    for (auto& c : cmds_)
-      if (c.id == m.id)
-        p = &c;
-    if (p->failure) {
-      auto e = std::move(*p->failure);
-      cmds_.erase(cmds_.begin() + (p - cmds_.data()));
-      const auto& prog = cmd.argv[0];
-      if (e.step == "execve")
-        e.message = "cannot execute '" + prog + "' in the sandbox: " + std::strerror(e.sys_errno);
-      else if (e.step == "chdir")
-        e.message = "cannot change to directory '" + cmd.cwd + "' in the sandbox: "
-                    + std::strerror(e.sys_errno);
-      else if (e.step == "setuid")
-        e.message = "cannot switch to uid " + std::to_string(m.uid) + " gid "
-                    + std::to_string(m.gid) + ": " + std::strerror(e.sys_errno);
-      else
-        e.message = std::string{"cannot start '"} + prog + "': " + std::strerror(e.sys_errno);
+    auto it = std::find_if(cmds_.begin(), cmds_.end(), [&](const pending& p) { return p.id == id; });
+    if (it->failure) {
+      auto e = describe_exec_failure(cmd, std::move(*it->failure));
+      cmds_.erase(it);
       return e;
     }
-    if (p->started || p->done)
-      return m.id;
+    if (it->started || it->done)
+      return id;
     DSEC_TRY(more, pump({}));
     (void) more;
   }
@@ -415,6 +458,34 @@ expected<void> container::signal(uint64_t id, int sig) {
   if (unix_socket::send(ctl_.get(), &m, sizeof m, nullptr, 0) < 0)
     return sys_error("signalling a command in the sandbox");
   return {};
+}
+
+void container::kill() {
+  if (pidfd_ && pid_ > 0)
+    sys::pidfd_send_signal(pidfd_.get(), SIGKILL);
+}
+
+expected<bool> container::reap() {
+  if (destroyed_)
+    return true;
+  if (pidfd_) {
+    siginfo_t info{};
+    if (sys::retry([&] {
+          return ::waitid(P_PIDFD, static_cast<id_t>(pidfd_.get()), &info, WEXITED | WNOHANG);
+        }) < 0) {
+      if (errno != ECHILD)
+        return sys_error("reaping the sandbox init");
+    } else if (info.si_pid == 0) {
+      return false; // still running
+    }
+    pid_ = -1;
+    pidfd_.reset();
+  }
+  destroyed_ = true;
+  ctl_.reset();
+  if (cgroup_)
+    DSEC_TRY_VOID(cgroup_->destroy());
+  return true;
 }
 
 bool container::oom_killed() const {

@@ -74,13 +74,61 @@ struct step_timing {
   uint64_t ns;
 };
 
+/// Something init reported (the asynchronous API).
+struct container_event {
+  enum class kind {
+    none,        ///< nothing to read now
+    ready,       ///< creation finished
+    started,     ///< command `id` runs
+    exited,      ///< command `id` ended with `status`
+    exec_failed, ///< command `id` could not start: `failure`
+  };
+  kind what = kind::none;
+  uint64_t id = 0;
+  exit_status status;
+  std::optional<error> failure;
+};
+
 class container {
 public:
   /// Creates a sandbox from `lowers` (directory fds of mounted layers, topmost
-  /// first). `cgroups` may be null when opts.lim sets no limit.
+  /// first) and waits until it is ready. `cgroups` may be null when opts.lim
+  /// sets no limit.
   static expected<std::unique_ptr<container>>
   create(spawner& sp, std::span<const int> lowers, const container_options& opts,
          const cgroup_root* cgroups);
+
+  // ---- the asynchronous API (dsecd: an event loop watches the descriptors) ----
+
+  /// Runs the host steps and the spawn, and returns while init sets itself up:
+  /// watch control_fd() for POLLIN and call next_event() until `ready`.
+  static expected<std::unique_ptr<container>>
+  start(spawner& sp, std::span<const int> lowers, const container_options& opts,
+        const cgroup_root* cgroups);
+
+  /// Reads one message from init without blocking. An error if creation failed
+  /// (naming the step) or init is gone (sandbox_failed).
+  expected<container_event> next_event();
+
+  /// Sends a command to init without waiting for it to start; returns its id.
+  /// next_event() reports `started` or `exec_failed`, then `exited`.
+  expected<uint64_t> send_exec(const command& cmd, const stdio& io);
+
+  /// Sends SIGKILL to init: everything in the sandbox dies. Does not wait;
+  /// watch pidfd() for POLLIN and call reap().
+  void kill();
+
+  /// Reaps init if it has exited (never blocks); true once reaped. Then the
+  /// cgroup is released too. After true the container is destroyed.
+  expected<bool> reap();
+
+  [[nodiscard]] int control_fd() const { return ctl_.get(); }
+
+  /// Turns init's report of a failed exec into a message naming the program,
+  /// the directory or the ids that did not work.
+  static error describe_exec_failure(const command& cmd, error e);
+
+  // ---- the synchronous API (the CLI, tests, benchmarks) ----
 
   /// Starts a command; returns its id once it runs (or why it could not start:
   /// not_found for a missing program, with the program's name).
@@ -118,10 +166,12 @@ private:
   struct create_ctx;
   friend struct create_steps;
 
-  // Reads one message from init (waiting up to `deadline`); stores results.
-  // Returns false on timeout.
+  // Waits up to `deadline` for one event and records it in cmds_. Returns false
+  // on timeout.
   expected<bool> pump(std::optional<std::chrono::steady_clock::time_point> deadline);
+  expected<void> wait_until_ready();
   error init_died();
+  void add_timings(const proto::ready& r);
 
   std::string id_;
   pid_t pid_ = -1;
@@ -131,6 +181,7 @@ private:
   uint64_t next_id_ = 1;
   bool destroyed_ = false;
   bool init_gone_ = false;
+  bool ready_ = false;
 
   struct pending {
     uint64_t id;

@@ -36,6 +36,7 @@ enum class child_step : uint32_t {
   enter_cgroup_ns,
   attach_root,
   mount_proc,
+  protect_proc,
   mount_devpts,
   enter_root,
   set_hostname,
@@ -47,10 +48,10 @@ enum class child_step : uint32_t {
 };
 
 inline const char* child_step_name(uint32_t s) {
-  static const char* names[] = {"join_cgroup",  "enter_cgroup_ns",   "attach_root",
-                                "mount_proc",   "mount_devpts",      "enter_root",
-                                "set_hostname", "setup_network",     "landlock",
-                                "drop_capabilities", "seccomp"};
+  static const char* names[] = {"join_cgroup",   "enter_cgroup_ns",   "attach_root",
+                                "mount_proc",    "protect_proc",      "mount_devpts",
+                                "enter_root",    "set_hostname",      "setup_network",
+                                "landlock",      "drop_capabilities", "seccomp"};
   return s < static_cast<uint32_t>(child_step::count) ? names[s] : "unknown";
 }
 
@@ -63,7 +64,10 @@ struct hello {
   uint32_t landlock_abi = 0; ///< 0: Landlock unavailable
 };
 
-constexpr uint32_t spawn_net = 1; ///< a fresh network namespace with loopback up
+/// A fresh network namespace with loopback up. Without it the sandbox gets a
+/// network namespace of its own from the zygote's pool: recycled from sandboxes
+/// that ended, with no device up, so it has no network at all.
+constexpr uint32_t spawn_net = 1;
 
 /// Descriptors attached, in order: the overlay mount, init's end of the control
 /// socket, then `cgroup_fds` cgroup.procs files to join.

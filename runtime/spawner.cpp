@@ -70,13 +70,14 @@ expected<std::unique_ptr<spawner>> spawner::start(const options& opts) {
   std::unique_ptr<spawner> s{new spawner};
   s->ids_ = opts.ids;
   s->binary_ = binary;
-  s->shared_netns_ = opts.shared_netns;
   char host_pid[16];
   std::snprintf(host_pid, sizeof host_pid, "%d", ::getpid());
   // The zygote is exec'd, not just forked: a fresh, small address space makes its
   // clones cheap, and it must not share anything with this (threaded) process.
-  const char* argv[] = {binary.c_str(), "--zygote", host_pid,
-                        opts.shared_netns ? nullptr : "--no-shared-netns", nullptr};
+  char prewarm[16];
+  std::snprintf(prewarm, sizeof prewarm, "%u", opts.netns_prewarm);
+  const char* argv[] = {binary.c_str(), "--zygote", host_pid, "--netns-prewarm", prewarm,
+                        nullptr};
   const char* envp[] = {"PATH=/usr/sbin:/usr/bin:/sbin:/bin", nullptr};
   int sock_fd = theirs.get(), ns_fd = userns.get();
   pid_t pid = ::fork();
@@ -141,10 +142,6 @@ expected<spawner::spawned> spawner::spawn(int overlay, int ctl,
   if (hostname.size() >= sizeof req.hostname)
     return make_error(errc::invalid_argument,
                       "hostname '" + hostname + "' is longer than 63 characters");
-  if (!net && !shared_netns_)
-    return make_error(errc::invalid_argument,
-                      "this spawner was started without a shared network namespace: "
-                      "it only makes sandboxes with their own (net)");
   std::memcpy(req.hostname, hostname.data(), hostname.size());
   int fds[unix_socket::max_fds];
   if (2 + cgroup_fds.size() > unix_socket::max_fds)

@@ -9,7 +9,9 @@
 #include <sched.h>
 #include <signal.h>
 #include <sys/ioctl.h>
+#include <sys/epoll.h>
 #include <sys/mount.h>
+#include <sys/resource.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -20,6 +22,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <vector>
 
 #include "runtime/init.hpp"
 #include "runtime/proto.hpp"
@@ -35,11 +38,31 @@ namespace {
 constexpr int host_sock = 3;
 constexpr int userns_fd = 4;
 
+// Network namespaces for sandboxes without networking: one per sandbox, so that
+// ports and abstract unix socket names are private, and recycled when the
+// sandbox ends, because making one costs ~0.36 ms and tearing it down more.
+// Reuse is safe: nothing in it is ever up, the sandbox cannot configure it
+// (no CAP_NET_ADMIN) nor change its sysctls (/proc/sys is read-only), and its
+// sockets die with its processes.
+struct netns_pool {
+  int epoll = -1;            // pidfds of the sandboxes holding a namespace
+  std::vector<int> free;     // namespaces ready for the next sandbox
+  struct lent {
+    int pidfd;
+    int netns;
+  };
+  std::vector<lent> out;     // slot i: what sandbox i holds; pidfd -1 when free
+  std::vector<size_t> spare; // free slots of `out`
+  size_t max_free = 256;     // more than this idle are closed
+};
+
 struct zygote_state {
   char* argv_begin = nullptr; // our argv strings, overwritten in each init
   size_t argv_len = 0;
   int host_pidfd = -1;
   uint32_t landlock_abi = 0;
+  rlimit nofile{};            // RLIMIT_NOFILE as we got it; sandboxes get it back
+  netns_pool pool;
 };
 
 uint64_t now_ns() {
@@ -64,7 +87,40 @@ void copy_str(char* dst, size_t cap, const char* src) {
 }
 
 // The zygote's own setup, in order. Each failure names its step.
-void set_up(zygote_state& z, pid_t host, bool shared_netns) {
+// Makes a namespace (owned by the sandbox user namespace) and returns its fd.
+// We stay in it: we do no networking, and cannot go back to the host's (we
+// have no privilege over it any more).
+int make_netns() {
+  if (::unshare(CLONE_NEWNET) < 0)
+    return -1;
+  return ::open("/proc/self/ns/net", O_RDONLY | O_CLOEXEC);
+}
+
+// Takes back the namespaces of sandboxes that ended.
+void recycle(netns_pool& p) {
+  epoll_event evs[64];
+  for (;;) {
+    int n = ::epoll_wait(p.epoll, evs, 64, 0);
+    if (n <= 0)
+      return;
+    for (int i = 0; i < n; ++i) {
+      size_t slot = evs[i].data.u64;
+      auto& l = p.out[slot];
+      ::epoll_ctl(p.epoll, EPOLL_CTL_DEL, l.pidfd, nullptr);
+      ::close(l.pidfd);
+      if (p.free.size() < p.max_free)
+        p.free.push_back(l.netns);
+      else
+        ::close(l.netns);
+      l = {-1, -1};
+      p.spare.push_back(slot);
+    }
+    if (n < 64)
+      return;
+  }
+}
+
+void set_up(zygote_state& z, pid_t host, unsigned prewarm) {
   // Die with the dsec process; if it is already gone, do not start.
   if (::prctl(PR_SET_PDEATHSIG, SIGKILL) < 0 || ::getppid() != host)
     startup_failed("pdeathsig", "", errno);
@@ -81,7 +137,8 @@ void set_up(zygote_state& z, pid_t host, bool shared_netns) {
     startup_failed("private_mounts", "/", errno);
   // A minimal root: an empty tmpfs with /mnt (where each sandbox's root is
   // attached) and /proc (without a visible proc mount the kernel refuses to
-  // mount a sandbox's own proc from inside a user namespace).
+  // mount a sandbox's own proc from inside a user namespace; we also read
+  // /proc/self/ns/net from it).
   if (::mount("dsec-zygote", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
               "size=64k,mode=0755") < 0)
     startup_failed("minimal_root", "/tmp", errno);
@@ -104,10 +161,20 @@ void set_up(zygote_state& z, pid_t host, bool shared_netns) {
   // can gain, so the sandboxes still have what their setup needs.
   if (int rc = security::limit_bounding_set(); rc < 0)
     startup_failed("bounding_set", "prctl(PR_CAPBSET_DROP)", -rc);
-  // Sandboxes without networking share this namespace: it has only a loopback
-  // device, which stays down, so they cannot reach each other or anything else.
-  if (shared_netns && ::unshare(CLONE_NEWNET) < 0)
-    startup_failed("empty_netns", "unshare(CLONE_NEWNET)", errno);
+  // A live sandbox holds two of our descriptors (pidfd, network namespace).
+  ::getrlimit(RLIMIT_NOFILE, &z.nofile);
+  rlimit more = z.nofile;
+  more.rlim_cur = more.rlim_max;
+  ::setrlimit(RLIMIT_NOFILE, &more);
+  z.pool.epoll = ::epoll_create1(EPOLL_CLOEXEC);
+  if (z.pool.epoll < 0)
+    startup_failed("netns_pool", "epoll_create1", errno);
+  for (unsigned i = 0; i < prewarm; ++i) {
+    int fd = make_netns();
+    if (fd < 0)
+      startup_failed("netns_pool", "unshare(CLONE_NEWNET)", errno);
+    z.pool.free.push_back(fd);
+  }
 }
 
 // ---- the sandbox's first process ------------------------------------------
@@ -118,6 +185,7 @@ struct child_ctx {
   int* fds;
   size_t nfds;
   int ctl;
+  int netns; // from the pool, or -1 with spawn_net
   proto::ready ready;
   uint64_t last;
 };
@@ -188,6 +256,18 @@ bool loopback_up() {
   if (::mount("proc", "/mnt/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr) < 0)
     child_fail(c, S::mount_proc, "/proc", errno);
   mark(c, S::mount_proc);
+  // /proc/sys read-only: the sandbox's root owns its network namespace's
+  // sysctls, and that namespace goes to another sandbox afterwards.
+  {
+    int t = sys::open_tree(AT_FDCWD, "/mnt/proc/sys", OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
+    mount_attr ro{};
+    ro.attr_set = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC;
+    if (t < 0 || sys::mount_setattr(t, "", AT_EMPTY_PATH, &ro) < 0
+        || sys::move_mount(t, "", AT_FDCWD, "/mnt/proc/sys", MOVE_MOUNT_F_EMPTY_PATH) < 0)
+      child_fail(c, S::protect_proc, "/proc/sys", errno);
+    ::close(t);
+  }
+  mark(c, S::protect_proc);
   if (::mount("devpts", "/mnt/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC,
               "newinstance,ptmxmode=0666,mode=0620,gid=5") < 0)
     child_fail(c, S::mount_devpts, "/dev/pts", errno);
@@ -202,8 +282,12 @@ bool loopback_up() {
   if (::sethostname(req.hostname, ::strnlen(req.hostname, sizeof req.hostname)) < 0)
     child_fail(c, S::set_hostname, req.hostname, errno);
   mark(c, S::set_hostname);
-  if ((req.flags & proto::spawn_net) && !loopback_up())
-    child_fail(c, S::setup_network, "lo", errno);
+  if (req.flags & proto::spawn_net) {
+    if (!loopback_up())
+      child_fail(c, S::setup_network, "lo", errno);
+  } else if (::setns(c.netns, CLONE_NEWNET) < 0) {
+    child_fail(c, S::setup_network, "setns(netns)", errno);
+  }
   mark(c, S::setup_network);
   if (int rc = security::restrict_landlock(c.z->landlock_abi); rc < 0)
     child_fail(c, S::landlock, "landlock_restrict_self", -rc);
@@ -221,6 +305,12 @@ bool loopback_up() {
       rc < 0)
     child_fail(c, S::seccomp, "seccomp", -rc);
   mark(c, S::seccomp);
+  ::setrlimit(RLIMIT_NOFILE, &c.z->nofile);
+  // Of the zygote's descriptors (its pool, its epoll, our parent's stdio) only
+  // the control socket stays.
+  if (c.ctl > 0)
+    sys::close_range(0, static_cast<unsigned>(c.ctl) - 1, 0);
+  sys::close_range(static_cast<unsigned>(c.ctl) + 1, ~0U, 0);
   c.ready.steps = static_cast<uint32_t>(S::count);
   if (unix_socket::send(c.ctl, &c.ready, sizeof c.ready, nullptr, 0) < 0)
     ::_exit(1);
@@ -257,16 +347,51 @@ void serve(zygote_state& z) {
       reply.err = EPROTO;
     }
     int pidfd = -1;
+    int netns = -1;
+    bool pooled = reply.err == 0 && !(req.flags & proto::spawn_net);
+    if (pooled) {
+      recycle(z.pool);
+      if (!z.pool.free.empty()) {
+        netns = z.pool.free.back();
+        z.pool.free.pop_back();
+      } else if ((netns = make_netns()) < 0) {
+        reply.err = errno;
+      }
+    }
     if (reply.err == 0) {
       pid_t pid = clone_sandbox(req.flags, &pidfd);
       if (pid == 0) {
-        child_ctx c{&z, &req, fds, nfds, fds[1], {}, 0};
+        child_ctx c{&z, &req, fds, nfds, fds[1], netns, {}, 0};
         child_main(c);
       }
       if (pid < 0)
         reply.err = errno;
       else
         reply.pid = pid;
+    }
+    if (pooled && netns >= 0) {
+      // Lend the namespace until the sandbox's pidfd says it ended.
+      size_t slot;
+      if (!z.pool.spare.empty()) {
+        slot = z.pool.spare.back();
+        z.pool.spare.pop_back();
+      } else {
+        slot = z.pool.out.size();
+        z.pool.out.push_back({-1, -1});
+      }
+      epoll_event ev{};
+      ev.events = EPOLLIN;
+      ev.data.u64 = slot;
+      int watch = reply.err == 0 ? ::fcntl(pidfd, F_DUPFD_CLOEXEC, 0) : -1;
+      if (watch >= 0 && ::epoll_ctl(z.pool.epoll, EPOLL_CTL_ADD, watch, &ev) == 0) {
+        z.pool.out[slot] = {watch, netns};
+      } else {
+        // Not watchable (or the clone failed): never reuse it.
+        if (watch >= 0)
+          ::close(watch);
+        ::close(netns);
+        z.pool.spare.push_back(slot);
+      }
     }
     for (size_t i = 0; i < nfds; ++i)
       ::close(fds[i]);
@@ -280,12 +405,14 @@ void serve(zygote_state& z) {
 } // namespace
 
 int zygote_main(int argc, char** argv) {
-  bool shared_netns = !(argc == 4 && std::strcmp(argv[3], "--no-shared-netns") == 0);
-  if ((argc != 3 && argc != 4) || std::strcmp(argv[1], "--zygote") != 0
-      || (argc == 4 && shared_netns)) {
+  unsigned prewarm = 1;
+  if (argc == 5 && std::strcmp(argv[3], "--netns-prewarm") == 0)
+    prewarm = static_cast<unsigned>(std::atoi(argv[4]));
+  if ((argc != 3 && argc != 5) || std::strcmp(argv[1], "--zygote") != 0
+      || (argc == 5 && std::strcmp(argv[3], "--netns-prewarm") != 0) || prewarm > 1024) {
     const char* usage =
       "dsec-spawner is dsec's internal sandbox spawner; dsec starts it itself.\n"
-      "usage: dsec-spawner --zygote HOST_PID [--no-shared-netns]\n"
+      "usage: dsec-spawner --zygote HOST_PID [--netns-prewarm N]\n"
       "       (fd 3: control socket, fd 4: user namespace)\n";
     (void) !::write(2, usage, std::strlen(usage));
     return 2;
@@ -294,7 +421,7 @@ int zygote_main(int argc, char** argv) {
   zygote_state z;
   z.argv_begin = argv[0];
   z.argv_len = static_cast<size_t>(argv[argc - 1] + std::strlen(argv[argc - 1]) + 1 - argv[0]);
-  set_up(z, host, shared_netns);
+  set_up(z, host, prewarm);
   proto::hello h;
   h.landlock_abi = z.landlock_abi;
   if (unix_socket::send(host_sock, &h, sizeof h, nullptr, 0) < 0)

@@ -62,8 +62,9 @@ Other:
   -h, --help               this text
 
 Exit status: CMD's own status; 128+N if a signal N killed it; 124 on timeout;
-126 if CMD cannot be executed, 127 if it is not found; 125 if dsec itself
-failed (the message says which step and which path).
+126 if CMD cannot be executed (or --cwd, --user do not work), 127 if it is
+not found; 125 if dsec itself failed (the message says which step and which
+path).
 )";
 
 volatile sig_atomic_t pending_signal = 0;
@@ -284,7 +285,7 @@ int run_main(const global_options& g, args& a) {
 
   // The zygote sets itself up (~1.5 ms) while we open the store and mount.
   spawner::options sp_opts;
-  sp_opts.shared_netns = !r.opts.net;
+  sp_opts.netns_prewarm = r.opts.net ? 0 : 1;
   auto sp = spawner::start(sp_opts);
   if (!sp)
     return fail(sp.error_value(), dsec_failed);
@@ -363,7 +364,9 @@ int run_main(const global_options& g, args& a) {
   if (!id) {
     auto& e = id.error_value();
     fail(e);
-    return e.step == "execve" ? (e.sys_errno == ENOENT ? 127 : 126) : dsec_failed;
+    if (e.step == "execve")
+      return e.sys_errno == ENOENT ? 127 : 126;
+    return e.step == "chdir" || e.step == "setuid" ? 126 : dsec_failed;
   }
   std::optional<std::chrono::steady_clock::time_point> deadline;
   if (r.timeout)
