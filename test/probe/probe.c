@@ -1,0 +1,597 @@
+/* probe: a small static binary that runs inside dsec sandboxes and answers
+ * what a test asks (the crun way). Each subcommand does one thing and prints
+ * its outcome on stdout: the data asked for, "ok", or the errno name of the
+ * failure (e.g. "EPERM"). Whether an outcome is right is the test's business:
+ * attempts at forbidden things exit 0 whatever happened.
+ *
+ * Exit status: 0 when the subcommand ran (attempts included), 1 when a read
+ * such as cat or ls failed, 2 on a usage error; `exit N` and `kill-self SIG`
+ * end as asked.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/bpf.h>
+#include <linux/io_uring.h>
+#include <linux/keyctl.h>
+#include <linux/perf_event.h>
+#include <netinet/in.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <sys/mount.h>
+#include <sys/ptrace.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/sysmacros.h>
+#include <sys/un.h>
+#include <sys/utsname.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+/* ---- output helpers ----------------------------------------------------- */
+
+static const char *err_name(int err) {
+  const char *n = strerrorname_np(err);
+  return n ? n : "E?";
+}
+
+/* Prints "ok" for rc >= 0, else the errno name. Always exits 0: an attempt. */
+static int outcome(long rc) {
+  if (rc < 0)
+    printf("%s\n", err_name(errno));
+  else
+    printf("ok\n");
+  return 0;
+}
+
+/* A failed read: its errno name, exit 1. */
+static int failed(void) {
+  printf("%s\n", err_name(errno));
+  return 1;
+}
+
+static int usage(void) {
+  fprintf(stderr, "usage: probe SUBCOMMAND [ARGS] (see test/probe/probe.c)\n");
+  return 2;
+}
+
+static int parse_signal(const char *s) {
+  static const struct { const char *name; int sig; } sigs[] = {
+    {"HUP", SIGHUP}, {"INT", SIGINT}, {"QUIT", SIGQUIT}, {"KILL", SIGKILL},
+    {"SEGV", SIGSEGV}, {"TERM", SIGTERM}, {"USR1", SIGUSR1}, {"STOP", SIGSTOP},
+    {"ABRT", SIGABRT}, {"CONT", SIGCONT},
+  };
+  if (strncmp(s, "SIG", 3) == 0)
+    s += 3;
+  for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; ++i)
+    if (strcmp(s, sigs[i].name) == 0)
+      return sigs[i].sig;
+  return atoi(s);
+}
+
+/* ---- files -------------------------------------------------------------- */
+
+static int cmd_cat(const char *path) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return failed();
+  char buf[65536];
+  ssize_t n;
+  while ((n = read(fd, buf, sizeof buf)) > 0)
+    fwrite(buf, 1, (size_t)n, stdout);
+  int err = errno;
+  close(fd);
+  errno = err;
+  return n < 0 ? failed() : 0;
+}
+
+static int cmd_write(const char *path, const char *text) {
+  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0)
+    return outcome(-1);
+  size_t len = strlen(text);
+  ssize_t n = write(fd, text, len);
+  int err = errno;
+  close(fd);
+  errno = err;
+  if (n >= 0 && (size_t)n != len)
+    errno = EIO, n = -1;
+  return outcome(n);
+}
+
+/* Writes `mb` MiB of zeros to `path`: "ok" or the errno name. */
+static int cmd_fill(const char *path, const char *mb_s) {
+  static char block[1 << 20];
+  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0)
+    return outcome(-1);
+  long rc = 0;
+  for (long i = 0; i < atol(mb_s) && rc >= 0; ++i)
+    for (size_t off = 0; off < sizeof block && rc >= 0; off += (size_t)rc)
+      rc = write(fd, block + off, sizeof block - off);
+  int err = errno;
+  close(fd);
+  errno = err;
+  return outcome(rc);
+}
+
+static int cmp_str(const void *a, const void *b) {
+  return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* The entries of a directory, sorted (without . and ..). */
+static char **list_dir(const char *path, size_t *count) {
+  DIR *d = opendir(path);
+  if (!d)
+    return NULL;
+  size_t n = 0, cap = 16;
+  char **names = malloc(cap * sizeof *names);
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL) {
+    if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+      continue;
+    if (n == cap)
+      names = realloc(names, (cap *= 2) * sizeof *names);
+    names[n++] = strdup(e->d_name);
+  }
+  closedir(d);
+  qsort(names, n, sizeof *names, cmp_str);
+  *count = n;
+  return names;
+}
+
+static int cmd_ls(const char *path) {
+  size_t n;
+  char **names = list_dir(path, &n);
+  if (!names)
+    return failed();
+  for (size_t i = 0; i < n; ++i)
+    printf("%s\n", names[i]);
+  return 0;
+}
+
+/* FNV-1a of a file's bytes: enough to tell contents apart in a listing. */
+static uint64_t hash_file(const char *path) {
+  uint64_t h = 1469598103934665603ULL;
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return 0;
+  unsigned char buf[65536];
+  ssize_t n;
+  while ((n = read(fd, buf, sizeof buf)) > 0)
+    for (ssize_t i = 0; i < n; ++i)
+      h = (h ^ buf[i]) * 1099511628211ULL;
+  close(fd);
+  return h;
+}
+
+/* Every path under `path`, one line each: "PATH TYPE MODE SIZE HASH|TARGET". */
+static void tree(const char *path) {
+  size_t n;
+  char **names = list_dir(path, &n);
+  if (!names)
+    return;
+  for (size_t i = 0; i < n; ++i) {
+    char full[4096];
+    snprintf(full, sizeof full, "%s/%s", strcmp(path, "/") == 0 ? "" : path, names[i]);
+    struct stat st;
+    if (lstat(full, &st) < 0) {
+      printf("%s ? %s\n", full, err_name(errno));
+      continue;
+    }
+    if (S_ISDIR(st.st_mode)) {
+      printf("%s d %o\n", full, st.st_mode & 07777);
+      tree(full);
+    } else if (S_ISLNK(st.st_mode)) {
+      char target[4096];
+      ssize_t len = readlink(full, target, sizeof target - 1);
+      target[len < 0 ? 0 : len] = '\0';
+      printf("%s l %s\n", full, target);
+    } else if (S_ISREG(st.st_mode)) {
+      printf("%s f %o %lld %016llx\n", full, st.st_mode & 07777, (long long)st.st_size,
+             (unsigned long long)hash_file(full));
+    } else {
+      printf("%s o %o\n", full, st.st_mode & 07777);
+    }
+  }
+}
+
+/* ---- identity and /proc ------------------------------------------------- */
+
+static int cmd_hostname(void) {
+  struct utsname u;
+  if (uname(&u) < 0)
+    return failed();
+  printf("%s\n", u.nodename);
+  return 0;
+}
+
+/* Every process visible in /proc: "PID COMM". */
+static int cmd_pids(void) {
+  size_t n;
+  char **names = list_dir("/proc", &n);
+  if (!names)
+    return failed();
+  for (size_t i = 0; i < n; ++i) {
+    if (names[i][0] < '0' || names[i][0] > '9')
+      continue;
+    char path[64], comm[64] = "?";
+    snprintf(path, sizeof path, "/proc/%s/comm", names[i]);
+    FILE *f = fopen(path, "re");
+    if (f) {
+      if (fgets(comm, sizeof comm, f))
+        comm[strcspn(comm, "\n")] = '\0';
+      fclose(f);
+    }
+    printf("%s %s\n", names[i], comm);
+  }
+  return 0;
+}
+
+/* The value of one "Key:" line of /proc/self/status, e.g. NoNewPrivs. */
+static int print_status(const char *key) {
+  FILE *f = fopen("/proc/self/status", "re");
+  if (!f)
+    return failed();
+  char line[512];
+  size_t klen = strlen(key);
+  while (fgets(line, sizeof line, f)) {
+    if (strncmp(line, key, klen) == 0 && line[klen] == ':') {
+      char *v = line + klen + 1;
+      v += strspn(v, " \t");
+      fputs(v, stdout);
+      fclose(f);
+      return 0;
+    }
+  }
+  fclose(f);
+  errno = ENOENT;
+  return failed();
+}
+
+static int cmd_caps(void) {
+  static const char *keys[] = {"CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"};
+  for (size_t i = 0; i < 5; ++i) {
+    printf("%s=", keys[i]);
+    fflush(stdout);
+    if (print_status(keys[i]) != 0)
+      return 1;
+  }
+  return 0;
+}
+
+static int cmd_uid(void) {
+  uid_t ru, eu, su;
+  gid_t rg, eg, sg;
+  getresuid(&ru, &eu, &su);
+  getresgid(&rg, &eg, &sg);
+  printf("uid=%u euid=%u gid=%u egid=%u\n", ru, eu, rg, eg);
+  return 0;
+}
+
+static int cmd_cwd(void) {
+  char buf[4096];
+  if (!getcwd(buf, sizeof buf))
+    return failed();
+  printf("%s\n", buf);
+  return 0;
+}
+
+static int cmd_env(const char *name) {
+  const char *v = getenv(name);
+  printf("%s\n", v ? v : "(unset)");
+  return 0;
+}
+
+/* ---- forbidden things ----------------------------------------------------- */
+
+static int ns_flag(const char *kind) {
+  static const struct { const char *name; int flag; } kinds[] = {
+    {"mnt", CLONE_NEWNS}, {"user", CLONE_NEWUSER}, {"net", CLONE_NEWNET},
+    {"pid", CLONE_NEWPID}, {"uts", CLONE_NEWUTS}, {"ipc", CLONE_NEWIPC},
+    {"cgroup", CLONE_NEWCGROUP},
+  };
+  for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; ++i)
+    if (strcmp(kind, kinds[i].name) == 0)
+      return kinds[i].flag;
+  return 0;
+}
+
+/* clone(2) with a namespace flag; a child that gets made exits at once. */
+static int cmd_clone_ns(const char *kind) {
+  int flag = ns_flag(kind);
+  if (!flag)
+    return usage();
+  long pid = syscall(SYS_clone, (unsigned long)(flag | SIGCHLD), 0, 0, 0, 0);
+  if (pid == 0)
+    _exit(0);
+  if (pid > 0)
+    waitpid((pid_t)pid, NULL, 0);
+  return outcome(pid);
+}
+
+static int cmd_clone3(void) {
+  struct clone_args_min { uint64_t flags, pidfd, child_tid, parent_tid, exit_signal, stack,
+                          stack_size, tls; } args;
+  memset(&args, 0, sizeof args);
+  args.exit_signal = SIGCHLD;
+  long pid = syscall(SYS_clone3, &args, sizeof args);
+  if (pid == 0)
+    _exit(0);
+  if (pid > 0)
+    waitpid((pid_t)pid, NULL, 0);
+  return outcome(pid);
+}
+
+static int cmd_setns(const char *path) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    printf("open %s: %s\n", path, err_name(errno));
+    return 0;
+  }
+  return outcome(setns(fd, 0));
+}
+
+static int cmd_ptrace(const char *pid) {
+  long rc = ptrace(PTRACE_SEIZE, (pid_t)atoi(pid), 0, 0);
+  if (rc == 0)
+    ptrace(PTRACE_DETACH, (pid_t)atoi(pid), 0, 0);
+  return outcome(rc);
+}
+
+static int cmd_keyctl(void) {
+  return outcome(syscall(SYS_keyctl, KEYCTL_GET_KEYRING_ID, KEY_SPEC_SESSION_KEYRING, 1));
+}
+
+static int cmd_bpf(void) {
+  union bpf_attr attr;
+  memset(&attr, 0, sizeof attr);
+  attr.map_type = BPF_MAP_TYPE_ARRAY;
+  attr.key_size = 4;
+  attr.value_size = 4;
+  attr.max_entries = 1;
+  return outcome(syscall(SYS_bpf, BPF_MAP_CREATE, &attr, sizeof attr));
+}
+
+static int cmd_perf(void) {
+  struct perf_event_attr attr;
+  memset(&attr, 0, sizeof attr);
+  attr.type = PERF_TYPE_SOFTWARE;
+  attr.size = sizeof attr;
+  attr.config = PERF_COUNT_SW_CPU_CLOCK;
+  attr.exclude_kernel = 1;
+  return outcome(syscall(SYS_perf_event_open, &attr, 0, -1, -1, 0));
+}
+
+static int cmd_io_uring(void) {
+  struct io_uring_params p;
+  memset(&p, 0, sizeof p);
+  return outcome(syscall(SYS_io_uring_setup, 4, &p));
+}
+
+static int cmd_tiocsti(void) {
+  char c = 'x';
+  return outcome(ioctl(0, TIOCSTI, &c));
+}
+
+/* ---- resources ----------------------------------------------------------- */
+
+static int cmd_forkbomb(void) {
+  for (;;)
+    if (fork() < 0)
+      usleep(1000);
+  return 0;
+}
+
+/* Forks up to `max` children that wait; prints how many it got and why it
+ * stopped, then ends them. */
+static int cmd_fork_max(const char *max_s) {
+  long max = atol(max_s);
+  pid_t *kids = calloc((size_t)max + 1, sizeof *kids);
+  long n = 0;
+  int err = 0;
+  while (n < max) {
+    pid_t p = fork();
+    if (p == 0) {
+      pause();
+      _exit(0);
+    }
+    if (p < 0) {
+      err = errno;
+      break;
+    }
+    kids[n++] = p;
+  }
+  printf("forked=%ld stopped=%s\n", n, err ? err_name(err) : "none");
+  for (long i = 0; i < n; ++i)
+    kill(kids[i], SIGKILL);
+  for (long i = 0; i < n; ++i)
+    waitpid(kids[i], NULL, 0);
+  return 0;
+}
+
+static int cmd_hog(const char *mb_s) {
+  long mb = atol(mb_s);
+  for (long i = 0; i < mb; ++i) {
+    char *p = mmap(NULL, 1 << 20, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+      return failed();
+    memset(p, (int)(i & 0xff) | 1, 1 << 20);
+  }
+  printf("survived %ld MiB\n", mb);
+  return 0;
+}
+
+static int cmd_spin(void) {
+  for (volatile unsigned long i = 0;; ++i) {
+  }
+  return 0;
+}
+
+/* ---- sockets ---------------------------------------------------------------- */
+
+static socklen_t abstract_addr(struct sockaddr_un *a, const char *name) {
+  memset(a, 0, sizeof *a);
+  a->sun_family = AF_UNIX;
+  size_t len = strnlen(name, sizeof a->sun_path - 2);
+  memcpy(a->sun_path + 1, name, len);
+  return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + len);
+}
+
+static void tcp_addr(struct sockaddr_in *a, const char *port) {
+  memset(a, 0, sizeof *a);
+  a->sin_family = AF_INET;
+  a->sin_port = htons((uint16_t)atoi(port));
+  a->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+}
+
+/* Listens; then a daemon child answers every connection with "hello" while
+ * the parent prints "listening" and exits 0, so `probe X-listen && probe
+ * X-connect` needs no waiting. */
+static int serve(int s) {
+  if (listen(s, 16) < 0)
+    return failed();
+  fflush(stdout);
+  pid_t p = fork();
+  if (p < 0)
+    return failed();
+  if (p == 0) {
+    int null = open("/dev/null", O_RDWR);
+    dup2(null, 0);
+    dup2(null, 1);
+    dup2(null, 2);
+    for (;;) {
+      int c = accept(s, NULL, NULL);
+      if (c < 0)
+        continue;
+      (void)!write(c, "hello\n", 6);
+      close(c);
+    }
+  }
+  printf("listening\n");
+  return 0;
+}
+
+/* Connects; prints "ok" and the server's greeting, or the errno name. */
+static int connect_to(int domain, const struct sockaddr *a, socklen_t len) {
+  int s = socket(domain, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (s < 0)
+    return outcome(-1);
+  if (connect(s, a, len) < 0)
+    return outcome(-1);
+  char buf[64] = "";
+  ssize_t n = read(s, buf, sizeof buf - 1);
+  buf[n < 0 ? 0 : n] = '\0';
+  buf[strcspn(buf, "\n")] = '\0';
+  printf("ok %s\n", buf);
+  return 0;
+}
+
+static int cmd_abstract_listen(const char *name) {
+  struct sockaddr_un a;
+  socklen_t len = abstract_addr(&a, name);
+  int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (s < 0 || bind(s, (struct sockaddr *)&a, len) < 0)
+    return failed();
+  return serve(s);
+}
+
+static int cmd_abstract_connect(const char *name) {
+  struct sockaddr_un a;
+  socklen_t len = abstract_addr(&a, name);
+  return connect_to(AF_UNIX, (struct sockaddr *)&a, len);
+}
+
+static int cmd_tcp_listen(const char *port) {
+  struct sockaddr_in a;
+  tcp_addr(&a, port);
+  int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  int one = 1;
+  if (s < 0 || setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) < 0
+      || bind(s, (struct sockaddr *)&a, sizeof a) < 0)
+    return failed();
+  return serve(s);
+}
+
+static int cmd_tcp_connect(const char *port) {
+  struct sockaddr_in a;
+  tcp_addr(&a, port);
+  return connect_to(AF_INET, (struct sockaddr *)&a, sizeof a);
+}
+
+/* ---- dispatch -------------------------------------------------------------- */
+
+int main(int argc, char **argv) {
+  setvbuf(stdout, NULL, _IOLBF, 0);
+  if (argc < 2)
+    return usage();
+  const char *c = argv[1];
+  const char *a1 = argc > 2 ? argv[2] : NULL;
+  const char *a2 = argc > 3 ? argv[3] : NULL;
+#define IS(name, nargs) (strcmp(c, name) == 0 && argc == 2 + (nargs))
+  /* files */
+  if (IS("cat", 1)) return cmd_cat(a1);
+  if (IS("write", 2)) return cmd_write(a1, a2);
+  if (IS("fill", 2)) return cmd_fill(a1, a2);
+  if (IS("ls", 1)) return cmd_ls(a1);
+  if (IS("tree", 1)) return tree(a1), 0;
+  if (IS("mknod", 1)) return outcome(mknod(a1, S_IFCHR | 0666, makedev(1, 3)));
+  /* identity and /proc */
+  if (IS("hostname", 0)) return cmd_hostname();
+  if (IS("pid", 0)) return printf("%d\n", getpid()), 0;
+  if (IS("pids", 0)) return cmd_pids();
+  if (IS("alive", 1)) return outcome(kill(atoi(a1), 0));
+  if (IS("kill", 2)) return outcome(kill(atoi(a1), parse_signal(a2)));
+  if (IS("status", 1)) return print_status(a1);
+  if (IS("caps", 0)) return cmd_caps();
+  if (IS("uid", 0)) return cmd_uid();
+  if (IS("cwd", 0)) return cmd_cwd();
+  if (IS("env", 1)) return cmd_env(a1);
+  /* forbidden things */
+  if (IS("mount", 0)) return outcome(mount("none", "/tmp", "tmpfs", 0, NULL));
+  if (IS("remount", 1)) return outcome(mount(NULL, a1, NULL, MS_REMOUNT, NULL));
+  if (IS("umount", 1)) return outcome(umount2(a1, MNT_DETACH));
+  if (IS("unshare", 1)) return ns_flag(a1) ? outcome(unshare(ns_flag(a1))) : usage();
+  if (IS("clone-ns", 1)) return cmd_clone_ns(a1);
+  if (IS("clone3", 0)) return cmd_clone3();
+  if (IS("setns", 1)) return cmd_setns(a1);
+  if (IS("chroot", 0)) return outcome(chroot("/tmp"));
+  if (IS("ptrace", 1)) return cmd_ptrace(a1);
+  if (IS("keyctl", 0)) return cmd_keyctl();
+  if (IS("bpf", 0)) return cmd_bpf();
+  if (IS("perf", 0)) return cmd_perf();
+  if (IS("io-uring", 0)) return cmd_io_uring();
+  if (IS("tiocsti", 0)) return cmd_tiocsti();
+  /* resources */
+  if (IS("forkbomb", 0)) return cmd_forkbomb();
+  if (IS("fork-max", 1)) return cmd_fork_max(a1);
+  if (IS("hog", 1)) return cmd_hog(a1);
+  if (IS("spin", 0)) return cmd_spin();
+  if (IS("sleep", 0)) for (;;) pause();
+  /* sockets */
+  if (IS("abstract-listen", 1)) return cmd_abstract_listen(a1);
+  if (IS("abstract-connect", 1)) return cmd_abstract_connect(a1);
+  if (IS("tcp-listen", 1)) return cmd_tcp_listen(a1);
+  if (IS("tcp-connect", 1)) return cmd_tcp_connect(a1);
+  /* endings */
+  if (IS("exit", 1)) return atoi(a1);
+  if (IS("kill-self", 1)) {
+    fflush(stdout);
+    signal(parse_signal(a1), SIG_DFL);
+    kill(getpid(), parse_signal(a1));
+    pause();
+  }
+#undef IS
+  return usage();
+}

@@ -1,0 +1,208 @@
+// What a sandbox can see: not the host's files or processes, not other
+// sandboxes, and its layers only through its own private upper layer.
+#include <doctest/doctest.h>
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "test/support/fixture.hpp"
+#include "test/support/sandbox.hpp"
+
+using namespace dsec::test;
+
+TEST_CASE("the host's files are invisible") {
+  auto& s = suite::get();
+  // A marker on the host, in a place a sandbox has too.
+  temp_dir marker_dir{"/tmp", "dsec-host-marker"};
+  write_file(marker_dir / "secret", "host secret\n");
+  REQUIRE(std::filesystem::exists("/etc/hostname"));
+  auto marker_name = marker_dir.path().substr(5); // below /tmp/
+
+  auto r = s.run({}, {"sh", "-c",
+                      "probe cat " + marker_dir.path() + "/secret; probe ls " + marker_dir.path()
+                        + "; probe ls /tmp; probe cat /etc/hostname; probe ls " + s.state()
+                        + "; probe ls " + s.root() + "; probe cat /etc/base-only"});
+  REQUIRE_MESSAGE(r.status == 0, r.describe());
+  // /tmp is there but empty; the base layer's own files are the control.
+  CHECK(r.out == "ENOENT\nENOENT\nENOENT\nENOENT\nENOENT\nbase only\n");
+  CHECK(r.out.find(marker_name) == std::string::npos);
+
+  // Not through /proc either: the mount table names no host path, and the
+  // root directory's parent is the root itself.
+  r = s.run({}, {"sh", "-c", "probe cat /proc/self/mountinfo; probe ls /proc/1/root; probe ls /.."});
+  REQUIRE(r.status == 0);
+  CHECK(r.out.find(s.root()) == std::string::npos);
+  CHECK(r.out.find("/tmp/") == std::string::npos);
+  auto root_ls = s.run({}, {"probe", "ls", "/"});
+  CHECK(r.out.find(root_ls.out) != std::string::npos);
+}
+
+TEST_CASE("host processes are invisible") {
+  auto& s = suite::get();
+  auto r = s.run({}, {"probe", "pids"});
+  REQUIRE_MESSAGE(r.status == 0, r.describe());
+  // Only its own init and itself.
+  CHECK(r.out == "1 dsec-init\n2 probe\n");
+
+  auto me = std::to_string(::getpid());
+  r = s.run({}, {"sh", "-c", "probe alive " + me + "; probe kill " + me + " TERM; probe ptrace " + me});
+  CHECK(r.out == "ESRCH\nESRCH\nESRCH\n");
+}
+
+TEST_CASE("two sandboxes of two dsec runs cannot see or reach each other") {
+  auto& s = suite::get();
+  for (bool net : {false, true}) {
+    CAPTURE(net);
+    std::vector<std::string> opts;
+    if (net)
+      opts.emplace_back("--net");
+    background a(s.run_argv(
+      opts, {"sh", "-c",
+             "probe write /tmp/a-secret s >/dev/null && probe abstract-listen dsec-a >/dev/null "
+             "&& probe tcp-listen 7000 >/dev/null && echo ready && exec sleep 1000"}));
+    REQUIRE_MESSAGE(a.wait_for_output("ready\n"), a.err());
+
+    auto b = s.run(opts, {"sh", "-c",
+                          "probe ls /tmp; probe pids; probe abstract-connect dsec-a; "
+                          "probe tcp-connect 7000"});
+    REQUIRE_MESSAGE(b.status == 0, b.describe());
+    auto l = lines_of(b.out);
+    REQUIRE(l.size() == 5);
+    CHECK(l[0] == "1 dsec-init"); // /tmp is empty: no a-secret line
+    CHECK(l[1] == "2 sh");
+    CHECK(l[2] == "4 probe"); // after the probe that listed /tmp
+    CHECK(l[3] == "ECONNREFUSED"); // another network namespace, its own abstract sockets
+    CHECK(l[4] == (net ? "ECONNREFUSED" : "ENETUNREACH"));
+
+    a.kill(SIGTERM);
+    CHECK(a.wait().status == 143);
+  }
+}
+
+TEST_CASE("sandboxes of one zygote have separate empty networks and cannot reach each other") {
+  // Without --net each sandbox gets a network namespace of its own from the
+  // zygote's pool, with nothing up: abstract socket names are private to it
+  // (Landlock's scoping of abstract sockets stays as a second wall).
+  api_env env({base_layer});
+  auto a = env.create();
+  auto b = env.create();
+
+  auto r = exec_capture(*a, {"probe", "abstract-listen", "dsec-shared"});
+  REQUIRE_MESSAGE(r.status.code == 0, r.out);
+  CHECK(r.out == "listening\n");
+  // The control: from inside A, the socket works.
+  r = exec_capture(*a, {"probe", "abstract-connect", "dsec-shared"});
+  CHECK(r.out == "ok hello\n");
+  // From B, the name is not there at all.
+  r = exec_capture(*b, {"probe", "abstract-connect", "dsec-no-such-name"});
+  CHECK(r.out == "ECONNREFUSED\n");
+  r = exec_capture(*b, {"probe", "abstract-connect", "dsec-shared"});
+  CHECK(r.out == "ECONNREFUSED\n");
+
+  // TCP: the loopback is down, for everyone.
+  r = exec_capture(*a, {"probe", "tcp-listen", "7001"});
+  CHECK(r.out == "listening\n");
+  r = exec_capture(*b, {"probe", "tcp-connect", "7001"});
+  CHECK(r.out == "ENETUNREACH\n");
+  r = exec_capture(*a, {"probe", "tcp-connect", "7001"});
+  CHECK(r.out == "ENETUNREACH\n");
+
+  // B sees none of A's processes (A's listeners are still running) and none of
+  // its files; nor can it signal them.
+  r = exec_capture(*a, {"probe", "write", "/tmp/a-file", "x"});
+  CHECK(r.out == "ok\n");
+  r = exec_capture(*b, {"probe", "pids"});
+  auto b_pids = lines_of(r.out);
+  REQUIRE(b_pids.size() == 2); // init and itself
+  CHECK(b_pids[0] == "1 dsec-init");
+  CHECK(b_pids[1].find(" probe") != std::string::npos);
+  r = exec_capture(*a, {"probe", "pids"});
+  CHECK(lines_of(r.out).size() == 4); // init, two listeners, itself
+  r = exec_capture(*b, {"probe", "cat", "/tmp/a-file"});
+  CHECK(r.out == "ENOENT\n");
+
+  SUBCASE("with --net each has its own loopback") {
+    dsec::container_options net;
+    net.net = true;
+    auto c = env.create(net);
+    auto d = env.create(net);
+    r = exec_capture(*c, {"probe", "tcp-listen", "7002"});
+    CHECK(r.out == "listening\n");
+    r = exec_capture(*c, {"probe", "tcp-connect", "7002"});
+    CHECK(r.out == "ok hello\n");
+    r = exec_capture(*d, {"probe", "tcp-connect", "7002"});
+    CHECK(r.out == "ECONNREFUSED\n");
+    r = exec_capture(*d, {"probe", "abstract-connect", "dsec-shared"});
+    CHECK(r.out == "ECONNREFUSED\n");
+  }
+}
+
+TEST_CASE("layers cannot be written") {
+  auto& s = suite::get();
+  std::vector<std::string> blobs;
+  for (const char* ref : {base_layer, workdir_layer, tool_a})
+    blobs.push_back(s.blob_of(ref));
+  std::vector<std::string> before;
+  for (const auto& b : blobs)
+    before.push_back(sha256_of(b));
+  CHECK("sha256:" + before[0] == s.digest_of(base_layer));
+
+  auto r = s.run({"--workdir", workdir_layer, "--tool", tool_a},
+                 {"sh", "-c",
+                  "probe write /etc/base-only overwritten; probe cat /etc/base-only; echo; "
+                  "probe write /work/marker overwritten; probe write /opt/ta/bin/ta overwritten; "
+                  "probe remount /; probe umount /; probe mount"});
+  REQUIRE_MESSAGE(r.status == 0, r.describe());
+  auto l = lines_of(r.out);
+  REQUIRE(l.size() == 7);
+  CHECK(l[0] == "ok"); // into the upper layer
+  CHECK(l[1] == "overwritten");
+  CHECK(l[2] == "ok");
+  CHECK(l[3] == "ok");
+  CHECK(l[4] == "EPERM"); // no remount read-write
+  CHECK(l[5] == "EPERM");
+  CHECK(l[6] == "EPERM");
+
+  // The images are untouched, and the next sandbox sees the originals.
+  for (size_t i = 0; i < blobs.size(); ++i)
+    CHECK(sha256_of(blobs[i]) == before[i]);
+  r = s.run({"--workdir", workdir_layer, "--tool", tool_a},
+            {"sh", "-c", "probe cat /etc/base-only; probe cat /work/marker; probe cat /opt/ta/bin/ta"});
+  CHECK(r.out == "base only\nworkdir marker\ntool a\n");
+}
+
+TEST_CASE("kernel-wide files and devices are out of reach") {
+  auto& s = suite::get();
+  auto r = s.run({}, {"sh", "-c",
+                      "probe write /proc/sys/kernel/core_pattern x; "
+                      "probe write /proc/sys/vm/drop_caches 3; "
+                      "probe write /proc/sys/kernel/hostname other; "
+                      "probe write /proc/self/oom_score_adj -1000; "
+                      "probe write /proc/1/oom_score_adj 1000; "
+                      "probe cat /proc/1/environ; probe cat /proc/kmsg; "
+                      "probe write /proc/sysrq-trigger h | grep -v '^ok$' >/dev/null && echo denied"});
+  REQUIRE_MESSAGE(r.status == 0, r.describe());
+  // /proc/sys is mounted read-only (EROFS); the rest is not ours (EACCES).
+  CHECK(r.out == "EROFS\nEROFS\nEROFS\nEACCES\nEACCES\nEACCES\nEACCES\ndenied\n");
+  // No sysfs at all, and only the harmless devices.
+  r = s.run({}, {"sh", "-c", "probe ls /sys; echo --; probe ls /dev; probe cat /dev/mem"});
+  CHECK(r.out == "--\nfd\nfull\nnull\nptmx\npts\nrandom\nshm\nstderr\nstdin\nstdout\ntty\n"
+                 "urandom\nzero\nENOENT\n");
+}
+
+// Sandboxes without --net each get a network namespace of their own from the
+// zygote's pool (recycled after the sandbox ends), so two sandboxes of one
+// zygote can bind the same TCP port and the same abstract socket name.
+TEST_CASE("sandboxes of one zygote do not share port and socket names") {
+  api_env env({base_layer});
+  auto a = env.create();
+  auto b = env.create();
+  CHECK(exec_capture(*a, {"probe", "tcp-listen", "7003"}).out == "listening\n");
+  CHECK(exec_capture(*b, {"probe", "tcp-listen", "7003"}).out == "listening\n");
+  CHECK(exec_capture(*a, {"probe", "abstract-listen", "dsec-squat"}).out == "listening\n");
+  CHECK(exec_capture(*b, {"probe", "abstract-listen", "dsec-squat"}).out == "listening\n");
+}
