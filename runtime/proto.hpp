@@ -22,6 +22,7 @@ enum class type : uint32_t {
   started,       ///< init -> host: the command runs
   exec_failed,   ///< init -> host: the command could not be started
   exited,        ///< init -> host: the command ended; its wait status
+  give_netns,    ///< host -> zygote: a network namespace for the pool attached
 };
 
 struct header {
@@ -76,6 +77,12 @@ struct spawn {
   uint32_t flags = 0;
   uint32_t cgroup_fds = 0;
   char hostname[64] = {};
+};
+
+/// A network namespace (owned by the sandbox user namespace, nothing up) for
+/// the zygote's pool; its fd attached. No reply.
+struct give_netns {
+  header h{magic, type::give_netns};
 };
 
 /// pidfd attached when err == 0.

@@ -75,6 +75,7 @@ private:
   id_range ids_;
   uint32_t landlock_abi_ = 0;
   std::string binary_;
+  std::optional<userns_helper> helper_; // making the first netns while we start
   bool hello_ = false;               // the zygote reported in
   std::optional<error> start_error_; // ...or why it could not start
 };

@@ -3,9 +3,11 @@
 #include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 
@@ -14,6 +16,8 @@
 namespace dsec {
 
 namespace {
+
+constexpr size_t helper_stack_size = 64 * 1024;
 
 expected<void> write_file(const char* path, const char* text) {
   unique_fd fd{::open(path, O_WRONLY | O_CLOEXEC)};
@@ -25,78 +29,127 @@ expected<void> write_file(const char* path, const char* text) {
   return {};
 }
 
-} // namespace
-
-namespace {
-
 struct helper_args {
-  int ready_w;
-  int done_r;
+  int commands;     // read end
+  int answers;      // write end
+  int not_mine[2];  // our ends, which the helper's copy of the table also has
 };
 
 // Runs in the helper: created directly in the new user namespace, sharing our
 // memory (CLONE_VM: no page tables to copy), so only raw system calls here.
 int helper_main(void* p) {
   auto* a = static_cast<helper_args*>(p);
+  int commands = a->commands, answers = a->answers; // `a` lives on the caller's stack
+  // Without these the command pipe would never reach EOF.
+  ::close(a->not_mine[0]);
+  ::close(a->not_mine[1]);
   char c = 'y';
-  (void) !::write(a->ready_w, &c, 1);
-  (void) !::read(a->done_r, &c, 1); // EOF: the parent is done with us
-  return 0;
+  (void) !::write(answers, &c, 1);
+  while (::read(commands, &c, 1) == 1) {
+    if (c == 'n') {
+      c = ::unshare(CLONE_NEWNET) == 0 ? 'n' : 'e';
+      (void) !::write(answers, &c, 1);
+    }
+  }
+  return 0; // EOF: the caller is done with us
 }
 
 } // namespace
 
-expected<unique_fd> make_userns(const id_range& ids) {
-  int ready[2], done[2];
-  if (::pipe2(ready, O_CLOEXEC) < 0)
+expected<userns_helper> userns_helper::start(const id_range& ids) {
+  int cmd[2], ans[2];
+  if (::pipe2(cmd, O_CLOEXEC) < 0)
     return sys_error("pipe2");
-  unique_fd ready_r{ready[0]}, ready_w{ready[1]};
-  if (::pipe2(done, O_CLOEXEC) < 0)
+  unique_fd cmd_r{cmd[0]}, cmd_w{cmd[1]};
+  if (::pipe2(ans, O_CLOEXEC) < 0)
     return sys_error("pipe2");
-  unique_fd done_r{done[0]}, done_w{done[1]};
-  // The helper runs on this stack until we reap it below (one per thread, in
-  // case two threads make namespaces at once).
-  alignas(16) static thread_local char stack[16 * 1024];
-  helper_args args{ready[1], done[0]};
-  pid_t pid = ::clone(helper_main, stack + sizeof stack,
-                      CLONE_VM | CLONE_NEWUSER | SIGCHLD, &args);
-  if (pid < 0)
+  unique_fd ans_r{ans[0]}, ans_w{ans[1]};
+  userns_helper h;
+  h.stack_ = ::mmap(nullptr, helper_stack_size, PROT_READ | PROT_WRITE,
+                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
+  if (h.stack_ == MAP_FAILED) {
+    h.stack_ = nullptr;
+    return sys_error("mmap of the user namespace helper's stack");
+  }
+  helper_args args{cmd[0], ans[1], {cmd[1], ans[0]}};
+  // The helper gets a copy of our descriptor table (no CLONE_FILES): it holds
+  // its ends; we close ours below, so a closed command pipe means "quit".
+  h.pid_ = ::clone(helper_main, static_cast<char*>(h.stack_) + helper_stack_size,
+                   CLONE_VM | CLONE_NEWUSER | SIGCHLD, &args);
+  if (h.pid_ < 0)
     return make_error(errc::unsupported,
                       std::string{"cannot create a user namespace: "} + std::strerror(errno)
                         + " (check user.max_user_namespaces)");
-  auto reap = [&] {
-    // Wake the helper with a byte: it has its own copy of done_w (no
-    // CLONE_FILES), so closing ours would not give it EOF.
-    char c = 'x';
-    (void) !::write(done_w.get(), &c, 1);
-    int st;
-    sys::retry([&] { return ::waitpid(pid, &st, 0); });
-  };
-  char c = 'n';
-  if (sys::retry([&] { return ::read(ready_r.get(), &c, 1); }) != 1 || c != 'y') {
-    reap();
+  h.to_helper_ = std::move(cmd_w);
+  h.from_helper_ = std::move(ans_r);
+  cmd_r.reset();
+  ans_w.reset();
+  char c = 0;
+  if (sys::retry([&] { return ::read(h.from_helper_.get(), &c, 1); }) != 1 || c != 'y')
     return make_error(errc::system_error, "the user namespace helper did not start");
-  }
   char path[64], map[64];
   std::snprintf(map, sizeof map, "0 %u %u\n", ids.base, ids.count);
-  expected<void> ok;
-  std::snprintf(path, sizeof path, "/proc/%d/uid_map", pid);
-  ok = write_file(path, map);
-  if (ok) {
-    std::snprintf(path, sizeof path, "/proc/%d/gid_map", pid);
-    ok = write_file(path, map);
+  std::snprintf(path, sizeof path, "/proc/%d/uid_map", h.pid_);
+  DSEC_TRY_VOID(write_file(path, map));
+  std::snprintf(path, sizeof path, "/proc/%d/gid_map", h.pid_);
+  DSEC_TRY_VOID(write_file(path, map));
+  std::snprintf(path, sizeof path, "/proc/%d/ns/user", h.pid_);
+  h.userns_.reset(::open(path, O_RDONLY | O_CLOEXEC));
+  if (!h.userns_)
+    return sys_error("open", path);
+  return h;
+}
+
+expected<void> userns_helper::request_netns() {
+  char c = 'n';
+  if (sys::retry([&] { return ::write(to_helper_.get(), &c, 1); }) != 1)
+    return sys_error("asking the user namespace helper for a network namespace");
+  return {};
+}
+
+expected<unique_fd> userns_helper::take_netns() {
+  char c = 0;
+  if (sys::retry([&] { return ::read(from_helper_.get(), &c, 1); }) != 1)
+    return make_error(errc::system_error, "the user namespace helper is gone");
+  if (c != 'n')
+    return make_error(errc::system_error,
+                      "cannot create a network namespace (unshare(CLONE_NEWNET) failed)");
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%d/ns/net", pid_);
+  unique_fd fd{::open(path, O_RDONLY | O_CLOEXEC)};
+  if (!fd)
+    return sys_error("open", path);
+  return fd;
+}
+
+userns_helper::userns_helper(userns_helper&& other) noexcept
+  : pid_(std::exchange(other.pid_, -1)),
+    to_helper_(std::move(other.to_helper_)),
+    from_helper_(std::move(other.from_helper_)),
+    userns_(std::move(other.userns_)),
+    stack_(std::exchange(other.stack_, nullptr)) {
+}
+
+void userns_helper::stop() noexcept {
+  to_helper_.reset(); // EOF: the helper returns
+  if (pid_ > 0) {
+    int st;
+    sys::retry([&] { return ::waitpid(pid_, &st, 0); });
+    pid_ = -1;
   }
-  unique_fd ns;
-  if (ok) {
-    std::snprintf(path, sizeof path, "/proc/%d/ns/user", pid);
-    ns.reset(::open(path, O_RDONLY | O_CLOEXEC));
-    if (!ns)
-      ok = sys_error("open", path);
+  if (stack_) {
+    ::munmap(stack_, helper_stack_size);
+    stack_ = nullptr;
   }
-  reap();
-  if (!ok)
-    return std::move(ok).error_value();
-  return ns;
+}
+
+userns_helper::~userns_helper() {
+  stop();
+}
+
+expected<unique_fd> make_userns(const id_range& ids) {
+  DSEC_TRY(h, userns_helper::start(ids));
+  return h.take_userns();
 }
 
 } // namespace dsec

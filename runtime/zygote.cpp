@@ -336,6 +336,16 @@ void serve(zygote_state& z) {
     ssize_t n = unix_socket::recv(host_sock, &req, sizeof req, fds, unix_socket::max_fds, &nfds);
     if (n == 0)
       ::_exit(0); // the dsec process closed the socket: we are done
+    if (n == static_cast<ssize_t>(sizeof(proto::give_netns)) && req.h.magic == proto::magic
+        && req.h.kind == proto::type::give_netns) {
+      for (size_t i = 0; i < nfds; ++i) {
+        if (i == 0 && z.pool.free.size() < z.pool.max_free)
+          z.pool.free.push_back(fds[i]);
+        else
+          ::close(fds[i]);
+      }
+      continue;
+    }
     proto::spawn_reply reply;
     if (n < 0) {
       if (errno == EINTR)
