@@ -30,9 +30,8 @@ expected<void> write_file(const char* path, const char* text) {
 }
 
 struct helper_args {
-  int commands;     // read end
-  int answers;      // write end
-  int not_mine[2];  // our ends, which the helper's copy of the table also has
+  int commands; // read end
+  int answers;  // write end
 };
 
 // Runs in the helper: created directly in the new user namespace, sharing our
@@ -40,18 +39,25 @@ struct helper_args {
 int helper_main(void* p) {
   auto* a = static_cast<helper_args*>(p);
   int commands = a->commands, answers = a->answers; // `a` lives on the caller's stack
-  // Without these the command pipe would never reach EOF.
-  ::close(a->not_mine[0]);
-  ::close(a->not_mine[1]);
+  // Our copy of the caller's descriptor table holds everything it had open
+  // (other helpers' pipes, zygote sockets, mounts): keep only our two pipes, so
+  // that we never delay anyone else's EOF or release.
+  unsigned lo = static_cast<unsigned>(commands < answers ? commands : answers);
+  unsigned hi = static_cast<unsigned>(commands < answers ? answers : commands);
+  if (lo > 0)
+    sys::close_range(0, lo - 1, 0);
+  if (hi > lo + 1)
+    sys::close_range(lo + 1, hi - 1, 0);
+  sys::close_range(hi + 1, ~0U, 0);
   char c = 'y';
   (void) !::write(answers, &c, 1);
-  while (::read(commands, &c, 1) == 1) {
+  while (::read(commands, &c, 1) == 1 && c != 'q') {
     if (c == 'n') {
       c = ::unshare(CLONE_NEWNET) == 0 ? 'n' : 'e';
       (void) !::write(answers, &c, 1);
     }
   }
-  return 0; // EOF: the caller is done with us
+  return 0; // 'q' or EOF: the caller is done with us
 }
 
 } // namespace
@@ -71,9 +77,9 @@ expected<userns_helper> userns_helper::start(const id_range& ids) {
     h.stack_ = nullptr;
     return sys_error("mmap of the user namespace helper's stack");
   }
-  helper_args args{cmd[0], ans[1], {cmd[1], ans[0]}};
-  // The helper gets a copy of our descriptor table (no CLONE_FILES): it holds
-  // its ends; we close ours below, so a closed command pipe means "quit".
+  helper_args args{cmd[0], ans[1]};
+  // The helper gets a copy of our descriptor table (no CLONE_FILES) and closes
+  // all of it but its two pipe ends.
   h.pid_ = ::clone(helper_main, static_cast<char*>(h.stack_) + helper_stack_size,
                    CLONE_VM | CLONE_NEWUSER | SIGCHLD, &args);
   if (h.pid_ < 0)
@@ -131,7 +137,11 @@ userns_helper::userns_helper(userns_helper&& other) noexcept
 }
 
 void userns_helper::stop() noexcept {
-  to_helper_.reset(); // EOF: the helper returns
+  if (to_helper_) {
+    char q = 'q';
+    (void) !::write(to_helper_.get(), &q, 1);
+    to_helper_.reset();
+  }
   if (pid_ > 0) {
     int st;
     sys::retry([&] { return ::waitpid(pid_, &st, 0); });
