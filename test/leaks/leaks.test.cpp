@@ -25,19 +25,6 @@ using dsec::container_options;
 
 namespace {
 
-// A snapshot of a settled host: the system layer exists (it is built on first
-// use), and a run with a limit collected the cgroups that dead dsec processes
-// left (as any such run does), so neither counts as a change later.
-host_snapshot settled_snapshot() {
-  auto r = suite::get().run({"--pids", "64"}, {"true"});
-  REQUIRE_MESSAGE(r.status == 0, r.describe());
-  return host_snapshot::take();
-}
-
-void check_nothing_left(const host_snapshot& before) {
-  auto d = lasting_diff(before);
-  CHECK_MESSAGE(d.empty(), "left behind:\n" << d);
-}
 
 dsec::cgroup_root detect_cgroups() {
   auto cg = dsec::cgroup_root::detect();

@@ -14,17 +14,6 @@ using namespace dsec::test;
 
 namespace {
 
-// See the leak suite: the system layer built, dead dsec's cgroups collected.
-host_snapshot settled_snapshot() {
-  auto r = suite::get().run({"--pids", "64"}, {"true"});
-  REQUIRE_MESSAGE(r.status == 0, r.describe());
-  return host_snapshot::take();
-}
-
-void check_nothing_left(const host_snapshot& before) {
-  auto d = lasting_diff(before);
-  CHECK_MESSAGE(d.empty(), "left behind:\n" << d);
-}
 
 // Parses "forked=N stopped=ERR".
 long forked(const std::string& out) {

@@ -1,5 +1,9 @@
 #include "test/support/host.hpp"
 
+#include <doctest/doctest.h>
+
+#include "test/support/fixture.hpp"
+
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -317,6 +321,17 @@ bool eventually(const std::function<bool()>& cond, std::chrono::seconds safety) 
       return false;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
+}
+
+host_snapshot settled_snapshot() {
+  auto r = suite::get().run({"--pids", "64"}, {"true"});
+  REQUIRE_MESSAGE(r.status == 0, r.describe());
+  return host_snapshot::take();
+}
+
+void check_nothing_left(const host_snapshot& before) {
+  auto d = lasting_diff(before);
+  CHECK_MESSAGE(d.empty(), "left behind:\n" << d);
 }
 
 } // namespace dsec::test

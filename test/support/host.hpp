@@ -59,6 +59,14 @@ std::string diff(const host_snapshot& before, const host_snapshot& after);
 /// elsewhere: its init is briefly an orphan) goes away.
 std::string lasting_diff(const host_snapshot& before, std::chrono::seconds safety = 30s);
 
+/// A snapshot of a settled host: the system layer exists (it is built on first
+/// use), and a run with a limit collected the cgroups that dead dsec processes
+/// left (as any such run does), so neither counts as a change later.
+host_snapshot settled_snapshot();
+
+/// Fails the current test if anything of `before` changed for good.
+void check_nothing_left(const host_snapshot& before);
+
 /// Calls `cond` until it is true or `safety` passes; returns its last result.
 /// For things that happen asynchronously (a killed process going away).
 bool eventually(const std::function<bool()>& cond, std::chrono::seconds safety = 60s);
