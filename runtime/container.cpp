@@ -29,7 +29,9 @@ uint64_t now_ns() {
                                  .count());
 }
 
-std::string new_id() {
+} // namespace
+
+std::string new_sandbox_id() {
   unsigned char b[6];
   if (::getrandom(b, sizeof b, 0) != static_cast<ssize_t>(sizeof b))
     for (auto& x : b)
@@ -42,6 +44,8 @@ std::string new_id() {
   }
   return s;
 }
+
+namespace {
 
 const char* signal_name(int sig) {
   const char* d = ::sigabbrev_np(sig);
@@ -161,7 +165,7 @@ container::start(spawner& sp, std::span<const int> lowers, const container_optio
   if (lowers.empty())
     return make_error(errc::invalid_argument, "a sandbox needs at least one layer");
   std::unique_ptr<container> c{new container};
-  c->id_ = new_id();
+  c->id_ = opts.id.empty() ? new_sandbox_id() : opts.id;
   create_ctx x{sp, lowers, opts, cgroups, *c, {}, {}, {}};
   for (const auto& step : host_steps) {
     auto t0 = now_ns();

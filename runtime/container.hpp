@@ -31,8 +31,12 @@ namespace dsec {
 
 class spawner;
 
+/// 12 random hex digits: how sandboxes are named.
+std::string new_sandbox_id();
+
 /// What a sandbox is made of, besides its layers.
 struct container_options {
+  std::string id;          ///< the sandbox id; empty: a random one
   std::string hostname;    ///< empty: the sandbox id
   bool net = false;        ///< a private network namespace with loopback up
   uint64_t disk_bytes = 0; ///< size of the writable layer; 0: tmpfs default (half of RAM)

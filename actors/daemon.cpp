@@ -1,0 +1,75 @@
+#include "actors/daemon.hpp"
+
+#include <caf/actor_system.hpp>
+#include <caf/scoped_actor.hpp>
+#include <caf/send.hpp>
+
+#include "actors/layer_cache.hpp"
+#include "actors/node.hpp"
+#include "actors/scheduler.hpp"
+#include "actors/types.hpp"
+
+namespace dsec {
+
+expected<std::unique_ptr<daemon>> daemon::start(caf::actor_system& sys,
+                                                 const daemon_options& opts) {
+  std::unique_ptr<daemon> d{new daemon};
+  d->sys_ = &sys;
+  engine_options eo;
+  eo.state_dir = opts.state_dir;
+  eo.spawners = opts.spawners;
+  eo.netns_prewarm = opts.netns_prewarm;
+  DSEC_TRY(eng, engine::start(eo));
+  d->engine_ = std::move(eng);
+  d->gc_ = d->engine_->collect_garbage();
+  // Build the system layer now rather than in the first sandbox's way.
+  DSEC_TRY_VOID(d->engine_->layers().system_layer());
+  d->cache_ = spawn_layer_cache(sys, *d->engine_, opts.cache_bytes);
+  node_config nc;
+  nc.name = opts.name;
+  nc.slots = opts.slots;
+  nc.oversubscribe = opts.oversubscribe;
+  nc.cache = d->cache_;
+  nc.eng = d->engine_.get();
+  nc.gc = d->gc_;
+  d->node_ = spawn_node(sys, std::move(nc));
+  scheduler_config sc;
+  sc.node = d->node_;
+  sc.name = opts.name;
+  d->scheduler_ = spawn_scheduler(sys, std::move(sc));
+  return d;
+}
+
+expected<uint32_t> daemon::shutdown() {
+  if (down_)
+    return uint32_t{0};
+  down_ = true;
+  uint32_t destroyed = 0;
+  std::optional<error> failure;
+  {
+    caf::scoped_actor self{*sys_};
+    self->request(scheduler_, std::chrono::seconds(60), shutdown_atom::value)
+      .receive([&](uint32_t n) { destroyed = n; },
+               [&](caf::error& e) { failure = from_caf(e); });
+    for (const caf::actor& a : {caf::actor_cast<caf::actor>(scheduler_),
+                                caf::actor_cast<caf::actor>(node_),
+                                caf::actor_cast<caf::actor>(cache_)}) {
+      self->monitor(a);
+      self->send_exit(a, caf::exit_reason::user_shutdown);
+      self->receive([](caf::down_msg&) {});
+    }
+  }
+  scheduler_ = nullptr;
+  node_ = nullptr;
+  cache_ = nullptr;
+  if (failure)
+    return *failure;
+  return destroyed;
+}
+
+daemon::~daemon() {
+  (void) shutdown();
+  engine_.reset();
+}
+
+} // namespace dsec

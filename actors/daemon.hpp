@@ -1,0 +1,59 @@
+// daemon: the actors of one node, wired together. dsecd (tools/dsecd.cpp)
+// starts one and publishes its scheduler; the demo and the tests start one
+// embedded in their own process.
+#pragma once
+
+#include <caf/fwd.hpp>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "actors/interfaces.hpp"
+#include "runtime/engine.hpp"
+
+namespace dsec {
+
+struct daemon_options {
+  std::string name = "embedded";  ///< how the node calls itself (host:port for dsecd)
+  std::string state_dir;          ///< the layer store
+  uint32_t slots = 3200;
+  double oversubscribe = 1.0;
+  uint64_t cache_bytes = 0;       ///< layer cache budget; 0: unlimited
+  unsigned spawners = 2;
+  unsigned netns_prewarm = 8;
+};
+
+/// The node's actors and the engine under them. Destroying it shuts the
+/// node down: every sandbox destroyed, every actor ended.
+class daemon {
+public:
+  /// Starts the engine (from the calling thread, which must outlive the daemon),
+  /// collects what a crashed predecessor left, and spawns the actors.
+  static expected<std::unique_ptr<daemon>> start(caf::actor_system& sys,
+                                                 const daemon_options& opts);
+
+  [[nodiscard]] const scheduler_actor& scheduler() const { return scheduler_; }
+  [[nodiscard]] const node_actor& node() const { return node_; }
+  /// What start-up garbage collection removed.
+  [[nodiscard]] const std::vector<std::string>& collected() const { return gc_; }
+
+  /// Destroys every sandbox and ends the actors; returns how many sandboxes
+  /// were destroyed. Idempotent.
+  expected<uint32_t> shutdown();
+
+  ~daemon();
+
+private:
+  daemon() = default;
+  caf::actor_system* sys_ = nullptr;
+  std::unique_ptr<engine> engine_;
+  layer_cache_actor cache_;
+  node_actor node_;
+  scheduler_actor scheduler_;
+  std::vector<std::string> gc_;
+  bool down_ = false;
+};
+
+} // namespace dsec

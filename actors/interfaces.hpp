@@ -1,0 +1,88 @@
+// The typed interfaces of dsec's actors. Each is a short list of signatures;
+// the ones marked "internal" are sent by dsec's own actors or its reactor
+// thread, never by clients.
+//
+//   trainer --client--> scheduler --place--> node --spawn--> sandbox --> runtime::container
+//                 \--open--> session <--ready/gone-- sandbox        \--> layer_cache
+#pragma once
+
+#include <caf/replies_to.hpp>
+#include <caf/typed_actor.hpp>
+
+#include "actors/messages.hpp"
+
+namespace dsec {
+
+/// One per node: mounts each layer once, counts its users, evicts unused ones.
+using layer_cache_actor = caf::typed_actor<
+  /// Mounts (or finds) the environment's layers; one reference each until release.
+  caf::replies_to<acquire_atom, environment>::with<layer_set>,
+  caf::reacts_to<release_atom, uint64_t>,
+  /// layers mounted, bytes mounted, budget, evicted so far
+  caf::replies_to<stats_atom>::with<uint32_t, uint64_t, uint64_t, uint64_t>>;
+
+/// One per sandbox: its state machine and its runtime::container.
+using sandbox_actor = caf::typed_actor<
+  caf::replies_to<exec_atom, exec_request>::with<exec_result>,
+  caf::replies_to<signal_atom, int32_t>::with<bool>, ///< to every running command
+  /// Unpacks a tar archive into a directory of the sandbox; replies its size.
+  caf::replies_to<put_atom, std::string, std::string>::with<uint64_t>,
+  /// Packs a file or directory of the sandbox as a tar archive.
+  caf::replies_to<get_atom, std::string>::with<std::string>,
+  caf::replies_to<destroy_atom>::with<bool>,
+  caf::replies_to<list_atom>::with<sandbox_info>,
+  // internal: from the reactor thread and timers
+  caf::reacts_to<event_atom>,                                ///< init has something to say
+  caf::reacts_to<output_atom, uint64_t, uint8_t, std::string, bool>, ///< exec, stream, data, eof
+  caf::reacts_to<reaped_atom>,                               ///< init's pidfd is readable
+  caf::reacts_to<timeout_atom, uint64_t>,                    ///< a command's deadline
+  caf::reacts_to<ttl_atom>>;
+
+/// One per training run: the trainer's sandboxes, their quota and lifetime.
+using session_actor = caf::typed_actor<
+  /// Creates `count` sandboxes. Each one, as it becomes ready or fails, is told
+  /// to `listener` as (ready_atom, id) or (failed_atom, error); the reply, once
+  /// all are done, is how many were created.
+  caf::replies_to<create_atom, environment, uint32_t, caf::actor>::with<uint32_t>,
+  caf::replies_to<exec_atom, std::string, exec_request>::with<exec_result>,
+  caf::replies_to<put_atom, std::string, std::string, std::string>::with<uint64_t>,
+  caf::replies_to<get_atom, std::string, std::string>::with<std::string>,
+  caf::replies_to<destroy_atom, std::string>::with<bool>,
+  caf::replies_to<list_atom>::with<std::vector<sandbox_info>>,
+  /// Destroys every sandbox of the session and ends it; replies how many.
+  caf::replies_to<close_atom>::with<uint32_t>,
+  // internal: from the node and the sandboxes
+  caf::reacts_to<ready_atom, std::string, sandbox_actor, uint64_t>,  ///< id, actor, request
+  caf::reacts_to<failed_atom, caf::error, uint64_t>,                 ///< why, request
+  caf::reacts_to<gone_atom, std::string>>;
+
+/// One per node: admission, the sandboxes' registry and the node's statistics.
+using node_actor = caf::typed_actor<
+  /// Admits up to `count` sandboxes of `env` for `session` (request id `req`);
+  /// each reports to the session. Replies how many were admitted.
+  caf::replies_to<spawn_atom, environment, uint32_t, session_actor, uint64_t, std::string,
+                  uint64_t>::with<uint32_t>,
+  caf::replies_to<lookup_atom, std::string>::with<sandbox_actor>,
+  caf::replies_to<list_atom>::with<std::vector<sandbox_info>>,
+  caf::replies_to<stats_atom>::with<node_stats>,
+  caf::reacts_to<gone_atom, std::string, bool>,          ///< internal: id, created ok
+  caf::reacts_to<ready_atom, std::string>,               ///< internal: creation done
+  caf::replies_to<shutdown_atom>::with<uint32_t>>;       ///< destroys everything
+
+/// The entry of a dsecd (published with CAF's middleman): sessions and placement.
+using scheduler_actor = caf::typed_actor<
+  caf::replies_to<open_atom, session_options, caf::actor>::with<session_actor, std::string>,
+  caf::replies_to<lookup_atom, std::string>::with<session_actor>, ///< a session by id
+  caf::replies_to<place_atom, environment, uint32_t, session_actor, uint64_t, std::string,
+                  uint64_t>::with<uint32_t>,
+  // by sandbox id, for the command line (no session needed)
+  caf::replies_to<exec_atom, std::string, exec_request>::with<exec_result>,
+  caf::replies_to<put_atom, std::string, std::string, std::string>::with<uint64_t>,
+  caf::replies_to<get_atom, std::string, std::string>::with<std::string>,
+  caf::replies_to<destroy_atom, std::string>::with<bool>,
+  caf::replies_to<list_atom>::with<std::vector<sandbox_info>>,
+  caf::replies_to<stats_atom>::with<node_stats>,
+  caf::reacts_to<gone_atom, std::string>,               ///< internal: a session ended
+  caf::replies_to<shutdown_atom>::with<uint32_t>>;
+
+} // namespace dsec

@@ -1,0 +1,181 @@
+// The messages dsec's actors exchange, and the atoms that name them. Every type
+// here that crosses a process boundary has an inspect() and is registered on
+// both sides by register_types() (actors/types.cpp).
+#pragma once
+
+#include <caf/atom.hpp>
+#include <caf/meta/type_name.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace dsec {
+
+// ---- atoms (CAF 0.17: at most 10 characters) ---------------------------------
+using open_atom = caf::atom_constant<caf::atom("open")>;
+using close_atom = caf::atom_constant<caf::atom("close")>;
+using create_atom = caf::atom_constant<caf::atom("create")>;
+using exec_atom = caf::atom_constant<caf::atom("exec")>;
+using destroy_atom = caf::atom_constant<caf::atom("destroy")>;
+using put_atom = caf::atom_constant<caf::atom("put")>;
+using get_atom = caf::atom_constant<caf::atom("get")>;
+using list_atom = caf::atom_constant<caf::atom("list")>;
+using stats_atom = caf::atom_constant<caf::atom("stats")>;
+using lookup_atom = caf::atom_constant<caf::atom("lookup")>;
+using place_atom = caf::atom_constant<caf::atom("place")>;
+using spawn_atom = caf::atom_constant<caf::atom("spawn")>;
+using ready_atom = caf::atom_constant<caf::atom("ready")>;
+using failed_atom = caf::atom_constant<caf::atom("failed")>;
+using gone_atom = caf::atom_constant<caf::atom("gone")>;
+using acquire_atom = caf::atom_constant<caf::atom("acquire")>;
+using release_atom = caf::atom_constant<caf::atom("release")>;
+using output_atom = caf::atom_constant<caf::atom("output")>;
+using event_atom = caf::atom_constant<caf::atom("event")>;
+using reaped_atom = caf::atom_constant<caf::atom("reaped")>;
+using timeout_atom = caf::atom_constant<caf::atom("timeout")>;
+using ttl_atom = caf::atom_constant<caf::atom("ttl")>;
+using signal_atom = caf::atom_constant<caf::atom("signal")>;
+using shutdown_atom = caf::atom_constant<caf::atom("shutdown")>;
+using done_atom = caf::atom_constant<caf::atom("done")>;
+
+// ---- what a sandbox is made of --------------------------------------------------
+
+/// An environment: the layers and limits of a sandbox. The value trainers send.
+struct environment {
+  std::string base;               ///< NAME@VERSION of a base layer (required)
+  std::string workdir;            ///< NAME@VERSION of a workdir layer, or empty
+  std::vector<std::string> tools; ///< NAME@VERSION of tool layers, the last on top
+  uint64_t memory = 0;            ///< bytes; 0: no limit
+  uint64_t pids = 0;              ///< most processes; 0: no limit
+  double cpus = 0;                ///< CPU bandwidth; 0: no limit
+  uint64_t disk = 0;              ///< size of the writable layer; 0: tmpfs default
+  bool net = false;               ///< a private network with loopback up
+  uint64_t ttl_ms = 0;            ///< lifetime; 0: the session's default
+  std::string backend = "container"; ///< only "container" so far
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, environment& x) {
+  return f(caf::meta::type_name("dsec.environment"), x.base, x.workdir, x.tools, x.memory,
+           x.pids, x.cpus, x.disk, x.net, x.ttl_ms, x.backend);
+}
+
+/// How a session is opened.
+struct session_options {
+  uint32_t quota = 1024;         ///< most live sandboxes at once
+  uint64_t default_ttl_ms = 3'600'000; ///< a sandbox's lifetime unless its environment says
+  std::string name;              ///< for `ps`; empty: the session id
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, session_options& x) {
+  return f(caf::meta::type_name("dsec.session_options"), x.quota, x.default_ttl_ms, x.name);
+}
+
+// ---- commands -------------------------------------------------------------------
+
+/// A command to run in a sandbox.
+struct exec_request {
+  std::vector<std::string> argv;
+  std::vector<std::string> env;  ///< "K=V" added to (or replacing) the defaults
+  std::string cwd = "/";
+  int32_t uid = -1;              ///< -1: root of the sandbox
+  int32_t gid = -1;
+  uint64_t timeout_ms = 0;       ///< 0: none; then the command's group is killed
+  std::string input;             ///< bytes for stdin
+  bool stream = false;           ///< send output_chunk messages to the requester
+  bool detach = false;           ///< reply once it runs; nobody collects its output
+  uint64_t max_output = 16ull << 20; ///< per stream, when collecting
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, exec_request& x) {
+  return f(caf::meta::type_name("dsec.exec_request"), x.argv, x.env, x.cwd, x.uid, x.gid,
+           x.timeout_ms, x.input, x.stream, x.detach, x.max_output);
+}
+
+/// How a command ended, and its output when it was collected.
+struct exec_result {
+  int32_t exit_code = 0;
+  int32_t signal = 0;       ///< the signal that killed it, or 0
+  bool timed_out = false;   ///< killed by its timeout
+  bool truncated = false;   ///< output beyond max_output was dropped
+  std::string out;
+  std::string err;
+  uint64_t duration_us = 0;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, exec_result& x) {
+  return f(caf::meta::type_name("dsec.exec_result"), x.exit_code, x.signal, x.timed_out,
+           x.truncated, x.out, x.err, x.duration_us);
+}
+
+/// A piece of a streamed command's output: stream 1 is stdout, 2 stderr.
+struct output_chunk {
+  std::string sandbox;
+  uint64_t exec = 0;
+  uint8_t stream = 1;
+  std::string data;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, output_chunk& x) {
+  return f(caf::meta::type_name("dsec.output_chunk"), x.sandbox, x.exec, x.stream, x.data);
+}
+
+// ---- what is there ----------------------------------------------------------------
+
+struct sandbox_info {
+  std::string id;
+  std::string session;
+  std::string state;        ///< creating, ready, running, stopped, destroyed
+  environment env;
+  uint64_t created_ms = 0;  ///< unix time
+  uint64_t ttl_left_ms = 0;
+  uint32_t running = 0;     ///< commands running now
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, sandbox_info& x) {
+  return f(caf::meta::type_name("dsec.sandbox_info"), x.id, x.session, x.state, x.env,
+           x.created_ms, x.ttl_left_ms, x.running);
+}
+
+struct node_stats {
+  std::string node;          ///< its name (host:port or "embedded")
+  uint32_t slots = 0;        ///< admission limit (after oversubscription)
+  uint32_t live = 0;         ///< sandboxes now
+  uint32_t creating = 0;
+  uint64_t created = 0;      ///< since start
+  uint64_t failed = 0;
+  uint64_t destroyed = 0;
+  uint32_t sessions = 0;
+  uint32_t layers_mounted = 0;
+  uint64_t layer_bytes = 0;  ///< of mounted layers
+  uint64_t cache_budget = 0;
+  uint64_t evicted = 0;      ///< layers unmounted by the cache
+  std::vector<std::string> gc; ///< what start-up garbage collection removed
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, node_stats& x) {
+  return f(caf::meta::type_name("dsec.node_stats"), x.node, x.slots, x.live, x.creating,
+           x.created, x.failed, x.destroyed, x.sessions, x.layers_mounted, x.layer_bytes,
+           x.cache_budget, x.evicted, x.gc);
+}
+
+/// The layers of one sandbox, mounted by the node's layer_cache: directory fds
+/// (topmost first) and the id to release them with. Local to a node.
+struct layer_set {
+  uint64_t lease = 0;
+  std::vector<int> fds;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, layer_set& x) {
+  return f(caf::meta::type_name("dsec.layer_set"), x.lease, x.fds);
+}
+
+} // namespace dsec

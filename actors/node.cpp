@@ -1,0 +1,196 @@
+#include "actors/node.hpp"
+
+#include <caf/actor_system.hpp>
+#include <caf/send.hpp>
+#include <caf/stateful_actor.hpp>
+#include <caf/typed_event_based_actor.hpp>
+
+#include <memory>
+#include <unordered_map>
+
+#include "actors/sandbox.hpp"
+#include "actors/types.hpp"
+#include "runtime/container.hpp"
+
+namespace dsec {
+
+namespace {
+
+struct node_state {
+  static inline const char* name = "dsec.node";
+
+  node_config cfg;
+  uint32_t admit_limit = 0;
+  struct entry {
+    sandbox_actor handle;
+    bool ready = false;
+  };
+  std::unordered_map<std::string, entry> live;
+  uint32_t creating = 0;
+  uint64_t created = 0, failed = 0, destroyed = 0;
+  std::vector<caf::typed_response_promise<uint32_t>> shutdown_waiters;
+  uint32_t shutdown_count = 0;
+  bool shutting_down = false;
+};
+
+using self_ptr = node_actor::stateful_pointer<node_state>;
+
+void check_shutdown(self_ptr self) {
+  auto& s = self->state;
+  if (s.shutting_down && s.live.empty()) {
+    for (auto& rp : s.shutdown_waiters)
+      rp.deliver(s.shutdown_count);
+    s.shutdown_waiters.clear();
+  }
+}
+
+node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
+  self->state.cfg = std::move(cfg);
+  auto& st = self->state;
+  st.admit_limit = static_cast<uint32_t>(static_cast<double>(st.cfg.slots)
+                                         * std::max(0.0, st.cfg.oversubscribe));
+  return {
+    [=](spawn_atom, const environment& env, uint32_t count, const session_actor& session,
+        uint64_t request, const std::string& session_id, uint64_t ttl_ms) -> uint32_t {
+      auto& s = self->state;
+      uint32_t room = s.shutting_down || s.live.size() >= s.admit_limit
+                        ? 0
+                        : s.admit_limit - static_cast<uint32_t>(s.live.size());
+      uint32_t admitted = std::min(count, room);
+      for (uint32_t i = 0; i < admitted; ++i) {
+        sandbox_config sc;
+        sc.id = new_sandbox_id();
+        sc.session_id = session_id;
+        sc.env = env;
+        if (sc.env.ttl_ms == 0)
+          sc.env.ttl_ms = ttl_ms;
+        sc.session = session;
+        sc.request = request;
+        sc.node = self;
+        sc.cache = s.cfg.cache;
+        sc.eng = s.cfg.eng;
+        auto id = sc.id;
+        s.live.emplace(id, node_state::entry{spawn_sandbox(self->system(), std::move(sc)), false});
+        ++s.creating;
+      }
+      // Every sandbox asked for gets an answer; the ones without a slot now.
+      for (uint32_t i = admitted; i < count; ++i)
+        self->send(session, failed_atom::value,
+                   to_caf(make_error(errc::overloaded,
+                                     s.shutting_down
+                                       ? "node " + s.cfg.name + " is shutting down"
+                                       : "node " + s.cfg.name + " is full: "
+                                           + std::to_string(s.live.size()) + " of "
+                                           + std::to_string(s.admit_limit)
+                                           + " slots in use")),
+                   request);
+      s.failed += count - admitted;
+      return admitted;
+    },
+    [=](lookup_atom, const std::string& id) -> caf::result<sandbox_actor> {
+      auto& s = self->state;
+      auto it = s.live.find(id);
+      if (it == s.live.end())
+        return to_caf(make_error(errc::not_found, "no sandbox " + id + " on node "
+                                                    + s.cfg.name));
+      return it->second.handle;
+    },
+    [=](list_atom) -> caf::result<std::vector<sandbox_info>> {
+      auto& s = self->state;
+      auto rp = self->make_response_promise<std::vector<sandbox_info>>();
+      if (s.live.empty()) {
+        rp.deliver(std::vector<sandbox_info>{});
+        return rp;
+      }
+      struct gather {
+        std::vector<sandbox_info> infos;
+        size_t left;
+      };
+      auto g = std::make_shared<gather>();
+      g->left = s.live.size();
+      for (auto& [id, e] : s.live) {
+        self->request(e.handle, std::chrono::seconds(10), list_atom::value)
+          .then(
+            [=](sandbox_info& info) mutable {
+              g->infos.push_back(std::move(info));
+              if (--g->left == 0)
+                rp.deliver(std::move(g->infos));
+            },
+            [=](caf::error&) mutable {
+              if (--g->left == 0)
+                rp.deliver(std::move(g->infos));
+            });
+      }
+      return rp;
+    },
+    [=](stats_atom) -> caf::result<node_stats> {
+      auto& s = self->state;
+      node_stats ns;
+      ns.node = s.cfg.name;
+      ns.slots = s.admit_limit;
+      ns.live = static_cast<uint32_t>(s.live.size());
+      ns.creating = s.creating;
+      ns.created = s.created;
+      ns.failed = s.failed;
+      ns.destroyed = s.destroyed;
+      ns.gc = s.cfg.gc;
+      auto rp = self->make_response_promise<node_stats>();
+      self->request(s.cfg.cache, std::chrono::seconds(10), stats_atom::value)
+        .then(
+          [=](uint32_t n, uint64_t bytes, uint64_t budget, uint64_t evicted) mutable {
+            auto out = ns;
+            out.layers_mounted = n;
+            out.layer_bytes = bytes;
+            out.cache_budget = budget;
+            out.evicted = evicted;
+            rp.deliver(std::move(out));
+          },
+          [=](caf::error&) mutable { rp.deliver(ns); });
+      return rp;
+    },
+    [=](ready_atom, const std::string& id) {
+      auto& s = self->state;
+      auto it = s.live.find(id);
+      if (it != s.live.end() && !it->second.ready) {
+        it->second.ready = true;
+        --s.creating;
+        ++s.created;
+      }
+    },
+    [=](gone_atom, const std::string& id, bool was_created) {
+      auto& s = self->state;
+      auto it = s.live.find(id);
+      if (it == s.live.end())
+        return;
+      if (!it->second.ready)
+        --s.creating;
+      s.live.erase(it);
+      if (was_created)
+        ++s.destroyed;
+      else
+        ++s.failed;
+      check_shutdown(self);
+    },
+    [=](shutdown_atom) -> caf::result<uint32_t> {
+      auto& s = self->state;
+      auto rp = self->make_response_promise<uint32_t>();
+      s.shutdown_waiters.push_back(rp);
+      if (!s.shutting_down) {
+        s.shutting_down = true;
+        s.shutdown_count = static_cast<uint32_t>(s.live.size());
+        for (auto& [id, e] : s.live)
+          caf::anon_send(e.handle, destroy_atom::value); // their replies are not ours to take
+      }
+      check_shutdown(self);
+      return rp;
+    },
+  };
+}
+
+} // namespace
+
+node_actor spawn_node(caf::actor_system& sys, node_config cfg) {
+  return sys.spawn(node_impl, std::move(cfg));
+}
+
+} // namespace dsec

@@ -1,0 +1,26 @@
+// node: one per machine. Admission control (slots), the registry of the
+// node's sandboxes, and its statistics. It spawns one sandbox actor per
+// admitted sandbox; each reports to its session and back here when it is gone.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "actors/interfaces.hpp"
+
+namespace dsec {
+
+class engine;
+
+struct node_config {
+  std::string name = "embedded";
+  uint32_t slots = 3200;       ///< sandboxes the machine is sized for
+  double oversubscribe = 1.0;  ///< admit up to slots * oversubscribe
+  layer_cache_actor cache;
+  engine* eng = nullptr;
+  std::vector<std::string> gc; ///< what start-up garbage collection removed
+};
+
+node_actor spawn_node(caf::actor_system& sys, node_config cfg);
+
+} // namespace dsec

@@ -1,0 +1,624 @@
+#include "actors/sandbox.hpp"
+
+#include <caf/actor_system.hpp>
+#include <caf/send.hpp>
+#include <caf/stateful_actor.hpp>
+#include <caf/typed_event_based_actor.hpp>
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+
+#include "actors/types.hpp"
+#include "runtime/container.hpp"
+#include "runtime/engine.hpp"
+#include "runtime/sys.hpp"
+
+namespace dsec {
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+uint64_t unix_ms() {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                 std::chrono::system_clock::now().time_since_epoch())
+                                 .count());
+}
+
+// Reads a command's stdout or stderr on the reactor thread and posts what it
+// read to the sandbox. It owns the pipe's read end (shared between re-armed
+// copies of itself), so the descriptor lives exactly as long as someone may
+// still read it.
+struct pipe_reader {
+  std::shared_ptr<unique_fd> fd;
+  sandbox_actor sandbox;
+  reactor* io;
+  uint64_t exec;
+  uint8_t stream;
+
+  void operator()(int res) const {
+    if (res < 0)
+      return;
+    char buf[64 * 1024];
+    std::string data;
+    bool eof = false;
+    for (;;) {
+      auto n = ::read(fd->get(), buf, sizeof buf);
+      if (n > 0) {
+        data.append(buf, static_cast<size_t>(n));
+        if (data.size() >= 256 * 1024)
+          break; // post what we have; the watch fires again at once
+        continue;
+      }
+      if (n < 0 && errno == EINTR)
+        continue;
+      eof = n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK);
+      break;
+    }
+    if (!data.empty() || eof)
+      caf::anon_send(sandbox, output_atom::value, exec, stream, std::move(data), eof);
+    if (!eof)
+      io->watch(fd->get(), POLLIN, *this);
+  }
+};
+
+// A command in flight, and what to do when it ends.
+struct exec_state {
+  uint64_t id = 0; // the container's id of it
+  bool stream = false;
+  bool detach = false;
+  uint64_t max_output = 0;
+  caf::strong_actor_ptr listener; // gets output_chunk when streaming
+  std::string out, err;
+  bool out_eof = true, err_eof = true;
+  bool started = false, exited = false, timed_out = false, truncated = false;
+  bool finished = false;
+  exit_status status;
+  clock_type::time_point t0;
+  std::function<void(expected<exec_result>)> done;
+};
+
+enum class phase { creating, ready, stopped, destroying };
+
+struct sandbox_state {
+  static inline const char* name = "dsec.sandbox";
+
+  sandbox_config cfg;
+  phase ph = phase::creating;
+  std::unique_ptr<container> box;
+  uint64_t lease = 0; // of the layer cache
+  uint64_t created_ms = 0;
+  clock_type::time_point expires;
+  std::map<uint64_t, exec_state> execs; // by our exec id
+  uint64_t next_exec = 1;
+  std::vector<caf::typed_response_promise<bool>> destroy_waiters;
+  std::string failure; // why init died, when it did
+  bool acquiring = true; // the layer cache has not answered yet
+};
+
+using self_ptr = sandbox_actor::stateful_pointer<sandbox_state>;
+
+const char* phase_name(const sandbox_state& s) {
+  switch (s.ph) {
+    case phase::creating: return "creating";
+    case phase::ready: return s.execs.empty() ? "ready" : "running";
+    case phase::stopped: return "stopped";
+    case phase::destroying: return "destroying";
+  }
+  return "unknown";
+}
+
+void watch_control(self_ptr self) {
+  auto& s = self->state;
+  if (!s.box || s.ph == phase::destroying)
+    return;
+  sandbox_actor me = self;
+  s.cfg.eng->io().watch(s.box->control_fd(), POLLIN,
+                        [me](int res) {
+                          if (res >= 0)
+                            caf::anon_send(me, event_atom::value);
+                        });
+}
+
+void watch_exit(self_ptr self) {
+  auto& s = self->state;
+  sandbox_actor me = self;
+  s.cfg.eng->io().watch(s.box->pidfd(), POLLIN, [me](int res) {
+    if (res >= 0)
+      caf::anon_send(me, reaped_atom::value);
+  });
+}
+
+void finish_exec(self_ptr self, uint64_t eid) {
+  auto& s = self->state;
+  auto it = s.execs.find(eid);
+  if (it == s.execs.end() || it->second.finished)
+    return;
+  auto& x = it->second;
+  x.finished = true;
+  exec_result r;
+  r.exit_code = x.status.code;
+  r.signal = x.status.signal;
+  r.timed_out = x.timed_out;
+  r.truncated = x.truncated;
+  r.out = std::move(x.out);
+  r.err = std::move(x.err);
+  r.duration_us = static_cast<uint64_t>(
+    std::chrono::duration_cast<std::chrono::microseconds>(clock_type::now() - x.t0).count());
+  auto done = std::move(x.done);
+  s.execs.erase(it);
+  if (done)
+    done(std::move(r));
+}
+
+void fail_exec(self_ptr self, uint64_t eid, error e) {
+  auto& s = self->state;
+  auto it = s.execs.find(eid);
+  if (it == s.execs.end() || it->second.finished)
+    return;
+  it->second.finished = true;
+  auto done = std::move(it->second.done);
+  s.execs.erase(it);
+  if (done)
+    done(std::move(e));
+}
+
+// The command has exited and its output is complete (or we stop waiting).
+void maybe_finish(self_ptr self, uint64_t eid) {
+  auto& s = self->state;
+  auto it = s.execs.find(eid);
+  if (it == s.execs.end())
+    return;
+  auto& x = it->second;
+  if (x.exited && x.out_eof && x.err_eof)
+    finish_exec(self, eid);
+}
+
+void begin_destroy(self_ptr self);
+
+// After this the actor is gone: tell everyone, release everything.
+void finish_destroy(self_ptr self) {
+  auto& s = self->state;
+  auto pending = std::move(s.execs);
+  s.execs.clear();
+  for (auto& [eid, x] : pending)
+    if (!x.finished && x.done)
+      x.done(make_error(errc::sandbox_failed, s.failure.empty()
+                                                ? "sandbox " + s.cfg.id + " was destroyed"
+                                                : "sandbox " + s.cfg.id + ": " + s.failure));
+  s.box.reset();
+  if (s.lease != 0)
+    self->send(s.cfg.cache, release_atom::value, s.lease);
+  bool was_created = s.created_ms != 0;
+  if (was_created)
+    self->send(s.cfg.session, gone_atom::value, s.cfg.id);
+  self->send(s.cfg.node, gone_atom::value, s.cfg.id, was_created);
+  for (auto& rp : s.destroy_waiters)
+    rp.deliver(true);
+  s.destroy_waiters.clear();
+  self->quit();
+}
+
+void begin_destroy(self_ptr self) {
+  auto& s = self->state;
+  if (s.ph == phase::destroying)
+    return;
+  s.ph = phase::destroying;
+  if (!s.box) {
+    if (!s.acquiring) // else the cache's answer finishes it, releasing the layers
+      finish_destroy(self);
+    return;
+  }
+  s.box->kill();
+  if (s.box->pidfd() < 0) {
+    (void) s.box->reap();
+    finish_destroy(self);
+    return;
+  }
+  watch_exit(self);
+}
+
+// Creation failed before the sandbox was ever ready.
+void fail_creation(self_ptr self, const error& e) {
+  auto& s = self->state;
+  self->send(s.cfg.session, failed_atom::value, to_caf(e), s.cfg.request);
+  s.failure = e.to_string();
+  begin_destroy(self);
+}
+
+void on_event(self_ptr self, const container_event& ev) {
+  auto& s = self->state;
+  switch (ev.what) {
+    case container_event::kind::ready: {
+      s.ph = phase::ready;
+      s.created_ms = unix_ms();
+      self->send(s.cfg.session, ready_atom::value, s.cfg.id, sandbox_actor{self}, s.cfg.request);
+      self->send(s.cfg.node, ready_atom::value, s.cfg.id);
+      if (s.cfg.env.ttl_ms > 0) {
+        s.expires = clock_type::now() + std::chrono::milliseconds(s.cfg.env.ttl_ms);
+        self->delayed_send(self, std::chrono::milliseconds(s.cfg.env.ttl_ms), ttl_atom::value);
+      }
+      break;
+    }
+    case container_event::kind::started:
+    case container_event::kind::exited:
+    case container_event::kind::exec_failed:
+      for (auto& [eid, x] : s.execs) {
+        if (x.id != ev.id)
+          continue;
+        if (ev.what == container_event::kind::started) {
+          x.started = true;
+          if (x.detach) {
+            // The caller only wanted it started; nobody waits for the end.
+            auto done = std::move(x.done);
+            x.done = nullptr;
+            if (done)
+              done(exec_result{});
+          }
+        } else if (ev.what == container_event::kind::exited) {
+          x.exited = true;
+          x.status = ev.status;
+          if (x.detach) {
+            s.execs.erase(eid);
+            return;
+          }
+          if (!x.out_eof || !x.err_eof) {
+            // Background processes may keep the pipes open: take what is
+            // there a moment later rather than wait forever.
+            self->delayed_send(self, std::chrono::milliseconds(200), timeout_atom::value,
+                               eid | (1ull << 63));
+          }
+          maybe_finish(self, eid);
+        } else {
+          fail_exec(self, eid, *ev.failure); // x.done describes it with the command
+        }
+        return;
+      }
+      break;
+    case container_event::kind::none:
+      break;
+  }
+}
+
+command make_command(const exec_request& req) {
+  command c;
+  c.argv = req.argv;
+  c.env = command::default_env();
+  for (const auto& kv : req.env) {
+    auto key = kv.substr(0, kv.find('=') + 1);
+    std::erase_if(c.env, [&](const std::string& e) { return e.rfind(key, 0) == 0; });
+    c.env.push_back(kv);
+  }
+  c.cwd = req.cwd.empty() ? "/" : req.cwd;
+  if (req.uid >= 0)
+    c.uid = static_cast<uint32_t>(req.uid);
+  if (req.gid >= 0)
+    c.gid = static_cast<uint32_t>(req.gid);
+  return c;
+}
+
+// Starts a command; `done` runs once with its result. `listener` gets the
+// output when it is streamed (the requester: take it before making a response
+// promise, which takes the sender away from the current message).
+void start_exec(self_ptr self, const exec_request& req, caf::strong_actor_ptr listener,
+                std::function<void(expected<exec_result>)> done) {
+  auto& s = self->state;
+  if (s.ph == phase::creating)
+    return done(make_error(errc::invalid_argument, "sandbox " + s.cfg.id + " is not ready yet"));
+  if (s.ph != phase::ready)
+    return done(make_error(errc::not_found, "sandbox " + s.cfg.id + " is being destroyed"));
+  if (req.argv.empty() || req.argv[0].empty())
+    return done(make_error(errc::invalid_argument, "no command given"));
+  for (const auto& kv : req.env)
+    if (kv.find('=') == std::string::npos || kv.front() == '=')
+      return done(make_error(errc::invalid_argument, "bad environment entry '" + kv
+                                                       + "' (expected KEY=VALUE)"));
+  auto cmd = make_command(req);
+  stdio io;
+  unique_fd in, out_w, err_w;
+  std::shared_ptr<unique_fd> out_r, err_r;
+  if (!req.input.empty()) {
+    // A memfd: the command reads its input at its own pace, we never block.
+    in.reset(static_cast<int>(::syscall(SYS_memfd_create, "dsec-stdin", MFD_CLOEXEC)));
+    if (!in || ::write(in.get(), req.input.data(), req.input.size())
+                  != static_cast<ssize_t>(req.input.size())
+        || ::lseek(in.get(), 0, SEEK_SET) < 0)
+      return done(sys_error("preparing the command's stdin"));
+    io.in = in.get();
+  }
+  if (!req.detach) {
+    int p[2];
+    if (::pipe2(p, O_CLOEXEC | O_NONBLOCK) < 0)
+      return done(sys_error("pipe for stdout"));
+    out_r = std::make_shared<unique_fd>(p[0]);
+    out_w.reset(p[1]);
+    if (::pipe2(p, O_CLOEXEC | O_NONBLOCK) < 0)
+      return done(sys_error("pipe for stderr"));
+    err_r = std::make_shared<unique_fd>(p[0]);
+    err_w.reset(p[1]);
+    // The command's ends block like any pipe; ours stay non-blocking.
+    ::fcntl(out_w.get(), F_SETFL, 0);
+    ::fcntl(err_w.get(), F_SETFL, 0);
+    io.out = out_w.get();
+    io.err = err_w.get();
+  }
+  auto id = s.box->send_exec(cmd, io);
+  if (!id)
+    return done(std::move(id).error_value());
+  uint64_t eid = s.next_exec++;
+  auto& x = s.execs[eid];
+  x.id = *id;
+  x.stream = req.stream;
+  x.detach = req.detach;
+  x.max_output = req.max_output;
+  x.t0 = clock_type::now();
+  x.done = [cmd, done = std::move(done)](expected<exec_result> r) {
+    if (!r && (r.error_value().step == "execve" || r.error_value().step == "chdir"
+               || r.error_value().step == "setuid"))
+      return done(container::describe_exec_failure(cmd, std::move(r).error_value()));
+    done(std::move(r));
+  };
+  if (req.stream)
+    x.listener = std::move(listener);
+  if (!req.detach) {
+    x.out_eof = x.err_eof = false;
+    sandbox_actor me = self;
+    auto& io_loop = s.cfg.eng->io();
+    io_loop.watch(out_r->get(), POLLIN, pipe_reader{out_r, me, &io_loop, eid, 1});
+    io_loop.watch(err_r->get(), POLLIN, pipe_reader{err_r, me, &io_loop, eid, 2});
+  }
+  if (req.timeout_ms > 0)
+    self->delayed_send(self, std::chrono::milliseconds(req.timeout_ms), timeout_atom::value, eid);
+}
+
+void on_output(self_ptr self, uint64_t eid, uint8_t stream, std::string& data, bool eof) {
+  auto& s = self->state;
+  auto it = s.execs.find(eid);
+  if (it == s.execs.end())
+    return; // finished already: late output is dropped
+  auto& x = it->second;
+  if (!data.empty()) {
+    if (x.stream && x.listener) {
+      caf::anon_send(caf::actor_cast<caf::actor>(x.listener),
+                     output_chunk{s.cfg.id, eid, stream, std::move(data)});
+    } else {
+      auto& buf = stream == 1 ? x.out : x.err;
+      if (buf.size() < x.max_output) {
+        auto room = x.max_output - buf.size();
+        if (data.size() > room) {
+          buf.append(data, 0, room);
+          x.truncated = true;
+        } else {
+          buf += data;
+        }
+      } else {
+        x.truncated = true;
+      }
+    }
+  }
+  if (eof) {
+    (stream == 1 ? x.out_eof : x.err_eof) = true;
+    maybe_finish(self, eid);
+  }
+}
+
+sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
+  self->state.cfg = std::move(cfg);
+  auto& s = self->state;
+  // The session ending ends its sandboxes.
+  self->monitor(s.cfg.session);
+  self->set_down_handler([=](caf::down_msg& dm) {
+    if (dm.source == self->state.cfg.session.address())
+      begin_destroy(self);
+  });
+  self->request(s.cfg.cache, caf::infinite, acquire_atom::value, s.cfg.env)
+    .then(
+      [=](layer_set& ls) {
+        auto& s = self->state;
+        s.acquiring = false;
+        s.lease = ls.lease;
+        if (s.ph == phase::destroying) {
+          finish_destroy(self);
+          return;
+        }
+        container_options o;
+        o.id = s.cfg.id;
+        o.net = s.cfg.env.net;
+        o.disk_bytes = s.cfg.env.disk;
+        if (s.cfg.env.memory)
+          o.lim.memory_bytes = s.cfg.env.memory;
+        if (s.cfg.env.pids)
+          o.lim.pids = s.cfg.env.pids;
+        if (s.cfg.env.cpus > 0)
+          o.lim.cpus = s.cfg.env.cpus;
+        const cgroup_root* cg = nullptr;
+        if (o.lim.any()) {
+          if (auto v = o.lim.validate(); !v)
+            return fail_creation(self, v.error_value());
+          auto root = s.cfg.eng->cgroups();
+          if (!root)
+            return fail_creation(self, std::move(root).error_value().in_step("make_cgroup"));
+          cg = *root;
+        }
+        auto box = container::start(s.cfg.eng->pick(), ls.fds, o, cg);
+        if (!box)
+          return fail_creation(self, box.error_value());
+        s.box = std::move(*box);
+        watch_control(self);
+      },
+      [=](caf::error& e) {
+        self->state.acquiring = false;
+        fail_creation(self, from_caf(e));
+      });
+  return {
+    [=](exec_atom, const exec_request& req) -> caf::result<exec_result> {
+      auto listener = self->current_sender();
+      auto rp = self->make_response_promise<exec_result>();
+      start_exec(self, req, std::move(listener), [rp](expected<exec_result> r) mutable {
+        if (r)
+          rp.deliver(std::move(*r));
+        else
+          rp.deliver(to_caf(r.error_value()));
+      });
+      return rp;
+    },
+    [=](signal_atom, int32_t sig) -> caf::result<bool> {
+      auto& s = self->state;
+      if (!s.box || s.ph != phase::ready)
+        return to_caf(make_error(errc::not_found, "sandbox " + s.cfg.id + " is not running"));
+      for (auto& [eid, x] : s.execs)
+        (void) s.box->signal(x.id, sig);
+      return true;
+    },
+    [=](put_atom, const std::string& dir, const std::string& tar) -> caf::result<uint64_t> {
+      auto rp = self->make_response_promise<uint64_t>();
+      if (dir.empty() || dir.front() != '/') {
+        rp.deliver(to_caf(make_error(errc::invalid_argument,
+                                     "put: the destination must be an absolute path, not '"
+                                       + dir + "'")));
+        return rp;
+      }
+      exec_request req;
+      req.argv = {"tar", "-x", "-f", "-", "-C", dir};
+      req.input = tar;
+      req.max_output = 64 * 1024;
+      uint64_t size = tar.size();
+      start_exec(self, req, nullptr, [rp, size, dir](expected<exec_result> r) mutable {
+        if (!r) {
+          auto e = std::move(r).error_value();
+          if (e.code == errc::not_found && e.step == "execve")
+            e.message = "put needs tar in the sandbox's image: " + e.message;
+          rp.deliver(to_caf(e));
+        } else if (r->exit_code != 0 || r->signal != 0) {
+          rp.deliver(to_caf(make_error(errc::invalid_argument,
+                                       "put into " + dir + " failed: " + r->err)));
+        } else {
+          rp.deliver(size);
+        }
+      });
+      return rp;
+    },
+    [=](get_atom, const std::string& path) -> caf::result<std::string> {
+      auto rp = self->make_response_promise<std::string>();
+      if (path.empty() || path.front() != '/') {
+        rp.deliver(to_caf(make_error(errc::invalid_argument,
+                                     "get: the path must be absolute, not '" + path + "'")));
+        return rp;
+      }
+      auto slash = path.find_last_of('/');
+      std::string parent = slash == 0 ? "/" : path.substr(0, slash);
+      std::string name = path.substr(slash + 1);
+      exec_request req;
+      req.argv = {"tar", "-c", "-f", "-", "-C", parent, name.empty() ? "." : name};
+      req.max_output = 256ull << 20;
+      start_exec(self, req, nullptr, [rp, path](expected<exec_result> r) mutable {
+        if (!r) {
+          auto e = std::move(r).error_value();
+          if (e.code == errc::not_found && e.step == "execve")
+            e.message = "get needs tar in the sandbox's image: " + e.message;
+          rp.deliver(to_caf(e));
+        } else if (r->exit_code != 0 || r->signal != 0) {
+          rp.deliver(to_caf(make_error(errc::not_found, "get " + path + " failed: " + r->err)));
+        } else if (r->truncated) {
+          rp.deliver(to_caf(make_error(errc::invalid_argument,
+                                       "get " + path + ": larger than 256 MiB")));
+        } else {
+          rp.deliver(std::move(r->out));
+        }
+      });
+      return rp;
+    },
+    [=](destroy_atom) -> caf::result<bool> {
+      auto rp = self->make_response_promise<bool>();
+      self->state.destroy_waiters.push_back(rp);
+      begin_destroy(self);
+      return rp;
+    },
+    [=](list_atom) -> sandbox_info {
+      auto& s = self->state;
+      sandbox_info info;
+      info.id = s.cfg.id;
+      info.session = s.cfg.session_id;
+      info.state = phase_name(s);
+      info.env = s.cfg.env;
+      info.created_ms = s.created_ms;
+      if (s.cfg.env.ttl_ms > 0 && s.created_ms != 0) {
+        auto left = std::chrono::duration_cast<std::chrono::milliseconds>(s.expires
+                                                                          - clock_type::now());
+        info.ttl_left_ms = left.count() > 0 ? static_cast<uint64_t>(left.count()) : 0;
+      }
+      info.running = static_cast<uint32_t>(s.execs.size());
+      return info;
+    },
+    [=](event_atom) {
+      auto& s = self->state;
+      if (!s.box || s.ph == phase::destroying)
+        return;
+      for (;;) {
+        auto ev = s.box->next_event();
+        if (!ev) {
+          // init is gone or creation failed
+          if (s.ph == phase::creating)
+            return fail_creation(self, ev.error_value());
+          s.ph = phase::stopped;
+          s.failure = ev.error_value().message;
+          return begin_destroy(self);
+        }
+        if (ev->what == container_event::kind::none)
+          break;
+        on_event(self, *ev);
+        if (s.ph == phase::destroying)
+          return;
+      }
+      watch_control(self);
+    },
+    [=](output_atom, uint64_t eid, uint8_t stream, std::string& data, bool eof) {
+      on_output(self, eid, stream, data, eof);
+    },
+    [=](reaped_atom) {
+      auto& s = self->state;
+      if (!s.box)
+        return;
+      auto r = s.box->reap();
+      if (r && !*r) {
+        watch_exit(self); // not yet
+        return;
+      }
+      finish_destroy(self);
+    },
+    [=](timeout_atom, uint64_t tag) {
+      auto& s = self->state;
+      bool drain = (tag >> 63) != 0;
+      uint64_t eid = tag & ~(1ull << 63);
+      auto it = s.execs.find(eid);
+      if (it == s.execs.end())
+        return;
+      if (drain) {
+        finish_exec(self, eid); // exited; stop waiting for the pipes
+        return;
+      }
+      if (!it->second.exited && s.box) {
+        it->second.timed_out = true;
+        (void) s.box->signal(it->second.id, SIGKILL);
+      }
+    },
+    [=](ttl_atom) { begin_destroy(self); },
+  };
+}
+
+} // namespace
+
+sandbox_actor spawn_sandbox(caf::actor_system& sys, sandbox_config cfg) {
+  return sys.spawn(sandbox_impl, std::move(cfg));
+}
+
+} // namespace dsec

@@ -1,0 +1,143 @@
+#include "actors/scheduler.hpp"
+
+#include <caf/actor_system.hpp>
+#include <caf/send.hpp>
+#include <caf/stateful_actor.hpp>
+#include <caf/typed_event_based_actor.hpp>
+
+#include <sys/random.h>
+
+#include <unordered_map>
+
+#include "actors/session.hpp"
+#include "actors/types.hpp"
+
+namespace dsec {
+
+namespace {
+
+struct scheduler_state {
+  static inline const char* name = "dsec.scheduler";
+
+  scheduler_config cfg;
+  std::unordered_map<std::string, session_actor> sessions;
+  bool shutting_down = false;
+};
+
+using self_ptr = scheduler_actor::stateful_pointer<scheduler_state>;
+
+std::string new_session_id() {
+  unsigned char b[4] = {};
+  (void) ::getrandom(b, sizeof b, 0);
+  static const char hex[] = "0123456789abcdef";
+  std::string s = "s-";
+  for (auto x : b) {
+    s += hex[x >> 4];
+    s += hex[x & 15];
+  }
+  return s;
+}
+
+// Finds a sandbox on the node and hands the request to it.
+template <class Result, class... Ts>
+caf::result<Result> by_id(self_ptr self, const std::string& id, Ts... xs) {
+  auto rp = self->template make_response_promise<Result>();
+  self->request(self->state.cfg.node, std::chrono::seconds(30), lookup_atom::value, id)
+    .then([=](sandbox_actor& sb) mutable { rp.delegate(sb, xs...); },
+          [=](caf::error& e) mutable { rp.deliver(e); });
+  return rp;
+}
+
+scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cfg) {
+  self->state.cfg = std::move(cfg);
+  {
+    // The daemon's own session, for sandboxes the command line detaches
+    // (`dsec run --detach` without --session): nobody owns it, so they live
+    // until removed or until their TTL.
+    session_config sc;
+    sc.id = "default";
+    sc.options.quota = 1u << 20;
+    sc.options.name = "default";
+    sc.scheduler = self;
+    self->state.sessions.emplace(sc.id, spawn_session(self->system(), std::move(sc)));
+  }
+  return {
+    [=](open_atom, session_options& opts,
+        const caf::actor& trainer) -> caf::result<session_actor, std::string> {
+      auto& s = self->state;
+      if (s.shutting_down)
+        return to_caf(make_error(errc::overloaded, "the daemon is shutting down"));
+      if (opts.quota == 0)
+        return to_caf(make_error(errc::invalid_argument, "a session's quota must be at least 1"));
+      auto id = new_session_id();
+      while (s.sessions.count(id))
+        id = new_session_id();
+      session_config sc;
+      sc.id = id;
+      sc.options = std::move(opts);
+      sc.trainer = trainer;
+      sc.scheduler = self;
+      auto sess = spawn_session(self->system(), std::move(sc));
+      s.sessions.emplace(id, sess);
+      return {sess, id};
+    },
+    [=](lookup_atom, const std::string& id) -> caf::result<session_actor> {
+      auto& s = self->state;
+      auto it = s.sessions.find(id);
+      if (it == s.sessions.end())
+        return to_caf(make_error(errc::not_found, "no session " + id));
+      return it->second;
+    },
+    [=](place_atom, environment& env, uint32_t count, session_actor& session, uint64_t req,
+        std::string& session_id, uint64_t ttl_ms) -> caf::delegated<uint32_t> {
+      // One node: it gets everything (the node refuses what it has no slot for).
+      return self->delegate(self->state.cfg.node, spawn_atom::value, std::move(env), count,
+                            std::move(session), req, std::move(session_id), ttl_ms);
+    },
+    [=](exec_atom, const std::string& id, const exec_request& req) {
+      return by_id<exec_result>(self, id, exec_atom::value, req);
+    },
+    [=](put_atom, const std::string& id, const std::string& dir, const std::string& tar) {
+      return by_id<uint64_t>(self, id, put_atom::value, dir, tar);
+    },
+    [=](get_atom, const std::string& id, const std::string& path) {
+      return by_id<std::string>(self, id, get_atom::value, path);
+    },
+    [=](destroy_atom, const std::string& id) {
+      return by_id<bool>(self, id, destroy_atom::value);
+    },
+    [=](list_atom) -> caf::delegated<std::vector<sandbox_info>> {
+      return self->delegate(self->state.cfg.node, list_atom::value);
+    },
+    [=](stats_atom) -> caf::result<node_stats> {
+      auto rp = self->make_response_promise<node_stats>();
+      auto sessions = static_cast<uint32_t>(self->state.sessions.size());
+      self->request(self->state.cfg.node, std::chrono::seconds(10), stats_atom::value)
+        .then(
+          [=](node_stats& ns) mutable {
+            ns.sessions = sessions;
+            rp.deliver(std::move(ns));
+          },
+          [=](caf::error& e) mutable { rp.deliver(e); });
+      return rp;
+    },
+    [=](gone_atom, const std::string& session_id) {
+      self->state.sessions.erase(session_id);
+    },
+    [=](shutdown_atom) -> caf::delegated<uint32_t> {
+      auto& s = self->state;
+      s.shutting_down = true;
+      for (auto& [id, sess] : s.sessions)
+        caf::anon_send(sess, close_atom::value);
+      return self->delegate(s.cfg.node, shutdown_atom::value);
+    },
+  };
+}
+
+} // namespace
+
+scheduler_actor spawn_scheduler(caf::actor_system& sys, scheduler_config cfg) {
+  return sys.spawn(scheduler_impl, std::move(cfg));
+}
+
+} // namespace dsec

@@ -1,0 +1,63 @@
+// engine: what a node's sandboxes share, in one place. The layer store, a few
+// spawners (zygotes; one serves one request at a time), the reactor thread
+// that watches every sandbox's descriptors, and the cgroup root. dsecd makes
+// one and hands it to its actors; nothing here is global.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "runtime/cgroup.hpp"
+#include "runtime/error.hpp"
+#include "runtime/reactor.hpp"
+#include "runtime/spawner.hpp"
+#include "runtime/store.hpp"
+
+namespace dsec {
+
+struct engine_options {
+  std::string state_dir;      ///< the layer store
+  unsigned spawners = 2;      ///< zygotes; one per core is about right
+  unsigned netns_prewarm = 4; ///< empty network namespaces each zygote makes at start
+};
+
+class engine {
+public:
+  /// Opens the store, starts the spawners (from the calling thread, which must
+  /// live as long as the engine: see spawner::start) and the reactor thread.
+  static expected<std::unique_ptr<engine>> start(const engine_options& opts);
+
+  [[nodiscard]] store& layers() { return *store_; }
+  [[nodiscard]] reactor& io() { return *reactor_; }
+
+  /// A spawner, round-robin; one that is busy serialises its callers.
+  spawner& pick();
+
+  /// The user namespace the layer mounts are idmapped into.
+  [[nodiscard]] int userns_fd() const { return spawners_.front()->userns_fd(); }
+
+  /// The cgroup root, detected on first use (only sandboxes with limits need it).
+  expected<const cgroup_root*> cgroups();
+
+  /// Removes what a crashed predecessor left (cgroups of dead dsec processes,
+  /// stale temporary files of the store); returns what was removed.
+  std::vector<std::string> collect_garbage();
+
+  ~engine();
+
+private:
+  engine() = default;
+  std::optional<store> store_;
+  std::vector<std::unique_ptr<spawner>> spawners_;
+  std::unique_ptr<reactor> reactor_;
+  std::atomic<size_t> next_{0};
+  std::mutex cgroups_mu_;
+  std::optional<cgroup_root> cgroups_;
+  std::optional<error> cgroups_error_;
+};
+
+} // namespace dsec

@@ -1,0 +1,187 @@
+// dsecd: the node daemon. It starts the engine (zygotes, reactor, layer store)
+// and the node's actors, publishes the scheduler with CAF's middleman, and runs
+// until SIGINT or SIGTERM, when it destroys every sandbox and exits.
+#include <caf/actor_system.hpp>
+#include <caf/actor_system_config.hpp>
+#include <caf/io/middleman.hpp>
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "actors/daemon.hpp"
+#include "actors/types.hpp"
+#include "runtime/units.hpp"
+#include "tools/dsec/cli.hpp"
+
+namespace {
+
+const char* usage = R"(usage: dsecd [OPTIONS]
+
+The dsec node daemon: makes sandboxes on this machine for trainers and for
+`dsec --connect HOST:PORT ...`, through CAF actors published on HOST:PORT.
+
+Options:
+  --listen HOST:PORT     where to accept clients (default 127.0.0.1:7070; port 0
+                         picks a free one, printed at start). Only loopback
+                         addresses are accepted: there is no authentication yet.
+  --state DIR            the layer store (default $DSEC_STATE, else /var/lib/dsec)
+  --slots N              sandboxes this node is sized for (default 3200)
+  --oversubscribe R      admit up to slots * R sandboxes (default 1.0)
+  --cache-bytes SIZE     unmount unused layers beyond this many mounted bytes
+                         (default: no limit), e.g. 20g
+  --spawners N           zygotes creating sandboxes in parallel (default 2)
+  --threads N            CAF scheduler threads (default 2; the 'sharing' policy)
+  -h, --help             this text
+
+At start dsecd removes what a crashed predecessor left (cgroups of dead dsec
+processes) and says what it removed. SIGINT or SIGTERM: every sandbox is
+destroyed, then dsecd exits.
+)";
+
+struct options {
+  std::string host = "127.0.0.1";
+  uint16_t port = 7070;
+  dsec::daemon_options d;
+  unsigned threads = 2;
+};
+
+int bad(const std::string& msg) {
+  std::fprintf(stderr, "dsecd: %s\nTry 'dsecd --help'.\n", msg.c_str());
+  return 2;
+}
+
+bool parse_uint(const std::string& s, uint64_t max, uint64_t& out) {
+  if (s.empty() || s.size() > 12)
+    return false;
+  out = 0;
+  for (char c : s) {
+    if (c < '0' || c > '9')
+      return false;
+    out = out * 10 + static_cast<uint64_t>(c - '0');
+  }
+  return out <= max;
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  options o;
+  o.d.state_dir = dsec::cli::default_state_dir();
+  dsec::cli::args a{argc, argv, 1};
+  while (!a.empty()) {
+    if (a.help()) {
+      std::fputs(usage, stdout);
+      return 0;
+    }
+    std::string v;
+    auto opt = [&](const char* name) {
+      auto r = a.option(name, v);
+      if (!r) {
+        bad(r.error_value().message);
+        std::exit(2);
+      }
+      return *r;
+    };
+    uint64_t n = 0;
+    if (opt("--listen")) {
+      auto colon = v.rfind(':');
+      if (colon == std::string::npos || !parse_uint(v.substr(colon + 1), 65535, n))
+        return bad("--listen: expected HOST:PORT, got '" + v + "'");
+      o.host = v.substr(0, colon);
+      o.port = static_cast<uint16_t>(n);
+      in_addr addr{};
+      if (o.host == "localhost")
+        o.host = "127.0.0.1";
+      if (inet_pton(AF_INET, o.host.c_str(), &addr) != 1 || (ntohl(addr.s_addr) >> 24) != 127)
+        return bad("--listen: " + o.host
+                   + " is not a loopback address; listening elsewhere needs authentication, "
+                     "which dsecd does not have yet");
+    } else if (opt("--state")) {
+      o.d.state_dir = v;
+    } else if (opt("--slots")) {
+      if (!parse_uint(v, 1'000'000, n) || n == 0)
+        return bad("--slots: expected a whole number from 1 to 1000000, got '" + v + "'");
+      o.d.slots = static_cast<uint32_t>(n);
+    } else if (opt("--oversubscribe")) {
+      char* end = nullptr;
+      double r = std::strtod(v.c_str(), &end);
+      if (v.empty() || *end != '\0' || !(r >= 0.1 && r <= 100))
+        return bad("--oversubscribe: expected a ratio from 0.1 to 100, got '" + v + "'");
+      o.d.oversubscribe = r;
+    } else if (opt("--cache-bytes")) {
+      auto s = dsec::parse_size(v, "--cache-bytes");
+      if (!s)
+        return bad(s.error_value().message);
+      o.d.cache_bytes = *s;
+    } else if (opt("--spawners")) {
+      if (!parse_uint(v, 64, n) || n == 0)
+        return bad("--spawners: expected a whole number from 1 to 64, got '" + v + "'");
+      o.d.spawners = static_cast<unsigned>(n);
+    } else if (opt("--threads")) {
+      if (!parse_uint(v, 256, n) || n == 0)
+        return bad("--threads: expected a whole number from 1 to 256, got '" + v + "'");
+      o.threads = static_cast<unsigned>(n);
+    } else {
+      return bad("unknown argument '" + std::string{a.peek()} + "'");
+    }
+  }
+  // Descriptors 0-2 must be something, or the first sockets we open become them.
+  for (int fd = 0; fd < 3; ++fd)
+    if (::fcntl(fd, F_GETFD) < 0 && ::open("/dev/null", O_RDWR) != fd)
+      return 1;
+  // Every thread (CAF's, the reactor's) inherits these blocked; main waits for them.
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGINT);
+  sigaddset(&stop, SIGTERM);
+  sigaddset(&stop, SIGHUP);
+  ::pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+  ::signal(SIGPIPE, SIG_IGN);
+
+  caf::actor_system_config cfg;
+  dsec::register_types(cfg);
+  cfg.load<caf::io::middleman>();
+  cfg.set("scheduler.policy", caf::atom("sharing"));
+  cfg.set("scheduler.max-threads", static_cast<size_t>(o.threads));
+  cfg.set("logger.console", caf::atom("none"));
+  caf::actor_system sys{cfg};
+
+  o.d.name = o.host + ":" + std::to_string(o.port);
+  auto d = dsec::daemon::start(sys, o.d);
+  if (!d) {
+    std::fprintf(stderr, "dsecd: %s\n", d.error_value().to_string().c_str());
+    return 1;
+  }
+  for (const auto& what : (*d)->collected())
+    std::printf("dsecd: removed %s (left by a dsec that is gone)\n", what.c_str());
+  auto port = sys.middleman().publish((*d)->scheduler(), o.port, o.host.c_str(), true);
+  if (!port) {
+    std::fprintf(stderr, "dsecd: cannot listen on %s:%u: %s\n", o.host.c_str(), o.port,
+                 sys.render(port.error()).c_str());
+    (void) (*d)->shutdown();
+    return 1;
+  }
+  std::printf("dsecd: listening on %s:%u (state %s, %u slots x %.2g, %u spawners, %u threads)\n",
+              o.host.c_str(), *port, o.d.state_dir.c_str(), o.d.slots, o.d.oversubscribe,
+              o.d.spawners, o.threads);
+  std::fflush(stdout);
+  int sig = 0;
+  ::sigwait(&stop, &sig);
+  std::printf("dsecd: %s: destroying every sandbox\n", ::sigabbrev_np(sig));
+  std::fflush(stdout);
+  (void) sys.middleman().unpublish((*d)->scheduler(), *port);
+  auto n = (*d)->shutdown();
+  if (n)
+    std::printf("dsecd: %u sandboxes destroyed; bye\n", *n);
+  else
+    std::fprintf(stderr, "dsecd: shutdown: %s\n", n.error_value().to_string().c_str());
+  d->reset();
+  return n ? 0 : 1;
+}
