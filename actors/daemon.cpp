@@ -29,6 +29,7 @@ expected<std::unique_ptr<daemon>> daemon::start(caf::actor_system& sys,
   nc.name = opts.name;
   nc.slots = opts.slots;
   nc.oversubscribe = opts.oversubscribe;
+  nc.max_starting = 4 * std::max(1u, opts.spawners);
   nc.cache = d->cache_;
   nc.eng = d->engine_.get();
   nc.gc = d->gc_;

@@ -5,6 +5,7 @@
 #include <caf/stateful_actor.hpp>
 #include <caf/typed_event_based_actor.hpp>
 
+#include <deque>
 #include <memory>
 #include <unordered_map>
 
@@ -26,6 +27,10 @@ struct node_state {
     bool ready = false;
   };
   std::unordered_map<std::string, entry> live;
+  // Admitted sandboxes wait here for their turn: creating a few at a time lets
+  // the first of a big batch be ready at once instead of all at the end.
+  std::deque<sandbox_config> queued;
+  uint32_t starting = 0;
   uint32_t creating = 0;
   uint64_t created = 0, failed = 0, destroyed = 0;
   std::vector<caf::typed_response_promise<uint32_t>> shutdown_waiters;
@@ -34,6 +39,20 @@ struct node_state {
 };
 
 using self_ptr = node_actor::stateful_pointer<node_state>;
+
+// Starts queued sandboxes while fewer than max_starting are being created.
+void pump(self_ptr self) {
+  auto& s = self->state;
+  while (s.starting < std::max(1u, s.cfg.max_starting) && !s.queued.empty()) {
+    auto sc = std::move(s.queued.front());
+    s.queued.pop_front();
+    auto it = s.live.find(sc.id);
+    if (it == s.live.end())
+      continue; // shut down meanwhile
+    it->second.handle = spawn_sandbox(self->system(), std::move(sc));
+    ++s.starting;
+  }
+}
 
 void check_shutdown(self_ptr self) {
   auto& s = self->state;
@@ -69,10 +88,11 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
         sc.node = self;
         sc.cache = s.cfg.cache;
         sc.eng = s.cfg.eng;
-        auto id = sc.id;
-        s.live.emplace(id, node_state::entry{spawn_sandbox(self->system(), std::move(sc)), false});
+        s.live.emplace(sc.id, node_state::entry{});
+        s.queued.push_back(std::move(sc));
         ++s.creating;
       }
+      pump(self);
       // Every sandbox asked for gets an answer; the ones without a slot now.
       for (uint32_t i = admitted; i < count; ++i)
         self->send(session, failed_atom::value,
@@ -90,7 +110,7 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
     [=](lookup_atom, const std::string& id) -> caf::result<sandbox_actor> {
       auto& s = self->state;
       auto it = s.live.find(id);
-      if (it == s.live.end())
+      if (it == s.live.end() || !it->second.handle)
         return to_caf(make_error(errc::not_found, "no sandbox " + id + " on node "
                                                     + s.cfg.name));
       return it->second.handle;
@@ -109,6 +129,15 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
       auto g = std::make_shared<gather>();
       g->left = s.live.size();
       for (auto& [id, e] : s.live) {
+        if (!e.handle) { // still queued
+          sandbox_info info;
+          info.id = id;
+          info.state = "queued";
+          g->infos.push_back(std::move(info));
+          if (--g->left == 0)
+            rp.deliver(std::move(g->infos));
+          continue;
+        }
         self->request(e.handle, std::chrono::seconds(10), list_atom::value)
           .then(
             [=](sandbox_info& info) mutable {
@@ -155,6 +184,8 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
         it->second.ready = true;
         --s.creating;
         ++s.created;
+        --s.starting;
+        pump(self);
       }
     },
     [=](gone_atom, const std::string& id, bool was_created) {
@@ -162,9 +193,12 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
       auto it = s.live.find(id);
       if (it == s.live.end())
         return;
-      if (!it->second.ready)
+      if (!it->second.ready) {
         --s.creating;
+        --s.starting;
+      }
       s.live.erase(it);
+      pump(self);
       if (was_created)
         ++s.destroyed;
       else
@@ -177,6 +211,17 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
       s.shutdown_waiters.push_back(rp);
       if (!s.shutting_down) {
         s.shutting_down = true;
+        // Queued ones never started: they fail now.
+        for (auto& sc : s.queued) {
+          caf::anon_send(sc.session, failed_atom::value,
+                         to_caf(make_error(errc::overloaded,
+                                           "node " + s.cfg.name + " is shutting down")),
+                         sc.request);
+          s.live.erase(sc.id);
+          --s.creating;
+          ++s.failed;
+        }
+        s.queued.clear();
         s.shutdown_count = static_cast<uint32_t>(s.live.size());
         for (auto& [id, e] : s.live)
           caf::anon_send(e.handle, destroy_atom::value); // their replies are not ours to take

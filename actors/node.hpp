@@ -1,6 +1,7 @@
 // node: one per machine. Admission control (slots), the registry of the
 // node's sandboxes, and its statistics. It spawns one sandbox actor per
-// admitted sandbox; each reports to its session and back here when it is gone.
+// admitted sandbox (a few at a time, so that the first of a large batch are
+// ready early); each reports to its session and back here when it is gone.
 #pragma once
 
 #include <string>
@@ -16,6 +17,7 @@ struct node_config {
   std::string name = "embedded";
   uint32_t slots = 3200;       ///< sandboxes the machine is sized for
   double oversubscribe = 1.0;  ///< admit up to slots * oversubscribe
+  uint32_t max_starting = 8;   ///< sandboxes being created at once; more wait
   layer_cache_actor cache;
   engine* eng = nullptr;
   std::vector<std::string> gc; ///< what start-up garbage collection removed
