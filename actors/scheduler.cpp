@@ -59,7 +59,10 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
     sc.options.quota = 1u << 20;
     sc.options.name = "default";
     sc.scheduler = self;
-    self->state.sessions.emplace(sc.id, spawn_session(self->system(), std::move(sc)));
+    // Not emplace(sc.id, spawn_session(.., std::move(sc))): the key would be
+    // read from the moved-from sc.id, i.e. empty.
+    auto id = sc.id;
+    self->state.sessions.emplace(std::move(id), spawn_session(self->system(), std::move(sc)));
   }
   return {
     [=](open_atom, session_options& opts,

@@ -1,10 +1,13 @@
 // dsec: the command line. Global options come before the verb; each verb lives
 // in its own file and has its own --help.
 #include <fcntl.h>
+#include <limits.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -13,6 +16,7 @@
 namespace {
 
 const char* usage = R"(usage: dsec [--state DIR] VERB [ARGS...]
+       dsec --connect HOST:PORT VERB [ARGS...]
 
 dsec builds sandboxes from read-only EROFS layers (a base image, a working
 directory, tool packages) joined by overlayfs under a private writable layer,
@@ -23,16 +27,70 @@ Verbs:
   layer build|ls|rm     build, list and remove layers in the local store
   run                   run one command in a fresh sandbox and destroy it
 
+Verbs of a daemon (dsecd), with --connect HOST:PORT before the verb:
+  ps                    list its sandboxes
+  run                   run a command in a fresh sandbox (--detach: leave it running)
+  exec                  run a command in an existing sandbox
+  cp                    copy files into or out of a sandbox
+  rm                    destroy sandboxes
+  session open|close    open a session nobody owns, close one
+  node stats            the daemon's counters and layer cache
+
 Global options:
   --state DIR           the state directory (layers, blobs); default $DSEC_STATE,
                         else /var/lib/dsec
+  --connect HOST:PORT   talk to the dsecd at HOST:PORT (runs dsec-client, found
+                        beside dsec, else $DSEC_CLIENT, else in
+                        )" DSEC_LIBEXECDIR R"()
   -h, --help            this text; 'dsec VERB --help' describes a verb
   --version             print the version
 
 Examples:
   dsec layer build --kind base busybox@1 ./rootfs
   dsec run --base busybox@1 -- sh -c 'echo hello from $(hostname)'
+  dsec --connect 127.0.0.1:7070 run --detach --base busybox@1 -- sleep 600
+  dsec --connect 127.0.0.1:7070 ps
 )";
+
+bool executable(const std::string& p) {
+  struct stat st;
+  return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(p.c_str(), X_OK) == 0;
+}
+
+// The verbs of a daemon live in dsec-client (it needs CAF's shared libraries;
+// this dsec is static): beside this binary, else $DSEC_CLIENT, else installed.
+// Returns only if it cannot be run.
+int hand_over(char** argv, bool run) {
+  std::string beside;
+  char self[PATH_MAX];
+  if (auto n = ::readlink("/proc/self/exe", self, sizeof self - 1); n > 0) {
+    self[n] = '\0';
+    beside = self;
+    beside.resize(beside.rfind('/') + 1);
+    beside += "dsec-client";
+  }
+  std::string path;
+  const char* env = std::getenv("DSEC_CLIENT");
+  if (!beside.empty() && executable(beside))
+    path = beside;
+  else if (env && *env)
+    path = env;
+  else if (executable(DSEC_LIBEXECDIR "/dsec-client"))
+    path = DSEC_LIBEXECDIR "/dsec-client";
+  int code = run ? 125 : 1; // `run` keeps its own convention for dsec's failures
+  if (path.empty()) {
+    std::fprintf(stderr,
+                 "dsec: --connect needs dsec-client, which was not found "
+                 "beside %s, $DSEC_CLIENT is not set, and not in " DSEC_LIBEXECDIR
+                 " (set DSEC_CLIENT to its path)\n",
+                 beside.empty() ? "dsec" : beside.substr(0, beside.rfind('/')).c_str());
+    return code;
+  }
+  ::execv(path.c_str(), argv);
+  std::fprintf(stderr, "dsec: --connect: cannot run %s%s: %s\n", path.c_str(),
+               env && path == env ? " (from $DSEC_CLIENT)" : "", std::strerror(errno));
+  return code;
+}
 
 } // namespace
 
@@ -53,8 +111,11 @@ int main(int argc, char** argv) {
   global_options g;
   g.state_dir = default_state_dir();
   args a{argc, argv, 1};
+  bool connect = false;
   while (a.at_option()) {
     if (a.help()) {
+      if (connect) // the daemon's verbs: dsec-client describes them
+        return hand_over(argv, false);
       std::fputs(usage, stdout);
       return 0;
     }
@@ -72,10 +133,21 @@ int main(int argc, char** argv) {
       g.state_dir = value;
       continue;
     }
+    r = a.option("--connect", value);
+    if (!r)
+      return usage_error("", r.error_value().message);
+    if (*r) {
+      if (value.empty())
+        return usage_error("", "--connect needs HOST:PORT");
+      connect = true;
+      continue;
+    }
     std::fprintf(stderr, "dsec: unknown global option '%s'\nTry 'dsec --help'.\n",
                  std::string{a.peek()}.c_str());
     return 2;
   }
+  if (connect)
+    return hand_over(argv, a.peek() == "run");
   if (a.empty()) {
     std::fputs(usage, stderr);
     return 2;

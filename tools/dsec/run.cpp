@@ -17,6 +17,7 @@
 #include "runtime/store.hpp"
 #include "runtime/units.hpp"
 #include "tools/dsec/cli.hpp"
+#include "tools/dsec/run_options.hpp"
 
 namespace dsec::cli {
 
@@ -74,17 +75,15 @@ void on_signal(int sig) {
 }
 
 struct run_args {
-  std::optional<layer_ref> base, workdir;
-  std::vector<layer_ref> tools;
+  sandbox_spec sb;
+  command_spec cs;
   container_options opts;
   command cmd;
-  std::optional<std::chrono::milliseconds> timeout;
   bool timings = false;
 };
 
 // Parses the options; returns an exit status on error.
 std::optional<int> parse(args& a, run_args& r) {
-  std::vector<std::string> env_overrides;
   while (!a.empty()) {
     if (a.help()) {
       std::fputs(run_usage, stdout);
@@ -94,136 +93,21 @@ std::optional<int> parse(args& a, run_args& r) {
       a.rest(r.cmd.argv);
       break;
     }
+    auto p = parse_sandbox_option(a, "run", r.sb);
+    if (p == parsed::no)
+      p = parse_command_option(a, "run", r.cs);
+    if (p == parsed::bad)
+      return 2;
+    if (p == parsed::yes)
+      continue;
     std::string v;
-    auto opt = [&](const char* name) -> std::optional<bool> {
-      auto got = a.option(name, v);
-      if (!got) {
-        usage_error("run", got.error_value().message);
-        return std::nullopt;
-      }
-      return *got;
-    };
-    auto layer = [&](const char* name, std::optional<layer_ref>* one,
-                     std::vector<layer_ref>* many) -> std::optional<int> {
-      auto ref = parse_layer_ref(v);
-      if (!ref)
-        return usage_error("run", std::string{name} + ": " + ref.error_value().message);
-      if (one) {
-        if (*one)
-          return usage_error("run", std::string{name} + " given twice");
-        *one = *ref;
-      } else {
-        many->push_back(*ref);
-      }
-      return std::nullopt;
-    };
-    std::optional<bool> got;
-#define DSEC_OPT(name)                                                         \
-  got = opt(name);                                                             \
-  if (!got)                                                                    \
-    return 2;                                                                  \
-  if (*got)
-    DSEC_OPT("--base") {
-      if (auto rc = layer("--base", &r.base, nullptr))
-        return rc;
-      continue;
-    }
-    DSEC_OPT("--workdir") {
-      if (auto rc = layer("--workdir", &r.workdir, nullptr))
-        return rc;
-      continue;
-    }
-    DSEC_OPT("--tool") {
-      if (auto rc = layer("--tool", nullptr, &r.tools))
-        return rc;
-      continue;
-    }
-    DSEC_OPT("--env") {
-      if (v.find('=') == std::string::npos || v.front() == '=')
-        return usage_error("run", "--env: expected KEY=VALUE, got '" + v + "'");
-      env_overrides.push_back(v);
-      continue;
-    }
-    DSEC_OPT("--cwd") {
-      if (v.empty() || v.front() != '/')
-        return usage_error("run", "--cwd: expected an absolute path, got '" + v + "'");
-      r.cmd.cwd = v;
-      continue;
-    }
-    DSEC_OPT("--user") {
-      auto colon = v.find(':');
-      auto num = [&](std::string_view s, uint32_t& out) {
-        if (s.empty() || s.size() > 9)
-          return false;
-        out = 0;
-        for (char c : s) {
-          if (c < '0' || c > '9')
-            return false;
-          out = out * 10 + static_cast<uint32_t>(c - '0');
-        }
-        return out < 65536;
-      };
-      uint32_t uid = 0, gid = 0;
-      std::string_view sv{v};
-      if (!num(sv.substr(0, colon), uid)
-          || (colon != std::string::npos && !num(sv.substr(colon + 1), gid)))
-        return usage_error("run", "--user: expected UID[:GID] with numbers below 65536, got '"
-                                    + v + "'");
-      r.cmd.uid = uid;
-      r.cmd.gid = colon == std::string::npos ? uid : gid;
-      continue;
-    }
-    DSEC_OPT("--hostname") {
+    auto got = a.option("--hostname", v);
+    if (!got)
+      return usage_error("run", got.error_value().message);
+    if (*got) {
       if (v.empty() || v.size() > 63)
         return usage_error("run", "--hostname: expected 1 to 63 characters");
       r.opts.hostname = v;
-      continue;
-    }
-    DSEC_OPT("--memory") {
-      auto s = parse_size(v, "--memory");
-      if (!s)
-        return usage_error("run", s.error_value().message);
-      r.opts.lim.memory_bytes = *s;
-      continue;
-    }
-    DSEC_OPT("--disk") {
-      auto s = parse_size(v, "--disk");
-      if (!s)
-        return usage_error("run", s.error_value().message);
-      if (*s < 1024 * 1024)
-        return usage_error("run", "--disk: must be at least 1m, got '" + v + "'");
-      r.opts.disk_bytes = *s;
-      continue;
-    }
-    DSEC_OPT("--pids") {
-      char* end = nullptr;
-      long n = std::strtol(v.c_str(), &end, 10);
-      if (v.empty() || *end != '\0' || n < 1 || n > 4'194'304)
-        return usage_error("run", "--pids: expected a whole number from 1 to 4194304, got '"
-                                    + v + "'");
-      r.opts.lim.pids = static_cast<uint64_t>(n);
-      continue;
-    }
-    DSEC_OPT("--cpus") {
-      char* end = nullptr;
-      double n = std::strtod(v.c_str(), &end);
-      if (v.empty() || *end != '\0' || !(n > 0))
-        return usage_error("run", "--cpus: expected a positive number, got '" + v + "'");
-      r.opts.lim.cpus = n;
-      continue;
-    }
-    DSEC_OPT("--timeout") {
-      auto d = parse_duration(v, "--timeout");
-      if (!d)
-        return usage_error("run", d.error_value().message);
-      if (d->count() <= 0)
-        return usage_error("run", "--timeout: must be positive");
-      r.timeout = *d;
-      continue;
-    }
-#undef DSEC_OPT
-    if (a.flag("--net")) {
-      r.opts.net = true;
       continue;
     }
     if (a.flag("--timings")) {
@@ -237,16 +121,15 @@ std::optional<int> parse(args& a, run_args& r) {
   }
   if (r.cmd.argv.empty())
     return usage_error("run", "no command given (dsec run [OPTIONS] -- CMD [ARGS...])");
-  if (!r.base)
-    return usage_error("run", "--base NAME@VERSION is required");
-  if (auto ok = r.opts.lim.validate(); !ok)
-    return usage_error("run", ok.error_value().message);
-  r.cmd.env = command::default_env();
-  for (const auto& kv : env_overrides) {
-    auto key = kv.substr(0, kv.find('=') + 1);
-    std::erase_if(r.cmd.env, [&](const std::string& e) { return e.rfind(key, 0) == 0; });
-    r.cmd.env.push_back(kv);
-  }
+  if (auto rc = check_sandbox_spec("run", r.sb))
+    return rc;
+  r.opts.lim = r.sb.lim;
+  r.opts.disk_bytes = r.sb.disk_bytes;
+  r.opts.net = r.sb.net;
+  r.cmd.cwd = r.cs.cwd;
+  r.cmd.uid = r.cs.uid;
+  r.cmd.gid = r.cs.gid;
+  r.cmd.env = merge_env(command::default_env(), r.cs.env);
   return std::nullopt;
 }
 
@@ -305,12 +188,12 @@ int run_main(const global_options& g, args& a) {
     return true;
   };
   // Topmost first.
-  for (auto it = r.tools.rbegin(); it != r.tools.rend(); ++it)
+  for (auto it = r.sb.tools.rbegin(); it != r.sb.tools.rend(); ++it)
     if (!add(*it, layer_kind::tool, "--tool"))
       return dsec_failed;
-  if (r.workdir && !add(*r.workdir, layer_kind::workdir, "--workdir"))
+  if (r.sb.workdir && !add(*r.sb.workdir, layer_kind::workdir, "--workdir"))
     return dsec_failed;
-  if (!add(*r.base, layer_kind::base, "--base"))
+  if (!add(*r.sb.base, layer_kind::base, "--base"))
     return dsec_failed;
   auto sys_layer = st->system_layer();
   if (!sys_layer)
@@ -369,8 +252,8 @@ int run_main(const global_options& g, args& a) {
     return e.step == "chdir" || e.step == "setuid" ? 126 : dsec_failed;
   }
   std::optional<std::chrono::steady_clock::time_point> deadline;
-  if (r.timeout)
-    deadline = t_start + *r.timeout;
+  if (r.cs.timeout)
+    deadline = t_start + *r.cs.timeout;
   for (;;) {
     // Wake up now and then to forward signals.
     auto slice = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
@@ -393,7 +276,7 @@ int run_main(const global_options& g, args& a) {
     if (deadline && std::chrono::steady_clock::now() >= *deadline) {
       (void) (*c)->destroy();
       std::fprintf(stderr, "dsec: timed out after %s; the sandbox was killed\n",
-                   format_duration(*r.timeout).c_str());
+                   format_duration(*r.cs.timeout).c_str());
       return 124;
     }
     if (int sig = pending_signal) {

@@ -1,0 +1,446 @@
+// dsec --connect HOST:PORT exec | run: commands in the daemon's sandboxes, their
+// output streamed to ours as it comes.
+#include <caf/actor_system.hpp>
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "runtime/container.hpp"
+#include "runtime/units.hpp"
+#include "tools/dsec/remote.hpp"
+#include "tools/dsec/run_options.hpp"
+
+namespace dsec::cli::remote {
+
+namespace {
+
+const char* exec_usage = R"(usage: dsec --connect HOST:PORT exec [OPTIONS] ID -- CMD [ARGS...]
+
+Runs CMD in the daemon's sandbox ID, streams its stdout and stderr to ours as
+they come, and exits with its status.
+
+Options:
+  -i, --stdin            send the whole of our stdin to CMD as its input (read
+                         to the end first); without it CMD's stdin is empty
+  --env KEY=VALUE        add or replace a variable (repeatable); the defaults are
+                         PATH, HOME=/root, LANG=C.UTF-8 and the daemon's TERM
+  --cwd DIR              working directory inside the sandbox (default /)
+  --user UID[:GID]       run as this uid/gid of the sandbox (default 0, the
+                         sandbox's root)
+  --timeout DUR          kill CMD (and its process group) after DUR, e.g. 30s,
+                         500ms, 2m; then the exit status is 124
+  -h, --help             this text
+
+Exit status: CMD's own status; 128+N if a signal N killed it; 124 if --timeout
+fired; 126 if CMD cannot be executed (or --cwd, --user do not work), 127 if it
+is not found; 1 if the daemon reported an error (an unknown sandbox, ...) or
+cannot be reached; 2 on a usage error. Interrupting dsec does not stop CMD: it
+runs on in the sandbox until it ends or the sandbox is removed.
+)";
+
+const char* run_usage = R"(usage: dsec --connect HOST:PORT run [OPTIONS] -- CMD [ARGS...]
+
+Creates a sandbox in the daemon from layers of the daemon's store and runs CMD
+in it. Without --detach, CMD's stdout and stderr are streamed to ours as they
+come, dsec exits with its status, and the sandbox is destroyed: it lives in a
+session of its own, which the daemon closes when CMD ends, when dsec is
+interrupted (SIGINT, SIGTERM, SIGHUP) or when dsec dies. With --detach, dsec
+starts CMD, prints the sandbox's id and exits; the sandbox lives until
+`rm ID`, its TTL, or the end of its session.
+
+Sandbox and session:
+  --detach                 leave CMD running in the background (its output is
+                           discarded) and print the sandbox id
+  --session ID             the session to create the sandbox in (from `session
+                           open`); default: with --detach the daemon's "default"
+                           session, else a session of its own. Without --detach
+                           the sandbox is still destroyed when CMD ends.
+  --ttl DUR                the sandbox's lifetime (e.g. 10m, 2h); default: its
+                           session's (1h unless `session open --ttl` said)
+
+Layers (in the daemon's store):
+  --base NAME@VERSION      the base image (required)
+  --workdir NAME@VERSION   a working-directory layer
+  --tool NAME@VERSION      a tool layer; repeat for several (the last on top)
+
+Environment of the command:
+  -i, --stdin              send the whole of our stdin to CMD as its input (read
+                           to the end first); without it CMD's stdin is empty
+  --env KEY=VALUE          add or replace a variable (repeatable); the defaults
+                           are PATH, HOME=/root, LANG=C.UTF-8 and the daemon's TERM
+  --cwd DIR                working directory inside the sandbox (default /)
+  --user UID[:GID]         run as this uid/gid of the sandbox (default 0, the
+                           sandbox's root, which has no privileges on the host)
+
+Isolation and limits:
+  --net                    a private network namespace with a working loopback;
+                           without it the sandbox has no network, not even loopback
+  --memory SIZE            memory limit (e.g. 512m, 2g); OOM kills inside
+  --pids N                 most processes and threads at once
+  --cpus N                 CPU bandwidth, in CPUs (e.g. 0.5, 2)
+  --disk SIZE              size of the writable layer (default: half of RAM)
+  --timeout DUR            kill CMD after DUR (e.g. 30s, 500ms, 2m); then dsec
+                           exits with 124 (with --detach: CMD is killed, the
+                           sandbox stays)
+
+Other:
+  -h, --help               this text
+
+Exit status: CMD's own status; 128+N if a signal N killed it; 124 on timeout;
+126 if CMD cannot be executed (or --cwd, --user do not work), 127 if it is not
+found; 125 if dsec or the daemon failed (the message says why); 2 on a usage
+error. With --detach: 0 once CMD runs, else the same codes.
+)";
+
+// How a finished command maps to our exit status (the conventions of `dsec run`).
+int status_of(const exec_result& r, const std::optional<std::chrono::milliseconds>& timeout) {
+  if (r.timed_out) {
+    std::fprintf(stderr, "dsec: timed out after %s; the command was killed\n",
+                 timeout ? format_duration(*timeout).c_str() : "its timeout");
+    return 124;
+  }
+  exit_status st{r.exit_code, r.signal};
+  if (st.signal != 0)
+    std::fprintf(stderr, "dsec: the command was %s\n", st.to_string().c_str());
+  return st.shell_code();
+}
+
+// A command that could not run: 126/127 when it could not be started, else `code`.
+int exec_error(const error& e, int code) {
+  fail(e);
+  int s = exec_failure_status(e);
+  return s != 0 ? s : code;
+}
+
+exec_request make_request(const command_spec& cs, std::vector<std::string> argv) {
+  exec_request req;
+  req.argv = std::move(argv);
+  req.env = cs.env;
+  req.cwd = cs.cwd;
+  if (cs.uid)
+    req.uid = static_cast<int32_t>(*cs.uid);
+  if (cs.gid)
+    req.gid = static_cast<int32_t>(*cs.gid);
+  if (cs.timeout)
+    req.timeout_ms = static_cast<uint64_t>(cs.timeout->count());
+  return req;
+}
+
+// Our stdout or stderr is gone (a `| head` that has read enough): end as
+// SIGPIPE would have ended us. `exec` just exits; `run` first destroys its
+// sandbox.
+constexpr int broken_pipe_status = 128 + SIGPIPE;
+
+void print_output(uint8_t stream, std::string_view data) {
+  if (!write_all(stream == 2 ? 2 : 1, data) && errno == EPIPE)
+    ::_exit(broken_pipe_status);
+}
+
+// While a foreground `run` lasts, SIGINT, SIGTERM and SIGHUP destroy its
+// sandbox (closing its session, when it is its own) before dsec exits 128+N.
+class interrupt_guard {
+public:
+  interrupt_guard() : st_(std::make_shared<state>()) {
+    sigset_t set;
+    sigemptyset(&set);
+    for (int s : {SIGINT, SIGTERM, SIGHUP})
+      sigaddset(&set, s);
+    // Blocked before the actor system starts: its threads inherit the mask.
+    ::pthread_sigmask(SIG_BLOCK, &set, nullptr);
+    std::thread([st = st_, set] {
+      int sig = 0;
+      while (::sigwait(&set, &sig) != 0) {
+      }
+      std::string why = std::string{"SIG"} + ::sigabbrev_np(sig);
+      finish(*st, why.c_str(), 128 + sig);
+    }).detach();
+  }
+  ~interrupt_guard() { disarm(); }
+
+  void watch(session* s, bool owned) {
+    std::lock_guard<std::mutex> g{st_->mu};
+    st_->sess = s;
+    st_->owned = owned;
+  }
+  void sandbox(const std::string& id) {
+    std::lock_guard<std::mutex> g{st_->mu};
+    st_->id = id;
+  }
+  /// Destroys the sandbox (unless disarmed; saying why, if `why`) and exits
+  /// with `status`.
+  [[noreturn]] void abandon(const char* why, int status) { finish(*st_, why, status); }
+
+  /// From now on a signal just ends dsec (the cleanup is ours).
+  void disarm() {
+    std::lock_guard<std::mutex> g{st_->mu};
+    st_->done = true;
+  }
+
+private:
+  struct state {
+    std::mutex mu;
+    session* sess = nullptr;
+    bool owned = false;
+    std::string id;
+    bool done = false;
+  };
+
+  [[noreturn]] static void finish(state& st, const char* why, int status) {
+    std::lock_guard<std::mutex> g{st.mu}; // held until _exit: the main thread waits
+    if (!st.done && st.sess) {
+      if (why)
+        std::fprintf(stderr, "dsec: %s: destroying the sandbox\n", why);
+      if (st.owned)
+        (void) st.sess->close();
+      else if (!st.id.empty())
+        (void) st.sess->destroy(st.id);
+    }
+    std::fflush(stdout);
+    ::_exit(status);
+  }
+
+  std::shared_ptr<state> st_; // shared with the signal thread, which outlives us
+};
+
+} // namespace
+
+// ---- exec -------------------------------------------------------------------------
+
+int exec_main(context& ctx, args& a) {
+  auto verb = ctx.verb("exec");
+  command_spec cs;
+  bool input = false;
+  std::string id;
+  std::vector<std::string> argv;
+  while (!a.empty()) {
+    if (a.help()) {
+      std::fputs(exec_usage, stdout);
+      return 0;
+    }
+    if (a.peek() == "--") {
+      if (id.empty())
+        return usage_error(verb, "no sandbox id given before --");
+      a.rest(argv);
+      break;
+    }
+    if (a.flag("-i") || a.flag("--stdin")) {
+      input = true;
+      continue;
+    }
+    auto p = parse_command_option(a, verb, cs);
+    if (p == parsed::bad)
+      return 2;
+    if (p == parsed::yes)
+      continue;
+    if (a.at_option())
+      return usage_error(verb, "unknown option '" + std::string{a.peek()} + "'");
+    if (!id.empty())
+      return usage_error(verb, "unexpected argument '" + std::string{a.peek()}
+                                 + "' (put the command after --)");
+    id = a.next();
+  }
+  if (id.empty())
+    return usage_error(verb, "no sandbox id given (exec [OPTIONS] ID -- CMD [ARGS...])");
+  if (argv.empty())
+    return usage_error(verb, "no command given (exec [OPTIONS] ID -- CMD [ARGS...])");
+  auto req = make_request(cs, std::move(argv));
+  if (input) {
+    auto in = read_all(0);
+    if (!in)
+      return fail(in.error_value());
+    req.input = std::move(*in);
+  }
+  auto c = ctx.connect();
+  if (!c)
+    return fail(c.error_value());
+  auto r = (*c)->exec(id, req, print_output);
+  if (!r)
+    return exec_error(r.error_value(), 1);
+  return status_of(*r, cs.timeout);
+}
+
+// ---- run --------------------------------------------------------------------------
+
+int run_main(context& ctx, args& a) {
+  auto verb = ctx.verb("run");
+  constexpr int dsec_failed = 125;
+  sandbox_spec sb;
+  command_spec cs;
+  bool detach = false, input = false;
+  std::string session_id;
+  std::optional<std::chrono::milliseconds> ttl;
+  std::vector<std::string> argv;
+  while (!a.empty()) {
+    if (a.help()) {
+      std::fputs(run_usage, stdout);
+      return 0;
+    }
+    if (a.peek() == "--") {
+      a.rest(argv);
+      break;
+    }
+    auto p = parse_sandbox_option(a, verb, sb);
+    if (p == parsed::no)
+      p = parse_command_option(a, verb, cs);
+    if (p == parsed::bad)
+      return 2;
+    if (p == parsed::yes)
+      continue;
+    if (a.flag("--detach")) {
+      detach = true;
+      continue;
+    }
+    if (a.flag("-i") || a.flag("--stdin")) {
+      input = true;
+      continue;
+    }
+    std::string v;
+    auto got = a.option("--session", v);
+    if (!got)
+      return usage_error(verb, got.error_value().message);
+    if (*got) {
+      if (v.empty())
+        return usage_error(verb, "--session needs a session id");
+      session_id = v;
+      continue;
+    }
+    got = a.option("--ttl", v);
+    if (!got)
+      return usage_error(verb, got.error_value().message);
+    if (*got) {
+      auto d = parse_duration(v, "--ttl");
+      if (!d)
+        return usage_error(verb, d.error_value().message);
+      if (d->count() <= 0)
+        return usage_error(verb, "--ttl: must be positive");
+      ttl = *d;
+      continue;
+    }
+    for (const char* local : {"--hostname", "--timings"})
+      if (a.peek() == local || a.peek().starts_with(std::string{local} + "="))
+        return usage_error(verb, std::string{local}
+                                   + " is only available to a local run (without --connect)");
+    if (a.at_option())
+      return usage_error(verb, "unknown option '" + std::string{a.peek()} + "'");
+    return usage_error(verb, "unexpected argument '" + std::string{a.peek()}
+                               + "' (put the command after --)");
+  }
+  if (argv.empty())
+    return usage_error(verb, "no command given (run [OPTIONS] -- CMD [ARGS...])");
+  if (auto rc = check_sandbox_spec(verb, sb))
+    return *rc;
+
+  environment env;
+  env.base = sb.base->to_string();
+  if (sb.workdir)
+    env.workdir = sb.workdir->to_string();
+  for (const auto& t : sb.tools)
+    env.tools.push_back(t.to_string());
+  env.memory = sb.lim.memory_bytes.value_or(0);
+  env.pids = sb.lim.pids.value_or(0);
+  env.cpus = sb.lim.cpus.value_or(0);
+  env.disk = sb.disk_bytes;
+  env.net = sb.net;
+  if (ttl)
+    env.ttl_ms = static_cast<uint64_t>(ttl->count());
+  auto req = make_request(cs, std::move(argv));
+  if (input) {
+    auto in = read_all(0);
+    if (!in)
+      return fail(in.error_value(), dsec_failed);
+    req.input = std::move(*in);
+  }
+
+  // SIGINT, SIGTERM, SIGHUP: the sandbox goes (it is not half made and left).
+  interrupt_guard guard;
+  if (detach) {
+    auto c = ctx.connect();
+    if (!c)
+      return fail(c.error_value(), dsec_failed);
+    auto s = (*c)->find_session(session_id.empty() ? "default" : session_id);
+    if (!s)
+      return fail(s.error_value(), dsec_failed);
+    guard.watch(s->get(), false);
+    auto ids = (*s)->create(env, 1, [&](const std::string& ready) { guard.sandbox(ready); });
+    if (!ids)
+      return fail(ids.error_value(), dsec_failed);
+    if (ids->empty())
+      return fail(make_error(errc::sandbox_failed, "the daemon created no sandbox"),
+                  dsec_failed);
+    const auto& id = ids->front();
+    req.detach = true;
+    auto r = (*s)->exec(id, req);
+    guard.disarm();
+    if (!r) {
+      (void) (*s)->destroy(id);
+      return exec_error(r.error_value(), dsec_failed);
+    }
+    std::printf("%s\n", id.c_str());
+    return 0;
+  }
+
+  auto c = ctx.connect();
+  if (!c)
+    return fail(c.error_value(), dsec_failed);
+  bool owned = session_id.empty();
+  std::unique_ptr<session> s;
+  if (owned) {
+    session_options opts;
+    opts.quota = 1;
+    if (ttl)
+      opts.default_ttl_ms = static_cast<uint64_t>(ttl->count());
+    opts.name = "dsec run";
+    auto got = (*c)->open_session(opts, true);
+    if (!got)
+      return fail(got.error_value(), dsec_failed);
+    s = std::move(*got);
+  } else {
+    auto got = (*c)->find_session(session_id);
+    if (!got)
+      return fail(got.error_value(), dsec_failed);
+    s = std::move(*got);
+  }
+  guard.watch(s.get(), owned);
+  // Closing the session (ours) or destroying the sandbox (in someone else's).
+  auto cleanup = [&](const std::string& id) {
+    guard.disarm();
+    if (owned) {
+      if (auto n = s->close(); !n)
+        fail(n.error_value());
+    } else if (!id.empty()) {
+      if (auto d = s->destroy(id); !d)
+        fail(d.error_value());
+    }
+  };
+  std::string id;
+  auto ids = s->create(env, 1, [&](const std::string& ready) { guard.sandbox(ready); });
+  if (!ids || ids->empty()) {
+    fail(ids ? make_error(errc::sandbox_failed, "the daemon created no sandbox")
+             : ids.error_value());
+    cleanup({});
+    return dsec_failed;
+  }
+  id = ids->front();
+  auto r = s->exec(id, req, [&](uint8_t stream, std::string_view data) {
+    if (!write_all(stream == 2 ? 2 : 1, data) && errno == EPIPE)
+      guard.abandon(nullptr, broken_pipe_status); // quietly, as SIGPIPE would
+  });
+  // If a signal is being handled, this waits for it (and dsec ends there),
+  // rather than report the sandbox it destroys.
+  guard.disarm();
+  int rc = r ? status_of(*r, cs.timeout) : exec_error(r.error_value(), dsec_failed);
+  cleanup(id);
+  return rc;
+}
+
+} // namespace dsec::cli::remote

@@ -1,0 +1,60 @@
+// Options that `dsec run` shares with the remote verbs (`dsec --connect
+// HOST:PORT run` and `exec`): a sandbox's layers and limits, and how a command
+// runs in it. Each parser looks at the current argument only; no CAF here, the
+// static dsec uses it too.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "runtime/cgroup.hpp"
+#include "runtime/layer.hpp"
+#include "tools/dsec/cli.hpp"
+
+namespace dsec::cli {
+
+/// --base --workdir --tool --memory --pids --cpus --disk --net
+struct sandbox_spec {
+  std::optional<layer_ref> base, workdir;
+  std::vector<layer_ref> tools; ///< in the order given: the last one on top
+  limits lim;
+  uint64_t disk_bytes = 0;      ///< 0: the default
+  bool net = false;
+};
+
+/// --env --cwd --user --timeout
+struct command_spec {
+  std::vector<std::string> env; ///< KEY=VALUE overrides, in the order given
+  std::string cwd = "/";
+  std::optional<uint32_t> uid, gid;
+  std::optional<std::chrono::milliseconds> timeout;
+};
+
+/// What became of the current argument.
+enum class parsed {
+  no,  ///< not one of these options; left where it is
+  yes, ///< consumed (with its value)
+  bad, ///< a usage error, already printed: exit with status 2
+};
+
+/// Offers the current argument to the sandbox options; errors are reported as
+/// `dsec VERB: ...`.
+parsed parse_sandbox_option(args& a, std::string_view verb, sandbox_spec& s);
+
+/// Offers the current argument to the command options.
+parsed parse_command_option(args& a, std::string_view verb, command_spec& c);
+
+/// The checks once all options are read: --base given, the limits valid.
+/// Prints the usage error and returns 2, or nothing when all is well.
+std::optional<int> check_sandbox_spec(std::string_view verb, const sandbox_spec& s);
+
+/// The whole environment of a command: `defaults` with `overrides` added (a
+/// KEY= in overrides replaces the default of that KEY).
+std::vector<std::string> merge_env(std::vector<std::string> defaults,
+                                   const std::vector<std::string>& overrides);
+
+} // namespace dsec::cli
