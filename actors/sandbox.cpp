@@ -367,8 +367,12 @@ void start_exec(self_ptr self, const exec_request& req, caf::strong_actor_ptr li
       return done(container::describe_exec_failure(cmd, std::move(r).error_value()));
     done(std::move(r));
   };
-  if (req.stream)
+  if (req.stream && listener) {
+    // Nobody to stream to any more (the client died, its connection
+    // dropped): the command is killed rather than left running unread.
+    self->monitor(listener);
     x.listener = std::move(listener);
+  }
   if (!req.detach) {
     x.out_eof = x.err_eof = false;
     sandbox_actor me = self;
@@ -417,8 +421,16 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
   // The session ending ends its sandboxes.
   self->monitor(s.cfg.session);
   self->set_down_handler([=](caf::down_msg& dm) {
-    if (dm.source == self->state.cfg.session.address())
+    auto& s = self->state;
+    if (dm.source == s.cfg.session.address()) {
       begin_destroy(self);
+      return;
+    }
+    for (auto& [eid, x] : s.execs)
+      if (x.listener && x.listener->address() == dm.source && !x.exited && s.box) {
+        x.listener = nullptr;
+        (void) s.box->signal(x.id, SIGKILL);
+      }
   });
   self->request(s.cfg.cache, caf::infinite, acquire_atom::value, s.cfg.env)
     .then(

@@ -6,6 +6,8 @@
 #include <caf/io/middleman.hpp>
 
 #include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
@@ -153,6 +155,21 @@ int main(int argc, char** argv) {
   cfg.set("logger.console", caf::atom("none"));
   caf::actor_system sys{cfg};
 
+  if (o.port == 0) {
+    // Pick the port now, so that the node's name (in `node stats` and errors)
+    // is the one clients use. Another process could take it in between: then
+    // publishing below fails and says so.
+    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in sin{};
+    sin.sin_family = AF_INET;
+    ::inet_pton(AF_INET, o.host.c_str(), &sin.sin_addr);
+    socklen_t len = sizeof sin;
+    if (fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&sin), sizeof sin) == 0
+        && ::getsockname(fd, reinterpret_cast<sockaddr*>(&sin), &len) == 0)
+      o.port = ntohs(sin.sin_port);
+    if (fd >= 0)
+      ::close(fd);
+  }
   o.d.name = o.host + ":" + std::to_string(o.port);
   auto d = dsec::daemon::start(sys, o.d);
   if (!d) {
