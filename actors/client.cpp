@@ -4,13 +4,14 @@
 #include <caf/actor_system_config.hpp>
 #include <caf/event_based_actor.hpp>
 #include <caf/io/middleman.hpp>
-#include <caf/scoped_actor.hpp>
 #include <caf/send.hpp>
 
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <optional>
+#include <utility>
 
 #include "actors/types.hpp"
 
@@ -18,16 +19,71 @@ namespace dsec {
 
 namespace {
 
-// Blocking request/response on a fresh scoped actor (so calls from several
-// threads do not share a mailbox).
+// The outcome of one call, handed from a helper actor to the calling thread.
+template <class T>
+struct outcome {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::optional<expected<T>> value;
+
+  void set(expected<T> v) {
+    {
+      std::lock_guard<std::mutex> g{mu};
+      if (value)
+        return; // the first outcome counts
+      value.emplace(std::move(v));
+    }
+    cv.notify_one();
+  }
+  expected<T> get() {
+    std::unique_lock<std::mutex> lk{mu};
+    cv.wait(lk, [&] { return value.has_value(); });
+    return std::move(*value);
+  }
+};
+
+// Makes the helper `self` report `dest` going away (its daemon's connection
+// dropped, or the daemon shut down) through `on_lost`, then quit. Without it a
+// call would wait forever: CAF drops, without an error, what is sent to the
+// proxy of an actor whose node is gone, and never answers requests in flight.
+template <class Handle>
+void watch(caf::event_based_actor* self, const Handle& dest,
+           std::function<void(error)> on_lost) {
+  auto addr = dest.address();
+  self->set_down_handler([=](caf::down_msg& dm) {
+    if (dm.source != addr)
+      return;
+    // (An empty reason, a normal exit, has no category to look at.)
+    auto why = dm.reason ? self->system().render(dm.reason) : std::string{"it ended"};
+    on_lost(make_error(errc::disconnected,
+                       "no answer: the daemon or the session is gone (" + why + ")"));
+    self->quit();
+  });
+  self->monitor(dest);
+}
+
+// Blocking request/response through a helper actor that watches `dest`, so
+// that calls from several threads do not share a mailbox and a lost daemon
+// gives `disconnected` instead of a wait forever.
 template <class Result, class Handle, class... Ts>
-expected<Result> call(caf::actor_system& sys, const Handle& dest, Ts&&... xs) {
-  caf::scoped_actor self{sys};
-  std::optional<expected<Result>> out;
-  self->request(dest, caf::infinite, std::forward<Ts>(xs)...)
-    .receive([&](Result& r) { out.emplace(std::move(r)); },
-             [&](caf::error& e) { out.emplace(from_caf(e)); });
-  return std::move(*out);
+expected<Result> call(caf::actor_system& sys, const Handle& dest, Ts... xs) {
+  auto out = std::make_shared<outcome<Result>>();
+  sys.spawn([out, dest, ... xs = std::move(xs)](caf::event_based_actor* self) mutable {
+    watch(self, dest, [out](error e) { out->set(std::move(e)); });
+    self->request(dest, caf::infinite, std::move(xs)...)
+      .then(
+        [=](Result& r) {
+          self->demonitor(dest.address());
+          out->set(std::move(r));
+          self->quit();
+        },
+        [=](caf::error& e) {
+          self->demonitor(dest.address());
+          out->set(from_caf(e));
+          self->quit();
+        });
+  });
+  return out->get();
 }
 
 // What a helper actor hands to the calling thread.
@@ -52,6 +108,13 @@ struct mailbox {
     }
     cv.notify_one();
   }
+  void fail(error e) {
+    item it;
+    it.kind = item::done;
+    it.ok = false;
+    it.err = std::move(e);
+    push(std::move(it));
+  }
   item pop() {
     std::unique_lock<std::mutex> lk{mu};
     cv.wait(lk, [&] { return !q.empty(); });
@@ -68,19 +131,19 @@ expected<exec_result> streamed_exec(caf::actor_system& sys, const Handle& dest,
                                     const output_fn& on_output, Ts... xs) {
   auto box = std::make_shared<mailbox>();
   sys.spawn([box, dest, xs...](caf::event_based_actor* self) -> caf::behavior {
+    watch(self, dest, [box](error e) { box->fail(std::move(e)); });
     self->request(dest, caf::infinite, xs...)
       .then(
         [=](exec_result& r) {
+          self->demonitor(dest.address());
           mailbox::item it{mailbox::item::done};
           it.result = std::move(r);
           box->push(std::move(it));
           self->quit();
         },
         [=](caf::error& e) {
-          mailbox::item it{mailbox::item::done};
-          it.ok = false;
-          it.err = from_caf(e);
-          box->push(std::move(it));
+          self->demonitor(dest.address());
+          box->fail(from_caf(e));
           self->quit();
         });
     return {
@@ -142,20 +205,27 @@ std::unique_ptr<client> client::attach(caf::actor_system& sys, scheduler_actor s
 
 expected<std::unique_ptr<session>> client::open_session(const session_options& opts,
                                                         bool owned) {
-  caf::scoped_actor self{*sys_};
-  std::optional<error> err;
-  std::unique_ptr<session> out;
-  self
-    ->request(scheduler_, caf::infinite, open_atom::value, opts,
-              owned ? identity_ : caf::actor{})
-    .receive(
-      [&](session_actor& h, std::string& id) {
-        out.reset(new session(*this, std::move(h), std::move(id)));
-      },
-      [&](caf::error& e) { err = from_caf(e); });
-  if (err)
-    return *err;
-  return out;
+  using opened = std::pair<session_actor, std::string>;
+  auto out = std::make_shared<outcome<opened>>();
+  auto dest = scheduler_;
+  auto trainer = owned ? identity_ : caf::actor{};
+  sys_->spawn([out, dest, opts, trainer](caf::event_based_actor* self) {
+    watch(self, dest, [out](error e) { out->set(std::move(e)); });
+    self->request(dest, caf::infinite, open_atom::value, opts, trainer)
+      .then(
+        [=](session_actor& h, std::string& id) {
+          self->demonitor(dest.address());
+          out->set(opened{std::move(h), std::move(id)});
+          self->quit();
+        },
+        [=](caf::error& e) {
+          self->demonitor(dest.address());
+          out->set(from_caf(e));
+          self->quit();
+        });
+  });
+  DSEC_TRY(o, out->get());
+  return std::unique_ptr<session>{new session(*this, std::move(o.first), std::move(o.second))};
 }
 
 expected<std::unique_ptr<session>> client::find_session(const std::string& id) {
@@ -202,19 +272,19 @@ session::create(const environment& env, uint32_t count,
   auto box = std::make_shared<mailbox>();
   auto h = handle_;
   client_->sys_->spawn([box, h, env, count](caf::event_based_actor* self) -> caf::behavior {
+    watch(self, h, [box](error e) { box->fail(std::move(e)); });
     self->request(h, caf::infinite, create_atom::value, env, count, caf::actor{self})
       .then(
         [=](uint32_t n) {
+          self->demonitor(h.address());
           mailbox::item it{mailbox::item::done};
           it.count = n;
           box->push(std::move(it));
           self->quit();
         },
         [=](caf::error& e) {
-          mailbox::item it{mailbox::item::done};
-          it.ok = false;
-          it.err = from_caf(e);
-          box->push(std::move(it));
+          self->demonitor(h.address());
+          box->fail(from_caf(e));
           self->quit();
         });
     return {

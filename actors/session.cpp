@@ -52,10 +52,11 @@ void maybe_end(self_ptr self) {
   auto& s = self->state;
   if (!s.closing || !s.sandboxes.empty() || s.pending > 0)
     return;
+  // The scheduler first: once close() has returned, the session is not found.
+  caf::anon_send(s.cfg.scheduler, gone_atom::value, s.cfg.id);
   for (auto& rp : s.close_waiters)
     rp.deliver(s.closed_count);
   s.close_waiters.clear();
-  caf::anon_send(s.cfg.scheduler, gone_atom::value, s.cfg.id);
   self->quit();
 }
 

@@ -19,6 +19,11 @@ caf::error to_caf(const error& e) {
 
 error from_caf(const caf::error& e) {
   error out;
+  if (!e) { // no error at all (e.g. a normal exit): say so rather than crash
+    out.code = errc::disconnected;
+    out.message = "the other side ended";
+    return out;
+  }
   if (e.category() == error_category) {
     out.code = static_cast<errc>(e.code());
     const auto& ctx = e.context();

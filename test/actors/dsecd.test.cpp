@@ -1,0 +1,362 @@
+// dsecd as a process ($DSECD_BIN --listen 127.0.0.1:0 --state DIR), reached
+// over CAF's network layer by dsec::client: a trainer that goes away (its client
+// object, or its whole process) takes its owned sandboxes with it; SIGTERM
+// destroys everything and exits 0; after a SIGKILL the sandboxes die with the
+// daemon and the next dsecd on the same state collects what was left and says so.
+//
+// Trainer processes are this executable run again as `--trainer PORT COUNT MODE`
+// (see dsecd_main.cpp): a fresh process with its own actor system.
+#include <doctest/doctest.h>
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <thread>
+#include <string>
+#include <vector>
+
+#include "test/actors/common.hpp"
+#include "test/support/fixture.hpp"
+#include "test/support/host.hpp"
+#include "test/support/process.hpp"
+
+using namespace dsec;
+using namespace dsec::test;
+
+namespace {
+
+// A dsecd started by this test. Unless the test stopped it, the destructor
+// ends it with SIGTERM (every sandbox destroyed) and waits; the background's
+// safety net SIGKILLs it if that hangs (its sandboxes then die with it).
+struct dsecd_proc {
+  explicit dsecd_proc(const std::vector<std::string>& extra = {})
+    : bg([&] {
+        std::vector<std::string> argv{env_path("DSECD_BIN"), "--listen", "127.0.0.1:0",
+                                      "--state", actor_layers()};
+        argv.insert(argv.end(), extra.begin(), extra.end());
+        return argv;
+      }()) {
+    REQUIRE_MESSAGE(bg.wait_for_output("listening on 127.0.0.1:"),
+                    "dsecd did not start: " << bg.out() << bg.err());
+    REQUIRE(bg.wait_for_output(" (state "));
+    auto at = bg.out().find("listening on 127.0.0.1:") + std::string{"listening on 127.0.0.1:"}.size();
+    port = static_cast<uint16_t>(std::atoi(bg.out().c_str() + at));
+    REQUIRE(port != 0);
+  }
+  ~dsecd_proc() {
+    if (!stopped)
+      stop(SIGTERM);
+  }
+
+  proc_result stop(int sig) {
+    stopped = true;
+    bg.kill(sig);
+    return bg.wait();
+  }
+
+  background bg;
+  bool stopped = false;
+  uint16_t port = 0;
+};
+
+std::unique_ptr<client> connect(caf::actor_system& sys, uint16_t port) {
+  auto c = client::connect(sys, "127.0.0.1", port);
+  REQUIRE_MESSAGE(c, "connect: " << describe(c.error_value()));
+  return std::move(*c);
+}
+
+std::unique_ptr<session> open(client& c, bool owned = true) {
+  auto s = c.open_session({}, owned);
+  REQUIRE_MESSAGE(s, "open_session: " << describe(s.error_value()));
+  return std::move(*s);
+}
+
+std::vector<std::string> make(session& s, const environment& env, uint32_t count) {
+  auto ids = s.create(env, count);
+  REQUIRE_MESSAGE(ids, "create: " << describe(ids.error_value()));
+  REQUIRE(ids->size() == count);
+  return std::move(*ids);
+}
+
+std::string self_exe() {
+  char buf[4096];
+  auto n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
+  REQUIRE(n > 0);
+  return std::string(buf, static_cast<size_t>(n));
+}
+
+// The ids a trainer process printed ("id X" lines).
+std::vector<std::string> trainer_ids(const std::string& out) {
+  std::vector<std::string> ids;
+  for (const auto& l : lines_of(out))
+    if (l.rfind("id ", 0) == 0)
+      ids.push_back(l.substr(3));
+  return ids;
+}
+
+// Sandboxes of this process's dsec-init processes that `before` did not have.
+size_t new_inits(const host_snapshot& before) {
+  size_t n = 0;
+  for (pid_t p : host_snapshot::take().dsec_inits)
+    n += before.dsec_inits.count(p) == 0;
+  return n;
+}
+
+} // namespace
+
+TEST_CASE("dsecd: a client connects and runs a sandbox") {
+  dsecd_proc d;
+  test_system ts;
+  caf::actor_system sys{ts.cfg};
+  auto c = connect(sys, d.port);
+  auto s = open(*c);
+  auto id = make(*s, env_of(workdir_layer, {tool_a}), 1).front();
+  auto r = s->exec(id, cmd({"sh", "-c", "cat /etc/layer-file; echo err >&2; exit 4"}));
+  REQUIRE_MESSAGE(r, describe(r.error_value()));
+  CHECK(r->out == "tool-a\n");
+  CHECK(r->err == "err\n");
+  CHECK(r->exit_code == 4);
+  // Streamed over the network, in order.
+  std::string streamed;
+  r = c->exec(id, cmd({"seq", "1", "50000"}),
+              [&](uint8_t stream, std::string_view data) {
+                if (stream == 1)
+                  streamed += data;
+              });
+  REQUIRE(r);
+  CHECK(lines_of(streamed).size() == 50000);
+  CHECK(lines_of(streamed).back() == "50000");
+  auto st = c->stats();
+  REQUIRE(st);
+  CHECK(st->live == 1);
+  check_error(c->exec("sb-nosuch", cmd({"true"})), errc::not_found, "sb-nosuch");
+  check_error(s->create(env_of({}, {"nosuch@3"}), 1), errc::not_found, "nosuch@3");
+  auto closed = s->close();
+  REQUIRE(closed);
+  CHECK(*closed == 1);
+  auto end = d.stop(SIGTERM);
+  CHECK_MESSAGE(end.status == 0, end.describe());
+}
+
+TEST_CASE("dsecd: when a client object goes away, its owned sessions' sandboxes go too") {
+  dsecd_proc d;
+  test_system ts;
+  caf::actor_system sys{ts.cfg};
+  auto watcher = connect(sys, d.port);
+  auto sessions = watcher->stats()->sessions;
+
+  auto trainer = connect(sys, d.port);
+  auto owned = open(*trainer);
+  auto loose = open(*trainer, false);
+  auto owned_ids = make(*owned, env_of(), 2);
+  auto loose_ids = make(*loose, env_of(), 1);
+  auto loose_id = loose->id();
+  CHECK(watcher->stats()->sessions == sessions + 2);
+  CHECK(node_list(*watcher).size() == 3);
+  owned.reset();
+  loose.reset();
+  trainer.reset(); // the trainer is gone; its connection stays (same actor system)
+
+  CHECK(eventually_gone(*watcher, owned_ids));
+  // The session it did not own stays, with its sandbox.
+  CHECK(ids_of(node_list(*watcher)) == std::set<std::string>(loose_ids.begin(), loose_ids.end()));
+  CHECK(watcher->stats()->sessions == sessions + 1);
+  auto f = watcher->find_session(loose_id);
+  REQUIRE(f);
+  auto n = (*f)->close();
+  REQUIRE(n);
+  CHECK(*n == 1);
+  CHECK(node_list(*watcher).empty());
+}
+
+TEST_CASE("dsecd: when a trainer process dies, the daemon destroys its sandboxes") {
+  dsecd_proc d;
+  test_system ts;
+  caf::actor_system sys{ts.cfg};
+  auto watcher = connect(sys, d.port);
+  auto sessions = watcher->stats()->sessions;
+  std::string mode;
+  SUBCASE("it exits without closing anything") { mode = "exit"; }
+  SUBCASE("it is killed with SIGKILL") { mode = "hang"; }
+
+  background trainer({self_exe(), "--trainer", std::to_string(d.port), "3", mode});
+  REQUIRE_MESSAGE(trainer.wait_for_output("created\n"),
+                  "trainer: " << trainer.out() << trainer.err());
+  auto ids = trainer_ids(trainer.out());
+  REQUIRE(ids.size() == 3);
+  // The control: they are there while the trainer lives (or just after it exited).
+  if (mode == "hang") {
+    CHECK(ids_of(node_list(*watcher)) == std::set<std::string>(ids.begin(), ids.end()));
+    trainer.kill(SIGKILL);
+  }
+  auto end = trainer.wait();
+  CHECK(end.status == (mode == "hang" ? 128 + SIGKILL : 0));
+
+  CHECK(eventually_gone(*watcher, ids));
+  CHECK(eventually([&] {
+    auto st = watcher->stats();
+    return st && st->sessions == sessions;
+  }));
+  // And it keeps serving.
+  auto s = open(*watcher);
+  auto id = make(*s, env_of(), 1).front();
+  auto r = s->exec(id, cmd({"echo", "next"}));
+  REQUIRE(r);
+  CHECK(r->out == "next\n");
+}
+
+TEST_CASE("dsecd: SIGTERM destroys every sandbox, exits 0 and leaves nothing") {
+  actor_layers();
+  auto before = settled_snapshot();
+  {
+    dsecd_proc d;
+    test_system ts;
+    caf::actor_system sys{ts.cfg};
+    auto c = connect(sys, d.port);
+    auto s = open(*c);
+    auto loose = open(*c, false);
+    make(*s, env_of(), 2);
+    auto net = env_of();
+    net.net = true;
+    make(*s, net, 1);
+    auto limited = env_of(workdir_layer);
+    limited.memory = 64ull << 20;
+    limited.pids = 32;
+    auto ids = make(*loose, limited, 2);
+    auto req = cmd({"sh", "-c", "sleep 1000 & sleep 1000"});
+    req.detach = true;
+    REQUIRE(loose->exec(ids[0], req));
+    CHECK(new_inits(before) == 5); // the control: the snapshot sees them
+
+    auto end = d.stop(SIGTERM);
+    CHECK_MESSAGE(end.status == 0, end.describe());
+    CHECK_MESSAGE(end.out.find("5 sandboxes destroyed") != std::string::npos, end.describe());
+    // The client sees the daemon gone, without hanging.
+    check_error(c->list(), errc::disconnected, "daemon");
+    check_error(s->exec("sb-any", cmd({"true"})), errc::disconnected, "daemon");
+  }
+  check_nothing_left(before);
+}
+
+TEST_CASE("dsecd: after a SIGKILL its sandboxes die and the next dsecd collects what was left") {
+  actor_layers();
+  auto before = settled_snapshot();
+  {
+    test_system ts;
+    caf::actor_system sys{ts.cfg};
+    pid_t first_pid = 0;
+    {
+      dsecd_proc first;
+      first_pid = first.bg.pid();
+      auto c = connect(sys, first.port);
+      auto s = open(*c);
+      auto limited = env_of();
+      limited.memory = 64ull << 20;
+      limited.pids = 32;
+      auto ids = make(*s, limited, 2);
+      make(*s, env_of(), 1);
+      auto req = cmd({"sh", "-c", "sleep 1000 & sleep 1000"});
+      req.detach = true;
+      REQUIRE(s->exec(ids[0], req));
+      CHECK(new_inits(before) == 3);
+      // A command in flight when the daemon dies: its call returns disconnected.
+      struct in_flight {
+        std::mutex mu;
+        std::optional<expected<exec_result>> r;
+      };
+      auto fl = std::make_shared<in_flight>();
+      std::thread t([&s, fl, id = ids[1]] {
+        auto r = s->exec(id, cmd({"sleep", "1000"}));
+        std::lock_guard<std::mutex> g{fl->mu};
+        fl->r.emplace(std::move(r));
+      });
+      CHECK(eventually([&] {
+        auto l = c->list();
+        for (const auto& i : l ? *l : std::vector<sandbox_info>{})
+          if (i.id == ids[1] && i.running == 1)
+            return true;
+        return false;
+      }));
+      auto end = first.stop(SIGKILL);
+      CHECK(end.status == 128 + SIGKILL);
+      bool answered = eventually([&] {
+        std::lock_guard<std::mutex> g{fl->mu};
+        return fl->r.has_value();
+      });
+      // Without an answer the thread cannot be joined: the suite then hangs
+      // until meson's timeout, which is a failure too.
+      REQUIRE_MESSAGE(answered, "exec did not return after its dsecd was killed");
+      t.join();
+      REQUIRE_FALSE(fl->r->has_value());
+      CHECK_MESSAGE(fl->r->error_value().code == errc::disconnected,
+                    describe(fl->r->error_value()));
+      check_error(c->list(), errc::disconnected, "daemon");
+    }
+    // Its sandboxes die with it (PR_SET_PDEATHSIG)...
+    CHECK(eventually([&] { return new_inits(before) == 0; }));
+    // ...and leave their cgroups, owned by a dead process.
+    std::string owner = "/dsec/" + std::to_string(first_pid) + "-";
+    auto left = host_snapshot::take().cgroup_dirs;
+    size_t leftovers = 0;
+    for (const auto& dir : left)
+      leftovers += dir.find(owner) != std::string::npos;
+    REQUIRE_MESSAGE(leftovers > 0, "no cgroup of the killed dsecd was left to collect");
+
+    dsecd_proc second;
+    // Lines before "listening on": what garbage collection removed.
+    auto out = second.bg.out();
+    auto head = out.substr(0, out.find("listening on"));
+    CHECK_MESSAGE(head.find("dsecd: removed cgroup ") != std::string::npos, out);
+    CHECK_MESSAGE(head.find(owner) != std::string::npos, out);
+    auto c = connect(sys, second.port);
+    auto st = c->stats();
+    REQUIRE(st);
+    bool in_stats = false;
+    for (const auto& g : st->gc)
+      in_stats |= g.find(owner) != std::string::npos;
+    CHECK(in_stats);
+    for (const auto& dir : host_snapshot::take().cgroup_dirs)
+      CHECK_MESSAGE(dir.find(owner) == std::string::npos, "still there: " << dir);
+
+    // The new one serves (with limits too) and ends cleanly.
+    auto s = open(*c);
+    auto limited = env_of();
+    limited.memory = 64ull << 20;
+    auto id = make(*s, limited, 1).front();
+    auto r = s->exec(id, cmd({"echo", "again"}));
+    REQUIRE(r);
+    CHECK(r->out == "again\n");
+    auto end = second.stop(SIGTERM);
+    CHECK_MESSAGE(end.status == 0, end.describe());
+  }
+  check_nothing_left(before);
+}
+
+TEST_CASE("dsecd: bad options are refused with status 2 and a reason") {
+  auto bin = env_path("DSECD_BIN");
+  auto r = run_process({bin, "--listen", "10.1.2.3:7070", "--state", actor_layers()});
+  CHECK(r.status == 2);
+  CHECK_MESSAGE(r.err.find("10.1.2.3") != std::string::npos, r.describe());
+  r = run_process({bin, "--slots", "0"});
+  CHECK(r.status == 2);
+  CHECK_MESSAGE(r.err.find("--slots") != std::string::npos, r.describe());
+  r = run_process({bin, "--help"});
+  CHECK(r.status == 0);
+  CHECK(r.out.find("--listen") != std::string::npos);
+}
+
+// With `--listen HOST:0` the node is named by the port it got, not "HOST:0"
+// (stats, "node HOST:PORT is full" messages, `cluster status`).
+TEST_CASE("dsecd: the node is named by the address it listens on") {
+  dsecd_proc d;
+  test_system ts;
+  caf::actor_system sys{ts.cfg};
+  auto c = connect(sys, d.port);
+  auto st = c->stats();
+  REQUIRE(st);
+  CHECK(st->node == "127.0.0.1:" + std::to_string(d.port));
+}
