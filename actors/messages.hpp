@@ -101,6 +101,9 @@ struct exec_result {
   int32_t signal = 0;       ///< the signal that killed it, or 0
   bool timed_out = false;   ///< killed by its timeout
   bool truncated = false;   ///< output beyond max_output was dropped
+  /// SIGKILLed after the sandbox's memory cgroup OOM-killed something (in a
+  /// sandbox that ran other commands, not necessarily this one)
+  bool oom_killed = false;
   std::string out;
   std::string err;
   uint64_t duration_us = 0;
@@ -109,7 +112,7 @@ struct exec_result {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, exec_result& x) {
   return f(caf::meta::type_name("dsec.exec_result"), x.exit_code, x.signal, x.timed_out,
-           x.truncated, x.out, x.err, x.duration_us);
+           x.truncated, x.oom_killed, x.out, x.err, x.duration_us);
 }
 
 /// A piece of a streamed command's output: stream 1 is stdout, 2 stderr.

@@ -150,6 +150,7 @@ void finish_exec(self_ptr self, uint64_t eid) {
   r.signal = x.status.signal;
   r.timed_out = x.timed_out;
   r.truncated = x.truncated;
+  r.oom_killed = r.signal == SIGKILL && s.box && s.box->oom_killed();
   r.out = std::move(x.out);
   r.err = std::move(x.err);
   r.duration_us = static_cast<uint64_t>(

@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstring>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -199,7 +200,8 @@ struct checked_tar {
 
 // Walks the archive the way GNU tar reads it, and rebuilds it from what it
 // understood: regular files, directories, symbolic and hard links (with GNU
-// long names or pax headers). Device nodes and fifos are left out. Anything
+// long names or pax headers). Device nodes and fifos are left out, and so are
+// hard links to them (the host's tar could not make those links). Anything
 // that GNU tar might read differently from us is refused: bad checksums, global
 // or sparse headers, unknown member types, data on members that have none.
 expected<checked_tar> check_tar(const std::string& in) {
@@ -210,7 +212,8 @@ expected<checked_tar> check_tar(const std::string& in) {
   std::string pending; // extended headers of the next member
   bool has_pax_size = false;
   uint64_t pax_size = 0;
-  std::string long_name, pax_path;
+  std::string long_name, pax_path, long_link, pax_link;
+  std::set<std::string> dropped; // names of the devices and fifos left out
   bool had_pax = false, had_gnu = false;
   size_t pos = 0;
   auto at = [&](size_t p) { return reinterpret_cast<const unsigned char*>(in.data()) + p; };
@@ -261,6 +264,8 @@ expected<checked_tar> check_tar(const std::string& in) {
             has_pax_size = true;
           } else if (key == "path") {
             pax_path = value;
+          } else if (key == "linkpath") {
+            pax_link = value;
           } else if (key.rfind("GNU.sparse", 0) == 0) {
             return refuse("sparse files are not supported");
           }
@@ -270,6 +275,8 @@ expected<checked_tar> check_tar(const std::string& in) {
         had_gnu = true;
         if (type == 'L')
           long_name = field(reinterpret_cast<const unsigned char*>(data.data()), data.size());
+        else if (type == 'K')
+          long_link = field(reinterpret_cast<const unsigned char*>(data.data()), data.size());
       }
       if (had_pax && had_gnu)
         return refuse("both pax and GNU extended headers for '" + name + "'");
@@ -291,6 +298,14 @@ expected<checked_tar> check_tar(const std::string& in) {
       case '5':
         if (data_size != 0)
           return refuse("'" + name + "' is a link or directory with data");
+        if (type == '1'
+            && dropped.count(!long_link.empty() ? long_link
+                             : !pax_link.empty() ? pax_link
+                                                 : field(h + 157, 100))) {
+          out.skipped.push_back(name + " (a hard link to a device node or fifo)");
+          dropped.insert(name);
+          keep = false;
+        }
         break;
       case '3':
       case '4':
@@ -298,6 +313,7 @@ expected<checked_tar> check_tar(const std::string& in) {
         if (data_size != 0)
           return refuse("'" + name + "' is a device or fifo with data");
         out.skipped.push_back(name + (type == '6' ? " (a fifo)" : " (a device node)"));
+        dropped.insert(name);
         keep = false;
         break;
       default:
@@ -315,6 +331,8 @@ expected<checked_tar> check_tar(const std::string& in) {
     has_pax_size = false;
     long_name.clear();
     pax_path.clear();
+    long_link.clear();
+    pax_link.clear();
     had_pax = had_gnu = false;
     pos += total;
   }
@@ -405,6 +423,10 @@ int cp_main(context& ctx, args& a) {
   if (!S_ISDIR(st.st_mode))
     return fail(make_error(errc::invalid_argument, "cp: destination " + dst
                                                      + " is not a directory"));
+  // ID:/dir/ copies dir itself, as ./dir/ does the other way (the daemon
+  // would pack the contents of /dir/ without its name).
+  while (src_path.size() > 1 && src_path.back() == '/')
+    src_path.pop_back();
   auto c = ctx.connect();
   if (!c)
     return fail(c.error_value());

@@ -111,7 +111,8 @@ int status_of(const exec_result& r, const std::optional<std::chrono::millisecond
   }
   exit_status st{r.exit_code, r.signal};
   if (st.signal != 0)
-    std::fprintf(stderr, "dsec: the command was %s\n", st.to_string().c_str());
+    std::fprintf(stderr, "dsec: the command was %s%s\n", st.to_string().c_str(),
+                 r.oom_killed ? " (out of memory: the --memory limit was reached)" : "");
   return st.shell_code();
 }
 

@@ -1,0 +1,834 @@
+// The remote verbs end to end: a real dsecd process ($DSECD_BIN --listen
+// 127.0.0.1:0) and the real dsec ($DSEC_BIN --connect 127.0.0.1:PORT ...),
+// which execs dsec-client. Each case checks exit statuses, what dsec printed on
+// stdout and stderr, and that the daemon still serves afterwards; each ends by
+// stopping its dsecd with SIGTERM, which must find no sandbox left to destroy.
+//
+// Layers: bbt@1 (busybox with tar, from test/actors/common.hpp) and the
+// fixture's wd@1 (workdir) and ta@1 (tool), for the wrong-kind errors.
+#include <doctest/doctest.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <exception>
+#include <filesystem>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "test/actors/common.hpp"
+#include "test/support/fixture.hpp"
+#include "test/support/host.hpp"
+#include "test/support/process.hpp"
+
+using namespace dsec;
+using namespace dsec::test;
+
+namespace {
+
+namespace fs = std::filesystem;
+
+bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
+// A dsecd started by this test on a free port, and `dsec --connect` against it.
+// Unless finish() stopped it, the destructor stops it with SIGTERM (every
+// sandbox destroyed) and waits for it, whatever the test's outcome.
+struct daemon_proc {
+  daemon_proc()
+    : bg({env_path("DSECD_BIN"), "--listen", "127.0.0.1:0", "--state", actor_layers()}) {
+    const std::string mark = "listening on 127.0.0.1:";
+    if (!bg.wait_for_output(" (state ")) {
+      auto end = stop();
+      FAIL("dsecd did not start: " << end.describe());
+    }
+    port = static_cast<uint16_t>(std::atoi(bg.out().c_str() + bg.out().find(mark) + mark.size()));
+    where = "127.0.0.1:" + std::to_string(port);
+    dsec_bin = env_path("DSEC_BIN");
+  }
+  ~daemon_proc() {
+    if (stopped)
+      return;
+    auto end = stop();
+    if (std::uncaught_exceptions() == 0)
+      CHECK_MESSAGE(end.status == 0, "dsecd: " << end.describe());
+  }
+
+  proc_result stop() {
+    stopped = true;
+    bg.kill(SIGTERM);
+    return bg.wait();
+  }
+
+  // Stops it with SIGTERM: it exits 0, and no sandbox was left for it to destroy.
+  void finish() {
+    auto end = stop();
+    CHECK_MESSAGE(end.status == 0, end.describe());
+    CHECK_MESSAGE(contains(end.out, "dsecd: 0 sandboxes destroyed"), end.describe());
+  }
+
+  // `dsec --connect 127.0.0.1:PORT ARGS...`, with `input` on its stdin.
+  [[nodiscard]] proc_result dsec(const std::vector<std::string>& args,
+                                 const std::string& input = {}) const {
+    return dsec_at(where, args, input);
+  }
+  [[nodiscard]] proc_result dsec_at(const std::string& at, const std::vector<std::string>& args,
+                                    const std::string& input = {}) const {
+    std::vector<std::string> argv{dsec_bin, "--connect", at};
+    argv.insert(argv.end(), args.begin(), args.end());
+    spawn_options o;
+    o.input = input;
+    auto r = run_process(argv, o);
+    CHECK_FALSE_MESSAGE(r.safety_killed, r.describe());
+    CHECK_FALSE_MESSAGE(r.output_left_open, r.describe());
+    return r;
+  }
+  // The argv of a dsec to run in the background.
+  [[nodiscard]] std::vector<std::string> argv(const std::vector<std::string>& args) const {
+    std::vector<std::string> v{dsec_bin, "--connect", where};
+    v.insert(v.end(), args.begin(), args.end());
+    return v;
+  }
+
+  // `run --base bbt@1 OPTIONS -- CMD...`.
+  [[nodiscard]] proc_result run(const std::vector<std::string>& options,
+                                const std::vector<std::string>& cmd,
+                                const std::string& input = {}) const {
+    std::vector<std::string> args{"run", "--base", tar_base};
+    args.insert(args.end(), options.begin(), options.end());
+    args.emplace_back("--");
+    args.insert(args.end(), cmd.begin(), cmd.end());
+    return dsec(args, input);
+  }
+
+  // `run --detach OPTIONS -- sleep 1000`: the id it printed.
+  [[nodiscard]] std::string detached(const std::vector<std::string>& options = {}) const {
+    std::vector<std::string> o{"--detach"};
+    o.insert(o.end(), options.begin(), options.end());
+    auto r = run(o, {"sleep", "1000"});
+    REQUIRE_MESSAGE(r.status == 0, r.describe());
+    auto l = lines_of(r.out);
+    REQUIRE_MESSAGE(l.size() == 1, r.describe());
+    REQUIRE(!l[0].empty());
+    CHECK(l[0].find_first_of(" \t/:") == std::string::npos);
+    return l[0];
+  }
+
+  background bg;
+  bool stopped = false;
+  uint16_t port = 0;
+  std::string where, dsec_bin;
+};
+
+// A row of `ps`.
+struct ps_row {
+  std::string id, session, state, env, age, ttl, running;
+};
+
+std::vector<ps_row> ps(const daemon_proc& d, const std::string& session = {}) {
+  auto r = session.empty() ? d.dsec({"ps"}) : d.dsec({"ps", "--session", session});
+  REQUIRE_MESSAGE(r.status == 0, r.describe());
+  CHECK(r.err.empty());
+  if (r.out == "no sandboxes\n")
+    return {};
+  auto l = lines_of(r.out);
+  REQUIRE_MESSAGE(l.size() >= 2, r.describe());
+  CHECK(l[0].rfind("ID ", 0) == 0);
+  std::vector<ps_row> rows;
+  for (size_t i = 1; i < l.size(); ++i) {
+    std::istringstream in{l[i]};
+    ps_row row;
+    in >> row.id >> row.session >> row.state >> row.env >> row.age >> row.ttl >> row.running;
+    REQUIRE_MESSAGE(!row.running.empty(), "a short ps row: " << l[i]);
+    rows.push_back(row);
+  }
+  return rows;
+}
+
+std::vector<std::string> ids(const std::vector<ps_row>& rows) {
+  std::vector<std::string> v;
+  for (const auto& r : rows)
+    v.push_back(r.id);
+  std::sort(v.begin(), v.end());
+  return v;
+}
+
+std::vector<std::string> sorted(std::vector<std::string> v) {
+  std::sort(v.begin(), v.end());
+  return v;
+}
+
+// `node stats` as "node" -> "127.0.0.1:PORT", "live" -> "2", ...
+std::map<std::string, std::string> stats(const daemon_proc& d) {
+  auto r = d.dsec({"node", "stats"});
+  REQUIRE_MESSAGE(r.status == 0, r.describe());
+  std::map<std::string, std::string> m;
+  for (const auto& l : lines_of(r.out)) {
+    auto gap = l.find("  ");
+    if (gap == std::string::npos || l[0] == ' ')
+      continue;
+    auto v = l.find_first_not_of(' ', gap);
+    m[l.substr(0, gap)] = v == std::string::npos ? "" : l.substr(v);
+  }
+  return m;
+}
+
+unsigned long long count(const std::map<std::string, std::string>& m, const std::string& k) {
+  auto it = m.find(k);
+  REQUIRE_MESSAGE(it != m.end(), "node stats has no '" << k << "'");
+  return std::strtoull(it->second.c_str(), nullptr, 10);
+}
+
+// True once `node stats` shows these counts (polled with a generous cap: the
+// node hears of a destroyed sandbox just after the one who destroyed it).
+bool stats_reach(const daemon_proc& d, const std::map<std::string, unsigned long long>& want) {
+  return eventually([&] {
+    auto s = stats(d);
+    for (const auto& [k, v] : want)
+      if (count(s, k) != v)
+        return false;
+    return true;
+  });
+}
+
+// The daemon still creates sandboxes and runs commands; none is left behind.
+void check_serving(const daemon_proc& d) {
+  auto before = ps(d);
+  auto r = d.run({}, {"echo", "still serving"});
+  CHECK_MESSAGE(r.status == 0, r.describe());
+  CHECK(r.out == "still serving\n");
+  CHECK(ids(ps(d)) == ids(before));
+}
+
+// A tree below `root`, one sorted line per entry: path, type and content
+// (sha256 of a file and whether its owner may execute it, a symlink's target).
+std::string listing(const std::string& root) {
+  std::vector<std::string> lines;
+  for (auto it = fs::recursive_directory_iterator(root); it != fs::recursive_directory_iterator();
+       ++it) {
+    auto rel = it->path().lexically_relative(root).string(); // no symlink resolution
+    auto st = it->symlink_status();
+    if (fs::is_symlink(st))
+      lines.push_back(rel + " -> " + fs::read_symlink(it->path()).string());
+    else if (fs::is_directory(st))
+      lines.push_back(rel + " dir");
+    else if (fs::is_regular_file(st))
+      lines.push_back(rel + " file " + sha256_of(it->path().string())
+                      + ((st.permissions() & fs::perms::owner_exec) != fs::perms::none ? " x"
+                                                                                        : ""));
+    else
+      lines.push_back(rel + " other");
+  }
+  std::sort(lines.begin(), lines.end());
+  std::string out;
+  for (const auto& l : lines)
+    out += l + "\n";
+  return out;
+}
+
+// A local tree with what a copy must keep: nested and empty directories, text,
+// binary and empty files, an executable, a symlink.
+void make_tree(const std::string& dir) {
+  write_file(dir + "/a.txt", "alpha\n");
+  std::string bin;
+  for (uint64_t i = 0; i < 300000; ++i)
+    bin += static_cast<char>((i * 7919) % 251);
+  write_file(dir + "/sub/data.bin", bin);
+  write_file(dir + "/sub/deep/empty", "");
+  write_file(dir + "/sub/run.sh", "#!/bin/sh\necho ran\n", 0755);
+  fs::create_directories(dir + "/emptydir");
+  fs::create_symlink("a.txt", dir + "/link");
+}
+
+// A TCP port on loopback that nothing listens on while this lives (bound, not
+// listening: connecting is refused, and no one else can take the port).
+struct dead_port {
+  dead_port() {
+    fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    REQUIRE(fd >= 0);
+    sockaddr_in sin{};
+    sin.sin_family = AF_INET;
+    sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof sin;
+    REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&sin), sizeof sin) == 0);
+    REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&sin), &len) == 0);
+    port = ntohs(sin.sin_port);
+  }
+  ~dead_port() { ::close(fd); }
+  int fd = -1;
+  uint16_t port = 0;
+};
+
+// Waits until `file` exists in the sandbox, having printed "first"; then
+// prints "second" and exits 7.
+const std::vector<std::string> gated = {
+  "sh", "-c", "echo first; while [ ! -e /tmp/go ]; do sleep 0.05; done; echo second; exit 7"};
+
+// Needs more than 16 MiB (and less than 256 MiB).
+const std::vector<std::string> hog = {
+  "sh", "-c", "x=$(head -c 48000000 /dev/zero | tr '\\0' a); echo ${#x}"};
+
+} // namespace
+
+TEST_CASE("remote run: streamed output, exit statuses, stdin, environment, limits") {
+  daemon_proc d;
+  CHECK(ps(d).empty());
+
+  SUBCASE("stdout and stderr apart, and the command's status") {
+    auto r = d.run({}, {"sh", "-c", "echo out; echo err >&2; exit 3"});
+    CHECK_MESSAGE(r.status == 3, r.describe());
+    CHECK(r.out == "out\n");
+    CHECK(r.err == "err\n");
+    r = d.run({}, {"true"});
+    CHECK_MESSAGE(r.status == 0, r.describe());
+    CHECK(r.out.empty());
+    CHECK(r.err.empty());
+  }
+  SUBCASE("a signal: 128+N, named") {
+    auto r = d.run({}, {"sh", "-c", "echo before; kill -TERM $$"});
+    CHECK_MESSAGE(r.status == 128 + SIGTERM, r.describe());
+    CHECK(r.out == "before\n");
+    CHECK_MESSAGE(contains(r.err, "SIGTERM"), r.describe());
+    CHECK_FALSE(contains(r.err, "out of memory"));
+    r = d.run({}, {"sh", "-c", "kill -KILL $$"});
+    CHECK_MESSAGE(r.status == 128 + SIGKILL, r.describe());
+    CHECK_MESSAGE(contains(r.err, "SIGKILL"), r.describe());
+    CHECK_MESSAGE(!contains(r.err, "out of memory"), r.describe());
+  }
+  SUBCASE("--timeout: 124") {
+    auto r = d.run({"--timeout", "300ms"}, {"sleep", "1000"});
+    CHECK_MESSAGE(r.status == 124, r.describe());
+    CHECK_MESSAGE(contains(r.err, "timed out after 300ms"), r.describe());
+  }
+  SUBCASE("a missing program: 127 naming it; one that cannot be executed: 126") {
+    auto r = d.run({}, {"no-such-program-x1"});
+    CHECK_MESSAGE(r.status == 127, r.describe());
+    CHECK_MESSAGE(contains(r.err, "no-such-program-x1"), r.describe());
+    r = d.run({}, {"/etc/passwd"});
+    CHECK_MESSAGE(r.status == 126, r.describe());
+    CHECK_MESSAGE(contains(r.err, "/etc/passwd"), r.describe());
+    r = d.run({"--cwd", "/no-such-dir"}, {"true"});
+    CHECK_MESSAGE(r.status == 126, r.describe());
+    CHECK_MESSAGE(contains(r.err, "/no-such-dir"), r.describe());
+  }
+  SUBCASE("-i sends stdin; without it the command's stdin is empty") {
+    auto r = d.run({"-i"}, {"cat"}, "line one\nline two\n");
+    CHECK_MESSAGE(r.status == 0, r.describe());
+    CHECK(r.out == "line one\nline two\n");
+    // A larger binary input arrives whole.
+    auto dir = suite::get().scratch();
+    std::string data;
+    for (int i = 0; i < 1'000'000; ++i)
+      data += static_cast<char>((i * 131) % 256);
+    write_file(dir / "in", data);
+    r = d.run({"--stdin"}, {"sha256sum"}, data);
+    CHECK_MESSAGE(r.status == 0, r.describe());
+    CHECK(r.out == sha256_of(dir / "in") + "  -\n");
+    r = d.run({}, {"cat"}, "not sent\n");
+    CHECK_MESSAGE(r.status == 0, r.describe());
+    CHECK(r.out.empty());
+  }
+  SUBCASE("--env, --cwd, --user") {
+    auto r = d.run({"--env", "FOO=bar baz", "--env", "HOME=/elsewhere", "--cwd", "/home/user",
+                    "--user", "1000:1000"},
+                   {"sh", "-c", "echo \"$FOO|$HOME\"; pwd; id -u; id -g; echo x > /root/f"});
+    CHECK_MESSAGE(r.status == 1, r.describe()); // uid 1000 may not write in /root
+    CHECK(r.out == "bar baz|/elsewhere\n/home/user\n1000\n1000\n");
+    CHECK_MESSAGE(contains(r.err, "/root/f"), r.describe());
+    r = d.run({}, {"sh", "-c", "id -u; pwd; echo $HOME"});
+    CHECK(r.out == "0\n/\n/root\n");
+  }
+  SUBCASE("--memory is applied: the command is OOM-killed, and dsec says so") {
+    // The control: with room enough the same command works.
+    auto r = d.run({"--memory", "256m"}, hog);
+    CHECK_MESSAGE(r.status == 0, r.describe());
+    CHECK(r.out == "48000000\n");
+    r = d.run({"--memory", "16m"}, hog);
+    CHECK_MESSAGE(r.status == 128 + SIGKILL, r.describe());
+    CHECK(r.out.empty());
+    CHECK_MESSAGE(contains(r.err, "out of memory: the --memory limit was reached"),
+                  r.describe());
+  }
+  // Whatever ran, its sandbox is gone, and the daemon serves on.
+  CHECK(ps(d).empty());
+  check_serving(d);
+  d.finish();
+}
+
+TEST_CASE("remote run: streaming, and SIGTERM destroys the sandbox") {
+  daemon_proc d;
+  auto argv = d.argv({"run", "--base", tar_base, "--"});
+  argv.insert(argv.end(), gated.begin(), gated.end());
+
+  SUBCASE("output arrives while the command still runs") {
+    background run(argv);
+    REQUIRE_MESSAGE(run.wait_for_output("first\n"), run.out() << run.err());
+    CHECK_FALSE(contains(run.out(), "second"));
+    // Its sandbox: in a session of its own, running one command.
+    auto rows = ps(d);
+    REQUIRE(rows.size() == 1);
+    CHECK(rows[0].session != "default");
+    CHECK(rows[0].state == "running");
+    CHECK(rows[0].env == tar_base);
+    CHECK(rows[0].running == "1");
+    auto go = d.dsec({"exec", rows[0].id, "--", "touch", "/tmp/go"});
+    CHECK_MESSAGE(go.status == 0, go.describe());
+    auto end = run.wait();
+    CHECK_MESSAGE(end.status == 7, end.describe());
+    CHECK(end.out == "first\nsecond\n");
+    CHECK(end.err.empty());
+  }
+  SUBCASE("SIGTERM to dsec: the sandbox is destroyed, status 143") {
+    background run(argv);
+    REQUIRE_MESSAGE(run.wait_for_output("first\n"), run.out() << run.err());
+    REQUIRE(ps(d).size() == 1);
+    run.kill(SIGTERM);
+    auto end = run.wait();
+    CHECK_MESSAGE(end.status == 128 + SIGTERM, end.describe());
+    CHECK_MESSAGE(contains(end.err, "SIGTERM: destroying the sandbox"), end.describe());
+  }
+  CHECK(ps(d).empty());
+  check_serving(d);
+  d.finish();
+}
+
+TEST_CASE("remote run --detach, then ps, exec, cp and rm") {
+  daemon_proc d;
+  auto id = d.detached();
+  auto rows = ps(d);
+  REQUIRE(rows.size() == 1);
+  CHECK(rows[0].id == id);
+  CHECK(rows[0].session == "default");
+  CHECK(rows[0].state == "running"); // its sleep
+  CHECK(rows[0].env == tar_base);
+  CHECK(rows[0].ttl != "-"); // the default session's TTL
+  CHECK(rows[0].running == "1");
+
+  SUBCASE("exec: status, output, and files that later commands see") {
+    auto r = d.dsec({"exec", id, "--", "sh", "-c", "echo hi > /tmp/x; echo to-err >&2; exit 5"});
+    CHECK_MESSAGE(r.status == 5, r.describe());
+    CHECK(r.out.empty());
+    CHECK(r.err == "to-err\n");
+    r = d.dsec({"exec", id, "--", "cat", "/tmp/x"});
+    CHECK_MESSAGE(r.status == 0, r.describe());
+    CHECK(r.out == "hi\n");
+    r = d.dsec({"exec", "-i", "--env", "A=b", "--cwd", "/tmp", "--user", "1000", id, "--", "sh",
+                "-c", "cat; echo $A; pwd; id -u; cat /tmp/x"},
+               "from stdin\n");
+    CHECK_MESSAGE(r.status == 0, r.describe());
+    CHECK(r.out == "from stdin\nb\n/tmp\n1000\nhi\n");
+    r = d.dsec({"exec", "--timeout", "300ms", id, "--", "sleep", "1000"});
+    CHECK_MESSAGE(r.status == 124, r.describe());
+    CHECK_MESSAGE(contains(r.err, "timed out"), r.describe());
+    r = d.dsec({"exec", id, "--", "sh", "-c", "kill -TERM $$"});
+    CHECK_MESSAGE(r.status == 128 + SIGTERM, r.describe());
+    CHECK_MESSAGE(contains(r.err, "SIGTERM"), r.describe());
+    r = d.dsec({"exec", id, "--", "no-such-program-x2"});
+    CHECK_MESSAGE(r.status == 127, r.describe());
+    CHECK_MESSAGE(contains(r.err, "no-such-program-x2"), r.describe());
+    // Still there, still usable.
+    r = d.dsec({"exec", id, "--", "cat", "/tmp/x"});
+    CHECK(r.out == "hi\n");
+  }
+  SUBCASE("exec streams its output while the command runs") {
+    auto argv = d.argv({"exec", id, "--"});
+    argv.insert(argv.end(), gated.begin(), gated.end());
+    background ex(argv);
+    REQUIRE_MESSAGE(ex.wait_for_output("first\n"), ex.out() << ex.err());
+    CHECK_FALSE(contains(ex.out(), "second"));
+    auto r = ps(d);
+    REQUIRE(r.size() == 1);
+    CHECK(r[0].running == "2"); // the sleep and the gated command
+    auto go = d.dsec({"exec", id, "--", "touch", "/tmp/go"});
+    CHECK_MESSAGE(go.status == 0, go.describe());
+    auto end = ex.wait();
+    CHECK_MESSAGE(end.status == 7, end.describe());
+    CHECK(end.out == "first\nsecond\n");
+  }
+  SUBCASE("cp a directory in and back out: the same tree") {
+    auto local = suite::get().scratch();
+    make_tree(local / "tree");
+    auto r = d.dsec({"cp", local / "tree", id + ":/tmp"});
+    CHECK_MESSAGE(r.status == 0, r.describe());
+    CHECK(r.out.empty());
+    CHECK(r.err.empty());
+    // Inside, as sent.
+    r = d.dsec({"exec", id, "--", "sh", "-c",
+                "sha256sum < /tmp/tree/sub/data.bin; /tmp/tree/sub/run.sh; cat /tmp/tree/link"});
+    CHECK_MESSAGE(r.status == 0, r.describe());
+    CHECK(r.out == sha256_of(local / "tree/sub/data.bin") + "  -\nran\nalpha\n");
+    auto out = suite::get().scratch();
+    r = d.dsec({"cp", id + ":/tmp/tree", out.path()});
+    CHECK_MESSAGE(r.status == 0, r.describe());
+    CHECK(r.err.empty());
+    CHECK(listing(out / "tree") == listing(local / "tree"));
+    CHECK(listing(out.path()) != ""); // the control: listing sees files
+    // ID:/dir/ copies the directory itself too, as ./dir/ does the other way.
+    auto out2 = suite::get().scratch();
+    r = d.dsec({"cp", id + ":/tmp/tree/", out2.path()});
+    CHECK_MESSAGE(r.status == 0, r.describe());
+    CHECK(listing(out2.path()) == listing(out.path()));
+    // A single file.
+    auto out3 = suite::get().scratch();
+    r = d.dsec({"cp", id + ":/tmp/tree/a.txt", out3.path()});
+    CHECK_MESSAGE(r.status == 0, r.describe());
+    CHECK(read_file(out3 / "a.txt") == "alpha\n");
+  }
+  SUBCASE("cp errors name the side that failed") {
+    auto out = suite::get().scratch();
+    auto r = d.dsec({"cp", id + ":/tmp/not-there", out.path()});
+    CHECK_MESSAGE(r.status == 1, r.describe());
+    CHECK_MESSAGE(contains(r.err, id + ":/tmp/not-there"), r.describe());
+    CHECK(fs::is_empty(out.path()));
+    write_file(out / "f", "f\n");
+    r = d.dsec({"cp", out / "f", id + ":/no-such-dir"});
+    CHECK_MESSAGE(r.status == 1, r.describe());
+    CHECK_MESSAGE(contains(r.err, id + ":/no-such-dir"), r.describe());
+    r = d.dsec({"cp", out / "missing", id + ":/tmp"});
+    CHECK_MESSAGE(r.status == 1, r.describe());
+    CHECK_MESSAGE(contains(r.err, out / "missing"), r.describe());
+    r = d.dsec({"cp", id + ":/etc/passwd", out / "missing"});
+    CHECK_MESSAGE(r.status == 1, r.describe());
+    CHECK_MESSAGE(contains(r.err, out / "missing"), r.describe());
+  }
+  SUBCASE("a --memory limit applies to exec, which says OOM") {
+    auto limited = d.detached({"--memory", "16m"});
+    auto r = d.dsec({"exec", limited, "--", hog[0], hog[1], hog[2]});
+    CHECK_MESSAGE(r.status == 128 + SIGKILL, r.describe());
+    CHECK_MESSAGE(contains(r.err, "out of memory"), r.describe());
+    r = d.dsec({"exec", limited, "--", "echo", "after"});
+    CHECK_MESSAGE(r.status == 0, r.describe());
+    CHECK(r.out == "after\n");
+    r = d.dsec({"rm", limited});
+    CHECK_MESSAGE(r.status == 0, r.describe());
+  }
+
+  // rm: gone; a second rm of it fails, but the other ids of that rm still go.
+  auto other = d.detached();
+  CHECK(ids(ps(d)) == sorted({id, other}));
+  auto r = d.dsec({"rm", id});
+  CHECK_MESSAGE(r.status == 0, r.describe());
+  CHECK(r.out == "removed " + id + "\n");
+  CHECK(ids(ps(d)) == std::vector<std::string>{other});
+  r = d.dsec({"rm", id, other});
+  CHECK_MESSAGE(r.status == 1, r.describe());
+  CHECK(r.out == "removed " + other + "\n");
+  CHECK_MESSAGE(contains(r.err, "no sandbox " + id), r.describe());
+  CHECK(ps(d).empty());
+  r = d.dsec({"exec", id, "--", "true"});
+  CHECK_MESSAGE(r.status == 1, r.describe());
+  CHECK_MESSAGE(contains(r.err, id), r.describe());
+  check_serving(d);
+  d.finish();
+}
+
+TEST_CASE("remote run --detach --ttl: the sandbox goes by itself") {
+  daemon_proc d;
+  auto keep = d.detached(); // the control: the default TTL (1h) keeps it
+  auto brief = d.detached({"--ttl", "1s"});
+  CHECK(eventually([&] { return ids(ps(d)) == std::vector<std::string>{keep}; }));
+  CHECK(ids(ps(d)) == std::vector<std::string>{keep});
+  auto r = d.dsec({"exec", brief, "--", "true"});
+  CHECK_MESSAGE(r.status == 1, r.describe());
+  CHECK_MESSAGE(contains(r.err, brief), r.describe());
+  r = d.dsec({"rm", keep});
+  CHECK_MESSAGE(r.status == 0, r.describe());
+  check_serving(d);
+  d.finish();
+}
+
+TEST_CASE("remote sessions: open, run in them, close") {
+  daemon_proc d;
+  auto in_default = d.detached();
+  auto r = d.dsec({"session", "open", "--name", "cli-test", "--ttl", "10m", "--quota", "4"});
+  REQUIRE_MESSAGE(r.status == 0, r.describe());
+  REQUIRE(lines_of(r.out).size() == 1);
+  auto sid = lines_of(r.out)[0];
+  CHECK(!sid.empty());
+  CHECK(sid != "default");
+
+  auto a = d.detached({"--session", sid});
+  auto b = d.detached({"--session", sid});
+  auto rows = ps(d, sid);
+  CHECK(ids(rows) == sorted({a, b}));
+  for (const auto& row : rows) {
+    CHECK(row.session == sid);
+    CHECK(row.ttl != "-");
+  }
+  CHECK(ids(ps(d)) == sorted({a, b, in_default}));
+  CHECK(ids(ps(d, "default")) == std::vector<std::string>{in_default});
+  // A foreground run in the session: its sandbox goes, the session stays.
+  r = d.dsec({"run", "--session", sid, "--base", tar_base, "--", "echo", "in session"});
+  CHECK_MESSAGE(r.status == 0, r.describe());
+  CHECK(r.out == "in session\n");
+  CHECK(ids(ps(d, sid)) == sorted({a, b}));
+
+  r = d.dsec({"session", "close", sid});
+  CHECK_MESSAGE(r.status == 0, r.describe());
+  CHECK(r.out == "closed session " + sid + ": 2 sandboxes destroyed\n");
+  CHECK(ids(ps(d)) == std::vector<std::string>{in_default});
+  r = d.dsec({"session", "close", sid});
+  CHECK_MESSAGE(r.status == 1, r.describe());
+  CHECK_MESSAGE(contains(r.err, sid), r.describe());
+  r = d.dsec({"ps", "--session", sid});
+  CHECK_MESSAGE(r.status == 1, r.describe());
+  CHECK_MESSAGE(contains(r.err, sid), r.describe());
+  r = d.dsec({"run", "--detach", "--session", sid, "--base", tar_base, "--", "true"});
+  CHECK_MESSAGE(r.status == 125, r.describe());
+  CHECK_MESSAGE(contains(r.err, sid), r.describe());
+  r = d.dsec({"session", "close", "s-no-such"});
+  CHECK_MESSAGE(r.status == 1, r.describe());
+  CHECK_MESSAGE(contains(r.err, "s-no-such"), r.describe());
+  r = d.dsec({"session", "close", "default"});
+  CHECK_MESSAGE(r.status == 1, r.describe());
+  CHECK_MESSAGE(contains(r.err, "default session cannot be closed"), r.describe());
+  CHECK(ids(ps(d)) == std::vector<std::string>{in_default});
+
+  // An empty session closes with 0 and one sandbox says so in the singular.
+  r = d.dsec({"session", "open"});
+  REQUIRE_MESSAGE(r.status == 0, r.describe());
+  auto empty = lines_of(r.out).at(0);
+  r = d.dsec({"session", "close", empty});
+  CHECK(r.out == "closed session " + empty + ": 0 sandboxes destroyed\n");
+  r = d.dsec({"session", "open"});
+  REQUIRE_MESSAGE(r.status == 0, r.describe());
+  auto one = lines_of(r.out).at(0);
+  d.detached({"--session", one});
+  r = d.dsec({"session", "close", one});
+  CHECK(r.out == "closed session " + one + ": 1 sandbox destroyed\n");
+
+  r = d.dsec({"rm", in_default});
+  CHECK_MESSAGE(r.status == 0, r.describe());
+  check_serving(d);
+  d.finish();
+}
+
+TEST_CASE("remote node stats: the node's name and counts that follow its sandboxes") {
+  daemon_proc d;
+  auto s0 = stats(d);
+  CHECK(s0["node"] == d.where); // the port it really listens on, not 0
+  CHECK(count(s0, "live") == 0);
+  CHECK(count(s0, "creating") == 0);
+  CHECK(count(s0, "failed") == 0);
+  CHECK(s0.count("layers mounted"));
+  auto created = count(s0, "created");
+  auto destroyed = count(s0, "destroyed");
+  auto sessions = count(s0, "sessions");
+
+  auto a = d.detached();
+  auto b = d.detached();
+  CHECK(stats_reach(d, {{"live", 2}, {"created", created + 2}, {"destroyed", destroyed}}));
+  auto r = d.run({}, {"true"});
+  CHECK_MESSAGE(r.status == 0, r.describe());
+  CHECK(stats_reach(d, {{"live", 2}, {"created", created + 3}, {"destroyed", destroyed + 1}}));
+  r = d.dsec({"session", "open"});
+  REQUIRE_MESSAGE(r.status == 0, r.describe());
+  auto sid = lines_of(r.out).at(0);
+  CHECK(stats_reach(d, {{"sessions", sessions + 1}}));
+  r = d.dsec({"rm", a});
+  CHECK_MESSAGE(r.status == 0, r.describe());
+  CHECK(stats_reach(d, {{"live", 1}, {"destroyed", destroyed + 2}}));
+  // A sandbox that cannot be made (unknown layer) creates nothing.
+  r = d.dsec({"run", "--base", "nosuch@1", "--", "true"});
+  CHECK(r.status == 125);
+  r = d.dsec({"session", "close", sid});
+  CHECK_MESSAGE(r.status == 0, r.describe());
+  r = d.dsec({"rm", b});
+  CHECK_MESSAGE(r.status == 0, r.describe());
+  CHECK(stats_reach(d, {{"live", 0},
+                        {"created", created + 3},
+                        {"destroyed", destroyed + 3},
+                        {"sessions", sessions}}));
+  auto last = stats(d);
+  CHECK(count(last, "live") == 0);
+  CHECK(count(last, "created") == created + 3);
+  CHECK(count(last, "destroyed") == destroyed + 3);
+  CHECK(count(last, "sessions") == sessions);
+  check_serving(d);
+  d.finish();
+}
+
+TEST_CASE("remote errors: status, message, and the daemon serves on") {
+  daemon_proc d;
+  auto created = count(stats(d), "created");
+
+  SUBCASE("layers: unknown, of the wrong kind, malformed") {
+    struct bad_layer {
+      std::vector<std::string> opts;
+      std::string names;
+    };
+    for (const auto& c : std::vector<bad_layer>{
+           {{"--base", "nosuch@1"}, "unknown layer nosuch@1"},
+           {{"--base", tar_base, "--tool", "nosuch@2"}, "unknown layer nosuch@2"},
+           {{"--base", workdir_layer}, "base wd@1 is a workdir layer, not a base layer"},
+           {{"--base", tar_base, "--workdir", tool_a}, "workdir ta@1 is a tool layer"},
+           {{"--base", tar_base, "--tool", tar_base}, "tool bbt@1 is a base layer"}}) {
+      for (bool detach : {false, true}) {
+        std::vector<std::string> args{"run"};
+        if (detach)
+          args.emplace_back("--detach");
+        args.insert(args.end(), c.opts.begin(), c.opts.end());
+        args.insert(args.end(), {"--", "true"});
+        auto r = d.dsec(args);
+        CHECK_MESSAGE(r.status == 125, r.describe());
+        CHECK_MESSAGE(contains(r.err, c.names), r.describe());
+        CHECK(r.out.empty());
+      }
+    }
+    for (const auto& [ref, names] : std::vector<std::pair<std::string, std::string>>{
+           {"bbt@1/x", "malformed layer 'bbt@1/x'"},
+           {"bbt", "malformed layer 'bbt'"},
+           {"bbt@", "malformed layer 'bbt@'"}}) {
+      auto r = d.dsec({"run", "--base", ref, "--", "true"});
+      CHECK_MESSAGE(r.status == 2, r.describe());
+      CHECK_MESSAGE(contains(r.err, names), r.describe());
+    }
+  }
+  SUBCASE("sizes and durations") {
+    for (const auto& [opt, value] : std::vector<std::pair<std::string, std::string>>{
+           {"--memory", "12q"}, {"--memory", "0"}, {"--disk", "lots"}, {"--pids", "many"},
+           {"--cpus", "-1"}, {"--timeout", "soon"}, {"--ttl", "0s"}}) {
+      auto r = d.run({opt, value}, {"true"});
+      CHECK_MESSAGE(r.status == 2, opt << " " << value << ": " << r.describe());
+      CHECK_MESSAGE(contains(r.err, opt), r.describe());
+      CHECK_MESSAGE(contains(r.err, "Try 'dsec --connect " + d.where + " run --help'"),
+                    r.describe());
+    }
+  }
+  SUBCASE("an unknown sandbox id: exec, cp both ways, rm") {
+    auto local = suite::get().scratch();
+    write_file(local / "f", "f\n");
+    for (const auto& args : std::vector<std::vector<std::string>>{
+           {"exec", "sb-nosuch", "--", "true"},
+           {"cp", "sb-nosuch:/etc/passwd", local.path()},
+           {"cp", local / "f", "sb-nosuch:/tmp"},
+           {"rm", "sb-nosuch"}}) {
+      auto r = d.dsec(args);
+      CHECK_MESSAGE(r.status == 1, args[0] << ": " << r.describe());
+      CHECK_MESSAGE(contains(r.err, "no sandbox sb-nosuch"), r.describe());
+      CHECK(r.out.empty());
+    }
+    auto r = d.dsec({"cp", "sb-nosuch:/etc/passwd", local.path()});
+    CHECK_MESSAGE(contains(r.err, "sb-nosuch:/etc/passwd"), r.describe());
+  }
+  SUBCASE("a daemon that cannot be reached is named by HOST:PORT") {
+    dead_port dead;
+    auto at = "127.0.0.1:" + std::to_string(dead.port);
+    for (const auto& [args, status] : std::vector<std::pair<std::vector<std::string>, int>>{
+           {{"ps"}, 1},
+           {{"node", "stats"}, 1},
+           {{"exec", "sb-x", "--", "true"}, 1},
+           {{"rm", "sb-x"}, 1},
+           {{"session", "open"}, 1},
+           {{"run", "--base", tar_base, "--", "true"}, 125},
+           {{"run", "--detach", "--base", tar_base, "--", "true"}, 125}}) {
+      auto r = d.dsec_at(at, args);
+      CHECK_MESSAGE(r.status == status, args[0] << ": " << r.describe());
+      CHECK_MESSAGE(contains(r.err, "cannot reach a dsecd at " + at), r.describe());
+    }
+  }
+  SUBCASE("usage errors: status 2, before any connection") {
+    // Against a port nothing listens on: a usage error must not need the daemon.
+    dead_port dead;
+    auto at = "127.0.0.1:" + std::to_string(dead.port);
+    for (const auto& [args, names] :
+         std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{}, "usage: dsec --connect HOST:PORT VERB"},
+           {{"frob"}, "unknown verb 'frob'"},
+           {{"layer", "ls"}, "layer works on a local store"},
+           {{"ps", "extra"}, "unexpected argument 'extra'"},
+           {{"ps", "--frob"}, "unknown option '--frob'"},
+           {{"rm"}, "no sandbox id given"},
+           {{"exec"}, "no sandbox id given"},
+           {{"exec", "sb-x"}, "no command given"},
+           {{"exec", "sb-x", "extra", "--", "true"}, "unexpected argument 'extra'"},
+           {{"cp", "a"}, "expected SRC DST, got 1 argument"},
+           {{"cp", "a", "b"}, "neither SRC nor DST is in a sandbox"},
+           {{"cp", "x:/a", "y:/b"}, "both SRC and DST are in a sandbox"},
+           {{"session"}, "expected 'open' or 'close'"},
+           {{"session", "frob"}, "unknown sub-verb 'frob'"},
+           {{"session", "close"}, "no session id given"},
+           {{"session", "close", "a", "b"}, "one session id at a time"},
+           {{"session", "open", "--quota", "0"}, "--quota"},
+           {{"node"}, "expected 'stats'"},
+           {{"node", "frob"}, "unknown sub-verb 'frob'"},
+           {{"run", "--", "true"}, "--base NAME@VERSION is required"},
+           {{"run", "--base", tar_base}, "no command given"},
+           {{"run", "--base", tar_base, "--hostname", "h", "--", "true"}, "--hostname"},
+           {{"run", "--base", tar_base, "--frob", "--", "true"}, "unknown option '--frob'"},
+           {{"run", "--base", tar_base, "--env", "NOEQUALS", "--", "true"}, "--env"}}) {
+      auto r = d.dsec_at(at, args);
+      std::string what = args.empty() ? std::string{"(no verb)"} : args[0];
+      CHECK_MESSAGE(r.status == 2, what << ": " << r.describe());
+      CHECK_MESSAGE(contains(r.err, names), what << ": " << r.describe());
+      CHECK_MESSAGE(!contains(r.err, "cannot reach"), r.describe());
+    }
+    auto r = d.dsec_at("127.0.0.1:99999", {"ps"});
+    CHECK_MESSAGE(r.status == 2, r.describe());
+    CHECK_MESSAGE(contains(r.err, "--connect: expected HOST:PORT"), r.describe());
+    r = d.dsec_at(at, {"run", "--help"});
+    CHECK_MESSAGE(r.status == 0, r.describe());
+    CHECK(contains(r.out, "usage: dsec --connect HOST:PORT run"));
+  }
+  // Nothing was created by any of it, nothing is left, and it still serves.
+  CHECK(count(stats(d), "created") == created);
+  CHECK(ps(d).empty());
+  check_serving(d);
+  d.finish();
+}
+
+// The sandbox has no CAP_MKNOD, so it cannot make a device node; but it can
+// hard-link the ones of its /dev (the same overlay as /tmp), and make fifos.
+// Its own tar then packs them as device nodes and fifos, which cp must leave
+// out (with a warning), with the hard links to them, and copy the rest.
+TEST_CASE("remote cp out of a sandbox: device nodes and fifos are skipped, the rest arrives") {
+  daemon_proc d;
+  auto id = d.detached();
+  auto r = d.dsec({"exec", id, "--", "sh", "-c",
+                   "mkdir /tmp/mix && cd /tmp/mix && echo keep > file && ln -s file sym"
+                   " && busybox ln file hard && busybox ln /dev/null null"
+                   " && busybox ln /dev/null null2 && busybox mkfifo fifo"
+                   " && busybox ln fifo fifo2 && ls -l"});
+  REQUIRE_MESSAGE(r.status == 0, r.describe());
+  // The control: what the sandbox has is really a device node and a fifo.
+  CHECK_MESSAGE(contains(r.out, "\ncrw-rw-rw-"), r.out);
+  CHECK_MESSAGE(contains(r.out, "\nprw-"), r.out);
+  r = d.dsec({"exec", id, "--", "busybox", "mknod", "/tmp/n", "c", "1", "3"});
+  CHECK_MESSAGE(r.status != 0, "mknod works in the sandbox now: make the node directly");
+
+  auto out = suite::get().scratch();
+  r = d.dsec({"cp", id + ":/tmp/mix", out.path()});
+  CHECK_MESSAGE(r.status == 0, r.describe());
+  for (const auto& name : {"mix/null", "mix/null2", "mix/fifo", "mix/fifo2"})
+    CHECK_MESSAGE(contains(r.err, std::string{"dsec: cp: skipped "} + name + " ("), r.describe());
+  CHECK_MESSAGE(lines_of(r.err).size() == 4, r.describe());
+  CHECK(listing(out / "mix") == "file file " + sha256_of(out / "mix/file") + "\n"
+                                  "hard file " + sha256_of(out / "mix/file") + "\n"
+                                  "sym -> file\n");
+  CHECK(read_file(out / "mix/file") == "keep\n");
+  struct stat f{}, h{};
+  REQUIRE(::stat((out / "mix/file").c_str(), &f) == 0);
+  REQUIRE(::stat((out / "mix/hard").c_str(), &h) == 0);
+  CHECK(f.st_ino == h.st_ino); // still a hard link
+  // /dev itself: its nodes are skipped, its symlinks and directories arrive.
+  auto dev = suite::get().scratch();
+  r = d.dsec({"cp", id + ":/dev", dev.path()});
+  CHECK_MESSAGE(r.status == 0, r.describe());
+  CHECK_MESSAGE(contains(r.err, "dsec: cp: skipped dev/null (a device node)"), r.describe());
+  CHECK(fs::is_symlink(dev / "dev/stdout"));
+  CHECK_FALSE(fs::exists(fs::symlink_status(dev / "dev/null")));
+
+  r = d.dsec({"rm", id});
+  CHECK_MESSAGE(r.status == 0, r.describe());
+  check_serving(d);
+  d.finish();
+}
