@@ -209,6 +209,49 @@ TEST_CASE("dsecd: when a trainer process dies, the daemon destroys its sandboxes
   CHECK(r->out == "next\n");
 }
 
+TEST_CASE("dsecd: a trainer killed in the middle of a batch leaves no sandbox behind") {
+  auto before = settled_snapshot();
+  {
+    dsecd_proc d;
+    test_system ts;
+    caf::actor_system sys{ts.cfg};
+    auto watcher = connect(sys, d.port);
+    auto st0 = watcher->stats();
+    REQUIRE(st0);
+    auto sessions = st0->sessions;
+    // The trainer asks for 400 and is killed when the first one is ready: the
+    // rest are still being created or queued on the node.
+    background trainer({self_exe(), "--trainer", std::to_string(d.port), "400", "midbatch"});
+    REQUIRE_MESSAGE(trainer.wait_for_output("first "),
+                    "trainer: " << trainer.out() << trainer.err());
+    trainer.kill(SIGKILL);
+    auto end = trainer.wait();
+    CHECK(end.status == 128 + SIGKILL);
+    auto st = watcher->stats();
+    REQUIRE(st);
+    // The control: the batch was cut short, not finished before the kill.
+    CHECK_MESSAGE(st->created - st0->created < 400,
+                  "the batch finished before the kill: " << st->created - st0->created);
+    // Every sandbox the batch made, and those it was still making, go.
+    CHECK(eventually([&] {
+      auto l = watcher->list();
+      return l && l->empty();
+    }));
+    CHECK(eventually([&] {
+      auto s2 = watcher->stats();
+      return s2 && s2->sessions == sessions && s2->live == 0 && s2->creating == 0;
+    }));
+    CHECK(eventually([&] { return new_inits(before) == 0; }));
+    // And it keeps serving.
+    auto s = open(*watcher);
+    auto id = make(*s, env_of(), 1).front();
+    auto r = s->exec(id, cmd({"echo", "next"}));
+    REQUIRE(r);
+    CHECK(r->out == "next\n");
+  }
+  check_nothing_left(before);
+}
+
 TEST_CASE("dsecd: SIGTERM destroys every sandbox, exits 0 and leaves nothing") {
   actor_layers();
   auto before = settled_snapshot();
@@ -257,12 +300,13 @@ TEST_CASE("dsecd: after a SIGKILL its sandboxes die and the next dsecd collects 
       auto limited = env_of();
       limited.memory = 64ull << 20;
       limited.pids = 32;
-      auto ids = make(*s, limited, 2);
-      make(*s, env_of(), 1);
+      // 100 live sandboxes: 50 with limits (cgroups), 50 without.
+      auto ids = make(*s, limited, 50);
+      make(*s, env_of(), 50);
       auto req = cmd({"sh", "-c", "sleep 1000 & sleep 1000"});
       req.detach = true;
       REQUIRE(s->exec(ids[0], req));
-      CHECK(new_inits(before) == 3);
+      CHECK(new_inits(before) == 100);
       // A command in flight when the daemon dies: its call returns disconnected.
       struct in_flight {
         std::mutex mu;

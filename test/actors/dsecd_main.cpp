@@ -3,7 +3,9 @@
 // 127.0.0.1:PORT, opens an owned session, creates COUNT sandboxes of bbt@1,
 // prints "id ID" for each and then "created", and then, with MODE "exit",
 // _exits at once (no destructor runs, nothing is closed) or, with "hang",
-// waits to be killed. Any failure: "error ..." and status 1.
+// waits to be killed. With "midbatch" it prints "first ID" when the first
+// sandbox is ready and then waits to be killed, the batch still going. Any
+// failure: "error ..." and status 1.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
@@ -45,6 +47,16 @@ int trainer(int argc, char** argv) {
     fail("open_session", s.error_value());
   dsec::environment env;
   env.base = dsec::test::tar_base;
+  if (mode == "midbatch") {
+    auto r = (*s)->create(env, count, [](const std::string& id) {
+      std::printf("first %s\n", id.c_str());
+      std::fflush(stdout);
+      for (;;)
+        ::pause();
+    });
+    fail("create", r ? dsec::make_error(dsec::errc::sandbox_failed, "the batch returned before the kill")
+           : r.error_value());
+  }
   auto ids = (*s)->create(env, count);
   if (!ids)
     fail("create", ids.error_value());
