@@ -47,7 +47,7 @@ struct outcome {
 // call would wait forever: CAF drops, without an error, what is sent to the
 // proxy of an actor whose node is gone, and never answers requests in flight.
 template <class Handle>
-void watch(caf::event_based_actor* self, const Handle& dest,
+void watch_dest(caf::event_based_actor* self, const Handle& dest,
            std::function<void(error)> on_lost) {
   auto addr = dest.address();
   self->set_down_handler([=](caf::down_msg& dm) {
@@ -69,7 +69,7 @@ template <class Result, class Handle, class... Ts>
 expected<Result> call(caf::actor_system& sys, const Handle& dest, Ts... xs) {
   auto out = std::make_shared<outcome<Result>>();
   sys.spawn([out, dest, ... xs = std::move(xs)](caf::event_based_actor* self) mutable {
-    watch(self, dest, [out](error e) { out->set(std::move(e)); });
+    watch_dest(self, dest, [out](error e) { out->set(std::move(e)); });
     self->request(dest, caf::infinite, std::move(xs)...)
       .then(
         [=](Result& r) {
@@ -131,7 +131,7 @@ expected<exec_result> streamed_exec(caf::actor_system& sys, const Handle& dest,
                                     const output_fn& on_output, Ts... xs) {
   auto box = std::make_shared<mailbox>();
   sys.spawn([box, dest, xs...](caf::event_based_actor* self) -> caf::behavior {
-    watch(self, dest, [box](error e) { box->fail(std::move(e)); });
+    watch_dest(self, dest, [box](error e) { box->fail(std::move(e)); });
     self->request(dest, caf::infinite, xs...)
       .then(
         [=](exec_result& r) {
@@ -210,7 +210,7 @@ expected<std::unique_ptr<session>> client::open_session(const session_options& o
   auto dest = scheduler_;
   auto trainer = owned ? identity_ : caf::actor{};
   sys_->spawn([out, dest, opts, trainer](caf::event_based_actor* self) {
-    watch(self, dest, [out](error e) { out->set(std::move(e)); });
+    watch_dest(self, dest, [out](error e) { out->set(std::move(e)); });
     self->request(dest, caf::infinite, open_atom::value, opts, trainer)
       .then(
         [=](session_actor& h, std::string& id) {
@@ -272,7 +272,7 @@ session::create(const environment& env, uint32_t count,
   auto box = std::make_shared<mailbox>();
   auto h = handle_;
   client_->sys_->spawn([box, h, env, count](caf::event_based_actor* self) -> caf::behavior {
-    watch(self, h, [box](error e) { box->fail(std::move(e)); });
+    watch_dest(self, h, [box](error e) { box->fail(std::move(e)); });
     self->request(h, caf::infinite, create_atom::value, env, count, caf::actor{self})
       .then(
         [=](uint32_t n) {
@@ -358,6 +358,130 @@ expected<std::vector<sandbox_info>> session::list() {
 
 expected<uint32_t> session::close() {
   return call<uint32_t>(*client_->sys_, handle_, close_atom::value);
+}
+
+// ---- Chronus -------------------------------------------------------------------
+
+struct event_stream::queue {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::string> events; // Event bytes, decoded when pulled
+  std::optional<error> end;       // why no more will come
+  std::function<void(const chronus_event&)> on_event;
+
+  void push(std::string bytes) {
+    if (on_event) {
+      if (auto ev = decode_event(as_bytes(bytes)))
+        on_event(*ev);
+      return;
+    }
+    {
+      std::lock_guard<std::mutex> g{mu};
+      events.push_back(std::move(bytes));
+    }
+    cv.notify_one();
+  }
+  void finish(error e) {
+    {
+      std::lock_guard<std::mutex> g{mu};
+      if (!end)
+        end = std::move(e);
+    }
+    cv.notify_all();
+  }
+};
+
+expected<std::optional<chronus_event>> event_stream::next(std::chrono::milliseconds timeout) {
+  std::string bytes;
+  {
+    std::unique_lock<std::mutex> lk{q_->mu};
+    if (!q_->cv.wait_for(lk, timeout, [&] { return !q_->events.empty() || q_->end; }))
+      return std::optional<chronus_event>{};
+    if (q_->events.empty())
+      return *q_->end;
+    bytes = std::move(q_->events.front());
+    q_->events.pop_front();
+  }
+  DSEC_TRY(ev, decode_event(as_bytes(bytes)));
+  return std::optional<chronus_event>{std::move(ev)};
+}
+
+event_stream::~event_stream() {
+  if (helper_)
+    caf::anon_send_exit(helper_, caf::exit_reason::user_shutdown);
+}
+
+namespace {
+
+// A helper actor subscribes to the session and feeds the queue until the
+// session goes (or the stream is dropped, which ends the helper).
+expected<std::unique_ptr<event_stream>>
+start_watch(caf::actor_system& sys, const session_actor& h,
+            std::function<void(const chronus_event&)> on_event) {
+  auto q = std::make_shared<event_stream::queue>();
+  q->on_event = std::move(on_event);
+  auto subscribed = std::make_shared<outcome<uint64_t>>();
+  auto helper = sys.spawn([q, h, subscribed](caf::event_based_actor* self) -> caf::behavior {
+    auto addr = h.address();
+    self->set_down_handler([=](caf::down_msg& dm) {
+      if (dm.source != addr)
+        return;
+      auto e = make_error(errc::disconnected, "the session is gone (closed, or its daemon)");
+      subscribed->set(e);
+      q->finish(e);
+      self->quit();
+    });
+    self->monitor(h);
+    self->request(h, caf::infinite, watch_atom::value, caf::actor{self})
+      .then([=](uint64_t kept) { subscribed->set(kept); },
+            [=](caf::error& e) {
+              auto err = from_caf(e);
+              subscribed->set(err);
+              q->finish(err);
+              self->quit();
+            });
+    return {
+      [=](chronus_atom, chronus_event_msg& m) { q->push(std::move(m.bytes)); },
+    };
+  });
+  auto kept = subscribed->get();
+  if (!kept) {
+    caf::anon_send_exit(helper, caf::exit_reason::user_shutdown);
+    return std::move(kept).error_value();
+  }
+  return std::make_unique<event_stream>(std::move(q), std::move(helper), *kept);
+}
+
+expected<chronus_feedback_msg> feedback_bytes(const chronus_feedback& fb) {
+  DSEC_TRY_VOID(check_feedback(fb));
+  return chronus_feedback_msg{encode_feedback(fb)};
+}
+
+} // namespace
+
+expected<std::unique_ptr<event_stream>> session::watch() {
+  return start_watch(*client_->sys_, handle_, {});
+}
+
+expected<std::unique_ptr<event_stream>>
+session::watch(std::function<void(const chronus_event&)> on_event) {
+  if (!on_event)
+    return make_error(errc::invalid_argument, "watch: no callback given");
+  return start_watch(*client_->sys_, handle_, std::move(on_event));
+}
+
+expected<void> session::answer(const std::string& id, const chronus_feedback& fb) {
+  DSEC_TRY(msg, feedback_bytes(fb));
+  DSEC_TRY(ok, call<bool>(*client_->sys_, handle_, feedback_atom::value, id, std::move(msg)));
+  (void) ok;
+  return {};
+}
+
+expected<void> client::answer(const std::string& id, const chronus_feedback& fb) {
+  DSEC_TRY(msg, feedback_bytes(fb));
+  DSEC_TRY(ok, call<bool>(*sys_, scheduler_, feedback_atom::value, id, std::move(msg)));
+  (void) ok;
+  return {};
 }
 
 } // namespace dsec

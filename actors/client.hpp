@@ -17,7 +17,9 @@
 #include <caf/actor.hpp>
 #include <caf/fwd.hpp>
 
+#include <chrono>
 #include <cstdint>
+#include <optional>
 #include <functional>
 #include <memory>
 #include <string>
@@ -25,6 +27,7 @@
 #include <vector>
 
 #include "actors/interfaces.hpp"
+#include "runtime/chronus.hpp"
 #include "runtime/error.hpp"
 
 namespace dsec {
@@ -33,6 +36,30 @@ namespace dsec {
 using output_fn = std::function<void(uint8_t stream, std::string_view data)>;
 
 class session;
+
+/// A session's Chronus events as they come (session::watch). Pull them with
+/// next(); dropping the object stops the watch. Thread-safe.
+class event_stream {
+public:
+  /// The next event, waiting at most `timeout`: nullopt when none came in time;
+  /// errc::disconnected once the session (or its daemon) is gone and every
+  /// event before that was read.
+  expected<std::optional<chronus_event>> next(std::chrono::milliseconds timeout);
+  /// Events kept by the session while nobody watched, delivered first.
+  [[nodiscard]] uint64_t backlog() const { return backlog_; }
+  ~event_stream();
+  event_stream(const event_stream&) = delete;
+  event_stream& operator=(const event_stream&) = delete;
+
+  struct queue;
+  event_stream(std::shared_ptr<queue> q, caf::actor helper, uint64_t backlog)
+    : q_(std::move(q)), helper_(std::move(helper)), backlog_(backlog) {}
+
+private:
+  std::shared_ptr<queue> q_;
+  caf::actor helper_;
+  uint64_t backlog_ = 0;
+};
 
 class client {
 public:
@@ -63,6 +90,9 @@ public:
   expected<void> destroy(const std::string& id);
   expected<std::vector<sandbox_info>> list();
   expected<node_stats> stats();
+  /// Answers a Chronus feedback request of a sandbox (the request id is the
+  /// event's seq): the `chronus feedback` waiting in it gets `fb`.
+  expected<void> answer(const std::string& id, const chronus_feedback& fb);
 
   [[nodiscard]] caf::actor_system& system() { return *sys_; }
   [[nodiscard]] const scheduler_actor& scheduler() const { return scheduler_; }
@@ -104,6 +134,17 @@ public:
 
   /// Destroys every sandbox of the session and ends it; returns how many.
   expected<uint32_t> close();
+
+  /// Chronus: the session's events from now on (after those it kept while
+  /// nobody watched), pulled from the stream.
+  expected<std::unique_ptr<event_stream>> watch();
+  /// Chronus: the same events pushed to `on_event`, which runs on one of CAF's
+  /// threads (keep it short), until the returned stream is dropped. The stream
+  /// itself then yields nothing but the end (disconnected).
+  expected<std::unique_ptr<event_stream>>
+  watch(std::function<void(const chronus_event&)> on_event);
+  /// Chronus: answers feedback request `fb.request_id` of sandbox `id`.
+  expected<void> answer(const std::string& id, const chronus_feedback& fb);
 
   [[nodiscard]] const session_actor& handle() const { return handle_; }
 

@@ -31,6 +31,8 @@ using sandbox_actor = caf::typed_actor<
   caf::replies_to<get_atom, std::string>::with<std::string>,
   caf::replies_to<destroy_atom>::with<bool>,
   caf::replies_to<list_atom>::with<sandbox_info>,
+  /// Answers one of its Chronus feedback requests (Feedback bytes).
+  caf::replies_to<feedback_atom, chronus_feedback_msg>::with<bool>,
   // internal: from the reactor thread and timers
   caf::reacts_to<event_atom>,                                ///< init has something to say
   caf::reacts_to<output_atom, uint64_t, uint8_t, std::string, bool>, ///< exec, stream, data, eof
@@ -51,6 +53,14 @@ using session_actor = caf::typed_actor<
   caf::replies_to<list_atom>::with<std::vector<sandbox_info>>,
   /// Destroys every sandbox of the session and ends it; replies how many.
   caf::replies_to<close_atom>::with<uint32_t>,
+  /// Sends the session's Chronus events to `watcher` as (chronus_atom,
+  /// chronus_event_msg), starting with those kept while nobody watched;
+  /// replies how many of those there were.
+  caf::replies_to<watch_atom, caf::actor>::with<uint64_t>,
+  /// Answers a feedback request of one of its sandboxes.
+  caf::replies_to<feedback_atom, std::string, chronus_feedback_msg>::with<bool>,
+  /// internal: an Event from the node's Chronus endpoint
+  caf::reacts_to<chronus_atom, chronus_event_msg>,
   // internal: from the node and the sandboxes
   caf::reacts_to<ready_atom, std::string, sandbox_actor, uint64_t>,  ///< id, actor, request
   caf::reacts_to<failed_atom, caf::error, uint64_t>,                 ///< why, request
@@ -80,6 +90,7 @@ using scheduler_actor = caf::typed_actor<
   caf::replies_to<put_atom, std::string, std::string, std::string>::with<uint64_t>,
   caf::replies_to<get_atom, std::string, std::string>::with<std::string>,
   caf::replies_to<destroy_atom, std::string>::with<bool>,
+  caf::replies_to<feedback_atom, std::string, chronus_feedback_msg>::with<bool>,
   caf::replies_to<list_atom>::with<std::vector<sandbox_info>>,
   caf::replies_to<stats_atom>::with<node_stats>,
   caf::reacts_to<gone_atom, std::string>,               ///< internal: a session ended

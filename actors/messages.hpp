@@ -38,6 +38,9 @@ using ttl_atom = caf::atom_constant<caf::atom("ttl")>;
 using signal_atom = caf::atom_constant<caf::atom("signal")>;
 using shutdown_atom = caf::atom_constant<caf::atom("shutdown")>;
 using done_atom = caf::atom_constant<caf::atom("done")>;
+using chronus_atom = caf::atom_constant<caf::atom("chronus")>;
+using watch_atom = caf::atom_constant<caf::atom("watch")>;
+using feedback_atom = caf::atom_constant<caf::atom("feedback")>;
 
 // ---- what a sandbox is made of --------------------------------------------------
 
@@ -53,12 +56,15 @@ struct environment {
   bool net = false;               ///< a private network with loopback up
   uint64_t ttl_ms = 0;            ///< lifetime; 0: the session's default
   std::string backend = "container"; ///< only "container" so far
+  /// A Chronus socket at /run/chronus.sock, a token for trusted commands, and
+  /// the agent's commands kept apart from trusted ones (docs/chronus.md)
+  bool chronus = false;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, environment& x) {
   return f(caf::meta::type_name("dsec.environment"), x.base, x.workdir, x.tools, x.memory,
-           x.pids, x.cpus, x.disk, x.net, x.ttl_ms, x.backend);
+           x.pids, x.cpus, x.disk, x.net, x.ttl_ms, x.backend, x.chronus);
 }
 
 /// How a session is opened.
@@ -87,12 +93,15 @@ struct exec_request {
   bool stream = false;           ///< send output_chunk messages to the requester
   bool detach = false;           ///< reply once it runs; nobody collects its output
   uint64_t max_output = 16ull << 20; ///< per stream, when collecting
+  /// A trusted command (a grader): it gets $DSEC_CHRONUS_TOKEN, and the agent's
+  /// commands cannot trace, signal or read it. Needs environment.chronus.
+  bool trusted = false;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, exec_request& x) {
   return f(caf::meta::type_name("dsec.exec_request"), x.argv, x.env, x.cwd, x.uid, x.gid,
-           x.timeout_ms, x.input, x.stream, x.detach, x.max_output);
+           x.timeout_ms, x.input, x.stream, x.detach, x.max_output, x.trusted);
 }
 
 /// How a command ended, and its output when it was collected.
@@ -128,6 +137,30 @@ typename Inspector::result_type inspect(Inspector& f, output_chunk& x) {
   return f(caf::meta::type_name("dsec.output_chunk"), x.sandbox, x.exec, x.stream, x.data);
 }
 
+// ---- Chronus (capnp/chronus.capnp; docs/chronus.md) --------------------------------
+
+/// One Chronus Event, as the Cap'n Proto bytes the node encoded: a sandbox's
+/// stage, report, log line or feedback request. Sessions forward the bytes
+/// as they are; readers decode them in place (dsec::decode_event).
+struct chronus_event_msg {
+  std::string bytes;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, chronus_event_msg& x) {
+  return f(caf::meta::type_name("dsec.chronus_event"), x.bytes);
+}
+
+/// A trainer's answer to a feedback request: Cap'n Proto Feedback bytes.
+struct chronus_feedback_msg {
+  std::string bytes;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, chronus_feedback_msg& x) {
+  return f(caf::meta::type_name("dsec.chronus_feedback"), x.bytes);
+}
+
 // ---- what is there ----------------------------------------------------------------
 
 struct sandbox_info {
@@ -160,13 +193,27 @@ struct node_stats {
   uint64_t cache_budget = 0;
   uint64_t evicted = 0;      ///< layers unmounted by the cache
   std::vector<std::string> gc; ///< what start-up garbage collection removed
+  // Chronus, since start: sandboxes served now, events forwarded, feedback
+  // delivered, and frames refused by reason (docs/chronus.md)
+  uint32_t chronus_sandboxes = 0;
+  uint64_t chronus_events = 0;
+  uint64_t chronus_answered = 0;
+  uint64_t chronus_too_large = 0;
+  uint64_t chronus_malformed = 0;
+  uint64_t chronus_unauthenticated = 0;
+  uint64_t chronus_invalid = 0;
+  uint64_t chronus_flooding = 0;
+  uint64_t chronus_refused_connections = 0;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, node_stats& x) {
   return f(caf::meta::type_name("dsec.node_stats"), x.node, x.slots, x.live, x.creating,
            x.created, x.failed, x.destroyed, x.sessions, x.layers_mounted, x.layer_bytes,
-           x.cache_budget, x.evicted, x.gc);
+           x.cache_budget, x.evicted, x.gc, x.chronus_sandboxes, x.chronus_events,
+           x.chronus_answered, x.chronus_too_large, x.chronus_malformed,
+           x.chronus_unauthenticated, x.chronus_invalid, x.chronus_flooding,
+           x.chronus_refused_connections);
 }
 
 /// The layers of one sandbox, mounted by the node's layer_cache: directory fds

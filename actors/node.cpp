@@ -11,6 +11,7 @@
 
 #include "actors/sandbox.hpp"
 #include "actors/types.hpp"
+#include "runtime/engine.hpp"
 #include "runtime/container.hpp"
 
 namespace dsec {
@@ -163,6 +164,18 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
       ns.failed = s.failed;
       ns.destroyed = s.destroyed;
       ns.gc = s.cfg.gc;
+      if (s.cfg.eng) {
+        auto c = s.cfg.eng->chronus().stats();
+        ns.chronus_sandboxes = static_cast<uint32_t>(s.cfg.eng->chronus().sandboxes());
+        ns.chronus_events = c.events;
+        ns.chronus_answered = c.answered;
+        ns.chronus_too_large = c.too_large;
+        ns.chronus_malformed = c.malformed;
+        ns.chronus_unauthenticated = c.unauthenticated;
+        ns.chronus_invalid = c.invalid;
+        ns.chronus_flooding = c.flooding;
+        ns.chronus_refused_connections = c.refused_connections;
+      }
       auto rp = self->make_response_promise<node_stats>();
       self->request(s.cfg.cache, std::chrono::seconds(10), stats_atom::value)
         .then(

@@ -103,6 +103,10 @@ struct sandbox_state {
   std::vector<caf::typed_response_promise<bool>> destroy_waiters;
   std::string failure; // why init died, when it did
   bool acquiring = true; // the layer cache has not answered yet
+  bool creation_failed_told = false; // the session heard failed_atom for it
+  // Chronus (env.chronus): the secret trusted commands get; served by the
+  // engine's endpoint from creation until finish_destroy.
+  std::optional<chronus_token> token;
 };
 
 using self_ptr = sandbox_actor::stateful_pointer<sandbox_state>;
@@ -196,12 +200,24 @@ void finish_destroy(self_ptr self) {
       x.done(make_error(errc::sandbox_failed, s.failure.empty()
                                                 ? "sandbox " + s.cfg.id + " was destroyed"
                                                 : "sandbox " + s.cfg.id + ": " + s.failure));
+  if (s.token) // a waiting `chronus feedback` hears that the session is gone
+    s.cfg.eng->chronus().remove(s.cfg.id, true);
+  s.token.reset();
   s.box.reset();
   if (s.lease != 0)
     self->send(s.cfg.cache, release_atom::value, s.lease);
   bool was_created = s.created_ms != 0;
-  if (was_created)
+  if (was_created) {
     self->send(s.cfg.session, gone_atom::value, s.cfg.id);
+  } else if (!s.creation_failed_told) {
+    // Destroyed before it was ready (rm, shutdown, its session closing): its
+    // batch must still hear about it, or it would wait for it forever.
+    s.creation_failed_told = true;
+    self->send(s.cfg.session, failed_atom::value,
+               to_caf(make_error(errc::sandbox_failed, "sandbox " + s.cfg.id
+                                                         + " was destroyed before it was ready")),
+               s.cfg.request);
+  }
   self->send(s.cfg.node, gone_atom::value, s.cfg.id, was_created);
   for (auto& rp : s.destroy_waiters)
     rp.deliver(true);
@@ -231,6 +247,7 @@ void begin_destroy(self_ptr self) {
 // Creation failed before the sandbox was ever ready.
 void fail_creation(self_ptr self, const error& e) {
   auto& s = self->state;
+  s.creation_failed_told = true;
   self->send(s.cfg.session, failed_atom::value, to_caf(e), s.cfg.request);
   s.failure = e.to_string();
   begin_destroy(self);
@@ -324,6 +341,17 @@ void start_exec(self_ptr self, const exec_request& req, caf::strong_actor_ptr li
       return done(make_error(errc::invalid_argument, "bad environment entry '" + kv
                                                        + "' (expected KEY=VALUE)"));
   auto cmd = make_command(req);
+  if (req.trusted) {
+    if (!s.token)
+      return done(make_error(errc::invalid_argument,
+                             "a trusted command needs a sandbox made with Chronus (environment"
+                             " chronus, `run --chronus`); sandbox " + s.cfg.id + " was not"));
+    std::erase_if(cmd.env, [](const std::string& e) {
+      return e.rfind("DSEC_CHRONUS_TOKEN=", 0) == 0;
+    });
+    cmd.env.push_back("DSEC_CHRONUS_TOKEN=" + s.token->to_hex());
+    cmd.trusted = true;
+  }
   stdio io;
   unique_fd in, out_w, err_w;
   std::shared_ptr<unique_fd> out_r, err_r;
@@ -446,6 +474,7 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
         container_options o;
         o.id = s.cfg.id;
         o.net = s.cfg.env.net;
+        o.chronus = s.cfg.env.chronus;
         o.disk_bytes = s.cfg.env.disk;
         if (s.cfg.env.memory)
           o.lim.memory_bytes = s.cfg.env.memory;
@@ -466,6 +495,18 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
         if (!box)
           return fail_creation(self, box.error_value());
         s.box = std::move(*box);
+        if (s.cfg.env.chronus) {
+          auto token = chronus_token::generate();
+          if (!token)
+            return fail_creation(self, std::move(token).error_value().in_step("make_chronus"));
+          s.token = *token;
+          // Events go straight from the reactor thread to the session's mailbox.
+          s.cfg.eng->chronus().add(s.cfg.id, s.box->release_chronus_fd(), *token,
+                                   [session = s.cfg.session](std::string event) {
+                                     caf::anon_send(session, chronus_atom::value,
+                                                    chronus_event_msg{std::move(event)});
+                                   });
+        }
         watch_control(self);
       },
       [=](caf::error& e) {
@@ -483,6 +524,19 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
           rp.deliver(to_caf(r.error_value()));
       });
       return rp;
+    },
+    [=](feedback_atom, const chronus_feedback_msg& m) -> caf::result<bool> {
+      auto& s = self->state;
+      if (!s.token)
+        return to_caf(make_error(errc::not_found, "sandbox " + s.cfg.id
+                                                    + " has no Chronus (it was made without)"));
+      auto fb = decode_feedback(as_bytes(m.bytes));
+      if (!fb)
+        return to_caf(fb.error_value());
+      // Waits for the reactor thread, which never waits for an actor: short.
+      if (auto r = s.cfg.eng->chronus().answer_and_wait(s.cfg.id, std::move(*fb)); !r)
+        return to_caf(r.error_value());
+      return true;
     },
     [=](signal_atom, int32_t sig) -> caf::result<bool> {
       auto& s = self->state;

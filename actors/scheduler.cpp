@@ -106,6 +106,9 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
     [=](get_atom, const std::string& id, const std::string& path) {
       return by_id<std::string>(self, id, get_atom::value, path);
     },
+    [=](feedback_atom, const std::string& id, const chronus_feedback_msg& fb) {
+      return by_id<bool>(self, id, feedback_atom::value, fb);
+    },
     [=](destroy_atom, const std::string& id) {
       return by_id<bool>(self, id, destroy_atom::value);
     },

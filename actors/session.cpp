@@ -5,6 +5,8 @@
 #include <caf/stateful_actor.hpp>
 #include <caf/typed_event_based_actor.hpp>
 
+#include <algorithm>
+#include <deque>
 #include <memory>
 #include <unordered_map>
 
@@ -32,7 +34,14 @@ struct session_state {
   bool closing = false;
   uint32_t closed_count = 0;
   std::vector<caf::typed_response_promise<uint32_t>> close_waiters;
+  // Chronus: who watches the events, and those kept while nobody did.
+  std::vector<caf::actor> watchers;
+  std::deque<chronus_event_msg> backlog;
+  uint64_t dropped = 0; // the oldest kept events, dropped when the backlog was full
 };
+
+// Events kept for a watcher that has not come yet; beyond, the oldest go.
+constexpr size_t max_backlog = 65536;
 
 using self_ptr = session_actor::stateful_pointer<session_state>;
 
@@ -82,10 +91,19 @@ expected<sandbox_actor> find(self_ptr self, const std::string& id) {
 
 session_actor::behavior_type session_impl(self_ptr self, session_config cfg) {
   self->state.cfg = std::move(cfg);
-  if (self->state.cfg.trainer) {
+  if (self->state.cfg.trainer)
     self->monitor(self->state.cfg.trainer);
-    self->set_down_handler([=](caf::down_msg&) { close_session(self); });
-  }
+  self->set_down_handler([=](caf::down_msg& dm) {
+    auto& s = self->state;
+    if (s.cfg.trainer && dm.source == s.cfg.trainer.address()) {
+      close_session(self);
+      return;
+    }
+    auto& w = s.watchers;
+    w.erase(std::remove_if(w.begin(), w.end(),
+                           [&](const caf::actor& a) { return a.address() == dm.source; }),
+            w.end());
+  });
   return {
     [=](create_atom, environment& env, uint32_t count,
         const caf::actor& listener) -> caf::result<uint32_t> {
@@ -126,8 +144,9 @@ session_actor::behavior_type session_impl(self_ptr self, session_config cfg) {
                 uint32_t left = it->second.count - it->second.ready - it->second.failed;
                 s.pending -= left;
                 it->second.failed += left;
-                if (it->second.listener)
-                  caf::anon_send(it->second.listener, failed_atom::value, e);
+                if (it->second.listener) // one failure for each sandbox, as always
+                  for (uint32_t i = 0; i < left; ++i)
+                    caf::anon_send(it->second.listener, failed_atom::value, e);
                 finish_batch(self, req);
               });
       return rp;
@@ -197,6 +216,42 @@ session_actor::behavior_type session_impl(self_ptr self, session_config cfg) {
                 rp.deliver(std::move(g->infos));
             });
       return rp;
+    },
+    [=](watch_atom, const caf::actor& watcher) -> caf::result<uint64_t> {
+      auto& s = self->state;
+      if (!watcher)
+        return to_caf(make_error(errc::invalid_argument, "watch: no watcher given"));
+      self->monitor(watcher);
+      s.watchers.push_back(watcher);
+      uint64_t kept = s.backlog.size();
+      for (auto& ev : s.backlog)
+        caf::anon_send(watcher, chronus_atom::value, std::move(ev));
+      s.backlog.clear();
+      return kept;
+    },
+    [=](chronus_atom, chronus_event_msg& ev) {
+      auto& s = self->state;
+      if (s.watchers.empty()) {
+        if (s.backlog.size() >= max_backlog) {
+          s.backlog.pop_front();
+          ++s.dropped;
+        }
+        s.backlog.push_back(std::move(ev));
+        return;
+      }
+      for (size_t i = 0; i + 1 < s.watchers.size(); ++i)
+        caf::anon_send(s.watchers[i], chronus_atom::value, ev);
+      caf::anon_send(s.watchers.back(), chronus_atom::value, std::move(ev));
+    },
+    [=](feedback_atom, const std::string& id,
+        chronus_feedback_msg& fb) -> caf::delegated<bool> {
+      auto sb = find(self, id);
+      if (!sb) {
+        auto rp = self->make_response_promise<bool>();
+        rp.deliver(to_caf(sb.error_value()));
+        return {};
+      }
+      return self->delegate(*sb, feedback_atom::value, std::move(fb));
     },
     [=](close_atom) -> caf::result<uint32_t> {
       auto rp = self->make_response_promise<uint32_t>();

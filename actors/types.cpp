@@ -65,6 +65,8 @@ void register_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<sandbox_info>("dsec.sandbox_info");
   cfg.add_message_type<node_stats>("dsec.node_stats");
   cfg.add_message_type<layer_set>("dsec.layer_set");
+  cfg.add_message_type<chronus_event_msg>("dsec.chronus_event");
+  cfg.add_message_type<chronus_feedback_msg>("dsec.chronus_feedback");
   cfg.add_message_type<session_actor>("dsec.session_actor");
   cfg.add_message_type<sandbox_actor>("dsec.sandbox_actor");
   cfg.add_message_type<scheduler_actor>("dsec.scheduler_actor");

@@ -289,8 +289,10 @@ benchmark::Counter mean_us(uint64_t sum_ns) {
 
 // ---- (a)-(e): dsec sandboxes --------------------------------------------------
 
-// Arg 0: 0 = no network namespace, 1 = a fresh one per sandbox (--net).
-void BM_sandbox(benchmark::State& state) {
+// One sandbox per iteration: create, exec exit0, wait, destroy. `chronus`: made
+// with container_options::chronus (the socket and the trusted helper);
+// `trusted`: exit0 runs as a trusted command.
+void sandbox_loop(benchmark::State& state, bool net, bool chronus, bool trusted) {
   auto& e = *env;
   auto t = static_cast<size_t>(state.thread_index());
   if (t >= e.spawners.size()) {
@@ -301,8 +303,11 @@ void BM_sandbox(benchmark::State& state) {
   }
   dsec::spawner& sp = *e.spawners[t];
   dsec::container_options opts;
-  opts.net = state.range(0) != 0;
+  opts.net = net;
+  opts.chronus = chronus;
   opts.hostname = "perf";
+  auto cmd = e.cmd;
+  cmd.trusted = trusted;
   auto& samples = create_samples[t];
   auto& cycles = cycle_samples[t];
   samples.clear();
@@ -324,7 +329,7 @@ void BM_sandbox(benchmark::State& state) {
       state.SkipWithError(("create: " + c.error_value().to_string()).c_str());
       break;
     }
-    auto id = (*c)->exec(e.cmd, dsec::stdio{});
+    auto id = (*c)->exec(cmd, dsec::stdio{});
     auto t2 = clk::now();
     if (!id) {
       state.SkipWithError(("exec: " + id.error_value().to_string()).c_str());
@@ -380,6 +385,16 @@ void BM_sandbox(benchmark::State& state) {
   }
   report_percentiles(state, "create", create_samples);
   report_percentiles(state, "cycle", cycle_samples);
+}
+
+// Arg 0: 0 = no network namespace, 1 = a fresh one per sandbox (--net).
+void BM_sandbox(benchmark::State& state) {
+  sandbox_loop(state, state.range(0) != 0, false, false);
+}
+
+// A Chronus sandbox without --net. Arg 0: 1 = exit0 runs as a trusted command.
+void BM_sandbox_chronus(benchmark::State& state) {
+  sandbox_loop(state, false, true, state.range(0) != 0);
 }
 
 // ---- (f), (g): processes forked from here --------------------------------------
@@ -458,6 +473,8 @@ void register_benchmarks(int64_t iterations) {
       b->Iterations(iterations);
   };
   fix(benchmark::RegisterBenchmark("BM_sandbox", BM_sandbox)->ArgName("net")->Arg(0)->Arg(1));
+  fix(benchmark::RegisterBenchmark("BM_sandbox_chronus", BM_sandbox_chronus)
+        ->ArgName("trusted")->Arg(0)->Arg(1));
   fix(benchmark::RegisterBenchmark("BM_vfork_exec", BM_vfork_exec));
   fix(benchmark::RegisterBenchmark("BM_bwrap", BM_bwrap)->ArgName("share_net")->Arg(0)->Arg(1));
 }

@@ -13,6 +13,7 @@
 #include <cstring>
 
 #include "runtime/mount.hpp"
+#include "runtime/security.hpp"
 #include "runtime/spawner.hpp"
 #include "runtime/sys.hpp"
 #include "runtime/unix_socket.hpp"
@@ -101,6 +102,24 @@ struct create_steps {
     return {};
   }
 
+  // Bound through the overlay (see make_chronus_socket), before the sandbox has it.
+  static expected<void> make_chronus(ctx& x) {
+    if (!x.opts.chronus)
+      return {};
+    // Trusted commands rest on Landlock's scoping (ABI 6): without it they
+    // would be as open to the agent as its own commands. Refuse, do not weaken.
+    if (auto abi = security::landlock_abi(); abi < 6)
+      return make_error(errc::unsupported,
+                        "a Chronus sandbox needs Landlock ABI 6 or later (Linux 6.12, with "
+                        "Landlock enabled) to keep trusted commands out of the agent's reach; "
+                        "this kernel offers "
+                          + (abi == 0 ? std::string{"no Landlock"} : "ABI " + std::to_string(abi)));
+    DSEC_TRY(sock, make_chronus_socket(x.overlay.get(), x.sp.ids().base));
+    x.c.chronus_ = std::move(sock);
+    x.c.chronus_enabled_ = true;
+    return {};
+  }
+
   static expected<void> make_overlay(ctx& x) {
     DSEC_TRY(o, dsec::make_overlay(x.lowers, x.upper));
     x.overlay = std::move(o);
@@ -129,7 +148,8 @@ struct create_steps {
     if (x.c.cgroup_)
       cg_fds = x.c.cgroup_->join_fds();
     const auto& hostname = x.opts.hostname.empty() ? x.c.id_ : x.opts.hostname;
-    DSEC_TRY(s, x.sp.spawn(x.overlay.get(), x.child_ctl.get(), cg_fds, hostname, x.opts.net));
+    DSEC_TRY(s, x.sp.spawn(x.overlay.get(), x.child_ctl.get(), cg_fds, hostname, x.opts.net,
+                           x.opts.chronus));
     x.c.pid_ = s.pid;
     x.c.pidfd_ = std::move(s.pidfd);
     if (x.c.cgroup_)
@@ -147,6 +167,7 @@ namespace {
 struct host_step {
   const char* name;
   expected<void> (*run)(create_steps::ctx&);
+  bool chronus_only = false; // skipped, and not listed in timings(), without it
 };
 
 // The host's creation steps, in order. Then init takes its own steps
@@ -154,7 +175,9 @@ struct host_step {
 // step, "wait_ready"; start() returns before it.
 constexpr host_step host_steps[] = {
   {"make_upper", &create_steps::make_upper},   {"make_overlay", &create_steps::make_overlay},
-  {"make_cgroup", &create_steps::make_cgroup}, {"spawn", &create_steps::spawn},
+  {"make_chronus", &create_steps::make_chronus, true},
+  {"make_cgroup", &create_steps::make_cgroup},
+  {"spawn", &create_steps::spawn},
 };
 
 } // namespace
@@ -168,6 +191,8 @@ container::start(spawner& sp, std::span<const int> lowers, const container_optio
   c->id_ = opts.id.empty() ? new_sandbox_id() : opts.id;
   create_ctx x{sp, lowers, opts, cgroups, *c, {}, {}, {}};
   for (const auto& step : host_steps) {
+    if (step.chronus_only && !opts.chronus)
+      continue;
     auto t0 = now_ns();
     size_t slot = c->ntimings_++;
     c->timings_[slot] = {step.name, 0};
@@ -206,10 +231,12 @@ expected<void> container::wait_until_ready() {
 }
 
 void container::add_timings(const proto::ready& r) {
+  constexpr auto helper_step = static_cast<uint32_t>(proto::child_step::trusted_helper);
   for (uint32_t i = 0; i < r.steps && i < static_cast<uint32_t>(proto::child_step::count)
                        && ntimings_ < timings_.size();
        ++i)
-    timings_[ntimings_++] = {proto::child_step_name(i), r.step_ns[i]};
+    if (i != helper_step || chronus_enabled_) // a Chronus sandbox's step only
+      timings_[ntimings_++] = {proto::child_step_name(i), r.step_ns[i]};
 }
 
 expected<container_event> container::next_event() {
@@ -356,6 +383,10 @@ expected<uint64_t> container::send_exec(const command& cmd, const stdio& io) {
     return make_error(errc::not_found, "sandbox " + id_ + " is destroyed");
   if (cmd.argv.empty() || cmd.argv[0].empty())
     return make_error(errc::invalid_argument, "no command given");
+  if (cmd.trusted && !chronus_enabled_)
+    return make_error(errc::invalid_argument,
+                      "a trusted command needs a sandbox made with Chronus "
+                      "(container_options::chronus); sandbox " + id_ + " was not");
   // Build the message in a reused buffer: header, cwd, argv, env.
   proto::exec m;
   m.id = next_id_++;
@@ -366,6 +397,8 @@ expected<uint64_t> container::send_exec(const command& cmd, const stdio& io) {
     m.uid = cmd.uid.value_or(0);
     m.gid = cmd.gid.value_or(cmd.uid.value_or(0));
   }
+  if (cmd.trusted)
+    m.flags |= proto::exec_trusted;
   size_t need = sizeof m + cmd.cwd.size() + 1;
   for (const auto& s : cmd.argv)
     need += s.size() + 1;
@@ -487,6 +520,7 @@ expected<bool> container::reap() {
   }
   destroyed_ = true;
   ctl_.reset();
+  chronus_.reset();
   if (cgroup_)
     DSEC_TRY_VOID(cgroup_->destroy());
   return true;
@@ -516,6 +550,7 @@ expected<void> container::destroy() {
     pidfd_.reset();
   }
   ctl_.reset();
+  chronus_.reset();
   if (cgroup_) {
     auto r = cgroup_->destroy();
     if (!r && result)

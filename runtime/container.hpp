@@ -4,6 +4,9 @@
 // its step and the path involved. Host steps, in this process:
 //   make_upper    a detached tmpfs for the writable upper and work dirs
 //   make_overlay  a detached overlay of the layers under it
+//   make_chronus  (options.chronus only; not even listed otherwise) the Chronus
+//                 socket, bound in the overlay (it lands in the upper dir):
+//                 /run/chronus.sock
 //   make_cgroup   a cgroup with the limits (only when limits are set)
 //   spawn         the zygote clones the sandbox init into fresh namespaces
 //   wait_ready    init reports its own steps (proto::child_step) done
@@ -41,6 +44,11 @@ struct container_options {
   bool net = false;        ///< a private network namespace with loopback up
   uint64_t disk_bytes = 0; ///< size of the writable layer; 0: tmpfs default (half of RAM)
   limits lim;              ///< cgroup limits; none set: no cgroup of its own
+  /// A Chronus sandbox: a listening SOCK_SEQPACKET socket at /run/chronus.sock
+  /// (container::chronus_fd()), and trusted commands (command::trusted) that the
+  /// agent's processes can neither ptrace, read nor signal. Needs Landlock ABI 6
+  /// (Linux 6.12): creation fails with errc::unsupported below that.
+  bool chronus = false;
 };
 
 /// A command to run in a sandbox.
@@ -50,6 +58,14 @@ struct command {
   std::string cwd = "/";
   std::optional<uint32_t> uid;   ///< sandbox uid; none: root (0)
   std::optional<uint32_t> gid;
+  /// Started by the sandbox's trusted helper, outside the agent's Landlock
+  /// domain: untrusted commands (the agent's) cannot ptrace it, so cannot read
+  /// its environment or memory or take its descriptors, nor signal it. It can
+  /// see and trace theirs. Otherwise it runs and is reported like any command.
+  /// Only in a sandbox made with container_options::chronus (else
+  /// errc::invalid_argument). Its argv stays readable (/proc/PID/cmdline):
+  /// secrets go in `env`.
+  bool trusted = false;
 
   /// PATH, HOME=/root, TERM (from the host if set), LANG=C.UTF-8.
   static std::vector<std::string> default_env();
@@ -128,6 +144,18 @@ public:
 
   [[nodiscard]] int control_fd() const { return ctl_.get(); }
 
+  /// The Chronus socket's listening end (SOCK_SEQPACKET, non-blocking,
+  /// close-on-exec) in a sandbox made with options.chronus; -1 otherwise, once
+  /// released, or once the sandbox is destroyed or reaped (it is closed then).
+  /// The sandbox connects to it at /run/chronus.sock.
+  [[nodiscard]] int chronus_fd() const { return chronus_.get(); }
+  /// Hands the listening socket over to the caller (then chronus_fd() is -1).
+  /// Like any bound socket it holds its file system, here the sandbox's
+  /// overlay (its upper tmpfs and its layers): close it once the sandbox is gone.
+  unique_fd release_chronus_fd() { return std::move(chronus_); }
+  /// Whether the sandbox was made with options.chronus (trusted commands work).
+  [[nodiscard]] bool chronus() const { return chronus_enabled_; }
+
   /// Turns init's report of a failed exec into a message naming the program,
   /// the directory or the ids that did not work.
   static error describe_exec_failure(const command& cmd, error e);
@@ -182,6 +210,8 @@ private:
   unique_fd pidfd_;
   unique_fd ctl_;
   std::optional<sandbox_cgroup> cgroup_;
+  unique_fd chronus_;
+  bool chronus_enabled_ = false;
   uint64_t next_id_ = 1;
   bool destroyed_ = false;
   bool init_gone_ = false;
@@ -197,7 +227,7 @@ private:
   std::vector<pending> cmds_;
   std::vector<char> msg_; // reused exec message buffer
 
-  static constexpr size_t max_timings = 5 + static_cast<size_t>(proto::child_step::count);
+  static constexpr size_t max_timings = 6 + static_cast<size_t>(proto::child_step::count);
   std::array<step_timing, max_timings> timings_{};
   size_t ntimings_ = 0;
 };

@@ -16,6 +16,7 @@ expected<std::unique_ptr<engine>> engine::start(const engine_options& opts) {
     DSEC_TRY_VOID(sp->ready());
   DSEC_TRY(r, reactor::start(4096));
   e->reactor_ = std::move(r);
+  e->chronus_ = std::make_unique<chronus_endpoint>(*e->reactor_, opts.chronus);
   return e;
 }
 
@@ -49,7 +50,9 @@ std::vector<std::string> engine::collect_garbage() {
 }
 
 engine::~engine() {
-  // The reactor first: its callbacks post to actors that may reference us.
+  // The Chronus endpoint closes its sockets on the reactor thread; then the
+  // reactor, whose callbacks post to actors that may reference us.
+  chronus_.reset();
   reactor_.reset();
   spawners_.clear();
 }

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "runtime/cgroup.hpp"
+#include "runtime/chronus_endpoint.hpp"
 #include "runtime/error.hpp"
 #include "runtime/reactor.hpp"
 #include "runtime/spawner.hpp"
@@ -23,6 +24,7 @@ struct engine_options {
   std::string state_dir;      ///< the layer store
   unsigned spawners = 2;      ///< zygotes; one per core is about right
   unsigned netns_prewarm = 4; ///< empty network namespaces each zygote makes at start
+  chronus_endpoint::config chronus; ///< rate limit and connections per sandbox
 };
 
 class engine {
@@ -33,6 +35,8 @@ public:
 
   [[nodiscard]] store& layers() { return *store_; }
   [[nodiscard]] reactor& io() { return *reactor_; }
+  /// The node's end of every sandbox's /run/chronus.sock, on the reactor thread.
+  [[nodiscard]] chronus_endpoint& chronus() { return *chronus_; }
 
   /// A spawner, round-robin; one that is busy serialises its callers.
   spawner& pick();
@@ -54,6 +58,7 @@ private:
   std::optional<store> store_;
   std::vector<std::unique_ptr<spawner>> spawners_;
   std::unique_ptr<reactor> reactor_;
+  std::unique_ptr<chronus_endpoint> chronus_;
   std::atomic<size_t> next_{0};
   std::mutex cgroups_mu_;
   std::optional<cgroup_root> cgroups_;

@@ -12,6 +12,9 @@ const char* to_string(errc code) noexcept {
     case errc::already_exists: return "already_exists";
     case errc::wrong_kind: return "wrong_kind";
     case errc::in_use: return "in_use";
+    case errc::malformed: return "malformed";
+    case errc::too_large: return "too_large";
+    case errc::unauthenticated: return "unauthenticated";
     case errc::overloaded: return "overloaded";
     case errc::system_error: return "system_error";
     case errc::tool_failed: return "tool_failed";

@@ -22,6 +22,9 @@ enum class errc : uint8_t {
   already_exists = 3,   ///< the name is taken (layer versions are immutable)
   wrong_kind = 4,       ///< e.g. a tool layer given where a base layer belongs
   in_use = 5,           ///< refused while something still uses it
+  malformed = 6,        ///< bytes that do not parse as the expected message (a wire frame)
+  too_large = 7,        ///< over a size limit (a frame, a message)
+  unauthenticated = 8,  ///< a missing or wrong credential (e.g. a Chronus token)
   // 20..39: the request is fine but cannot be served now. Back off and retry.
   overloaded = 20,      ///< out of slots, pids, memory or another capacity
   // 40..59: something failed while serving the request. Report it.

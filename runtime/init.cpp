@@ -4,8 +4,11 @@
 #include <grp.h>
 #include <limits.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/signalfd.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -22,6 +25,7 @@ namespace {
 
 struct running {
   pid_t pid;
+  bool trusted; // started by the trusted helper: signals go through it
   uint64_t id;
 };
 
@@ -38,11 +42,19 @@ alignas(16) char buf[proto::max_exec_message + 64];
 char* argv_buf[max_strings];
 char* envp_buf[max_strings];
 running cmds[max_running];
+// The stack of the trusted helper's clone children (CLONE_VM, like vfork, but
+// CLONE_PARENT needs clone). Touched only in the helper.
+alignas(64) char helper_stack[64 * 1024];
 
 struct init_state {
   int ctl;
+  int helper = -1; // the trusted helper's socket, or -1
   size_t ncmds = 0;
 };
+
+// Newer than Debian 12's headers (Linux 6.9): pidfd_send_signal to the process
+// group the pidfd's process leads.
+constexpr unsigned pidfd_signal_process_group = 1U << 2;
 
 void send_or_exit(int ctl, const void* msg, size_t len) {
   if (unix_socket::send(ctl, msg, len, nullptr, 0) < 0)
@@ -126,20 +138,17 @@ struct vfork_result {
   __builtin_unreachable();
 }
 
-// Parses one exec message and starts the command. Malformed messages are
-// answered with exec_failed(EPROTO): dsec built them, so that is a bug, but init
-// must not crash on it.
-void handle_exec(init_state& s, size_t len, const int* fds, size_t nfds) {
-  proto::exec m;
+// Splits the exec message in buf (len bytes, nfds descriptors attached) into
+// `m`, `cwd`, argv_buf and envp_buf. False if it is malformed: dsec built it, so
+// that is a bug, but neither init nor the helper may crash on it.
+bool parse_exec(size_t len, size_t nfds, proto::exec& m, const char*& cwd) {
   std::memcpy(&m, buf, sizeof m);
-  proto::exec_failed fail;
-  fail.id = m.id;
   const char* data = buf + sizeof m;
   size_t data_len = len - sizeof m;
   bool ok = nfds == 3 && m.data_len == data_len && m.argc >= 1 && m.argc < 65536
             && m.envc < 65536 && data_len > 0 && data[data_len - 1] == '\0';
   // Split the strings: cwd, argv..., env...
-  const char* cwd = data;
+  cwd = data;
   size_t nargv = 0, nenvp = 0;
   if (ok) {
     size_t want = 1 + m.argc + m.envc, got = 0;
@@ -155,6 +164,76 @@ void handle_exec(init_state& s, size_t len, const int* fds, size_t nfds) {
     }
     ok = got == want && p == end;
   }
+  if (ok) {
+    argv_buf[nargv] = nullptr;
+    envp_buf[nenvp] = nullptr;
+  }
+  return ok;
+}
+
+// Hands a trusted command to the helper and waits for its answer, as the vfork
+// below waits for the exec: the command cannot be reaped before it is recorded,
+// because SIGCHLD is only read in the main loop.
+void start_trusted(init_state& s, const proto::exec& m, size_t len, const int* fds) {
+  proto::exec_failed fail;
+  fail.id = m.id;
+  fail.stage = static_cast<uint32_t>(proto::exec_stage::fork);
+  if (s.helper < 0) {
+    fail.err = EPERM; // not a Chronus sandbox: dsec refuses this before sending it
+    send_or_exit(s.ctl, &fail, sizeof fail);
+    return;
+  }
+  if (unix_socket::send(s.helper, buf, len, fds, 3) < 0) {
+    fail.err = errno;
+    send_or_exit(s.ctl, &fail, sizeof fail);
+    return;
+  }
+  alignas(8) char reply[64];
+  ssize_t n = unix_socket::recv(s.helper, reply, sizeof reply, nullptr, 0, nullptr);
+  proto::header h{};
+  if (n >= static_cast<ssize_t>(sizeof h))
+    std::memcpy(&h, reply, sizeof h);
+  bool ours = h.magic == proto::magic;
+  if (ours && h.kind == proto::type::started && n == static_cast<ssize_t>(sizeof(proto::started))) {
+    proto::started st;
+    std::memcpy(&st, reply, sizeof st);
+    if (st.id == m.id && st.pid > 0) {
+      cmds[s.ncmds++] = {st.pid, true, m.id};
+      send_or_exit(s.ctl, &st, sizeof st);
+      return;
+    }
+  } else if (ours && h.kind == proto::type::exec_failed
+             && n == static_cast<ssize_t>(sizeof(proto::exec_failed))) {
+    proto::exec_failed f;
+    std::memcpy(&f, reply, sizeof f);
+    if (f.id == m.id) {
+      // The child that failed is ours (CLONE_PARENT): reap it now, as the
+      // untrusted path does, unless the pid is a command we know.
+      bool known = false;
+      for (size_t i = 0; i < s.ncmds && !known; ++i)
+        known = cmds[i].pid == f.pid;
+      if (f.pid > 0 && !known) {
+        int st;
+        sys::retry([&] { return ::waitpid(f.pid, &st, 0); });
+      }
+      f.pid = 0;
+      send_or_exit(s.ctl, &f, sizeof f);
+      return;
+    }
+  }
+  // The helper is gone (EPIPE) or answered nonsense (EPROTO).
+  fail.err = n == 0 ? EPIPE : n < 0 ? errno : EPROTO;
+  send_or_exit(s.ctl, &fail, sizeof fail);
+}
+
+// Parses one exec message and starts the command. Malformed messages are
+// answered with exec_failed(EPROTO).
+void handle_exec(init_state& s, size_t len, const int* fds, size_t nfds) {
+  proto::exec m;
+  const char* cwd = nullptr;
+  bool ok = parse_exec(len, nfds, m, cwd);
+  proto::exec_failed fail;
+  fail.id = m.id;
   if (!ok) {
     fail.stage = static_cast<uint32_t>(proto::exec_stage::fork);
     fail.err = EPROTO;
@@ -167,8 +246,10 @@ void handle_exec(init_state& s, size_t len, const int* fds, size_t nfds) {
     send_or_exit(s.ctl, &fail, sizeof fail);
     return;
   }
-  argv_buf[nargv] = nullptr;
-  envp_buf[nenvp] = nullptr;
+  if (m.flags & proto::exec_trusted) {
+    start_trusted(s, m, len, fds);
+    return;
+  }
   vfork_result r{0, 0};
   pid_t pid = ::vfork();
   if (pid == 0)
@@ -187,7 +268,7 @@ void handle_exec(init_state& s, size_t len, const int* fds, size_t nfds) {
     send_or_exit(s.ctl, &fail, sizeof fail);
     return;
   }
-  cmds[s.ncmds++] = {pid, m.id};
+  cmds[s.ncmds++] = {pid, false, m.id};
   proto::started st;
   st.id = m.id;
   st.pid = pid;
@@ -197,6 +278,16 @@ void handle_exec(init_state& s, size_t len, const int* fds, size_t nfds) {
 void handle_signal(init_state& s, const proto::signal& m) {
   for (size_t i = 0; i < s.ncmds; ++i)
     if (cmds[i].id == m.id) {
+      if (cmds[i].trusted) {
+        // Landlock keeps init (in the agent's domain) from signalling it: the
+        // helper does, through a pidfd, which cannot name a recycled pid.
+        int pidfd = sys::pidfd_open(cmds[i].pid, 0);
+        if (pidfd >= 0) {
+          (void) unix_socket::send(s.helper, &m, sizeof m, &pidfd, 1);
+          ::close(pidfd);
+        }
+        return;
+      }
       if (::kill(-cmds[i].pid, m.sig) < 0)
         ::kill(cmds[i].pid, m.sig);
       return;
@@ -221,11 +312,139 @@ void reap(init_state& s) {
   }
 }
 
+// ---- the trusted helper ------------------------------------------------------
+
+struct trusted_start {
+  const proto::exec* m;
+  const char* cwd;
+  const int* fds;
+  vfork_result* out;
+};
+
+int trusted_child(void* arg) {
+  auto* a = static_cast<trusted_start*>(arg);
+  exec_child(*a->m, a->cwd, argv_buf, envp_buf, a->fds, a->out);
+}
+
+void helper_reply(int sock, const void* msg, size_t len) {
+  if (unix_socket::send(sock, msg, len, nullptr, 0) < 0)
+    ::_exit(0); // init is gone
+}
+
+// Starts one trusted command, like init's vfork but with CLONE_PARENT: its
+// parent is init, which reaps it. Answers started or exec_failed.
+void helper_exec(int sock, size_t len, const int* fds, size_t nfds) {
+  proto::exec m;
+  const char* cwd = nullptr;
+  bool ok = parse_exec(len, nfds, m, cwd);
+  proto::exec_failed fail;
+  fail.id = m.id;
+  fail.stage = static_cast<uint32_t>(proto::exec_stage::fork);
+  if (!ok) {
+    fail.err = EPROTO;
+    helper_reply(sock, &fail, sizeof fail);
+    return;
+  }
+  vfork_result r{0, 0};
+  trusted_start a{&m, cwd, fds, &r};
+  // The seccomp filter answers clone3 with ENOSYS; glibc's clone() is clone(2).
+  pid_t pid = ::clone(trusted_child, helper_stack + sizeof helper_stack,
+                      CLONE_PARENT | CLONE_VM | CLONE_VFORK | SIGCHLD, &a);
+  if (pid < 0) {
+    fail.err = errno;
+  } else if (r.err != 0) {
+    fail.stage = r.stage;
+    fail.err = r.err;
+    fail.pid = pid;
+  } else {
+    proto::started st;
+    st.id = m.id;
+    st.pid = pid;
+    helper_reply(sock, &st, sizeof st);
+    return;
+  }
+  helper_reply(sock, &fail, sizeof fail);
+}
+
+// Signals a trusted command's process group (or, if it left it, the command).
+void helper_signal(int pidfd, int sig) {
+  if (::syscall(SYS_pidfd_send_signal, pidfd, sig, nullptr, pidfd_signal_process_group) < 0)
+    (void) sys::pidfd_send_signal(pidfd, sig);
+}
+
+[[noreturn]] void helper_main(int sock) {
+  for (;;) {
+    int fds[unix_socket::max_fds];
+    size_t nfds = 0;
+    ssize_t n = unix_socket::recv(sock, buf, sizeof buf, fds, unix_socket::max_fds, &nfds);
+    if (n == 0 || (n < 0 && errno != EMSGSIZE))
+      ::_exit(0); // init is gone
+    proto::header h{};
+    if (n >= static_cast<ssize_t>(sizeof h))
+      std::memcpy(&h, buf, sizeof h);
+    if (h.magic == proto::magic && h.kind == proto::type::signal
+        && n == static_cast<ssize_t>(sizeof(proto::signal))) {
+      proto::signal m;
+      std::memcpy(&m, buf, sizeof m);
+      if (nfds == 1)
+        helper_signal(fds[0], m.sig);
+    } else if (n < 0 || (h.magic == proto::magic && h.kind == proto::type::exec)) {
+      // init waits for an answer to every exec, even one that did not arrive whole.
+      if (n >= static_cast<ssize_t>(sizeof(proto::exec))) {
+        helper_exec(sock, static_cast<size_t>(n), fds, nfds);
+      } else {
+        proto::exec_failed fail;
+        fail.err = EPROTO;
+        helper_reply(sock, &fail, sizeof fail);
+      }
+    }
+    for (size_t i = 0; i < nfds; ++i)
+      ::close(fds[i]);
+  }
+}
+
 } // namespace
 
-void init_main(int ctl) {
+int start_trusted_helper(int ctl, char* argv_begin, size_t argv_len) {
+  int sv[2];
+  if (unix_socket::pair(sv) < 0)
+    return -errno;
+  pid_t init = ::getpid();
+  pid_t pid = ::fork();
+  if (pid < 0) {
+    int err = errno;
+    ::close(sv[0]);
+    ::close(sv[1]);
+    return -err;
+  }
+  if (pid == 0) {
+    ::close(ctl);
+    ::close(sv[0]);
+    // It dies with init: init is pid 1 of the sandbox's pid namespace, so its
+    // end kills every process in it. (A PR_SET_PDEATHSIG would not do: init
+    // is about to enter the nested domain, which may not signal this one.)
+    // Its socket also reads EOF then, and a helper that outlived init would
+    // exit.
+    if (::getppid() != init)
+      ::_exit(0);
+    // Inherited from init, and kept: the agent cannot read it in any case
+    // (another Landlock domain), nor can the trusted commands it starts.
+    ::prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+    if (argv_len > 0) {
+      std::memset(argv_begin, 0, argv_len);
+      std::strncpy(argv_begin, "dsec-trusted", argv_len - 1);
+    }
+    ::prctl(PR_SET_NAME, "dsec-trusted", 0, 0, 0);
+    helper_main(sv[1]);
+  }
+  ::close(sv[1]);
+  return sv[0];
+}
+
+void init_main(int ctl, int helper) {
   init_state s;
   s.ctl = ctl;
+  s.helper = helper;
   sigset_t chld;
   sigemptyset(&chld);
   sigaddset(&chld, SIGCHLD);

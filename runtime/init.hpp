@@ -7,11 +7,34 @@
 // being pid 1 of its namespace it ignores every signal sent from inside. When
 // the control socket closes (dsec went away), init exits and the kernel kills
 // everything left in the sandbox.
+//
+// In a Chronus sandbox (proto::spawn_chronus) init first forks the trusted
+// helper, which stays in the sandbox's Landlock domain, and then enters a nested
+// domain of its own (the agent's): untrusted commands are init's vfork children
+// and share it, so they can ptrace and signal one another as before. A trusted
+// command goes to the helper, which clones it with CLONE_PARENT: init remains
+// its parent, reaps it and reports it like any other command, but it lives in
+// the outer domain, where Landlock keeps every process of the agent's domain
+// from ptracing it (so from /proc/PID/environ, /proc/PID/mem, pidfd_getfd) and
+// from signalling it. The helper is not dumpable, holds nothing but its socket
+// to init, and dies with init (the end of a pid namespace's init kills every
+// process in it).
 #pragma once
+
+#include <cstddef>
 
 namespace dsec {
 
-/// Serves `ctl` until it closes; never returns.
-[[noreturn]] void init_main(int ctl);
+/// Forks the trusted helper (see above). The caller must still be in the
+/// sandbox's own Landlock domain and hold no descriptor but `ctl`, which the
+/// helper closes. `argv_begin`/`argv_len`: the process's argv strings, which
+/// the helper overwrites with its name (what `ps` shows). Returns init's end of
+/// the helper's socket, or -errno.
+int start_trusted_helper(int ctl, char* argv_begin, size_t argv_len);
+
+/// Serves `ctl` until it closes; never returns. `helper`: the trusted helper's
+/// socket (start_trusted_helper), or -1 when there is none: trusted commands
+/// are then refused.
+[[noreturn]] void init_main(int ctl, int helper);
 
 } // namespace dsec

@@ -1,7 +1,9 @@
 #include "runtime/mount.hpp"
 
 #include <fcntl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 
 #include <cstdio>
 
@@ -64,6 +66,41 @@ expected<upper_layer> make_upper(uint64_t size_bytes, uint32_t owner) {
   if (!u.upper || !u.work)
     return sys_error("opening upper/work dirs");
   return u;
+}
+
+expected<unique_fd> make_chronus_socket(int overlay, uint32_t owner, int backlog) {
+  const char* shown = chronus_socket_path;
+  if (::mkdirat(overlay, "run", 0755) == 0) {
+    // Like the sandbox's own directories: its root owns it, whatever our umask.
+    if (::fchmodat(overlay, "run", 0755, 0) < 0
+        || (owner != 0 && ::fchownat(overlay, "run", owner, owner, AT_SYMLINK_NOFOLLOW) < 0))
+      return sys_error("setting the owner and mode of", "/run");
+  } else if (errno != EEXIST) {
+    return sys_error("mkdir in the sandbox root", "/run");
+  }
+  // Never through a symbolic link of the layers: it would resolve on the host.
+  unique_fd run{::openat(overlay, "run", O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)};
+  if (!run)
+    return sys_error("opening the sandbox directory (links not followed)", "/run");
+  // Whatever the layers have there gives way (a whiteout in the upper dir).
+  if (::unlinkat(run.get(), "chronus.sock", 0) < 0 && errno != ENOENT)
+    return sys_error("removing the layers' file at", shown);
+  unique_fd sock{::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0)};
+  if (!sock)
+    return sys_error("socket(AF_UNIX, SOCK_SEQPACKET) for", shown);
+  // sun_path holds 108 bytes: bind through our descriptor of run/, not a path.
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::snprintf(addr.sun_path, sizeof addr.sun_path, "/proc/self/fd/%d/chronus.sock", run.get());
+  if (::bind(sock.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof addr) < 0)
+    return sys_error("bind of the Chronus socket at", shown);
+  if (::fchmodat(run.get(), "chronus.sock", 0666, 0) < 0
+      || (owner != 0
+          && ::fchownat(run.get(), "chronus.sock", owner, owner, AT_SYMLINK_NOFOLLOW) < 0))
+    return sys_error("setting the owner and mode of", shown);
+  if (::listen(sock.get(), backlog) < 0)
+    return sys_error("listen on", shown);
+  return sock;
 }
 
 expected<unique_fd> make_overlay(std::span<const int> lowers, const upper_layer& upper) {

@@ -6,6 +6,8 @@
 //                 namespace so that its root-owned files belong to the sandbox root.
 //   make_upper    a private tmpfs holding the sandbox's writable upper and work dirs.
 //   make_overlay  the overlay of the lower layers under that upper dir.
+//   make_chronus_socket  a listening unix socket bound in that overlay, which
+//                 the sandbox sees at /run/chronus.sock.
 #pragma once
 
 #include <cstdint>
@@ -45,6 +47,22 @@ struct upper_layer {
 /// Makes the tmpfs. `size_bytes` 0 leaves the kernel default (half of RAM);
 /// `owner` is the host uid (and gid) that the sandbox's root maps to.
 expected<upper_layer> make_upper(uint64_t size_bytes, uint32_t owner);
+
+/// Where the sandbox sees its Chronus socket, and where it lies in the upper dir.
+inline constexpr const char* chronus_socket_path = "/run/chronus.sock";
+
+/// Binds a SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC unix socket at
+/// run/chronus.sock in `overlay` (make_overlay's mount, before the sandbox gets
+/// it), and listens with a backlog of `backlog`. The socket lands in the upper
+/// tmpfs; it is bound through the overlay because a connect() through the
+/// overlay finds only sockets bound on the overlay's own inodes (one bound in
+/// the upper dir directly refuses connections: ECONNREFUSED). A /run of the
+/// layers is kept (copied up, merged); else run/ is made, owned by `owner` and
+/// mode 0755. The socket is mode 0666 and owned by `owner` (the host uid of the
+/// sandbox's root) so that every uid of the sandbox can connect. Nothing is
+/// created outside the sandbox's upper layer. The listening socket holds the
+/// overlay mount (as any bound socket holds its file system) until it is closed.
+expected<unique_fd> make_chronus_socket(int overlay, uint32_t owner, int backlog = 64);
 
 /// Builds a detached overlay of `lowers` (directory fds, topmost first) under
 /// `upper`, and returns its mount fd, ready for move_mount(2) in the sandbox.

@@ -2,6 +2,12 @@
 // each sandbox's init. Fixed-layout structs over SOCK_SEQPACKET: both ends are
 // built from the same tree, so there is no versioning; every message starts with
 // a header and the receiver checks magic, type and size before it trusts it.
+//
+// In a Chronus sandbox (spawn_chronus) init also talks to its trusted helper
+// over a socketpair of its own, with the same messages: init forwards a trusted
+// command's `exec` (the same bytes, stdin/stdout/stderr attached) and the
+// helper answers `started` or `exec_failed`; init forwards `signal` with the
+// command's pidfd attached, and the helper does not answer.
 #pragma once
 
 #include <cstddef>
@@ -45,6 +51,7 @@ enum class child_step : uint32_t {
   landlock,
   drop_capabilities,
   seccomp,
+  trusted_helper, ///< spawn_chronus only: fork the helper, enter the agent's domain
   count
 };
 
@@ -52,7 +59,8 @@ inline const char* child_step_name(uint32_t s) {
   static const char* names[] = {"join_cgroup",   "enter_cgroup_ns",   "attach_root",
                                 "mount_proc",    "protect_proc",      "mount_devpts",
                                 "enter_root",    "set_hostname",      "setup_network",
-                                "landlock",      "drop_capabilities", "seccomp"};
+                                "landlock",      "drop_capabilities", "seccomp",
+                                "trusted_helper"};
   return s < static_cast<uint32_t>(child_step::count) ? names[s] : "unknown";
 }
 
@@ -69,6 +77,13 @@ struct hello {
 /// network namespace of its own from the zygote's pool: recycled from sandboxes
 /// that ended, with no device up, so it has no network at all.
 constexpr uint32_t spawn_net = 1;
+
+/// A Chronus sandbox: before it reports ready, init forks the trusted helper,
+/// which stays in the sandbox's Landlock domain, and then enters a nested one
+/// (the agent's) that scopes signals and abstract sockets. Trusted commands are
+/// started by the helper, so no process of the agent's domain can ptrace,
+/// signal or read them. Needs Landlock ABI 6.
+constexpr uint32_t spawn_chronus = 2;
 
 /// Descriptors attached, in order: the overlay mount, init's end of the control
 /// socket, then `cgroup_fds` cgroup.procs files to join.
@@ -107,6 +122,7 @@ struct ready {
 };
 
 constexpr uint32_t exec_set_ids = 1; ///< uid/gid are set: switch to them
+constexpr uint32_t exec_trusted = 2; ///< started by the trusted helper (spawn_chronus)
 
 /// Followed by `data_len` bytes: cwd NUL, argc args each NUL-terminated, then
 /// envc "K=V" strings each NUL-terminated. stdin, stdout, stderr attached.
@@ -154,6 +170,8 @@ struct exec_failed {
   uint64_t id = 0;
   uint32_t stage = 0;
   int32_t err = 0;
+  int32_t pid = 0; ///< helper -> init: the child that failed (init's to reap), else 0
+  uint32_t pad = 0;
 };
 
 struct exited {

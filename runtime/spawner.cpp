@@ -152,9 +152,10 @@ expected<void> spawner::ready() {
 
 expected<spawner::spawned> spawner::spawn(int overlay, int ctl,
                                           std::span<const int> cgroup_fds,
-                                          const std::string& hostname, bool net) {
+                                          const std::string& hostname, bool net,
+                                          bool chronus) {
   proto::spawn req;
-  req.flags = net ? proto::spawn_net : 0;
+  req.flags = (net ? proto::spawn_net : 0) | (chronus ? proto::spawn_chronus : 0);
   if (hostname.size() >= sizeof req.hostname)
     return make_error(errc::invalid_argument,
                       "hostname '" + hostname + "' is longer than 63 characters");

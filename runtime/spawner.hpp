@@ -48,9 +48,10 @@ public:
   static expected<std::string> find_binary();
 
   /// Creates a sandbox init whose root is `overlay` (a detached mount), which
-  /// talks over `ctl` and joins the cgroups behind `cgroup_fds`. Thread-safe.
+  /// talks over `ctl` and joins the cgroups behind `cgroup_fds`. `chronus`:
+  /// init starts the trusted helper (proto::spawn_chronus). Thread-safe.
   expected<spawned> spawn(int overlay, int ctl, std::span<const int> cgroup_fds,
-                          const std::string& hostname, bool net);
+                          const std::string& hostname, bool net, bool chronus = false);
 
   /// The sandbox user namespace (to idmap layer mounts with).
   [[nodiscard]] int userns_fd() const { return userns_.get(); }

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <climits>
 #include <charconv>
 #include <cerrno>
 #include <chrono>
@@ -526,7 +527,35 @@ const system_entry system_entries[] = {
   {system_entry::symlink, "dev/stderr", 0, 0, 0, "/proc/self/fd/2"},
 };
 
-expected<void> make_system_tree(const std::string& root) {
+// Copies the chronus client (from `fd`) to usr/local/bin/chronus, mode 0755.
+expected<void> add_chronus(const std::string& root, int fd) {
+  for (auto d : {"usr", "usr/local", "usr/local/bin"}) {
+    auto path = join(root, d);
+    if (::mkdir(path.c_str(), 0755) != 0 || ::chmod(path.c_str(), 0755) != 0)
+      return sys_error("cannot create directory", path);
+  }
+  auto path = join(root, "usr/local/bin/chronus");
+  unique_fd out{::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0755)};
+  if (!out)
+    return sys_error("cannot create", path);
+  char buf[65536];
+  off_t at = 0;
+  for (;;) {
+    auto n = ::pread(fd, buf, sizeof buf, at);
+    if (n < 0)
+      return sys_error("cannot read the chronus client for", path);
+    if (n == 0)
+      break;
+    if (::write(out.get(), buf, static_cast<size_t>(n)) != n)
+      return sys_error("cannot write", path);
+    at += n;
+  }
+  if (::fchmod(out.get(), 0755) != 0)
+    return sys_error("cannot set the mode of", path);
+  return {};
+}
+
+expected<void> make_system_tree(const std::string& root, int chronus_fd) {
   if (::mkdir(root.c_str(), 0755) != 0 || ::chmod(root.c_str(), 0755) != 0)
     return sys_error("cannot create", root);
   for (const auto& e : system_entries) {
@@ -557,9 +586,15 @@ expected<void> make_system_tree(const std::string& root) {
   // the image identical wherever and whenever it is built. Done last: creating an
   // entry changes its directory's mtime. (mkfs.erofs -T0 would do it, but erofs-utils
   // 1.5 lets SOURCE_DATE_EPOCH override -T.)
+  DSEC_TRY_VOID(add_chronus(root, chronus_fd));
   const struct timespec epoch[2] = {{0, 0}, {0, 0}};
   for (const auto& e : system_entries) {
     auto path = join(root, e.path);
+    if (::utimensat(AT_FDCWD, path.c_str(), epoch, AT_SYMLINK_NOFOLLOW) != 0)
+      return sys_error("cannot set the mtime of", path);
+  }
+  for (auto e : {"usr/local/bin/chronus", "usr/local/bin", "usr/local", "usr"}) {
+    auto path = join(root, e);
     if (::utimensat(AT_FDCWD, path.c_str(), epoch, AT_SYMLINK_NOFOLLOW) != 0)
       return sys_error("cannot set the mtime of", path);
   }
@@ -834,16 +869,53 @@ expected<void> store::remove(const layer_ref& ref) {
   return {};
 }
 
+expected<std::string> store::find_chronus() {
+  auto executable = [](const std::string& p) {
+    struct stat st{};
+    return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(p.c_str(), X_OK) == 0;
+  };
+  if (const char* env = std::getenv("DSEC_CHRONUS"); env && *env) {
+    if (!executable(env))
+      return make_error(errc::not_found,
+                        std::string{"DSEC_CHRONUS="} + env + " is not an executable file");
+    return std::string{env};
+  }
+  char self[PATH_MAX];
+  auto n = ::readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n > 0) {
+    self[n] = '\0';
+    std::string dir{self};
+    dir.resize(dir.rfind('/'));
+    for (auto candidate : {dir + "/chronus", dir + "/../tools/chronus",
+                           dir + "/../libexec/dsec/chronus"})
+      if (executable(candidate))
+        return candidate;
+  }
+  std::string installed = DSEC_LIBEXECDIR "/chronus";
+  if (executable(installed))
+    return installed;
+  return make_error(errc::not_found,
+                    "cannot find the chronus client for the system layer (looked beside the "
+                    "dsec binary and in " DSEC_LIBEXECDIR "; set DSEC_CHRONUS to its path)");
+}
+
 expected<std::string> store::system_layer() {
-  auto path = join(system_dir(dir_),
-                   "system-v" + std::to_string(system_layer_version) + ".erofs");
+  // The image carries the chronus client: its name says which one, so a new
+  // chronus makes a new image beside the old.
+  DSEC_TRY(chronus, find_chronus());
+  unique_fd cfd{::open(chronus.c_str(), O_RDONLY | O_CLOEXEC)};
+  if (!cfd)
+    return sys_error("cannot open the chronus client", chronus);
+  DSEC_TRY(chronus_digest, sha256_hex_of_file(cfd.get()));
+  auto path = join(system_dir(dir_), "system-v" + std::to_string(system_layer_version) + "-" +
+                                       chronus_digest.substr(0, 16) + ".erofs");
   struct stat st{};
   if (::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode))
     return path;
 
   DSEC_TRY(staging, staging_dir::create(dir_, "system"));
   auto tree = join(staging.path(), "root");
-  DSEC_TRY_VOID(make_system_tree(tree));
+  DSEC_TRY_VOID(make_system_tree(tree, cfd.get()));
   auto image = join(staging.path(), "system.erofs");
   // --all-root: the nodes must be root's whoever built them.
   auto argv = mkfs_argv("", image, tree);

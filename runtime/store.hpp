@@ -110,16 +110,23 @@ public:
   expected<void> remove(const layer_ref& ref);
 
   /// The path of the dsec system layer image (device nodes, /proc, /sys, /tmp
-  /// mount points, /dev symlinks) that goes on top of every sandbox's layers.
-  /// Built on first use (needs CAP_MKNOD), then reused.
+  /// mount points, /dev symlinks, and the Chronus client at
+  /// /usr/local/bin/chronus) that goes on top of every sandbox's layers.
+  /// Built on first use (needs CAP_MKNOD), then reused; named
+  /// system-vN-<digest of the chronus binary>.erofs.
   expected<std::string> system_layer();
+
+  /// The static chronus client that goes into the system layer: $DSEC_CHRONUS,
+  /// else `chronus` beside this program (or ../tools/, ../libexec/dsec/), else
+  /// the installed one.
+  static expected<std::string> find_chronus();
 
   /// The absolute state directory.
   [[nodiscard]] const std::string& dir() const noexcept { return dir_; }
 
   /// Bumped whenever the system layer's contents change, so a new dsec builds a
   /// new image next to the old one instead of using a stale one.
-  static constexpr int system_layer_version = 1;
+  static constexpr int system_layer_version = 2;
 
 private:
   explicit store(std::string dir) : dir_(std::move(dir)) {}

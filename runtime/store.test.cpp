@@ -499,7 +499,12 @@ TEST_CASE("store: the system layer has the device nodes and is built once") {
   fixture f;
   auto path = f.st.system_layer();
   REQUIRE_MESSAGE(path, path.error_value().to_string());
-  CHECK(*path == f.state + "/system/system-v1.erofs");
+  // Named after the version and the chronus client it carries.
+  CHECK(path->rfind(f.state + "/system/system-v2-", 0) == 0);
+  CHECK(path->size() == (f.state + "/system/system-v2-").size() + 16 + 6);
+  auto chronus = dump(*path, "/usr/local/bin/chronus");
+  CHECK(chronus.find("regular file") != std::string::npos);
+  CHECK(chronus.find("0755") != std::string::npos);
 
   auto null = dump(*path, "/dev/null");
   CHECK(null.find("char dev") != std::string::npos);

@@ -311,10 +311,25 @@ bool loopback_up() {
   if (c.ctl > 0)
     sys::close_range(0, static_cast<unsigned>(c.ctl) - 1, 0);
   sys::close_range(static_cast<unsigned>(c.ctl) + 1, ~0U, 0);
+  // A Chronus sandbox: the trusted helper stays in the sandbox's Landlock
+  // domain, init (and every untrusted command it starts) enters a nested one.
+  // Confined like init (it is a fork of it now) and holding only its socket.
+  int helper = -1;
+  if (req.flags & proto::spawn_chronus) {
+    c.last = now_ns();
+    if (c.z->landlock_abi < 6) // dsec checks this first; never run with less
+      child_fail(c, S::trusted_helper, "Landlock ABI 6", ENOTSUP);
+    helper = start_trusted_helper(c.ctl, c.z->argv_begin, c.z->argv_len);
+    if (helper < 0)
+      child_fail(c, S::trusted_helper, "fork", -helper);
+    if (int rc = security::restrict_landlock(c.z->landlock_abi); rc < 0)
+      child_fail(c, S::trusted_helper, "landlock_restrict_self", -rc);
+    mark(c, S::trusted_helper);
+  }
   c.ready.steps = static_cast<uint32_t>(S::count);
   if (unix_socket::send(c.ctl, &c.ready, sizeof c.ready, nullptr, 0) < 0)
     ::_exit(1);
-  init_main(c.ctl);
+  init_main(c.ctl, helper);
 }
 
 pid_t clone_sandbox(uint32_t flags, int* pidfd) {

@@ -754,7 +754,7 @@ TEST_CASE("remote errors: status, message, and the daemon serves on") {
            {{"cp", "a"}, "expected SRC DST, got 1 argument"},
            {{"cp", "a", "b"}, "neither SRC nor DST is in a sandbox"},
            {{"cp", "x:/a", "y:/b"}, "both SRC and DST are in a sandbox"},
-           {{"session"}, "expected 'open' or 'close'"},
+           {{"session"}, "expected 'open', 'close' or 'watch'"},
            {{"session", "frob"}, "unknown sub-verb 'frob'"},
            {{"session", "close"}, "no session id given"},
            {{"session", "close", "a", "b"}, "one session id at a time"},

@@ -3,9 +3,15 @@
 // the host (tools/setup installs them) in a tool layer with their libraries.
 #include <doctest/doctest.h>
 
+#include <fcntl.h>
+#include <poll.h>
+#include <unistd.h>
+
 #include <string>
 
+#include "runtime/security.hpp"
 #include "test/support/fixture.hpp"
+#include "test/support/sandbox.hpp"
 
 using namespace dsec::test;
 
@@ -71,5 +77,41 @@ TEST_CASE("gdb runs a program to a breakpoint and attaches to a running process"
   CHECK_MESSAGE(r.out.find("exited normally") != std::string::npos, r.out);
   CHECK_MESSAGE(r.out.find("exe = '/bin/busybox'") != std::string::npos, r.out);
   // The sandbox's init stays out of reach (not dumpable).
+  CHECK_MESSAGE(r.out.substr(r.out.size() - 2) == "1\n", r.out);
+}
+
+TEST_CASE("in a Chronus sandbox gdb attaches to the agent's processes, not to trusted ones") {
+  if (dsec::security::landlock_abi() < 6) {
+    MESSAGE("no Landlock ABI 6: no Chronus sandbox to test (test/security checks the refusal)");
+    return;
+  }
+  build_debugger_layer();
+  api_env env({"dbg@1", base_layer});
+  dsec::container_options opts;
+  opts.chronus = true;
+  auto c = env.create(opts);
+  // A trusted command that prints its pid and sleeps.
+  dsec::command t;
+  t.argv = {"sh", "-c", "echo $$; exec sleep 1000"};
+  t.env = dsec::command::default_env();
+  t.trusted = true;
+  int out[2];
+  REQUIRE(::pipe2(out, O_CLOEXEC) == 0);
+  auto id = c->exec(t, dsec::stdio{-1, out[1], -1});
+  ::close(out[1]);
+  REQUIRE_MESSAGE(id, id.error_value().to_string());
+  std::string pid;
+  char ch;
+  pollfd p{out[0], POLLIN, 0};
+  while (::poll(&p, 1, 60'000) == 1 && ::read(out[0], &ch, 1) == 1 && ch != '\n') // safety only
+    pid += ch;
+  ::close(out[0]);
+  REQUIRE_FALSE(pid.empty());
+
+  auto r = exec_capture(*c, {"sh", "-c",
+                             "sleep 1000 & gdb -q -batch -p $! -ex 'info proc' 2>&1; "
+                             "gdb -q -batch -p " + pid
+                               + " 2>&1 | grep -c 'ptrace: Operation not permitted'"});
+  CHECK_MESSAGE(r.out.find("cmdline = ") != std::string::npos, r.out);
   CHECK_MESSAGE(r.out.substr(r.out.size() - 2) == "1\n", r.out);
 }

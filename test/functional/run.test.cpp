@@ -1,13 +1,23 @@
 // `dsec run` end to end: what goes in and out of a sandbox, and the options that
-// shape the command's environment.
+// shape the command's environment. Then, through the runtime API, what a
+// Chronus sandbox adds: its socket, and trusted commands (their isolation from
+// the agent is in test/security/isolation.test.cpp).
 #include <doctest/doctest.h>
 
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <string>
 #include <vector>
 
+#include "runtime/security.hpp"
 #include "test/support/fixture.hpp"
+#include "test/support/host.hpp"
+#include "test/support/sandbox.hpp"
 
 using namespace dsec::test;
 
@@ -187,4 +197,326 @@ TEST_CASE("a closed stdin or stderr of dsec reaches the command as /dev/null") {
   auto r = suite::get().run({}, {"sh", "-c", "readlink /proc/self/fd/0; readlink /proc/self/fd/2"}, o);
   CHECK_MESSAGE(r.status == 0, r.describe());
   CHECK(r.out == "/dev/null\n/dev/null\n");
+}
+
+// ---- Chronus: the socket and trusted commands (runtime API) -------------------
+
+namespace {
+
+// A deadline for waits that should end: a safety net against a hung suite,
+// never a pass/fail threshold.
+std::chrono::steady_clock::time_point safety() {
+  return std::chrono::steady_clock::now() + std::chrono::seconds(120);
+}
+
+// Runs `cmd` in `c` with `input` on its stdin and its stdout and stderr in one
+// pipe, and waits for it (a safety deadline only: the test fails past it).
+exec_result run_command(dsec::container& c, const dsec::command& cmd,
+                        const std::string& input = {}) {
+  int in[2], out[2];
+  REQUIRE(::pipe2(in, O_CLOEXEC) == 0);
+  REQUIRE(::pipe2(out, O_CLOEXEC) == 0);
+  REQUIRE(input.size() < 4096); // fits the pipe: written before the command runs
+  REQUIRE(::write(in[1], input.data(), input.size()) == static_cast<ssize_t>(input.size()));
+  ::close(in[1]);
+  auto id = c.exec(cmd, dsec::stdio{in[0], out[1], out[1]});
+  ::close(in[0]);
+  ::close(out[1]);
+  if (!id)
+    ::close(out[0]);
+  REQUIRE_MESSAGE(id, id.error_value().to_string());
+  exec_result res;
+  ::fcntl(out[0], F_SETFL, O_NONBLOCK);
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  char buf[4096];
+  auto drain = [&] {
+    ssize_t n;
+    while ((n = ::read(out[0], buf, sizeof buf)) > 0)
+      res.out.append(buf, static_cast<size_t>(n));
+  };
+  for (;;) {
+    drain();
+    auto st = c.wait(*id, std::chrono::steady_clock::now() + std::chrono::milliseconds(20));
+    if (st) {
+      res.status = *st;
+      break;
+    }
+    if (st.error_value().code != dsec::errc::timeout
+        || std::chrono::steady_clock::now() > deadline) {
+      ::close(out[0]);
+      FAIL("waiting for " << cmd.argv[0] << ": " << st.error_value().to_string());
+    }
+  }
+  drain();
+  ::close(out[0]);
+  return res;
+}
+
+dsec::command make_command(std::vector<std::string> argv, bool trusted = false) {
+  dsec::command cmd;
+  cmd.argv = std::move(argv);
+  cmd.env = dsec::command::default_env();
+  cmd.trusted = trusted;
+  return cmd;
+}
+
+// Whether this kernel can make Chronus sandboxes (Landlock ABI 6). If not, it
+// checks that creating one is refused as unsupported, and the caller stops.
+bool chronus_supported(api_env& env) {
+  if (dsec::security::landlock_abi() >= 6)
+    return true;
+  dsec::container_options o;
+  o.chronus = true;
+  auto c = dsec::container::create(env.sp(), env.lowers(), o, nullptr);
+  REQUIRE_FALSE(c);
+  CHECK(c.error_value().code == dsec::errc::unsupported);
+  CHECK(c.error_value().step == "make_chronus");
+  CHECK(c.error_value().message.find("Landlock ABI 6") != std::string::npos);
+  MESSAGE("this kernel has no Landlock ABI 6: only the refusal was tested");
+  return false;
+}
+
+dsec::container_options chronus_options() {
+  dsec::container_options o;
+  o.chronus = true;
+  return o;
+}
+
+// Accepts one connection on a listening Chronus socket and reads one packet.
+std::string accept_and_read(int listener) {
+  pollfd p{listener, POLLIN, 0};
+  REQUIRE(::poll(&p, 1, 60'000) == 1); // safety only: a connection is queued already
+  dsec::unique_fd conn{::accept4(listener, nullptr, nullptr, SOCK_CLOEXEC)};
+  REQUIRE(conn);
+  char buf[256];
+  auto n = ::recv(conn.get(), buf, sizeof buf, 0);
+  REQUIRE(n >= 0);
+  return std::string(buf, static_cast<size_t>(n));
+}
+
+// `probe pids` lists by name ("10" before "2"): whether a line is there.
+bool has_line(const std::string& text, const std::string& line) {
+  for (const auto& l : lines_of(text))
+    if (l == line)
+      return true;
+  return false;
+}
+
+bool has_step(const dsec::container& c, const char* name) {
+  for (const auto& t : c.timings())
+    if (std::string{t.name} == name)
+      return true;
+  return false;
+}
+
+} // namespace
+
+TEST_CASE("Chronus: the sandbox connects to /run/chronus.sock and the host reads its packets") {
+  api_env env({base_layer});
+  if (!chronus_supported(env))
+    return;
+  auto c = env.create(chronus_options());
+  CHECK(c->chronus());
+  REQUIRE(c->chronus_fd() >= 0);
+  CHECK(has_step(*c, "make_chronus"));
+  CHECK(has_step(*c, "trusted_helper"));
+
+  // Any uid may connect: the socket is 0666, /run the sandbox root's.
+  auto cmd = make_command({"sh", "-c",
+                           "stat -c '%A %u %g' /run/chronus.sock /run; "
+                           "probe seqpacket-send /run/chronus.sock hello-from-1000"});
+  cmd.uid = 1000;
+  auto r = run_command(*c, cmd);
+  CHECK_MESSAGE(r.status.code == 0, r.out);
+  CHECK(r.out == "srw-rw-rw- 0 0\ndrwxr-xr-x 0 0\nok\n");
+  CHECK(accept_and_read(c->chronus_fd()) == "hello-from-1000");
+
+  // A trusted command reaches it the same way.
+  r = run_command(*c, make_command({"probe", "seqpacket-send", "/run/chronus.sock", "hi"}, true));
+  CHECK(r.out == "ok\n");
+  CHECK(accept_and_read(c->chronus_fd()) == "hi");
+
+  // The caller can take the socket over; it keeps working.
+  auto fd = c->release_chronus_fd();
+  CHECK(c->chronus_fd() == -1);
+  REQUIRE(fd);
+  r = run_command(*c, make_command({"probe", "seqpacket-send", "/run/chronus.sock", "again"}));
+  CHECK(r.out == "ok\n");
+  CHECK(accept_and_read(fd.get()) == "again");
+
+  // Without the option there is no socket, and no helper among the processes.
+  auto plain = env.create();
+  CHECK_FALSE(plain->chronus());
+  CHECK(plain->chronus_fd() == -1);
+  CHECK_FALSE(has_step(*plain, "make_chronus")); // its steps are as they were
+  CHECK_FALSE(has_step(*plain, "trusted_helper"));
+  CHECK(has_step(*plain, "make_cgroup"));
+  r = run_command(*plain, make_command({"sh", "-c",
+                                        "probe seqpacket-send /run/chronus.sock x; probe pids"}));
+  CHECK(r.out == "ENOENT\n1 dsec-init\n2 probe\n"); // sh execs its last command
+}
+
+TEST_CASE("Chronus: the trusted helper is init's child and dies with the sandbox") {
+  api_env env({base_layer});
+  if (!chronus_supported(env))
+    return;
+  REQUIRE(env.sp().ready()); // its start-up helper is gone: not our doing below
+  auto before = host_snapshot::take();
+  for (bool by_kill : {false, true}) {
+    CAPTURE(by_kill);
+    auto c = env.create(chronus_options());
+    std::vector<pid_t> helpers;
+    // The helper names itself just after init forked it, which may be just
+    // after the sandbox was reported ready.
+    CHECK(eventually([&] {
+      helpers.clear();
+      for (const auto& [pid, e] : process_table())
+        if (e.ppid == c->pid() && e.comm == "dsec-trusted")
+          helpers.push_back(pid);
+      return helpers.size() == 1;
+    }));
+    REQUIRE(helpers.size() == 1);
+    if (by_kill) {
+      c->kill();
+      CHECK(eventually([&] {
+        auto reaped = c->reap();
+        return !reaped || *reaped;
+      }));
+    } else {
+      REQUIRE(c->destroy());
+    }
+    // init's end ended the pid namespace, the helper with it.
+    CHECK_FALSE(pid_exists(helpers[0]));
+  }
+  // Nor is anything else left: descriptors (the socket), mounts, processes.
+  check_nothing_left(before);
+}
+
+TEST_CASE("Chronus: a Chronus sandbox has the layers' /run under the socket") {
+  // A base layer with a /run of its own: the overlay merges it with ours.
+  auto& s = suite::get();
+  static bool built = false;
+  if (!built) {
+    auto src = s.make_tree("run-base", {{"run/existing", "from the layer\n"}});
+    s.build_layer("workdir", "runwd@1", src);
+    built = true;
+  }
+  api_env env({"runwd@1", base_layer});
+  if (!chronus_supported(env))
+    return;
+  auto c = env.create(chronus_options());
+  auto r = run_command(*c, make_command({"sh", "-c", "ls /run; cat /run/existing; "
+                                                     "echo x > /run/new && echo written"}));
+  CHECK(r.out == "chronus.sock\nexisting\nfrom the layer\nwritten\n");
+}
+
+TEST_CASE("Chronus: trusted commands run, end and fail like any other command") {
+  api_env env({base_layer});
+
+  SUBCASE("refused without Chronus") {
+    auto plain = env.create();
+    auto id = plain->exec(make_command({"true"}, true), dsec::stdio{});
+    REQUIRE_FALSE(id);
+    CHECK(id.error_value().code == dsec::errc::invalid_argument);
+    CHECK(id.error_value().message.find("Chronus") != std::string::npos);
+    // The sandbox is unharmed.
+    CHECK(run_command(*plain, make_command({"probe", "exit", "0"})).status.code == 0);
+  }
+  if (!chronus_supported(env))
+    return;
+  auto c = env.create(chronus_options());
+
+  SUBCASE("uid, gid, cwd, environment and stdio are the command's") {
+    for (bool trusted : {false, true}) {
+      CAPTURE(trusted);
+      auto cmd = make_command({"sh", "-c", "probe uid; probe cwd; probe env FOO; cat"}, trusted);
+      cmd.uid = 1000;
+      cmd.gid = 1000;
+      cmd.cwd = "/home/user";
+      cmd.env.push_back("FOO=bar");
+      auto r = run_command(*c, cmd, "from stdin\n");
+      CHECK(r.status.code == 0);
+      CHECK(r.out == "uid=1000 euid=1000 gid=1000 egid=1000\n/home/user\nbar\nfrom stdin\n");
+    }
+    // A command line near the size limit goes through the helper whole.
+    auto cmd = make_command({"sh", "-c", "probe env BIG | wc -c"}, true);
+    cmd.env.push_back("BIG=" + std::string(100'000, 'x'));
+    auto r = run_command(*c, cmd);
+    CHECK(r.out == "100001\n");
+  }
+
+  SUBCASE("exit codes and signals are reported, and the command is reaped") {
+    auto r = run_command(*c, make_command({"sh", "-c", "echo $$; exit 7"}, true));
+    CHECK(r.status.code == 7);
+    CHECK(r.status.signal == 0);
+    auto pid = r.out.substr(0, r.out.size() - 1);
+    REQUIRE_FALSE(pid.empty());
+    // Reaped by init before it reported the exit: no zombie left.
+    r = run_command(*c, make_command({"probe", "cat", "/proc/" + pid + "/stat"}));
+    CHECK(r.out == "ENOENT\n");
+
+    r = run_command(*c, make_command({"probe", "kill-self", "TERM"}, true));
+    CHECK(r.status.signal == SIGTERM);
+    CHECK(r.status.shell_code() == 143);
+  }
+
+  SUBCASE("signal() reaches a trusted command's whole process group") {
+    int out[2];
+    REQUIRE(::pipe2(out, O_CLOEXEC) == 0);
+    auto id = c->exec(make_command({"sh", "-c", "probe sleep & echo started; wait"}, true),
+                      dsec::stdio{-1, out[1], -1});
+    ::close(out[1]);
+    REQUIRE_MESSAGE(id, id.error_value().to_string());
+    char buf[16] = {};
+    pollfd p{out[0], POLLIN, 0};
+    REQUIRE(::poll(&p, 1, 60'000) == 1); // safety only
+    CHECK(::read(out[0], buf, sizeof buf - 1) > 0);
+    ::close(out[0]);
+    CHECK(std::string{buf} == "started\n");
+    REQUIRE(c->signal(*id, SIGTERM));
+    auto st = c->wait(*id, safety());
+    REQUIRE_MESSAGE(st, st.error_value().to_string());
+    CHECK(st->signal == SIGTERM);
+    // The background probe went with its group: only init, the helper and the
+    // lister are left.
+    std::string pids;
+    CHECK(eventually([&] {
+      pids = run_command(*c, make_command({"probe", "pids"})).out;
+      return lines_of(pids).size() == 3;
+    }));
+    CHECK(has_line(pids, "1 dsec-init"));
+    CHECK(has_line(pids, "2 dsec-trusted"));
+  }
+
+  SUBCASE("a command that cannot start fails as it does untrusted") {
+    auto missing = make_command({"no-such-program"});
+    auto bad_cwd = make_command({"true"});
+    bad_cwd.cwd = "/no/such/dir";
+    auto bad_uid = make_command({"true"});
+    bad_uid.uid = 70000; // outside the sandbox's 65536 ids
+    for (auto* base : {&missing, &bad_cwd, &bad_uid}) {
+      CAPTURE(base->argv[0]);
+      auto trusted = *base;
+      trusted.trusted = true;
+      auto u = c->exec(*base, dsec::stdio{});
+      auto t = c->exec(trusted, dsec::stdio{});
+      REQUIRE_FALSE(u);
+      REQUIRE_FALSE(t);
+      CHECK(t.error_value().code == u.error_value().code);
+      CHECK(t.error_value().message == u.error_value().message);
+      CHECK(t.error_value().step == u.error_value().step);
+      CHECK(t.error_value().sys_errno == u.error_value().sys_errno);
+    }
+    auto t = c->exec(make_command({"no-such-program"}, true), dsec::stdio{});
+    REQUIRE_FALSE(t);
+    CHECK(t.error_value().code == dsec::errc::not_found);
+    CHECK(t.error_value().message.find("'no-such-program'") != std::string::npos);
+    // The children that failed were reaped: init, the helper and the lister.
+    auto r = run_command(*c, make_command({"probe", "pids"}));
+    CHECK(has_line(r.out, "1 dsec-init"));
+    CHECK(has_line(r.out, "2 dsec-trusted"));
+    CHECK_MESSAGE(lines_of(r.out).size() == 3, r.out);
+    // And trusted commands still start.
+    CHECK(run_command(*c, make_command({"probe", "exit", "5"}, true)).status.code == 5);
+  }
 }

@@ -23,6 +23,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <stdint.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -350,6 +351,23 @@ static int cmd_ptrace(const char *pid) {
   return outcome(rc);
 }
 
+/* pidfd_getfd(2) of another process's descriptor: "ok", or the errno name
+ * ("pidfd_open ENAME" if the process cannot even be named). */
+static int cmd_getfd(const char *pid, const char *fd) {
+  long pidfd = syscall(SYS_pidfd_open, (pid_t)atoi(pid), 0);
+  if (pidfd < 0) {
+    printf("pidfd_open %s\n", err_name(errno));
+    return 0;
+  }
+  long got = syscall(SYS_pidfd_getfd, (int)pidfd, atoi(fd), 0);
+  int err = errno;
+  if (got >= 0)
+    close((int)got);
+  close((int)pidfd);
+  errno = err;
+  return outcome(got);
+}
+
 static int cmd_keyctl(void) {
   return outcome(syscall(SYS_keyctl, KEYCTL_GET_KEYRING_ID, KEY_SPEC_SESSION_KEYRING, 1));
 }
@@ -513,6 +531,139 @@ static int cmd_abstract_connect(const char *name) {
   return connect_to(AF_UNIX, (struct sockaddr *)&a, len);
 }
 
+/* Connects a SOCK_SEQPACKET socket to the unix socket at `path` and sends
+ * `text` as one packet: "ok" or the errno name. */
+static int cmd_seqpacket_send(const char *path, const char *text) {
+  struct sockaddr_un a;
+  memset(&a, 0, sizeof a);
+  a.sun_family = AF_UNIX;
+  strncpy(a.sun_path, path, sizeof a.sun_path - 1);
+  int s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  if (s < 0 || connect(s, (struct sockaddr *)&a, sizeof a) < 0)
+    return outcome(-1);
+  long rc = send(s, text, strlen(text), MSG_NOSIGNAL);
+  int err = errno;
+  close(s);
+  errno = err;
+  return outcome(rc);
+}
+
+/* Replaces the unix socket at `path` with a SOCK_SEQPACKET listener of our own
+ * (an agent hijacking /run/chronus.sock), prints "listening", then accepts one
+ * connection and prints "got N bytes" for its first packet, or "closed". */
+static int cmd_seqpacket_listen(const char *path) {
+  struct sockaddr_un a;
+  memset(&a, 0, sizeof a);
+  a.sun_family = AF_UNIX;
+  strncpy(a.sun_path, path, sizeof a.sun_path - 1);
+  unlink(path);
+  int s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  if (s < 0 || bind(s, (struct sockaddr *)&a, sizeof a) < 0 || listen(s, 4) < 0 ||
+      chmod(path, 0666) < 0)
+    return outcome(-1);
+  printf("listening\n");
+  int c = accept(s, NULL, NULL);
+  if (c < 0)
+    return outcome(-1);
+  char buf[70000];
+  long n = recv(c, buf, sizeof buf, 0);
+  if (n <= 0)
+    printf("closed\n");
+  else
+    printf("got %ld bytes\n", n);
+  return 0;
+}
+
+static int hex_value(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+/* Decodes hex into buf (at most cap bytes); the length, or -1. */
+static long unhex(const char *hex, unsigned char *buf, long cap) {
+  long n = (long)strlen(hex);
+  if (n % 2 || n / 2 > cap)
+    return -1;
+  for (long i = 0; i < n / 2; ++i) {
+    int hi = hex_value(hex[2 * i]), lo = hex_value(hex[2 * i + 1]);
+    if (hi < 0 || lo < 0)
+      return -1;
+    buf[i] = (unsigned char)(hi * 16 + lo);
+  }
+  return n / 2;
+}
+
+/* One SOCK_SEQPACKET connection to `path`; for each SPEC, in order:
+ *   hex:HEX       send those bytes as one packet, wait for one reply
+ *   zeros:N       send N zero bytes as one packet, wait for one reply
+ *   repeat:N:HEX  send the packet N times without reading, then read replies
+ *                 until none come for 2 s; prints "sent N"
+ * A reply is printed as "reply HEX", or "closed", or "none" (none in 10 s). */
+static int cmd_seqpacket_frames(const char *path, int nspec, char **specs) {
+  static unsigned char buf[140000];
+  struct sockaddr_un a;
+  memset(&a, 0, sizeof a);
+  a.sun_family = AF_UNIX;
+  strncpy(a.sun_path, path, sizeof a.sun_path - 1);
+  int s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  if (s < 0 || connect(s, (struct sockaddr *)&a, sizeof a) < 0)
+    return outcome(-1);
+  for (int i = 0; i < nspec; ++i) {
+    const char *sp = specs[i];
+    long len = -1, times = 1;
+    int wait_reply = 1;
+    if (strncmp(sp, "hex:", 4) == 0) {
+      len = unhex(sp + 4, buf, (long)sizeof buf);
+    } else if (strncmp(sp, "zeros:", 6) == 0) {
+      len = atol(sp + 6);
+      if (len < 0 || len > (long)sizeof buf)
+        len = -1;
+      else
+        memset(buf, 0, (size_t)len);
+    } else if (strncmp(sp, "repeat:", 7) == 0) {
+      char *colon = strchr(sp + 7, ':');
+      times = atol(sp + 7);
+      wait_reply = 0;
+      len = colon ? unhex(colon + 1, buf, (long)sizeof buf) : -1;
+    }
+    if (len < 0) {
+      fprintf(stderr, "probe: bad spec '%s'\n", sp);
+      return 2;
+    }
+    for (long t = 0; t < times; ++t)
+      if (send(s, buf, (size_t)len, MSG_NOSIGNAL) != len)
+        return outcome(-1);
+    if (!wait_reply) {
+      /* Read what comes back until 2 s pass without a reply: a connection
+       * closed with unread replies would make the node's reads fail
+       * (ECONNRESET) before it read the rest of what was sent. */
+      struct pollfd q = {s, POLLIN, 0};
+      while (poll(&q, 1, 2000) == 1 && recv(s, buf, sizeof buf, MSG_DONTWAIT) > 0)
+        ;
+      printf("sent %ld\n", times);
+      continue;
+    }
+    struct pollfd p = {s, POLLIN, 0};
+    if (poll(&p, 1, 10000) != 1) {
+      printf("none\n");
+      continue;
+    }
+    long n = recv(s, buf, sizeof buf, 0);
+    if (n <= 0) {
+      printf("closed\n");
+      continue;
+    }
+    printf("reply ");
+    for (long k = 0; k < n; ++k)
+      printf("%02x", buf[k]);
+    printf("\n");
+  }
+  close(s);
+  return 0;
+}
+
 static int cmd_tcp_listen(const char *port) {
   struct sockaddr_in a;
   tcp_addr(&a, port);
@@ -568,6 +719,7 @@ int main(int argc, char **argv) {
   if (IS("setns", 1)) return cmd_setns(a1);
   if (IS("chroot", 0)) return outcome(chroot("/tmp"));
   if (IS("ptrace", 1)) return cmd_ptrace(a1);
+  if (IS("getfd", 2)) return cmd_getfd(a1, a2);
   if (IS("keyctl", 0)) return cmd_keyctl();
   if (IS("bpf", 0)) return cmd_bpf();
   if (IS("perf", 0)) return cmd_perf();
@@ -584,6 +736,10 @@ int main(int argc, char **argv) {
   if (IS("abstract-connect", 1)) return cmd_abstract_connect(a1);
   if (IS("tcp-listen", 1)) return cmd_tcp_listen(a1);
   if (IS("tcp-connect", 1)) return cmd_tcp_connect(a1);
+  if (IS("seqpacket-send", 2)) return cmd_seqpacket_send(a1, a2);
+  if (IS("seqpacket-listen", 1)) return cmd_seqpacket_listen(a1);
+  if (strcmp(c, "seqpacket-frames") == 0 && argc >= 4)
+    return cmd_seqpacket_frames(a1, argc - 3, argv + 3);
   /* endings */
   if (IS("exit", 1)) return atoi(a1);
   if (IS("kill-self", 1)) {

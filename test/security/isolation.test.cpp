@@ -2,13 +2,17 @@
 // sandboxes, and its layers only through its own private upper layer.
 #include <doctest/doctest.h>
 
+#include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <string>
 #include <vector>
 
+#include "runtime/security.hpp"
 #include "test/support/fixture.hpp"
 #include "test/support/sandbox.hpp"
 
@@ -205,4 +209,146 @@ TEST_CASE("sandboxes of one zygote do not share port and socket names") {
   CHECK(exec_capture(*b, {"probe", "tcp-listen", "7003"}).out == "listening\n");
   CHECK(exec_capture(*a, {"probe", "abstract-listen", "dsec-squat"}).out == "listening\n");
   CHECK(exec_capture(*b, {"probe", "abstract-listen", "dsec-squat"}).out == "listening\n");
+}
+
+// ---- Chronus: trusted commands --------------------------------------------------
+
+namespace {
+
+// A deadline for waits that should end: a safety net against a hung suite,
+// never a pass/fail threshold.
+std::chrono::steady_clock::time_point safety() {
+  return std::chrono::steady_clock::now() + std::chrono::seconds(120);
+}
+
+// A command that prints its pid and then sleeps, started in `c`; its stdout
+// stays open until it ends.
+struct holder {
+  uint64_t id = 0;
+  std::string pid;
+};
+
+holder start_holder(dsec::container& c, bool trusted, const std::string& secret) {
+  dsec::command cmd;
+  cmd.argv = {"sh", "-c", "echo $$; exec probe sleep"};
+  cmd.env = dsec::command::default_env();
+  cmd.env.push_back(secret);
+  cmd.trusted = trusted;
+  int out[2];
+  REQUIRE(::pipe2(out, O_CLOEXEC) == 0);
+  auto id = c.exec(cmd, dsec::stdio{-1, out[1], -1});
+  ::close(out[1]);
+  if (!id)
+    ::close(out[0]);
+  REQUIRE_MESSAGE(id, id.error_value().to_string());
+  std::string line;
+  char ch;
+  pollfd p{out[0], POLLIN, 0};
+  while (::poll(&p, 1, 60'000) == 1 && ::read(out[0], &ch, 1) == 1 && ch != '\n') // safety only
+    line += ch;
+  ::close(out[0]);
+  REQUIRE(!line.empty());
+  return {*id, line};
+}
+
+// Runs a shell line in `c`, as a trusted command or not; its stdout and stderr.
+std::string shell(dsec::container& c, const std::string& script, bool trusted = false) {
+  dsec::command cmd;
+  cmd.argv = {"sh", "-c", script};
+  cmd.env = dsec::command::default_env();
+  cmd.trusted = trusted;
+  int out[2];
+  REQUIRE(::pipe2(out, O_CLOEXEC) == 0);
+  auto id = c.exec(cmd, dsec::stdio{-1, out[1], out[1]});
+  ::close(out[1]);
+  if (!id)
+    ::close(out[0]);
+  REQUIRE_MESSAGE(id, id.error_value().to_string());
+  std::string text;
+  char buf[4096];
+  ssize_t n;
+  while ((n = ::read(out[0], buf, sizeof buf)) > 0) // until every writer is gone
+    text.append(buf, static_cast<size_t>(n));
+  ::close(out[0]);
+  auto st = c.wait(*id, safety());
+  REQUIRE_MESSAGE(st, st.error_value().to_string());
+  return text;
+}
+
+// What another process of the sandbox can do to `pid`, one line each: read its
+// environment (the secret's line, or the errno), open its stdin through
+// /proc/PID/fd ("opened" or the errno), read its memory (EIO once open: there
+// is nothing at address 0), ptrace attach, kill -0, pidfd_getfd of its stdout,
+// and send it `sig`.
+std::string reach(const std::string& pid, const char* sig) {
+  return "probe cat /proc/" + pid + "/environ | tr '\\0' '\\n' | grep -e '^DSEC_TEST_SECRET=' "
+         "-e '^E[A-Z]*$'; "
+         "probe cat /proc/" + pid + "/fd/0 && echo opened; probe cat /proc/" + pid + "/mem; "
+         "probe ptrace " + pid + "; probe alive " + pid + "; probe getfd " + pid + " 1; "
+         "probe kill " + pid + " " + sig;
+}
+
+} // namespace
+
+TEST_CASE("Chronus: the agent's commands cannot ptrace, read or signal trusted ones") {
+  api_env env({base_layer});
+  dsec::container_options opts;
+  opts.chronus = true;
+  if (dsec::security::landlock_abi() < 6) {
+    // Without Landlock's scoping there would be no such wall: refused.
+    auto c = dsec::container::create(env.sp(), env.lowers(), opts, nullptr);
+    REQUIRE_FALSE(c);
+    CHECK(c.error_value().code == dsec::errc::unsupported);
+    MESSAGE("this kernel has no Landlock ABI 6: only the refusal was tested");
+    return;
+  }
+  auto c = env.create(opts);
+  const std::string secret = "DSEC_TEST_SECRET=s3cr3t-" + std::to_string(::getpid());
+  auto trusted = start_holder(*c, true, secret);
+  auto agent = start_holder(*c, false, secret); // the control: the agent's own
+
+  // From an untrusted command, as the same uid (root): nothing works on the
+  // trusted one. The signal would kill it; it is still there below.
+  auto out = shell(*c, reach(trusted.pid, "KILL"));
+  CHECK(out == "EACCES\nEACCES\nEACCES\nEPERM\nEPERM\nEPERM\nEPERM\n");
+  // Nor on the helper that starts them (pid 2).
+  auto ps = shell(*c, "probe pids");
+  CHECK(ps.find("\n2 dsec-trusted\n") != std::string::npos);
+  out = shell(*c, "probe ptrace 2; probe alive 2; probe cat /proc/2/environ");
+  CHECK(out == "EPERM\nEPERM\nEACCES\n");
+
+  // The control: the same on another untrusted command all works, as gdb and
+  // strace need.
+  out = shell(*c, reach(agent.pid, "CONT"));
+  CHECK(out == secret + "\nopened\nEIO\nok\nok\nok\nok\n");
+
+  // A trusted command sees into the agent's (but not the other way round).
+  out = shell(*c, reach(agent.pid, "CONT"), true);
+  CHECK(out == secret + "\nopened\nEIO\nok\nok\nok\nok\n");
+  out = shell(*c, reach(trusted.pid, "CONT"), true);
+  CHECK(out == secret + "\nopened\nEIO\nok\nok\nok\nok\n");
+
+  // The agent's KILL did not land: the host's TERM ends it.
+  REQUIRE(c->signal(trusted.id, SIGTERM));
+  auto st = c->wait(trusted.id, safety());
+  REQUIRE_MESSAGE(st, st.error_value().to_string());
+  CHECK(st->signal == SIGTERM);
+  // The agent's own KILL does land on its own command.
+  shell(*c, "probe kill " + agent.pid + " KILL");
+  st = c->wait(agent.id, safety());
+  REQUIRE_MESSAGE(st, st.error_value().to_string());
+  CHECK(st->signal == SIGKILL);
+}
+
+TEST_CASE("Chronus: a sandbox without it is unchanged (no helper, no nested domain)") {
+  // The agent's commands and everything else: as in the tests above. Here only
+  // what a Chronus sandbox would change.
+  api_env env({base_layer});
+  auto c = env.create();
+  const std::string secret = "DSEC_TEST_SECRET=plain-" + std::to_string(::getpid());
+  auto a = start_holder(*c, false, secret);
+  auto ps = shell(*c, "probe pids");
+  CHECK(ps.find("1 dsec-init\n2 probe\n") == 0);
+  CHECK(ps.find("dsec-trusted") == std::string::npos);
+  CHECK(shell(*c, reach(a.pid, "CONT")) == secret + "\nopened\nEIO\nok\nok\nok\nok\n");
 }

@@ -42,6 +42,8 @@ Verbs:
   rm ID...                          destroy sandboxes
   session open [OPTIONS]            open a session nobody owns; prints its id
   session close ID                  close a session and destroy its sandboxes
+  session watch ID                  print a session's Chronus events (JSON lines)
+  feedback SANDBOX REQ [OPTIONS]    answer a Chronus feedback request
   node stats                        the daemon's counters and its layer cache
 
 Global options:
@@ -87,6 +89,7 @@ Options:
 
 const char* session_usage = R"(usage: dsec --connect HOST:PORT session open [--quota N] [--ttl DUR] [--name NAME]
        dsec --connect HOST:PORT session close ID
+       dsec --connect HOST:PORT session watch ID [--count N] [--for DUR]
 
 open   Opens a session that nobody owns: it lives until `session close` (or
        until the daemon stops), and prints its id. Use it with
@@ -98,6 +101,8 @@ open   Opens a session that nobody owns: it lives until `session close` (or
 close  Destroys every sandbox of session ID, ends the session, and prints how
        many sandboxes went with it. The daemon's "default" session cannot be
        closed.
+watch  Prints the Chronus events of session ID as JSON lines (see
+       `session watch --help`).
 
 Options:
   -h, --help   this text
@@ -356,7 +361,7 @@ int session_main(context& ctx, args& a) {
     return 0;
   }
   if (a.empty())
-    return usage_error(ctx.verb("session"), "expected 'open' or 'close'");
+    return usage_error(ctx.verb("session"), "expected 'open', 'close' or 'watch'");
   std::string sub{a.next()};
   auto verb = ctx.verb("session " + sub);
   if (sub == "open") {
@@ -413,6 +418,8 @@ int session_main(context& ctx, args& a) {
     std::printf("%s\n", (*s)->id().c_str());
     return 0;
   }
+  if (sub == "watch")
+    return watch_main(ctx, a);
   if (sub == "close") {
     std::string id;
     while (!a.empty()) {
@@ -447,7 +454,7 @@ int session_main(context& ctx, args& a) {
     return 0;
   }
   return usage_error(ctx.verb("session"), "unknown sub-verb '" + sub
-                                            + "' (expected 'open' or 'close')");
+                                            + "' (expected 'open', 'close' or 'watch')");
 }
 
 // ---- node -------------------------------------------------------------------------
@@ -489,6 +496,12 @@ int node_main(context& ctx, args& a) {
               format_size(s.layer_bytes).c_str(),
               s.cache_budget ? format_size(s.cache_budget).c_str() : "none");
   std::printf("evicted         %llu\n", u(s.evicted));
+  std::printf("chronus         %u sandboxes, %llu events, %llu answers\n", s.chronus_sandboxes,
+              u(s.chronus_events), u(s.chronus_answered));
+  std::printf("chronus refused %llu too large, %llu malformed, %llu bad token, %llu invalid, "
+              "%llu flooding, %llu connections\n",
+              u(s.chronus_too_large), u(s.chronus_malformed), u(s.chronus_unauthenticated),
+              u(s.chronus_invalid), u(s.chronus_flooding), u(s.chronus_refused_connections));
   if (s.gc.empty()) {
     std::printf("start-up gc     nothing to remove\n");
   } else {
@@ -568,6 +581,8 @@ int main(int argc, char** argv) {
     return remote::session_main(ctx, a);
   if (verb == "node")
     return remote::node_main(ctx, a);
+  if (verb == "feedback")
+    return remote::feedback_main(ctx, a);
   if (verb == "help") {
     std::fputs(remote::usage, stdout);
     return 0;

@@ -46,6 +46,8 @@ int node_main(context& c, args& a);
 int exec_main(context& c, args& a);
 int run_main(context& c, args& a);
 int cp_main(context& c, args& a);
+int watch_main(context& c, args& a);    // session watch
+int feedback_main(context& c, args& a);
 
 /// Writes all of `data` to `fd`; false (errno set) if it cannot, e.g. EPIPE
 /// when the reader left (SIGPIPE is ignored).

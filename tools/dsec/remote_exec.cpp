@@ -39,6 +39,10 @@ Options:
                          sandbox's root)
   --timeout DUR          kill CMD (and its process group) after DUR, e.g. 30s,
                          500ms, 2m; then the exit status is 124
+  --trusted              run CMD as a trusted command (a grader): it gets the
+                         sandbox's Chronus token in $DSEC_CHRONUS_TOKEN, and the
+                         sandbox's other commands cannot trace, signal or read
+                         it. The sandbox must have been made with `run --chronus`
   -h, --help             this text
 
 Exit status: CMD's own status; 128+N if a signal N killed it; 124 if --timeout
@@ -67,6 +71,10 @@ Sandbox and session:
                            the sandbox is still destroyed when CMD ends.
   --ttl DUR                the sandbox's lifetime (e.g. 10m, 2h); default: its
                            session's (1h unless `session open --ttl` said)
+  --chronus                give the sandbox Chronus: /run/chronus.sock and the
+                           `chronus` client, for trusted commands (`exec
+                           --trusted`) to report stages and ask for feedback;
+                           see `session watch` and `feedback`
 
 Layers (in the daemon's store):
   --base NAME@VERSION      the base image (required)
@@ -220,7 +228,7 @@ private:
 int exec_main(context& ctx, args& a) {
   auto verb = ctx.verb("exec");
   command_spec cs;
-  bool input = false;
+  bool input = false, trusted = false;
   std::string id;
   std::vector<std::string> argv;
   while (!a.empty()) {
@@ -236,6 +244,10 @@ int exec_main(context& ctx, args& a) {
     }
     if (a.flag("-i") || a.flag("--stdin")) {
       input = true;
+      continue;
+    }
+    if (a.flag("--trusted")) {
+      trusted = true;
       continue;
     }
     auto p = parse_command_option(a, verb, cs);
@@ -255,6 +267,7 @@ int exec_main(context& ctx, args& a) {
   if (argv.empty())
     return usage_error(verb, "no command given (exec [OPTIONS] ID -- CMD [ARGS...])");
   auto req = make_request(cs, std::move(argv));
+  req.trusted = trusted;
   if (input) {
     auto in = read_all(0);
     if (!in)
@@ -277,7 +290,7 @@ int run_main(context& ctx, args& a) {
   constexpr int dsec_failed = 125;
   sandbox_spec sb;
   command_spec cs;
-  bool detach = false, input = false;
+  bool detach = false, input = false, chronus = false;
   std::string session_id;
   std::optional<std::chrono::milliseconds> ttl;
   std::vector<std::string> argv;
@@ -299,6 +312,10 @@ int run_main(context& ctx, args& a) {
       continue;
     if (a.flag("--detach")) {
       detach = true;
+      continue;
+    }
+    if (a.flag("--chronus")) {
+      chronus = true;
       continue;
     }
     if (a.flag("-i") || a.flag("--stdin")) {
@@ -352,6 +369,7 @@ int run_main(context& ctx, args& a) {
   env.cpus = sb.lim.cpus.value_or(0);
   env.disk = sb.disk_bytes;
   env.net = sb.net;
+  env.chronus = chronus;
   if (ttl)
     env.ttl_ms = static_cast<uint64_t>(ttl->count());
   auto req = make_request(cs, std::move(argv));

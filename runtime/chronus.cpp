@@ -1,0 +1,790 @@
+#include "runtime/chronus.hpp"
+
+#include <sys/random.h>
+
+#include <bit>
+#include <cerrno>
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <utility>
+
+#include <capnp/message.h>
+#include <capnp/serialize.h>
+#include <kj/exception.h>
+
+#include "capnp/chronus.capnp.h"
+
+namespace dsec {
+
+// The framing and tools/chronus/chronus.h assume little-endian words, as Cap'n
+// Proto's own fast path does.
+static_assert(std::endian::native == std::endian::little);
+
+namespace {
+
+// Most segments a frame may have. Our encoders and the C client write one; other
+// Cap'n Proto writers may split a large message, so allow a few.
+constexpr uint32_t max_segments = 16;
+// Request -> List(Metric) -> Metric -> Text is three levels deep.
+constexpr int nesting_limit = 8;
+
+std::string quoted(std::string_view s) {
+  std::string out = "'";
+  out += s;
+  out += "'";
+  return out;
+}
+
+// ---- UTF-8 ---------------------------------------------------------------------
+
+// The length of the valid UTF-8 sequence at p (1..4), or 0 when the bytes there
+// are not one (overlong forms, surrogates, code points above U+10FFFF, truncation).
+size_t utf8_sequence(const unsigned char* p, size_t n) noexcept {
+  unsigned char c = p[0];
+  if (c < 0x80)
+    return 1;
+  size_t len;
+  unsigned char lo = 0x80, hi = 0xbf; // the range of the second byte
+  if (c >= 0xc2 && c <= 0xdf) {
+    len = 2;
+  } else if (c >= 0xe0 && c <= 0xef) {
+    len = 3;
+    if (c == 0xe0)
+      lo = 0xa0; // overlong
+    else if (c == 0xed)
+      hi = 0x9f; // surrogates
+  } else if (c >= 0xf0 && c <= 0xf4) {
+    len = 4;
+    if (c == 0xf0)
+      lo = 0x90; // overlong
+    else if (c == 0xf4)
+      hi = 0x8f; // above U+10FFFF
+  } else {
+    return 0;
+  }
+  if (n < len || p[1] < lo || p[1] > hi)
+    return 0;
+  for (size_t i = 2; i < len; ++i)
+    if (p[i] < 0x80 || p[i] > 0xbf)
+      return 0;
+  return len;
+}
+
+// ---- field checks ----------------------------------------------------------------
+
+error invalid(std::string message) {
+  return make_error(errc::invalid_argument, std::move(message));
+}
+
+expected<void> check_printable(std::string_view s, std::string_view what, size_t limit) {
+  if (s.empty())
+    return invalid(std::string{what} + " is empty");
+  if (s.size() > limit)
+    return invalid(std::string{what} + " of " + std::to_string(s.size()) +
+                   " bytes is over the limit of " + std::to_string(limit));
+  for (size_t i = 0; i < s.size(); ++i) {
+    auto c = static_cast<unsigned char>(s[i]);
+    if (c < 0x20 || c > 0x7e) {
+      static const char hex[] = "0123456789abcdef";
+      return invalid(std::string{what} + " has byte 0x" + hex[c >> 4] + hex[c & 15] +
+                     " at offset " + std::to_string(i) +
+                     ", which is not printable ASCII");
+    }
+  }
+  return {};
+}
+
+expected<void> check_text(std::string_view s, std::string_view what, size_t limit) {
+  if (s.size() > limit)
+    return invalid(std::string{what} + " of " + std::to_string(s.size()) +
+                   " bytes is over the limit of " + std::to_string(limit));
+  auto p = reinterpret_cast<const unsigned char*>(s.data());
+  for (size_t i = 0; i < s.size();) {
+    if (p[i] == 0)
+      return invalid(std::string{what} + " has a NUL byte at offset " + std::to_string(i));
+    size_t len = utf8_sequence(p + i, s.size() - i);
+    if (len == 0)
+      return invalid(std::string{what} + " is not valid UTF-8 at offset " + std::to_string(i));
+    i += len;
+  }
+  return {};
+}
+
+expected<void> check_bytes(std::string_view s, std::string_view what, size_t limit) {
+  if (s.size() > limit)
+    return invalid(std::string{what} + " of " + std::to_string(s.size()) +
+                   " bytes is over the limit of " + std::to_string(limit));
+  return {};
+}
+
+expected<void> check_metrics(const std::vector<chronus_metric>& metrics) {
+  if (metrics.empty())
+    return invalid("report has no metrics");
+  if (metrics.size() > chronus_max_metrics)
+    return invalid("report has " + std::to_string(metrics.size()) +
+                   " metrics; the limit is " + std::to_string(chronus_max_metrics));
+  for (size_t i = 0; i < metrics.size(); ++i) {
+    const auto& m = metrics[i];
+    DSEC_TRY_VOID(check_printable(m.key, "report metric " + std::to_string(i) + "'s key",
+                                  chronus_max_key));
+    if (!std::isfinite(m.value))
+      return invalid("report metric " + quoted(m.key) + " is not a finite number");
+    for (size_t j = 0; j < i; ++j) // at most 64 * 63 / 2 short comparisons
+      if (metrics[j].key == m.key)
+        return invalid("report metric " + quoted(m.key) + " appears twice");
+  }
+  return {};
+}
+
+expected<void> check_body(chronus_kind kind, const std::string& text,
+                          const std::vector<chronus_metric>& metrics,
+                          const std::string& payload) {
+  switch (kind) {
+    case chronus_kind::stage: return check_printable(text, "stage name", chronus_max_stage);
+    case chronus_kind::report: return check_metrics(metrics);
+    case chronus_kind::log: return check_text(text, "log line", chronus_max_log);
+    case chronus_kind::feedback:
+      return check_bytes(payload, "feedback payload", chronus_max_payload);
+  }
+  return invalid("unknown request kind");
+}
+
+// ---- framing ----------------------------------------------------------------------
+
+uint32_t load_u32(const std::byte* p) noexcept {
+  uint32_t v;
+  std::memcpy(&v, p, sizeof v);
+  return v; // little-endian (static_assert above)
+}
+
+// The words of a checked frame: the caller's bytes when they are 8-byte aligned,
+// else an aligned copy.
+class frame_words {
+public:
+  kj::ArrayPtr<const capnp::word> words() const noexcept { return words_; }
+
+  static expected<frame_words> check(std::span<const std::byte> f, std::string_view what) {
+    if (f.size() > chronus_max_frame)
+      return make_error(errc::too_large, std::string{what} + " of " +
+                                             std::to_string(f.size()) +
+                                             " bytes is over the limit of " +
+                                             std::to_string(chronus_max_frame));
+    if (f.size() < 16 || f.size() % 8 != 0)
+      return make_error(errc::malformed, std::string{what} + " of " +
+                                             std::to_string(f.size()) +
+                                             " bytes is not a Cap'n Proto message (it needs "
+                                             "a whole number of 8-byte words, at least 2)");
+    uint64_t segments = uint64_t{load_u32(f.data())} + 1;
+    if (segments > max_segments)
+      return make_error(errc::malformed, std::string{what} + " claims " +
+                                             std::to_string(segments) +
+                                             " segments; at most " +
+                                             std::to_string(max_segments) + " are accepted");
+    uint64_t table_bytes = (4 * (1 + segments) + 7) / 8 * 8;
+    if (table_bytes > f.size())
+      return make_error(errc::malformed, std::string{what} + " is truncated in its segment table");
+    uint64_t total = table_bytes;
+    for (uint64_t i = 0; i < segments; ++i) {
+      uint32_t words = load_u32(f.data() + 4 + 4 * i);
+      if (i == 0 && words == 0)
+        return make_error(errc::malformed, std::string{what} + " has an empty first segment");
+      total += uint64_t{words} * 8; // at most 16 * 2^35: no overflow
+    }
+    if (total != f.size())
+      return make_error(errc::malformed,
+                        std::string{what} + "'s segment table describes " +
+                            std::to_string(total) + " bytes but it has " +
+                            std::to_string(f.size()) +
+                            (total > f.size() ? " (truncated)" : " (trailing bytes)"));
+    frame_words out;
+    if (reinterpret_cast<uintptr_t>(f.data()) % alignof(capnp::word) == 0) {
+      out.words_ = {reinterpret_cast<const capnp::word*>(f.data()), f.size() / 8};
+    } else {
+      out.copy_ = std::make_unique<uint64_t[]>(f.size() / 8);
+      std::memcpy(out.copy_.get(), f.data(), f.size());
+      out.words_ = {reinterpret_cast<const capnp::word*>(out.copy_.get()), f.size() / 8};
+    }
+    return out;
+  }
+
+private:
+  std::unique_ptr<uint64_t[]> copy_;
+  kj::ArrayPtr<const capnp::word> words_;
+};
+
+capnp::ReaderOptions reader_options(const frame_words& f) noexcept {
+  capnp::ReaderOptions o;
+  // A message that is read once, field by field, traverses fewer words than it
+  // has; pointers aimed at the same bytes again and again run out of this.
+  o.traversalLimitInWords = f.words().size();
+  o.nestingLimit = nesting_limit;
+  return o;
+}
+
+// Cap'n Proto's description of what it refused. It may quote bytes of the frame
+// (even NUL), so keep it short and printable: it goes back to the sender and into
+// logs.
+error malformed_by(const kj::Exception& e, std::string_view what) {
+  auto desc = e.getDescription();
+  std::string out = std::string{what} + " is malformed: ";
+  size_t n = std::min<size_t>(desc.size(), 240);
+  for (size_t i = 0; i < n; ++i) {
+    auto c = static_cast<unsigned char>(desc[i]);
+    out += c >= 0x20 && c <= 0x7e ? static_cast<char>(c) : '?';
+  }
+  if (n < desc.size())
+    out += "...";
+  return make_error(errc::malformed, std::move(out));
+}
+
+std::string copy_text(capnp::Text::Reader t) { return {t.cStr(), t.size()}; }
+std::string copy_data(capnp::Data::Reader d) {
+  return {reinterpret_cast<const char*>(d.begin()), d.size()};
+}
+
+std::vector<chronus_metric> copy_metrics(capnp::List<wire::Metric>::Reader list) {
+  std::vector<chronus_metric> out;
+  // At most 64 are allowed, but take them all (bounded by the frame's size: each
+  // costs at least 8 bytes of it) so that the check can say how many there were.
+  out.reserve(list.size());
+  for (auto m : list)
+    out.push_back({copy_text(m.getKey()), m.getValue()});
+  return out;
+}
+
+// ---- building ---------------------------------------------------------------------
+
+// Words of a text or data field of n bytes (text adds its NUL), plus its pointer.
+size_t words_for(size_t n) noexcept { return (n + 1 + 7) / 8 + 1; }
+
+// Builds a message with `fill` into one segment of at least `hint` words (so that
+// tools/chronus/chronus.h, which reads single segments only, can read it) and
+// returns its flat bytes.
+template <class Root, class Fill>
+std::string build(size_t hint, Fill&& fill) {
+  for (;;) {
+    capnp::MallocMessageBuilder message(static_cast<unsigned>(hint),
+                                        capnp::AllocationStrategy::FIXED_SIZE);
+    fill(message.initRoot<Root>());
+    if (message.getSegmentsForOutput().size() != 1) {
+      hint *= 2; // the estimate was short: not expected, but stay single-segment
+      continue;
+    }
+    auto words = capnp::messageToFlatArray(message);
+    auto bytes = words.asBytes();
+    return {reinterpret_cast<const char*>(bytes.begin()), bytes.size()};
+  }
+}
+
+void set_text(capnp::Text::Builder t, std::string_view s) {
+  if (!s.empty())
+    std::memcpy(t.begin(), s.data(), s.size());
+}
+
+capnp::Data::Reader data_of(std::string_view s) {
+  return {reinterpret_cast<const capnp::byte*>(s.data()), s.size()};
+}
+
+template <class Builder>
+void set_metrics(Builder list, const std::vector<chronus_metric>& metrics) {
+  for (size_t i = 0; i < metrics.size(); ++i) {
+    auto m = list[static_cast<unsigned>(i)];
+    set_text(m.initKey(static_cast<unsigned>(metrics[i].key.size())), metrics[i].key);
+    m.setValue(metrics[i].value);
+  }
+}
+
+size_t body_words(const std::string& text, const std::vector<chronus_metric>& metrics,
+                  const std::string& payload) noexcept {
+  size_t n = 8 + words_for(text.size()) + words_for(payload.size()) + 1;
+  for (const auto& m : metrics)
+    n += 2 + words_for(m.key.size());
+  return n;
+}
+
+void fill_feedback(wire::Feedback::Builder b, const chronus_feedback& f) {
+  b.setRequestId(f.request_id);
+  b.setReward(f.reward);
+  set_text(b.initText(static_cast<unsigned>(f.text.size())), f.text);
+  b.setData(data_of(f.data));
+  b.setDone(f.done);
+}
+
+size_t feedback_words(const chronus_feedback& f) noexcept {
+  return 8 + words_for(f.text.size()) + words_for(f.data.size());
+}
+
+chronus_feedback read_feedback(wire::Feedback::Reader r) {
+  chronus_feedback f;
+  f.request_id = r.getRequestId();
+  f.reward = r.getReward();
+  f.text = copy_text(r.getText());
+  f.data = copy_data(r.getData());
+  f.done = r.getDone();
+  return f;
+}
+
+// ---- JSON -------------------------------------------------------------------------
+
+void json_string(std::string& out, std::string_view s) {
+  static const char hex[] = "0123456789abcdef";
+  out += '"';
+  auto p = reinterpret_cast<const unsigned char*>(s.data());
+  for (size_t i = 0; i < s.size();) {
+    unsigned char c = p[i];
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += static_cast<char>(c);
+      ++i;
+    } else if (c < 0x20 || c == 0x7f) {
+      switch (c) {
+        case '\n': out += "\\n"; break;
+        case '\r': out += "\\r"; break;
+        case '\t': out += "\\t"; break;
+        default:
+          out += "\\u00";
+          out += hex[c >> 4];
+          out += hex[c & 15];
+      }
+      ++i;
+    } else if (c < 0x80) {
+      out += static_cast<char>(c);
+      ++i;
+    } else if (size_t len = utf8_sequence(p + i, s.size() - i); len != 0) {
+      out.append(s.data() + i, len);
+      i += len;
+    } else {
+      out += "\\ufffd";
+      ++i;
+    }
+  }
+  out += '"';
+}
+
+void json_number(std::string& out, double v) {
+  if (!std::isfinite(v)) {
+    out += "null";
+    return;
+  }
+  char buf[32];
+  auto r = std::to_chars(buf, buf + sizeof buf, v);
+  out.append(buf, r.ptr);
+}
+
+void json_base64(std::string& out, std::string_view s) {
+  static const char table[] =
+      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  out += '"';
+  auto p = reinterpret_cast<const unsigned char*>(s.data());
+  size_t i = 0;
+  for (; i + 3 <= s.size(); i += 3) {
+    uint32_t v = (uint32_t{p[i]} << 16) | (uint32_t{p[i + 1]} << 8) | p[i + 2];
+    out += table[v >> 18];
+    out += table[(v >> 12) & 63];
+    out += table[(v >> 6) & 63];
+    out += table[v & 63];
+  }
+  if (size_t rest = s.size() - i; rest != 0) {
+    uint32_t v = uint32_t{p[i]} << 16;
+    if (rest == 2)
+      v |= uint32_t{p[i + 1]} << 8;
+    out += table[v >> 18];
+    out += table[(v >> 12) & 63];
+    out += rest == 2 ? table[(v >> 6) & 63] : '=';
+    out += '=';
+  }
+  out += '"';
+}
+
+} // namespace
+
+// ---- token --------------------------------------------------------------------------
+
+expected<chronus_token> chronus_token::generate() {
+  std::array<std::byte, chronus_token_size> b;
+  size_t got = 0;
+  while (got < b.size()) {
+    ssize_t n = ::getrandom(b.data() + got, b.size() - got, 0);
+    if (n < 0) {
+      if (errno == EINTR)
+        continue;
+      return sys_error("getrandom");
+    }
+    got += static_cast<size_t>(n);
+  }
+  return chronus_token{b};
+}
+
+expected<chronus_token> chronus_token::from_hex(std::string_view hex) {
+  if (hex.size() != 2 * chronus_token_size)
+    return make_error(errc::invalid_argument,
+                      "a Chronus token is 64 hex characters, not " + std::to_string(hex.size()));
+  auto nibble = [](char c) -> int {
+    if (c >= '0' && c <= '9')
+      return c - '0';
+    if (c >= 'a' && c <= 'f')
+      return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+      return c - 'A' + 10;
+    return -1;
+  };
+  std::array<std::byte, chronus_token_size> b;
+  for (size_t i = 0; i < b.size(); ++i) {
+    int hi = nibble(hex[2 * i]), lo = nibble(hex[2 * i + 1]);
+    if (hi < 0 || lo < 0)
+      return make_error(errc::invalid_argument,
+                        "a Chronus token has a character that is not hex at offset " +
+                            std::to_string(hi < 0 ? 2 * i : 2 * i + 1));
+    b[i] = static_cast<std::byte>(hi << 4 | lo);
+  }
+  return chronus_token{b};
+}
+
+std::string chronus_token::to_hex() const {
+  static const char hex[] = "0123456789abcdef";
+  std::string s(2 * chronus_token_size, '0');
+  for (size_t i = 0; i < bytes_.size(); ++i) {
+    auto v = std::to_integer<unsigned>(bytes_[i]);
+    s[2 * i] = hex[v >> 4];
+    s[2 * i + 1] = hex[v & 15];
+  }
+  return s;
+}
+
+bool chronus_token::matches(std::span<const std::byte> other) const noexcept {
+  if (other.size() != bytes_.size())
+    return false;
+  // No early exit: the time taken does not tell how many leading bytes matched.
+  volatile unsigned diff = 0;
+  for (size_t i = 0; i < bytes_.size(); ++i)
+    diff = diff | std::to_integer<unsigned>(bytes_[i] ^ other[i]);
+  return diff == 0;
+}
+
+// ---- plain values -------------------------------------------------------------------
+
+const char* to_string(chronus_kind kind) noexcept {
+  switch (kind) {
+    case chronus_kind::stage: return "stage";
+    case chronus_kind::report: return "report";
+    case chronus_kind::log: return "log";
+    case chronus_kind::feedback: return "feedback";
+  }
+  return "unknown";
+}
+
+expected<void> check_request(const chronus_request& r) {
+  return check_body(r.kind, r.text, r.metrics, r.payload);
+}
+
+expected<void> check_feedback(const chronus_feedback& f) {
+  if (!std::isfinite(f.reward))
+    return invalid("feedback reward is not a finite number");
+  DSEC_TRY_VOID(check_text(f.text, "feedback text", chronus_max_feedback_text));
+  return check_bytes(f.data, "feedback data", chronus_max_feedback_data);
+}
+
+// ---- requests -----------------------------------------------------------------------
+
+expected<chronus_request> decode_request(std::span<const std::byte> frame,
+                                         const chronus_token& expected_token) {
+  DSEC_TRY(words, frame_words::check(frame, "request frame"));
+  chronus_request out;
+  try {
+    capnp::FlatArrayMessageReader message(words.words(), reader_options(words));
+    auto root = message.getRoot<wire::Request>();
+    // The token first: nothing else of a stranger's frame is looked at.
+    auto token = root.getToken();
+    if (!expected_token.matches({reinterpret_cast<const std::byte*>(token.begin()),
+                                 token.size()}))
+      return make_error(errc::unauthenticated,
+                        token.size() == chronus_token_size
+                            ? std::string{"request frame has the wrong token"}
+                            : "request frame has a token of " + std::to_string(token.size()) +
+                                  " bytes, not " + std::to_string(chronus_token_size));
+    switch (root.which()) {
+      case wire::Request::STAGE:
+        out.kind = chronus_kind::stage;
+        out.text = copy_text(root.getStage());
+        break;
+      case wire::Request::REPORT:
+        out.kind = chronus_kind::report;
+        out.metrics = copy_metrics(root.getReport());
+        break;
+      case wire::Request::LOG:
+        out.kind = chronus_kind::log;
+        out.text = copy_text(root.getLog());
+        break;
+      case wire::Request::FEEDBACK: {
+        out.kind = chronus_kind::feedback;
+        auto ask = root.getFeedback();
+        out.payload = copy_data(ask.getPayload());
+        out.timeout_ms = ask.getTimeoutMs();
+        break;
+      }
+      default:
+        return make_error(errc::malformed,
+                          "request frame has an unknown kind (union tag " +
+                              std::to_string(static_cast<unsigned>(root.which())) + ")");
+    }
+  } catch (const kj::Exception& e) {
+    return malformed_by(e, "request frame");
+  }
+  DSEC_TRY_VOID(check_request(out));
+  return out;
+}
+
+std::string encode_request(const chronus_token& token, const chronus_request& r) {
+  return build<wire::Request>(body_words(r.text, r.metrics, r.payload) + 8,
+                              [&](wire::Request::Builder b) {
+    auto t = token.bytes();
+    b.setToken({reinterpret_cast<const capnp::byte*>(t.data()), t.size()});
+    switch (r.kind) {
+      case chronus_kind::stage:
+        set_text(b.initStage(static_cast<unsigned>(r.text.size())), r.text);
+        break;
+      case chronus_kind::report:
+        set_metrics(b.initReport(static_cast<unsigned>(r.metrics.size())), r.metrics);
+        break;
+      case chronus_kind::log:
+        set_text(b.initLog(static_cast<unsigned>(r.text.size())), r.text);
+        break;
+      case chronus_kind::feedback: {
+        auto ask = b.initFeedback();
+        ask.setPayload(data_of(r.payload));
+        ask.setTimeoutMs(r.timeout_ms);
+        break;
+      }
+    }
+  });
+}
+
+// ---- replies ------------------------------------------------------------------------
+
+std::string encode_reply_ack() {
+  return build<wire::Reply>(4, [](wire::Reply::Builder b) { b.setAck(); });
+}
+
+std::string encode_reply_feedback(const chronus_feedback& f) {
+  return build<wire::Reply>(feedback_words(f) + 4, [&](wire::Reply::Builder b) {
+    fill_feedback(b.initFeedback(), f);
+  });
+}
+
+std::string encode_reply_rejected(std::string_view why) {
+  return build<wire::Reply>(words_for(why.size()) + 4, [&](wire::Reply::Builder b) {
+    set_text(b.initRejected(static_cast<unsigned>(why.size())), why);
+  });
+}
+
+std::string encode_reply_timed_out() {
+  return build<wire::Reply>(4, [](wire::Reply::Builder b) { b.setTimedOut(); });
+}
+
+std::string encode_reply_session_gone() {
+  return build<wire::Reply>(4, [](wire::Reply::Builder b) { b.setSessionGone(); });
+}
+
+expected<chronus_reply> decode_reply(std::span<const std::byte> frame) {
+  DSEC_TRY(words, frame_words::check(frame, "reply frame"));
+  chronus_reply out;
+  try {
+    capnp::FlatArrayMessageReader message(words.words(), reader_options(words));
+    auto root = message.getRoot<wire::Reply>();
+    switch (root.which()) {
+      case wire::Reply::ACK: out.kind = chronus_reply_kind::ack; break;
+      case wire::Reply::FEEDBACK:
+        out.kind = chronus_reply_kind::feedback;
+        out.feedback = read_feedback(root.getFeedback());
+        break;
+      case wire::Reply::REJECTED:
+        out.kind = chronus_reply_kind::rejected;
+        out.reason = copy_text(root.getRejected());
+        break;
+      case wire::Reply::TIMED_OUT: out.kind = chronus_reply_kind::timed_out; break;
+      case wire::Reply::SESSION_GONE: out.kind = chronus_reply_kind::session_gone; break;
+      default:
+        return make_error(errc::malformed,
+                          "reply frame has an unknown kind (union tag " +
+                              std::to_string(static_cast<unsigned>(root.which())) + ")");
+    }
+  } catch (const kj::Exception& e) {
+    return malformed_by(e, "reply frame");
+  }
+  if (out.kind == chronus_reply_kind::feedback)
+    DSEC_TRY_VOID(check_feedback(out.feedback));
+  return out;
+}
+
+// ---- events -------------------------------------------------------------------------
+
+std::string encode_event(std::string_view sandbox_id, uint64_t seq, uint64_t monotonic_ns,
+                         const chronus_request& r) {
+  size_t hint = body_words(r.text, r.metrics, r.payload) + words_for(sandbox_id.size()) + 8;
+  return build<wire::Event>(hint, [&](wire::Event::Builder b) {
+    set_text(b.initSandboxId(static_cast<unsigned>(sandbox_id.size())), sandbox_id);
+    b.setSeq(seq);
+    b.setMonotonicNs(monotonic_ns);
+    switch (r.kind) {
+      case chronus_kind::stage:
+        set_text(b.initStage(static_cast<unsigned>(r.text.size())), r.text);
+        break;
+      case chronus_kind::report:
+        set_metrics(b.initReport(static_cast<unsigned>(r.metrics.size())), r.metrics);
+        break;
+      case chronus_kind::log:
+        set_text(b.initLog(static_cast<unsigned>(r.text.size())), r.text);
+        break;
+      case chronus_kind::feedback: {
+        auto fr = b.initFeedbackRequest();
+        fr.setId(seq);
+        fr.setPayload(data_of(r.payload));
+        break;
+      }
+    }
+  });
+}
+
+expected<chronus_event> decode_event(std::span<const std::byte> bytes) {
+  DSEC_TRY(words, frame_words::check(bytes, "event"));
+  chronus_event out;
+  try {
+    capnp::FlatArrayMessageReader message(words.words(), reader_options(words));
+    auto root = message.getRoot<wire::Event>();
+    out.sandbox_id = copy_text(root.getSandboxId());
+    out.seq = root.getSeq();
+    out.monotonic_ns = root.getMonotonicNs();
+    switch (root.which()) {
+      case wire::Event::STAGE:
+        out.kind = chronus_kind::stage;
+        out.text = copy_text(root.getStage());
+        break;
+      case wire::Event::REPORT:
+        out.kind = chronus_kind::report;
+        out.metrics = copy_metrics(root.getReport());
+        break;
+      case wire::Event::FEEDBACK_REQUEST: {
+        out.kind = chronus_kind::feedback;
+        auto fr = root.getFeedbackRequest();
+        if (fr.getId() != out.seq)
+          return invalid("event " + std::to_string(out.seq) + " carries feedback request " +
+                         std::to_string(fr.getId()) + "; the two must be equal");
+        out.payload = copy_data(fr.getPayload());
+        break;
+      }
+      case wire::Event::LOG:
+        out.kind = chronus_kind::log;
+        out.text = copy_text(root.getLog());
+        break;
+      default:
+        return make_error(errc::malformed,
+                          "event has an unknown kind (union tag " +
+                              std::to_string(static_cast<unsigned>(root.which())) + ")");
+    }
+  } catch (const kj::Exception& e) {
+    return malformed_by(e, "event");
+  }
+  DSEC_TRY_VOID(check_printable(out.sandbox_id, "event's sandbox id", chronus_max_sandbox_id));
+  if (out.seq == 0)
+    return invalid("event of sandbox " + out.sandbox_id + " has seq 0 (they start at 1)");
+  DSEC_TRY_VOID(check_body(out.kind, out.text, out.metrics, out.payload));
+  return out;
+}
+
+// ---- feedback -----------------------------------------------------------------------
+
+std::string encode_feedback(const chronus_feedback& f) {
+  return build<wire::Feedback>(feedback_words(f),
+                               [&](wire::Feedback::Builder b) { fill_feedback(b, f); });
+}
+
+expected<chronus_feedback> decode_feedback(std::span<const std::byte> bytes) {
+  DSEC_TRY(words, frame_words::check(bytes, "feedback"));
+  chronus_feedback out;
+  try {
+    capnp::FlatArrayMessageReader message(words.words(), reader_options(words));
+    out = read_feedback(message.getRoot<wire::Feedback>());
+  } catch (const kj::Exception& e) {
+    return malformed_by(e, "feedback");
+  }
+  DSEC_TRY_VOID(check_feedback(out));
+  return out;
+}
+
+// ---- JSON ---------------------------------------------------------------------------
+
+std::string event_to_json(const chronus_event& e) {
+  std::string out = "{\"sandbox\":";
+  json_string(out, e.sandbox_id);
+  out += ",\"seq\":" + std::to_string(e.seq);
+  out += ",\"monotonic_ns\":" + std::to_string(e.monotonic_ns);
+  out += ",\"kind\":\"";
+  out += to_string(e.kind);
+  out += '"';
+  switch (e.kind) {
+    case chronus_kind::stage:
+      out += ",\"stage\":";
+      json_string(out, e.text);
+      break;
+    case chronus_kind::report:
+      out += ",\"metrics\":{";
+      for (size_t i = 0; i < e.metrics.size(); ++i) {
+        if (i)
+          out += ',';
+        json_string(out, e.metrics[i].key);
+        out += ':';
+        json_number(out, e.metrics[i].value);
+      }
+      out += '}';
+      break;
+    case chronus_kind::log:
+      out += ",\"log\":";
+      json_string(out, e.text);
+      break;
+    case chronus_kind::feedback:
+      out += ",\"id\":" + std::to_string(e.seq);
+      out += ",\"payload_base64\":";
+      json_base64(out, e.payload);
+      break;
+  }
+  out += '}';
+  return out;
+}
+
+// ---- rate limit ---------------------------------------------------------------------
+
+namespace {
+constexpr uint64_t nano = 1'000'000'000;
+}
+
+chronus_rate_limiter::chronus_rate_limiter(config cfg, uint64_t now_ns) noexcept
+    : cfg_(cfg), level_(uint64_t{cfg.burst} * nano), last_ns_(now_ns) {}
+
+uint64_t chronus_rate_limiter::level_at(uint64_t now_ns) const noexcept {
+  uint64_t cap = uint64_t{cfg_.burst} * nano; // <= 2^32 * 1e9 < 2^64
+  if (now_ns <= last_ns_ || cfg_.rate == 0 || level_ >= cap)
+    return std::min(level_, cap);
+  // `rate` tokens a second is `rate` units of 1e-9 token a nanosecond. Clamp the
+  // elapsed time first so that the product cannot overflow.
+  uint64_t elapsed = std::min(now_ns - last_ns_, cap / cfg_.rate + 1);
+  return std::min(cap, level_ + elapsed * cfg_.rate);
+}
+
+bool chronus_rate_limiter::admit(uint64_t now_ns) noexcept {
+  level_ = level_at(now_ns);
+  if (now_ns > last_ns_)
+    last_ns_ = now_ns;
+  if (level_ < nano)
+    return false;
+  level_ -= nano;
+  return true;
+}
+
+uint64_t chronus_rate_limiter::available(uint64_t now_ns) const noexcept {
+  return level_at(now_ns) / nano;
+}
+
+} // namespace dsec

@@ -1,0 +1,352 @@
+// Chronus end to end, through an embedded daemon and dsec::client: trusted
+// commands in real sandboxes run the real `chronus` client (from the system
+// layer), the node's endpoint reads their frames through io_uring, the session
+// forwards the events to a watching trainer, and the trainer's answers reach
+// the very sandbox that asked. The agent's own commands cannot take part:
+// without the token, or with a forged one, their frames are refused and
+// counted; malformed, truncated, oversized and flooding frames sent from inside
+// a sandbox are refused and counted too, and the node serves on.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <cstdio>
+#include <limits>
+#include <map>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "runtime/chronus.hpp"
+#include "test/actors/common.hpp"
+#include "test/support/fixture.hpp"
+#include "test/support/host.hpp"
+
+using namespace dsec;
+using namespace dsec::test;
+
+namespace {
+
+using namespace std::chrono_literals;
+
+std::unique_ptr<session> open(client& c) {
+  auto s = c.open_session({});
+  REQUIRE_MESSAGE(s, "open_session: " << describe(s.error_value()));
+  return std::move(*s);
+}
+
+environment chronus_env() {
+  auto env = env_of();
+  env.chronus = true;
+  return env;
+}
+
+std::vector<std::string> make(session& s, const environment& env, uint32_t count) {
+  std::vector<std::string> failures;
+  auto ids = s.create(env, count, {}, [&](const error& e) { failures.push_back(describe(e)); });
+  REQUIRE_MESSAGE(ids, "create: " << describe(ids.error_value()));
+  REQUIRE_MESSAGE(ids->size() == count, "created " << ids->size() << " of " << count
+                                                   << "; first failure: "
+                                                   << (failures.empty() ? "none"
+                                                                        : failures.front()));
+  return std::move(*ids);
+}
+
+exec_request sh(const std::string& script, bool trusted) {
+  auto r = cmd({"sh", "-c", script});
+  r.trusted = trusted;
+  return r;
+}
+
+exec_result run(session& s, const std::string& id, const exec_request& req) {
+  auto r = s.exec(id, req);
+  REQUIRE_MESSAGE(r, "exec: " << describe(r.error_value()));
+  return std::move(*r);
+}
+
+// Pulls events until `pred` says enough, or a generous cap passes (a hang
+// guard, not a timing check).
+std::vector<chronus_event> pull(event_stream& w, size_t count) {
+  std::vector<chronus_event> got;
+  auto give_up = std::chrono::steady_clock::now() + 120s;
+  while (got.size() < count && std::chrono::steady_clock::now() < give_up) {
+    auto ev = w.next(200ms);
+    REQUIRE_MESSAGE(ev, describe(ev.error_value()));
+    if (*ev)
+      got.push_back(std::move(**ev));
+  }
+  return got;
+}
+
+} // namespace
+
+TEST_CASE("Chronus: 100 sandboxes walk through their stages, and each gets its own answer") {
+  embedded e;
+  auto s = open(*e.c);
+  auto w = s->watch();
+  REQUIRE_MESSAGE(w, describe(w.error_value()));
+  auto ids = make(*s, chronus_env(), 100);
+  // Each sandbox's grader: stages, a report, a log line, then it asks for
+  // feedback with its own hostname (the sandbox id) and keeps the answer.
+  const std::string script =
+    "set -e; chronus stage cloned; chronus stage compiling; chronus report tests=12 passed=11;"
+    " chronus log \"built $(hostname)\"; chronus stage testing;"
+    " chronus feedback \"$(hostname)\" > /tmp/answer; chronus stage submitted";
+  for (const auto& id : ids) {
+    auto req = sh(script, true);
+    req.detach = true;
+    run(*s, id, req);
+  }
+  // The trainer: answer each feedback request with a reward of its own.
+  std::map<std::string, double> reward;
+  for (size_t i = 0; i < ids.size(); ++i)
+    reward[ids[i]] = static_cast<double>(i) + 0.5;
+  std::map<std::string, std::vector<chronus_event>> by_box;
+  size_t total = 0, answered = 0;
+  auto give_up = std::chrono::steady_clock::now() + 180s;
+  while (total < ids.size() * 7 && std::chrono::steady_clock::now() < give_up) {
+    auto ev = (*w)->next(200ms);
+    REQUIRE_MESSAGE(ev, describe(ev.error_value()));
+    if (!*ev)
+      continue;
+    auto& x = **ev;
+    ++total;
+    if (x.kind == chronus_kind::feedback) {
+      // It asked with its own id: the event says where it came from, truly.
+      CHECK(x.payload == x.sandbox_id);
+      chronus_feedback fb;
+      fb.request_id = x.seq;
+      fb.reward = reward.at(x.sandbox_id);
+      fb.text = "for " + x.sandbox_id;
+      fb.done = true;
+      auto r = s->answer(x.sandbox_id, fb);
+      CHECK_MESSAGE(r, describe(r.error_value()));
+      answered += r.has_value();
+      // A second answer to the same request finds nobody waiting.
+      check_error(s->answer(x.sandbox_id, fb), errc::not_found, "feedback request");
+    }
+    by_box[x.sandbox_id].push_back(std::move(x));
+  }
+  CHECK(total == ids.size() * 7);
+  CHECK(answered == ids.size());
+  CHECK(by_box.size() == ids.size());
+  for (const auto& id : ids) {
+    const auto& evs = by_box[id];
+    REQUIRE_MESSAGE(evs.size() == 7, id << ": " << evs.size() << " events");
+    std::vector<std::string> kinds;
+    for (size_t i = 0; i < evs.size(); ++i) {
+      CHECK(evs[i].seq == i + 1); // in order, numbered per sandbox
+      if (i > 0)
+        CHECK(evs[i].monotonic_ns >= evs[i - 1].monotonic_ns);
+      kinds.push_back(to_string(evs[i].kind) +
+                      (evs[i].kind == chronus_kind::stage ? ":" + evs[i].text : ""));
+    }
+    CHECK(kinds == std::vector<std::string>{"stage:cloned", "stage:compiling", "report",
+                                            "log", "stage:testing", "feedback",
+                                            "stage:submitted"});
+    CHECK(evs[2].metrics == std::vector<chronus_metric>{{"tests", 12}, {"passed", 11}});
+    CHECK(evs[3].text == "built " + id);
+  }
+  // Every sandbox received its own answer, and nobody else's.
+  for (const auto& id : ids) {
+    auto r = run(*s, id, cmd({"cat", "/tmp/answer"}));
+    CHECK_MESSAGE(r.exit_code == 0, id << ": " << r.err);
+    char want[64];
+    std::snprintf(want, sizeof want, "\"reward\":%g", reward.at(id));
+    CHECK_MESSAGE(r.out.find(want) != std::string::npos, id << ": " << r.out);
+    CHECK_MESSAGE(r.out.find("\"text\":\"for " + id + "\"") != std::string::npos,
+                  id << ": " << r.out);
+    CHECK(r.out.find("\"done\":true") != std::string::npos);
+  }
+  auto st = node_stats_of(*e.c);
+  CHECK(st.chronus_sandboxes == ids.size());
+  CHECK(st.chronus_events >= ids.size() * 7);
+  CHECK(st.chronus_answered == ids.size());
+  auto n = s->close();
+  REQUIRE(n);
+  CHECK(*n == ids.size());
+  // The endpoint lets go of them on its own thread, just after.
+  auto gone = std::chrono::steady_clock::now() + 30s;
+  while (node_stats_of(*e.c).chronus_sandboxes != 0 && std::chrono::steady_clock::now() < gone)
+    std::this_thread::sleep_for(10ms);
+  CHECK(node_stats_of(*e.c).chronus_sandboxes == 0);
+}
+
+TEST_CASE("Chronus: the agent's commands cannot report, forge a token or read a grader's") {
+  embedded e;
+  auto s = open(*e.c);
+  auto w = s->watch();
+  REQUIRE(w);
+  auto id = make(*s, chronus_env(), 1).front();
+  auto before = node_stats_of(*e.c);
+  // Untrusted: no token at all.
+  auto r = run(*s, id, sh("chronus stage fake", false));
+  CHECK(r.exit_code == 1);
+  CHECK_MESSAGE(r.err.find("DSEC_CHRONUS_TOKEN") != std::string::npos, r.err);
+  // A forged token: refused by the node, counted.
+  r = run(*s, id, sh("DSEC_CHRONUS_TOKEN=" + std::string(64, 'a') + " chronus stage fake", false));
+  CHECK(r.exit_code == 5);
+  CHECK_MESSAGE(r.err.find("token") != std::string::npos, r.err);
+  auto after = node_stats_of(*e.c);
+  CHECK(after.chronus_unauthenticated == before.chronus_unauthenticated + 1);
+  // A grader holds the token; the agent cannot read it from /proc.
+  auto grader = sh("echo $$ > /tmp/grader.pid; exec sleep 1000", true);
+  grader.detach = true;
+  run(*s, id, grader);
+  r = run(*s, id,
+          sh("while [ ! -s /tmp/grader.pid ]; do sleep 0.05; done; cat /proc/$(cat /tmp/grader.pid)"
+             "/environ",
+             false));
+  CHECK(r.exit_code != 0);
+  CHECK(r.out.find("DSEC_CHRONUS_TOKEN") == std::string::npos);
+  // The control: a trusted command reads it (its own environment).
+  r = run(*s, id, sh("echo ${#DSEC_CHRONUS_TOKEN}; chronus stage real", true));
+  CHECK(r.exit_code == 0);
+  CHECK(r.out == "64\n");
+  // Only the real one reached the session.
+  auto evs = pull(**w, 1);
+  REQUIRE(evs.size() == 1);
+  CHECK(evs[0].text == "real");
+  auto more = (*w)->next(300ms);
+  REQUIRE(more);
+  CHECK_FALSE(more->has_value());
+  // A trusted command needs a Chronus sandbox.
+  auto plain = make(*s, env_of(), 1).front();
+  auto t = s->exec(plain, sh("true", true));
+  check_error(t, errc::invalid_argument, "Chronus");
+}
+
+TEST_CASE("Chronus: a feedback request times out on its own; answers need a waiting request") {
+  embedded e;
+  auto s = open(*e.c);
+  auto id = make(*s, chronus_env(), 1).front();
+  auto r = run(*s, id, sh("chronus feedback --timeout 300ms please", true));
+  CHECK_MESSAGE(r.exit_code == 3, r.err);
+  chronus_feedback fb;
+  fb.request_id = 1; // that request: its client is gone
+  check_error(s->answer(id, fb), errc::not_found, "feedback request");
+  fb.request_id = 99; // never asked
+  check_error(s->answer(id, fb), errc::not_found, "feedback request 99");
+  // Bad feedback is refused before it is sent.
+  fb.reward = std::numeric_limits<double>::infinity();
+  auto bad = s->answer(id, fb);
+  REQUIRE_FALSE(bad);
+  CHECK(bad.error_value().code == errc::invalid_argument);
+  // A sandbox without Chronus, and an unknown one.
+  fb.reward = 1;
+  auto plain = make(*s, env_of(), 1).front();
+  check_error(s->answer(plain, fb), errc::not_found, "Chronus");
+  check_error(s->answer("no-such-box", fb), errc::not_found, "no-such-box");
+}
+
+namespace {
+
+std::string hex_of(std::string_view bytes) {
+  static const char* digits = "0123456789abcdef";
+  std::string out;
+  for (unsigned char c : bytes) {
+    out += digits[c >> 4];
+    out += digits[c & 15];
+  }
+  return out;
+}
+
+std::string unhex(std::string_view hex) {
+  std::string out;
+  for (size_t i = 0; i + 1 < hex.size(); i += 2)
+    out += static_cast<char>(std::stoi(std::string{hex.substr(i, 2)}, nullptr, 16));
+  return out;
+}
+
+// The replies `probe seqpacket-frames` printed, decoded.
+std::vector<chronus_reply> replies_of(const std::string& out) {
+  std::vector<chronus_reply> rs;
+  for (const auto& line : lines_of(out)) {
+    if (line.rfind("reply ", 0) != 0)
+      continue;
+    auto bytes = unhex(line.substr(6));
+    auto r = decode_reply(as_bytes(bytes));
+    REQUIRE_MESSAGE(r, "an undecodable reply: " << describe(r.error_value()));
+    rs.push_back(*r);
+  }
+  return rs;
+}
+
+} // namespace
+
+TEST_CASE("Chronus: malformed, truncated, oversized, forged and flooding frames from a sandbox") {
+  embedded e;
+  auto s = open(*e.c);
+  auto w = s->watch();
+  REQUIRE(w);
+  auto ids = make(*s, chronus_env(), 2);
+  auto& bad = ids[0];
+  auto& good = ids[1];
+  auto before = node_stats_of(*e.c);
+  chronus_request stage;
+  stage.kind = chronus_kind::stage;
+  stage.text = "forged";
+  auto forged = encode_request(chronus_token{}, stage); // a token of zeros: not theirs
+  auto truncated = forged.substr(0, forged.size() - 9);
+  std::string junk = "\x01\x00\x00\x00\xff\xff\xff\x7f garbage";
+  auto r = run(*s, bad,
+               cmd({"probe", "seqpacket-frames", "/run/chronus.sock", "hex:" + hex_of(junk),
+                    "hex:" + hex_of(truncated), "zeros:70000", "hex:" + hex_of(forged),
+                    "hex:00"}));
+  REQUIRE_MESSAGE(r.exit_code == 0, r.out << r.err);
+  auto rs = replies_of(r.out);
+  REQUIRE_MESSAGE(rs.size() == 5, r.out);
+  for (const auto& x : rs)
+    CHECK(x.kind == chronus_reply_kind::rejected);
+  CHECK_MESSAGE(rs[2].reason.find("70000") != std::string::npos, rs[2].reason);
+  CHECK_MESSAGE(rs[3].reason.find("token") != std::string::npos, rs[3].reason);
+  auto mid = node_stats_of(*e.c);
+  CHECK(mid.chronus_malformed == before.chronus_malformed + 3); // junk, truncated, one byte
+  CHECK(mid.chronus_too_large == before.chronus_too_large + 1);
+  CHECK(mid.chronus_unauthenticated == before.chronus_unauthenticated + 1);
+
+  // A flood: far beyond the burst, without reading the replies.
+  r = run(*s, bad, cmd({"probe", "seqpacket-frames", "/run/chronus.sock",
+                        "repeat:6000:" + hex_of(forged)}));
+  REQUIRE_MESSAGE(r.exit_code == 0, r.out << r.err);
+  CHECK(r.out == "sent 6000\n");
+  // The node reads every one of them (refusing most as flooding) and serves on:
+  // the other sandbox's grader still gets through.
+  auto t = run(*s, good, sh("chronus stage unaffected", true));
+  CHECK_MESSAGE(t.exit_code == 0, t.err);
+  auto give_up = std::chrono::steady_clock::now() + 60s;
+  node_stats after;
+  do {
+    after = node_stats_of(*e.c);
+    std::this_thread::sleep_for(20ms);
+  } while (after.chronus_flooding + after.chronus_unauthenticated <
+             mid.chronus_flooding + mid.chronus_unauthenticated + 6000 &&
+           std::chrono::steady_clock::now() < give_up);
+  CHECK(after.chronus_flooding > mid.chronus_flooding);
+  CHECK(after.chronus_flooding + after.chronus_unauthenticated ==
+        mid.chronus_flooding + mid.chronus_unauthenticated + 6000);
+  // Nothing of it reached the session: only the good sandbox's stage.
+  auto evs = pull(**w, 1);
+  REQUIRE(evs.size() == 1);
+  CHECK(evs[0].sandbox_id == good);
+  CHECK(evs[0].text == "unaffected");
+  auto more = (*w)->next(300ms);
+  REQUIRE(more);
+  CHECK_FALSE(more->has_value());
+}
+
+TEST_CASE("Chronus: a socket the agent put at /run/chronus.sock never gets the token") {
+  embedded e;
+  auto s = open(*e.c);
+  auto id = make(*s, chronus_env(), 1).front();
+  // The agent replaces the socket with its own listener...
+  auto fake = cmd({"probe", "seqpacket-listen", "/run/chronus.sock"});
+  fake.detach = true;
+  run(*s, id, fake);
+  auto r = run(*s, id, sh("while ! ls -l /run/chronus.sock | grep -q '^s'; do sleep 0.05; done;"
+                          " sleep 0.2; chronus stage graded", true));
+  // ...and the grader refuses to talk to it.
+  CHECK(r.exit_code == 1);
+  CHECK_MESSAGE(r.err.find("not dsec's Chronus socket") != std::string::npos, r.err);
+}
