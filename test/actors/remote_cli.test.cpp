@@ -832,3 +832,66 @@ TEST_CASE("remote cp out of a sandbox: device nodes and fifos are skipped, the r
   check_serving(d);
   d.finish();
 }
+
+// Chronus from the command line: run --chronus, exec --trusted, session watch
+// (JSON lines), feedback; and the errors of each.
+TEST_CASE("remote Chronus: session watch shows a grader's events, feedback answers it") {
+  daemon_proc d;
+  auto r = d.dsec({"session", "open"});
+  REQUIRE_MESSAGE(r.status == 0, r.describe());
+  auto sid = lines_of(r.out).at(0);
+  auto id = d.detached({"--chronus", "--session", sid});
+  // The grader: a stage, then it asks and prints the answer.
+  background grader(d.argv({"exec", "--trusted", id, "--", "sh", "-c",
+                            "chronus stage graded && chronus feedback 'is it right?'"}));
+  background watch(d.argv({"session", "watch", sid, "--count", "2"}));
+  REQUIRE_MESSAGE(watch.wait_for_output("\"kind\":\"feedback\""), watch.out() << watch.err());
+  auto w = watch.wait();
+  CHECK_MESSAGE(w.status == 0, w.describe());
+  auto lines = lines_of(w.out);
+  REQUIRE(lines.size() == 2);
+  CHECK_MESSAGE(contains(lines[0], "\"sandbox\":\"" + id + "\""), lines[0]);
+  CHECK_MESSAGE(contains(lines[0], "\"seq\":1"), lines[0]);
+  CHECK_MESSAGE(contains(lines[0], "\"stage\":\"graded\""), lines[0]);
+  CHECK_MESSAGE(contains(lines[1], "\"kind\":\"feedback\""), lines[1]);
+  CHECK_MESSAGE(contains(lines[1], "\"id\":2"), lines[1]);
+  // Wrong requests first: nothing is delivered.
+  r = d.dsec({"feedback", id, "7", "--reward", "1"});
+  CHECK_MESSAGE(r.status == 1, r.describe());
+  CHECK_MESSAGE(contains(r.err, "feedback request 7"), r.describe());
+  r = d.dsec({"feedback", id, "2", "--reward", "lots"});
+  CHECK_MESSAGE(r.status == 2, r.describe());
+  CHECK_MESSAGE(contains(r.err, "--reward"), r.describe());
+  r = d.dsec({"feedback", "no-such-box", "2"});
+  CHECK_MESSAGE(r.status == 1, r.describe());
+  CHECK_MESSAGE(contains(r.err, "no-such-box"), r.describe());
+  r = d.dsec({"feedback", id});
+  CHECK_MESSAGE(r.status == 2, r.describe());
+  // The answer.
+  r = d.dsec({"feedback", id, "2", "--reward", "0.75", "--text", "yes", "--done"});
+  CHECK_MESSAGE(r.status == 0, r.describe());
+  auto g = grader.wait();
+  CHECK_MESSAGE(g.status == 0, g.describe());
+  CHECK_MESSAGE(contains(g.out, "\"reward\":0.75"), g.out);
+  CHECK_MESSAGE(contains(g.out, "\"text\":\"yes\""), g.out);
+  CHECK_MESSAGE(contains(g.out, "\"done\":true"), g.out);
+  // The agent's side: no token, and a trusted exec on a sandbox without Chronus.
+  r = d.dsec({"exec", id, "--", "chronus", "stage", "fake"});
+  CHECK_MESSAGE(r.status == 1, r.describe());
+  CHECK_MESSAGE(contains(r.err, "DSEC_CHRONUS_TOKEN"), r.describe());
+  auto plain = d.detached();
+  r = d.dsec({"exec", "--trusted", plain, "--", "true"});
+  CHECK_MESSAGE(r.status == 1, r.describe());
+  CHECK_MESSAGE(contains(r.err, "Chronus"), r.describe());
+  // Watching an unknown session; the node's counters.
+  r = d.dsec({"session", "watch", "s-no-such", "--for", "1s"});
+  CHECK_MESSAGE(r.status == 1, r.describe());
+  CHECK_MESSAGE(contains(r.err, "s-no-such"), r.describe());
+  r = d.dsec({"node", "stats"});
+  CHECK_MESSAGE(contains(r.out, "chronus         1 sandboxes, 2 events, 1 answers"), r.out);
+  r = d.dsec({"session", "close", sid});
+  CHECK_MESSAGE(r.status == 0, r.describe());
+  r = d.dsec({"rm", plain});
+  CHECK_MESSAGE(r.status == 0, r.describe());
+  d.finish();
+}
