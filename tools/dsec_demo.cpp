@@ -12,6 +12,9 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
+#include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -23,7 +26,7 @@
 
 namespace {
 
-const char* usage = R"(usage: dsec-demo [--state DIR] [--count N] [--parallel K]
+const char* usage = R"(usage: dsec-demo [--state DIR] [--count N] [--parallel K] [--chronus]
                  --base NAME@VERSION [--workdir NAME@VERSION] [--tool NAME@VERSION]...
                  -- CMD [ARGS...]
 
@@ -31,6 +34,11 @@ Starts an embedded single-node dsec daemon, opens a session, creates N
 sandboxes (default 100) in one batch, runs CMD in each from K client threads
 (default 4), destroys them, prints progress and a summary (created, rate, time
 to ready and command p50/p99), and shuts the daemon down.
+
+With --chronus the sandboxes have Chronus and CMD runs as a trusted command
+(a grader): the demo watches the session's events, answers each feedback
+request with reward 1 if its payload is "pass" (else 0), and the summary counts
+the events by kind.
 )";
 
 using clock_type = std::chrono::steady_clock;
@@ -85,6 +93,8 @@ int main(int argc, char** argv) {
       env.workdir = v;
     else if (opt("--tool"))
       env.tools.push_back(v);
+    else if (a.flag("--chronus"))
+      env.chronus = true;
     else {
       std::fprintf(stderr, "dsec-demo: unknown argument '%s'\n%s", std::string{a.peek()}.c_str(),
                    usage);
@@ -130,6 +140,58 @@ int main(int argc, char** argv) {
 
   bool tty = ::isatty(1) == 1; // progress lines only on a terminal
 
+  // Chronus: the trainer's side. Events come on one of CAF's threads; a
+  // feedback request is answered from a thread of ours (answer() blocks).
+  struct chronus_side {
+    std::mutex mu;
+    std::map<std::string, size_t> kinds;
+    std::vector<std::pair<std::string, chronus_feedback>> to_answer;
+    std::vector<double> latency_ms; // event stamped by the node -> seen here
+  };
+  auto cs = std::make_shared<chronus_side>();
+  std::unique_ptr<event_stream> watch;
+  if (env.chronus) {
+    auto w = (*s)->watch([cs](const chronus_event& ev) {
+      timespec ts{};
+      ::clock_gettime(CLOCK_MONOTONIC, &ts);
+      auto now = static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000u +
+                 static_cast<uint64_t>(ts.tv_nsec);
+      std::lock_guard<std::mutex> g{cs->mu};
+      cs->kinds[to_string(ev.kind) +
+                (ev.kind == chronus_kind::stage ? " " + ev.text : std::string{})]++;
+      cs->latency_ms.push_back(static_cast<double>(now - ev.monotonic_ns) / 1e6);
+      if (ev.kind == chronus_kind::feedback) {
+        chronus_feedback fb;
+        fb.request_id = ev.seq;
+        fb.reward = ev.payload == "pass" ? 1.0 : 0.0;
+        fb.text = ev.payload == "pass" ? "well done" : "try again";
+        fb.done = true;
+        cs->to_answer.emplace_back(ev.sandbox_id, std::move(fb));
+      }
+    });
+    if (!w) {
+      std::fprintf(stderr, "dsec-demo: watch: %s\n", w.error_value().to_string().c_str());
+      return 1;
+    }
+    watch = std::move(*w);
+  }
+  std::atomic<bool> answering{env.chronus};
+  std::atomic<size_t> answered{0};
+  std::thread answerer([&] {
+    while (answering) {
+      std::vector<std::pair<std::string, chronus_feedback>> todo;
+      {
+        std::lock_guard<std::mutex> g{cs->mu};
+        todo.swap(cs->to_answer);
+      }
+      for (auto& [id, fb] : todo)
+        if ((*s)->answer(id, fb))
+          ++answered;
+      if (todo.empty())
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  });
+
   // 1. One batch; each sandbox is usable as soon as it is ready.
   std::vector<double> ready_ms;
   std::vector<std::string> failures;
@@ -154,6 +216,7 @@ int main(int argc, char** argv) {
   // 2. The command in each, from several client threads.
   exec_request req;
   req.argv = cmd;
+  req.trusted = env.chronus;
   std::mutex mu;
   std::vector<double> exec_ms;
   std::vector<int> codes;
@@ -186,6 +249,9 @@ int main(int argc, char** argv) {
   double exec_s = ms_since(t1) / 1000;
   std::printf("\n");
 
+  answering = false;
+  answerer.join();
+
   // 3. Destroy them all by closing the session.
   auto t2 = clock_type::now();
   auto closed = (*s)->close();
@@ -206,9 +272,20 @@ int main(int argc, char** argv) {
   std::printf("  destroyed      %u with the session in %.2f s\n", closed ? *closed : 0, close_s);
   if (!sample.empty())
     std::printf("  first output   %s%s", sample.c_str(), sample.back() == '\n' ? "" : "\n");
+  if (env.chronus) {
+    std::lock_guard<std::mutex> g{cs->mu};
+    std::string kinds;
+    for (const auto& [k, n] : cs->kinds)
+      kinds += (kinds.empty() ? "" : ", ") + std::to_string(n) + " " + k;
+    std::printf("  chronus        %s; %zu feedback requests answered; node to trainer p50 %.2f "
+                "ms, p99 %.2f ms\n",
+                kinds.empty() ? "no events" : kinds.c_str(), answered.load(),
+                pct(cs->latency_ms, 0.5), pct(cs->latency_ms, 0.99));
+  }
   for (size_t i = 0; i < failures.size() && i < 3; ++i)
     std::printf("  failure        %s\n", failures[i].c_str());
 
+  watch.reset();
   auto n = (*d)->shutdown();
   std::printf("daemon shut down%s\n", n ? "; nothing left behind" : "");
   s->reset();
