@@ -89,13 +89,19 @@ expected<Result> call(caf::actor_system& sys, const Handle& dest, Ts... xs) {
 // What a helper actor hands to the calling thread.
 struct mailbox {
   struct item {
-    enum { ready, failed, output, done } kind;
+    enum kind_t { ready, failed, output, done } kind = done;
     std::string text; // id, or output data
     uint8_t stream = 0;
     error err;
     uint32_t count = 0;
     exec_result result;
     bool ok = true;
+
+    static item of(kind_t k) {
+      item it;
+      it.kind = k;
+      return it;
+    }
   };
   std::mutex mu;
   std::condition_variable cv;
@@ -136,7 +142,7 @@ expected<exec_result> streamed_exec(caf::actor_system& sys, const Handle& dest,
       .then(
         [=](exec_result& r) {
           self->demonitor(dest.address());
-          mailbox::item it{mailbox::item::done};
+          auto it = mailbox::item::of(mailbox::item::done);
           it.result = std::move(r);
           box->push(std::move(it));
           self->quit();
@@ -148,7 +154,7 @@ expected<exec_result> streamed_exec(caf::actor_system& sys, const Handle& dest,
         });
     return {
       [=](output_chunk& c) {
-        mailbox::item it{mailbox::item::output};
+        auto it = mailbox::item::of(mailbox::item::output);
         it.stream = c.stream;
         it.text = std::move(c.data);
         box->push(std::move(it));
@@ -277,7 +283,7 @@ session::create(const environment& env, uint32_t count,
       .then(
         [=](uint32_t n) {
           self->demonitor(h.address());
-          mailbox::item it{mailbox::item::done};
+          auto it = mailbox::item::of(mailbox::item::done);
           it.count = n;
           box->push(std::move(it));
           self->quit();
@@ -289,12 +295,12 @@ session::create(const environment& env, uint32_t count,
         });
     return {
       [=](ready_atom, std::string& id) {
-        mailbox::item it{mailbox::item::ready};
+        auto it = mailbox::item::of(mailbox::item::ready);
         it.text = std::move(id);
         box->push(std::move(it));
       },
       [=](failed_atom, caf::error& e) {
-        mailbox::item it{mailbox::item::failed};
+        auto it = mailbox::item::of(mailbox::item::failed);
         it.err = from_caf(e);
         box->push(std::move(it));
       },

@@ -166,7 +166,7 @@ typename Inspector::result_type inspect(Inspector& f, chronus_feedback_msg& x) {
 struct sandbox_info {
   std::string id;
   std::string session;
-  std::string state;        ///< creating, ready, running, stopped, destroyed
+  std::string state;        ///< creating, ready, running (a command runs), destroying
   environment env;
   uint64_t created_ms = 0;  ///< unix time
   uint64_t ttl_left_ms = 0;

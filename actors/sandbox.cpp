@@ -87,7 +87,7 @@ struct exec_state {
   std::function<void(expected<exec_result>)> done;
 };
 
-enum class phase { creating, ready, stopped, destroying };
+enum class phase { creating, ready, destroying };
 
 struct sandbox_state {
   static inline const char* name = "dsec.sandbox";
@@ -115,7 +115,6 @@ const char* phase_name(const sandbox_state& s) {
   switch (s.ph) {
     case phase::creating: return "creating";
     case phase::ready: return s.execs.empty() ? "ready" : "running";
-    case phase::stopped: return "stopped";
     case phase::destroying: return "destroying";
   }
   return "unknown";
@@ -636,7 +635,6 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
           // init is gone or creation failed
           if (s.ph == phase::creating)
             return fail_creation(self, ev.error_value());
-          s.ph = phase::stopped;
           s.failure = ev.error_value().message;
           return begin_destroy(self);
         }

@@ -1,8 +1,9 @@
 // sandbox: one actor per sandbox, owning its runtime::container.
 //
 // States: creating (layers acquired, init setting itself up), ready (idle),
-// running (one or more commands), stopped (init died unexpectedly; being
-// cleaned up), destroyed (the actor quits). A sandbox is destroyed on request,
+// running (one or more commands), destroying (being torn down; then the actor
+// quits). If init dies unexpectedly the sandbox destroys itself, and its
+// commands in flight fail with the reason. A sandbox is destroyed on request,
 // when its TTL expires, when its session ends (it monitors the session), or
 // when its init dies.
 //

@@ -262,16 +262,30 @@ session_actor::behavior_type session_impl(self_ptr self, session_config cfg) {
     [=](ready_atom, const std::string& id, const sandbox_actor& sb, uint64_t req) {
       auto& s = self->state;
       --s.pending;
-      s.sandboxes.emplace(id, sb);
+      s.sandboxes.emplace(id, sb); // until its gone_atom, also when closing
       auto it = s.batches.find(req);
+      if (s.closing) {
+        // Too late: it goes with the rest, counted by close, and its batch
+        // hears that it failed rather than that it is ready.
+        ++s.closed_count;
+        caf::anon_send(sb, destroy_atom::value);
+        if (it != s.batches.end()) {
+          ++it->second.failed;
+          if (it->second.listener)
+            caf::anon_send(it->second.listener, failed_atom::value,
+                           to_caf(make_error(errc::not_found, "sandbox " + id
+                                                                + " was ready after session "
+                                                                + s.cfg.id + " closed")));
+          finish_batch(self, req);
+        }
+        return;
+      }
       if (it != s.batches.end()) {
         ++it->second.ready;
         if (it->second.listener)
           caf::anon_send(it->second.listener, ready_atom::value, id);
         finish_batch(self, req);
       }
-      if (s.closing) // too late: it goes with the rest
-        caf::anon_send(sb, destroy_atom::value);
     },
     [=](failed_atom, const caf::error& e, uint64_t req) {
       auto& s = self->state;

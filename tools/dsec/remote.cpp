@@ -66,7 +66,7 @@ const char* ps_usage = R"(usage: dsec --connect HOST:PORT ps [--session ID]
 Lists the daemon's sandboxes, oldest first:
   ID           the sandbox id (for exec, cp, rm)
   SESSION      the session it belongs to ("default": detached by `run --detach`)
-  STATE        creating, ready, running (a command runs), stopped, destroying
+  STATE        creating, ready, running (a command runs), destroying
   ENVIRONMENT  its layers: base/workdir/tool,tool... ("-": no workdir)
   AGE          since it became ready
   TTL LEFT     until it is destroyed by its TTL ("-": none)
