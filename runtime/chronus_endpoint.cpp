@@ -101,7 +101,21 @@ struct chronus_endpoint::impl : std::enable_shared_from_this<impl> {
       if (fd < 0) {
         if (errno == EINTR || errno == ECONNABORTED)
           continue;
-        break; // EAGAIN, or out of descriptors: try again on the next wakeup
+        if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+          // The listener stays readable: re-arming now would spin the reactor.
+          // Try again in 100 ms; the pending clients wait in the backlog.
+          n.refused_connections.fetch_add(1, std::memory_order_relaxed);
+          if (auto t = one_shot_timer(100)) {
+            auto self = shared_from_this();
+            t->watch = io.watch(t->fd.get(), POLLIN, [self, b, t](int result) {
+              t->watch = 0;
+              if (result >= 0 && !b->closed)
+                self->arm_listener(b);
+            });
+            return;
+          }
+        }
+        break; // EAGAIN (or no timer: try on the next wakeup)
       }
       unique_fd cfd(fd);
       if (b->conns.size() >= cfg.max_connections) {
@@ -140,7 +154,7 @@ struct chronus_endpoint::impl : std::enable_shared_from_this<impl> {
         close_conn(*b, c);
         return;
       }
-      on_frame(*b, c, static_cast<size_t>(got));
+      on_frame(b, c, static_cast<size_t>(got));
       if (c->closed)
         return;
     }
@@ -152,7 +166,8 @@ struct chronus_endpoint::impl : std::enable_shared_from_this<impl> {
     send_frame(c.fd.get(), encode_reply_rejected(why));
   }
 
-  void on_frame(box& b, const std::shared_ptr<conn>& c, size_t size) {
+  void on_frame(const std::shared_ptr<box>& bp, const std::shared_ptr<conn>& c, size_t size) {
+    auto& b = *bp;
     n.frames.fetch_add(1, std::memory_order_relaxed);
     auto now = monotonic_ns();
     if (size > chronus_max_frame) {
@@ -184,7 +199,7 @@ struct chronus_endpoint::impl : std::enable_shared_from_this<impl> {
       auto& w = b.pending[seq];
       w.client = c;
       if (req->timeout_ms > 0)
-        w.timer = start_timer(b, seq, req->timeout_ms);
+        w.timer = start_timer(bp, seq, req->timeout_ms);
     } else
       send_frame(c->fd.get(), encode_reply_ack());
     if (b.on_event)
@@ -193,18 +208,11 @@ struct chronus_endpoint::impl : std::enable_shared_from_this<impl> {
 
   // The timeout of feedback request `id`: a timerfd on the reactor. When it
   // fires and the request still waits, the client hears `timedOut`.
-  std::shared_ptr<conn> start_timer(box& b, uint64_t id, uint32_t ms) {
-    auto t = std::make_shared<conn>();
-    t->fd.reset(::timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC));
-    if (!t->fd)
+  std::shared_ptr<conn> start_timer(const std::shared_ptr<box>& bp, uint64_t id, uint32_t ms) {
+    auto t = one_shot_timer(ms);
+    if (!t)
       return nullptr; // no timer: the request waits for its answer or its client
-    itimerspec its{};
-    its.it_value.tv_sec = ms / 1000;
-    its.it_value.tv_nsec = static_cast<long>(ms % 1000) * 1'000'000;
-    if (::timerfd_settime(t->fd.get(), 0, &its, nullptr) != 0)
-      return nullptr;
     auto self = shared_from_this();
-    auto bp = boxes.find(b.id)->second; // b is served, so it is there
     std::weak_ptr<box> wb = bp;
     t->watch = io.watch(t->fd.get(), POLLIN, [self, wb, id, t](int result) {
       t->watch = 0;
@@ -218,6 +226,20 @@ struct chronus_endpoint::impl : std::enable_shared_from_this<impl> {
         send_frame(c->fd.get(), encode_reply_timed_out());
       bx->pending.erase(it);
     });
+    return t;
+  }
+
+  // A timerfd that fires once after `ms`, owned like a connection; or null.
+  static std::shared_ptr<conn> one_shot_timer(uint32_t ms) {
+    auto t = std::make_shared<conn>();
+    t->fd.reset(::timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC));
+    if (!t->fd)
+      return nullptr;
+    itimerspec its{};
+    its.it_value.tv_sec = ms / 1000;
+    its.it_value.tv_nsec = static_cast<long>(ms % 1000) * 1'000'000;
+    if (::timerfd_settime(t->fd.get(), 0, &its, nullptr) != 0)
+      return nullptr;
     return t;
   }
 

@@ -39,7 +39,9 @@ class reactor;
 /// Limits of a chronus_endpoint.
 struct chronus_endpoint_config {
   chronus_rate_limiter::config rate; ///< per sandbox, over all its connections
-  uint32_t max_connections = 256;    ///< open connections per sandbox
+  /// Open connections per sandbox. Each `chronus` call is one; a grader rarely
+  /// needs more than a few at once, and every one is a descriptor of the node's.
+  uint32_t max_connections = 32;
 };
 
 class chronus_endpoint {
@@ -56,7 +58,7 @@ public:
     uint64_t invalid = 0;         ///< a field broke a limit
     uint64_t flooding = 0;        ///< over the sandbox's rate limit
     uint64_t connections = 0;     ///< accepted since start
-    uint64_t refused_connections = 0; ///< over max_connections
+    uint64_t refused_connections = 0; ///< over max_connections, or no descriptor left
     uint64_t answered = 0;        ///< feedback replies delivered
     [[nodiscard]] uint64_t rejected() const {
       return too_large + malformed + unauthenticated + invalid + flooding;

@@ -336,6 +336,20 @@ TEST_CASE("Chronus: malformed, truncated, oversized, forged and flooding frames 
   CHECK_FALSE(more->has_value());
 }
 
+TEST_CASE("Chronus: one sandbox cannot hold more than 32 connections of the node") {
+  embedded e;
+  auto s = open(*e.c);
+  auto id = make(*s, chronus_env(), 1).front();
+  auto before = node_stats_of(*e.c);
+  auto r = run(*s, id, cmd({"probe", "seqpacket-hold", "/run/chronus.sock", "40"}));
+  REQUIRE_MESSAGE(r.exit_code == 0, r.out << r.err);
+  CHECK(r.out == "held 32 refused 8\n");
+  CHECK(node_stats_of(*e.c).chronus_refused_connections == before.chronus_refused_connections + 8);
+  // Once they are closed, a grader connects as ever.
+  auto t = run(*s, id, sh("chronus stage after", true));
+  CHECK_MESSAGE(t.exit_code == 0, t.err);
+}
+
 TEST_CASE("Chronus: a socket the agent put at /run/chronus.sock never gets the token") {
   embedded e;
   auto s = open(*e.c);

@@ -602,7 +602,7 @@ TEST_CASE("remote sessions: open, run in them, close") {
   r = d.dsec({"session", "open"});
   REQUIRE_MESSAGE(r.status == 0, r.describe());
   auto one = lines_of(r.out).at(0);
-  d.detached({"--session", one});
+  (void) d.detached({"--session", one});
   r = d.dsec({"session", "close", one});
   CHECK(r.out == "closed session " + one + ": 1 sandbox destroyed\n");
 

@@ -664,6 +664,33 @@ static int cmd_seqpacket_frames(const char *path, int nspec, char **specs) {
   return 0;
 }
 
+/* Opens N SOCK_SEQPACKET connections to `path` and keeps them all open; a
+ * connection the other side refuses gets a reply at once and is closed. After
+ * 2 s: "held H refused R" (R: connections that got a reply or were closed). */
+static int cmd_seqpacket_hold(const char *path, const char *count) {
+  int n = atoi(count), refused = 0, held = 0;
+  int *fds = calloc((size_t)(n > 0 ? n : 1), sizeof(int));
+  struct sockaddr_un a;
+  memset(&a, 0, sizeof a);
+  a.sun_family = AF_UNIX;
+  strncpy(a.sun_path, path, sizeof a.sun_path - 1);
+  for (int i = 0; i < n; ++i) {
+    fds[i] = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    if (fds[i] < 0 || connect(fds[i], (struct sockaddr *)&a, sizeof a) < 0)
+      return outcome(-1);
+  }
+  sleep(2);
+  for (int i = 0; i < n; ++i) {
+    struct pollfd p = {fds[i], POLLIN, 0};
+    if (poll(&p, 1, 0) == 1)
+      ++refused;
+    else
+      ++held;
+  }
+  printf("held %d refused %d\n", held, refused);
+  return 0;
+}
+
 static int cmd_tcp_listen(const char *port) {
   struct sockaddr_in a;
   tcp_addr(&a, port);
@@ -738,6 +765,7 @@ int main(int argc, char **argv) {
   if (IS("tcp-connect", 1)) return cmd_tcp_connect(a1);
   if (IS("seqpacket-send", 2)) return cmd_seqpacket_send(a1, a2);
   if (IS("seqpacket-listen", 1)) return cmd_seqpacket_listen(a1);
+  if (IS("seqpacket-hold", 2)) return cmd_seqpacket_hold(a1, a2);
   if (strcmp(c, "seqpacket-frames") == 0 && argc >= 4)
     return cmd_seqpacket_frames(a1, argc - 3, argv + 3);
   /* endings */
