@@ -37,11 +37,14 @@ struct session_state {
   // Chronus: who watches the events, and those kept while nobody did.
   std::vector<caf::actor> watchers;
   std::deque<chronus_event_msg> backlog;
+  size_t backlog_bytes = 0;
   uint64_t dropped = 0; // the oldest kept events, dropped when the backlog was full
 };
 
-// Events kept for a watcher that has not come yet; beyond, the oldest go.
+// Events kept for a watcher that has not come yet; beyond either limit, the
+// oldest go.
 constexpr size_t max_backlog = 65536;
+constexpr size_t max_backlog_bytes = 64u << 20;
 
 using self_ptr = session_actor::stateful_pointer<session_state>;
 
@@ -227,16 +230,19 @@ session_actor::behavior_type session_impl(self_ptr self, session_config cfg) {
       for (auto& ev : s.backlog)
         caf::anon_send(watcher, chronus_atom::value, std::move(ev));
       s.backlog.clear();
+      s.backlog_bytes = 0;
       return kept;
     },
     [=](chronus_atom, chronus_event_msg& ev) {
       auto& s = self->state;
       if (s.watchers.empty()) {
-        if (s.backlog.size() >= max_backlog) {
+        s.backlog_bytes += ev.bytes.size();
+        s.backlog.push_back(std::move(ev));
+        while (s.backlog.size() > max_backlog || s.backlog_bytes > max_backlog_bytes) {
+          s.backlog_bytes -= s.backlog.front().bytes.size();
           s.backlog.pop_front();
           ++s.dropped;
         }
-        s.backlog.push_back(std::move(ev));
         return;
       }
       for (size_t i = 0; i + 1 < s.watchers.size(); ++i)

@@ -238,6 +238,15 @@ TEST_CASE("Chronus: a feedback request times out on its own; answers need a wait
   auto plain = make(*s, env_of(), 1).front();
   check_error(s->answer(plain, fb), errc::not_found, "Chronus");
   check_error(s->answer("no-such-box", fb), errc::not_found, "no-such-box");
+  // Nobody watched all along: the session kept the event for the first watcher.
+  auto w = s->watch();
+  REQUIRE(w);
+  CHECK((*w)->backlog() == 1);
+  auto evs = pull(**w, 1);
+  REQUIRE(evs.size() == 1);
+  CHECK(evs[0].kind == chronus_kind::feedback);
+  CHECK(evs[0].payload == "please");
+  CHECK(evs[0].sandbox_id == id);
 }
 
 namespace {
