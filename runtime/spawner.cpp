@@ -15,45 +15,10 @@
 #include "runtime/sys.hpp"
 #include "runtime/unix_socket.hpp"
 
-#ifndef DSEC_LIBEXECDIR
-#define DSEC_LIBEXECDIR "/usr/local/libexec/dsec"
-#endif
-
 namespace dsec {
 
-namespace {
-
-bool executable(const std::string& p) {
-  struct stat st;
-  return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(p.c_str(), X_OK) == 0;
-}
-
-} // namespace
-
 expected<std::string> spawner::find_binary() {
-  if (const char* env = std::getenv("DSEC_SPAWNER"); env && *env) {
-    if (!executable(env))
-      return make_error(errc::not_found, std::string{"DSEC_SPAWNER="} + env
-                                           + " is not an executable file");
-    return std::string{env};
-  }
-  char self[PATH_MAX];
-  auto n = ::readlink("/proc/self/exe", self, sizeof self - 1);
-  if (n > 0) {
-    self[n] = '\0';
-    std::string dir{self};
-    dir.resize(dir.rfind('/'));
-    for (auto candidate : {dir + "/dsec-spawner", dir + "/../tools/dsec-spawner",
-                           dir + "/../libexec/dsec/dsec-spawner"})
-      if (executable(candidate))
-        return candidate;
-  }
-  std::string installed = DSEC_LIBEXECDIR "/dsec-spawner";
-  if (executable(installed))
-    return installed;
-  return make_error(errc::not_found,
-                    "cannot find dsec-spawner (looked beside the dsec binary and in "
-                    DSEC_LIBEXECDIR "; set DSEC_SPAWNER to its path)");
+  return sys::find_program("DSEC_SPAWNER", "dsec-spawner", "dsec-spawner");
 }
 
 expected<std::unique_ptr<spawner>> spawner::start(const options& opts) {

@@ -11,7 +11,6 @@
 
 #include <algorithm>
 #include <cctype>
-#include <climits>
 #include <charconv>
 #include <cerrno>
 #include <chrono>
@@ -870,33 +869,8 @@ expected<void> store::remove(const layer_ref& ref) {
 }
 
 expected<std::string> store::find_chronus() {
-  auto executable = [](const std::string& p) {
-    struct stat st{};
-    return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(p.c_str(), X_OK) == 0;
-  };
-  if (const char* env = std::getenv("DSEC_CHRONUS"); env && *env) {
-    if (!executable(env))
-      return make_error(errc::not_found,
-                        std::string{"DSEC_CHRONUS="} + env + " is not an executable file");
-    return std::string{env};
-  }
-  char self[PATH_MAX];
-  auto n = ::readlink("/proc/self/exe", self, sizeof self - 1);
-  if (n > 0) {
-    self[n] = '\0';
-    std::string dir{self};
-    dir.resize(dir.rfind('/'));
-    for (auto candidate : {dir + "/chronus", dir + "/../tools/chronus",
-                           dir + "/../libexec/dsec/chronus"})
-      if (executable(candidate))
-        return candidate;
-  }
-  std::string installed = DSEC_LIBEXECDIR "/chronus";
-  if (executable(installed))
-    return installed;
-  return make_error(errc::not_found,
-                    "cannot find the chronus client for the system layer (looked beside the "
-                    "dsec binary and in " DSEC_LIBEXECDIR "; set DSEC_CHRONUS to its path)");
+  return sys::find_program("DSEC_CHRONUS", "chronus",
+                           "the chronus client for the system layer");
 }
 
 expected<std::string> store::system_layer() {

@@ -60,6 +60,13 @@ inline int close_range(unsigned first, unsigned last, unsigned flags) {
 
 /// Reads the kernel's messages for a filesystem context (fsopen fd), e.g.
 /// "erofs: cannot find valid erofs superblock", so an error can say why.
+/// One of dsec's own programs (the zygote, the Chronus client): `$env_var` when
+/// set (it must be executable), else `name` beside this program, in ../tools/
+/// (a build tree) or ../libexec/dsec/, else the installed one in
+/// DSEC_LIBEXECDIR. errc::not_found names where it looked and `env_var`.
+expected<std::string> find_program(const char* env_var, const char* name,
+                                   std::string_view what);
+
 std::string fs_context_log(int fs_fd);
 
 /// Runs a fsconfig/fsmount sequence step and turns a failure into an error that
