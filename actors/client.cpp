@@ -4,6 +4,7 @@
 #include <caf/actor_system_config.hpp>
 #include <caf/event_based_actor.hpp>
 #include <caf/io/middleman.hpp>
+#include <caf/sec.hpp>
 #include <caf/send.hpp>
 
 #include <condition_variable>
@@ -198,8 +199,16 @@ expected<std::unique_ptr<client>> client::connect(caf::actor_system& sys,
   if (!s) {
     auto e = from_caf(s.error());
     e.code = errc::disconnected;
-    e.message = "cannot reach a dsecd at " + host + ":" + std::to_string(port) + ": "
-                + sys.render(s.error());
+    // CAF's own rendering is for its developers; say what it means.
+    std::string why;
+    if (s.error() == caf::sec::cannot_connect_to_node)
+      why = "nothing accepts connections there (is dsecd running with --listen at that "
+            "address?)";
+    else if (s.error() == caf::sec::unexpected_actor_messaging_interface)
+      why = "what listens there is not a dsecd of this version";
+    else
+      why = sys.render(s.error());
+    e.message = "cannot reach a dsecd at " + host + ":" + std::to_string(port) + ": " + why;
     return e;
   }
   return std::unique_ptr<client>{new client(sys, std::move(*s))};
