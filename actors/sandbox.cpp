@@ -580,6 +580,14 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
                                      "get: the path must be absolute, not '" + path + "'")));
         return rp;
       }
+      if (path.find_first_not_of('/') == std::string::npos) {
+        // tar would walk /proc and /dev, whose files change size as it reads.
+        rp.deliver(to_caf(make_error(
+          errc::invalid_argument,
+          "get: the whole root (/) cannot be copied (it holds /proc and /dev); name a "
+          "directory, e.g. /work or /tmp")));
+        return rp;
+      }
       auto slash = path.find_last_of('/');
       std::string parent = slash == 0 ? "/" : path.substr(0, slash);
       std::string name = path.substr(slash + 1);

@@ -496,6 +496,10 @@ TEST_CASE("remote run --detach, then ps, exec, cp and rm") {
     r = d.dsec({"cp", out / "missing", id + ":/tmp"});
     CHECK_MESSAGE(r.status == 1, r.describe());
     CHECK_MESSAGE(contains(r.err, out / "missing"), r.describe());
+    r = d.dsec({"cp", id + ":/", out.path()});
+    CHECK_MESSAGE(r.status == 1, r.describe());
+    CHECK_MESSAGE(contains(r.err, "the whole root (/) cannot be copied"), r.describe());
+    CHECK(std::distance(fs::directory_iterator(out.path()), fs::directory_iterator{}) == 1);
     r = d.dsec({"cp", id + ":/etc/passwd", out / "missing"});
     CHECK_MESSAGE(r.status == 1, r.describe());
     CHECK_MESSAGE(contains(r.err, out / "missing"), r.describe());
