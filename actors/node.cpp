@@ -118,40 +118,19 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
     },
     [=](list_atom) -> caf::result<std::vector<sandbox_info>> {
       auto& s = self->state;
-      auto rp = self->make_response_promise<std::vector<sandbox_info>>();
-      if (s.live.empty()) {
-        rp.deliver(std::vector<sandbox_info>{});
-        return rp;
-      }
-      struct gather {
-        std::vector<sandbox_info> infos;
-        size_t left;
-      };
-      auto g = std::make_shared<gather>();
-      g->left = s.live.size();
+      std::vector<sandbox_info> queued;
+      std::vector<sandbox_actor> boxes;
       for (auto& [id, e] : s.live) {
-        if (!e.handle) { // still queued
-          sandbox_info info;
-          info.id = id;
-          info.state = "queued";
-          g->infos.push_back(std::move(info));
-          if (--g->left == 0)
-            rp.deliver(std::move(g->infos));
+        if (e.handle) {
+          boxes.push_back(e.handle);
           continue;
         }
-        self->request(e.handle, std::chrono::seconds(10), list_atom::value)
-          .then(
-            [=](sandbox_info& info) mutable {
-              g->infos.push_back(std::move(info));
-              if (--g->left == 0)
-                rp.deliver(std::move(g->infos));
-            },
-            [=](caf::error&) mutable {
-              if (--g->left == 0)
-                rp.deliver(std::move(g->infos));
-            });
+        sandbox_info info; // still queued: no actor to ask yet
+        info.id = id;
+        info.state = "queued";
+        queued.push_back(std::move(info));
       }
-      return rp;
+      return gather_infos(self, std::move(queued), boxes);
     },
     [=](stats_atom) -> caf::result<node_stats> {
       auto& s = self->state;

@@ -12,7 +12,10 @@
 // sees to this actor (event_atom, output_atom, reaped_atom).
 #pragma once
 
+#include <chrono>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "actors/interfaces.hpp"
 
@@ -32,5 +35,37 @@ struct sandbox_config {
 };
 
 sandbox_actor spawn_sandbox(caf::actor_system& sys, sandbox_config cfg);
+
+/// Asks each of `boxes` for its sandbox_info (10 s each; one that does not
+/// answer is left out) and delivers them, after `known`, to `rp`. For the
+/// list verbs of the node and the session.
+template <class Self>
+caf::typed_response_promise<std::vector<sandbox_info>>
+gather_infos(Self* self, std::vector<sandbox_info> known,
+             const std::vector<sandbox_actor>& boxes) {
+  auto rp = self->template make_response_promise<std::vector<sandbox_info>>();
+  if (boxes.empty()) {
+    rp.deliver(std::move(known));
+    return rp;
+  }
+  struct gather {
+    std::vector<sandbox_info> infos;
+    size_t left;
+  };
+  auto g = std::make_shared<gather>(gather{std::move(known), boxes.size()});
+  for (const auto& sb : boxes)
+    self->request(sb, std::chrono::seconds(10), list_atom::value)
+      .then(
+        [=](sandbox_info& info) mutable {
+          g->infos.push_back(std::move(info));
+          if (--g->left == 0)
+            rp.deliver(std::move(g->infos));
+        },
+        [=](caf::error&) mutable {
+          if (--g->left == 0)
+            rp.deliver(std::move(g->infos));
+        });
+  return rp;
+}
 
 } // namespace dsec

@@ -10,6 +10,7 @@
 #include <memory>
 #include <unordered_map>
 
+#include "actors/sandbox.hpp"
 #include "actors/types.hpp"
 
 namespace dsec {
@@ -194,31 +195,10 @@ session_actor::behavior_type session_impl(self_ptr self, session_config cfg) {
       return self->delegate(*sb, destroy_atom::value);
     },
     [=](list_atom) -> caf::result<std::vector<sandbox_info>> {
-      auto& s = self->state;
-      auto rp = self->make_response_promise<std::vector<sandbox_info>>();
-      if (s.sandboxes.empty()) {
-        rp.deliver(std::vector<sandbox_info>{});
-        return rp;
-      }
-      struct gather {
-        std::vector<sandbox_info> infos;
-        size_t left;
-      };
-      auto g = std::make_shared<gather>();
-      g->left = s.sandboxes.size();
-      for (auto& [id, sb] : s.sandboxes)
-        self->request(sb, std::chrono::seconds(10), list_atom::value)
-          .then(
-            [=](sandbox_info& info) mutable {
-              g->infos.push_back(std::move(info));
-              if (--g->left == 0)
-                rp.deliver(std::move(g->infos));
-            },
-            [=](caf::error&) mutable {
-              if (--g->left == 0)
-                rp.deliver(std::move(g->infos));
-            });
-      return rp;
+      std::vector<sandbox_actor> boxes;
+      for (auto& [id, sb] : self->state.sandboxes)
+        boxes.push_back(sb);
+      return gather_infos(self, {}, boxes);
     },
     [=](watch_atom, const caf::actor& watcher) -> caf::result<uint64_t> {
       auto& s = self->state;
