@@ -1,0 +1,68 @@
+// Packs of a sandbox's writable layer (its overlay upper dir), for the
+// trajectory log: write_pack() records the upper dir as it is now, restore_pack()
+// recreates it in a fresh sandbox's empty upper dir before its overlay is
+// mounted, so the new sandbox sees the same files as the old one did.
+//
+// A pack is a manifest file; file contents live beside it in a blob
+// directory, one file per distinct content, named by its SHA-256, so packs
+// taken one after another (and packs of several sandboxes) share what did not
+// change. A pack_cache remembers what each file of the upper dir hashed to,
+// keyed by inode, size and times: an unchanged file is neither read nor
+// written again.
+//
+// What a pack keeps: directories, regular files, symbolic links and fifos,
+// with mode, owner (relative to the sandbox's uid base) and modification time;
+// overlayfs whiteouts (0/0 character devices) and the opaque and redirect
+// xattrs of directories (trusted.overlay.opaque, trusted.overlay.redirect).
+// What it does not: sockets (the Chronus socket is made anew), other device
+// nodes, hard links (each name gets its own copy), other xattrs, atime.
+//
+// Manifest format (little-endian), after the 8 bytes "DSECPK1\n":
+//   u8 kind | u32 mode | u32 uid | u32 gid | i64 mtime_s | u32 mtime_ns |
+//   u8 flags (1: opaque) | u32 path length | path (relative, "" for the root)
+//   then: file: u64 size, 32-byte SHA-256; symlink: u32 length, target;
+//   dir: u32 length, redirect xattr (0 for none)
+// The manifest is written to a temporary name, fsynced and renamed: a pack
+// either exists whole or not at all; blobs are fsynced before it.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+
+#include "runtime/error.hpp"
+
+namespace dsec {
+
+struct pack_cache {
+  struct entry {
+    uint64_t ino = 0, size = 0;
+    int64_t mtime_ns = 0, ctime_ns = 0;
+    std::array<uint8_t, 32> digest{};
+  };
+  std::unordered_map<std::string, entry> files;
+};
+
+struct pack_stats {
+  uint64_t entries = 0;     ///< names in the pack
+  uint64_t files = 0;       ///< regular files among them
+  uint64_t bytes = 0;       ///< their total size
+  uint64_t new_blobs = 0;   ///< contents written to the blob dir this time
+  uint64_t new_bytes = 0;
+};
+
+/// Records the tree under `upper_fd` (an O_DIRECTORY fd) as the pack at
+/// `pack_path`, storing contents in `blob_dir` (created if missing). Owners
+/// are stored relative to `uid_base` (the host uid of the sandbox's root).
+expected<pack_stats> write_pack(int upper_fd, const std::string& pack_path,
+                                const std::string& blob_dir, pack_cache& cache,
+                                uint32_t uid_base);
+
+/// Recreates the pack at `pack_path` under `dest_fd` (an empty O_DIRECTORY
+/// fd: a fresh upper dir), owners shifted to `uid_base`. Never follows a
+/// symbolic link of the tree it builds.
+expected<pack_stats> restore_pack(const std::string& pack_path, const std::string& blob_dir,
+                                  int dest_fd, uint32_t uid_base);
+
+} // namespace dsec

@@ -1,0 +1,201 @@
+// Tests of packs of a writable layer: a tree with every kind of entry the
+// overlay's upper dir holds comes back the same (owners shifted to the new
+// uid base), unchanged files are not stored again, and a pack cannot make
+// restore_pack write outside its destination.
+#include "runtime/pack.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <sys/xattr.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include <doctest/doctest.h>
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct temp_dir {
+  std::string path;
+  temp_dir() {
+    char templ[] = "/tmp/dsec-pack-test-XXXXXX";
+    REQUIRE(::mkdtemp(templ) != nullptr);
+    path = templ;
+  }
+  ~temp_dir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+void write_file(const std::string& p, const std::string& data) {
+  std::ofstream(p, std::ios::binary) << data;
+}
+
+std::string read_file(const std::string& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), {}};
+}
+
+int open_dir(const std::string& p) {
+  int fd = ::open(p.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  REQUIRE(fd >= 0);
+  return fd;
+}
+
+struct stat lstat_of(const std::string& p) {
+  struct stat s {};
+  REQUIRE(::lstat(p.c_str(), &s) == 0);
+  return s;
+}
+
+size_t count_files(const std::string& dir) {
+  size_t n = 0;
+  for ([[maybe_unused]] auto& e : fs::directory_iterator(dir))
+    ++n;
+  return n;
+}
+
+} // namespace
+
+TEST_CASE("a pack restores every kind of entry of an upper dir") {
+  temp_dir t;
+  const uint32_t base = 200000, base2 = 300000;
+  auto up = t.path + "/upper";
+  fs::create_directories(up + "/work/src");
+  fs::create_directories(up + "/etc/opaque");
+  write_file(up + "/work/src/main.c", "int main() { return 0; }\n");
+  write_file(up + "/work/big", std::string(3 << 20, 'b'));
+  write_file(up + "/work/same1", "same");
+  write_file(up + "/work/same2", "same");
+  REQUIRE(::symlink("../src/main.c", (up + "/work/link").c_str()) == 0);
+  REQUIRE(::mkfifo((up + "/work/fifo").c_str(), 0640) == 0);
+  REQUIRE(::mknod((up + "/etc/gone").c_str(), S_IFCHR, makedev(0, 0)) == 0); // whiteout
+  REQUIRE(::setxattr((up + "/etc/opaque").c_str(), "trusted.overlay.opaque", "y", 1, 0) == 0);
+  REQUIRE(::lchown((up + "/work/src/main.c").c_str(), base + 1000, base + 1001) == 0);
+  REQUIRE(::chmod((up + "/work/src/main.c").c_str(), 04751) == 0); // after chown clears it
+  REQUIRE(::lchown((up + "/work/link").c_str(), base + 5, base + 5) == 0);
+  REQUIRE(::chown(up.c_str(), base, base) == 0);
+  struct timespec old[2] = {{0, UTIME_OMIT}, {1'600'000'000, 123456789}};
+  REQUIRE(::utimensat(AT_FDCWD, (up + "/work/big").c_str(), old, 0) == 0);
+  REQUIRE(::utimensat(AT_FDCWD, (up + "/work/src").c_str(), old, 0) == 0);
+
+  auto blobs = t.path + "/blobs";
+  dsec::pack_cache cache;
+  int ufd = open_dir(up);
+  auto st = dsec::write_pack(ufd, t.path + "/p1", blobs, cache, base);
+  REQUIRE(st);
+  CHECK(st->files == 4);
+  CHECK(st->new_blobs == 3); // same1 and same2 share one
+  CHECK(count_files(blobs) == 3);
+
+  auto dest = t.path + "/dest";
+  fs::create_directories(dest);
+  int dfd = open_dir(dest);
+  auto rs = dsec::restore_pack(t.path + "/p1", blobs, dfd, base2);
+  ::close(dfd);
+  REQUIRE(rs);
+  CHECK(rs->files == 4);
+  CHECK(read_file(dest + "/work/src/main.c") == "int main() { return 0; }\n");
+  CHECK(read_file(dest + "/work/big") == std::string(3 << 20, 'b'));
+  CHECK(read_file(dest + "/work/same2") == "same");
+  auto m = lstat_of(dest + "/work/src/main.c");
+  CHECK((m.st_mode & 07777) == 04751); // set-uid survives the chown
+  CHECK(m.st_uid == base2 + 1000);
+  CHECK(m.st_gid == base2 + 1001);
+  CHECK(lstat_of(dest).st_uid == base2);
+  auto l = lstat_of(dest + "/work/link");
+  CHECK(S_ISLNK(l.st_mode));
+  CHECK(fs::read_symlink(dest + "/work/link") == "../src/main.c");
+  CHECK(l.st_uid == base2 + 5);
+  CHECK(S_ISFIFO(lstat_of(dest + "/work/fifo").st_mode));
+  auto w = lstat_of(dest + "/etc/gone");
+  CHECK(S_ISCHR(w.st_mode));
+  CHECK(w.st_rdev == makedev(0, 0));
+  char v[8] = {};
+  CHECK(::getxattr((dest + "/etc/opaque").c_str(), "trusted.overlay.opaque", v, sizeof v) == 1);
+  CHECK(v[0] == 'y');
+  CHECK(lstat_of(dest + "/work/big").st_mtim.tv_sec == 1'600'000'000);
+  CHECK(lstat_of(dest + "/work/big").st_mtim.tv_nsec == 123456789);
+  CHECK(lstat_of(dest + "/work/src").st_mtim.tv_sec == 1'600'000'000);
+
+  SUBCASE("unchanged files are neither read nor stored again") {
+    auto again = dsec::write_pack(ufd, t.path + "/p2", blobs, cache, base);
+    REQUIRE(again);
+    CHECK(again->new_blobs == 0);
+    write_file(up + "/work/same1", "changed");
+    auto third = dsec::write_pack(ufd, t.path + "/p3", blobs, cache, base);
+    REQUIRE(third);
+    CHECK(third->new_blobs == 1);
+    CHECK(third->new_bytes == 7);
+    CHECK(count_files(blobs) == 4);
+  }
+  SUBCASE("a file removed since the last pack is not in the next one") {
+    fs::remove(up + "/work/big");
+    auto p = dsec::write_pack(ufd, t.path + "/p4", blobs, cache, base);
+    REQUIRE(p);
+    CHECK(p->files == 3);
+    auto d2 = t.path + "/dest2";
+    fs::create_directories(d2);
+    int fd2 = open_dir(d2);
+    REQUIRE(dsec::restore_pack(t.path + "/p4", blobs, fd2, base2));
+    ::close(fd2);
+    CHECK_FALSE(fs::exists(d2 + "/work/big"));
+    CHECK(fs::exists(d2 + "/work/same1"));
+  }
+  ::close(ufd);
+}
+
+TEST_CASE("a pack cannot make restore write outside its destination") {
+  temp_dir t;
+  auto outside = t.path + "/outside";
+  fs::create_directories(outside);
+  auto blobs = t.path + "/blobs";
+  fs::create_directories(blobs);
+  // A hand-made pack: a symbolic link "a" to the outside dir, then a file
+  // "a/owned" (which write_pack would never produce).
+  std::string p("DSECPK1\n", 8);
+  auto put32 = [&](uint32_t v) { p.append(reinterpret_cast<char*>(&v), 4); };
+  auto put64 = [&](uint64_t v) { p.append(reinterpret_cast<char*>(&v), 8); };
+  auto entry = [&](uint8_t kind, const std::string& path) {
+    p.push_back(static_cast<char>(kind));
+    put32(0755); put32(0); put32(0); put64(0); put32(0);
+    p.push_back(0);
+    put32(static_cast<uint32_t>(path.size()));
+    p += path;
+  };
+  entry(1, ""); put32(0);
+  entry(3, "a"); put32(static_cast<uint32_t>(outside.size())); p += outside;
+  entry(2, "a/owned"); put64(0); p.append(32, '\0');
+  write_file(blobs + "/" + std::string(64, '0'), "");
+  write_file(t.path + "/evil", p);
+  auto dest = t.path + "/dest";
+  fs::create_directories(dest);
+  int dfd = open_dir(dest);
+  auto r = dsec::restore_pack(t.path + "/evil", blobs, dfd, 0);
+  ::close(dfd);
+  REQUIRE_FALSE(r);
+  CHECK(r.error_value().message.find("/a") != std::string::npos);
+  CHECK_FALSE(fs::exists(outside + "/owned"));
+
+  SUBCASE("nor name a path with ..") {
+    std::string q("DSECPK1\n", 8);
+    p.swap(q);
+    entry(1, ""); put32(0);
+    entry(1, "../escape"); put32(0);
+    write_file(t.path + "/evil2", p);
+    int fd = open_dir(dest);
+    auto r2 = dsec::restore_pack(t.path + "/evil2", blobs, fd, 0);
+    ::close(fd);
+    REQUIRE_FALSE(r2);
+    CHECK(r2.error_value().code == dsec::errc::malformed);
+    CHECK(r2.error_value().message.find("../escape") != std::string::npos);
+    CHECK_FALSE(fs::exists(t.path + "/escape"));
+  }
+}
