@@ -174,6 +174,103 @@ expected<exec_result> streamed_exec(caf::actor_system& sys, const Handle& dest,
   }
 }
 
+// ---- asynchronous calls ------------------------------------------------------------
+
+// Like watch_dest, and also reports `owner` going away (the client's identity:
+// the client object was destroyed) unless `owner` is null.
+template <class Handle>
+void watch_lost(caf::event_based_actor* self, const Handle& dest, const caf::actor& owner,
+                std::function<void(error)> on_lost) {
+  auto addr = dest.address();
+  auto owner_addr = owner ? owner.address() : caf::actor_addr{};
+  self->set_down_handler([=](caf::down_msg& dm) {
+    if (owner_addr && dm.source == owner_addr) {
+      on_lost(make_error(errc::disconnected, "no answer: the client was closed first"));
+      self->quit();
+      return;
+    }
+    if (dm.source != addr)
+      return;
+    auto why = dm.reason ? self->system().render(dm.reason) : std::string{"it ended"};
+    on_lost(make_error(errc::disconnected,
+                       "no answer: the daemon or the session is gone (" + why + ")"));
+    self->quit();
+  });
+  self->monitor(dest);
+  if (owner)
+    self->monitor(owner);
+}
+
+// Stops the monitors of watch_lost (monitors left behind would pile up on a
+// long-lived actor such as the client's identity, one per call).
+template <class Handle>
+void unwatch(caf::event_based_actor* self, const Handle& dest, const caf::actor& owner) {
+  self->demonitor(dest.address());
+  if (owner)
+    self->demonitor(owner.address());
+}
+
+// The asynchronous counterpart of call(): a helper actor makes the request and
+// hands the outcome to `done` on its CAF thread. `done` runs exactly once: with
+// the reply, the error, or `disconnected` when `dest` or `owner` goes away.
+template <class Result, class Handle, class... Ts>
+void async_call(caf::actor_system& sys, const caf::actor& owner, const Handle& dest,
+                completion<Result> done, Ts... xs) {
+  auto fin = std::make_shared<completion<Result>>(std::move(done));
+  sys.spawn([fin, owner, dest, ... xs = std::move(xs)](caf::event_based_actor* self) mutable {
+    watch_lost(self, dest, owner, [fin](error e) { (*fin)(std::move(e)); });
+    self->request(dest, caf::infinite, std::move(xs)...)
+      .then(
+        [=](Result& r) {
+          unwatch(self, dest, owner);
+          (*fin)(std::move(r));
+          self->quit();
+        },
+        [=](caf::error& e) {
+          unwatch(self, dest, owner);
+          (*fin)(from_caf(e));
+          self->quit();
+        });
+  });
+}
+
+// A reply of `true` (destroy, feedback) as expected<void>.
+completion<bool> as_void(completion<void> done) {
+  return [done = std::move(done)](expected<bool> r) {
+    if (!r)
+      done(std::move(r).error_value());
+    else
+      done(expected<void>{});
+  };
+}
+
+// exec_async with streamed output: the helper gets the output chunks (it made
+// the request) and passes each to `on_output` before `done` gets the result.
+template <class Handle, class... Ts>
+void async_streamed_exec(caf::actor_system& sys, const caf::actor& owner, const Handle& dest,
+                         completion<exec_result> done, output_fn on_output, Ts... xs) {
+  auto fin = std::make_shared<completion<exec_result>>(std::move(done));
+  sys.spawn([fin, owner, dest, on_output = std::move(on_output),
+             xs...](caf::event_based_actor* self) -> caf::behavior {
+    watch_lost(self, dest, owner, [fin](error e) { (*fin)(std::move(e)); });
+    self->request(dest, caf::infinite, xs...)
+      .then(
+        [=](exec_result& r) {
+          unwatch(self, dest, owner);
+          (*fin)(std::move(r));
+          self->quit();
+        },
+        [=](caf::error& e) {
+          unwatch(self, dest, owner);
+          (*fin)(from_caf(e));
+          self->quit();
+        });
+    return {
+      [=](output_chunk& c) { on_output(c.stream, c.data); },
+    };
+  });
+}
+
 } // namespace
 
 void client::configure(caf::actor_system_config& cfg) {
@@ -243,6 +340,30 @@ expected<std::unique_ptr<session>> client::open_session(const session_options& o
   return std::unique_ptr<session>{new session(*this, std::move(o.first), std::move(o.second))};
 }
 
+expected<std::unique_ptr<session>> client::resume_session(const std::string& id, bool owned) {
+  using opened = std::pair<session_actor, std::string>;
+  auto out = std::make_shared<outcome<opened>>();
+  auto dest = scheduler_;
+  auto trainer = owned ? identity_ : caf::actor{};
+  sys_->spawn([out, dest, id, trainer](caf::event_based_actor* self) {
+    watch_dest(self, dest, [out](error e) { out->set(std::move(e)); });
+    self->request(dest, caf::infinite, resume_atom::value, id, trainer)
+      .then(
+        [=](session_actor& h, std::string& sid) {
+          self->demonitor(dest.address());
+          out->set(opened{std::move(h), std::move(sid)});
+          self->quit();
+        },
+        [=](caf::error& e) {
+          self->demonitor(dest.address());
+          out->set(from_caf(e));
+          self->quit();
+        });
+  });
+  DSEC_TRY(o, out->get());
+  return std::unique_ptr<session>{new session(*this, std::move(o.first), std::move(o.second))};
+}
+
 expected<std::unique_ptr<session>> client::find_session(const std::string& id) {
   DSEC_TRY(h, call<session_actor>(*sys_, scheduler_, lookup_atom::value, id));
   return std::unique_ptr<session>{new session(*this, std::move(h), id)};
@@ -279,6 +400,102 @@ expected<std::vector<sandbox_info>> client::list() {
 expected<node_stats> client::stats() {
   return call<node_stats>(*sys_, scheduler_, stats_atom::value);
 }
+
+// ---- client: asynchronous variants ---------------------------------------------------
+
+namespace {
+
+using opened_session = std::pair<session_actor, std::string>;
+
+// async_call for the scheduler's (session_actor, id) replies to open and resume.
+template <class... Ts>
+void async_open(caf::actor_system& sys, const caf::actor& owner, const scheduler_actor& dest,
+                completion<opened_session> done, Ts... xs) {
+  auto fin = std::make_shared<completion<opened_session>>(std::move(done));
+  sys.spawn([fin, owner, dest, xs...](caf::event_based_actor* self) {
+    watch_lost(self, dest, owner, [fin](error e) { (*fin)(std::move(e)); });
+    self->request(dest, caf::infinite, xs...)
+      .then(
+        [=](session_actor& h, std::string& id) {
+          unwatch(self, dest, owner);
+          (*fin)(opened_session{std::move(h), std::move(id)});
+          self->quit();
+        },
+        [=](caf::error& e) {
+          unwatch(self, dest, owner);
+          (*fin)(from_caf(e));
+          self->quit();
+        });
+  });
+}
+
+} // namespace
+
+void client::open_session_async(const session_options& opts,
+                                completion<std::unique_ptr<session>> done, bool owned) {
+  auto trainer = owned ? identity_ : caf::actor{};
+  async_open(
+    *sys_, identity_, scheduler_,
+    [this, done = std::move(done)](expected<opened_session> o) {
+      if (!o)
+        return done(std::move(o).error_value());
+      done(std::unique_ptr<session>{new session(*this, std::move(o->first), std::move(o->second))});
+    },
+    open_atom::value, opts, trainer);
+}
+
+void client::resume_session_async(const std::string& id,
+                                  completion<std::unique_ptr<session>> done, bool owned) {
+  auto trainer = owned ? identity_ : caf::actor{};
+  async_open(
+    *sys_, identity_, scheduler_,
+    [this, done = std::move(done)](expected<opened_session> o) {
+      if (!o)
+        return done(std::move(o).error_value());
+      done(std::unique_ptr<session>{new session(*this, std::move(o->first), std::move(o->second))});
+    },
+    resume_atom::value, id, trainer);
+}
+
+void client::exec_async(const std::string& id, const exec_request& req,
+                        completion<exec_result> done, output_fn on_output) {
+  if (on_output) {
+    auto r = req;
+    r.stream = true;
+    return async_streamed_exec(*sys_, identity_, scheduler_, std::move(done),
+                               std::move(on_output), exec_atom::value, id, r);
+  }
+  async_call<exec_result>(*sys_, identity_, scheduler_, std::move(done), exec_atom::value, id,
+                          req);
+}
+
+void client::put_async(const std::string& id, const std::string& dir, std::string tar,
+                       completion<uint64_t> done) {
+  async_call<uint64_t>(*sys_, identity_, scheduler_, std::move(done), put_atom::value, id, dir,
+                       std::move(tar));
+}
+
+void client::get_async(const std::string& id, const std::string& path,
+                       completion<std::string> done) {
+  async_call<std::string>(*sys_, identity_, scheduler_, std::move(done), get_atom::value, id,
+                          path);
+}
+
+void client::destroy_async(const std::string& id, completion<void> done) {
+  async_call<bool>(*sys_, identity_, scheduler_, as_void(std::move(done)), destroy_atom::value,
+                   id);
+}
+
+void client::list_async(completion<std::vector<sandbox_info>> done) {
+  async_call<std::vector<sandbox_info>>(*sys_, identity_, scheduler_, std::move(done),
+                                        list_atom::value);
+}
+
+void client::stats_async(completion<node_stats> done) {
+  async_call<node_stats>(*sys_, identity_, scheduler_, std::move(done), stats_atom::value);
+}
+
+// ---- session ---------------------------------------------------------------------------
 
 expected<std::vector<std::string>>
 session::create(const environment& env, uint32_t count,
@@ -375,6 +592,99 @@ expected<uint32_t> session::close() {
   return call<uint32_t>(*client_->sys_, handle_, close_atom::value);
 }
 
+// ---- session: asynchronous variants --------------------------------------------------
+
+void session::create_async(const environment& env, uint32_t count,
+                           completion<std::vector<std::string>> done,
+                           std::function<void(const std::string&)> on_ready,
+                           std::function<void(const error&)> on_failed) {
+  // What the helper collects while the batch comes in.
+  struct batch {
+    completion<std::vector<std::string>> done;
+    std::function<void(const std::string&)> on_ready;
+    std::function<void(const error&)> on_failed;
+    std::vector<std::string> ids;
+    std::optional<error> first_failure;
+  };
+  auto b = std::make_shared<batch>();
+  b->done = std::move(done);
+  b->on_ready = std::move(on_ready);
+  b->on_failed = std::move(on_failed);
+  auto h = handle_;
+  auto owner = client_->identity_;
+  client_->sys_->spawn([b, h, owner, env, count](caf::event_based_actor* self) -> caf::behavior {
+    watch_lost(self, h, owner, [b](error e) { b->done(std::move(e)); });
+    self->request(h, caf::infinite, create_atom::value, env, count, caf::actor{self})
+      .then(
+        [=](uint32_t) {
+          unwatch(self, h, owner);
+          if (b->ids.empty() && b->first_failure && count > 0)
+            b->done(std::move(*b->first_failure)); // none at all: say why
+          else
+            b->done(std::move(b->ids));
+          self->quit();
+        },
+        [=](caf::error& e) {
+          unwatch(self, h, owner);
+          b->done(from_caf(e));
+          self->quit();
+        });
+    return {
+      [=](ready_atom, std::string& id) {
+        if (b->on_ready)
+          b->on_ready(id);
+        b->ids.push_back(std::move(id));
+      },
+      [=](failed_atom, caf::error& e) {
+        auto err = from_caf(e);
+        if (b->on_failed)
+          b->on_failed(err);
+        if (!b->first_failure)
+          b->first_failure = std::move(err);
+      },
+    };
+  });
+}
+
+void session::exec_async(const std::string& id, const exec_request& req,
+                         completion<exec_result> done, output_fn on_output) {
+  if (on_output) {
+    auto r = req;
+    r.stream = true;
+    return async_streamed_exec(*client_->sys_, client_->identity_, handle_, std::move(done),
+                               std::move(on_output), exec_atom::value, id, r);
+  }
+  async_call<exec_result>(*client_->sys_, client_->identity_, handle_, std::move(done),
+                          exec_atom::value, id, req);
+}
+
+void session::put_async(const std::string& id, const std::string& dir, std::string tar,
+                        completion<uint64_t> done) {
+  async_call<uint64_t>(*client_->sys_, client_->identity_, handle_, std::move(done),
+                       put_atom::value, id, dir, std::move(tar));
+}
+
+void session::get_async(const std::string& id, const std::string& path,
+                        completion<std::string> done) {
+  async_call<std::string>(*client_->sys_, client_->identity_, handle_, std::move(done),
+                          get_atom::value, id, path);
+}
+
+void session::destroy_async(const std::string& id, completion<void> done) {
+  async_call<bool>(*client_->sys_, client_->identity_, handle_, as_void(std::move(done)),
+                   destroy_atom::value, id);
+}
+
+void session::list_async(completion<std::vector<sandbox_info>> done) {
+  async_call<std::vector<sandbox_info>>(*client_->sys_, client_->identity_, handle_,
+                                        std::move(done), list_atom::value);
+}
+
+void session::close_async(completion<uint32_t> done) {
+  async_call<uint32_t>(*client_->sys_, client_->identity_, handle_, std::move(done),
+                       close_atom::value);
+}
+
 // ---- Chronus -------------------------------------------------------------------
 
 struct event_stream::queue {
@@ -383,6 +693,7 @@ struct event_stream::queue {
   std::deque<std::string> events; // Event bytes, decoded when pulled
   std::optional<error> end;       // why no more will come
   std::function<void(const chronus_event&)> on_event;
+  std::function<void(const error&)> on_end;
 
   void push(std::string bytes) {
     if (on_event) {
@@ -397,12 +708,17 @@ struct event_stream::queue {
     cv.notify_one();
   }
   void finish(error e) {
+    bool first = false;
     {
       std::lock_guard<std::mutex> g{mu};
-      if (!end)
-        end = std::move(e);
+      if (!end) {
+        end = e;
+        first = true;
+      }
     }
     cv.notify_all();
+    if (first && on_end)
+      on_end(e);
   }
 };
 
@@ -432,9 +748,11 @@ namespace {
 // session goes (or the stream is dropped, which ends the helper).
 expected<std::unique_ptr<event_stream>>
 start_watch(caf::actor_system& sys, const session_actor& h,
-            std::function<void(const chronus_event&)> on_event) {
+            std::function<void(const chronus_event&)> on_event,
+            std::function<void(const error&)> on_end = {}) {
   auto q = std::make_shared<event_stream::queue>();
   q->on_event = std::move(on_event);
+  q->on_end = std::move(on_end);
   auto subscribed = std::make_shared<outcome<uint64_t>>();
   auto helper = sys.spawn([q, h, subscribed](caf::event_based_actor* self) -> caf::behavior {
     auto addr = h.address();
@@ -483,6 +801,32 @@ session::watch(std::function<void(const chronus_event&)> on_event) {
   if (!on_event)
     return make_error(errc::invalid_argument, "watch: no callback given");
   return start_watch(*client_->sys_, handle_, std::move(on_event));
+}
+
+expected<std::unique_ptr<event_stream>>
+session::watch(std::function<void(const chronus_event&)> on_event,
+               std::function<void(const error&)> on_end) {
+  if (!on_event)
+    return make_error(errc::invalid_argument, "watch: no callback given");
+  return start_watch(*client_->sys_, handle_, std::move(on_event), std::move(on_end));
+}
+
+void session::answer_async(const std::string& id, const chronus_feedback& fb,
+                           completion<void> done) {
+  auto msg = feedback_bytes(fb);
+  if (!msg)
+    return done(std::move(msg).error_value());
+  async_call<bool>(*client_->sys_, client_->identity_, handle_, as_void(std::move(done)),
+                   feedback_atom::value, id, std::move(*msg));
+}
+
+void client::answer_async(const std::string& id, const chronus_feedback& fb,
+                          completion<void> done) {
+  auto msg = feedback_bytes(fb);
+  if (!msg)
+    return done(std::move(msg).error_value());
+  async_call<bool>(*sys_, identity_, scheduler_, as_void(std::move(done)), feedback_atom::value,
+                   id, std::move(*msg));
 }
 
 expected<void> session::answer(const std::string& id, const chronus_feedback& fb) {

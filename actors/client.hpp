@@ -35,6 +35,16 @@ namespace dsec {
 /// Called with each piece of a streamed command's output: stream 1 stdout, 2 stderr.
 using output_fn = std::function<void(uint8_t stream, std::string_view data)>;
 
+/// Called once with the outcome of an asynchronous call (the `*_async` members
+/// below). It runs on one of CAF's threads: keep it short, do not throw, and
+/// never wait there for another call of this client. (Only a request refused
+/// before it is sent, an answer_async with invalid feedback, completes on the
+/// calling thread, before the call returns.) If the client object is destroyed
+/// before the answer came, it gets errc::disconnected ("the client was closed
+/// first"). A session made by open_session_async must not outlive its client.
+template <class T>
+using completion = std::function<void(expected<T>)>;
+
 class session;
 
 /// A session's Chronus events as they come (session::watch). Pull them with
@@ -79,6 +89,12 @@ public:
   expected<std::unique_ptr<session>> open_session(const session_options& opts = {},
                                                   bool owned = true);
 
+  /// Reopens a session from its trajectory log (docs/trajectory.md), after its
+  /// trainer or its daemon died: its sandboxes are rebuilt under their old ids,
+  /// and the creates and commands the trainer issues again, in order, are
+  /// answered from the log while they match it. Owned like open_session's.
+  expected<std::unique_ptr<session>> resume_session(const std::string& id, bool owned = true);
+
   /// A handle on an existing session, by id; it does not close it when dropped.
   expected<std::unique_ptr<session>> find_session(const std::string& id);
 
@@ -93,6 +109,29 @@ public:
   /// Answers a Chronus feedback request of a sandbox (the request id is the
   /// event's seq): the `chronus feedback` waiting in it gets `fb`.
   expected<void> answer(const std::string& id, const chronus_feedback& fb);
+
+  // ---- asynchronous variants ------------------------------------------------------
+  // Each returns at once and calls `done` exactly once, on one of CAF's threads
+  // (see dsec::completion), with what the blocking call would have returned.
+  // No thread waits: one small event-based actor per call makes the request,
+  // so thousands may be in flight at once. Thread-safe.
+
+  void open_session_async(const session_options& opts,
+                          completion<std::unique_ptr<session>> done, bool owned = true);
+  void resume_session_async(const std::string& id, completion<std::unique_ptr<session>> done,
+                            bool owned = true);
+  /// With `on_output` the output is streamed there (on a CAF thread, in order,
+  /// before `done`) instead of collected.
+  void exec_async(const std::string& id, const exec_request& req,
+                  completion<exec_result> done, output_fn on_output = {});
+  void put_async(const std::string& id, const std::string& dir, std::string tar,
+                 completion<uint64_t> done);
+  void get_async(const std::string& id, const std::string& path,
+                 completion<std::string> done);
+  void destroy_async(const std::string& id, completion<void> done);
+  void list_async(completion<std::vector<sandbox_info>> done);
+  void stats_async(completion<node_stats> done);
+  void answer_async(const std::string& id, const chronus_feedback& fb, completion<void> done);
 
   [[nodiscard]] caf::actor_system& system() { return *sys_; }
   [[nodiscard]] const scheduler_actor& scheduler() const { return scheduler_; }
@@ -143,8 +182,33 @@ public:
   /// itself then yields nothing but the end (disconnected).
   expected<std::unique_ptr<event_stream>>
   watch(std::function<void(const chronus_event&)> on_event);
+  /// Chronus: the same, and `on_end` runs once (on one of CAF's threads) when
+  /// no more events will come: the session or its daemon is gone (not when the
+  /// returned stream is dropped).
+  expected<std::unique_ptr<event_stream>>
+  watch(std::function<void(const chronus_event&)> on_event,
+        std::function<void(const error&)> on_end);
   /// Chronus: answers feedback request `fb.request_id` of sandbox `id`.
   expected<void> answer(const std::string& id, const chronus_feedback& fb);
+
+  // ---- asynchronous variants (see client's) -----------------------------------------
+
+  /// `on_ready` and `on_failed` run on one of CAF's threads, per sandbox, as
+  /// each is ready or failed; `done` gets what create() would have returned.
+  void create_async(const environment& env, uint32_t count,
+                    completion<std::vector<std::string>> done,
+                    std::function<void(const std::string&)> on_ready = {},
+                    std::function<void(const error&)> on_failed = {});
+  void exec_async(const std::string& id, const exec_request& req,
+                  completion<exec_result> done, output_fn on_output = {});
+  void put_async(const std::string& id, const std::string& dir, std::string tar,
+                 completion<uint64_t> done);
+  void get_async(const std::string& id, const std::string& path,
+                 completion<std::string> done);
+  void destroy_async(const std::string& id, completion<void> done);
+  void list_async(completion<std::vector<sandbox_info>> done);
+  void close_async(completion<uint32_t> done);
+  void answer_async(const std::string& id, const chronus_feedback& fb, completion<void> done);
 
   [[nodiscard]] const session_actor& handle() const { return handle_; }
 

@@ -9,6 +9,8 @@
 #include "actors/scheduler.hpp"
 #include "actors/types.hpp"
 
+#include <sys/stat.h>
+
 namespace dsec {
 
 expected<std::unique_ptr<daemon>> daemon::start(caf::actor_system& sys,
@@ -37,6 +39,11 @@ expected<std::unique_ptr<daemon>> daemon::start(caf::actor_system& sys,
   scheduler_config sc;
   sc.node = d->node_;
   sc.name = opts.name;
+  if (!opts.state_dir.empty()) {
+    sc.trajectories = opts.state_dir + "/trajectories";
+    if (::mkdir(sc.trajectories.c_str(), 0700) < 0 && errno != EEXIST)
+      return sys_error("creating the trajectory log directory", sc.trajectories);
+  }
   d->scheduler_ = spawn_scheduler(sys, std::move(sc));
   return d;
 }

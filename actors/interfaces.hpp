@@ -33,6 +33,10 @@ using sandbox_actor = caf::typed_actor<
   caf::replies_to<list_atom>::with<sandbox_info>,
   /// Answers one of its Chronus feedback requests (Feedback bytes).
   caf::replies_to<feedback_atom, chronus_feedback_msg>::with<bool>,
+  /// Packs its writable layer (runtime/pack.hpp) into the pack file and blob
+  /// dir given; replies how many bytes of content were new. Sandboxes made
+  /// with placement.keep_upper only.
+  caf::replies_to<pack_atom, std::string, std::string>::with<uint64_t>,
   // internal: from the reactor thread and timers
   caf::reacts_to<event_atom>,                                ///< init has something to say
   caf::reacts_to<output_atom, uint64_t, uint8_t, std::string, bool>, ///< exec, stream, data, eof
@@ -61,6 +65,10 @@ using session_actor = caf::typed_actor<
   caf::replies_to<feedback_atom, std::string, chronus_feedback_msg>::with<bool>,
   /// internal: an Event from the node's Chronus endpoint
   caf::reacts_to<chronus_atom, chronus_event_msg>,
+  /// internal: the trajectory log's batch is complete; make it durable
+  caf::reacts_to<flush_atom>,
+  /// internal: the daemon stops; close, but keep the trajectory log for resume
+  caf::reacts_to<shutdown_atom>,
   // internal: from the node and the sandboxes
   caf::reacts_to<ready_atom, std::string, sandbox_actor, uint64_t>,  ///< id, actor, request
   caf::reacts_to<failed_atom, caf::error, uint64_t>,                 ///< why, request
@@ -68,10 +76,9 @@ using session_actor = caf::typed_actor<
 
 /// One per node: admission, the sandboxes' registry and the node's statistics.
 using node_actor = caf::typed_actor<
-  /// Admits up to `count` sandboxes of `env` for `session` (request id `req`);
-  /// each reports to the session. Replies how many were admitted.
-  caf::replies_to<spawn_atom, environment, uint32_t, session_actor, uint64_t, std::string,
-                  uint64_t>::with<uint32_t>,
+  /// Admits up to `count` sandboxes of `env` for `session`; each reports to
+  /// the session. Replies how many were admitted.
+  caf::replies_to<spawn_atom, environment, uint32_t, session_actor, placement>::with<uint32_t>,
   caf::replies_to<lookup_atom, std::string>::with<sandbox_actor>,
   caf::replies_to<list_atom>::with<std::vector<sandbox_info>>,
   caf::replies_to<stats_atom>::with<node_stats>,
@@ -82,9 +89,10 @@ using node_actor = caf::typed_actor<
 /// The entry of a dsecd (published with CAF's middleman): sessions and placement.
 using scheduler_actor = caf::typed_actor<
   caf::replies_to<open_atom, session_options, caf::actor>::with<session_actor, std::string>,
+  /// Reopens a session from its trajectory log (docs/trajectory.md).
+  caf::replies_to<resume_atom, std::string, caf::actor>::with<session_actor, std::string>,
   caf::replies_to<lookup_atom, std::string>::with<session_actor>, ///< a session by id
-  caf::replies_to<place_atom, environment, uint32_t, session_actor, uint64_t, std::string,
-                  uint64_t>::with<uint32_t>,
+  caf::replies_to<place_atom, environment, uint32_t, session_actor, placement>::with<uint32_t>,
   // by sandbox id, for the command line (no session needed)
   caf::replies_to<exec_atom, std::string, exec_request>::with<exec_result>,
   caf::replies_to<put_atom, std::string, std::string, std::string>::with<uint64_t>,

@@ -41,6 +41,9 @@ using done_atom = caf::atom_constant<caf::atom("done")>;
 using chronus_atom = caf::atom_constant<caf::atom("chronus")>;
 using watch_atom = caf::atom_constant<caf::atom("watch")>;
 using feedback_atom = caf::atom_constant<caf::atom("feedback")>;
+using resume_atom = caf::atom_constant<caf::atom("resume")>;
+using pack_atom = caf::atom_constant<caf::atom("pack")>;
+using flush_atom = caf::atom_constant<caf::atom("flush")>;
 
 // ---- what a sandbox is made of --------------------------------------------------
 
@@ -72,11 +75,37 @@ struct session_options {
   uint32_t quota = 1024;         ///< most live sandboxes at once
   uint64_t default_ttl_ms = 3'600'000; ///< a sandbox's lifetime unless its environment says
   std::string name;              ///< for `ps`; empty: the session id
+  /// Keep a trajectory log (docs/trajectory.md): every create, exec and put
+  /// with its result, durably, so that `resume` can rebuild the session's
+  /// sandboxes and answer the commands it already ran from the log.
+  bool trajectory = false;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, session_options& x) {
-  return f(caf::meta::type_name("dsec.session_options"), x.quota, x.default_ttl_ms, x.name);
+  return f(caf::meta::type_name("dsec.session_options"), x.quota, x.default_ttl_ms, x.name,
+           x.trajectory);
+}
+
+/// Where and how the sandboxes of one create request are made (session ->
+/// scheduler -> node).
+struct placement {
+  uint64_t request = 0;     ///< the session's create request
+  std::string session_id;
+  uint64_t ttl_ms = 0;      ///< the session's default, for an environment without one
+  /// Keep the writable layer reachable for packs (a session with a trajectory log).
+  bool keep_upper = false;
+  /// A sandbox rebuilt from a trajectory log (count 1): its old id, and the
+  /// pack of its writable layer to start from (empty: a fresh one).
+  std::string id;
+  std::string seed_pack;
+  std::string seed_blobs;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, placement& x) {
+  return f(caf::meta::type_name("dsec.placement"), x.request, x.session_id, x.ttl_ms,
+           x.keep_upper, x.id, x.seed_pack, x.seed_blobs);
 }
 
 // ---- commands -------------------------------------------------------------------
@@ -96,12 +125,17 @@ struct exec_request {
   /// A trusted command (a grader): it gets $DSEC_CHRONUS_TOKEN, and the agent's
   /// commands cannot trace, signal or read it. Needs environment.chronus.
   bool trusted = false;
+  /// Safe to run again (docs/trajectory.md): in a session with a trajectory
+  /// log, no pack of the writable layer is taken after it, and a resume that
+  /// must rebuild the sandbox's files runs it again instead.
+  bool idempotent = false;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, exec_request& x) {
   return f(caf::meta::type_name("dsec.exec_request"), x.argv, x.env, x.cwd, x.uid, x.gid,
-           x.timeout_ms, x.input, x.stream, x.detach, x.max_output, x.trusted);
+           x.timeout_ms, x.input, x.stream, x.detach, x.max_output, x.trusted,
+           x.idempotent);
 }
 
 /// How a command ended, and its output when it was collected.

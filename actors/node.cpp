@@ -71,24 +71,39 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
                                          * std::max(0.0, st.cfg.oversubscribe));
   return {
     [=](spawn_atom, const environment& env, uint32_t count, const session_actor& session,
-        uint64_t request, const std::string& session_id, uint64_t ttl_ms) -> uint32_t {
+        const placement& pl) -> caf::result<uint32_t> {
       auto& s = self->state;
+      uint64_t request = pl.request;
+      if (!pl.id.empty()) {
+        // A sandbox rebuilt under its old id (a resumed session).
+        if (count != 1)
+          return to_caf(make_error(errc::invalid_argument,
+                                   "a placement with a fixed id is for one sandbox, not "
+                                     + std::to_string(count)));
+        if (s.live.count(pl.id))
+          return to_caf(make_error(errc::already_exists, "sandbox " + pl.id
+                                                           + " already lives on node "
+                                                           + s.cfg.name));
+      }
       uint32_t room = s.shutting_down || s.live.size() >= s.admit_limit
                         ? 0
                         : s.admit_limit - static_cast<uint32_t>(s.live.size());
       uint32_t admitted = std::min(count, room);
       for (uint32_t i = 0; i < admitted; ++i) {
         sandbox_config sc;
-        sc.id = new_sandbox_id();
-        sc.session_id = session_id;
+        sc.id = pl.id.empty() ? new_sandbox_id() : pl.id;
+        sc.session_id = pl.session_id;
         sc.env = env;
         if (sc.env.ttl_ms == 0)
-          sc.env.ttl_ms = ttl_ms;
+          sc.env.ttl_ms = pl.ttl_ms;
         sc.session = session;
         sc.request = request;
         sc.node = self;
         sc.cache = s.cfg.cache;
         sc.eng = s.cfg.eng;
+        sc.keep_upper = pl.keep_upper;
+        sc.seed_pack = pl.seed_pack;
+        sc.seed_blobs = pl.seed_blobs;
         s.live.emplace(sc.id, node_state::entry{});
         s.queued.push_back(std::move(sc));
         ++s.creating;

@@ -19,6 +19,7 @@
 
 #include "actors/types.hpp"
 #include "runtime/container.hpp"
+#include "runtime/pack.hpp"
 #include "runtime/engine.hpp"
 #include "runtime/sys.hpp"
 
@@ -107,6 +108,9 @@ struct sandbox_state {
   // Chronus (env.chronus): the secret trusted commands get; served by the
   // engine's endpoint from creation until finish_destroy.
   std::optional<chronus_token> token;
+  // Packs of the writable layer (a session with a trajectory log): what each
+  // file hashed to, so unchanged ones are not read again.
+  pack_cache packs;
 };
 
 using self_ptr = sandbox_actor::stateful_pointer<sandbox_state>;
@@ -475,6 +479,9 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
         o.net = s.cfg.env.net;
         o.chronus = s.cfg.env.chronus;
         o.disk_bytes = s.cfg.env.disk;
+        o.keep_upper = s.cfg.keep_upper;
+        o.seed_pack = s.cfg.seed_pack;
+        o.seed_blobs = s.cfg.seed_blobs;
         if (s.cfg.env.memory)
           o.lim.memory_bytes = s.cfg.env.memory;
         if (s.cfg.env.pids)
@@ -513,6 +520,24 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
         fail_creation(self, from_caf(e));
       });
   return {
+    [=](pack_atom, const std::string& pack_path,
+        const std::string& blob_dir) -> caf::result<uint64_t> {
+      auto& s = self->state;
+      if (s.ph != phase::ready || !s.box)
+        return to_caf(make_error(errc::not_found, "sandbox " + s.cfg.id
+                                                    + (s.ph == phase::creating
+                                                         ? " is not ready yet"
+                                                         : " is being destroyed")));
+      if (s.box->upper_fd() < 0)
+        return to_caf(make_error(errc::invalid_argument,
+                                 "sandbox " + s.cfg.id
+                                   + " was not made for packs (its session keeps no"
+                                     " trajectory log)"));
+      auto st = write_pack(s.box->upper_fd(), pack_path, blob_dir, s.packs, s.box->uid_base());
+      if (!st)
+        return to_caf(std::move(st).error_value().in_step("pack"));
+      return st->new_bytes;
+    },
     [=](exec_atom, const exec_request& req) -> caf::result<exec_result> {
       auto listener = self->current_sender();
       auto rp = self->make_response_promise<exec_result>();

@@ -32,6 +32,9 @@ struct sandbox_config {
   node_actor node;
   layer_cache_actor cache;
   engine* eng = nullptr;
+  bool keep_upper = false;  ///< packs can be taken (placement.keep_upper)
+  std::string seed_pack;    ///< restore this pack first (placement.seed_pack)
+  std::string seed_blobs;
 };
 
 sandbox_actor spawn_sandbox(caf::actor_system& sys, sandbox_config cfg);

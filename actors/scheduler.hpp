@@ -14,6 +14,8 @@ namespace dsec {
 struct scheduler_config {
   node_actor node;
   std::string name = "embedded";
+  /// Where sessions keep trajectory logs (<state dir>/trajectories); empty: none.
+  std::string trajectories;
 };
 
 scheduler_actor spawn_scheduler(caf::actor_system& sys, scheduler_config cfg);

@@ -1,21 +1,43 @@
 #include "actors/session.hpp"
 
 #include <caf/actor_system.hpp>
+#include <caf/event_based_actor.hpp>
 #include <caf/send.hpp>
 #include <caf/stateful_actor.hpp>
 #include <caf/typed_event_based_actor.hpp>
 
+#include <sys/stat.h>
+
 #include <algorithm>
+#include <cstdio>
 #include <deque>
+#include <filesystem>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "actors/sandbox.hpp"
+#include "actors/trajectory.hpp"
 #include "actors/types.hpp"
+#include "runtime/sha256.hpp"
+#include "runtime/trajectory.hpp"
 
 namespace dsec {
 
 namespace {
+
+// A sandbox of a resumed session that has not been rebuilt yet: commands are
+// answered from its logged steps while they match.
+struct replay_box {
+  trajectory_plan::box box;
+  size_t cursor = 0;           ///< steps answered so far
+  bool materializing = false;  ///< being rebuilt; requests wait in `waiting`
+  std::optional<error> broken; ///< could not be rebuilt: every request gets this
+  std::deque<std::function<void()>> waiting;
+  std::vector<size_t> rerun;   ///< steps to run again once rebuilt, in order
+};
 
 struct session_state {
   static inline const char* name = "dsec.session";
@@ -28,11 +50,17 @@ struct session_state {
     uint32_t failed = 0;
     caf::actor listener;
     caf::typed_response_promise<uint32_t> rp;
+    // trajectory: the create call's number and environment, or the sandbox
+    // this request rebuilds
+    uint64_t group = 0;
+    environment env;
+    std::string rebuild;
   };
   std::unordered_map<uint64_t, batch> batches;
   uint32_t pending = 0; // asked for, not yet ready or failed
   uint64_t next_request = 1;
   bool closing = false;
+  bool keep_log = true; // closed by the trainer (close_atom): the log goes
   uint32_t closed_count = 0;
   std::vector<caf::typed_response_promise<uint32_t>> close_waiters;
   // Chronus: who watches the events, and those kept while nobody did.
@@ -40,6 +68,20 @@ struct session_state {
   std::deque<chronus_event_msg> backlog;
   size_t backlog_bytes = 0;
   uint64_t dropped = 0; // the oldest kept events, dropped when the backlog was full
+
+  // ---- trajectory log ----
+  std::optional<trajectory_file> log;
+  std::string dir;                                  // trajectories/<id>
+  std::vector<std::function<void()>> after_sync;    // replies waiting for the fsync
+  bool flush_scheduled = false;
+  uint64_t next_group = 1;
+  std::unordered_map<std::string, uint64_t> appended; // steps logged per sandbox
+  uint64_t next_pack = 1;
+  // ---- resume ----
+  std::unordered_map<std::string, replay_box> replay;
+  std::vector<trajectory_plan::group> groups; // create calls to match, in order
+  size_t next_claim = 0;
+  std::unordered_set<std::string> destroyed_in_log;
 };
 
 // Events kept for a watcher that has not come yet; beyond either limit, the
@@ -48,6 +90,66 @@ constexpr size_t max_backlog = 65536;
 constexpr size_t max_backlog_bytes = 64u << 20;
 
 using self_ptr = session_actor::stateful_pointer<session_state>;
+
+// ---- the trajectory log -------------------------------------------------------
+
+// Appends a record; `then` runs once it is durable (after the batch's fsync).
+void commit(self_ptr self, const trajectory_record& rec, std::function<void()> then = {}) {
+  auto& s = self->state;
+  if (!s.log) {
+    if (then)
+      then();
+    return;
+  }
+  if (auto r = s.log->append(encode_record(rec)); !r)
+    std::fprintf(stderr, "dsecd: session %s: trajectory log: %s\n", s.cfg.id.c_str(),
+                 r.error_value().message.c_str());
+  if (rec.kind == trajectory_record::executed || rec.kind == trajectory_record::put)
+    ++s.appended[rec.sandbox];
+  if (then)
+    s.after_sync.push_back(std::move(then));
+  if (!s.flush_scheduled) {
+    // Behind every message already in the mailbox: they join this batch.
+    s.flush_scheduled = true;
+    self->send(self, flush_atom::value);
+  }
+}
+
+void flush(self_ptr self) {
+  auto& s = self->state;
+  s.flush_scheduled = false;
+  if (s.log) {
+    if (auto r = s.log->sync(); !r)
+      std::fprintf(stderr, "dsecd: session %s: trajectory log: %s\n", s.cfg.id.c_str(),
+                   r.error_value().message.c_str());
+  }
+  auto waiting = std::move(s.after_sync);
+  s.after_sync.clear();
+  for (auto& f : waiting)
+    f();
+}
+
+expected<void> open_log(self_ptr self) {
+  auto& s = self->state;
+  s.dir = trajectory_dir(s.cfg.trajectories, s.cfg.id);
+  std::error_code ec;
+  std::filesystem::create_directories(s.dir + "/packs", ec);
+  if (ec)
+    return make_error(errc::system_error, "creating " + s.dir + "/packs: " + ec.message());
+  DSEC_TRY(f, trajectory_file::open(s.dir + "/log", true));
+  s.log.emplace(std::move(f));
+  trajectory_record rec;
+  if (s.cfg.resume) {
+    rec.kind = trajectory_record::resumed;
+  } else {
+    rec.kind = trajectory_record::opened;
+    rec.options = s.cfg.options;
+  }
+  DSEC_TRY_VOID(s.log->append(encode_record(rec)));
+  return s.log->sync();
+}
+
+// ---- ending -----------------------------------------------------------------
 
 void finish_batch(self_ptr self, uint64_t req) {
   auto& s = self->state;
@@ -65,6 +167,15 @@ void maybe_end(self_ptr self) {
   auto& s = self->state;
   if (!s.closing || !s.sandboxes.empty() || s.pending > 0)
     return;
+  if (s.log) {
+    flush(self);
+    s.log.reset();
+    if (!s.keep_log) {
+      // Closed by its trainer: the run is over, nothing will resume it.
+      std::error_code ec;
+      std::filesystem::remove_all(s.dir, ec);
+    }
+  }
   // The scheduler first: once close() has returned, the session is not found.
   caf::anon_send(s.cfg.scheduler, gone_atom::value, s.cfg.id);
   for (auto& rp : s.close_waiters)
@@ -81,6 +192,14 @@ void close_session(self_ptr self) {
   s.closed_count = static_cast<uint32_t>(s.sandboxes.size());
   for (auto& [id, sb] : s.sandboxes)
     caf::anon_send(sb, destroy_atom::value);
+  // Sandboxes not rebuilt yet go with their requests.
+  for (auto& [id, rb] : s.replay) {
+    if (rb.materializing)
+      continue; // its ready_atom finds the session closing
+    for (auto& f : rb.waiting)
+      f();
+  }
+  std::erase_if(s.replay, [](const auto& kv) { return !kv.second.materializing; });
   maybe_end(self);
 }
 
@@ -93,14 +212,322 @@ expected<sandbox_actor> find(self_ptr self, const std::string& id) {
   return it->second;
 }
 
+// ---- logged commands ----------------------------------------------------------
+
+// Runs a command in a live sandbox of a session with a log: its result is
+// logged (with a pack after it unless it is idempotent) and delivered once
+// durable. Streamed output goes to `requester` through a relay actor.
+void logged_exec(self_ptr self, const std::string& id, sandbox_actor sb, exec_request req,
+                 caf::strong_actor_ptr requester, caf::typed_response_promise<exec_result> rp) {
+  auto on_result = [=](exec_result& r) mutable {
+    trajectory_record rec;
+    rec.kind = trajectory_record::executed;
+    rec.sandbox = id;
+    rec.req = req;
+    rec.req.stream = false;
+    rec.req.timeout_ms = 0;
+    rec.result = r;
+    if (req.stream) {
+      // The relay collected the streamed output for the log; the requester
+      // has had it already, as it came.
+      r.out.clear();
+      r.err.clear();
+    }
+    if (req.idempotent || req.detach) {
+      commit(self, rec, [rp, r]() mutable { rp.deliver(std::move(r)); });
+      return;
+    }
+    auto& s = self->state;
+    auto pack = id + "-" + std::to_string(s.next_pack++) + ".pack";
+    self->request(sb, caf::infinite, pack_atom::value, s.dir + "/packs/" + pack, s.dir + "/blobs")
+      .then(
+        [=](uint64_t) mutable {
+          auto rec2 = rec;
+          rec2.pack = pack;
+          commit(self, rec2, [rp, r]() mutable { rp.deliver(std::move(r)); });
+        },
+        [=](caf::error& e) mutable {
+          auto rec2 = rec;
+          rec2.pack_error = from_caf(e).message;
+          commit(self, rec2, [rp, r]() mutable { rp.deliver(std::move(r)); });
+        });
+  };
+  if (!req.stream) {
+    self->request(sb, caf::infinite, exec_atom::value, req)
+      .then(on_result, [=](caf::error& e) mutable { rp.deliver(e); });
+    return;
+  }
+  // The sandbox streams to whoever asked: a relay that forwards the chunks
+  // and hands the result back here to be logged. If the requester goes away,
+  // so does the relay, and the sandbox kills the command as it would have.
+  // It keeps a copy of the output (up to max_output per stream, as a collected
+  // command would) for the log.
+  struct copy {
+    std::string out, err;
+    bool truncated = false;
+  };
+  auto kept = std::make_shared<copy>();
+  uint64_t limit = req.max_output;
+  auto relay = self->spawn([sb, requester, kept, limit](caf::event_based_actor* r) -> caf::behavior {
+    if (requester) {
+      r->monitor(requester);
+      r->set_down_handler([r](caf::down_msg&) { r->quit(); });
+    }
+    return {
+      [=](exec_atom, exec_request& q) -> caf::result<exec_result> {
+        auto p = r->make_response_promise<exec_result>();
+        r->request(sb, caf::infinite, exec_atom::value, std::move(q))
+          .then(
+            [=](exec_result& res) mutable {
+              res.out = std::move(kept->out);
+              res.err = std::move(kept->err);
+              res.truncated = res.truncated || kept->truncated;
+              p.deliver(std::move(res));
+              r->quit();
+            },
+            [=](caf::error& e) mutable {
+              p.deliver(e);
+              r->quit();
+            });
+        return p;
+      },
+      [=](output_chunk& c) {
+        auto& buf = c.stream == 2 ? kept->err : kept->out;
+        size_t room = buf.size() < limit ? limit - buf.size() : 0;
+        if (c.data.size() > room)
+          kept->truncated = true;
+        buf.append(c.data, 0, std::min(room, c.data.size()));
+        if (requester)
+          caf::anon_send(caf::actor_cast<caf::actor>(requester), std::move(c));
+      },
+    };
+  });
+  self->request(relay, caf::infinite, exec_atom::value, req)
+    .then(on_result, [=](caf::error& e) mutable { rp.deliver(e); });
+}
+
+void logged_put(self_ptr self, const std::string& id, sandbox_actor sb, std::string dir,
+                std::string tar, caf::typed_response_promise<uint64_t> rp) {
+  sha256 h;
+  h.update(tar.data(), tar.size());
+  auto digest = to_hex(h.finish());
+  self->request(sb, caf::infinite, put_atom::value, dir, std::move(tar))
+    .then(
+      [=](uint64_t size) mutable {
+        trajectory_record rec;
+        rec.kind = trajectory_record::put;
+        rec.sandbox = id;
+        rec.dir = dir;
+        rec.digest = digest;
+        rec.size = size;
+        auto& s = self->state;
+        auto pack = id + "-" + std::to_string(s.next_pack++) + ".pack";
+        self
+          ->request(sb, caf::infinite, pack_atom::value, s.dir + "/packs/" + pack,
+                    s.dir + "/blobs")
+          .then(
+            [=](uint64_t) mutable {
+              auto rec2 = rec;
+              rec2.pack = pack;
+              commit(self, rec2, [rp, size]() mutable { rp.deliver(size); });
+            },
+            [=](caf::error& e) mutable {
+              auto rec2 = rec;
+              rec2.pack_error = from_caf(e).message;
+              commit(self, rec2, [rp, size]() mutable { rp.deliver(size); });
+            });
+      },
+      [=](caf::error& e) mutable { rp.deliver(e); });
+}
+
+// ---- resume ------------------------------------------------------------------
+
+// Asks for `id` to be rebuilt from its last pack; `then` runs once it is live
+// (or broken: then it finds the error in replay_box::broken).
+void materialize(self_ptr self, const std::string& id, std::function<void()> then) {
+  auto& s = self->state;
+  auto& rb = s.replay.at(id);
+  rb.waiting.push_back(std::move(then));
+  if (rb.materializing)
+    return;
+  rb.materializing = true;
+  auto& steps = rb.box.steps;
+  size_t k = rb.cursor;
+  // The state after step k-1: the last pack at or before it, then the
+  // idempotent commands after that pack, run again.
+  ptrdiff_t j = static_cast<ptrdiff_t>(k) - 1;
+  for (; j >= 0; --j) {
+    const auto& st = steps[static_cast<size_t>(j)];
+    if (!st.pack.empty())
+      break;
+    bool replayable = st.kind == trajectory_record::executed && st.req.idempotent
+                      && st.pack_error.empty();
+    if (!replayable) {
+      rb.materializing = false;
+      std::string what = st.kind == trajectory_record::put ? "the put into " + st.dir
+                                                           : "the command '"
+                                                               + (st.req.argv.empty()
+                                                                    ? std::string{}
+                                                                    : st.req.argv[0])
+                                                               + "'";
+      rb.broken = make_error(errc::sandbox_failed,
+                             "sandbox " + id + " cannot be rebuilt at step "
+                               + std::to_string(k) + " of its log: no pack was taken after "
+                               + what + " (step " + std::to_string(j + 1) + ")"
+                               + (st.pack_error.empty() ? "" : ": " + st.pack_error));
+      auto waiting = std::move(rb.waiting);
+      rb.waiting.clear();
+      for (auto& f : waiting)
+        f();
+      return;
+    }
+  }
+  // Run again once rebuilt: the detached (so idempotent) commands before the
+  // pack, whose processes a pack cannot keep, then every command after it.
+  rb.rerun.clear();
+  for (ptrdiff_t i = 0; i <= j; ++i)
+    if (steps[static_cast<size_t>(i)].kind == trajectory_record::executed
+        && steps[static_cast<size_t>(i)].req.detach)
+      rb.rerun.push_back(static_cast<size_t>(i));
+  for (size_t i = static_cast<size_t>(j + 1); i < k; ++i)
+    rb.rerun.push_back(i);
+  if (k < steps.size()) {
+    // From here on the log's steps of this sandbox are void: the trainer went
+    // another way. A later resume must not answer from them.
+    trajectory_record rec;
+    rec.kind = trajectory_record::truncated;
+    rec.sandbox = id;
+    rec.position = k;
+    commit(self, rec);
+  }
+  s.appended[id] = k;
+  uint64_t req = s.next_request++;
+  auto& b = s.batches[req];
+  b.count = 1;
+  b.rp = self->make_response_promise<uint32_t>(); // nobody waits on it
+  b.rebuild = id;
+  ++s.pending;
+  placement pl;
+  pl.request = req;
+  pl.session_id = s.cfg.id;
+  pl.ttl_ms = s.cfg.options.default_ttl_ms;
+  pl.keep_upper = true;
+  pl.id = id;
+  if (j >= 0) {
+    pl.seed_pack = s.dir + "/packs/" + steps[static_cast<size_t>(j)].pack;
+    pl.seed_blobs = s.dir + "/blobs";
+  }
+  self
+    ->request(s.cfg.scheduler, caf::infinite, place_atom::value, rb.box.env, uint32_t{1},
+              session_actor{self}, std::move(pl))
+    .then([](uint32_t) {},
+          [=](caf::error& e) {
+            auto& s = self->state;
+            auto it = s.batches.find(req);
+            if (it == s.batches.end() || it->second.ready + it->second.failed > 0)
+              return;
+            caf::anon_send(self, failed_atom::value, e, req);
+          });
+}
+
+// Runs the commands of replay_box::rerun again, in order, then hands the
+// sandbox to the requests that waited.
+void replay_tail(self_ptr self, const std::string& id, sandbox_actor sb, size_t next) {
+  auto& s = self->state;
+  auto it = s.replay.find(id);
+  if (it == s.replay.end())
+    return;
+  auto& rb = it->second;
+  if (next < rb.rerun.size()) {
+    auto req = rb.box.steps[rb.rerun[next]].req;
+    req.stream = false;
+    self->request(sb, caf::infinite, exec_atom::value, req)
+      .then([=](exec_result&) { replay_tail(self, id, sb, next + 1); },
+            [=](caf::error& e) {
+              auto& s = self->state;
+              auto it = s.replay.find(id);
+              if (it == s.replay.end())
+                return;
+              it->second.broken = make_error(errc::sandbox_failed,
+                                             "rebuilding sandbox " + id
+                                               + ": running an idempotent command of its log"
+                                                 " again failed: "
+                                               + from_caf(e).message);
+              it->second.materializing = false;
+              // Not half rebuilt: it goes, and its requests get the error.
+              caf::anon_send(sb, destroy_atom::value);
+              auto waiting = std::move(it->second.waiting);
+              it->second.waiting.clear();
+              for (auto& f : waiting)
+                f();
+            });
+    return;
+  }
+  auto waiting = std::move(rb.waiting);
+  s.replay.erase(it);
+  for (auto& f : waiting)
+    f();
+}
+
+// A request for sandbox `id`: `live` runs with its actor once there is one
+// (rebuilding a replaying sandbox first), `fail` with the error otherwise.
+template <class Live, class Fail>
+void with_sandbox(self_ptr self, const std::string& id, Live live, Fail fail) {
+  auto& s = self->state;
+  auto it = s.replay.find(id);
+  if (it != s.replay.end()) {
+    if (it->second.broken)
+      return fail(*it->second.broken);
+    materialize(self, id, [=]() mutable {
+      auto& s = self->state;
+      auto r = s.replay.find(id);
+      if (r != s.replay.end() && r->second.broken)
+        return fail(*r->second.broken);
+      auto sb = find(self, id);
+      if (!sb)
+        return fail(sb.error_value());
+      live(*sb);
+    });
+    return;
+  }
+  auto sb = find(self, id);
+  if (!sb)
+    return fail(sb.error_value());
+  live(*sb);
+}
+
 session_actor::behavior_type session_impl(self_ptr self, session_config cfg) {
   self->state.cfg = std::move(cfg);
-  if (self->state.cfg.trainer)
-    self->monitor(self->state.cfg.trainer);
+  auto& st = self->state;
+  if (st.cfg.trainer)
+    self->monitor(st.cfg.trainer);
+  if (st.cfg.options.trajectory) {
+    if (st.cfg.trajectories.empty()) {
+      std::fprintf(stderr, "dsecd: session %s: no place for trajectory logs\n",
+                   st.cfg.id.c_str());
+    } else if (auto r = open_log(self); !r) {
+      std::fprintf(stderr, "dsecd: session %s: trajectory log: %s\n", st.cfg.id.c_str(),
+                   r.error_value().message.c_str());
+      st.log.reset();
+    }
+  }
+  if (st.cfg.resume) {
+    const auto& plan = *st.cfg.resume;
+    st.next_group = plan.next_group;
+    st.groups = plan.groups;
+    for (const auto& b : plan.boxes) {
+      if (b.destroyed) {
+        st.destroyed_in_log.insert(b.id);
+        continue;
+      }
+      st.replay.emplace(b.id, replay_box{b, 0, false, std::nullopt, {}, {}});
+      st.appended[b.id] = b.steps.size();
+    }
+  }
   self->set_down_handler([=](caf::down_msg& dm) {
     auto& s = self->state;
     if (s.cfg.trainer && dm.source == s.cfg.trainer.address()) {
-      close_session(self);
+      close_session(self); // the trainer died: its log stays for a resume
       return;
     }
     auto& w = s.watchers;
@@ -121,7 +548,29 @@ session_actor::behavior_type session_impl(self_ptr self, session_config cfg) {
       if (env.backend != "container")
         return to_caf(make_error(errc::unsupported, "backend '" + env.backend
                                                       + "' is not available (only container)"));
-      uint64_t in_use = s.sandboxes.size() + s.pending;
+      if (s.next_claim < s.groups.size()) {
+        // A resumed session: the trainer's creates, again, get the sandboxes
+        // its log has, while they match the create calls it logged.
+        const auto& g = s.groups[s.next_claim];
+        if (same_environment(g.env, env) && g.count == count) {
+          ++s.next_claim;
+          uint32_t ready = 0;
+          for (const auto& id : g.ids) {
+            if (listener)
+              caf::anon_send(listener, ready_atom::value, id);
+            ++ready;
+          }
+          for (uint32_t i = ready; i < count; ++i)
+            if (listener)
+              caf::anon_send(listener, failed_atom::value,
+                             to_caf(make_error(errc::overloaded,
+                                               "failed before the session was resumed (its"
+                                               " log says so)")));
+          return ready;
+        }
+        s.next_claim = s.groups.size(); // the trainer went another way
+      }
+      uint64_t in_use = s.sandboxes.size() + s.pending + s.replay.size();
       if (in_use + count > s.cfg.options.quota)
         return to_caf(make_error(errc::overloaded,
                                  "session " + s.cfg.id + " quota: " + std::to_string(in_use)
@@ -133,11 +582,20 @@ session_actor::behavior_type session_impl(self_ptr self, session_config cfg) {
       b.count = count;
       b.listener = listener;
       b.rp = self->make_response_promise<uint32_t>();
+      if (s.log) {
+        b.group = s.next_group++;
+        b.env = env;
+      }
       s.pending += count;
       auto rp = b.rp;
+      placement pl;
+      pl.request = req;
+      pl.session_id = s.cfg.id;
+      pl.ttl_ms = s.cfg.options.default_ttl_ms;
+      pl.keep_upper = s.log.has_value();
       self
         ->request(s.cfg.scheduler, caf::infinite, place_atom::value, std::move(env), count,
-                  session_actor{self}, req, s.cfg.id, s.cfg.options.default_ttl_ms)
+                  session_actor{self}, std::move(pl))
         .then([](uint32_t) {},
               [=](caf::error& e) {
                 // Nothing was placed: every one of them failed.
@@ -146,59 +604,154 @@ session_actor::behavior_type session_impl(self_ptr self, session_config cfg) {
                 if (it == s.batches.end())
                   return;
                 uint32_t left = it->second.count - it->second.ready - it->second.failed;
-                s.pending -= left;
-                it->second.failed += left;
-                if (it->second.listener) // one failure for each sandbox, as always
-                  for (uint32_t i = 0; i < left; ++i)
-                    caf::anon_send(it->second.listener, failed_atom::value, e);
-                finish_batch(self, req);
+                for (uint32_t i = 0; i < left; ++i)
+                  caf::anon_send(self, failed_atom::value, e, req);
               });
       return rp;
     },
     [=](exec_atom, const std::string& id, exec_request& req)
       -> caf::delegated<exec_result> {
-      auto sb = find(self, id);
-      if (!sb) {
-        auto rp = self->make_response_promise<exec_result>();
-        rp.deliver(to_caf(sb.error_value()));
+      auto& s = self->state;
+      // Who streamed output goes to: take it before the promise takes it away.
+      auto requester = self->current_sender();
+      auto rp = self->make_response_promise<exec_result>();
+      if (!s.log && !s.replay.count(id)) {
+        // No log: the sandbox answers the caller directly (and streams to it).
+        auto sb = find(self, id);
+        if (!sb)
+          rp.deliver(to_caf(sb.error_value()));
+        else
+          rp.delegate(*sb, exec_atom::value, std::move(req));
         return {};
       }
-      // The sandbox answers the caller directly (and streams output to it).
-      return self->delegate(*sb, exec_atom::value, std::move(req));
+      if (req.detach && !req.idempotent) {
+        rp.deliver(to_caf(make_error(errc::invalid_argument,
+                                     "a detached command in a session with a trajectory log"
+                                     " must be marked idempotent (exec_request.idempotent,"
+                                     " --idempotent): its effects cannot be packed at any"
+                                     " one point")));
+        return {};
+      }
+      if (auto it = s.replay.find(id); it != s.replay.end() && !it->second.materializing
+                                       && !it->second.broken) {
+        auto& rb = it->second;
+        if (rb.cursor < rb.box.steps.size()) {
+          const auto& step = rb.box.steps[rb.cursor];
+          // A detached command too: its process is started again when the
+          // sandbox is rebuilt (materialize), not before it is needed.
+          if (step.kind == trajectory_record::executed && same_command(step.req, req)
+              && step.req.detach == req.detach) {
+            ++rb.cursor;
+            auto r = step.result;
+            if (req.stream) {
+              // As it came the first time, minus the timing.
+              auto to = caf::actor_cast<caf::actor>(requester);
+              if (to && !r.out.empty())
+                caf::anon_send(to, output_chunk{id, 0, 1, std::move(r.out)});
+              if (to && !r.err.empty())
+                caf::anon_send(to, output_chunk{id, 0, 2, std::move(r.err)});
+              r.out.clear();
+              r.err.clear();
+            }
+            rp.deliver(std::move(r));
+            return {};
+          }
+        }
+      }
+      with_sandbox(
+        self, id,
+        [=](sandbox_actor sb) mutable { logged_exec(self, id, sb, req, requester, rp); },
+        [=](const error& e) mutable { rp.deliver(to_caf(e)); });
+      return {};
     },
     [=](put_atom, const std::string& id, std::string& dir,
         std::string& tar) -> caf::delegated<uint64_t> {
-      auto sb = find(self, id);
-      if (!sb) {
-        auto rp = self->make_response_promise<uint64_t>();
-        rp.deliver(to_caf(sb.error_value()));
+      auto& s = self->state;
+      auto rp = self->make_response_promise<uint64_t>();
+      if (!s.log && !s.replay.count(id)) {
+        auto sb = find(self, id);
+        if (!sb)
+          rp.deliver(to_caf(sb.error_value()));
+        else
+          rp.delegate(*sb, put_atom::value, std::move(dir), std::move(tar));
         return {};
       }
-      return self->delegate(*sb, put_atom::value, std::move(dir), std::move(tar));
+      if (auto it = s.replay.find(id); it != s.replay.end() && !it->second.materializing
+                                       && !it->second.broken) {
+        auto& rb = it->second;
+        if (rb.cursor < rb.box.steps.size()) {
+          const auto& step = rb.box.steps[rb.cursor];
+          sha256 h;
+          h.update(tar.data(), tar.size());
+          if (step.kind == trajectory_record::put && step.dir == dir
+              && step.digest == to_hex(h.finish())) {
+            ++rb.cursor;
+            rp.deliver(step.size);
+            return {};
+          }
+        }
+      }
+      with_sandbox(
+        self, id,
+        [=](sandbox_actor sb) mutable { logged_put(self, id, sb, dir, tar, rp); },
+        [=](const error& e) mutable { rp.deliver(to_caf(e)); });
+      return {};
     },
     [=](get_atom, const std::string& id, std::string& path) -> caf::delegated<std::string> {
-      auto sb = find(self, id);
-      if (!sb) {
-        auto rp = self->make_response_promise<std::string>();
-        rp.deliver(to_caf(sb.error_value()));
-        return {};
-      }
-      return self->delegate(*sb, get_atom::value, std::move(path));
+      auto rp = self->make_response_promise<std::string>();
+      with_sandbox(
+        self, id, [=](sandbox_actor sb) mutable { rp.delegate(sb, get_atom::value, path); },
+        [=](const error& e) mutable { rp.deliver(to_caf(e)); });
+      return {};
     },
     [=](destroy_atom, const std::string& id) -> caf::delegated<bool> {
-      auto sb = find(self, id);
-      if (!sb) {
-        auto rp = self->make_response_promise<bool>();
-        rp.deliver(to_caf(sb.error_value()));
+      auto& s = self->state;
+      auto rp = self->make_response_promise<bool>();
+      trajectory_record rec;
+      rec.kind = trajectory_record::destroyed;
+      rec.sandbox = id;
+      if (auto it = s.replay.find(id); it != s.replay.end() && !it->second.materializing) {
+        // Never rebuilt: nothing to tear down.
+        s.replay.erase(it);
+        s.destroyed_in_log.insert(id);
+        commit(self, rec, [rp]() mutable { rp.deliver(true); });
         return {};
       }
-      return self->delegate(*sb, destroy_atom::value);
+      if (s.destroyed_in_log.count(id) && !s.sandboxes.count(id) && !s.replay.count(id)) {
+        rp.deliver(true); // destroyed before the resume, destroyed again
+        return {};
+      }
+      with_sandbox(
+        self, id,
+        [=](sandbox_actor sb) mutable {
+          if (!self->state.log) {
+            rp.delegate(sb, destroy_atom::value);
+            return;
+          }
+          self->request(sb, caf::infinite, destroy_atom::value)
+            .then([=](bool ok) mutable { commit(self, rec, [rp, ok]() mutable { rp.deliver(ok); }); },
+                  [=](caf::error& e) mutable { rp.deliver(e); });
+        },
+        [=](const error& e) mutable { rp.deliver(to_caf(e)); });
+      return {};
     },
     [=](list_atom) -> caf::result<std::vector<sandbox_info>> {
+      auto& s = self->state;
       std::vector<sandbox_actor> boxes;
-      for (auto& [id, sb] : self->state.sandboxes)
+      for (auto& [id, sb] : s.sandboxes)
         boxes.push_back(sb);
-      return gather_infos(self, {}, boxes);
+      std::vector<sandbox_info> known;
+      for (auto& [id, rb] : s.replay) {
+        if (rb.materializing)
+          continue;
+        sandbox_info info;
+        info.id = id;
+        info.session = s.cfg.id;
+        info.state = rb.broken ? "broken" : "replaying";
+        info.env = rb.box.env;
+        known.push_back(std::move(info));
+      }
+      return gather_infos(self, std::move(known), boxes);
     },
     [=](watch_atom, const caf::actor& watcher) -> caf::result<uint64_t> {
       auto& s = self->state;
@@ -231,20 +784,21 @@ session_actor::behavior_type session_impl(self_ptr self, session_config cfg) {
     },
     [=](feedback_atom, const std::string& id,
         chronus_feedback_msg& fb) -> caf::delegated<bool> {
-      auto sb = find(self, id);
-      if (!sb) {
-        auto rp = self->make_response_promise<bool>();
-        rp.deliver(to_caf(sb.error_value()));
-        return {};
-      }
-      return self->delegate(*sb, feedback_atom::value, std::move(fb));
+      auto rp = self->make_response_promise<bool>();
+      with_sandbox(
+        self, id, [=](sandbox_actor sb) mutable { rp.delegate(sb, feedback_atom::value, fb); },
+        [=](const error& e) mutable { rp.deliver(to_caf(e)); });
+      return {};
     },
     [=](close_atom) -> caf::result<uint32_t> {
       auto rp = self->make_response_promise<uint32_t>();
       self->state.close_waiters.push_back(rp);
+      self->state.keep_log = false;
       close_session(self);
       return rp;
     },
+    [=](shutdown_atom) { close_session(self); },
+    [=](flush_atom) { flush(self); },
     [=](ready_atom, const std::string& id, const sandbox_actor& sb, uint64_t req) {
       auto& s = self->state;
       --s.pending;
@@ -257,6 +811,17 @@ session_actor::behavior_type session_impl(self_ptr self, session_config cfg) {
         caf::anon_send(sb, destroy_atom::value);
         if (it != s.batches.end()) {
           ++it->second.failed;
+          if (!it->second.rebuild.empty()) {
+            auto r = s.replay.find(it->second.rebuild);
+            if (r != s.replay.end()) {
+              r->second.broken = make_error(errc::not_found, "session " + s.cfg.id
+                                                                 + " closed");
+              auto waiting = std::move(r->second.waiting);
+              s.replay.erase(r);
+              for (auto& f : waiting)
+                f();
+            }
+          }
           if (it->second.listener)
             caf::anon_send(it->second.listener, failed_atom::value,
                            to_caf(make_error(errc::not_found, "sandbox " + id
@@ -267,10 +832,36 @@ session_actor::behavior_type session_impl(self_ptr self, session_config cfg) {
         return;
       }
       if (it != s.batches.end()) {
-        ++it->second.ready;
-        if (it->second.listener)
-          caf::anon_send(it->second.listener, ready_atom::value, id);
-        finish_batch(self, req);
+        if (!it->second.rebuild.empty()) {
+          ++it->second.ready;
+          auto rebuilt = it->second.rebuild;
+          finish_batch(self, req);
+          replay_tail(self, rebuilt, sb, 0);
+          return;
+        }
+        // Counted when announced: the batch's reply must not overtake it.
+        auto announce = [=] {
+          auto& s = self->state;
+          auto it = s.batches.find(req);
+          if (it == s.batches.end())
+            return;
+          ++it->second.ready;
+          if (it->second.listener)
+            caf::anon_send(it->second.listener, ready_atom::value, id);
+          finish_batch(self, req);
+        };
+        if (s.log) {
+          trajectory_record rec;
+          rec.kind = trajectory_record::created;
+          rec.sandbox = id;
+          rec.env = it->second.env;
+          rec.group = it->second.group;
+          rec.group_count = it->second.count;
+          s.appended[id] = 0;
+          commit(self, rec, announce);
+        } else {
+          announce();
+        }
       }
     },
     [=](failed_atom, const caf::error& e, uint64_t req) {
@@ -279,8 +870,30 @@ session_actor::behavior_type session_impl(self_ptr self, session_config cfg) {
       auto it = s.batches.find(req);
       if (it != s.batches.end()) {
         ++it->second.failed;
-        if (it->second.listener)
-          caf::anon_send(it->second.listener, failed_atom::value, e);
+        if (!it->second.rebuild.empty()) {
+          auto r = s.replay.find(it->second.rebuild);
+          if (r != s.replay.end()) {
+            r->second.materializing = false;
+            r->second.broken = from_caf(e);
+            r->second.broken->message = "rebuilding sandbox " + r->first + ": "
+                                        + r->second.broken->message;
+            auto waiting = std::move(r->second.waiting);
+            r->second.waiting.clear();
+            for (auto& f : waiting)
+              f();
+          }
+        } else {
+          if (s.log) {
+            trajectory_record rec;
+            rec.kind = trajectory_record::failed;
+            rec.env = it->second.env;
+            rec.group = it->second.group;
+            rec.group_count = it->second.count;
+            commit(self, rec);
+          }
+          if (it->second.listener)
+            caf::anon_send(it->second.listener, failed_atom::value, e);
+        }
         finish_batch(self, req);
       }
       maybe_end(self);

@@ -1,5 +1,7 @@
 #include "runtime/container.hpp"
 
+#include "runtime/pack.hpp"
+
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -99,6 +101,20 @@ struct create_steps {
   static expected<void> make_upper(ctx& x) {
     DSEC_TRY(u, dsec::make_upper(x.opts.disk_bytes, x.sp.ids().base));
     x.upper = std::move(u);
+    // A sandbox rebuilt from a trajectory log starts with the files its
+    // predecessor had (runtime/pack.hpp), before the overlay sees the dir.
+    if (!x.opts.seed_pack.empty()) {
+      auto r = restore_pack(x.opts.seed_pack, x.opts.seed_blobs, x.upper.upper.get(),
+                            x.sp.ids().base);
+      if (!r)
+        return std::move(r).error_value();
+    }
+    if (x.opts.keep_upper) {
+      x.c.upper_.reset(::fcntl(x.upper.upper.get(), F_DUPFD_CLOEXEC, 0));
+      if (!x.c.upper_)
+        return sys_error("keeping a descriptor of the writable layer");
+      x.c.uid_base_ = x.sp.ids().base;
+    }
     return {};
   }
 
@@ -521,6 +537,7 @@ expected<bool> container::reap() {
   destroyed_ = true;
   ctl_.reset();
   chronus_.reset();
+  upper_.reset();
   if (cgroup_)
     DSEC_TRY_VOID(cgroup_->destroy());
   return true;
@@ -551,6 +568,7 @@ expected<void> container::destroy() {
   }
   ctl_.reset();
   chronus_.reset();
+  upper_.reset();
   if (cgroup_) {
     auto r = cgroup_->destroy();
     if (!r && result)

@@ -49,6 +49,13 @@ struct container_options {
   /// agent's processes can neither ptrace, read nor signal. Needs Landlock ABI 6
   /// (Linux 6.12): creation fails with errc::unsupported below that.
   bool chronus = false;
+  /// Keep a descriptor of the writable layer's upper dir (container::upper_fd())
+  /// so that packs of it can be taken (runtime/pack.hpp, the trajectory log).
+  bool keep_upper = false;
+  /// A pack (runtime/pack.hpp) to restore into the writable layer before the
+  /// overlay is mounted, and the blob directory its contents are in.
+  std::string seed_pack;
+  std::string seed_blobs;
 };
 
 /// A command to run in a sandbox.
@@ -153,6 +160,11 @@ public:
   /// Like any bound socket it holds its file system, here the sandbox's
   /// overlay (its upper tmpfs and its layers): close it once the sandbox is gone.
   unique_fd release_chronus_fd() { return std::move(chronus_); }
+  /// The writable layer's upper dir (O_DIRECTORY; read it, never write it while
+  /// the sandbox lives): with options.keep_upper, else -1. Closed on destroy.
+  [[nodiscard]] int upper_fd() const { return upper_.get(); }
+  /// The host uid the sandbox's root maps to (owners in the upper dir).
+  [[nodiscard]] uint32_t uid_base() const { return uid_base_; }
   /// Whether the sandbox was made with options.chronus (trusted commands work).
   [[nodiscard]] bool chronus() const { return chronus_enabled_; }
 
@@ -212,6 +224,8 @@ private:
   std::optional<sandbox_cgroup> cgroup_;
   unique_fd chronus_;
   bool chronus_enabled_ = false;
+  unique_fd upper_;
+  uint32_t uid_base_ = 0;
   uint64_t next_id_ = 1;
   bool destroyed_ = false;
   bool init_gone_ = false;

@@ -1,6 +1,7 @@
 #include "test/actors/common.hpp"
 
 #include <sys/stat.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -121,6 +122,38 @@ void host_untar(const std::string& tar, const std::string& dir) {
 
 std::string describe(const error& e) {
   return std::string{to_string(e.code)} + ": " + e.to_string();
+}
+
+dsecd_proc::dsecd_proc(const std::vector<std::string>& extra)
+  : bg([&] {
+      std::vector<std::string> argv{env_path("DSECD_BIN"), "--listen", "127.0.0.1:0",
+                                    "--state", actor_layers()};
+      argv.insert(argv.end(), extra.begin(), extra.end());
+      return argv;
+    }()) {
+  REQUIRE_MESSAGE(bg.wait_for_output("listening on 127.0.0.1:"),
+                  "dsecd did not start: " << bg.out() << bg.err());
+  REQUIRE(bg.wait_for_output(" (state "));
+  const std::string mark = "listening on 127.0.0.1:";
+  port = static_cast<uint16_t>(std::atoi(bg.out().c_str() + bg.out().find(mark) + mark.size()));
+  REQUIRE(port != 0);
+}
+
+dsecd_proc::~dsecd_proc() {
+  if (!stopped)
+    stop(SIGTERM);
+}
+
+proc_result dsecd_proc::stop(int sig) {
+  stopped = true;
+  bg.kill(sig);
+  return bg.wait();
+}
+
+std::unique_ptr<client> connect(caf::actor_system& sys, uint16_t port) {
+  auto c = client::connect(sys, "127.0.0.1", port);
+  REQUIRE_MESSAGE(c, "connect: " << describe(c.error_value()));
+  return std::move(*c);
 }
 
 } // namespace dsec::test

@@ -22,6 +22,7 @@
 #include "actors/daemon.hpp"
 #include "runtime/error.hpp"
 #include "test/support/fixture.hpp"
+#include "test/support/process.hpp"
 
 namespace dsec::test {
 
@@ -76,6 +77,23 @@ void host_untar(const std::string& tar, const std::string& dir);
 
 /// "code: message" for failure messages.
 std::string describe(const error& e);
+
+/// A dsecd process started by a test ($DSECD_BIN --listen 127.0.0.1:0 --state
+/// actor_layers()). Unless the test stopped it, the destructor ends it with
+/// SIGTERM (every sandbox destroyed) and waits; the background's safety net
+/// SIGKILLs it if that hangs (its sandboxes then die with it).
+struct dsecd_proc {
+  explicit dsecd_proc(const std::vector<std::string>& extra = {});
+  ~dsecd_proc();
+  proc_result stop(int sig);
+
+  background bg;
+  bool stopped = false;
+  uint16_t port = 0;
+};
+
+/// A client of the dsecd at 127.0.0.1:port; the test fails if it cannot connect.
+std::unique_ptr<client> connect(caf::actor_system& sys, uint16_t port);
 
 /// Checks that `r` failed with `code` and that its message names `names`.
 template <class T>

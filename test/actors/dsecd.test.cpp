@@ -29,46 +29,6 @@ using namespace dsec::test;
 
 namespace {
 
-// A dsecd started by this test. Unless the test stopped it, the destructor
-// ends it with SIGTERM (every sandbox destroyed) and waits; the background's
-// safety net SIGKILLs it if that hangs (its sandboxes then die with it).
-struct dsecd_proc {
-  explicit dsecd_proc(const std::vector<std::string>& extra = {})
-    : bg([&] {
-        std::vector<std::string> argv{env_path("DSECD_BIN"), "--listen", "127.0.0.1:0",
-                                      "--state", actor_layers()};
-        argv.insert(argv.end(), extra.begin(), extra.end());
-        return argv;
-      }()) {
-    REQUIRE_MESSAGE(bg.wait_for_output("listening on 127.0.0.1:"),
-                    "dsecd did not start: " << bg.out() << bg.err());
-    REQUIRE(bg.wait_for_output(" (state "));
-    auto at = bg.out().find("listening on 127.0.0.1:") + std::string{"listening on 127.0.0.1:"}.size();
-    port = static_cast<uint16_t>(std::atoi(bg.out().c_str() + at));
-    REQUIRE(port != 0);
-  }
-  ~dsecd_proc() {
-    if (!stopped)
-      stop(SIGTERM);
-  }
-
-  proc_result stop(int sig) {
-    stopped = true;
-    bg.kill(sig);
-    return bg.wait();
-  }
-
-  background bg;
-  bool stopped = false;
-  uint16_t port = 0;
-};
-
-std::unique_ptr<client> connect(caf::actor_system& sys, uint16_t port) {
-  auto c = client::connect(sys, "127.0.0.1", port);
-  REQUIRE_MESSAGE(c, "connect: " << describe(c.error_value()));
-  return std::move(*c);
-}
-
 std::unique_ptr<session> open(client& c, bool owned = true) {
   auto s = c.open_session({}, owned);
   REQUIRE_MESSAGE(s, "open_session: " << describe(s.error_value()));

@@ -616,6 +616,68 @@ TEST_CASE("remote sessions: open, run in them, close") {
   d.finish();
 }
 
+TEST_CASE("remote session resume: a restarted dsecd answers from the trajectory log") {
+  std::string sid, box;
+  const std::vector<std::string> counted{"sh", "-c", "echo x >> /runs; wc -l < /runs"};
+  auto exec = [&](daemon_proc& d, const std::vector<std::string>& argv) {
+    std::vector<std::string> args{"exec", box, "--"};
+    args.insert(args.end(), argv.begin(), argv.end());
+    auto r = d.dsec(args);
+    CHECK_MESSAGE(r.status == 0, r.describe());
+    return r.out;
+  };
+  {
+    daemon_proc d;
+    auto r = d.dsec({"session", "open", "--trajectory"});
+    REQUIRE_MESSAGE(r.status == 0, r.describe());
+    sid = lines_of(r.out).at(0);
+    // A detached command in a logged session must say it is idempotent.
+    r = d.dsec({"run", "--detach", "--session", sid, "--base", tar_base, "--", "sleep", "1000"});
+    CHECK_MESSAGE(r.status == 125, r.describe());
+    CHECK_MESSAGE(contains(r.err, "--idempotent"), r.describe());
+    box = d.detached({"--session", sid, "--idempotent"});
+    CHECK(exec(d, counted) == "1\n");
+    CHECK(exec(d, counted) == "2\n");
+    // SIGTERM: the daemon destroys its sandboxes but keeps the log.
+    auto end = d.stop();
+    CHECK_MESSAGE(end.status == 0, end.describe());
+    CHECK_MESSAGE(contains(end.out, "dsecd: 1 sandbox"), end.describe());
+  }
+  daemon_proc d;
+  auto r = d.dsec({"session", "resume", sid});
+  REQUIRE_MESSAGE(r.status == 0, r.describe());
+  CHECK(lines_of(r.out).at(0) == "resumed session " + sid + ": 1 sandbox");
+  CHECK_MESSAGE(contains(r.out, box + "  replaying  " + std::string{tar_base}), r.describe());
+  r = d.dsec({"session", "resume", sid});
+  CHECK_MESSAGE(r.status == 1, r.describe());
+  CHECK_MESSAGE(contains(r.err, "session " + sid + " is live"), r.describe());
+  // The same commands: their logged results, nothing runs.
+  r = d.dsec({"exec", "--detach", "--idempotent", box, "--", "sleep", "1000"});
+  CHECK_MESSAGE(r.status == 0, r.describe());
+  CHECK(r.out.empty());
+  CHECK(exec(d, counted) == "1\n");
+  CHECK(exec(d, counted) == "2\n");
+  auto rows = ps(d, sid);
+  REQUIRE(rows.size() == 1);
+  CHECK(rows[0].id == box);
+  CHECK(rows[0].state == "replaying");
+  // A new one: the sandbox is rebuilt from its last pack, and its detached
+  // idempotent command runs again.
+  CHECK(exec(d, {"cat", "/runs"}) == "x\nx\n");
+  CHECK(exec(d, {"sh", "-c", "cat /proc/[0-9]*/comm | grep -qx sleep && echo running"}) == "running\n");
+  CHECK(exec(d, counted) == "3\n");
+  r = d.dsec({"session", "close", sid});
+  CHECK_MESSAGE(r.status == 0, r.describe());
+  CHECK(r.out == "closed session " + sid + ": 1 sandbox destroyed\n");
+  r = d.dsec({"session", "resume", sid});
+  CHECK_MESSAGE(r.status == 1, r.describe());
+  CHECK_MESSAGE(contains(r.err, "no trajectory log for session " + sid), r.describe());
+  r = d.dsec({"session", "resume"});
+  CHECK_MESSAGE(r.status == 2, r.describe());
+  CHECK_MESSAGE(contains(r.err, "no session id given"), r.describe());
+  d.finish();
+}
+
 TEST_CASE("remote node stats: the node's name and counts that follow its sandboxes") {
   daemon_proc d;
   auto s0 = stats(d);
@@ -760,7 +822,7 @@ TEST_CASE("remote errors: status, message, and the daemon serves on") {
            {{"cp", "a"}, "expected SRC DST, got 1 argument"},
            {{"cp", "a", "b"}, "neither SRC nor DST is in a sandbox"},
            {{"cp", "x:/a", "y:/b"}, "both SRC and DST are in a sandbox"},
-           {{"session"}, "expected 'open', 'close' or 'watch'"},
+           {{"session"}, "expected 'open', 'resume', 'close' or 'watch'"},
            {{"session", "frob"}, "unknown sub-verb 'frob'"},
            {{"session", "close"}, "no session id given"},
            {{"session", "close", "a", "b"}, "one session id at a time"},

@@ -41,6 +41,7 @@ Verbs:
   cp SRC DST                        copy into or out of a sandbox (ID:/PATH)
   rm ID...                          destroy sandboxes
   session open [OPTIONS]            open a session nobody owns; prints its id
+  session resume ID                 reopen a session from its trajectory log
   session close ID                  close a session and destroy its sandboxes
   session watch ID                  print a session's Chronus events (JSON lines)
   feedback SANDBOX REQ [OPTIONS]    answer a Chronus feedback request
@@ -88,6 +89,8 @@ Options:
 )";
 
 const char* session_usage = R"(usage: dsec --connect HOST:PORT session open [--quota N] [--ttl DUR] [--name NAME]
+                                                [--trajectory]
+       dsec --connect HOST:PORT session resume ID
        dsec --connect HOST:PORT session close ID
        dsec --connect HOST:PORT session watch ID [--count N] [--for DUR]
 
@@ -98,9 +101,19 @@ open   Opens a session that nobody owns: it lives until `session close` (or
          --ttl DUR    the default lifetime of its sandboxes (default 1h), e.g.
                       30s, 10m, 2h; `run --ttl` overrides it for one sandbox
          --name NAME  a name for it (default: its id)
-close  Destroys every sandbox of session ID, ends the session, and prints how
-       many sandboxes went with it. The daemon's "default" session cannot be
-       closed.
+         --trajectory keep a trajectory log: every create, command and put
+                      with its result, durably, so that `session resume`
+                      can answer them again after the daemon restarts
+                      (docs/trajectory.md)
+resume Reopens session ID from its trajectory log after the daemon (or the
+       session's trainer) died. Its sandboxes keep their ids; each answers the
+       commands it already ran, given again in order, with their logged
+       results, and is rebuilt from its last pack (re-running the commands
+       marked --idempotent after it) when a command differs or goes past the
+       log. Prints its sandboxes and their state ("replaying": not rebuilt yet).
+close  Destroys every sandbox of session ID, ends the session, deletes its
+       trajectory log, and prints how many sandboxes went with it. The
+       daemon's "default" session cannot be closed.
 watch  Prints the Chronus events of session ID as JSON lines (see
        `session watch --help`).
 
@@ -361,7 +374,7 @@ int session_main(context& ctx, args& a) {
     return 0;
   }
   if (a.empty())
-    return usage_error(ctx.verb("session"), "expected 'open', 'close' or 'watch'");
+    return usage_error(ctx.verb("session"), "expected 'open', 'resume', 'close' or 'watch'");
   std::string sub{a.next()};
   auto verb = ctx.verb("session " + sub);
   if (sub == "open") {
@@ -397,6 +410,8 @@ int session_main(context& ctx, args& a) {
         if (d->count() <= 0)
           return usage_error(verb, "--ttl: must be positive");
         opts.default_ttl_ms = static_cast<uint64_t>(d->count());
+      } else if (a.flag("--trajectory")) {
+        opts.trajectory = true;
       } else if ((got = opt("--name")) != 0) {
         if (got < 0)
           return usage_error(verb, "option --name needs a value");
@@ -420,6 +435,37 @@ int session_main(context& ctx, args& a) {
   }
   if (sub == "watch")
     return watch_main(ctx, a);
+  if (sub == "resume") {
+    std::string id;
+    while (!a.empty()) {
+      if (a.help()) {
+        std::fputs(session_usage, stdout);
+        return 0;
+      }
+      if (a.at_option())
+        return usage_error(verb, "unknown option '" + std::string{a.peek()} + "'");
+      if (!id.empty())
+        return usage_error(verb, "one session id at a time, got '" + std::string{a.peek()}
+                                   + "' too");
+      id = a.next();
+    }
+    if (id.empty())
+      return usage_error(verb, "no session id given");
+    auto c = ctx.connect();
+    if (!c)
+      return fail(c.error_value());
+    auto s = (*c)->resume_session(id, false);
+    if (!s)
+      return fail(s.error_value());
+    auto boxes = (*s)->list();
+    if (!boxes)
+      return fail(boxes.error_value());
+    std::printf("resumed session %s: %zu sandbox%s\n", id.c_str(), boxes->size(),
+                boxes->size() == 1 ? "" : "es");
+    for (const auto& b : *boxes)
+      std::printf("%s  %s  %s\n", b.id.c_str(), b.state.c_str(), layers_of(b.env).c_str());
+    return 0;
+  }
   if (sub == "close") {
     std::string id;
     while (!a.empty()) {
@@ -454,7 +500,7 @@ int session_main(context& ctx, args& a) {
     return 0;
   }
   return usage_error(ctx.verb("session"), "unknown sub-verb '" + sub
-                                            + "' (expected 'open', 'close' or 'watch')");
+                                            + "' (expected 'open', 'resume', 'close' or 'watch')");
 }
 
 // ---- node -------------------------------------------------------------------------

@@ -43,6 +43,11 @@ Options:
                          sandbox's Chronus token in $DSEC_CHRONUS_TOKEN, and the
                          sandbox's other commands cannot trace, signal or read
                          it. The sandbox must have been made with `run --chronus`
+  --detach               leave CMD running in the background; dsec exits 0 once
+                         it runs (its output is discarded)
+  --idempotent           CMD is safe to run again: in a session with a
+                         trajectory log no pack is taken after it, and a
+                         resume that rebuilds the sandbox runs it again
   -h, --help             this text
 
 Exit status: CMD's own status; 128+N if a signal N killed it; 124 if --timeout
@@ -100,6 +105,9 @@ Isolation and limits:
   --timeout DUR            kill CMD after DUR (e.g. 30s, 500ms, 2m); then dsec
                            exits with 124 (with --detach: CMD is killed, the
                            sandbox stays)
+  --idempotent             CMD is safe to run again; a detached CMD in a session
+                           with a trajectory log must be (`session open
+                           --trajectory`, docs/trajectory.md)
 
 Other:
   -h, --help               this text
@@ -228,7 +236,7 @@ private:
 int exec_main(context& ctx, args& a) {
   auto verb = ctx.verb("exec");
   command_spec cs;
-  bool input = false, trusted = false;
+  bool input = false, trusted = false, idempotent = false, detach = false;
   std::string id;
   std::vector<std::string> argv;
   while (!a.empty()) {
@@ -250,6 +258,14 @@ int exec_main(context& ctx, args& a) {
       trusted = true;
       continue;
     }
+    if (a.flag("--idempotent")) {
+      idempotent = true;
+      continue;
+    }
+    if (a.flag("--detach")) {
+      detach = true;
+      continue;
+    }
     auto p = parse_command_option(a, verb, cs);
     if (p == parsed::bad)
       return 2;
@@ -268,6 +284,7 @@ int exec_main(context& ctx, args& a) {
     return usage_error(verb, "no command given (exec [OPTIONS] ID -- CMD [ARGS...])");
   auto req = make_request(cs, std::move(argv));
   req.trusted = trusted;
+  req.idempotent = idempotent;
   if (input) {
     auto in = read_all(0);
     if (!in)
@@ -277,6 +294,13 @@ int exec_main(context& ctx, args& a) {
   auto c = ctx.connect();
   if (!c)
     return fail(c.error_value());
+  if (detach) {
+    req.detach = true;
+    auto r = (*c)->exec(id, req);
+    if (!r)
+      return exec_error(r.error_value(), 1);
+    return 0;
+  }
   auto r = (*c)->exec(id, req, print_output);
   if (!r)
     return exec_error(r.error_value(), 1);
@@ -290,7 +314,7 @@ int run_main(context& ctx, args& a) {
   constexpr int dsec_failed = 125;
   sandbox_spec sb;
   command_spec cs;
-  bool detach = false, input = false, chronus = false;
+  bool detach = false, input = false, chronus = false, idempotent = false;
   std::string session_id;
   std::optional<std::chrono::milliseconds> ttl;
   std::vector<std::string> argv;
@@ -316,6 +340,10 @@ int run_main(context& ctx, args& a) {
     }
     if (a.flag("--chronus")) {
       chronus = true;
+      continue;
+    }
+    if (a.flag("--idempotent")) {
+      idempotent = true;
       continue;
     }
     if (a.flag("-i") || a.flag("--stdin")) {
@@ -373,6 +401,7 @@ int run_main(context& ctx, args& a) {
   if (ttl)
     env.ttl_ms = static_cast<uint64_t>(ttl->count());
   auto req = make_request(cs, std::move(argv));
+  req.idempotent = idempotent;
   if (input) {
     auto in = read_all(0);
     if (!in)

@@ -1,0 +1,97 @@
+// The trajectory log of a session (docs/trajectory.md): what the session did,
+// record by record, in <state dir>/trajectories/<session id>/log (framed by
+// runtime/trajectory.hpp), with the packs of its sandboxes' writable layers in
+// packs/ and their contents in blobs/ beside it.
+//
+// A record is a trajectory_record serialized with CAF's binary serializer.
+// Reading a log gives a trajectory_plan: per sandbox, its environment and the
+// commands (and puts) it ran in order, each with its result and the pack
+// taken after it; resume answers a trainer from it (actors/session.cpp).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "actors/messages.hpp"
+#include "runtime/error.hpp"
+
+namespace dsec {
+
+struct trajectory_record {
+  enum kind : uint8_t {
+    opened = 1,    ///< the session: options
+    created = 2,   ///< a sandbox: id, env, group, group_count
+    executed = 3,  ///< a command: sandbox, req, result, pack
+    put = 4,       ///< an upload: sandbox, dir, digest, size, pack
+    destroyed = 5, ///< sandbox destroyed by the trainer
+    truncated = 6, ///< sandbox went live on resume after `position` of its steps:
+                   ///< the ones after that are void
+    resumed = 7,   ///< the session was resumed
+    failed = 8,    ///< a sandbox of `group` could not be created
+  };
+  uint8_t kind = 0;
+  std::string sandbox;
+  session_options options;
+  environment env;
+  uint64_t group = 0;       ///< which create call (created, failed)
+  uint32_t group_count = 0; ///< how many it asked for
+  exec_request req;         ///< stream, detach and timeout cleared
+  exec_result result;
+  std::string dir;          ///< put: the directory
+  std::string digest;       ///< put: hex SHA-256 of the tar archive
+  uint64_t size = 0;        ///< put: its size
+  std::string pack;         ///< executed/put: the pack taken after it (file name in packs/)
+  std::string pack_error;   ///< executed/put: why none could be taken
+  uint64_t position = 0;    ///< truncated
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, trajectory_record& x) {
+  return f(caf::meta::type_name("dsec.trajectory_record"), x.kind, x.sandbox, x.options, x.env,
+           x.group, x.group_count, x.req, x.result, x.dir, x.digest, x.size, x.pack,
+           x.pack_error, x.position);
+}
+
+std::string encode_record(const trajectory_record& r);
+expected<trajectory_record> decode_record(std::string_view bytes);
+
+/// What a log says happened, arranged for replay.
+struct trajectory_plan {
+  session_options options;
+  struct box {
+    std::string id;
+    environment env;
+    uint64_t group = 0;
+    std::vector<trajectory_record> steps; ///< executed and put, in order
+    bool destroyed = false;
+  };
+  std::vector<box> boxes; ///< in creation order
+  struct group {
+    uint64_t number = 0;
+    environment env;
+    uint32_t count = 0;            ///< asked for
+    std::vector<std::string> ids;  ///< created, in order
+  };
+  std::vector<group> groups;       ///< in order
+  uint64_t next_group = 1;
+  uint64_t records = 0;
+  uint64_t torn_bytes = 0;         ///< a torn tail left out
+};
+
+/// Reads and arranges the log of session `id` under `root` (the trajectories dir).
+expected<trajectory_plan> load_trajectory(const std::string& root, const std::string& id);
+
+/// The files of a session's log.
+inline std::string trajectory_dir(const std::string& root, const std::string& id) {
+  return root + "/" + id;
+}
+
+/// Whether a command given again matches the logged one: same argv, env, cwd,
+/// user, input and trust (timeout, streaming and output limit do not matter).
+bool same_command(const exec_request& a, const exec_request& b);
+/// Whether two environments are the same (ttl included).
+bool same_environment(const environment& a, const environment& b);
+
+} // namespace dsec

@@ -1,0 +1,331 @@
+// Trajectory logs and resume (docs/trajectory.md), end to end over the real
+// actors and runtime: a session with a log loses its trainer (the client goes
+// away) or its daemon (a dsecd process killed with SIGKILL), is resumed, and
+// the trainer, issuing its commands again, gets the logged results without
+// any non-idempotent command running twice, then carries on from the exact
+// state the sandbox had.
+//
+// The commands count their own runs in the sandbox (a line appended to a file
+// each time): a command run again would show in the count.
+#include <doctest/doctest.h>
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "actors/trajectory.hpp"
+#include "test/actors/common.hpp"
+#include "test/support/host.hpp"
+#include "test/support/process.hpp"
+
+using namespace dsec;
+using namespace dsec::test;
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// Appends a line to /work/runs and prints how many lines it has: not idempotent.
+exec_request count_run(const std::string& tag) {
+  return cmd({"sh", "-c", "mkdir -p /work && echo " + tag + " >> /work/runs && wc -l < /work/runs"});
+}
+
+exec_request idem(const std::string& script) {
+  auto r = cmd({"sh", "-c", script});
+  r.idempotent = true;
+  return r;
+}
+
+session_options logged(uint32_t quota = 16) {
+  session_options o;
+  o.quota = quota;
+  o.trajectory = true;
+  return o;
+}
+
+std::unique_ptr<session> open_logged(client& c, bool owned = true) {
+  auto s = c.open_session(logged(), owned);
+  REQUIRE_MESSAGE(s, "open_session: " << describe(s.error_value()));
+  return std::move(*s);
+}
+
+std::unique_ptr<session> resume(client& c, const std::string& id) {
+  auto s = c.resume_session(id);
+  REQUIRE_MESSAGE(s, "resume_session: " << describe(s.error_value()));
+  return std::move(*s);
+}
+
+exec_result run(session& s, const std::string& id, const exec_request& req) {
+  auto r = s.exec(id, req);
+  REQUIRE_MESSAGE(r, "exec " << req.argv.back() << ": " << describe(r.error_value()));
+  return std::move(*r);
+}
+
+std::string state_of(session& s, const std::string& id) {
+  auto l = s.list();
+  REQUIRE_MESSAGE(l, describe(l.error_value()));
+  for (const auto& i : *l)
+    if (i.id == id)
+      return i.state;
+  return "absent";
+}
+
+std::string log_dir(const std::string& session_id) {
+  return actor_layers() + "/trajectories/" + session_id;
+}
+
+// The same bytes every time (a trainer uploading the same file again): tar
+// records mtimes, so the archive is made once.
+std::string tar_of_file(const std::string& name, const std::string& content) {
+  static std::map<std::pair<std::string, std::string>, std::string> made;
+  auto& t = made[{name, content}];
+  if (!t.empty())
+    return t;
+  auto dir = fs::temp_directory_path() / ("dsec-traj-put-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  std::ofstream(dir / name) << content;
+  t = host_tar(dir.string());
+  fs::remove_all(dir);
+  return t;
+}
+
+// What a trainer does in one episode on sandbox `id`: steps `from` to n-1.
+// Returns the results in order.
+std::vector<exec_result> episode(session& s, const std::string& id, size_t n, size_t from = 0) {
+  std::vector<exec_result> out;
+  for (size_t i = from; i < n; ++i) {
+    switch (i) {
+      case 0: out.push_back(run(s, id, count_run("a"))); break;
+      case 1: out.push_back(run(s, id, idem("mkdir -p /cache && echo warm > /cache/w"))); break;
+      case 2: {
+        auto size = s.put(id, "/work", tar_of_file("input.txt", "forty-two\n"));
+        REQUIRE_MESSAGE(size, "put: " << describe(size.error_value()));
+        exec_result r;
+        r.out = std::to_string(*size);
+        out.push_back(r);
+        break;
+      }
+      case 3: out.push_back(run(s, id, count_run("b"))); break;
+      case 4: out.push_back(run(s, id, idem("echo idem >> /work/idem; cat /work/idem"))); break;
+      default: FAIL("no step " << i);
+    }
+  }
+  return out;
+}
+
+} // namespace
+
+TEST_CASE("trajectory: a resumed trainer gets its logged results and carries on from the same state") {
+  embedded e;
+  std::string sid;
+  std::vector<std::string> ids;
+  std::vector<exec_result> first;
+  {
+    // The first trainer: two sandboxes, an episode on the first, then it dies
+    // (its client goes away: the owned session closes, the log stays).
+    auto c = client::attach(e.sys, e.d->scheduler());
+    auto s = open_logged(*c);
+    sid = s->id();
+    auto made = s->create(env_of(), 2);
+    REQUIRE_MESSAGE(made, describe(made.error_value()));
+    ids = *made;
+    REQUIRE(ids.size() == 2);
+    first = episode(*s, ids[0], 5);
+    CHECK(first[0].out == "1\n");
+    CHECK(first[3].out == "2\n");
+    CHECK(first[4].out == "idem\n");
+    REQUIRE(fs::exists(log_dir(sid) + "/log"));
+  }
+  REQUIRE(eventually_gone(*e.c, ids));
+  REQUIRE(fs::exists(log_dir(sid) + "/log")); // a lost trainer keeps its log
+
+  auto c = client::attach(e.sys, e.d->scheduler());
+  SUBCASE("every step again: answered from the log, nothing runs") {
+    auto s = resume(*c, sid);
+    CHECK(s->id() == sid);
+    auto again = s->create(env_of(), 2);
+    REQUIRE_MESSAGE(again, describe(again.error_value()));
+    CHECK(*again == ids); // the same sandboxes, by their old ids
+    auto replayed = episode(*s, ids[0], 5);
+    for (size_t i = 0; i < replayed.size(); ++i) {
+      CHECK(replayed[i].out == first[i].out);
+      CHECK(replayed[i].exit_code == first[i].exit_code);
+      CHECK(replayed[i].duration_us == first[i].duration_us); // the logged result itself
+    }
+    CHECK(state_of(*s, ids[0]) == "replaying"); // nothing was rebuilt
+    CHECK(state_of(*s, ids[1]) == "replaying");
+    // Past the log: rebuilt from the pack after the put, then the idempotent
+    // step 4 runs again; the counted commands ran once each.
+    auto next = run(*s, ids[0], cmd({"sh", "-c", "cat /work/runs /work/input.txt /cache/w /work/idem"}));
+    CHECK(next.out == "a\nb\nforty-two\nwarm\nidem\n");
+    CHECK(state_of(*s, ids[0]) == "ready");
+    auto more = run(*s, ids[0], count_run("c"));
+    CHECK(more.out == "3\n");
+    // The untouched sandbox was never rebuilt; commands on it start fresh.
+    auto other = run(*s, ids[1], count_run("z"));
+    CHECK(other.out == "1\n");
+    auto n = s->close();
+    REQUIRE(n);
+    CHECK(*n == 2);
+    CHECK_FALSE(fs::exists(log_dir(sid))); // closed by its trainer: the log goes
+    check_error(c->resume_session(sid), errc::not_found, sid);
+  }
+  SUBCASE("a different command: the sandbox is rebuilt as it was at that point") {
+    auto s = resume(*c, sid);
+    auto again = s->create(env_of(), 2);
+    REQUIRE(again);
+    auto replayed = episode(*s, ids[0], 2);
+    CHECK(replayed[0].out == first[0].out);
+    // Step 2 was a put; the trainer asks something else: the state after
+    // step 1 (the pack after step 0, then step 1 run again).
+    auto r = run(*s, ids[0], cmd({"sh", "-c", "cat /work/runs /cache/w; ls /work"}));
+    CHECK(r.out == "a\nwarm\nruns\n");
+    auto more = run(*s, ids[0], count_run("x"));
+    CHECK(more.out == "2\n");
+    c.reset(); // this trainer dies too
+    REQUIRE(eventually_gone(*e.c, {ids[0]}));
+
+    // Resumed again: the log's old steps after the divergence are void.
+    auto c2 = client::attach(e.sys, e.d->scheduler());
+    auto s2 = resume(*c2, sid);
+    REQUIRE(s2->create(env_of(), 2));
+    auto r0 = run(*s2, ids[0], count_run("a"));
+    CHECK(r0.out == "1\n");
+    CHECK(run(*s2, ids[0], idem("mkdir -p /cache && echo warm > /cache/w")).exit_code == 0);
+    auto r2 = run(*s2, ids[0], cmd({"sh", "-c", "cat /work/runs /cache/w; ls /work"}));
+    CHECK(r2.out == "a\nwarm\nruns\n");
+    auto r3 = run(*s2, ids[0], count_run("x"));
+    CHECK(r3.out == "2\n");
+    CHECK(state_of(*s2, ids[0]) == "replaying");
+    auto r4 = run(*s2, ids[0], cmd({"cat", "/work/runs"}));
+    CHECK(r4.out == "a\nx\n");
+    REQUIRE(s2->close());
+  }
+  SUBCASE("resume refuses what it cannot do, by name") {
+    auto s = resume(*c, sid);
+    check_error(c->resume_session(sid), errc::in_use, sid); // it is live
+    check_error(c->resume_session("s-00000000"), errc::not_found, "s-00000000");
+    check_error(c->resume_session("../etc"), errc::invalid_argument, "../etc");
+    // A detached command cannot be packed at one point: it must be idempotent.
+    auto d = cmd({"sleep", "100"});
+    d.detach = true;
+    check_error(s->exec(ids[1], d), errc::invalid_argument, "idempotent");
+    REQUIRE(s->close());
+  }
+}
+
+TEST_CASE("trajectory: a torn tail of the log is dropped, the records before it are kept") {
+  embedded e;
+  std::string sid, id;
+  {
+    auto c = client::attach(e.sys, e.d->scheduler());
+    auto s = open_logged(*c);
+    sid = s->id();
+    auto made = s->create(env_of(), 1);
+    REQUIRE(made);
+    id = made->front();
+    CHECK(run(*s, id, count_run("a")).out == "1\n");
+    CHECK(run(*s, id, count_run("b")).out == "2\n");
+  }
+  REQUIRE(eventually_gone(*e.c, {id}));
+  // A crash in the middle of a write: half a frame at the end.
+  {
+    std::ofstream f(log_dir(sid) + "/log", std::ios::app | std::ios::binary);
+    f.write("\x40\x00\x00\x00\x12\x34", 6);
+  }
+  uint64_t torn = 0;
+  auto plan = load_trajectory(actor_layers() + "/trajectories", sid);
+  REQUIRE_MESSAGE(plan, describe(plan.error_value()));
+  CHECK(plan->torn_bytes == 6);
+  (void) torn;
+  REQUIRE(plan->boxes.size() == 1);
+  CHECK(plan->boxes[0].steps.size() == 2);
+  auto c = client::attach(e.sys, e.d->scheduler());
+  auto s = resume(*c, sid);
+  REQUIRE(s->create(env_of(), 1));
+  CHECK(run(*s, id, count_run("a")).out == "1\n");
+  CHECK(run(*s, id, count_run("b")).out == "2\n");
+  CHECK(run(*s, id, count_run("c")).out == "3\n");
+  REQUIRE(s->close());
+  CHECK_FALSE(fs::exists(log_dir(sid)));
+}
+
+TEST_CASE("trajectory: sessions without a log keep none, and their results come straight") {
+  embedded e;
+  auto s = e.c->open_session({});
+  REQUIRE(s);
+  auto made = (*s)->create(env_of(), 1);
+  REQUIRE(made);
+  CHECK(run(**s, made->front(), count_run("a")).out == "1\n");
+  CHECK_FALSE(fs::exists(log_dir((*s)->id())));
+  check_error(e.c->resume_session((*s)->id()), errc::in_use, (*s)->id());
+  REQUIRE((*s)->close());
+  check_error(e.c->resume_session((*s)->id()), errc::not_found, "no trajectory log");
+}
+
+TEST_CASE("trajectory: dsecd killed mid-rollout; the next dsecd resumes the session") {
+  actor_layers();
+  auto before = settled_snapshot();
+  {
+    test_system ts;
+    caf::actor_system sys{ts.cfg};
+    std::string sid;
+    std::vector<std::string> ids;
+    std::vector<std::vector<exec_result>> first(3);
+    {
+      dsecd_proc d1;
+      auto c = connect(sys, d1.port);
+      auto s = open_logged(*c);
+      sid = s->id();
+      auto made = s->create(env_of(), 3);
+      REQUIRE_MESSAGE(made, describe(made.error_value()));
+      ids = *made;
+      REQUIRE(ids.size() == 3);
+      // The rollout is cut at a different step in each sandbox.
+      for (size_t i = 0; i < 3; ++i)
+        first[i] = episode(*s, ids[i], 2 + i);
+      auto end = d1.stop(SIGKILL);
+      CHECK(end.status == 128 + SIGKILL);
+      check_error(s->exec(ids[0], count_run("late")), errc::disconnected, "");
+    }
+    dsecd_proc d2; // collects what the first one left
+    auto c = connect(sys, d2.port);
+    auto s = resume(*c, sid);
+    auto again = s->create(env_of(), 3);
+    REQUIRE_MESSAGE(again, describe(again.error_value()));
+    CHECK(*again == ids);
+    for (size_t i = 0; i < 3; ++i) {
+      // The trainer starts the episode over: the logged part is answered...
+      size_t m = first[i].size();
+      auto replayed = episode(*s, ids[i], m);
+      for (size_t k = 0; k < m; ++k)
+        CHECK(replayed[k].out == first[i][k].out);
+      CHECK(state_of(*s, ids[i]) == "replaying");
+      // ...and the rest runs, on the state the sandbox had.
+      auto rest = episode(*s, ids[i], 5, m);
+      if (m <= 3)
+        CHECK(rest[3 - m].out == "2\n"); // the second counted run, not a third
+      CHECK(state_of(*s, ids[i]) == "ready");
+      CHECK(run(*s, ids[i], cmd({"cat", "/work/runs", "/work/input.txt"})).out
+            == "a\nb\nforty-two\n");
+    }
+    auto n = s->close();
+    REQUIRE_MESSAGE(n, describe(n.error_value()));
+    CHECK(*n == 3);
+    CHECK_FALSE(fs::exists(log_dir(sid)));
+    c.reset();
+    auto end = d2.stop(SIGTERM);
+    CHECK(end.status == 0);
+    CHECK_MESSAGE(end.out.find("dsecd: 0 sandboxes destroyed") != std::string::npos,
+                  end.describe());
+  }
+  // Nothing of either daemon is left on the host: no mount, cgroup, netns,
+  // process, descriptor.
+  auto left = lasting_diff(before);
+  CHECK_MESSAGE(left.empty(), left);
+}
