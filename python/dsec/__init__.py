@@ -1,0 +1,776 @@
+"""dsec: the Python trainer SDK (python/README.md).
+
+    import dsec
+    with dsec.connect("127.0.0.1:7070") as c, c.session(quota=512, ttl=600) as s:
+        sbs = s.create(base="py@1", workdir="task-17@3", tools=["grader@2"], count=512)
+        r = sbs[0].exec("make test", timeout=60)
+        print(r.exit_code, r.stdout, r.stderr)
+
+Blocking calls release the GIL while they wait and are safe from many threads.
+Each has an ``async def`` twin ending in ``_async`` for asyncio; thousands may be
+in flight from one thread, as no thread waits for any of them. Errors are
+``dsec.Error`` subclasses (``dsec.errors``).
+"""
+
+import asyncio
+import atexit
+import math
+import numbers
+import posixpath
+import threading
+import weakref
+
+from . import _dsec
+from . import _files
+from .errors import (Error, InvalidArgument, NotFound, AlreadyExists, WrongKind, InUse,
+                     Malformed, TooLarge, Unauthenticated, Overloaded, SystemFailure,
+                     ToolFailed, Timeout, SandboxFailed, Disconnected, Unsupported,
+                     from_native as _from_native)
+
+_dsec._set_error_factory(_from_native)
+
+ExecResult = _dsec.ExecResult
+SandboxInfo = _dsec.SandboxInfo
+NodeStats = _dsec.NodeStats
+
+__all__ = [
+    "connect", "Client", "Session", "Sandbox", "Batch", "Event", "ExecResult", "ExecStream",
+    "AsyncExecStream", "SandboxInfo", "NodeStats",
+    "Error", "InvalidArgument", "NotFound", "AlreadyExists", "WrongKind", "InUse", "Malformed",
+    "TooLarge", "Unauthenticated", "Overloaded", "SystemFailure", "ToolFailed", "Timeout",
+    "SandboxFailed", "Disconnected", "Unsupported",
+]
+
+# ---- clients still open at exit are closed before the interpreter goes ---------------
+
+_open_clients = weakref.WeakSet()
+_open_lock = threading.Lock()
+
+
+@atexit.register
+def _close_all():
+    with _open_lock:
+        clients = list(_open_clients)
+    for c in clients:
+        c.close()
+
+
+# ---- arguments ---------------------------------------------------------------------------
+
+def _int(name, value, lo=0, hi=None):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
+    if value < lo or (hi is not None and value > hi):
+        bound = f"from {lo} to {hi}" if hi is not None else f"of at least {lo}"
+        raise ValueError(f"{name}: expected a whole number {bound}, got {value}")
+    return int(value)
+
+
+def _seconds_ms(name, value, allow_zero=False):
+    """Seconds (int or float) as whole milliseconds, at least 1 ms."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name}: expected seconds as a number, got {type(value).__name__}")
+    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+        raise ValueError(f"{name}: expected a positive number of seconds, got {value}")
+    return max(1, int(round(value * 1000))) if value else 0
+
+
+def _size(name, value):
+    """Bytes from an int or a string such as '512m' or '2g'."""
+    if value is None:
+        return 0
+    if isinstance(value, str):
+        return _dsec.parse_size(value, name)
+    return _int(name, value)
+
+
+def _str(name, value, allow_empty=True):
+    if not isinstance(value, str):
+        raise TypeError(f"{name}: expected a str, got {type(value).__name__}")
+    if not allow_empty and not value:
+        raise ValueError(f"{name}: must not be empty")
+    return value
+
+
+def _bytes(name, value):
+    if isinstance(value, str):
+        return value.encode()
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value)
+    raise TypeError(f"{name}: expected bytes or str, got {type(value).__name__}")
+
+
+def _parse_address(address):
+    if not isinstance(address, str):
+        raise TypeError(f"address: expected 'HOST:PORT' as a str, got {type(address).__name__}")
+    host, sep, port = address.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"address: expected HOST:PORT with a port from 1 to 65535, "
+                         f"got {address!r}")
+    return host, int(port)
+
+
+def _environment(base, workdir, tools, memory, pids, cpus, disk, net, chronus, ttl):
+    env = _dsec.Environment()
+    env.base = _str("base", base, allow_empty=False)
+    env.workdir = "" if workdir is None else _str("workdir", workdir)
+    if isinstance(tools, str):
+        raise TypeError("tools: expected a list of NAME@VERSION strings, got a str "
+                        f"({tools!r}); write tools=[{tools!r}]")
+    env.tools = [_str("tools[]", t, allow_empty=False) for t in (tools or ())]
+    env.memory = _size("memory", memory)
+    env.pids = 0 if pids is None else _int("pids", pids)
+    if cpus is not None:
+        if isinstance(cpus, bool) or not isinstance(cpus, numbers.Real):
+            raise TypeError(f"cpus: expected a number, got {type(cpus).__name__}")
+        if not math.isfinite(cpus) or cpus < 0:
+            raise ValueError(f"cpus: expected a positive number of CPUs, got {cpus}")
+        env.cpus = float(cpus)
+    env.disk = _size("disk", disk)
+    env.net = bool(net)
+    env.chronus = bool(chronus)
+    env.ttl_ms = 0 if ttl is None else _seconds_ms("ttl", ttl)
+    return env
+
+
+def _request(cmd, timeout, env, cwd, user, input, trusted, idempotent, max_output):
+    req = _dsec.ExecRequest()
+    if isinstance(cmd, str):
+        req.argv = ["/bin/sh", "-c", cmd]
+    elif isinstance(cmd, (list, tuple)) and cmd:
+        req.argv = [_str("cmd[]", a) for a in cmd]
+    else:
+        raise TypeError("cmd: expected a shell command (str) or a non-empty argv list, "
+                        f"got {cmd!r}")
+    if timeout is not None:
+        req.timeout_ms = _seconds_ms("timeout", timeout)
+    if env is not None:
+        if isinstance(env, dict):
+            items = []
+            for k, v in env.items():
+                k = _str("env key", k, allow_empty=False)
+                if "=" in k:
+                    raise ValueError(f"env: the name {k!r} contains '='")
+                items.append(f"{k}={_str(f'env[{k!r}]', v)}")
+            req.env = items
+        elif isinstance(env, (list, tuple)):
+            for kv in env:
+                if not isinstance(kv, str) or "=" not in kv:
+                    raise ValueError(f"env: expected 'NAME=VALUE' strings, got {kv!r}")
+            req.env = list(env)
+        else:
+            raise TypeError(f"env: expected a dict or a list of 'NAME=VALUE', "
+                            f"got {type(env).__name__}")
+    if cwd is not None:
+        req.cwd = _files.check_path(cwd, "cwd")
+    if user is not None:
+        if isinstance(user, tuple) and len(user) == 2:
+            req.uid = _int("user (uid)", user[0])
+            req.gid = _int("user (gid)", user[1])
+        else:
+            req.uid = req.gid = _int("user", user)
+    if input is not None:
+        req.input = _bytes("input", input)
+    req.trusted = bool(trusted)
+    req.idempotent = bool(idempotent)
+    if max_output is not None:
+        req.max_output = _int("max_output", max_output, lo=1)
+    return req
+
+
+# ---- asyncio: a completion from one of CAF's threads settles a future on the loop --------
+
+def _settle(fut, value, exc):
+    if fut.done():  # cancelled meanwhile: the call itself ran to its end anyway
+        return
+    if exc is not None:
+        fut.set_exception(exc)
+    else:
+        fut.set_result(value)
+
+
+def _future():
+    """A future of the running loop, and the `done(value, exc)` that settles it.
+
+    `done` runs on one of CAF's threads (with the GIL); it only schedules the
+    settling on the loop. If the loop has been closed meanwhile, nobody can
+    await the result any more and it is dropped.
+    """
+    loop = asyncio.get_running_loop()
+    fut = loop.create_future()
+
+    def done(value, exc):
+        try:
+            loop.call_soon_threadsafe(_settle, fut, value, exc)
+        except RuntimeError:
+            pass
+
+    return fut, done
+
+
+# ---- the client ----------------------------------------------------------------------------
+
+def connect(address, *, threads=2):
+    """Connects to the dsecd at "HOST:PORT"; returns a Client (a context manager).
+
+    ValueError for a malformed address; dsec.Disconnected, saying why, when no
+    dsecd answers there. `threads`: the client's CAF scheduler threads.
+    """
+    host, port = _parse_address(address)
+    return Client(_dsec.Client(host, port, _int("threads", threads, lo=1, hi=256)))
+
+
+class Client:
+    """A connection to one dsecd. Close it (or use ``with``): the sessions it
+    opened are closed with it, and their sandboxes destroyed. Open clients are
+    closed at interpreter exit."""
+
+    def __init__(self, native):
+        self._c = native
+        with _open_lock:
+            _open_clients.add(self)
+
+    @property
+    def address(self):
+        return self._c.address
+
+    @property
+    def closed(self):
+        return self._c.closed
+
+    def close(self):
+        """Closes the sessions this client opened and disconnects. Calls still
+        in flight (in other threads or tasks) fail with dsec.Disconnected.
+        Idempotent."""
+        self._c.close()
+        with _open_lock:
+            _open_clients.discard(self)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        return f"<dsec.Client {self.address}{' closed' if self.closed else ''}>"
+
+    @staticmethod
+    def _options(quota, ttl, name, trajectory):
+        return (_int("quota", quota, lo=1, hi=1_000_000), _seconds_ms("ttl", ttl),
+                _str("name", name), bool(trajectory))
+
+    def session(self, *, quota=1024, ttl=3600, name="", trajectory=True):
+        """Opens a session: at most `quota` live sandboxes, each living `ttl`
+        seconds unless its create says otherwise; `name` shows in `dsec ps`.
+
+        trajectory=True (the SDK's default) asks the daemon to keep the
+        session's trajectory log, so that ``resume(session.id)`` can rebuild it
+        after the trainer or the daemon died. Pass False to skip the log.
+        """
+        return Session(self, self._c.open_session(*self._options(quota, ttl, name, trajectory)))
+
+    async def session_async(self, *, quota=1024, ttl=3600, name="", trajectory=True):
+        fut, done = _future()
+        self._c.open_session_async(*self._options(quota, ttl, name, trajectory), done)
+        key, sid = await fut
+        return Session(self, self._c.adopt_session(key, sid))
+
+    def resume(self, session_id):
+        """Reopens a session from its trajectory log (after its trainer or its
+        daemon died); owned by this client like a new one."""
+        return Session(self, self._c.resume_session(_str("session_id", session_id, False)))
+
+    async def resume_async(self, session_id):
+        fut, done = _future()
+        self._c.resume_session_async(_str("session_id", session_id, False), done)
+        key, sid = await fut
+        return Session(self, self._c.adopt_session(key, sid))
+
+    def list(self):
+        """Every sandbox on the node (all sessions), as SandboxInfo."""
+        return self._c.list()
+
+    async def list_async(self):
+        fut, done = _future()
+        self._c.list_async(done)
+        return await fut
+
+    def stats(self):
+        """The node's counters, as NodeStats."""
+        return self._c.stats()
+
+    async def stats_async(self):
+        fut, done = _future()
+        self._c.stats_async(done)
+        return await fut
+
+
+# ---- sessions ------------------------------------------------------------------------------
+
+class Batch(list):
+    """The sandboxes a create made, in the order they became ready.
+    ``failures`` holds a dsec.Error per sandbox that could not be made (the
+    create raises instead when none could)."""
+
+    def __init__(self, sandboxes, failures):
+        super().__init__(sandboxes)
+        self.failures = failures
+
+
+class Session:
+    """A training run's sandboxes, their quota and lifetime. A context manager
+    (sync or async) that closes it: every sandbox destroyed."""
+
+    def __init__(self, client, native):
+        self.client = client
+        self._s = native
+        self._events = None
+        self._events_lock = threading.Lock()
+
+    @property
+    def id(self):
+        return self._s.id
+
+    def __repr__(self):
+        return f"<dsec.Session {self.id}>"
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self._close_quietly()
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        if self.client.closed:
+            return
+        try:
+            await self.close_async()
+        except Disconnected:
+            pass
+
+    def _close_quietly(self):
+        if self.client.closed:
+            return
+        try:
+            self.close()
+        except Disconnected:  # closed already, or the daemon is gone
+            pass
+
+    def sandbox(self, sandbox_id):
+        """A handle on a sandbox of this session, by id (nothing is checked)."""
+        return Sandbox(self, _str("sandbox_id", sandbox_id, False))
+
+    def create(self, base, workdir=None, tools=(), count=1, *, memory=None, pids=None,
+               cpus=None, disk=None, net=False, chronus=False, ttl=None):
+        """Creates `count` sandboxes of base + workdir + tools (NAME@VERSION
+        each; the last tool on top) and returns them as a Batch (a list).
+
+        memory, disk: bytes (int) or a size such as "512m"; pids: most
+        processes; cpus: CPU bandwidth (1.5 = one and a half CPUs); net: a
+        private network with loopback; chronus: a Chronus socket (events(),
+        trusted commands); ttl: seconds (default: the session's).
+        """
+        env = _environment(base, workdir, tools, memory, pids, cpus, disk, net, chronus, ttl)
+        ids, failures = self._s.create(env, _int("count", count, hi=1_000_000))
+        return Batch([Sandbox(self, i) for i in ids], failures)
+
+    async def create_async(self, base, workdir=None, tools=(), count=1, *, memory=None,
+                           pids=None, cpus=None, disk=None, net=False, chronus=False, ttl=None):
+        env = _environment(base, workdir, tools, memory, pids, cpus, disk, net, chronus, ttl)
+        fut, done = _future()
+        self._s.create_async(env, _int("count", count, hi=1_000_000), done)
+        ids, failures = await fut
+        return Batch([Sandbox(self, i) for i in ids], failures)
+
+    def list(self):
+        """This session's sandboxes, as SandboxInfo."""
+        return self._s.list()
+
+    async def list_async(self):
+        fut, done = _future()
+        self._s.list_async(done)
+        return await fut
+
+    def close(self):
+        """Destroys every sandbox of the session and ends it; returns how many."""
+        self._stop_events()
+        return self._s.close()
+
+    async def close_async(self):
+        self._stop_events()
+        fut, done = _future()
+        self._s.close_async(done)
+        return await fut
+
+    # ---- Chronus ----------------------------------------------------------------------
+
+    def _stop_events(self):
+        with self._events_lock:
+            ev, self._events = self._events, None
+        if ev is not None:
+            ev.close()
+
+    def events(self, timeout=None):
+        """Chronus events of this session's sandboxes (created with
+        chronus=True), as Event, in the order they came.
+
+        The iteration ends when no event came for `timeout` seconds (None: it
+        waits as long as the session lives); it raises dsec.Disconnected once
+        the session is gone. Events sent while nobody iterated are kept by the
+        session (a bounded backlog) and come first. All calls of events() share
+        one subscription, so an event is yielded once.
+        """
+        if timeout is not None:
+            timeout = _seconds_ms("timeout", timeout, allow_zero=True) / 1000.0
+        while True:
+            with self._events_lock:
+                if self._events is None:
+                    self._events = self._s.watch()
+                stream = self._events
+            raw = stream.next(timeout)
+            if raw is None:
+                return
+            yield Event(self, raw)
+
+    async def events_async(self, timeout=None):
+        """An async iterator of events: ``async for ev in s.events_async(): ...``.
+
+        Each call subscribes anew, apart from events(): every subscriber gets
+        every event, so use one of the two. Ends after `timeout` seconds without
+        an event (None: never); raises dsec.Disconnected once the session is gone.
+        """
+        if timeout is not None:
+            timeout = _seconds_ms("timeout", timeout, allow_zero=True) / 1000.0
+        loop = asyncio.get_running_loop()
+        queue = asyncio.Queue()
+
+        def put(item):
+            try:
+                loop.call_soon_threadsafe(queue.put_nowait, item)
+            except RuntimeError:  # the loop is closed
+                pass
+
+        watch = self._s.watch_async(lambda raw: put(("event", raw)),
+                                    lambda exc: put(("end", exc)))
+        try:
+            while True:
+                try:
+                    kind, item = await asyncio.wait_for(queue.get(), timeout)
+                except asyncio.TimeoutError:
+                    return
+                if kind == "end":
+                    raise item
+                yield Event(self, item)
+        finally:
+            watch.stop()
+
+    def answer(self, sandbox_id, request_id, reward=0.0, text="", data=b"", done=False):
+        """Answers feedback request `request_id` (the event's seq) of a sandbox."""
+        self._s.answer(*_feedback(sandbox_id, request_id, reward, text, data, done))
+
+    async def answer_async(self, sandbox_id, request_id, reward=0.0, text="", data=b"",
+                           done=False):
+        fut, on_done = _future()
+        self._s.answer_async(*_feedback(sandbox_id, request_id, reward, text, data, done),
+                             on_done)
+        await fut
+
+
+def _feedback(sandbox_id, request_id, reward, text, data, done):
+    if isinstance(reward, bool) or not isinstance(reward, numbers.Real):
+        raise TypeError(f"reward: expected a number, got {type(reward).__name__}")
+    if not math.isfinite(reward):
+        raise ValueError(f"reward: must be finite, got {reward}")
+    return (_str("sandbox_id", sandbox_id, False), _int("request_id", request_id, lo=1),
+            float(reward), _str("text", text), _bytes("data", data), bool(done))
+
+
+class Event:
+    """A Chronus event (runtime/chronus.hpp's chronus_event).
+
+    sandbox: the sandbox's id (also sandbox_id); seq: its number, per sandbox,
+    from 1; kind: "stage", "report", "log" or "feedback"; stage / log: the text
+    of a stage or log event (else None); text: that text for either; metrics:
+    {key: float} of a report; payload: bytes of a feedback request;
+    request_id: seq for a feedback request (else None); monotonic_ns: when the
+    node read it. answer() replies to a feedback request.
+    """
+
+    __slots__ = ("session", "sandbox", "seq", "kind", "text", "metrics", "payload",
+                 "monotonic_ns")
+
+    def __init__(self, session, raw):
+        self.session = session
+        self.sandbox = raw.sandbox_id
+        self.seq = raw.seq
+        self.kind = raw.kind
+        self.text = raw.text
+        self.metrics = raw.metrics
+        self.payload = raw.payload
+        self.monotonic_ns = raw.monotonic_ns
+
+    @property
+    def sandbox_id(self):
+        return self.sandbox
+
+    @property
+    def stage(self):
+        return self.text if self.kind == "stage" else None
+
+    @property
+    def log(self):
+        return self.text if self.kind == "log" else None
+
+    @property
+    def request_id(self):
+        return self.seq if self.kind == "feedback" else None
+
+    def _request(self):
+        if self.kind != "feedback":
+            raise ValueError(f"answer: event {self.seq} of {self.sandbox} is a {self.kind} "
+                             "event, not a feedback request")
+        return self.seq
+
+    def answer(self, reward=0.0, text="", data=b"", done=False):
+        """Answers this feedback request: the waiting `chronus feedback` gets it."""
+        self.session.answer(self.sandbox, self._request(), reward, text, data, done)
+
+    async def answer_async(self, reward=0.0, text="", data=b"", done=False):
+        await self.session.answer_async(self.sandbox, self._request(), reward, text, data, done)
+
+    def __repr__(self):
+        what = {"report": self.metrics, "feedback": self.payload}.get(self.kind, self.text)
+        return f"<dsec.Event {self.sandbox}#{self.seq} {self.kind} {what!r}>"
+
+
+# ---- sandboxes -----------------------------------------------------------------------------
+
+class ExecStream:
+    """A command whose output comes as it is written: iterate for
+    (stream, chunk) pairs, stream being "stdout" or "stderr" and chunk bytes.
+    Once the iteration ended, ``result`` is the ExecResult (its stdout and
+    stderr are empty: the output was streamed). A failed call raises from the
+    iteration."""
+
+    def __init__(self, native):
+        self._n = native
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return next(self._n)
+
+    @property
+    def result(self):
+        return self._n.result
+
+
+class AsyncExecStream:
+    """The asyncio ExecStream: ``async for stream, chunk in sb.exec_stream_async(...)``,
+    then ``result``."""
+
+    def __init__(self, start):
+        self._start = start
+        self._queue = None
+        self.result = None
+
+    def __aiter__(self):
+        if self._queue is None:
+            loop = asyncio.get_running_loop()
+            self._queue = asyncio.Queue()
+            q = self._queue
+
+            def on_output(stream, chunk):
+                try:
+                    loop.call_soon_threadsafe(q.put_nowait, ("out", (stream, chunk)))
+                except RuntimeError:
+                    pass
+
+            def done(value, exc):
+                try:
+                    loop.call_soon_threadsafe(q.put_nowait, ("end", (value, exc)))
+                except RuntimeError:
+                    pass
+
+            self._start(on_output, done)
+        return self
+
+    async def __anext__(self):
+        if self._queue is None:
+            self.__aiter__()
+        kind, item = await self._queue.get()
+        if kind == "out":
+            return item
+        self._queue.put_nowait((kind, item))  # the end stays the end
+        value, exc = item
+        if exc is not None:
+            raise exc
+        self.result = value
+        raise StopAsyncIteration
+
+
+class Sandbox:
+    """One sandbox of a session. ``close()`` (or ``with``) destroys it."""
+
+    def __init__(self, session, sandbox_id):
+        self.session = session
+        self.id = sandbox_id
+
+    def __repr__(self):
+        return f"<dsec.Sandbox {self.id}>"
+
+    def __eq__(self, other):
+        return isinstance(other, Sandbox) and other.id == self.id
+
+    def __hash__(self):
+        return hash(self.id)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        try:
+            self.close()
+        except (NotFound, Disconnected):
+            pass
+
+    # ---- commands ------------------------------------------------------------------------
+
+    def exec(self, cmd, *, timeout=None, env=None, cwd=None, user=None, input=None,
+             trusted=False, idempotent=False, max_output=None):
+        """Runs a command and collects its output; returns an ExecResult.
+
+        cmd: a str runs under /bin/sh -c; a list is the argv. timeout: seconds,
+        then the command's process group is killed (result.timed_out). env:
+        {NAME: VALUE} added to the defaults; cwd: the directory (default /);
+        user: a uid, or (uid, gid) (default: the sandbox's root); input: bytes
+        (or str) for stdin; trusted: a grader in a Chronus sandbox (it may talk
+        to Chronus); idempotent: safe to run again on resume; max_output: bytes
+        kept per stream (default 16 MiB; beyond, result.truncated).
+        """
+        req = _request(cmd, timeout, env, cwd, user, input, trusted, idempotent, max_output)
+        return self.session._s.exec(self.id, req)
+
+    async def exec_async(self, cmd, *, timeout=None, env=None, cwd=None, user=None,
+                         input=None, trusted=False, idempotent=False, max_output=None):
+        req = _request(cmd, timeout, env, cwd, user, input, trusted, idempotent, max_output)
+        fut, done = _future()
+        self.session._s.exec_async(self.id, req, done)
+        return await fut
+
+    def exec_stream(self, cmd, *, timeout=None, env=None, cwd=None, user=None, input=None,
+                    trusted=False, idempotent=False):
+        """Runs a command, its output streamed: an ExecStream of (stream, chunk)."""
+        req = _request(cmd, timeout, env, cwd, user, input, trusted, idempotent, None)
+        return ExecStream(self.session._s.exec_stream(self.id, req))
+
+    def exec_stream_async(self, cmd, *, timeout=None, env=None, cwd=None, user=None,
+                          input=None, trusted=False, idempotent=False):
+        """The asyncio exec_stream: an AsyncExecStream (the command starts when
+        the iteration does)."""
+        req = _request(cmd, timeout, env, cwd, user, input, trusted, idempotent, None)
+        s = self.session._s
+        return AsyncExecStream(lambda on_output, done: s.exec_stream_async(self.id, req,
+                                                                          on_output, done))
+
+    # ---- files ---------------------------------------------------------------------------
+
+    def put(self, path, data, *, mode=0o644):
+        """Writes bytes (or a str, as UTF-8) to the file `path` of the sandbox,
+        owned by its root, with `mode`; missing parent directories are made."""
+        path = _files.check_path(path)
+        tar = _files.file_tar(path, _bytes("data", data), _int("mode", mode, hi=0o7777))
+        self.session._s.put(self.id, "/", tar)
+
+    async def put_async(self, path, data, *, mode=0o644):
+        path = _files.check_path(path)
+        tar = _files.file_tar(path, _bytes("data", data), _int("mode", mode, hi=0o7777))
+        fut, done = _future()
+        self.session._s.put_async(self.id, "/", tar, done)
+        await fut
+
+    def put_tree(self, local_dir, dest):
+        """Copies the contents of the local directory `local_dir` into the
+        sandbox's directory `dest` (made if missing); returns the tar's size."""
+        dest = _files.check_path(dest, "dest")
+        return self.session._s.put(self.id, "/", _files.tree_tar(local_dir, dest))
+
+    def put_tar(self, dest, tar):
+        """Unpacks a tar archive (bytes) into the sandbox's directory `dest`."""
+        dest = _files.check_path(dest, "dest")
+        return self.session._s.put(self.id, dest, _bytes("tar", tar))
+
+    def get_tar(self, path):
+        """The sandbox's file or directory `path` as a tar archive (bytes)."""
+        return self.session._s.get(self.id, _files.check_path(path))
+
+    def get(self, path):
+        """The bytes of the file `path` of the sandbox. A symlink is followed
+        (up to 8 links); a directory raises IsADirectoryError (get_tree reads
+        one); a missing file raises dsec.NotFound."""
+        path = _files.check_path(path)
+        for _ in range(9):
+            kind, value = _files.read_one(self.session._s.get(self.id, path), path)
+            path, done = self._follow(path, kind, value)
+            if done:
+                return value
+        raise ValueError(f"get {path}: more than 8 symbolic links")
+
+    async def get_async(self, path):
+        path = _files.check_path(path)
+        for _ in range(9):
+            fut, done = _future()
+            self.session._s.get_async(self.id, path, done)
+            kind, value = _files.read_one(await fut, path)
+            path, finished = self._follow(path, kind, value)
+            if finished:
+                return value
+        raise ValueError(f"get {path}: more than 8 symbolic links")
+
+    @staticmethod
+    def _follow(path, kind, value):
+        if kind == "file":
+            return path, True
+        if kind == "dir":
+            raise IsADirectoryError(f"get: {path} is a directory in the sandbox "
+                                    "(get_tree() reads one as {path: bytes})")
+        target = value if value.startswith("/") else posixpath.join(posixpath.dirname(path),
+                                                                    value)
+        return _files.check_path(target), False
+
+    def get_tree(self, path):
+        """The regular files below the sandbox's directory `path`, as
+        {path relative to it: bytes} (directories, links and others skipped)."""
+        path = _files.check_path(path)
+        return _files.read_tree(self.session._s.get(self.id, path), path)
+
+    # ---- lifetime ------------------------------------------------------------------------
+
+    def close(self):
+        """Destroys the sandbox."""
+        self.session._s.destroy(self.id)
+
+    async def close_async(self):
+        fut, done = _future()
+        self.session._s.destroy_async(self.id, done)
+        await fut
+
+    destroy = close
+    destroy_async = close_async
+
+    def answer(self, request_id, reward=0.0, text="", data=b"", done=False):
+        """Answers this sandbox's Chronus feedback request `request_id`."""
+        self.session.answer(self.id, request_id, reward, text, data, done)

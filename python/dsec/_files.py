@@ -1,0 +1,118 @@
+"""Tar archives for put and get, made and read in memory with tarfile.
+
+The daemon moves files as tar streams: ``put`` unpacks an archive into a
+directory of the sandbox with the sandbox's own ``tar`` (busybox tar creates
+missing parent directories), ``get`` packs a path of the sandbox.
+"""
+
+import io
+import os
+import posixpath
+import stat
+import tarfile
+import time
+
+
+def check_path(path, what="path"):
+    """An absolute, normalised sandbox path; ValueError/TypeError naming `what`."""
+    if not isinstance(path, str):
+        raise TypeError(f"{what}: expected a str, got {type(path).__name__}")
+    if not path.startswith("/"):
+        raise ValueError(f"{what}: the path in the sandbox must be absolute, not {path!r}")
+    if "\0" in path:
+        raise ValueError(f"{what}: {path!r} contains a NUL byte")
+    norm = posixpath.normpath(path)
+    if norm.startswith("//"):
+        norm = "/" + norm.lstrip("/")
+    return norm
+
+
+def _owned_by_root(info, mode=None):
+    info.uid = info.gid = 0
+    info.uname = info.gname = "root"
+    if mode is not None:
+        info.mode = mode
+    return info
+
+
+def file_tar(path, data, mode):
+    """A tar that, unpacked into /, writes `data` to `path` (parents created)."""
+    rel = path.lstrip("/")
+    if not rel:
+        raise ValueError("path: '/' is a directory, not a file to write")
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as t:
+        info = tarfile.TarInfo(rel)
+        info.size = len(data)
+        info.mtime = int(time.time())
+        t.addfile(_owned_by_root(info, mode), io.BytesIO(data))
+    return buf.getvalue()
+
+
+def tree_tar(local_dir, dest):
+    """A tar that, unpacked into /, copies the contents of `local_dir` into `dest`.
+
+    `dest` itself gets no entry (an existing directory keeps its mode); files
+    and directories below it are owned by root in the sandbox. Symlinks are
+    stored as symlinks; other special files are refused.
+    """
+    if not os.path.isdir(local_dir):
+        raise ValueError(f"local_dir: {local_dir!r} is not a directory")
+    top = dest.lstrip("/")
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as t:
+        for root, dirs, files in os.walk(local_dir):
+            dirs.sort()
+            for name in dirs + sorted(files):
+                full = os.path.join(root, name)
+                rel = os.path.relpath(full, local_dir)
+                arc = posixpath.join(top, rel) if top else rel
+                st = os.lstat(full)
+                if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)
+                        or stat.S_ISLNK(st.st_mode)):
+                    raise ValueError(f"local_dir: {full!r} is neither a file, a directory "
+                                     "nor a symlink")
+                t.add(full, arcname=arc, recursive=False, filter=_owned_by_root)
+    return buf.getvalue()
+
+
+def _open(tar_bytes, path):
+    try:
+        return tarfile.open(fileobj=io.BytesIO(tar_bytes), mode="r:")
+    except tarfile.TarError as e:
+        raise ValueError(f"get {path}: the daemon's archive does not read as tar: {e}") from None
+
+
+def read_one(tar_bytes, path):
+    """What the archive of `path` (from get) holds at its top: ("file", bytes),
+    ("dir", None) or ("symlink", target)."""
+    with _open(tar_bytes, path) as t:
+        first = t.next()
+        if first is None:
+            raise ValueError(f"get {path}: the daemon's archive is empty")
+        if first.isdir():
+            return "dir", None
+        if first.issym():
+            return "symlink", first.linkname
+        if first.islnk() or not first.isreg():
+            raise ValueError(f"get {path}: not a regular file (tar type {first.type!r})")
+        return "file", t.extractfile(first).read()
+
+
+def read_tree(tar_bytes, path):
+    """The regular files of the archive of directory `path`, as {relative path: bytes}."""
+    out = {}
+    with _open(tar_bytes, path) as t:
+        members = t.getmembers()
+        if not members:
+            raise ValueError(f"get {path}: the daemon's archive is empty")
+        top = members[0].name.rstrip("/")
+        if not members[0].isdir():
+            raise NotADirectoryError(f"get_tree: {path} is not a directory in the sandbox "
+                                     "(use get() for a file)")
+        for m in members[1:]:
+            if not m.isreg():
+                continue
+            rel = m.name[len(top):].lstrip("/") if m.name.startswith(top) else m.name
+            out[rel] = t.extractfile(m).read()
+    return out

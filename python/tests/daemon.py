@@ -1,0 +1,156 @@
+"""A real dsecd for the tests, with its own state dir and layers.
+
+    d = Daemon()          # builds the layers, starts dsecd on a free port
+    d.address             # "127.0.0.1:PORT"
+    d.stop()              # SIGTERM; returns (exit status, stdout); removes the dir
+
+Layers, built with the real `dsec layer build` ($DSEC_BIN) from busybox-static:
+  py@1     base     /bin/busybox and its applets (sh, tar, cat, ...), /etc/passwd
+  task@1   workdir  /work/README, /work/Makefile
+  grader@1 tool     /opt/grader/grade.sh
+
+Cleanup in every outcome: stop() kills dsecd by its pid with SIGTERM (every
+sandbox destroyed) and removes the temporary directory. If the test process
+dies without calling it, dsecd gets SIGTERM from the kernel (PR_SET_PDEATHSIG)
+and a small janitor process, which notices its pipe closing, waits for dsecd
+to exit and removes the directory.
+"""
+
+import ctypes
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+APPLETS = ["sh", "tar", "cat", "echo", "sleep", "ls", "mkdir", "rm", "printf", "hostname",
+           "true", "false", "kill", "head", "seq", "wc", "id", "env", "pwd", "test", "ln",
+           "chmod", "stat", "tr", "yes", "dd", "readlink"]
+
+JANITOR = r"""
+import os, shutil, sys, time
+root = sys.argv[1]
+pids = []
+for line in sys.stdin:
+    if line.startswith("pid "):
+        pids.append(int(line.split()[1]))
+deadline = time.time() + 60
+while time.time() < deadline and any(os.path.exists(f"/proc/{p}") for p in pids):
+    time.sleep(0.1)
+shutil.rmtree(root, ignore_errors=True)
+"""
+
+
+def _env_path(name):
+    v = os.environ.get(name)
+    if not v or not os.access(v, os.X_OK):
+        raise RuntimeError(f"${name} must name an executable (meson test sets it), got {v!r}")
+    return v
+
+
+def _die_with_parent():
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+
+def _write(path, data, mode=0o644):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(data.encode() if isinstance(data, str) else data)
+    os.chmod(path, mode)
+
+
+class Daemon:
+    def __init__(self):
+        self.dsec = _env_path("DSEC_BIN")
+        self.dsecd = _env_path("DSECD_BIN")
+        self.root = tempfile.mkdtemp(prefix="dsec-pytest-")
+        self.proc = None
+        self.startup = b""
+        self.janitor = subprocess.Popen([sys.executable, "-c", JANITOR, self.root],
+                                        stdin=subprocess.PIPE, text=True)
+        try:
+            self.state = os.path.join(self.root, "state")
+            self._build_layers()
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _layer(self, kind, ref, src):
+        r = subprocess.run([self.dsec, "--state", self.state, "layer", "build", "--kind", kind,
+                            ref, src], capture_output=True, text=True, timeout=120)
+        if r.returncode != 0:
+            raise RuntimeError(f"dsec layer build {ref} failed ({r.returncode}): {r.stderr}")
+
+    def _build_layers(self):
+        base = os.path.join(self.root, "src", "base")
+        os.makedirs(os.path.join(base, "bin"))
+        shutil.copy2("/bin/busybox", os.path.join(base, "bin", "busybox"))
+        for a in APPLETS:
+            os.symlink("busybox", os.path.join(base, "bin", a))
+        _write(os.path.join(base, "etc", "passwd"),
+               "root:x:0:0:root:/root:/bin/sh\nuser:x:1000:1000:user:/home/user:/bin/sh\n")
+        _write(os.path.join(base, "etc", "group"), "root:x:0:\nuser:x:1000:\n")
+        os.makedirs(os.path.join(base, "root"))
+        os.makedirs(os.path.join(base, "home", "user"))
+        os.chown(os.path.join(base, "home", "user"), 1000, 1000)
+        self._layer("base", "py@1", base)
+
+        work = os.path.join(self.root, "src", "task")
+        _write(os.path.join(work, "work", "README"), "task 17\n")
+        _write(os.path.join(work, "work", "Makefile"), "test:\n\techo ok\n")
+        self._layer("workdir", "task@1", work)
+
+        tool = os.path.join(self.root, "src", "grader")
+        _write(os.path.join(tool, "opt", "grader", "grade.sh"), "#!/bin/sh\necho graded\n", 0o755)
+        self._layer("tool", "grader@1", tool)
+
+    def _start(self):
+        self.proc = subprocess.Popen(
+            [self.dsecd, "--listen", "127.0.0.1:0", "--state", self.state],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=_die_with_parent)
+        self.janitor.stdin.write(f"pid {self.proc.pid}\n")
+        self.janitor.stdin.flush()
+        mark = b"listening on 127.0.0.1:"
+        out = b""
+        deadline = time.time() + 60
+        while mark not in out or b" (state " not in out:
+            left = deadline - time.time()
+            if left <= 0 or self.proc.poll() is not None:
+                raise RuntimeError(f"dsecd did not start: {out!r} "
+                                   f"{self.proc.stderr.read() if self.proc.poll() is not None else ''}")
+            ready, _, _ = select.select([self.proc.stdout], [], [], left)
+            if ready:
+                chunk = os.read(self.proc.stdout.fileno(), 4096)
+                if not chunk:
+                    continue
+                out += chunk
+        self.startup = out
+        self.port = int(out.split(mark, 1)[1].split(b" ", 1)[0])
+        self.address = f"127.0.0.1:{self.port}"
+
+    def stop(self):
+        """Stops dsecd (SIGTERM, by its pid) and removes the directory;
+        returns (exit status, everything it printed on stdout)."""
+        status, out = None, b""
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                self.proc.send_signal(signal.SIGTERM)
+            try:
+                rest, err = self.proc.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                rest, err = self.proc.communicate()
+            status, out = self.proc.returncode, self.startup + rest
+            self.stderr = err
+            self.proc = None
+        shutil.rmtree(self.root, ignore_errors=True)
+        if self.janitor is not None:
+            self.janitor.stdin.close()
+            self.janitor.wait(timeout=120)
+            self.janitor = None
+        return status, out.decode(errors="replace")

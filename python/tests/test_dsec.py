@@ -1,0 +1,432 @@
+"""The dsec package against a real dsecd (tests/daemon.py): commands, streams,
+files, errors, sessions, asyncio at scale, Chronus, and that nothing is left."""
+
+import asyncio
+import os
+import tempfile
+import threading
+import time
+import unittest
+
+import dsec
+
+from daemon import Daemon
+
+D = None
+
+
+def setUpModule():
+    global D
+    D = Daemon()
+
+
+def tearDownModule():
+    global D
+    d, D = D, None
+    if d is not None:
+        status, out = d.stop()
+        # SIGTERM found no sandbox left: every test cleaned up after itself.
+        if status != 0 or "dsecd: 0 sandboxes destroyed" not in out:
+            raise AssertionError(f"dsecd ended with {status}, left sandboxes behind?\n{out}\n"
+                                 f"{d.stderr.decode(errors='replace')}")
+
+
+def os_threads():
+    return len(os.listdir("/proc/self/task"))
+
+
+class Base(unittest.TestCase):
+    def setUp(self):
+        self.c = dsec.connect(D.address)
+        self.addCleanup(self.c.close)
+
+    def live_ids(self):
+        return {i.id for i in self.c.list()}
+
+    def assertGone(self, ids):
+        deadline = time.time() + 30
+        while time.time() < deadline and self.live_ids() & set(ids):
+            time.sleep(0.05)
+        self.assertFalse(self.live_ids() & set(ids), "sandboxes left on the node")
+
+
+class Commands(Base):
+    def test_exec_collects_output_exit_codes_and_limits(self):
+        with self.c.session(quota=8, ttl=120, name="py-exec") as s:
+            sbs = s.create(base="py@1", workdir="task@1", tools=["grader@1"], count=2,
+                           memory="256m", pids=64, cpus=1)
+            self.assertEqual(len(sbs), 2)
+            self.assertEqual(sbs.failures, [])
+            self.assertNotEqual(sbs[0].id, sbs[1].id)
+            sb = sbs[0]
+            r = sb.exec("echo hi; echo oops >&2; exit 3", timeout=30)
+            self.assertEqual((r.exit_code, r.signal, r.timed_out), (3, 0, False))
+            self.assertEqual(r.stdout, b"hi\n")
+            self.assertEqual(r.stderr, b"oops\n")
+            self.assertFalse(r.ok)
+            self.assertGreater(r.duration, 0)
+            self.assertLess(r.duration, 30)
+            # argv, env, cwd, stdin, user
+            r = sb.exec(["cat", "README"], cwd="/work")
+            self.assertEqual((r.exit_code, r.stdout), (0, b"task 17\n"))
+            self.assertTrue(r.ok)
+            r = sb.exec("echo $FOO-$BAR", env={"FOO": "a", "BAR": "b c"})
+            self.assertEqual(r.stdout, b"a-b c\n")
+            r = sb.exec(["wc", "-c"], input=b"x" * 100000)
+            self.assertEqual(r.stdout.strip(), b"100000")
+            r = sb.exec("id -u; id -g", user=1000)
+            self.assertEqual(r.stdout, b"1000\n1000\n")
+            r = sb.exec("/opt/grader/grade.sh")
+            self.assertEqual(r.stdout, b"graded\n")
+            # The two sandboxes do not share files.
+            sb.exec("echo mine > /tmp/x")
+            self.assertNotEqual(sbs[1].exec("cat /tmp/x").exit_code, 0)
+            # A timeout kills it; a signal is reported; output is capped.
+            t0 = time.monotonic()
+            r = sb.exec("sleep 30", timeout=0.3)
+            self.assertTrue(r.timed_out)
+            self.assertLess(time.monotonic() - t0, 10)
+            r = sb.exec("kill -9 $$")
+            self.assertEqual(r.signal, 9)
+            r = sb.exec("yes | head -c 100000", max_output=1000)
+            self.assertTrue(r.truncated)
+            self.assertEqual(len(r.stdout), 1000)
+            with self.assertRaises(dsec.NotFound) as cm:
+                sb.exec(["no-such-program"])
+            self.assertIn("no-such-program", str(cm.exception))
+            self.assertEqual({i.id for i in s.list()}, {b.id for b in sbs})
+            sbs[1].close()
+            self.assertEqual({i.id for i in s.list()}, {sb.id})
+            with self.assertRaises(dsec.NotFound) as cm:
+                sbs[1].exec("true")
+            self.assertIn(sbs[1].id, str(cm.exception))
+        self.assertGone([b.id for b in sbs])
+
+    def test_exec_stream_yields_chunks_then_the_result(self):
+        with self.c.session(quota=2, ttl=120) as s:
+            sb = s.create("py@1")[0]
+            st = sb.exec_stream("for i in 1 2 3; do echo out$i; echo err$i >&2; sleep 0.05;"
+                                " done; exit 4")
+            self.assertIsNone(st.result)
+            out, err = b"", b""
+            for stream, chunk in st:
+                self.assertIn(stream, ("stdout", "stderr"))
+                self.assertIsInstance(chunk, bytes)
+                if stream == "stdout":
+                    out += chunk
+                else:
+                    err += chunk
+            self.assertEqual(out, b"out1\nout2\nout3\n")
+            self.assertEqual(err, b"err1\nerr2\nerr3\n")
+            self.assertEqual(st.result.exit_code, 4)
+            self.assertEqual(list(st), [])  # exhausted
+            # A failure raises from the iteration.
+            sb.close()
+            with self.assertRaises(dsec.NotFound):
+                list(sb.exec_stream("echo never"))
+
+
+class Files(Base):
+    def test_put_and_get_round_trip(self):
+        with self.c.session(quota=2, ttl=120) as s:
+            sb = s.create("py@1", workdir="task@1")[0]
+            blob = bytes(range(256)) * 4000
+            sb.put("/work/new/deep/a.bin", blob)
+            self.assertEqual(sb.get("/work/new/deep/a.bin"), blob)
+            self.assertEqual(sb.exec("wc -c < /work/new/deep/a.bin").stdout.strip(),
+                             str(len(blob)).encode())
+            sb.put("/tmp/run.sh", "#!/bin/sh\necho ran\n", mode=0o755)
+            self.assertEqual(sb.exec("/tmp/run.sh").stdout, b"ran\n")
+            sb.put("/tmp/empty", b"")
+            self.assertEqual(sb.get("/tmp/empty"), b"")
+            # What the command wrote, and the layers' files.
+            sb.exec("printf 'from the sandbox' > /tmp/out; ln -s /tmp/out /tmp/link")
+            self.assertEqual(sb.get("/tmp/out"), b"from the sandbox")
+            self.assertEqual(sb.get("/tmp/link"), b"from the sandbox")
+            self.assertEqual(sb.get("/work/README"), b"task 17\n")
+            with self.assertRaises(IsADirectoryError):
+                sb.get("/work")
+            tree = sb.get_tree("/work")
+            self.assertEqual(tree["README"], b"task 17\n")
+            self.assertEqual(tree["new/deep/a.bin"], blob)
+            # A local directory tree.
+            with tempfile.TemporaryDirectory() as local:
+                os.makedirs(os.path.join(local, "pkg", "sub"))
+                with open(os.path.join(local, "pkg", "sub", "m.py"), "w") as f:
+                    f.write("print(1)\n")
+                with open(os.path.join(local, "top.txt"), "w") as f:
+                    f.write("top\n")
+                sb.put_tree(local, "/opt/code")
+            self.assertEqual(sb.get_tree("/opt/code"), {"pkg/sub/m.py": b"print(1)\n",
+                                                        "top.txt": b"top\n"})
+            with self.assertRaises(dsec.NotFound) as cm:
+                sb.get("/no/such/file")
+            self.assertIn("/no/such/file", str(cm.exception))
+            with self.assertRaises(ValueError) as cm:
+                sb.put("relative/path", b"x")
+            self.assertIn("relative/path", str(cm.exception))
+            with self.assertRaises(TypeError):
+                sb.put("/tmp/x", 42)
+
+
+class Errors(Base):
+    def test_errors_map_to_their_classes_and_name_the_input(self):
+        with self.assertRaises(ValueError) as cm:
+            dsec.connect("localhost")
+        self.assertIn("'localhost'", str(cm.exception))
+        with self.assertRaises(ValueError):
+            dsec.connect("127.0.0.1:99999")
+        with self.assertRaises(dsec.Disconnected) as cm:
+            dsec.connect("127.0.0.1:1")
+        self.assertIn("127.0.0.1:1", str(cm.exception))
+        self.assertEqual(cm.exception.code_name, "disconnected")
+        self.assertTrue(cm.exception.retryable)
+
+        with self.c.session(quota=2, ttl=60) as s:
+            with self.assertRaises(dsec.NotFound) as cm:
+                s.create(base="nope@1")
+            self.assertIn("nope@1", str(cm.exception))
+            self.assertEqual((cm.exception.code, cm.exception.code_name), (2, "not_found"))
+            self.assertIsInstance(cm.exception, dsec.Error)
+            with self.assertRaises(dsec.WrongKind) as cm:
+                s.create(base="grader@1")
+            self.assertIn("grader@1", str(cm.exception))
+            with self.assertRaises(dsec.Overloaded) as cm:
+                s.create(base="py@1", count=3)
+            self.assertIn("quota", str(cm.exception))
+            self.assertTrue(cm.exception.retryable)
+            with self.assertRaises(dsec.InvalidArgument):
+                s.create(base="bad name")
+            with self.assertRaises(dsec.NotFound):
+                s.sandbox("no-such-box").exec("true")
+            # Caught in Python, naming the argument.
+            for kwargs, exc, names in [
+                ({"count": -1}, ValueError, "count"),
+                ({"count": "3"}, TypeError, "count"),
+                ({"tools": "grader@1"}, TypeError, "tools"),
+                ({"ttl": -5}, ValueError, "ttl"),
+                ({"memory": "lots"}, dsec.InvalidArgument, "memory"),
+            ]:
+                with self.assertRaises(exc, msg=kwargs) as cm:
+                    s.create(base="py@1", **kwargs)
+                self.assertIn(names, str(cm.exception))
+            self.assertEqual(s.list(), [])
+        with self.assertRaises(ValueError):
+            self.c.session(quota=0)
+        with self.assertRaises(dsec.NotFound):
+            self.c.resume("no-such-session")
+
+    def test_exec_argument_errors(self):
+        with self.c.session(quota=1, ttl=60) as s:
+            sb = s.create("py@1")[0]
+            with self.assertRaises(TypeError) as cm:
+                sb.exec(42)
+            self.assertIn("cmd", str(cm.exception))
+            with self.assertRaises(ValueError) as cm:
+                sb.exec("true", timeout=-1)
+            self.assertIn("timeout", str(cm.exception))
+            with self.assertRaises(ValueError) as cm:
+                sb.exec("true", cwd="tmp")
+            self.assertIn("cwd", str(cm.exception))
+            # A trusted command needs a Chronus sandbox: the daemon says so.
+            with self.assertRaises(dsec.InvalidArgument) as cm:
+                sb.exec("true", trusted=True)
+            self.assertIn("Chronus", str(cm.exception))
+
+
+class Lifecycle(Base):
+    def test_sessions_and_clients_clean_up(self):
+        s = self.c.session(quota=4, ttl=60, name="py-life", trajectory=False)
+        self.assertTrue(s.id)
+        ids = [b.id for b in s.create("py@1", count=3)]
+        self.assertTrue(set(ids) <= self.live_ids())
+        self.assertEqual(s.close(), 3)
+        self.assertGone(ids)
+        # A client that goes away takes its sessions' sandboxes with it.
+        c2 = dsec.connect(D.address)
+        s2 = c2.session(quota=2)
+        ids = [b.id for b in s2.create("py@1", count=2)]
+        self.assertTrue(set(ids) <= self.live_ids())
+        c2.close()
+        self.assertTrue(c2.closed)
+        self.assertGone(ids)
+        with self.assertRaises(dsec.Disconnected) as cm:
+            s2.list()
+        self.assertIn("closed", str(cm.exception))
+        c2.close()  # idempotent
+        st = self.c.stats()
+        self.assertEqual(st.node, D.address)
+        self.assertGreaterEqual(st.created, 5)
+
+    def test_close_fails_calls_in_flight(self):
+        c2 = dsec.connect(D.address)
+        s2 = c2.session(quota=1)
+        sb = s2.create("py@1")[0]
+        errors = []
+
+        def run():
+            try:
+                sb.exec("sleep 60")
+            except dsec.Error as e:
+                errors.append(e)
+
+        t = threading.Thread(target=run)
+        t.start()
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        c2.close()
+        t.join(30)
+        self.assertFalse(t.is_alive())
+        self.assertLess(time.monotonic() - t0, 20)
+        self.assertEqual(len(errors), 1)
+        self.assertIsInstance(errors[0], dsec.Error)
+        self.assertGone([sb.id])
+
+
+class Async(Base):
+    def test_200_sandboxes_from_one_thread(self):
+        n = 200
+
+        async def main():
+            async with self.c.session(quota=n, ttl=120) as s:
+                with self.assertRaises(dsec.NotFound) as cm:
+                    await s.create_async("nope@2")
+                self.assertIn("nope@2", str(cm.exception))
+                threads_before = os_threads()
+                t0 = time.monotonic()
+                sbs = await s.create_async("py@1", count=n)
+                created = time.monotonic() - t0
+                self.assertEqual(len(sbs), n)
+                peak = [0]
+
+                async def one(i, sb):
+                    r = await sb.exec_async(["sh", "-c", "cat; echo -n :$1", "sh", str(i)],
+                                            input=f"box{i}")
+                    peak[0] = max(peak[0], os_threads())
+                    return r
+
+                t0 = time.monotonic()
+                results = await asyncio.gather(*(one(i, sb) for i, sb in enumerate(sbs)))
+                elapsed = time.monotonic() - t0
+                for i, r in enumerate(results):
+                    self.assertEqual((r.exit_code, r.stdout), (0, f"box{i}:{i}".encode()))
+                # No thread per call: the process's threads stay a handful.
+                self.assertLess(peak[0], threads_before + 8, "threads grew with the calls")
+                # Files and streams, asynchronously.
+                await sbs[0].put_async("/tmp/a", b"async bytes")
+                self.assertEqual(await sbs[0].get_async("/tmp/a"), b"async bytes")
+                st = sbs[1].exec_stream_async("echo one; echo two >&2; exit 5")
+                got = [(k, v) async for k, v in st]
+                self.assertEqual(b"".join(v for k, v in got if k == "stdout"), b"one\n")
+                self.assertEqual(b"".join(v for k, v in got if k == "stderr"), b"two\n")
+                self.assertEqual(st.result.exit_code, 5)
+                self.assertEqual(len(await s.list_async()), n)
+                await asyncio.gather(*(sb.close_async() for sb in sbs[: n // 2]))
+                self.assertEqual(len(await s.list_async()), n - n // 2)
+                self.assertGreaterEqual((await self.c.stats_async()).live, n - n // 2)
+                return created, elapsed, [sb.id for sb in sbs]
+
+        created, elapsed, ids = asyncio.run(main())
+        self.assertGone(ids)
+        print(f"\n  {n} sandboxes created in {created:.2f}s, {n} concurrent execs from one "
+              f"thread in {elapsed:.2f}s", end=" ... ")
+
+    def test_a_loop_that_went_away_is_no_problem(self):
+        # A call completes after its loop was closed: nothing to settle, no crash.
+        s = self.c.session(quota=1)
+        sb = s.create("py@1")[0]
+
+        async def start():
+            task = asyncio.ensure_future(sb.exec_async("sleep 0.3"))
+            task._log_destroy_pending = False  # abandoned on purpose
+            await asyncio.sleep(0)
+
+        loop = asyncio.new_event_loop()
+        loop.run_until_complete(start())
+        loop.close()
+        time.sleep(0.6)
+        self.assertEqual(sb.exec("echo still").stdout, b"still\n")
+        s.close()
+
+
+GRADER = ("set -e; chronus stage build; chronus report score=0.5 tests=3; chronus log \"$(hostname)\";"
+          " chronus feedback \"$(hostname)\"; chronus stage done")
+
+
+class Chronus(Base):
+    def test_events_and_answers_blocking(self):
+        with self.c.session(quota=3, ttl=120) as s:
+            sbs = s.create("py@1", count=3, chronus=True)
+            results = {}
+
+            def grade(sb):
+                results[sb.id] = sb.exec(GRADER, trusted=True, timeout=60)
+
+            threads = [threading.Thread(target=grade, args=(sb,)) for sb in sbs]
+            for t in threads:
+                t.start()
+            seen = {sb.id: [] for sb in sbs}
+            rewards = {sb.id: float(i) + 0.25 for i, sb in enumerate(sbs)}
+            for ev in s.events(timeout=30):
+                seen[ev.sandbox].append(ev)
+                if ev.kind == "feedback":
+                    self.assertEqual(ev.payload, ev.sandbox.encode())
+                    self.assertEqual(ev.request_id, ev.seq)
+                    ev.answer(reward=rewards[ev.sandbox], text=f"for {ev.sandbox}", done=True)
+                if all(len(v) == 5 for v in seen.values()):
+                    break
+            for t in threads:
+                t.join(60)
+            for sb in sbs:
+                evs = seen[sb.id]
+                self.assertEqual([e.kind for e in evs],
+                                 ["stage", "report", "log", "feedback", "stage"])
+                self.assertEqual([e.seq for e in evs], [1, 2, 3, 4, 5])
+                self.assertEqual(evs[0].stage, "build")
+                self.assertEqual(evs[1].metrics, {"score": 0.5, "tests": 3.0})
+                self.assertEqual(evs[2].log, sb.id)
+                self.assertEqual(evs[4].stage, "done")
+                r = results[sb.id]
+                self.assertEqual(r.exit_code, 0, r.stderr)
+                self.assertIn(f'"reward":{rewards[sb.id]:g}'.encode(), r.stdout)
+                self.assertIn(f'"text":"for {sb.id}"'.encode(), r.stdout)
+                self.assertIn(b'"done":true', r.stdout)
+            # An answer nobody waits for, and a non-feedback event.
+            with self.assertRaises(dsec.NotFound):
+                s.answer(sbs[0].id, 4, reward=1.0)
+            with self.assertRaises(ValueError):
+                seen[sbs[0].id][0].answer(reward=1)
+            with self.assertRaises(ValueError):
+                s.answer(sbs[0].id, 4, reward=float("nan"))
+            # Nothing more comes: the iteration ends after its timeout.
+            t0 = time.monotonic()
+            self.assertEqual(list(s.events(timeout=0.3)), [])
+            self.assertLess(time.monotonic() - t0, 5)
+
+    def test_events_and_answers_async(self):
+        async def main():
+            async with self.c.session(quota=20, ttl=120) as s:
+                sbs = await s.create_async("py@1", count=20, chronus=True)
+                events = s.events_async(timeout=30)
+                runs = [asyncio.ensure_future(sb.exec_async(GRADER, trusted=True, timeout=60))
+                        for sb in sbs]
+                answered = 0
+                async for ev in events:
+                    if ev.kind == "feedback":
+                        await ev.answer_async(reward=1.0, done=True)
+                        answered += 1
+                        if answered == len(sbs):
+                            break
+                await events.aclose()
+                results = await asyncio.gather(*runs)
+                self.assertEqual(answered, len(sbs))
+                for r in results:
+                    self.assertEqual(r.exit_code, 0, r.stderr)
+                    self.assertIn(b'"reward":1', r.stdout)
+                self.assertGreaterEqual((await self.c.stats_async()).chronus_answered, len(sbs))
+
+        asyncio.run(main())
+
+
+if __name__ == "__main__":
+    unittest.main()
