@@ -33,10 +33,11 @@ using sandbox_actor = caf::typed_actor<
   caf::replies_to<list_atom>::with<sandbox_info>,
   /// Answers one of its Chronus feedback requests (Feedback bytes).
   caf::replies_to<feedback_atom, chronus_feedback_msg>::with<bool>,
-  /// Packs its writable layer (runtime/pack.hpp) into the pack file and blob
-  /// dir given; replies how many bytes of content were new. Sandboxes made
-  /// with placement.keep_upper only.
-  caf::replies_to<pack_atom, std::string, std::string>::with<uint64_t>,
+  /// Packs its writable layer (runtime/pack.hpp) with its contents in the blob
+  /// dir given (second): replies the manifest itself when it is small (the
+  /// session keeps it in its log record), else empty once it is durable in
+  /// the pack file given (first). Sandboxes made with placement.keep_upper only.
+  caf::replies_to<pack_atom, std::string, std::string>::with<std::string>,
   // internal: from the reactor thread and timers
   caf::reacts_to<event_atom>,                                ///< init has something to say
   caf::reacts_to<output_atom, uint64_t, uint8_t, std::string, bool>, ///< exec, stream, data, eof

@@ -521,7 +521,7 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
       });
   return {
     [=](pack_atom, const std::string& pack_path,
-        const std::string& blob_dir) -> caf::result<uint64_t> {
+        const std::string& blob_dir) -> caf::result<std::string> {
       auto& s = self->state;
       if (s.ph != phase::ready || !s.box)
         return to_caf(make_error(errc::not_found, "sandbox " + s.cfg.id
@@ -533,10 +533,14 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
                                  "sandbox " + s.cfg.id
                                    + " was not made for packs (its session keeps no"
                                      " trajectory log)"));
-      auto st = write_pack(s.box->upper_fd(), pack_path, blob_dir, s.packs, s.box->uid_base());
+      // Manifests up to this size ride in the log record: one fsync fewer.
+      constexpr size_t inline_limit = 64u << 10;
+      std::string manifest;
+      auto st = write_pack(s.box->upper_fd(), pack_path, blob_dir, s.packs, s.box->uid_base(),
+                           &manifest, inline_limit);
       if (!st)
         return to_caf(std::move(st).error_value().in_step("pack"));
-      return st->new_bytes;
+      return manifest;
     },
     [=](exec_atom, const exec_request& req) -> caf::result<exec_result> {
       auto listener = self->current_sender();

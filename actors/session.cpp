@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <deque>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -159,7 +160,8 @@ void finish_batch(self_ptr self, uint64_t req) {
   auto& b = it->second;
   if (b.ready + b.failed < b.count)
     return;
-  b.rp.deliver(b.ready);
+  if (b.rebuild.empty()) // nobody waits on a rebuild's batch
+    b.rp.deliver(b.ready);
   s.batches.erase(it);
 }
 
@@ -241,9 +243,12 @@ void logged_exec(self_ptr self, const std::string& id, sandbox_actor sb, exec_re
     auto pack = id + "-" + std::to_string(s.next_pack++) + ".pack";
     self->request(sb, caf::infinite, pack_atom::value, s.dir + "/packs/" + pack, s.dir + "/blobs")
       .then(
-        [=](uint64_t) mutable {
+        [=](std::string& manifest) mutable {
           auto rec2 = rec;
-          rec2.pack = pack;
+          if (manifest.empty())
+            rec2.pack = pack;
+          else
+            rec2.pack_inline = std::move(manifest);
           commit(self, rec2, [rp, r]() mutable { rp.deliver(std::move(r)); });
         },
         [=](caf::error& e) mutable {
@@ -326,9 +331,12 @@ void logged_put(self_ptr self, const std::string& id, sandbox_actor sb, std::str
           ->request(sb, caf::infinite, pack_atom::value, s.dir + "/packs/" + pack,
                     s.dir + "/blobs")
           .then(
-            [=](uint64_t) mutable {
+            [=](std::string& manifest) mutable {
               auto rec2 = rec;
-              rec2.pack = pack;
+              if (manifest.empty())
+                rec2.pack = pack;
+              else
+                rec2.pack_inline = std::move(manifest);
               commit(self, rec2, [rp, size]() mutable { rp.deliver(size); });
             },
             [=](caf::error& e) mutable {
@@ -358,7 +366,7 @@ void materialize(self_ptr self, const std::string& id, std::function<void()> the
   ptrdiff_t j = static_cast<ptrdiff_t>(k) - 1;
   for (; j >= 0; --j) {
     const auto& st = steps[static_cast<size_t>(j)];
-    if (!st.pack.empty())
+    if (has_pack(st))
       break;
     bool replayable = st.kind == trajectory_record::executed && st.req.idempotent
                       && st.pack_error.empty();
@@ -391,6 +399,30 @@ void materialize(self_ptr self, const std::string& id, std::function<void()> the
       rb.rerun.push_back(static_cast<size_t>(i));
   for (size_t i = static_cast<size_t>(j + 1); i < k; ++i)
     rb.rerun.push_back(i);
+  std::string seed_pack, seed_blobs;
+  if (j >= 0) {
+    const auto& st = steps[static_cast<size_t>(j)];
+    if (!st.pack.empty()) {
+      seed_pack = s.dir + "/packs/" + st.pack;
+    } else {
+      // A manifest kept in the log: to a file for the node to read (no need
+      // to make it durable: the log has it).
+      seed_pack = s.dir + "/packs/" + id + "-restore-" + std::to_string(s.next_pack++) + ".pack";
+      std::ofstream out{seed_pack, std::ios::binary | std::ios::trunc};
+      out.write(st.pack_inline.data(), static_cast<std::streamsize>(st.pack_inline.size()));
+      if (!out.good()) {
+        rb.materializing = false;
+        rb.broken = make_error(errc::system_error, "rebuilding sandbox " + id + ": cannot write "
+                                                     + seed_pack);
+        auto waiting = std::move(rb.waiting);
+        rb.waiting.clear();
+        for (auto& f : waiting)
+          f();
+        return;
+      }
+    }
+    seed_blobs = s.dir + "/blobs";
+  }
   if (k < steps.size()) {
     // From here on the log's steps of this sandbox are void: the trainer went
     // another way. A later resume must not answer from them.
@@ -404,7 +436,6 @@ void materialize(self_ptr self, const std::string& id, std::function<void()> the
   uint64_t req = s.next_request++;
   auto& b = s.batches[req];
   b.count = 1;
-  b.rp = self->make_response_promise<uint32_t>(); // nobody waits on it
   b.rebuild = id;
   ++s.pending;
   placement pl;
@@ -413,10 +444,8 @@ void materialize(self_ptr self, const std::string& id, std::function<void()> the
   pl.ttl_ms = s.cfg.options.default_ttl_ms;
   pl.keep_upper = true;
   pl.id = id;
-  if (j >= 0) {
-    pl.seed_pack = s.dir + "/packs/" + steps[static_cast<size_t>(j)].pack;
-    pl.seed_blobs = s.dir + "/blobs";
-  }
+  pl.seed_pack = std::move(seed_pack);
+  pl.seed_blobs = std::move(seed_blobs);
   self
     ->request(s.cfg.scheduler, caf::infinite, place_atom::value, rb.box.env, uint32_t{1},
               session_actor{self}, std::move(pl))

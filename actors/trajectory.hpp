@@ -43,6 +43,7 @@ struct trajectory_record {
   std::string digest;       ///< put: hex SHA-256 of the tar archive
   uint64_t size = 0;        ///< put: its size
   std::string pack;         ///< executed/put: the pack taken after it (file name in packs/)
+  std::string pack_inline;  ///< executed/put: or the pack's manifest itself, when small
   std::string pack_error;   ///< executed/put: why none could be taken
   uint64_t position = 0;    ///< truncated
 };
@@ -51,7 +52,7 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, trajectory_record& x) {
   return f(caf::meta::type_name("dsec.trajectory_record"), x.kind, x.sandbox, x.options, x.env,
            x.group, x.group_count, x.req, x.result, x.dir, x.digest, x.size, x.pack,
-           x.pack_error, x.position);
+           x.pack_inline, x.pack_error, x.position);
 }
 
 std::string encode_record(const trajectory_record& r);
@@ -86,6 +87,11 @@ expected<trajectory_plan> load_trajectory(const std::string& root, const std::st
 /// The files of a session's log.
 inline std::string trajectory_dir(const std::string& root, const std::string& id) {
   return root + "/" + id;
+}
+
+/// Whether a step has a pack after it (in a file or in the record).
+inline bool has_pack(const trajectory_record& r) {
+  return !r.pack.empty() || !r.pack_inline.empty();
 }
 
 /// Whether a command given again matches the logged one: same argv, env, cwd,

@@ -266,7 +266,8 @@ bool safe_relative(const std::string& p) {
 
 expected<pack_stats> write_pack(int upper_fd, const std::string& pack_path,
                                 const std::string& blob_dir, pack_cache& cache,
-                                uint32_t uid_base) {
+                                uint32_t uid_base, std::string* inline_manifest,
+                                size_t inline_limit) {
   if (::mkdir(blob_dir.c_str(), 0700) < 0 && errno != EEXIST)
     return sys_error("creating the blob directory", blob_dir);
   unique_fd blobs{::open(blob_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)};
@@ -282,6 +283,14 @@ expected<pack_stats> write_pack(int upper_fd, const std::string& pack_path,
   DSEC_TRY_VOID(w.walk(upper_fd, ""));
   if (w.wrote_blob)
     DSEC_TRY_VOID(fsync_dir(blob_dir));
+  if (inline_manifest) {
+    inline_manifest->clear();
+    if (w.out.size() <= inline_limit) {
+      *inline_manifest = std::move(w.out);
+      cache = std::move(w.next);
+      return w.st;
+    }
+  }
   std::string tmp = pack_path + ".tmp";
   {
     unique_fd f{::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600)};

@@ -55,9 +55,14 @@ struct pack_stats {
 /// Records the tree under `upper_fd` (an O_DIRECTORY fd) as the pack at
 /// `pack_path`, storing contents in `blob_dir` (created if missing). Owners
 /// are stored relative to `uid_base` (the host uid of the sandbox's root).
+/// With `inline_manifest`, a manifest of at most `inline_limit` bytes is
+/// returned there instead of written (the caller makes it durable, e.g. in
+/// its own log record; new blobs are durable either way); a larger one is
+/// written to `pack_path` and `inline_manifest` is left empty.
 expected<pack_stats> write_pack(int upper_fd, const std::string& pack_path,
                                 const std::string& blob_dir, pack_cache& cache,
-                                uint32_t uid_base);
+                                uint32_t uid_base, std::string* inline_manifest = nullptr,
+                                size_t inline_limit = 0);
 
 /// Recreates the pack at `pack_path` under `dest_fd` (an empty O_DIRECTORY
 /// fd: a fresh upper dir), owners shifted to `uid_base`. Never follows a

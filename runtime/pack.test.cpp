@@ -125,6 +125,25 @@ TEST_CASE("a pack restores every kind of entry of an upper dir") {
   CHECK(lstat_of(dest + "/work/big").st_mtim.tv_nsec == 123456789);
   CHECK(lstat_of(dest + "/work/src").st_mtim.tv_sec == 1'600'000'000);
 
+  SUBCASE("a small manifest comes back instead of a file; a big one goes to the file") {
+    std::string manifest;
+    auto small = dsec::write_pack(ufd, t.path + "/inline", blobs, cache, base, &manifest, 1 << 16);
+    REQUIRE(small);
+    CHECK_FALSE(fs::exists(t.path + "/inline"));
+    REQUIRE_FALSE(manifest.empty());
+    CHECK(manifest.substr(0, 8) == "DSECPK1\n");
+    write_file(t.path + "/from-inline", manifest);
+    auto d3 = t.path + "/dest3";
+    fs::create_directories(d3);
+    int fd3 = open_dir(d3);
+    REQUIRE(dsec::restore_pack(t.path + "/from-inline", blobs, fd3, base2));
+    ::close(fd3);
+    CHECK(read_file(d3 + "/work/src/main.c") == "int main() { return 0; }\n");
+    auto big = dsec::write_pack(ufd, t.path + "/file", blobs, cache, base, &manifest, 16);
+    REQUIRE(big);
+    CHECK(manifest.empty());
+    CHECK(fs::exists(t.path + "/file"));
+  }
   SUBCASE("unchanged files are neither read nor stored again") {
     auto again = dsec::write_pack(ufd, t.path + "/p2", blobs, cache, base);
     REQUIRE(again);
