@@ -617,7 +617,7 @@ TEST_CASE("remote sessions: open, run in them, close") {
 }
 
 TEST_CASE("remote session resume: a restarted dsecd answers from the trajectory log") {
-  std::string sid, box;
+  std::string sid, box, orphan;
   const std::vector<std::string> counted{"sh", "-c", "echo x >> /runs; wc -l < /runs"};
   auto exec = [&](daemon_proc& d, const std::vector<std::string>& argv) {
     std::vector<std::string> args{"exec", box, "--"};
@@ -638,10 +638,14 @@ TEST_CASE("remote session resume: a restarted dsecd answers from the trajectory 
     box = d.detached({"--session", sid, "--idempotent"});
     CHECK(exec(d, counted) == "1\n");
     CHECK(exec(d, counted) == "2\n");
+    r = d.dsec({"session", "open", "--trajectory"});
+    REQUIRE_MESSAGE(r.status == 0, r.describe());
+    orphan = lines_of(r.out).at(0);
+    (void) d.detached({"--session", orphan, "--idempotent"});
     // SIGTERM: the daemon destroys its sandboxes but keeps the log.
     auto end = d.stop();
     CHECK_MESSAGE(end.status == 0, end.describe());
-    CHECK_MESSAGE(contains(end.out, "dsecd: 1 sandbox"), end.describe());
+    CHECK_MESSAGE(contains(end.out, "dsecd: 2 sandboxes"), end.describe());
   }
   daemon_proc d;
   auto r = d.dsec({"session", "resume", sid});
@@ -672,6 +676,14 @@ TEST_CASE("remote session resume: a restarted dsecd answers from the trajectory 
   r = d.dsec({"session", "resume", sid});
   CHECK_MESSAGE(r.status == 1, r.describe());
   CHECK_MESSAGE(contains(r.err, "no trajectory log for session " + sid), r.describe());
+  // A log nobody will resume: `session close` deletes it without a resume.
+  r = d.dsec({"session", "close", orphan});
+  CHECK_MESSAGE(r.status == 0, r.describe());
+  CHECK(r.out == "closed session " + orphan
+                   + ": 0 sandboxes destroyed, its trajectory log deleted\n");
+  r = d.dsec({"session", "resume", orphan});
+  CHECK_MESSAGE(r.status == 1, r.describe());
+  CHECK_MESSAGE(contains(r.err, "no trajectory log for session " + orphan), r.describe());
   r = d.dsec({"session", "resume"});
   CHECK_MESSAGE(r.status == 2, r.describe());
   CHECK_MESSAGE(contains(r.err, "no session id given"), r.describe());

@@ -112,8 +112,10 @@ resume Reopens session ID from its trajectory log after the daemon (or the
        marked --idempotent after it) when a command differs or goes past the
        log. Prints its sandboxes and their state ("replaying": not rebuilt yet).
 close  Destroys every sandbox of session ID, ends the session, deletes its
-       trajectory log, and prints how many sandboxes went with it. The
-       daemon's "default" session cannot be closed.
+       trajectory log, and prints how many sandboxes went with it. A session
+       that is not live but left a log (its trainer or daemon died) is
+       closed too: its log is deleted. The daemon's "default" session cannot
+       be closed.
 watch  Prints the Chronus events of session ID as JSON lines (see
        `session watch --help`).
 
@@ -490,13 +492,25 @@ int session_main(context& ctx, args& a) {
     if (!c)
       return fail(c.error_value());
     auto s = (*c)->find_session(id);
+    bool from_log = false;
+    if (!s && s.error_value().code == errc::not_found) {
+      // Not live: maybe a trajectory log waits for a resume. Resuming builds
+      // nothing until it is used, and closing deletes the log.
+      auto r = (*c)->resume_session(id, false);
+      if (!r && r.error_value().code != errc::not_found)
+        return fail(r.error_value());
+      if (r) {
+        s = std::move(r);
+        from_log = true;
+      }
+    }
     if (!s)
       return fail(s.error_value());
     auto n = (*s)->close();
     if (!n)
       return fail(n.error_value());
-    std::printf("closed session %s: %u sandbox%s destroyed\n", id.c_str(), *n,
-                *n == 1 ? "" : "es");
+    std::printf("closed session %s: %u sandbox%s destroyed%s\n", id.c_str(), *n,
+                *n == 1 ? "" : "es", from_log ? ", its trajectory log deleted" : "");
     return 0;
   }
   return usage_error(ctx.verb("session"), "unknown sub-verb '" + sub
