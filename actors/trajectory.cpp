@@ -4,8 +4,10 @@
 #include <caf/binary_serializer.hpp>
 
 #include <algorithm>
+#include <cstring>
 #include <unordered_map>
 
+#include "runtime/sha256.hpp"
 #include "runtime/trajectory.hpp"
 
 namespace dsec {
@@ -35,6 +37,89 @@ expected<trajectory_record> decode_record(std::string_view bytes) {
 bool same_command(const exec_request& a, const exec_request& b) {
   return a.argv == b.argv && a.env == b.env && a.cwd == b.cwd && a.uid == b.uid
          && a.gid == b.gid && a.input == b.input && a.trusted == b.trusted;
+}
+
+namespace {
+
+// A tar number field: octal digits (NUL or space terminated), or GNU base-256.
+bool tar_number(const char* f, size_t n, uint64_t& out) {
+  out = 0;
+  auto u = reinterpret_cast<const unsigned char*>(f);
+  if (u[0] & 0x80) {
+    for (size_t i = 1; i < n; ++i)
+      out = (out << 8) | u[i];
+    return true;
+  }
+  size_t i = 0;
+  while (i < n && (f[i] == ' ' || f[i] == '\0'))
+    ++i;
+  bool any = false;
+  for (; i < n && f[i] >= '0' && f[i] <= '7'; ++i) {
+    out = out * 8 + static_cast<uint64_t>(f[i] - '0');
+    any = true;
+  }
+  return any || i <= n;
+}
+
+} // namespace
+
+std::string put_digest(const std::string& tar) {
+  auto whole = [&] {
+    sha256 h;
+    h.update(tar.data(), tar.size());
+    return to_hex(h.finish());
+  };
+  sha256 h;
+  size_t off = 0;
+  bool ended = false;
+  while (off + 512 <= tar.size()) {
+    const char* hdr = tar.data() + off;
+    if (std::all_of(hdr, hdr + 512, [](char c) { return c == 0; })) {
+      ended = true; // the end
+      break;
+    }
+    uint64_t size = 0;
+    if (!tar_number(hdr + 124, 12, size) || size > tar.size())
+      return whole();
+    char block[512];
+    std::memcpy(block, hdr, 512);
+    std::memset(block + 136, 0, 12); // mtime
+    std::memset(block + 148, 0, 8);  // checksum (covers the mtime)
+    h.update(block, 512);
+    off += 512;
+    size_t padded = static_cast<size_t>((size + 511) / 512 * 512);
+    if (off + padded > tar.size())
+      return whole();
+    char type = hdr[156];
+    if (type == 'x' || type == 'g') {
+      // pax records "LEN KEY=VALUE\n": all but the times
+      std::string_view recs{tar.data() + off, static_cast<size_t>(size)};
+      while (!recs.empty()) {
+        size_t sp = recs.find(' ');
+        if (sp == std::string_view::npos)
+          return whole();
+        size_t len = 0;
+        for (size_t i = 0; i < sp; ++i) {
+          if (recs[i] < '0' || recs[i] > '9')
+            return whole();
+          len = len * 10 + static_cast<size_t>(recs[i] - '0');
+        }
+        if (len <= sp || len > recs.size())
+          return whole();
+        auto rec = recs.substr(0, len);
+        auto key = rec.substr(sp + 1, rec.find('=') - sp - 1);
+        if (key != "mtime" && key != "atime" && key != "ctime")
+          h.update(rec.data(), rec.size());
+        recs.remove_prefix(len);
+      }
+    } else {
+      h.update(tar.data() + off, static_cast<size_t>(size));
+    }
+    off += padded;
+  }
+  if (!ended)
+    return whole(); // no end-of-archive block: not a tar we understand
+  return to_hex(h.finish());
 }
 
 bool same_environment(const environment& a, const environment& b) {

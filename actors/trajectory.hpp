@@ -97,6 +97,13 @@ inline bool has_pack(const trajectory_record& r) {
 /// Whether a command given again matches the logged one: same argv, env, cwd,
 /// user, input and trust (timeout, streaming and output limit do not matter).
 bool same_command(const exec_request& a, const exec_request& b);
+/// The hex SHA-256 by which a put is recognised again: of the tar archive
+/// with its modification times left out (the mtime and checksum fields of
+/// each ustar/GNU header, and mtime/atime/ctime records of pax headers), so
+/// that the same files put again later match. An archive that does not parse
+/// as tar is taken whole.
+std::string put_digest(const std::string& tar);
+
 /// Whether two environments are the same (ttl included).
 bool same_environment(const environment& a, const environment& b);
 

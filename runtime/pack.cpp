@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <vector>
 
@@ -121,7 +122,10 @@ struct writer {
     auto digest = h.finish();
     auto hex = to_hex(digest);
     if (::faccessat(blob_fd, hex.c_str(), F_OK, AT_SYMLINK_NOFOLLOW) != 0) {
-      std::string tmp = hex + ".tmp" + std::to_string(::getpid());
+      // Unique among the sandboxes of this process packing the same content
+      // at once; the last rename wins, with the same bytes.
+      static std::atomic<uint64_t> seq{0};
+      std::string tmp = hex + ".tmp" + std::to_string(::getpid()) + "-" + std::to_string(++seq);
       unique_fd t{::openat(blob_fd, tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600)};
       if (!t)
         return sys_error("creating a blob in", blob_dir);

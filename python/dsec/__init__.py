@@ -488,6 +488,17 @@ class Session:
         await fut
 
 
+def _put_tar(path, data, mode, mtime):
+    path = _files.check_path(path)
+    if mtime is not None:
+        if isinstance(mtime, bool) or not isinstance(mtime, numbers.Real):
+            raise TypeError(f"mtime: expected seconds since the epoch, got "
+                            f"{type(mtime).__name__}")
+        if not math.isfinite(mtime) or not 0 <= mtime < 8**11:
+            raise ValueError(f"mtime: expected seconds since the epoch, got {mtime}")
+    return _files.file_tar(path, _bytes("data", data), _int("mode", mode, hi=0o7777), mtime)
+
+
 def _feedback(sandbox_id, request_id, reward, text, data, done):
     if isinstance(reward, bool) or not isinstance(reward, numbers.Real):
         raise TypeError(f"reward: expected a number, got {type(reward).__name__}")
@@ -688,16 +699,20 @@ class Sandbox:
 
     # ---- files ---------------------------------------------------------------------------
 
-    def put(self, path, data, *, mode=0o644):
+    def put(self, path, data, *, mode=0o644, mtime=None):
         """Writes bytes (or a str, as UTF-8) to the file `path` of the sandbox,
-        owned by its root, with `mode`; missing parent directories are made."""
-        path = _files.check_path(path)
-        tar = _files.file_tar(path, _bytes("data", data), _int("mode", mode, hi=0o7777))
+        owned by its root, with `mode`; missing parent directories are made.
+
+        mtime: the file's modification time, in seconds since the epoch; by
+        default the time of the call. A resumed session recognises the same
+        put in its log whatever its time (the daemon compares the files, not
+        their times), and a sandbox rebuilt from its log has the first time.
+        """
+        tar = _put_tar(path, data, mode, mtime)
         self.session._s.put(self.id, "/", tar)
 
-    async def put_async(self, path, data, *, mode=0o644):
-        path = _files.check_path(path)
-        tar = _files.file_tar(path, _bytes("data", data), _int("mode", mode, hi=0o7777))
+    async def put_async(self, path, data, *, mode=0o644, mtime=None):
+        tar = _put_tar(path, data, mode, mtime)
         fut, done = _future()
         self.session._s.put_async(self.id, "/", tar, done)
         await fut

@@ -35,8 +35,13 @@ def _owned_by_root(info, mode=None):
     return info
 
 
-def file_tar(path, data, mode):
-    """A tar that, unpacked into /, writes `data` to `path` (parents created)."""
+
+
+def file_tar(path, data, mode, mtime=None):
+    """A tar that, unpacked into /, writes `data` to `path` (parents created),
+    modified at `mtime` (seconds since the epoch; None: now). A resumed
+    session recognises the same put again whatever its times (the daemon's
+    put digest leaves them out)."""
     rel = path.lstrip("/")
     if not rel:
         raise ValueError("path: '/' is a directory, not a file to write")
@@ -44,7 +49,7 @@ def file_tar(path, data, mode):
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as t:
         info = tarfile.TarInfo(rel)
         info.size = len(data)
-        info.mtime = int(time.time())
+        info.mtime = int(time.time()) if mtime is None else int(mtime)
         t.addfile(_owned_by_root(info, mode), io.BytesIO(data))
     return buf.getvalue()
 

@@ -4,6 +4,10 @@
     d.address             # "127.0.0.1:PORT"
     d.stop()              # SIGTERM; returns (exit status, stdout); removes the dir
 
+    d.kill()              # SIGKILL (by its pid), as a crash: returns (exit status, stdout);
+                          # the state dir stays
+    d.restart()           # a new dsecd on the same state dir (a new port: d.address)
+
 Layers, built with the real `dsec layer build` ($DSEC_BIN) from busybox-static:
   py@1     base     /bin/busybox and its applets (sh, tar, cat, ...), /etc/passwd
   task@1   workdir  /work/README, /work/Makefile
@@ -132,6 +136,28 @@ class Daemon:
         self.startup = out
         self.port = int(out.split(mark, 1)[1].split(b" ", 1)[0])
         self.address = f"127.0.0.1:{self.port}"
+
+    def kill(self, sig=signal.SIGKILL):
+        """Kills dsecd by its pid (SIGKILL by default, as a crash) and waits for
+        it; returns (exit status, what it printed on stdout). The state dir
+        stays, for restart()."""
+        status, out = None, b""
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                self.proc.send_signal(sig)
+            rest, err = self.proc.communicate(timeout=60)
+            status, out = self.proc.returncode, self.startup + rest
+            self.stderr = err
+            self.proc = None
+        return status, out.decode(errors="replace")
+
+    def restart(self):
+        """Starts a new dsecd on the same state dir (after kill() or a crash);
+        it listens on a new port: read d.address again."""
+        if self.proc is not None and self.proc.poll() is None:
+            raise RuntimeError(f"dsecd (pid {self.proc.pid}) is still running")
+        self.proc = None
+        self._start()
 
     def stop(self):
         """Stops dsecd (SIGTERM, by its pid) and removes the directory;

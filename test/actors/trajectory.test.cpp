@@ -9,12 +9,14 @@
 // each time): a command run again would show in the count.
 #include <doctest/doctest.h>
 
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <map>
 #include <string>
 #include <vector>
 
@@ -79,19 +81,19 @@ std::string log_dir(const std::string& session_id) {
   return actor_layers() + "/trajectories/" + session_id;
 }
 
-// The same bytes every time (a trainer uploading the same file again): tar
-// records mtimes, so the archive is made once.
-std::string tar_of_file(const std::string& name, const std::string& content) {
-  static std::map<std::pair<std::string, std::string>, std::string> made;
-  auto& t = made[{name, content}];
-  if (!t.empty())
-    return t;
+// A tar archive of one file, made anew each time (a put is recognised again
+// by its files, not their times): with mtime `when`, else now.
+std::string tar_of_file(const std::string& name, const std::string& content,
+                        time_t when = 0) {
   auto dir = fs::temp_directory_path() / ("dsec-traj-put-" + std::to_string(::getpid()));
   fs::create_directories(dir);
   std::ofstream(dir / name) << content;
-  t = host_tar(dir.string());
+  struct timespec t[2] = {{0, UTIME_NOW}, {when, when ? 0 : UTIME_NOW}};
+  (void) ::utimensat(AT_FDCWD, (dir / name).c_str(), t, 0);
+  (void) ::utimensat(AT_FDCWD, dir.c_str(), t, 0);
+  auto tar = host_tar(dir.string());
   fs::remove_all(dir);
-  return t;
+  return tar;
 }
 
 // What a trainer does in one episode on sandbox `id`: steps `from` to n-1.
@@ -217,6 +219,30 @@ TEST_CASE("trajectory: a resumed trainer gets its logged results and carries on 
     check_error(s->exec(ids[1], d), errc::invalid_argument, "idempotent");
     REQUIRE(s->close());
   }
+}
+
+TEST_CASE("trajectory: a put is recognised by its files, whatever their times") {
+  actor_layers();
+  auto a = tar_of_file("f.txt", "same", 1'000'000'000);
+  auto b = tar_of_file("f.txt", "same", 1'500'000'000);
+  REQUIRE(a != b); // the archives differ (mtimes, checksums)...
+  CHECK(put_digest(a) == put_digest(b)); // ...the puts do not
+  CHECK(put_digest(a) != put_digest(tar_of_file("f.txt", "else", 1'000'000'000)));
+  CHECK(put_digest(a) != put_digest(tar_of_file("g.txt", "same", 1'000'000'000)));
+  // pax headers: their time records do not count, the others do.
+  auto pax = [](const std::string& records) {
+    std::string hdr(512, '\0');
+    std::memcpy(hdr.data(), "./PaxHeaders/f", 14);
+    std::snprintf(hdr.data() + 124, 12, "%011o", static_cast<unsigned>(records.size()));
+    hdr[156] = 'x';
+    std::string body = records;
+    body.resize((records.size() + 511) / 512 * 512, '\0');
+    return hdr + body + std::string(1024, '\0');
+  };
+  CHECK(put_digest(pax("20 mtime=1000000000\n")) == put_digest(pax("20 mtime=1500000000\n")));
+  CHECK(put_digest(pax("12 path=abc\n")) != put_digest(pax("12 path=abd\n")));
+  // Not a tar: the bytes themselves.
+  CHECK(put_digest("hello") != put_digest("hellp"));
 }
 
 TEST_CASE("trajectory: a torn tail of the log is dropped, the records before it are kept") {

@@ -1,0 +1,297 @@
+"""Resume against a real dsecd (tests/daemon.py): a session with a trajectory
+log loses its trainer (a process killed with SIGKILL) or its daemon (dsecd
+killed with SIGKILL, a new one started on the same state dir); a new trainer
+resumes it, issues its creates and steps again from the start, gets the logged
+results of the steps done, and carries on from the state the sandboxes had,
+with no non-idempotent command run twice, or half.
+
+The trainer and its steps are in resume_trainer.py: counted steps append a
+line to /work/runs and print how many lines it has, so a command run again
+(or a cut-off one whose effect stayed) shows in the counts.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import unittest
+
+import dsec
+
+import resume_trainer as T
+from daemon import Daemon
+
+D = None
+HERE = os.path.dirname(os.path.abspath(__file__))
+BOXES = 4
+
+
+def setUpModule():
+    global D
+    D = Daemon()
+
+
+def tearDownModule():
+    global D
+    d, D = D, None
+    if d is not None:
+        status, out = d.stop()
+        if status != 0 or "dsecd: 0 sandboxes destroyed" not in out:
+            raise AssertionError(f"dsecd ended with {status}, left sandboxes behind?\n{out}\n"
+                                 f"{d.stderr.decode(errors='replace')}")
+
+
+def log_dir(sid):
+    return os.path.join(D.state, "trajectories", sid)
+
+
+def resume(c, sid, wait=30):
+    """Resumes `sid`; while the daemon still closes it (the trainer's death is
+    being noticed), it is in use: try again."""
+    deadline = time.time() + wait
+    while True:
+        try:
+            return c.resume(sid)
+        except dsec.InUse:
+            if time.time() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+class Resume(unittest.TestCase):
+    def connect(self):
+        c = dsec.connect(D.address)
+        self.addCleanup(c.close)
+        return c
+
+    def states(self, s, ids):
+        """The sandboxes' states as their session lists them ("replaying":
+        not rebuilt yet, so not on the node)."""
+        infos = {i.id: i for i in s.list()}
+        return [infos[i].state if i in infos else "absent" for i in ids]
+
+    def assertGone(self, c, ids):
+        deadline = time.time() + 30
+        while time.time() < deadline and {i.id for i in c.list()} & set(ids):
+            time.sleep(0.05)
+        self.assertFalse({i.id for i in c.list()} & set(ids), "sandboxes left on the node")
+
+    def replay_and_finish(self, c, sid, ids, first):
+        """The second trainer: resumes `sid`, goes over every step again and
+        checks what it gets. `first`: the results the first trainer got, in
+        order (its steps done)."""
+        t0 = time.monotonic()
+        s = resume(c, sid)
+        t_resumed = time.monotonic() - t0
+        self.assertEqual(s.id, sid)
+        # Live now: it cannot be resumed twice.
+        with self.assertRaises(dsec.InUse) as cm:
+            c.resume(sid)
+        self.assertIn(sid, str(cm.exception))
+        sbs = s.create(count=BOXES, **T.ENV)
+        self.assertEqual([b.id for b in sbs], ids, "the same create gets the same sandboxes")
+        self.assertEqual(sbs.failures, [])
+        self.assertEqual(self.states(s, ids), ["replaying"] * BOXES)
+        done = [0] * BOXES  # steps of each box the log answered
+        for n, (step, i) in enumerate(T.order(BOXES)):
+            got = T.STEPS[step](sbs[i], i)
+            if n < len(first):
+                # Logged: the very result the first trainer got, timing included.
+                self.assertEqual(got, first[n], f"step {step} of box {i}")
+                done[i] += 1
+                self.assertEqual(self.states(s, [ids[i]]), ["replaying"],
+                                 f"box {i} was rebuilt at a logged step")
+            if T.EXPECTED_OUT[step] is not None:
+                self.assertEqual((got["exit"], got["out"]), (0, T.EXPECTED_OUT[step](i)),
+                                 f"step {step} of box {i} (logged: {n < len(first)})")
+        # Past the log: every box was rebuilt, and each counted command ran
+        # exactly once (the one cut off by the kill left nothing).
+        self.assertEqual(self.states(s, ids), ["ready"] * BOXES)
+        for i, sb in enumerate(sbs):
+            r = sb.exec("cat /work/runs /work/input.txt /cache/w")
+            self.assertEqual(r.stdout.decode(), T.FINAL_RUNS + T._input(i) + "warm\n",
+                             f"box {i}")
+        self.assertTrue(os.path.exists(os.path.join(log_dir(sid), "log")))
+        self.assertEqual(s.close(), BOXES)
+        self.assertGone(c, ids)
+        self.assertFalse(os.path.exists(log_dir(sid)), "a closed session's log stays")
+        with self.assertRaises(dsec.NotFound) as cm:
+            c.resume(sid)
+        self.assertIn(sid, str(cm.exception))
+        return t_resumed, done
+
+    def test_trainer_killed_mid_rollout(self):
+        k = 10  # of 24 steps: boxes 0 and 1 cut after 3 steps, 2 and 3 after 2
+        p = subprocess.Popen([sys.executable, os.path.join(HERE, "resume_trainer.py"),
+                              D.address, "--sandboxes", str(BOXES), "--stop-after", str(k)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        watchdog = threading.Timer(60, p.kill)
+        watchdog.start()
+        self.addCleanup(watchdog.cancel)
+        sid, ids, first, stalled = None, None, [], None
+        try:
+            for line in p.stdout:
+                msg = json.loads(line)
+                if "session" in msg:
+                    sid = msg["session"]
+                elif "sandboxes" in msg:
+                    ids = msg["sandboxes"]
+                elif "n" in msg:
+                    self.assertEqual(msg["n"], len(first) + 1)
+                    first.append(msg["result"])
+                elif "stalled" in msg:
+                    stalled = msg
+                    break
+        finally:
+            # Killed (by its pid) mid-command: the stalled one runs in a sandbox.
+            t_kill = time.monotonic()
+            p.send_signal(signal.SIGKILL)
+            p.wait(30)
+            err = p.stderr.read()
+            p.stdout.close()
+            p.stderr.close()
+        self.assertIsNotNone(stalled, f"the trainer did not get to step {k}: {err}")
+        self.assertEqual(p.returncode, -signal.SIGKILL)
+        self.assertEqual(len(first), k)
+        self.assertEqual(len(ids), BOXES)
+        c = self.connect()
+        # The session closes when the daemon notices the trainer is gone; its
+        # log stays for the resume.
+        self.assertGone(c, ids)
+        self.assertTrue(os.path.exists(os.path.join(log_dir(sid), "log")))
+        t_resumed, done = self.replay_and_finish(c, sid, ids, first)
+        self.assertEqual(done, [3, 3, 2, 2])
+        print(f"\n  trainer killed; gone after {time.monotonic() - t_kill:.2f}s, "
+              f"resumed in {t_resumed:.2f}s", end=" ... ")
+
+    def test_daemon_killed_mid_rollout(self):
+        k = 13  # box 0 cut after 4 steps, the others after 3
+        c1 = dsec.connect(D.address)
+        try:
+            s = c1.session(quota=T.QUOTA, ttl=T.TTL, name="resume-daemon", trajectory=True)
+            sid = s.id
+            sbs = s.create(count=BOXES, **T.ENV)
+            ids = [b.id for b in sbs]
+            first = []
+            for n, (step, i) in enumerate(T.order(BOXES)):
+                if n == k:
+                    break
+                first.append(T.STEPS[step](sbs[i], i))
+            # A command in flight when dsecd dies.
+            stalled = sbs[k % BOXES]
+            errors = []
+
+            def cut():
+                try:
+                    stalled.exec(T.STALL, timeout=120)
+                except dsec.Error as e:
+                    errors.append(e)
+
+            t = threading.Thread(target=cut)
+            t.start()
+            deadline = time.time() + 30
+            while time.time() < deadline and not any(
+                    x.id == stalled.id and x.running > 0 for x in c1.list()):
+                time.sleep(0.02)
+            status, out = D.kill(signal.SIGKILL)
+            self.assertEqual(status, -signal.SIGKILL, out)
+            t.join(30)
+            self.assertFalse(t.is_alive())
+            self.assertEqual(len(errors), 1)
+            self.assertIsInstance(errors[0], dsec.Disconnected)
+            with self.assertRaises(dsec.Disconnected):
+                sbs[0].exec("true")
+        finally:
+            c1.close()
+        self.assertTrue(os.path.exists(os.path.join(log_dir(sid), "log")))
+        t0 = time.monotonic()
+        D.restart()  # the same state dir: it collects what the first one left
+        t_restart = time.monotonic() - t0
+        c = self.connect()
+        # Nothing of the old daemon's sandboxes is live: the resume rebuilds them.
+        self.assertEqual([i for i in c.list() if i.id in ids], [])
+        t_resumed, done = self.replay_and_finish(c, sid, ids, first)
+        self.assertEqual(done, [4, 3, 3, 3])
+        print(f"\n  dsecd restarted in {t_restart:.2f}s, resumed in {t_resumed:.2f}s",
+              end=" ... ")
+
+    def test_a_put_given_again_later_is_answered_from_the_log(self):
+        # The same put in another second (another mtime in the archive): the
+        # resumed session recognises it by its files, and the rebuilt sandbox
+        # has the first put's time.
+        c1 = dsec.connect(D.address)
+        s = c1.session(quota=1, ttl=60, trajectory=True)
+        sid = s.id
+        sb = s.create("py@1")[0]
+        t0 = int(time.time())
+        sb.put("/work/a.txt", b"same bytes\n")
+        t1 = int(time.time())
+        sb.put("/work/b.txt", b"stamped\n", mtime=1234567890)
+        c1.close()  # the trainer goes; its log stays
+        time.sleep(1.1)
+        c = self.connect()
+        s = resume(c, sid)
+        sb = s.create("py@1")[0]
+        sb.put("/work/a.txt", b"same bytes\n")
+        sb.put("/work/b.txt", b"stamped\n", mtime=1234567890)
+        self.assertEqual(self.states(s, [sb.id]), ["replaying"])
+        r = sb.exec("stat -c %Y /work/a.txt /work/b.txt; cat /work/a.txt")
+        a_time, b_time, text = r.stdout.decode().split("\n", 2)
+        self.assertTrue(t0 <= int(a_time) <= t1, r.stdout)
+        self.assertEqual(b_time, "1234567890")
+        self.assertEqual(text, "same bytes\n")
+        with self.assertRaises(ValueError):
+            sb.put("/work/c.txt", b"", mtime=-1)
+        with self.assertRaises(TypeError):
+            sb.put("/work/c.txt", b"", mtime="now")
+        s.close()
+
+    def test_what_cannot_be_resumed(self):
+        c = self.connect()
+        with self.assertRaises(dsec.NotFound) as cm:
+            c.resume("s-nosuchsession")
+        self.assertIn("s-nosuchsession", str(cm.exception))
+        with self.assertRaises(dsec.InvalidArgument) as cm:
+            c.resume("../etc")
+        self.assertIn("../etc", str(cm.exception))
+        with self.assertRaises(ValueError):
+            c.resume("")
+        # Live: its trainer is using it.
+        s = c.session(quota=2, ttl=60, trajectory=True)
+        sb = s.create("py@1")[0]
+        sb.exec("echo x >> /tmp/runs")
+        self.assertTrue(os.path.exists(log_dir(s.id)))
+        c2 = self.connect()
+        with self.assertRaises(dsec.InUse) as cm:
+            c2.resume(s.id)
+        self.assertIn(s.id, str(cm.exception))
+        # Closed by its trainer: the run is over, its log is gone.
+        self.assertEqual(s.close(), 1)
+        self.assertFalse(os.path.exists(log_dir(s.id)))
+        with self.assertRaises(dsec.NotFound) as cm:
+            c2.resume(s.id)
+        self.assertIn(s.id, str(cm.exception))
+        # Without a log: nothing to resume from.
+        s = c.session(quota=1, ttl=60, trajectory=False)
+        s.create("py@1")[0].exec("true")
+        self.assertFalse(os.path.exists(log_dir(s.id)))
+        s.close()
+        with self.assertRaises(dsec.NotFound) as cm:
+            c2.resume(s.id)
+        self.assertIn(s.id, str(cm.exception))
+        # A trainer that dies keeps its log (also without a command logged).
+        c3 = dsec.connect(D.address)
+        s3 = c3.session(quota=1, ttl=60, trajectory=True)
+        sid = s3.id
+        c3.close()  # the client goes: its sessions close, but not by their trainer
+        s = resume(c2, sid)
+        self.assertEqual(s.create("py@1", count=0), [])
+        s.close()
+        self.assertFalse(os.path.exists(log_dir(sid)))
+
+
+if __name__ == "__main__":
+    unittest.main()
