@@ -76,7 +76,6 @@ struct session_state {
   std::vector<std::function<void()>> after_sync;    // replies waiting for the fsync
   bool flush_scheduled = false;
   uint64_t next_group = 1;
-  std::unordered_map<std::string, uint64_t> appended; // steps logged per sandbox
   uint64_t next_pack = 1;
   // ---- resume ----
   std::unordered_map<std::string, replay_box> replay;
@@ -105,8 +104,6 @@ void commit(self_ptr self, const trajectory_record& rec, std::function<void()> t
   if (auto r = s.log->append(encode_record(rec)); !r)
     std::fprintf(stderr, "dsecd: session %s: trajectory log: %s\n", s.cfg.id.c_str(),
                  r.error_value().message.c_str());
-  if (rec.kind == trajectory_record::executed || rec.kind == trajectory_record::put)
-    ++s.appended[rec.sandbox];
   if (then)
     s.after_sync.push_back(std::move(then));
   if (!s.flush_scheduled) {
@@ -431,7 +428,7 @@ void materialize(self_ptr self, const std::string& id, std::function<void()> the
     }
     seed_blobs = s.dir + "/blobs";
   }
-  if (k < steps.size()) {
+  if (k < rb.box.logged) {
     // From here on the log's steps of this sandbox are void: the trainer went
     // another way. A later resume must not answer from them.
     trajectory_record rec;
@@ -440,7 +437,6 @@ void materialize(self_ptr self, const std::string& id, std::function<void()> the
     rec.position = k;
     commit(self, rec);
   }
-  s.appended[id] = k;
   uint64_t req = s.next_request++;
   auto& b = s.batches[req];
   b.count = 1;
@@ -558,7 +554,6 @@ session_actor::behavior_type session_impl(self_ptr self, session_config cfg) {
         continue;
       }
       st.replay.emplace(b.id, replay_box{b, 0, false, std::nullopt, {}, {}});
-      st.appended[b.id] = b.steps.size();
     }
   }
   self->set_down_handler([=](caf::down_msg& dm) {
@@ -892,7 +887,6 @@ session_actor::behavior_type session_impl(self_ptr self, session_config cfg) {
           rec.env = it->second.env;
           rec.group = it->second.group;
           rec.group_count = it->second.count;
-          s.appended[id] = 0;
           commit(self, rec, announce);
         } else {
           announce();

@@ -174,7 +174,7 @@ expected<trajectory_plan> load_trajectory(const std::string& root, const std::st
         auto& g = find_group(r.group, r.env, r.group_count);
         g.ids.push_back(r.sandbox);
         box_of[r.sandbox] = plan.boxes.size();
-        plan.boxes.push_back({r.sandbox, r.env, r.group, {}, false});
+        plan.boxes.push_back({r.sandbox, r.env, r.group, {}, 0, false});
         break;
       }
       case trajectory_record::failed:
@@ -204,6 +204,16 @@ expected<trajectory_plan> load_trajectory(const std::string& root, const std::st
   if (!opened)
     return make_error(errc::malformed, "trajectory log " + path + " does not say how its session"
                                          " was opened (no first record)");
+  // A step after which no pack could be taken (a full disk) cannot be rebuilt
+  // past: the log of its sandbox ends before it, and a resume runs it again
+  // on the state before it.
+  for (auto& b : plan.boxes) {
+    b.logged = b.steps.size();
+    auto bad = std::find_if(b.steps.begin(), b.steps.end(), [](const trajectory_record& r) {
+      return !r.pack_error.empty();
+    });
+    b.steps.erase(bad, b.steps.end());
+  }
   return plan;
 }
 

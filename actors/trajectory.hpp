@@ -66,6 +66,7 @@ struct trajectory_plan {
     environment env;
     uint64_t group = 0;
     std::vector<trajectory_record> steps; ///< executed and put, in order
+    size_t logged = 0; ///< steps in the log (more than `steps` after a failed pack)
     bool destroyed = false;
   };
   std::vector<box> boxes; ///< in creation order

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "actors/trajectory.hpp"
+#include "runtime/trajectory.hpp"
 #include "test/actors/common.hpp"
 #include "test/support/host.hpp"
 #include "test/support/process.hpp"
@@ -243,6 +244,80 @@ TEST_CASE("trajectory: a put is recognised by its files, whatever their times") 
   CHECK(put_digest(pax("12 path=abc\n")) != put_digest(pax("12 path=abd\n")));
   // Not a tar: the bytes themselves.
   CHECK(put_digest("hello") != put_digest("hellp"));
+}
+
+TEST_CASE("trajectory: a step without a pack ends its sandbox's replay; a truncation voids the rest") {
+  auto root = fs::temp_directory_path() / ("dsec-traj-plan-" + std::to_string(::getpid()));
+  fs::create_directories(root / "s-1");
+  struct cleanup {
+    fs::path p;
+    ~cleanup() { fs::remove_all(p); }
+  } clean{root};
+  {
+    auto f = trajectory_file::open((root / "s-1" / "log").string(), true);
+    REQUIRE(f);
+    auto put = [&](trajectory_record r) { REQUIRE(f->append(encode_record(r))); };
+    trajectory_record r;
+    r.kind = trajectory_record::opened;
+    r.options.trajectory = true;
+    put(r);
+    r = {};
+    r.kind = trajectory_record::created;
+    r.sandbox = "a";
+    r.group = 1;
+    r.group_count = 1;
+    r.env = env_of();
+    put(r);
+    auto step = [&](const std::string& what, const std::string& pack, const std::string& error) {
+      trajectory_record e;
+      e.kind = trajectory_record::executed;
+      e.sandbox = "a";
+      e.req = cmd({what});
+      e.pack = pack;
+      e.pack_error = error;
+      put(e);
+    };
+    step("one", "a-1.pack", "");
+    step("two", "", "No space left on device");
+    step("three", "a-3.pack", "");
+    REQUIRE(f->sync());
+  }
+  auto plan = load_trajectory(root.string(), "s-1");
+  REQUIRE_MESSAGE(plan, describe(plan.error_value()));
+  REQUIRE(plan->boxes.size() == 1);
+  CHECK(plan->boxes[0].logged == 3);
+  REQUIRE(plan->boxes[0].steps.size() == 1); // "two" and after: not replayable
+  CHECK(plan->boxes[0].steps[0].req.argv == std::vector<std::string>{"one"});
+  REQUIRE(plan->groups.size() == 1);
+  CHECK(plan->groups[0].ids == std::vector<std::string>{"a"});
+  {
+    // The resumed trainer went on after "one": the rest is void, new steps follow.
+    auto f = trajectory_file::open((root / "s-1" / "log").string(), false);
+    REQUIRE(f);
+    trajectory_record t;
+    t.kind = trajectory_record::truncated;
+    t.sandbox = "a";
+    t.position = 1;
+    REQUIRE(f->append(encode_record(t)));
+    trajectory_record e;
+    e.kind = trajectory_record::executed;
+    e.sandbox = "a";
+    e.req = cmd({"four"});
+    e.pack = "a-5.pack";
+    REQUIRE(f->append(encode_record(e)));
+  }
+  plan = load_trajectory(root.string(), "s-1");
+  REQUIRE(plan);
+  REQUIRE(plan->boxes[0].steps.size() == 2);
+  CHECK(plan->boxes[0].steps[1].req.argv == std::vector<std::string>{"four"});
+  // Garbage instead of a record: refused, naming the log and the record.
+  {
+    auto f = trajectory_file::open((root / "s-1" / "log").string(), false);
+    REQUIRE(f);
+    REQUIRE(f->append("not a record"));
+  }
+  auto bad = load_trajectory(root.string(), "s-1");
+  check_error(bad, errc::malformed, "record 8");
 }
 
 TEST_CASE("trajectory: a torn tail of the log is dropped, the records before it are kept") {
