@@ -6,8 +6,6 @@
 #include <caf/stateful_actor.hpp>
 #include <caf/typed_event_based_actor.hpp>
 
-#include <sys/stat.h>
-
 #include <algorithm>
 #include <cstdio>
 #include <deque>
@@ -22,7 +20,6 @@
 #include "actors/sandbox.hpp"
 #include "actors/trajectory.hpp"
 #include "actors/types.hpp"
-#include "runtime/sha256.hpp"
 #include "runtime/trajectory.hpp"
 
 namespace dsec {
@@ -191,13 +188,8 @@ void close_session(self_ptr self) {
   s.closed_count = static_cast<uint32_t>(s.sandboxes.size());
   for (auto& [id, sb] : s.sandboxes)
     caf::anon_send(sb, destroy_atom::value);
-  // Sandboxes not rebuilt yet go with their requests.
-  for (auto& [id, rb] : s.replay) {
-    if (rb.materializing)
-      continue; // its ready_atom finds the session closing
-    for (auto& f : rb.waiting)
-      f();
-  }
+  // Sandboxes not rebuilt yet just go (one being rebuilt goes when its
+  // ready_atom finds the session closing).
   std::erase_if(s.replay, [](const auto& kv) { return !kv.second.materializing; });
   maybe_end(self);
 }
@@ -209,6 +201,14 @@ expected<sandbox_actor> find(self_ptr self, const std::string& id) {
   if (it == s.sandboxes.end())
     return make_error(errc::not_found, "no sandbox " + id + " in session " + s.cfg.id);
   return it->second;
+}
+
+// Answers the current request with `e` (for handlers that return delegated<T>).
+template <class T>
+caf::delegated<T> fail_with(self_ptr self, const error& e) {
+  auto rp = self->make_response_promise<T>();
+  rp.deliver(to_caf(e));
+  return {};
 }
 
 // ---- logged commands ----------------------------------------------------------
@@ -644,18 +644,16 @@ session_actor::behavior_type session_impl(self_ptr self, session_config cfg) {
     [=](exec_atom, const std::string& id, exec_request& req)
       -> caf::delegated<exec_result> {
       auto& s = self->state;
+      if (!s.log && !s.replay.count(id)) {
+        // No log: the sandbox answers the caller directly (and streams to it).
+        if (auto sb = find(self, id))
+          return self->delegate(*sb, exec_atom::value, std::move(req));
+        else
+          return fail_with<exec_result>(self, sb.error_value());
+      }
       // Who streamed output goes to: take it before the promise takes it away.
       auto requester = self->current_sender();
       auto rp = self->make_response_promise<exec_result>();
-      if (!s.log && !s.replay.count(id)) {
-        // No log: the sandbox answers the caller directly (and streams to it).
-        auto sb = find(self, id);
-        if (!sb)
-          rp.deliver(to_caf(sb.error_value()));
-        else
-          rp.delegate(*sb, exec_atom::value, std::move(req));
-        return {};
-      }
       if (req.detach && !req.idempotent) {
         rp.deliver(to_caf(make_error(errc::invalid_argument,
                                      "a detached command in a session with a trajectory log"
@@ -699,15 +697,13 @@ session_actor::behavior_type session_impl(self_ptr self, session_config cfg) {
     [=](put_atom, const std::string& id, std::string& dir,
         std::string& tar) -> caf::delegated<uint64_t> {
       auto& s = self->state;
-      auto rp = self->make_response_promise<uint64_t>();
       if (!s.log && !s.replay.count(id)) {
-        auto sb = find(self, id);
-        if (!sb)
-          rp.deliver(to_caf(sb.error_value()));
+        if (auto sb = find(self, id))
+          return self->delegate(*sb, put_atom::value, std::move(dir), std::move(tar));
         else
-          rp.delegate(*sb, put_atom::value, std::move(dir), std::move(tar));
-        return {};
+          return fail_with<uint64_t>(self, sb.error_value());
       }
+      auto rp = self->make_response_promise<uint64_t>();
       if (auto it = s.replay.find(id); it != s.replay.end() && !it->second.materializing
                                        && !it->second.broken) {
         auto& rb = it->second;
