@@ -41,6 +41,7 @@ expected<std::unique_ptr<daemon>> daemon::start(caf::actor_system& sys,
   sc.name = opts.name;
   if (!opts.state_dir.empty()) {
     sc.trajectories = opts.state_dir + "/trajectories";
+    sc.trajectory_keep = opts.trajectory_keep;
     if (::mkdir(sc.trajectories.c_str(), 0700) < 0 && errno != EEXIST)
       return sys_error("creating the trajectory log directory", sc.trajectories);
   }

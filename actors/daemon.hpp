@@ -5,6 +5,7 @@
 
 #include <caf/fwd.hpp>
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -23,6 +24,8 @@ struct daemon_options {
   uint64_t cache_bytes = 0;       ///< layer cache budget; 0: unlimited
   unsigned spawners = 2;
   unsigned netns_prewarm = 8;
+  /// Trajectory logs unused for this long are removed; 0: kept until closed.
+  std::chrono::milliseconds trajectory_keep{std::chrono::hours(24 * 7)};
 };
 
 /// The node's actors and the engine under them. Destroying it shuts the

@@ -103,6 +103,7 @@ using scheduler_actor = caf::typed_actor<
   caf::replies_to<list_atom>::with<std::vector<sandbox_info>>,
   caf::replies_to<stats_atom>::with<node_stats>,
   caf::reacts_to<gone_atom, std::string>,               ///< internal: a session ended
+  caf::reacts_to<ttl_atom>,                             ///< internal: expire old trajectory logs
   caf::replies_to<shutdown_atom>::with<uint32_t>>;
 
 } // namespace dsec

@@ -8,6 +8,8 @@
 #include <sys/random.h>
 #include <sys/stat.h>
 
+#include <cstdio>
+
 #include <unordered_map>
 
 #include "actors/session.hpp"
@@ -91,7 +93,19 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
     auto id = sc.id;
     self->state.sessions.emplace(std::move(id), spawn_session(self->system(), std::move(sc)));
   }
+  if (self->state.cfg.trajectory_keep.count() > 0 && !self->state.cfg.trajectories.empty())
+    self->send(self, ttl_atom::value);
   return {
+    [=](ttl_atom) {
+      auto& s = self->state;
+      for (const auto& what : expire_trajectories(s.cfg.trajectories, s.cfg.trajectory_keep,
+                                                  [&](const std::string& id) {
+                                                    return s.sessions.count(id) > 0;
+                                                  }))
+        std::printf("dsecd: removed %s\n", what.c_str());
+      std::fflush(stdout);
+      self->delayed_send(self, std::chrono::hours(1), ttl_atom::value);
+    },
     [=](open_atom, session_options& opts,
         const caf::actor& trainer) -> caf::result<session_actor, std::string> {
       auto& s = self->state;

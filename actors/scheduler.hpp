@@ -5,6 +5,8 @@
 // its own, "default", for sandboxes nobody owns (`dsec run --detach`).
 #pragma once
 
+#include <chrono>
+
 #include <string>
 
 #include "actors/interfaces.hpp"
@@ -16,6 +18,9 @@ struct scheduler_config {
   std::string name = "embedded";
   /// Where sessions keep trajectory logs (<state dir>/trajectories); empty: none.
   std::string trajectories;
+  /// A log no session wrote to for this long is removed (checked at start and
+  /// hourly); 0: never.
+  std::chrono::milliseconds trajectory_keep{0};
 };
 
 scheduler_actor spawn_scheduler(caf::actor_system& sys, scheduler_config cfg);

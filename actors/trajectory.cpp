@@ -4,6 +4,7 @@
 #include <caf/binary_serializer.hpp>
 
 #include <algorithm>
+#include <filesystem>
 #include <cstring>
 #include <unordered_map>
 
@@ -32,6 +33,32 @@ expected<trajectory_record> decode_record(std::string_view bytes) {
                                          + std::to_string(source.remaining())
                                          + " bytes too many");
   return r;
+}
+
+std::vector<std::string> expire_trajectories(const std::string& root, std::chrono::milliseconds keep,
+                                             const std::function<bool(const std::string&)>& live) {
+  namespace fs = std::filesystem;
+  std::vector<std::string> removed;
+  std::error_code ec;
+  auto now = fs::file_time_type::clock::now();
+  for (const auto& e : fs::directory_iterator(root, ec)) {
+    auto id = e.path().filename().string();
+    if (live(id))
+      continue;
+    auto t = fs::last_write_time(e.path() / "log", ec);
+    if (ec)
+      t = fs::last_write_time(e.path(), ec); // a dir without a log: by its own time
+    if (ec)
+      continue;
+    auto idle = std::chrono::duration_cast<std::chrono::milliseconds>(now - t);
+    if (idle < keep)
+      continue;
+    fs::remove_all(e.path(), ec);
+    if (!ec)
+      removed.push_back("the trajectory log of session " + id + " (unused for "
+                        + std::to_string(idle.count() / 3'600'000) + " h)");
+  }
+  return removed;
 }
 
 bool same_command(const exec_request& a, const exec_request& b) {

@@ -9,7 +9,9 @@
 // taken after it; resume answers a trainer from it (actors/session.cpp).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -84,6 +86,12 @@ struct trajectory_plan {
 
 /// Reads and arranges the log of session `id` under `root` (the trajectories dir).
 expected<trajectory_plan> load_trajectory(const std::string& root, const std::string& id);
+
+/// Removes the logs under `root` not written for longer than `keep` and not
+/// of a session for which `live` says true; returns what it removed, as
+/// "the trajectory log of session ID (unused for DURATION)".
+std::vector<std::string> expire_trajectories(const std::string& root, std::chrono::milliseconds keep,
+                                             const std::function<bool(const std::string&)>& live);
 
 /// The files of a session's log.
 inline std::string trajectory_dir(const std::string& root, const std::string& id) {

@@ -40,6 +40,10 @@ Options:
                          (default: no limit), e.g. 20g
   --spawners N           zygotes creating sandboxes in parallel (default 2)
   --threads N            CAF scheduler threads (default 2; the 'sharing' policy)
+  --trajectory-keep DUR  remove a trajectory log (docs/trajectory.md) that no
+                         session wrote to for DUR, checked at start and hourly
+                         (default 168h, a week; 0: keep logs until their
+                         session is closed)
   -h, --help             this text
 
 At start dsecd removes what a crashed predecessor left (cgroups of dead dsec
@@ -126,6 +130,15 @@ int main(int argc, char** argv) {
       if (!parse_uint(v, 64, n) || n == 0)
         return bad("--spawners: expected a whole number from 1 to 64, got '" + v + "'");
       o.d.spawners = static_cast<unsigned>(n);
+    } else if (opt("--trajectory-keep")) {
+      if (v == "0") {
+        o.d.trajectory_keep = std::chrono::milliseconds{0};
+      } else {
+        auto dur = dsec::parse_duration(v, "--trajectory-keep");
+        if (!dur)
+          return bad(dur.error_value().message);
+        o.d.trajectory_keep = *dur;
+      }
     } else if (opt("--threads")) {
       if (!parse_uint(v, 256, n) || n == 0)
         return bad("--threads: expected a whole number from 1 to 256, got '" + v + "'");

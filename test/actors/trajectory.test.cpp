@@ -320,6 +320,34 @@ TEST_CASE("trajectory: a step without a pack ends its sandbox's replay; a trunca
   check_error(bad, errc::malformed, "record 8");
 }
 
+TEST_CASE("trajectory: a log nobody used for longer than the daemon keeps them is removed") {
+  std::string old_sid, fresh_sid;
+  {
+    embedded e;
+    for (auto* sid : {&old_sid, &fresh_sid}) {
+      auto c = client::attach(e.sys, e.d->scheduler());
+      auto s = open_logged(*c);
+      *sid = s->id();
+      auto made = s->create(env_of(), 1);
+      REQUIRE(made);
+      CHECK(run(*s, made->front(), count_run("a")).out == "1\n");
+      // the trainer goes: the log stays
+    }
+  }
+  // Eight days without a write.
+  auto week_ago = fs::file_time_type::clock::now() - std::chrono::hours(24 * 8);
+  fs::last_write_time(log_dir(old_sid) + "/log", week_ago);
+  daemon_options o;
+  o.trajectory_keep = std::chrono::hours(24 * 7);
+  embedded e{o};
+  CHECK(eventually([&] { return !fs::exists(log_dir(old_sid)); }));
+  CHECK(fs::exists(log_dir(fresh_sid) + "/log"));
+  check_error(e.c->resume_session(old_sid), errc::not_found, old_sid);
+  auto s = e.c->resume_session(fresh_sid);
+  REQUIRE(s);
+  REQUIRE((*s)->close());
+}
+
 TEST_CASE("trajectory: a torn tail of the log is dropped, the records before it are kept") {
   embedded e;
   std::string sid, id;
