@@ -315,15 +315,18 @@ std::unique_ptr<client> client::attach(caf::actor_system& sys, scheduler_actor s
   return std::unique_ptr<client>{new client(sys, std::move(scheduler))};
 }
 
-expected<std::unique_ptr<session>> client::open_session(const session_options& opts,
-                                                        bool owned) {
+namespace {
+
+// Asks the scheduler for a session with (atom, arg, trainer): open or resume.
+template <class Atom, class Arg>
+expected<std::pair<session_actor, std::string>>
+session_call(caf::actor_system& sys, const scheduler_actor& dest, Atom atom, Arg arg,
+             caf::actor trainer) {
   using opened = std::pair<session_actor, std::string>;
   auto out = std::make_shared<outcome<opened>>();
-  auto dest = scheduler_;
-  auto trainer = owned ? identity_ : caf::actor{};
-  sys_->spawn([out, dest, opts, trainer](caf::event_based_actor* self) {
+  sys.spawn([out, dest, atom, arg, trainer](caf::event_based_actor* self) {
     watch_dest(self, dest, [out](error e) { out->set(std::move(e)); });
-    self->request(dest, caf::infinite, open_atom::value, opts, trainer)
+    self->request(dest, caf::infinite, atom, arg, trainer)
       .then(
         [=](session_actor& h, std::string& id) {
           self->demonitor(dest.address());
@@ -336,31 +339,21 @@ expected<std::unique_ptr<session>> client::open_session(const session_options& o
           self->quit();
         });
   });
-  DSEC_TRY(o, out->get());
+  return out->get();
+}
+
+} // namespace
+
+expected<std::unique_ptr<session>> client::open_session(const session_options& opts,
+                                                        bool owned) {
+  DSEC_TRY(o, session_call(*sys_, scheduler_, open_atom::value, opts,
+                           owned ? identity_ : caf::actor{}));
   return std::unique_ptr<session>{new session(*this, std::move(o.first), std::move(o.second))};
 }
 
 expected<std::unique_ptr<session>> client::resume_session(const std::string& id, bool owned) {
-  using opened = std::pair<session_actor, std::string>;
-  auto out = std::make_shared<outcome<opened>>();
-  auto dest = scheduler_;
-  auto trainer = owned ? identity_ : caf::actor{};
-  sys_->spawn([out, dest, id, trainer](caf::event_based_actor* self) {
-    watch_dest(self, dest, [out](error e) { out->set(std::move(e)); });
-    self->request(dest, caf::infinite, resume_atom::value, id, trainer)
-      .then(
-        [=](session_actor& h, std::string& sid) {
-          self->demonitor(dest.address());
-          out->set(opened{std::move(h), std::move(sid)});
-          self->quit();
-        },
-        [=](caf::error& e) {
-          self->demonitor(dest.address());
-          out->set(from_caf(e));
-          self->quit();
-        });
-  });
-  DSEC_TRY(o, out->get());
+  DSEC_TRY(o, session_call(*sys_, scheduler_, resume_atom::value, id,
+                           owned ? identity_ : caf::actor{}));
   return std::unique_ptr<session>{new session(*this, std::move(o.first), std::move(o.second))};
 }
 

@@ -140,18 +140,6 @@ int bad(const std::string& msg) {
   return 2;
 }
 
-bool parse_uint(const std::string& s, uint64_t max, uint64_t& out) {
-  if (s.empty() || s.size() > 12)
-    return false;
-  out = 0;
-  for (char c : s) {
-    if (c < '0' || c > '9')
-      return false;
-    out = out * 10 + static_cast<uint64_t>(c - '0');
-  }
-  return out <= max;
-}
-
 bool parse_positive_double(const std::string& s, double& out) {
   if (s.empty() || s[0] == '-' || s[0] == '+' || s[0] == ' ')
     return false;
@@ -324,14 +312,14 @@ std::optional<int> parse_options(int argc, char** argv, options& o) {
     };
     uint64_t n = 0;
     auto positive = [&](const char* name, uint64_t max, uint64_t& out) -> std::optional<int> {
-      if (!parse_uint(v, max, n) || n == 0)
+      if (!dsec::cli::parse_uint(v, max, n) || n == 0)
         return bad(std::string{name} + ": expected a whole number from 1 to " + std::to_string(max)
                    + ", got '" + v + "'");
       out = n;
       return std::nullopt;
     };
     auto whole = [&](const char* name, uint64_t max, uint64_t& out) -> std::optional<int> {
-      if (!parse_uint(v, max, n))
+      if (!dsec::cli::parse_uint(v, max, n))
         return bad(std::string{name} + ": expected a whole number from 0 to " + std::to_string(max)
                    + ", got '" + v + "'");
       out = n;
@@ -341,7 +329,7 @@ std::optional<int> parse_options(int argc, char** argv, options& o) {
     if (opt("--connect")) {
       auto colon = v.rfind(':');
       uint64_t port = 0;
-      if (colon == std::string::npos || colon == 0 || !parse_uint(v.substr(colon + 1), 65535, port)
+      if (colon == std::string::npos || colon == 0 || !dsec::cli::parse_uint(v.substr(colon + 1), 65535, port)
           || port == 0)
         return bad("--connect: expected HOST:PORT (a port from 1 to 65535), got '" + v + "'");
       if (!o.connect_host.empty())

@@ -63,18 +63,6 @@ int bad(const std::string& msg) {
   return 2;
 }
 
-bool parse_uint(const std::string& s, uint64_t max, uint64_t& out) {
-  if (s.empty() || s.size() > 12)
-    return false;
-  out = 0;
-  for (char c : s) {
-    if (c < '0' || c > '9')
-      return false;
-    out = out * 10 + static_cast<uint64_t>(c - '0');
-  }
-  return out <= max;
-}
-
 } // namespace
 
 int main(int argc, char** argv) {
@@ -98,7 +86,7 @@ int main(int argc, char** argv) {
     uint64_t n = 0;
     if (opt("--listen")) {
       auto colon = v.rfind(':');
-      if (colon == std::string::npos || !parse_uint(v.substr(colon + 1), 65535, n))
+      if (colon == std::string::npos || !dsec::cli::parse_uint(v.substr(colon + 1), 65535, n))
         return bad("--listen: expected HOST:PORT, got '" + v + "'");
       o.host = v.substr(0, colon);
       o.port = static_cast<uint16_t>(n);
@@ -112,7 +100,7 @@ int main(int argc, char** argv) {
     } else if (opt("--state")) {
       o.d.state_dir = v;
     } else if (opt("--slots")) {
-      if (!parse_uint(v, 1'000'000, n) || n == 0)
+      if (!dsec::cli::parse_uint(v, 1'000'000, n) || n == 0)
         return bad("--slots: expected a whole number from 1 to 1000000, got '" + v + "'");
       o.d.slots = static_cast<uint32_t>(n);
     } else if (opt("--oversubscribe")) {
@@ -127,7 +115,7 @@ int main(int argc, char** argv) {
         return bad(s.error_value().message);
       o.d.cache_bytes = *s;
     } else if (opt("--spawners")) {
-      if (!parse_uint(v, 64, n) || n == 0)
+      if (!dsec::cli::parse_uint(v, 64, n) || n == 0)
         return bad("--spawners: expected a whole number from 1 to 64, got '" + v + "'");
       o.d.spawners = static_cast<unsigned>(n);
     } else if (opt("--trajectory-keep")) {
@@ -140,7 +128,7 @@ int main(int argc, char** argv) {
         o.d.trajectory_keep = *dur;
       }
     } else if (opt("--threads")) {
-      if (!parse_uint(v, 256, n) || n == 0)
+      if (!dsec::cli::parse_uint(v, 256, n) || n == 0)
         return bad("--threads: expected a whole number from 1 to 256, got '" + v + "'");
       o.threads = static_cast<unsigned>(n);
     } else {

@@ -71,4 +71,16 @@ std::string default_state_dir() {
   return "/var/lib/dsec";
 }
 
+bool parse_uint(const std::string& s, uint64_t max, uint64_t& out) {
+  if (s.empty() || s.size() > 12)
+    return false;
+  out = 0;
+  for (char c : s) {
+    if (c < '0' || c > '9')
+      return false;
+    out = out * 10 + static_cast<uint64_t>(c - '0');
+  }
+  return out <= max;
+}
+
 } // namespace dsec::cli

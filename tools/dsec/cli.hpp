@@ -2,6 +2,7 @@
 // cursor, and how errors are printed. Each verb lives in its own file.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -50,6 +51,9 @@ private:
   std::vector<std::string> argv_;
   size_t pos_;
 };
+
+/// A whole number of at most 12 decimal digits, no sign, up to `max`.
+bool parse_uint(const std::string& s, uint64_t max, uint64_t& out);
 
 /// Prints "dsec: MESSAGE" on stderr and returns 1 (or `code`).
 int fail(const error& err, int code = 1);

@@ -370,6 +370,26 @@ int rm_main(context& ctx, args& a) {
 
 // ---- session ----------------------------------------------------------------------
 
+// The one session id of `session resume|close ID`: -1 when it was read into
+// `id`, else the exit status (0 after --help, 2 after a usage error).
+int one_session_id(args& a, const std::string& verb, std::string& id) {
+  while (!a.empty()) {
+    if (a.help()) {
+      std::fputs(session_usage, stdout);
+      return 0;
+    }
+    if (a.at_option())
+      return usage_error(verb, "unknown option '" + std::string{a.peek()} + "'");
+    if (!id.empty())
+      return usage_error(verb, "one session id at a time, got '" + std::string{a.peek()}
+                                 + "' too");
+    id = a.next();
+  }
+  if (id.empty())
+    return usage_error(verb, "no session id given");
+  return -1;
+}
+
 int session_main(context& ctx, args& a) {
   if (a.help()) {
     std::fputs(session_usage, stdout);
@@ -439,20 +459,8 @@ int session_main(context& ctx, args& a) {
     return watch_main(ctx, a);
   if (sub == "resume") {
     std::string id;
-    while (!a.empty()) {
-      if (a.help()) {
-        std::fputs(session_usage, stdout);
-        return 0;
-      }
-      if (a.at_option())
-        return usage_error(verb, "unknown option '" + std::string{a.peek()} + "'");
-      if (!id.empty())
-        return usage_error(verb, "one session id at a time, got '" + std::string{a.peek()}
-                                   + "' too");
-      id = a.next();
-    }
-    if (id.empty())
-      return usage_error(verb, "no session id given");
+    if (int rc = one_session_id(a, verb, id); rc >= 0)
+      return rc;
     auto c = ctx.connect();
     if (!c)
       return fail(c.error_value());
@@ -470,20 +478,8 @@ int session_main(context& ctx, args& a) {
   }
   if (sub == "close") {
     std::string id;
-    while (!a.empty()) {
-      if (a.help()) {
-        std::fputs(session_usage, stdout);
-        return 0;
-      }
-      if (a.at_option())
-        return usage_error(verb, "unknown option '" + std::string{a.peek()} + "'");
-      if (!id.empty())
-        return usage_error(verb, "one session id at a time, got '" + std::string{a.peek()}
-                                   + "' too");
-      id = a.next();
-    }
-    if (id.empty())
-      return usage_error(verb, "no session id given");
+    if (int rc = one_session_id(a, verb, id); rc >= 0)
+      return rc;
     if (id == "default")
       return fail(make_error(errc::invalid_argument,
                              "the daemon's default session cannot be closed (remove its "
