@@ -214,10 +214,11 @@ void unwatch(caf::event_based_actor* self, const Handle& dest, const caf::actor&
 // hands the outcome to `done` on its CAF thread. `done` runs exactly once: with
 // the reply, the error, or `disconnected` when `dest` or `owner` goes away.
 template <class Result, class Handle, class... Ts>
-void async_call(caf::actor_system& sys, const caf::actor& owner, const Handle& dest,
-                completion<Result> done, Ts... xs) {
+void async_request(caf::actor_system& sys, const caf::actor& owner, const Handle& dest,
+                   completion<Result> done, output_fn on_output, Ts... xs) {
   auto fin = std::make_shared<completion<Result>>(std::move(done));
-  sys.spawn([fin, owner, dest, ... xs = std::move(xs)](caf::event_based_actor* self) mutable {
+  sys.spawn([fin, owner, dest, on_output = std::move(on_output),
+             ... xs = std::move(xs)](caf::event_based_actor* self) mutable -> caf::behavior {
     watch_lost(self, dest, owner, [fin](error e) { (*fin)(std::move(e)); });
     self->request(dest, caf::infinite, std::move(xs)...)
       .then(
@@ -231,7 +232,20 @@ void async_call(caf::actor_system& sys, const caf::actor& owner, const Handle& d
           (*fin)(from_caf(e));
           self->quit();
         });
+    // A streamed exec's output comes to the helper (it made the request).
+    return {
+      [=](output_chunk& c) {
+        if (on_output)
+          on_output(c.stream, c.data);
+      },
+    };
   });
+}
+
+template <class Result, class Handle, class... Ts>
+void async_call(caf::actor_system& sys, const caf::actor& owner, const Handle& dest,
+                completion<Result> done, Ts... xs) {
+  async_request<Result>(sys, owner, dest, std::move(done), output_fn{}, std::move(xs)...);
 }
 
 // A reply of `true` (destroy, feedback) as expected<void>.
@@ -244,31 +258,13 @@ completion<bool> as_void(completion<void> done) {
   };
 }
 
-// exec_async with streamed output: the helper gets the output chunks (it made
-// the request) and passes each to `on_output` before `done` gets the result.
+// exec_async with streamed output: each chunk goes to `on_output` before
+// `done` gets the result.
 template <class Handle, class... Ts>
 void async_streamed_exec(caf::actor_system& sys, const caf::actor& owner, const Handle& dest,
                          completion<exec_result> done, output_fn on_output, Ts... xs) {
-  auto fin = std::make_shared<completion<exec_result>>(std::move(done));
-  sys.spawn([fin, owner, dest, on_output = std::move(on_output),
-             xs...](caf::event_based_actor* self) -> caf::behavior {
-    watch_lost(self, dest, owner, [fin](error e) { (*fin)(std::move(e)); });
-    self->request(dest, caf::infinite, xs...)
-      .then(
-        [=](exec_result& r) {
-          unwatch(self, dest, owner);
-          (*fin)(std::move(r));
-          self->quit();
-        },
-        [=](caf::error& e) {
-          unwatch(self, dest, owner);
-          (*fin)(from_caf(e));
-          self->quit();
-        });
-    return {
-      [=](output_chunk& c) { on_output(c.stream, c.data); },
-    };
-  });
+  async_request<exec_result>(sys, owner, dest, std::move(done), std::move(on_output),
+                             std::move(xs)...);
 }
 
 } // namespace

@@ -180,3 +180,11 @@ class Daemon:
             self.janitor.wait(timeout=120)
             self.janitor = None
         return status, out.decode(errors="replace")
+
+    def stop_clean(self):
+        """stop(), and fails unless dsecd exited 0 having no sandbox left to
+        destroy: every test cleaned up after itself."""
+        status, out = self.stop()
+        if status != 0 or "dsecd: 0 sandboxes destroyed" not in out:
+            raise AssertionError(f"dsecd ended with {status}, left sandboxes behind?\n{out}\n"
+                                 f"{getattr(self, 'stderr', b'').decode(errors='replace')}")
