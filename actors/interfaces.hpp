@@ -13,11 +13,27 @@
 
 namespace dsec {
 
+/// One per node, over its layer store: serves the layers it holds to peers
+/// that lack them (docs/cluster.md, layer distribution).
+using layer_store_actor = caf::typed_actor<
+  /// A layer by NAME@VERSION.
+  caf::replies_to<describe_atom, std::string>::with<layer_meta>,
+  /// Bytes [offset, offset + length) of the image with this digest; length at
+  /// most 1 MiB; shorter only at the end of the image.
+  caf::replies_to<fetch_atom, std::string, uint64_t, uint32_t>::with<std::string>>;
+
 /// One per node: mounts each layer once, counts its users, evicts unused ones.
+/// A layer missing from the node's store is fetched from its source (a peer's
+/// layer_store), once however many sandboxes wait for it.
 using layer_cache_actor = caf::typed_actor<
   /// Mounts (or finds) the environment's layers; one reference each until release.
   caf::replies_to<acquire_atom, environment>::with<layer_set>,
   caf::reacts_to<release_atom, uint64_t>,
+  /// Fetch missing layers from here from now on (a node that joined a cluster).
+  caf::reacts_to<source_atom, layer_store_actor>,
+  /// The NAME@VERSION layers in the node's store; layers fetched so far and
+  /// their bytes.
+  caf::replies_to<list_atom>::with<std::vector<std::string>, uint64_t, uint64_t>,
   /// layers mounted, bytes mounted, budget, evicted so far
   caf::replies_to<stats_atom>::with<uint32_t, uint64_t, uint64_t, uint64_t>>;
 

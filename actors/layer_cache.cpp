@@ -49,6 +49,9 @@ struct layer_cache_state {
   uint64_t tick = 0;
   uint64_t bytes = 0;
   uint64_t evicted = 0;
+  // layer distribution: where missing layers come from (none: a single node)
+  layer_store_actor source;
+  uint64_t fetched = 0, fetched_bytes = 0;
 
   // Takes a reference on `ref`, checking its kind; leases it in the store when
   // it was unused.
@@ -193,6 +196,15 @@ layer_cache_impl(layer_cache_actor::stateful_pointer<layer_cache_state> self, en
       return std::move(*r);
     },
     [=](release_atom, uint64_t lease) { self->state.release(lease); },
+    [=](source_atom, layer_store_actor& src) { self->state.source = std::move(src); },
+    [=](list_atom) -> caf::result<std::vector<std::string>, uint64_t, uint64_t> {
+      auto& s = self->state;
+      std::vector<std::string> refs;
+      if (auto all = s.eng->layers().list())
+        for (auto& l : *all)
+          refs.push_back(l.ref.to_string());
+      return {std::move(refs), s.fetched, s.fetched_bytes};
+    },
     [=](stats_atom) -> caf::result<uint32_t, uint64_t, uint64_t, uint64_t> {
       auto& s = self->state;
       return {static_cast<uint32_t>(s.mounts.size()), s.bytes, s.budget, s.evicted};

@@ -44,6 +44,17 @@ using feedback_atom = caf::atom_constant<caf::atom("feedback")>;
 using resume_atom = caf::atom_constant<caf::atom("resume")>;
 using pack_atom = caf::atom_constant<caf::atom("pack")>;
 using flush_atom = caf::atom_constant<caf::atom("flush")>;
+// the cluster (docs/cluster.md)
+using join_atom = caf::atom_constant<caf::atom("join")>;
+using beat_atom = caf::atom_constant<caf::atom("beat")>;
+using lost_atom = caf::atom_constant<caf::atom("lost")>;
+using cluster_atom = caf::atom_constant<caf::atom("cluster")>;
+using placed_atom = caf::atom_constant<caf::atom("placed")>;
+using reset_atom = caf::atom_constant<caf::atom("reset")>;
+// layer distribution
+using describe_atom = caf::atom_constant<caf::atom("describe")>;
+using fetch_atom = caf::atom_constant<caf::atom("fetch")>;
+using source_atom = caf::atom_constant<caf::atom("source")>;
 
 // ---- what a sandbox is made of --------------------------------------------------
 
@@ -100,12 +111,16 @@ struct placement {
   std::string id;
   std::string seed_pack;
   std::string seed_blobs;
+  /// The node tells the session itself (failed_atom, overloaded) about the
+  /// sandboxes it has no slot for; false when the cluster's scheduler places
+  /// them elsewhere instead.
+  bool report_refusals = true;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, placement& x) {
   return f(caf::meta::type_name("dsec.placement"), x.request, x.session_id, x.ttl_ms,
-           x.keep_upper, x.id, x.seed_pack, x.seed_blobs);
+           x.keep_upper, x.id, x.seed_pack, x.seed_blobs, x.report_refusals);
 }
 
 // ---- commands -------------------------------------------------------------------
@@ -260,6 +275,67 @@ struct layer_set {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, layer_set& x) {
   return f(caf::meta::type_name("dsec.layer_set"), x.lease, x.fds);
+}
+
+// ---- the cluster (docs/cluster.md) ---------------------------------------------------
+
+/// A layer as a node's store describes it to a peer that lacks it.
+struct layer_meta {
+  std::string ref;      ///< NAME@VERSION
+  std::string kind;     ///< base, workdir or tool
+  std::string digest;   ///< "sha256:<64 hex>" of the image bytes
+  uint64_t size = 0;    ///< image bytes
+  int64_t created = 0;  ///< unix seconds
+  std::string source;   ///< what it was built from, on the node that built it
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, layer_meta& x) {
+  return f(caf::meta::type_name("dsec.layer_meta"), x.ref, x.kind, x.digest, x.size,
+           x.created, x.source);
+}
+
+/// What a node's heartbeat carries (node -> coordinator, one message per
+/// interval however much changed).
+struct node_report {
+  std::string name;         ///< host:port
+  uint32_t slots = 0;       ///< admission limit (after oversubscription)
+  uint32_t live = 0;        ///< sandboxes now, including those being created
+  uint32_t creating = 0;
+  uint64_t created = 0;     ///< since start
+  uint64_t failed = 0;
+  uint64_t destroyed = 0;
+  /// The NAME@VERSION layers in its store, sent whole when they changed since
+  /// the last report (layers_sent true), else left empty.
+  bool layers_sent = false;
+  std::vector<std::string> layers;
+  uint64_t fetched_layers = 0; ///< layers fetched from peers since start
+  uint64_t fetched_bytes = 0;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, node_report& x) {
+  return f(caf::meta::type_name("dsec.node_report"), x.name, x.slots, x.live, x.creating,
+           x.created, x.failed, x.destroyed, x.layers_sent, x.layers, x.fetched_layers,
+           x.fetched_bytes);
+}
+
+/// One node as `dsec cluster status` shows it.
+struct member_info {
+  std::string name;
+  std::string state;          ///< "up", or "lost" (kept a while after) 
+  std::string why;            ///< for lost: what happened
+  bool coordinator = false;   ///< the node in the coordinator's own process
+  node_report last;           ///< its last heartbeat (layers: all it holds)
+  uint64_t since_beat_ms = 0; ///< since that heartbeat
+  uint64_t joined_ms = 0;     ///< unix time it joined
+  uint32_t placed = 0;        ///< sandboxes placed there since the last heartbeat
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, member_info& x) {
+  return f(caf::meta::type_name("dsec.member_info"), x.name, x.state, x.why, x.coordinator,
+           x.last, x.since_beat_ms, x.joined_ms, x.placed);
 }
 
 } // namespace dsec

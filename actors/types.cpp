@@ -66,6 +66,9 @@ void register_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<sandbox_info>("dsec.sandbox_info");
   cfg.add_message_type<node_stats>("dsec.node_stats");
   cfg.add_message_type<layer_set>("dsec.layer_set");
+  cfg.add_message_type<layer_meta>("dsec.layer_meta");
+  cfg.add_message_type<node_report>("dsec.node_report");
+  cfg.add_message_type<member_info>("dsec.member_info");
   cfg.add_message_type<chronus_event_msg>("dsec.chronus_event");
   cfg.add_message_type<chronus_feedback_msg>("dsec.chronus_feedback");
   cfg.add_message_type<session_actor>("dsec.session_actor");
@@ -73,6 +76,7 @@ void register_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<scheduler_actor>("dsec.scheduler_actor");
   cfg.add_message_type<node_actor>("dsec.node_actor");
   cfg.add_message_type<layer_cache_actor>("dsec.layer_cache_actor");
+  cfg.add_message_type<layer_store_actor>("dsec.layer_store_actor");
 }
 
 } // namespace dsec
