@@ -390,6 +390,10 @@ expected<node_stats> client::stats() {
   return call<node_stats>(*sys_, scheduler_, stats_atom::value);
 }
 
+expected<std::vector<member_info>> client::cluster() {
+  return call<std::vector<member_info>>(*sys_, scheduler_, cluster_atom::value);
+}
+
 // ---- client: asynchronous variants ---------------------------------------------------
 
 namespace {

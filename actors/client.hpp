@@ -106,6 +106,9 @@ public:
   expected<void> destroy(const std::string& id);
   expected<std::vector<sandbox_info>> list();
   expected<node_stats> stats();
+  /// The cluster's nodes (a coordinator's; docs/cluster.md): up ones first,
+  /// the coordinator's own node first of them, then those lately lost.
+  expected<std::vector<member_info>> cluster();
   /// Answers a Chronus feedback request of a sandbox (the request id is the
   /// event's seq): the `chronus feedback` waiting in it gets `fb`.
   expected<void> answer(const std::string& id, const chronus_feedback& fb);

@@ -5,6 +5,7 @@
 #include <caf/send.hpp>
 
 #include "actors/layer_cache.hpp"
+#include "actors/member.hpp"
 #include "actors/node.hpp"
 #include "actors/scheduler.hpp"
 #include "actors/types.hpp"
@@ -45,7 +46,25 @@ expected<std::unique_ptr<daemon>> daemon::start(caf::actor_system& sys,
     if (::mkdir(sc.trajectories.c_str(), 0700) < 0 && errno != EEXIST)
       return sys_error("creating the trajectory log directory", sc.trajectories);
   }
+  sc.coordinator = opts.coordinator;
+  sc.beat_timeout = opts.beat_timeout;
+  if (!opts.join_host.empty())
+    sc.joined = opts.join_host + ":" + std::to_string(opts.join_port);
   d->scheduler_ = spawn_scheduler(sys, std::move(sc));
+  if (opts.coordinator || !opts.join_host.empty()) {
+    member_config mc;
+    mc.name = opts.name;
+    mc.node = d->node_;
+    mc.cache = d->cache_;
+    if (opts.coordinator)
+      mc.coordinator = d->scheduler_;
+    mc.host = opts.join_host;
+    mc.port = opts.join_port;
+    mc.connector = opts.connector;
+    mc.interval = opts.beat_interval;
+    mc.grace = opts.orphan_grace;
+    d->member_ = spawn_member(sys, std::move(mc));
+  }
   return d;
 }
 
@@ -57,6 +76,12 @@ expected<uint32_t> daemon::shutdown() {
   std::optional<error> failure;
   {
     caf::scoped_actor self{*sys_};
+    if (member_) {
+      // No more heartbeats or joins: the coordinator sees this node go.
+      self->monitor(member_);
+      self->send_exit(member_, caf::exit_reason::user_shutdown);
+      self->receive([](caf::down_msg&) {});
+    }
     self->request(scheduler_, std::chrono::seconds(60), shutdown_atom::value)
       .receive([&](uint32_t n) { destroyed = n; },
                [&](caf::error& e) { failure = from_caf(e); });
@@ -69,6 +94,7 @@ expected<uint32_t> daemon::shutdown() {
     }
   }
   scheduler_ = nullptr;
+  member_ = nullptr;
   node_ = nullptr;
   cache_ = nullptr;
   if (failure)

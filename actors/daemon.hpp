@@ -3,6 +3,7 @@
 // embedded in their own process.
 #pragma once
 
+#include <caf/actor.hpp>
 #include <caf/fwd.hpp>
 
 #include <chrono>
@@ -26,6 +27,20 @@ struct daemon_options {
   unsigned netns_prewarm = 8;
   /// Trajectory logs unused for this long are removed; 0: kept until closed.
   std::chrono::milliseconds trajectory_keep{std::chrono::hours(24 * 7)};
+  // ---- the cluster (docs/cluster.md) ----
+  /// Be a coordinator: place sandboxes over the nodes that join, this
+  /// daemon's own node among them (it joins its own scheduler).
+  bool coordinator = false;
+  /// Join the coordinator at join_host:join_port (empty: do not).
+  std::string join_host;
+  uint16_t join_port = 0;
+  /// What a joining node sends connect_atom to (CAF's middleman actor, or the
+  /// TLS one); null: the actor system's middleman.
+  caf::actor connector;
+  std::chrono::milliseconds beat_interval{500};
+  std::chrono::milliseconds beat_timeout{1500};
+  /// How long a node whose coordinator was lost keeps its sandboxes.
+  std::chrono::milliseconds orphan_grace{5000};
 };
 
 /// The node's actors and the engine under them. Destroying it shuts the
@@ -54,6 +69,7 @@ private:
   std::unique_ptr<engine> engine_;
   layer_cache_actor cache_;
   node_actor node_;
+  member_actor member_;
   scheduler_actor scheduler_;
   std::vector<std::string> gc_;
   bool down_ = false;

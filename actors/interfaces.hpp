@@ -6,6 +6,7 @@
 //                 \--open--> session <--ready/gone-- sandbox        \--> layer_cache
 #pragma once
 
+#include <caf/node_id.hpp>
 #include <caf/replies_to.hpp>
 #include <caf/typed_actor.hpp>
 
@@ -89,7 +90,12 @@ using session_actor = caf::typed_actor<
   // internal: from the node and the sandboxes
   caf::reacts_to<ready_atom, std::string, sandbox_actor, uint64_t>,  ///< id, actor, request
   caf::reacts_to<failed_atom, caf::error, uint64_t>,                 ///< why, request
-  caf::reacts_to<gone_atom, std::string>>;
+  caf::reacts_to<gone_atom, std::string>,
+  // internal: from the cluster's scheduler (docs/cluster.md)
+  /// `count` sandboxes of request `request` were admitted by the node `where`
+  caf::reacts_to<placed_atom, uint64_t, caf::node_id, uint32_t>,
+  /// node `where` (named `name`) was lost, and why: its sandboxes are gone
+  caf::reacts_to<lost_atom, caf::node_id, std::string, std::string>>;
 
 /// One per node: admission, the sandboxes' registry and the node's statistics.
 using node_actor = caf::typed_actor<
@@ -101,6 +107,9 @@ using node_actor = caf::typed_actor<
   caf::replies_to<stats_atom>::with<node_stats>,
   caf::reacts_to<gone_atom, std::string, bool>,          ///< internal: id, created ok
   caf::reacts_to<ready_atom, std::string>,               ///< internal: creation done
+  /// Destroys every sandbox and stays up (a node whose coordinator was lost);
+  /// replies how many, once they are gone.
+  caf::replies_to<reset_atom>::with<uint32_t>,
   caf::replies_to<shutdown_atom>::with<uint32_t>>;       ///< destroys everything
 
 /// The entry of a dsecd (published with CAF's middleman): sessions and placement.
@@ -120,6 +129,25 @@ using scheduler_actor = caf::typed_actor<
   caf::replies_to<stats_atom>::with<node_stats>,
   caf::reacts_to<gone_atom, std::string>,               ///< internal: a session ended
   caf::reacts_to<ttl_atom>,                             ///< internal: expire old trajectory logs
+  // the cluster (docs/cluster.md); a scheduler that is not a coordinator
+  // refuses these with errc::unsupported
+  /// Every node, up or lately lost.
+  caf::replies_to<cluster_atom>::with<std::vector<member_info>>,
+  /// A node joins: its first report, its node actor and its layer store.
+  /// Replies the coordinator's layer store (where it fetches missing layers).
+  caf::replies_to<join_atom, node_report, node_actor, layer_store_actor>::with<layer_store_actor>,
+  /// A node's heartbeat. false: it is not a member (it was declared lost):
+  /// it must destroy its sandboxes and join again.
+  caf::replies_to<beat_atom, node_report>::with<bool>,
+  caf::reacts_to<timeout_atom>,                         ///< internal: check heartbeats
   caf::replies_to<shutdown_atom>::with<uint32_t>>;
+
+/// One per node of a cluster: its link to the coordinator (joins, sends
+/// heartbeats, rejoins; destroys the node's sandboxes when the coordinator is
+/// lost). Internal: it only talks to itself.
+using member_actor = caf::typed_actor<
+  caf::reacts_to<join_atom>,
+  caf::reacts_to<beat_atom>,
+  caf::reacts_to<reset_atom, uint64_t>>; ///< the grace period of coordinator loss `n` ended
 
 } // namespace dsec

@@ -220,12 +220,13 @@ struct sandbox_info {
   uint64_t created_ms = 0;  ///< unix time
   uint64_t ttl_left_ms = 0;
   uint32_t running = 0;     ///< commands running now
+  std::string node;         ///< the node it lives on (its name)
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, sandbox_info& x) {
   return f(caf::meta::type_name("dsec.sandbox_info"), x.id, x.session, x.state, x.env,
-           x.created_ms, x.ttl_left_ms, x.running);
+           x.created_ms, x.ttl_left_ms, x.running, x.node);
 }
 
 struct node_stats {

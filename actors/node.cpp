@@ -37,6 +37,8 @@ struct node_state {
   std::vector<caf::typed_response_promise<uint32_t>> shutdown_waiters;
   uint32_t shutdown_count = 0;
   bool shutting_down = false;
+  // reset_atom: answered once the node is empty, with how many there were
+  std::vector<std::pair<caf::typed_response_promise<uint32_t>, uint32_t>> reset_waiters;
 };
 
 using self_ptr = node_actor::stateful_pointer<node_state>;
@@ -57,6 +59,11 @@ void pump(self_ptr self) {
 
 void check_shutdown(self_ptr self) {
   auto& s = self->state;
+  if (s.live.empty()) {
+    for (auto& [rp, n] : s.reset_waiters)
+      rp.deliver(n);
+    s.reset_waiters.clear();
+  }
   if (s.shutting_down && s.live.empty()) {
     for (auto& rp : s.shutdown_waiters)
       rp.deliver(s.shutdown_count);
@@ -99,6 +106,7 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
         sc.session = session;
         sc.request = request;
         sc.node = self;
+        sc.node_name = s.cfg.name;
         sc.cache = s.cfg.cache;
         sc.eng = s.cfg.eng;
         sc.keep_upper = pl.keep_upper;
@@ -109,6 +117,8 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
         ++s.creating;
       }
       pump(self);
+      if (!pl.report_refusals)
+        return admitted; // the cluster's scheduler places them elsewhere
       // Every sandbox asked for gets an answer; the ones without a slot now.
       for (uint32_t i = admitted; i < count; ++i)
         self->send(session, failed_atom::value,
@@ -142,6 +152,7 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
         }
         sandbox_info info; // still queued: no actor to ask yet
         info.id = id;
+        info.node = s.cfg.name;
         info.state = "queued";
         queued.push_back(std::move(info));
       }
@@ -212,6 +223,25 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
         ++s.failed;
       check_shutdown(self);
     },
+    [=](reset_atom) -> caf::result<uint32_t> {
+      auto& s = self->state;
+      auto rp = self->make_response_promise<uint32_t>();
+      for (auto& sc : s.queued) {
+        self->send(sc.session, failed_atom::value,
+                       to_caf(make_error(errc::lost, "node " + s.cfg.name
+                                                       + " lost its coordinator")),
+                       sc.request);
+        s.live.erase(sc.id);
+        --s.creating;
+        ++s.failed;
+      }
+      s.queued.clear();
+      s.reset_waiters.emplace_back(rp, static_cast<uint32_t>(s.live.size()));
+      for (auto& [id, e] : s.live)
+        caf::anon_send(e.handle, destroy_atom::value);
+      check_shutdown(self);
+      return rp;
+    },
     [=](shutdown_atom) -> caf::result<uint32_t> {
       auto& s = self->state;
       auto rp = self->make_response_promise<uint32_t>();
@@ -220,7 +250,7 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
         s.shutting_down = true;
         // Queued ones never started: they fail now.
         for (auto& sc : s.queued) {
-          caf::anon_send(sc.session, failed_atom::value,
+          self->send(sc.session, failed_atom::value,
                          to_caf(make_error(errc::overloaded,
                                            "node " + s.cfg.name + " is shutting down")),
                          sc.request);

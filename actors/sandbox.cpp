@@ -651,6 +651,7 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
       sandbox_info info;
       info.id = s.cfg.id;
       info.session = s.cfg.session_id;
+      info.node = s.cfg.node_name;
       info.state = phase_name(s);
       info.env = s.cfg.env;
       info.created_ms = s.created_ms;

@@ -30,6 +30,7 @@ struct sandbox_config {
   session_actor session;
   uint64_t request = 0;    ///< the session's create request it belongs to
   node_actor node;
+  std::string node_name;   ///< for sandbox_info
   layer_cache_actor cache;
   engine* eng = nullptr;
   bool keep_upper = false;  ///< packs can be taken (placement.keep_upper)

@@ -10,8 +10,13 @@
 
 #include <cstdio>
 
+#include <algorithm>
+#include <deque>
+#include <map>
+#include <memory>
 #include <unordered_map>
 
+#include "actors/cluster_map.hpp"
 #include "actors/session.hpp"
 #include "actors/trajectory.hpp"
 #include "actors/types.hpp"
@@ -29,9 +34,182 @@ struct scheduler_state {
   /// which answers from the log or rebuilds them.
   std::unordered_map<std::string, std::string> resumed;
   bool shutting_down = false;
+
+  // ---- the cluster (a coordinator's) ----
+  struct member {
+    std::string name;
+    node_actor node;
+    layer_store_actor store;
+    caf::node_id where;
+    node_report last;                 // its last heartbeat, without the layers
+    std::vector<std::string> layers;  // the last full list it sent
+    uint64_t joined_ms = 0;
+    bool local = false;               // the coordinator's own node
+  };
+  std::unordered_map<uint32_t, member> members; // by cluster_map id
+  std::unordered_map<std::string, uint32_t> by_name;
+  std::map<caf::actor_addr, uint32_t> by_addr;
+  cluster_map map;
+  std::deque<member_info> lost; // the latest, for `cluster status`
 };
 
 using self_ptr = scheduler_actor::stateful_pointer<scheduler_state>;
+
+uint64_t unix_ms() {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                 std::chrono::system_clock::now().time_since_epoch())
+                                 .count());
+}
+
+caf::error not_coordinator(self_ptr self) {
+  return to_caf(make_error(errc::unsupported,
+                           "dsecd " + self->state.cfg.name
+                             + " is not a cluster's coordinator (start it with --coordinator)"));
+}
+
+// A node leaves the cluster: lost (no heartbeat, connection gone) or replaced
+// by a new process under its name. Every session hears it (its sandboxes
+// there are gone); the map stops placing there.
+void lose(self_ptr self, uint32_t id, const std::string& why) {
+  auto& s = self->state;
+  auto it = s.members.find(id);
+  if (it == s.members.end())
+    return;
+  auto m = std::move(it->second);
+  s.members.erase(it);
+  if (auto n = s.by_name.find(m.name); n != s.by_name.end() && n->second == id)
+    s.by_name.erase(n);
+  s.by_addr.erase(m.node.address());
+  s.map.remove(id);
+  self->demonitor(m.node.address());
+  std::printf("dsecd: node %s lost: %s\n", m.name.c_str(), why.c_str());
+  std::fflush(stdout);
+  member_info info;
+  info.name = m.name;
+  info.state = "lost";
+  info.why = why + " at " + std::to_string(unix_ms()) + " ms";
+  info.coordinator = m.local;
+  info.last = std::move(m.last);
+  info.joined_ms = m.joined_ms;
+  s.lost.push_back(std::move(info));
+  while (s.lost.size() > 32)
+    s.lost.pop_front();
+  for (auto& [sid, sess] : s.sessions)
+    caf::anon_send(sess, lost_atom::value, m.where, m.name, why);
+}
+
+// One create request being placed over the cluster, piece by piece.
+struct place_job {
+  environment env;
+  session_actor session;
+  placement pl;
+  cluster_map::batch batch;
+  uint32_t piece = 1;
+  uint32_t left = 0;
+  uint32_t admitted = 0;
+  uint32_t outstanding = 0;
+  uint32_t refusals = 0;
+  bool done = false;
+  std::string why; // the last refusal
+  caf::typed_response_promise<uint32_t> rp;
+};
+
+// Refusals (a node full after all, or unreachable) a request may meet before
+// what is left of it fails.
+constexpr uint32_t max_refusals = 16;
+
+void place_more(self_ptr self, const std::shared_ptr<place_job>& job) {
+  auto& s = self->state;
+  while (job->left > 0 && job->refusals < max_refusals) {
+    auto id = s.map.pick(job->batch);
+    if (!id)
+      break;
+    auto* n = s.map.find(id);
+    uint32_t k = std::min({job->piece, job->left, n->free()});
+    s.map.placed(id, k, job->batch.refs);
+    job->left -= k;
+    ++job->outstanding;
+    const auto& m = s.members.at(id);
+    auto where = m.where;
+    auto name = m.name;
+    self
+      ->request(m.node, std::chrono::seconds(30), spawn_atom::value, job->env, k, job->session,
+                job->pl)
+      .then(
+        [=](uint32_t got) {
+          --job->outstanding;
+          job->admitted += got;
+          if (got > 0)
+            caf::anon_send(job->session, placed_atom::value, job->pl.request, where, got);
+          if (got < k) {
+            self->state.map.full(id);
+            job->left += k - got;
+            ++job->refusals;
+            job->why = "node " + name + " refused " + std::to_string(k - got) + " (full)";
+          }
+          place_more(self, job);
+        },
+        [=](caf::error& e) {
+          --job->outstanding;
+          self->state.map.full(id);
+          job->left += k;
+          ++job->refusals;
+          job->why = "node " + name + ": " + from_caf(e).message;
+          place_more(self, job);
+        });
+  }
+  if (job->outstanding > 0 || job->done)
+    return;
+  job->done = true;
+  if (job->left > 0) {
+    auto msg = s.map.size() == 0
+                 ? std::string{"no node has joined the cluster"}
+                 : "the cluster has no free slot for " + std::to_string(job->left)
+                     + " more sandboxes (" + std::to_string(s.map.size()) + " nodes up"
+                     + (job->why.empty() ? std::string{} : "; " + job->why) + ")";
+    auto e = to_caf(make_error(errc::overloaded, msg));
+    for (uint32_t i = 0; i < job->left; ++i)
+      caf::anon_send(job->session, failed_atom::value, e, job->pl.request);
+  }
+  job->rp.deliver(job->admitted);
+}
+
+// Finds a sandbox by id: on the node, or (a coordinator) on whichever node
+// has it, asking them all at once (the command line's by-id verbs only).
+template <class Found, class Fail>
+void find_box(self_ptr self, const std::string& id, Found found, Fail fail) {
+  auto& s = self->state;
+  if (!s.cfg.coordinator) {
+    self->request(s.cfg.node, std::chrono::seconds(30), lookup_atom::value, id)
+      .then([=](sandbox_actor& sb) mutable { found(sb); },
+            [=](caf::error& e) mutable { fail(e); });
+    return;
+  }
+  struct pending {
+    size_t left = 0;
+    bool answered = false;
+  };
+  auto p = std::make_shared<pending>();
+  p->left = s.members.size();
+  if (p->left == 0) {
+    fail(to_caf(make_error(errc::not_found, "no sandbox " + id + " (no node in the cluster)")));
+    return;
+  }
+  for (auto& [mid, m] : s.members)
+    self->request(m.node, std::chrono::seconds(10), lookup_atom::value, id)
+      .then(
+        [=](sandbox_actor& sb) mutable {
+          --p->left;
+          if (!p->answered) {
+            p->answered = true;
+            found(sb);
+          }
+        },
+        [=](caf::error&) mutable {
+          if (--p->left == 0 && !p->answered)
+            fail(to_caf(make_error(errc::not_found, "no sandbox " + id + " in the cluster")));
+        });
+}
 
 std::string new_session_id() {
   unsigned char b[4] = {};
@@ -57,8 +235,8 @@ caf::result<Result> by_id(self_ptr self, const std::string& id, Atom atom, Ts...
       return rp;
     }
   }
-  self->request(s.cfg.node, std::chrono::seconds(30), lookup_atom::value, id)
-    .then(
+  find_box(
+    self, id,
       [=](sandbox_actor& sb) mutable {
         // Through its session: one with a trajectory log records what its
         // sandboxes do (a session without one hands the request straight on).
@@ -73,7 +251,7 @@ caf::result<Result> by_id(self_ptr self, const std::string& id, Atom atom, Ts...
             },
             [=](caf::error&) mutable { rp.delegate(sb, atom, xs...); });
       },
-      [=](caf::error& e) mutable { rp.deliver(e); });
+      [=](caf::error e) mutable { rp.deliver(e); });
   return rp;
 }
 
@@ -88,6 +266,7 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
     sc.options.quota = 1u << 20;
     sc.options.name = "default";
     sc.scheduler = self;
+    sc.cluster = self->state.cfg.coordinator;
     // Not emplace(sc.id, spawn_session(.., std::move(sc))): the key would be
     // read from the moved-from sc.id, i.e. empty.
     auto id = sc.id;
@@ -95,6 +274,16 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
   }
   if (self->state.cfg.trajectory_keep.count() > 0 && !self->state.cfg.trajectories.empty())
     self->send(self, ttl_atom::value);
+  if (self->state.cfg.coordinator) {
+    self->send(self, timeout_atom::value);
+    self->set_down_handler([=](caf::down_msg& dm) {
+      auto& s = self->state;
+      auto it = s.by_addr.find(dm.source);
+      if (it != s.by_addr.end())
+        lose(self, it->second, "its connection was lost (" + self->system().render(dm.reason)
+                                 + ")");
+    });
+  }
   return {
     [=](ttl_atom) {
       auto& s = self->state;
@@ -111,6 +300,10 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
       auto& s = self->state;
       if (s.shutting_down)
         return to_caf(make_error(errc::overloaded, "the daemon is shutting down"));
+      if (!s.cfg.joined.empty())
+        return to_caf(make_error(errc::unsupported,
+                                 "node " + s.cfg.name + " belongs to the cluster of "
+                                   + s.cfg.joined + ": open sessions there"));
       if (opts.quota == 0)
         return to_caf(make_error(errc::invalid_argument, "a session's quota must be at least 1"));
       auto id = new_session_id();
@@ -132,6 +325,7 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
       sc.trainer = trainer;
       sc.scheduler = self;
       sc.trajectories = s.cfg.trajectories;
+      sc.cluster = s.cfg.coordinator;
       auto sess = spawn_session(self->system(), std::move(sc));
       s.sessions.emplace(id, sess);
       return {sess, id};
@@ -143,6 +337,10 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
         return to_caf(make_error(errc::overloaded, "the daemon is shutting down"));
       if (id.empty() || id.find('/') != std::string::npos || id == "." || id == "..")
         return to_caf(make_error(errc::invalid_argument, "'" + id + "' is not a session id"));
+      if (!s.cfg.joined.empty())
+        return to_caf(make_error(errc::unsupported,
+                                 "node " + s.cfg.name + " belongs to the cluster of "
+                                   + s.cfg.joined + ": resume sessions there"));
       if (s.sessions.count(id))
         return to_caf(make_error(errc::in_use, "session " + id
                                                  + " is live: use it, or close it, rather"
@@ -163,6 +361,7 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
         if (!b.destroyed)
           s.resumed[b.id] = id;
       sc.resume = std::make_shared<const trajectory_plan>(std::move(*plan));
+      sc.cluster = s.cfg.coordinator;
       auto sess = spawn_session(self->system(), std::move(sc));
       s.sessions.emplace(id, sess);
       return {sess, id};
@@ -175,10 +374,25 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
       return it->second;
     },
     [=](place_atom, environment& env, uint32_t count, session_actor& session,
-        placement& pl) -> caf::delegated<uint32_t> {
-      // One node: it gets everything (the node refuses what it has no slot for).
-      return self->delegate(self->state.cfg.node, spawn_atom::value, std::move(env), count,
-                            std::move(session), std::move(pl));
+        placement& pl) -> caf::result<uint32_t> {
+      auto& s = self->state;
+      if (!s.cfg.coordinator) {
+        // One node: it gets everything (the node refuses what it has no slot for).
+        return self->delegate(s.cfg.node, spawn_atom::value, std::move(env), count,
+                              std::move(session), std::move(pl));
+      }
+      auto job = std::make_shared<place_job>();
+      job->batch = cluster_map::make_batch(env.base, env.workdir, env.tools);
+      job->env = std::move(env);
+      job->session = std::move(session);
+      job->pl = std::move(pl);
+      job->pl.report_refusals = false; // placed elsewhere instead
+      job->piece = s.map.piece_size(count);
+      job->left = count;
+      job->rp = self->make_response_promise<uint32_t>();
+      auto rp = job->rp;
+      place_more(self, job);
+      return rp;
     },
     [=](exec_atom, const std::string& id, const exec_request& req) {
       return by_id<exec_result>(self, id, exec_atom::value, req);
@@ -195,8 +409,126 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
     [=](destroy_atom, const std::string& id) {
       return by_id<bool>(self, id, destroy_atom::value);
     },
-    [=](list_atom) -> caf::delegated<std::vector<sandbox_info>> {
-      return self->delegate(self->state.cfg.node, list_atom::value);
+    [=](list_atom) -> caf::result<std::vector<sandbox_info>> {
+      auto& s = self->state;
+      if (!s.cfg.coordinator)
+        return self->delegate(s.cfg.node, list_atom::value);
+      // Every node's, together (a node that does not answer is left out).
+      struct gather {
+        std::vector<sandbox_info> all;
+        size_t left = 0;
+      };
+      auto g = std::make_shared<gather>();
+      auto rp = self->make_response_promise<std::vector<sandbox_info>>();
+      g->left = s.members.size();
+      if (g->left == 0)
+        rp.deliver(std::vector<sandbox_info>{});
+      for (auto& [id, m] : s.members)
+        self->request(m.node, std::chrono::seconds(10), list_atom::value)
+          .then(
+            [=](std::vector<sandbox_info>& xs) mutable {
+              for (auto& x : xs)
+                g->all.push_back(std::move(x));
+              if (--g->left == 0)
+                rp.deliver(std::move(g->all));
+            },
+            [=](caf::error&) mutable {
+              if (--g->left == 0)
+                rp.deliver(std::move(g->all));
+            });
+      return rp;
+    },
+    [=](cluster_atom) -> caf::result<std::vector<member_info>> {
+      auto& s = self->state;
+      if (!s.cfg.coordinator)
+        return not_coordinator(self);
+      std::vector<member_info> out;
+      auto now = std::chrono::steady_clock::now();
+      for (auto& [id, m] : s.members) {
+        member_info info;
+        info.name = m.name;
+        info.state = "up";
+        info.coordinator = m.local;
+        info.last = m.last;
+        info.last.layers = m.layers;
+        info.joined_ms = m.joined_ms;
+        if (auto* n = s.map.find(id)) {
+          info.since_beat_ms = static_cast<uint64_t>(
+            std::chrono::duration_cast<std::chrono::milliseconds>(now - n->last_report).count());
+          info.placed = n->placed;
+        }
+        out.push_back(std::move(info));
+      }
+      std::sort(out.begin(), out.end(), [](const member_info& a, const member_info& b) {
+        return a.coordinator != b.coordinator ? a.coordinator : a.name < b.name;
+      });
+      for (auto& l : s.lost)
+        out.push_back(l);
+      return out;
+    },
+    [=](join_atom, node_report& rep, node_actor& node,
+        layer_store_actor& store) -> caf::result<layer_store_actor> {
+      auto& s = self->state;
+      if (!s.cfg.coordinator)
+        return not_coordinator(self);
+      if (s.shutting_down)
+        return to_caf(make_error(errc::overloaded, "the coordinator is shutting down"));
+      if (rep.name.empty() || !node)
+        return to_caf(make_error(errc::invalid_argument, "a joining node needs a name and a node actor"));
+      if (auto it = s.by_name.find(rep.name); it != s.by_name.end())
+        lose(self, it->second, "it joined again (a new process under the same name)");
+      auto id = s.map.add(rep.name, rep.slots, rep.live, rep.layers);
+      auto& m = s.members[id];
+      m.name = rep.name;
+      m.where = node.node();
+      m.local = m.where == self->node();
+      m.node = std::move(node);
+      m.store = std::move(store);
+      m.layers = std::move(rep.layers);
+      rep.layers.clear();
+      m.last = std::move(rep);
+      m.joined_ms = unix_ms();
+      s.by_name[m.name] = id;
+      s.by_addr[m.node.address()] = id;
+      self->monitor(m.node);
+      std::printf("dsecd: node %s joined (%u slots, %zu layers)%s\n", m.name.c_str(),
+                  m.last.slots, m.layers.size(), m.local ? " (this process)" : "");
+      std::fflush(stdout);
+      return s.cfg.store;
+    },
+    [=](beat_atom, node_report& rep) -> caf::result<bool> {
+      auto& s = self->state;
+      if (!s.cfg.coordinator)
+        return not_coordinator(self);
+      auto it = s.by_name.find(rep.name);
+      if (it == s.by_name.end())
+        return false;
+      auto& m = s.members.at(it->second);
+      if (auto sender = self->current_sender(); sender && sender->node() != m.where)
+        return false; // an older process under the same name
+      s.map.report(it->second, rep.slots, rep.live, rep.layers_sent ? &rep.layers : nullptr);
+      if (rep.layers_sent)
+        m.layers = std::move(rep.layers);
+      rep.layers.clear();
+      m.last = std::move(rep);
+      return true;
+    },
+    [=](timeout_atom) {
+      auto& s = self->state;
+      auto now = std::chrono::steady_clock::now();
+      std::vector<std::pair<uint32_t, int64_t>> dead;
+      for (auto& [id, m] : s.members) {
+        auto* n = s.map.find(id);
+        if (m.local || !n)
+          continue;
+        auto quiet = std::chrono::duration_cast<std::chrono::milliseconds>(now - n->last_report);
+        if (quiet > s.cfg.beat_timeout)
+          dead.emplace_back(id, quiet.count());
+      }
+      for (auto [id, ms] : dead)
+        lose(self, id, "no heartbeat for " + std::to_string(ms) + " ms");
+      self->delayed_send(self, std::max(std::chrono::milliseconds(50), s.cfg.beat_timeout / 6),
+                         timeout_atom::value);
     },
     [=](stats_atom) -> caf::result<node_stats> {
       auto rp = self->make_response_promise<node_stats>();
@@ -219,6 +551,7 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
       auto& s = self->state;
       s.shutting_down = true;
       // Closed, but their trajectory logs stay: a restarted daemon resumes them.
+      // (The nodes of a cluster destroy their sandboxes when they lose us.)
       for (auto& [id, sess] : s.sessions)
         caf::anon_send(sess, shutdown_atom::value);
       return self->delegate(s.cfg.node, shutdown_atom::value);

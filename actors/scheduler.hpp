@@ -1,6 +1,7 @@
 // scheduler: the entry of a dsecd, published with CAF's middleman. Trainers
 // open sessions here; sessions ask it to place sandboxes. On one node it admits
-// everything to that node (the cluster will choose among nodes); by sandbox id
+// everything to that node; a coordinator's chooses among the nodes that joined
+// it (heartbeats, failure detection, placement: docs/cluster.md); by sandbox id
 // it serves the command line, which has no session. It keeps one session of
 // its own, "default", for sandboxes nobody owns (`dsec run --detach`).
 #pragma once
@@ -21,6 +22,18 @@ struct scheduler_config {
   /// A log no session wrote to for this long is removed (checked at start and
   /// hourly); 0: never.
   std::chrono::milliseconds trajectory_keep{0};
+  // ---- the cluster (docs/cluster.md) ----
+  /// A coordinator: places sandboxes over the nodes that joined it (its own
+  /// node among them once its member joins), with power-of-k choices
+  /// (actors/cluster_map.hpp).
+  bool coordinator = false;
+  /// The coordinator's layer store, handed to joining nodes.
+  layer_store_actor store;
+  /// A node with no heartbeat for this long is lost.
+  std::chrono::milliseconds beat_timeout{1500};
+  /// A node that joined a coordinator (its address): sessions are opened
+  /// there; this scheduler only serves the node's own sandboxes by id.
+  std::string joined;
 };
 
 scheduler_actor spawn_scheduler(caf::actor_system& sys, scheduler_config cfg);

@@ -7,7 +7,10 @@
 #include <caf/typed_event_based_actor.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
+#include <map>
+#include <set>
 #include <deque>
 #include <filesystem>
 #include <fstream>
@@ -20,6 +23,7 @@
 #include "actors/sandbox.hpp"
 #include "actors/trajectory.hpp"
 #include "actors/types.hpp"
+#include "runtime/chronus.hpp"
 #include "runtime/trajectory.hpp"
 
 namespace dsec {
@@ -79,6 +83,19 @@ struct session_state {
   std::vector<trajectory_plan::group> groups; // create calls to match, in order
   size_t next_claim = 0;
   std::unordered_set<std::string> destroyed_in_log;
+  // ---- the cluster (cfg.cluster) ----
+  // Sandboxes admitted by each node and not yet ready or failed, by request;
+  // may go below 0 for a while (a ready can overtake the scheduler's placed_atom).
+  std::map<caf::node_id, std::unordered_map<uint64_t, int64_t>> inflight;
+  std::set<caf::node_id> lost_nodes;
+  // Requests to sandboxes on other nodes, answered with errc::lost if the node is.
+  struct call {
+    caf::node_id where;
+    std::function<void(const error&)> fail;
+  };
+  std::unordered_map<uint64_t, call> calls;
+  uint64_t next_call = 1;
+  std::unordered_map<std::string, std::string> lost_boxes; // id -> why
 };
 
 // Events kept for a watcher that has not come yet; beyond either limit, the
@@ -198,9 +215,119 @@ void close_session(self_ptr self) {
 expected<sandbox_actor> find(self_ptr self, const std::string& id) {
   auto& s = self->state;
   auto it = s.sandboxes.find(id);
-  if (it == s.sandboxes.end())
+  if (it == s.sandboxes.end()) {
+    if (auto l = s.lost_boxes.find(id); l != s.lost_boxes.end())
+      return make_error(errc::lost, l->second);
     return make_error(errc::not_found, "no sandbox " + id + " in session " + s.cfg.id);
+  }
   return it->second;
+}
+
+// Hands a request on to sandbox `sb`, its answer going back through `rp`. One
+// in this process (or of a session that is not a coordinator's) gets it
+// delegated; one on another node gets it as a request of ours, kept in
+// `calls`, so that when that node is lost the caller hears errc::lost at once
+// instead of waiting for an answer that will never come.
+template <class Result, class... Ts>
+void forward_to(self_ptr self, const sandbox_actor& sb, caf::typed_response_promise<Result> rp,
+                Ts... xs) {
+  auto& s = self->state;
+  if (!s.cfg.cluster || sb.node() == self->node()) {
+    rp.delegate(sb, std::move(xs)...);
+    return;
+  }
+  auto call = s.next_call++;
+  s.calls.emplace(call, session_state::call{sb.node(), [rp](const error& e) mutable {
+                                               rp.deliver(to_caf(e));
+                                             }});
+  self->request(sb, caf::infinite, std::move(xs)...)
+    .then(
+      [=](Result& r) mutable {
+        if (self->state.calls.erase(call))
+          rp.deliver(std::move(r));
+      },
+      [=](caf::error& e) mutable {
+        if (self->state.calls.erase(call))
+          rp.deliver(e);
+      });
+}
+
+// A relay for a streamed command: the sandbox streams to whoever asked, so the
+// relay asks, forwards the chunks to `requester`, and answers with the result.
+// With `kept` it also keeps a copy of the output (up to `limit` per stream)
+// and puts it into the result. If the requester goes away, so does the relay
+// (and the sandbox kills the command as it would have).
+struct kept_output {
+  std::string out, err;
+  bool truncated = false;
+};
+
+caf::actor spawn_relay(self_ptr self, sandbox_actor sb, caf::strong_actor_ptr requester,
+                       std::shared_ptr<kept_output> kept, uint64_t limit) {
+  return self->spawn([sb, requester, kept, limit](caf::event_based_actor* r) -> caf::behavior {
+    if (requester) {
+      r->monitor(requester);
+      r->set_down_handler([r](caf::down_msg&) { r->quit(); });
+    }
+    return {
+      [=](exec_atom, exec_request& q) -> caf::result<exec_result> {
+        auto p = r->make_response_promise<exec_result>();
+        r->request(sb, caf::infinite, exec_atom::value, std::move(q))
+          .then(
+            [=](exec_result& res) mutable {
+              if (kept) {
+                res.out = std::move(kept->out);
+                res.err = std::move(kept->err);
+                res.truncated = res.truncated || kept->truncated;
+              }
+              p.deliver(std::move(res));
+              r->quit();
+            },
+            [=](caf::error& e) mutable {
+              p.deliver(e);
+              r->quit();
+            });
+        return p;
+      },
+      [=](output_chunk& c) {
+        if (kept) {
+          auto& buf = c.stream == 2 ? kept->err : kept->out;
+          size_t room = buf.size() < limit ? limit - buf.size() : 0;
+          if (c.data.size() > room)
+            kept->truncated = true;
+          buf.append(c.data, 0, std::min(room, c.data.size()));
+        }
+        if (requester)
+          caf::anon_send(caf::actor_cast<caf::actor>(requester), std::move(c));
+      },
+    };
+  });
+}
+
+// A command without a log: delegated, or (a streamed one on another node)
+// through a relay whose call is kept like forward_to's.
+void forward_exec(self_ptr self, const sandbox_actor& sb, exec_request req,
+                  caf::strong_actor_ptr requester, caf::typed_response_promise<exec_result> rp) {
+  auto& s = self->state;
+  if (!req.stream || !s.cfg.cluster || sb.node() == self->node())
+    return forward_to<exec_result>(self, sb, rp, exec_atom::value, std::move(req));
+  auto relay = spawn_relay(self, sb, std::move(requester), nullptr, 0);
+  auto call = s.next_call++;
+  s.calls.emplace(call, session_state::call{sb.node(), [rp, relay](const error& e) mutable {
+                                               caf::anon_send_exit(relay,
+                                                                   caf::exit_reason::kill);
+                                               rp.deliver(to_caf(e));
+                                             }});
+  self->request(relay, caf::infinite, exec_atom::value, std::move(req))
+    .then(
+      [=](exec_result& r) mutable {
+        if (self->state.calls.erase(call))
+          rp.deliver(std::move(r));
+      },
+      [=](caf::error& e) mutable {
+        if (self->state.calls.erase(call))
+          rp.deliver(e);
+      });
 }
 
 // Answers the current request with `e` (for handlers that return delegated<T>).
@@ -266,50 +393,10 @@ void logged_exec(self_ptr self, const std::string& id, sandbox_actor sb, exec_re
     return;
   }
   // The sandbox streams to whoever asked: a relay that forwards the chunks
-  // and hands the result back here to be logged. If the requester goes away,
-  // so does the relay, and the sandbox kills the command as it would have.
-  // It keeps a copy of the output (up to max_output per stream, as a collected
-  // command would) for the log.
-  struct copy {
-    std::string out, err;
-    bool truncated = false;
-  };
-  auto kept = std::make_shared<copy>();
-  uint64_t limit = req.max_output;
-  auto relay = self->spawn([sb, requester, kept, limit](caf::event_based_actor* r) -> caf::behavior {
-    if (requester) {
-      r->monitor(requester);
-      r->set_down_handler([r](caf::down_msg&) { r->quit(); });
-    }
-    return {
-      [=](exec_atom, exec_request& q) -> caf::result<exec_result> {
-        auto p = r->make_response_promise<exec_result>();
-        r->request(sb, caf::infinite, exec_atom::value, std::move(q))
-          .then(
-            [=](exec_result& res) mutable {
-              res.out = std::move(kept->out);
-              res.err = std::move(kept->err);
-              res.truncated = res.truncated || kept->truncated;
-              p.deliver(std::move(res));
-              r->quit();
-            },
-            [=](caf::error& e) mutable {
-              p.deliver(e);
-              r->quit();
-            });
-        return p;
-      },
-      [=](output_chunk& c) {
-        auto& buf = c.stream == 2 ? kept->err : kept->out;
-        size_t room = buf.size() < limit ? limit - buf.size() : 0;
-        if (c.data.size() > room)
-          kept->truncated = true;
-        buf.append(c.data, 0, std::min(room, c.data.size()));
-        if (requester)
-          caf::anon_send(caf::actor_cast<caf::actor>(requester), std::move(c));
-      },
-    };
-  });
+  // and hands the result back here to be logged, with a copy of the output
+  // (up to max_output per stream, as a collected command would) for the log.
+  auto relay = spawn_relay(self, sb, requester, std::make_shared<kept_output>(),
+                           req.max_output);
   self->request(relay, caf::infinite, exec_atom::value, req)
     .then(on_result, [=](caf::error& e) mutable { rp.deliver(e); });
 }
@@ -529,6 +616,90 @@ void with_sandbox(self_ptr self, const std::string& id, Live live, Fail fail) {
   live(*sb);
 }
 
+// Hands an event to the watchers, or keeps it until one comes.
+void publish_event(self_ptr self, chronus_event_msg ev) {
+  auto& s = self->state;
+  if (s.watchers.empty()) {
+    s.backlog_bytes += ev.bytes.size();
+    s.backlog.push_back(std::move(ev));
+    while (s.backlog.size() > max_backlog || s.backlog_bytes > max_backlog_bytes) {
+      s.backlog_bytes -= s.backlog.front().bytes.size();
+      s.backlog.pop_front();
+      ++s.dropped;
+    }
+    return;
+  }
+  for (size_t i = 0; i + 1 < s.watchers.size(); ++i)
+    caf::anon_send(s.watchers[i], chronus_atom::value, ev);
+  caf::anon_send(s.watchers.back(), chronus_atom::value, std::move(ev));
+}
+
+// ---- the cluster ----------------------------------------------------------------
+
+// Sandboxes of request `req` admitted by a node that is lost and not yet
+// ready: they fail now (errc::lost).
+void settle(self_ptr self, const caf::node_id& where, uint64_t req) {
+  auto& s = self->state;
+  auto n = s.inflight.find(where);
+  if (n == s.inflight.end())
+    return;
+  auto r = n->second.find(req);
+  if (r == n->second.end())
+    return;
+  if (s.lost_nodes.count(where) && r->second > 0) {
+    auto e = to_caf(make_error(errc::lost, "the node a sandbox was being created on was lost"));
+    for (int64_t i = 0; i < r->second; ++i)
+      caf::anon_send(self, failed_atom::value, e, req);
+    r->second = 0;
+  }
+  if (r->second == 0)
+    n->second.erase(r);
+  if (n->second.empty() && !s.lost_nodes.count(where))
+    s.inflight.erase(n);
+}
+
+// A node was lost: its sandboxes are gone (each gets a `lost` event), calls
+// in flight there fail, and so do creations it had admitted.
+void node_lost(self_ptr self, const caf::node_id& where, const std::string& name,
+               const std::string& why) {
+  auto& s = self->state;
+  if (!s.lost_nodes.insert(where).second)
+    return;
+  auto text = "node " + name + " was lost (" + why + ")";
+  std::vector<std::function<void(const error&)>> fails;
+  for (auto it = s.calls.begin(); it != s.calls.end();) {
+    if (it->second.where == where) {
+      fails.push_back(std::move(it->second.fail));
+      it = s.calls.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  std::vector<std::string> gone;
+  for (const auto& [id, sb] : s.sandboxes)
+    if (sb.node() == where)
+      gone.push_back(id);
+  auto now_ns = static_cast<uint64_t>(
+    std::chrono::duration_cast<std::chrono::nanoseconds>(
+      std::chrono::steady_clock::now().time_since_epoch())
+      .count());
+  for (const auto& id : gone) {
+    s.sandboxes.erase(id);
+    auto msg = "sandbox " + id + " is gone: its " + text;
+    s.lost_boxes.emplace(id, msg);
+    publish_event(self, chronus_event_msg{encode_lost_event(id, now_ns, msg)});
+  }
+  for (auto& f : fails)
+    f(make_error(errc::lost, "the sandbox's " + text));
+  std::vector<uint64_t> reqs;
+  if (auto n = s.inflight.find(where); n != s.inflight.end())
+    for (const auto& [req, count] : n->second)
+      reqs.push_back(req);
+  for (auto req : reqs)
+    settle(self, where, req);
+  maybe_end(self);
+}
+
 session_actor::behavior_type session_impl(self_ptr self, session_config cfg) {
   self->state.cfg = std::move(cfg);
   auto& st = self->state;
@@ -646,9 +817,12 @@ session_actor::behavior_type session_impl(self_ptr self, session_config cfg) {
       auto& s = self->state;
       if (!s.log && !s.replay.count(id)) {
         // No log: the sandbox answers the caller directly (and streams to it).
-        if (auto sb = find(self, id))
-          return self->delegate(*sb, exec_atom::value, std::move(req));
-        else
+        if (auto sb = find(self, id)) {
+          auto requester = self->current_sender();
+          auto rp = self->make_response_promise<exec_result>();
+          forward_exec(self, *sb, std::move(req), std::move(requester), rp);
+          return {};
+        } else
           return fail_with<exec_result>(self, sb.error_value());
       }
       // Who streamed output goes to: take it before the promise takes it away.
@@ -698,9 +872,11 @@ session_actor::behavior_type session_impl(self_ptr self, session_config cfg) {
         std::string& tar) -> caf::delegated<uint64_t> {
       auto& s = self->state;
       if (!s.log && !s.replay.count(id)) {
-        if (auto sb = find(self, id))
-          return self->delegate(*sb, put_atom::value, std::move(dir), std::move(tar));
-        else
+        if (auto sb = find(self, id)) {
+          auto rp = self->make_response_promise<uint64_t>();
+          forward_to<uint64_t>(self, *sb, rp, put_atom::value, std::move(dir), std::move(tar));
+          return {};
+        } else
           return fail_with<uint64_t>(self, sb.error_value());
       }
       auto rp = self->make_response_promise<uint64_t>();
@@ -726,7 +902,9 @@ session_actor::behavior_type session_impl(self_ptr self, session_config cfg) {
     [=](get_atom, const std::string& id, std::string& path) -> caf::delegated<std::string> {
       auto rp = self->make_response_promise<std::string>();
       with_sandbox(
-        self, id, [=](sandbox_actor sb) mutable { rp.delegate(sb, get_atom::value, path); },
+        self, id, [=](sandbox_actor sb) mutable {
+          forward_to<std::string>(self, sb, rp, get_atom::value, path);
+        },
         [=](const error& e) mutable { rp.deliver(to_caf(e)); });
       return {};
     },
@@ -751,7 +929,7 @@ session_actor::behavior_type session_impl(self_ptr self, session_config cfg) {
         self, id,
         [=](sandbox_actor sb) mutable {
           if (!self->state.log) {
-            rp.delegate(sb, destroy_atom::value);
+            forward_to<bool>(self, sb, rp, destroy_atom::value);
             return;
           }
           self->request(sb, caf::infinite, destroy_atom::value)
@@ -792,27 +970,21 @@ session_actor::behavior_type session_impl(self_ptr self, session_config cfg) {
       s.backlog_bytes = 0;
       return kept;
     },
-    [=](chronus_atom, chronus_event_msg& ev) {
-      auto& s = self->state;
-      if (s.watchers.empty()) {
-        s.backlog_bytes += ev.bytes.size();
-        s.backlog.push_back(std::move(ev));
-        while (s.backlog.size() > max_backlog || s.backlog_bytes > max_backlog_bytes) {
-          s.backlog_bytes -= s.backlog.front().bytes.size();
-          s.backlog.pop_front();
-          ++s.dropped;
-        }
-        return;
-      }
-      for (size_t i = 0; i + 1 < s.watchers.size(); ++i)
-        caf::anon_send(s.watchers[i], chronus_atom::value, ev);
-      caf::anon_send(s.watchers.back(), chronus_atom::value, std::move(ev));
+    [=](chronus_atom, chronus_event_msg& ev) { publish_event(self, std::move(ev)); },
+    [=](placed_atom, uint64_t req, const caf::node_id& where, uint32_t n) {
+      self->state.inflight[where][req] += n;
+      settle(self, where, req);
+    },
+    [=](lost_atom, const caf::node_id& where, const std::string& name, const std::string& why) {
+      node_lost(self, where, name, why);
     },
     [=](feedback_atom, const std::string& id,
         chronus_feedback_msg& fb) -> caf::delegated<bool> {
       auto rp = self->make_response_promise<bool>();
       with_sandbox(
-        self, id, [=](sandbox_actor sb) mutable { rp.delegate(sb, feedback_atom::value, fb); },
+        self, id, [=](sandbox_actor sb) mutable {
+          forward_to<bool>(self, sb, rp, feedback_atom::value, fb);
+        },
         [=](const error& e) mutable { rp.deliver(to_caf(e)); });
       return {};
     },
@@ -827,6 +999,17 @@ session_actor::behavior_type session_impl(self_ptr self, session_config cfg) {
     [=](flush_atom) { flush(self); },
     [=](ready_atom, const std::string& id, const sandbox_actor& sb, uint64_t req) {
       auto& s = self->state;
+      if (s.cfg.cluster) {
+        auto where = sb.node();
+        if (s.lost_nodes.count(where)) {
+          // Its node was declared lost (it stopped answering) and it failed
+          // then: too late now.
+          caf::anon_send(sb, destroy_atom::value);
+          return;
+        }
+        --s.inflight[where][req];
+        settle(self, where, req);
+      }
       --s.pending;
       s.sandboxes.emplace(id, sb); // until its gone_atom, also when closing
       auto it = s.batches.find(req);
@@ -891,6 +1074,13 @@ session_actor::behavior_type session_impl(self_ptr self, session_config cfg) {
     },
     [=](failed_atom, const caf::error& e, uint64_t req) {
       auto& s = self->state;
+      if (auto sender = self->current_sender(); s.cfg.cluster && sender) {
+        auto where = sender->node();
+        if (s.lost_nodes.count(where))
+          return; // failed already, when its node was lost
+        --s.inflight[where][req];
+        settle(self, where, req);
+      }
       --s.pending;
       auto it = s.batches.find(req);
       if (it != s.batches.end()) {

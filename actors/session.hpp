@@ -33,6 +33,11 @@ struct session_config {
   std::string trajectories;
   /// A resumed session: what its log says (docs/trajectory.md).
   std::shared_ptr<const trajectory_plan> resume;
+  /// Its sandboxes may live on other nodes (a coordinator's session): it
+  /// tracks where creations and calls are in flight, so that when a node is
+  /// lost (lost_atom) every one of them is answered with errc::lost and the
+  /// trainer's watchers get a `lost` event per sandbox (docs/cluster.md).
+  bool cluster = false;
 };
 
 session_actor spawn_session(caf::actor_system& sys, session_config cfg);

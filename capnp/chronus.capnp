@@ -119,5 +119,9 @@ struct Event {
     # As Request.feedback; the trainer answers with a Feedback.
     log @6 :Text;
     # As Request.log.
+    lost @7 :Text;
+    # Never from a sandbox: the coordinator's word that the node running the
+    # sandbox was lost (it died or stopped answering), with why. The sandbox and
+    # its files are gone; no event of it follows. seq is 0.
   }
 }

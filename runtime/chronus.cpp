@@ -148,6 +148,7 @@ expected<void> check_body(chronus_kind kind, const std::string& text,
     case chronus_kind::log: return check_text(text, "log line", chronus_max_log);
     case chronus_kind::feedback:
       return check_bytes(payload, "feedback payload", chronus_max_payload);
+    case chronus_kind::lost: return check_text(text, "lost reason", chronus_max_log);
   }
   return invalid("unknown request kind");
 }
@@ -472,11 +473,14 @@ const char* to_string(chronus_kind kind) noexcept {
     case chronus_kind::report: return "report";
     case chronus_kind::log: return "log";
     case chronus_kind::feedback: return "feedback";
+    case chronus_kind::lost: return "lost";
   }
   return "unknown";
 }
 
 expected<void> check_request(const chronus_request& r) {
+  if (r.kind == chronus_kind::lost)
+    return invalid("'lost' is an event of the coordinator, not a request");
   return check_body(r.kind, r.text, r.metrics, r.payload);
 }
 
@@ -558,6 +562,8 @@ std::string encode_request(const chronus_token& token, const chronus_request& r)
         ask.setTimeoutMs(r.timeout_ms);
         break;
       }
+      case chronus_kind::lost:
+        break; // not a request (check_request refuses it)
     }
   });
 }
@@ -644,8 +650,19 @@ std::string encode_event(std::string_view sandbox_id, uint64_t seq, uint64_t mon
         fr.setPayload(data_of(r.payload));
         break;
       }
+      case chronus_kind::lost:
+        set_text(b.initLost(static_cast<unsigned>(r.text.size())), r.text);
+        break;
     }
   });
+}
+
+std::string encode_lost_event(std::string_view sandbox_id, uint64_t monotonic_ns,
+                              std::string_view why) {
+  chronus_request r;
+  r.kind = chronus_kind::lost;
+  r.text = std::string{why.substr(0, chronus_max_log)};
+  return encode_event(sandbox_id, 0, monotonic_ns, r);
 }
 
 expected<chronus_event> decode_event(std::span<const std::byte> bytes) {
@@ -679,6 +696,10 @@ expected<chronus_event> decode_event(std::span<const std::byte> bytes) {
         out.kind = chronus_kind::log;
         out.text = copy_text(root.getLog());
         break;
+      case wire::Event::LOST:
+        out.kind = chronus_kind::lost;
+        out.text = copy_text(root.getLost());
+        break;
       default:
         return make_error(errc::malformed,
                           "event has an unknown kind (union tag " +
@@ -688,7 +709,7 @@ expected<chronus_event> decode_event(std::span<const std::byte> bytes) {
     return malformed_by(e, "event");
   }
   DSEC_TRY_VOID(check_printable(out.sandbox_id, "event's sandbox id", chronus_max_sandbox_id));
-  if (out.seq == 0)
+  if (out.seq == 0 && out.kind != chronus_kind::lost)
     return invalid("event of sandbox " + out.sandbox_id + " has seq 0 (they start at 1)");
   DSEC_TRY_VOID(check_body(out.kind, out.text, out.metrics, out.payload));
   return out;
@@ -748,6 +769,10 @@ std::string event_to_json(const chronus_event& e) {
       out += ",\"id\":" + std::to_string(e.seq);
       out += ",\"payload_base64\":";
       json_base64(out, e.payload);
+      break;
+    case chronus_kind::lost:
+      out += ",\"why\":";
+      json_string(out, e.text);
       break;
   }
   out += '}';

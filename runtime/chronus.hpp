@@ -89,9 +89,10 @@ enum class chronus_kind : uint8_t {
   report,   ///< metrics
   log,      ///< text: the log line
   feedback, ///< payload (and, in a Request, timeout_ms): a feedback request
+  lost,     ///< text: why; an Event only, made by the coordinator (docs/cluster.md)
 };
 
-/// "stage", "report", "log", "feedback".
+/// "stage", "report", "log", "feedback", "lost".
 const char* to_string(chronus_kind kind) noexcept;
 
 struct chronus_metric {
@@ -186,8 +187,13 @@ expected<chronus_reply> decode_reply(std::span<const std::byte> frame);
 std::string encode_event(std::string_view sandbox_id, uint64_t seq, uint64_t monotonic_ns,
                          const chronus_request& request);
 
+/// The Event saying that a sandbox was lost with its node (seq 0): the
+/// coordinator's, never a sandbox's.
+std::string encode_lost_event(std::string_view sandbox_id, uint64_t monotonic_ns,
+                              std::string_view why);
+
 /// Decodes Event bytes with the same framing checks as a Request and the same
-/// field limits, plus: a non-empty printable sandbox id, seq >= 1, and a feedback
+/// field limits, plus: a non-empty printable sandbox id, seq >= 1 (0 for lost), and a feedback
 /// request's id equal to seq. Zero-copy: Cap'n Proto reads the bytes in place
 /// (capnp::FlatArrayMessageReader over them) when they are 8-byte aligned, which a
 /// std::string's or a vector's heap buffer is; otherwise they are copied once into

@@ -21,6 +21,7 @@ const char* to_string(errc code) noexcept {
     case errc::timeout: return "timeout";
     case errc::sandbox_failed: return "sandbox_failed";
     case errc::disconnected: return "disconnected";
+    case errc::lost: return "lost";
     case errc::unsupported: return "unsupported";
   }
   return "unknown";

@@ -34,6 +34,7 @@ enum class errc : uint8_t {
   sandbox_failed = 43,  ///< the sandbox broke its contract with dsec
   // 60..79: the other side went away. Reconnect.
   disconnected = 60,
+  lost = 61,            ///< the node running it was lost (a sandbox, with its state)
   // 80..99: not available on this machine or build. Fall back.
   unsupported = 80,
 };

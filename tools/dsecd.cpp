@@ -40,11 +40,28 @@ Options:
                          (default: no limit), e.g. 20g
   --spawners N           zygotes creating sandboxes in parallel (default 2)
   --threads N            CAF scheduler threads (default 2; the 'sharing' policy)
+  --coordinator          be a cluster's coordinator: nodes join it (--join), it
+                         holds the sessions and places every sandbox over the
+                         nodes (this one among them) with power-of-k choices
+                         by free slots and layer locality (docs/cluster.md)
+  --join HOST:PORT       join the coordinator at HOST:PORT as a node: send it
+                         heartbeats, make the sandboxes it places here, fetch
+                         missing layers from its store; sessions are opened
+                         at the coordinator, not here
+  --beat-interval DUR    between two heartbeats of a node (default 500ms)
+  --beat-timeout DUR     a coordinator counts a node without a heartbeat for
+                         this long as lost (default 1500ms)
+  --orphan-grace DUR     a node that lost its coordinator destroys the
+                         sandboxes it made for it after this (default 5s)
   --trajectory-keep DUR  remove a trajectory log (docs/trajectory.md) that no
                          session wrote to for DUR, checked at start and hourly
                          (default 168h, a week; 0: keep logs until their
                          session is closed)
   -h, --help             this text
+
+A node's connection to its coordinator is also watched by CAF's middleman
+heartbeat (every --beat-interval, dropped after --beat-timeout of silence),
+so that a dead or hung node is lost within --beat-timeout plus one interval.
 
 At start dsecd removes what a crashed predecessor left (cgroups of dead dsec
 processes) and says what it removed. SIGINT or SIGTERM: every sandbox is
@@ -127,6 +144,27 @@ int main(int argc, char** argv) {
           return bad(dur.error_value().message);
         o.d.trajectory_keep = *dur;
       }
+    } else if (a.flag("--coordinator")) {
+      o.d.coordinator = true;
+    } else if (opt("--join")) {
+      auto colon = v.rfind(':');
+      if (colon == std::string::npos || colon == 0
+          || !dsec::cli::parse_uint(v.substr(colon + 1), 65535, n) || n == 0)
+        return bad("--join: expected HOST:PORT (a port from 1 to 65535), got '" + v + "'");
+      o.d.join_host = v.substr(0, colon);
+      o.d.join_port = static_cast<uint16_t>(n);
+    } else if (const char* name = opt("--beat-interval")  ? "--beat-interval"
+                                  : opt("--beat-timeout") ? "--beat-timeout"
+                                  : opt("--orphan-grace") ? "--orphan-grace"
+                                                          : nullptr) {
+      auto dur = dsec::parse_duration(v, name);
+      if (!dur)
+        return bad(dur.error_value().message);
+      if (dur->count() < 10 || *dur > std::chrono::hours(1))
+        return bad(std::string{name} + ": expected a duration from 10ms to 1h, got '" + v + "'");
+      (name == std::string_view{"--beat-interval"}  ? o.d.beat_interval
+       : name == std::string_view{"--beat-timeout"} ? o.d.beat_timeout
+                                                    : o.d.orphan_grace) = *dur;
     } else if (opt("--threads")) {
       if (!dsec::cli::parse_uint(v, 256, n) || n == 0)
         return bad("--threads: expected a whole number from 1 to 256, got '" + v + "'");
@@ -135,6 +173,11 @@ int main(int argc, char** argv) {
       return bad("unknown argument '" + std::string{a.peek()} + "'");
     }
   }
+  if (o.d.coordinator && !o.d.join_host.empty())
+    return bad("--coordinator and --join exclude each other: a coordinator's own node "
+               "joins it already");
+  if ((o.d.coordinator || !o.d.join_host.empty()) && o.d.beat_timeout <= o.d.beat_interval)
+    return bad("--beat-timeout must be longer than --beat-interval");
   // Descriptors 0-2 must be something, or the first sockets we open become them.
   for (int fd = 0; fd < 3; ++fd)
     if (::fcntl(fd, F_GETFD) < 0 && ::open("/dev/null", O_RDWR) != fd)
@@ -154,6 +197,12 @@ int main(int argc, char** argv) {
   cfg.set("scheduler.policy", caf::atom("sharing"));
   cfg.set("scheduler.max-threads", static_cast<size_t>(o.threads));
   cfg.set("logger.console", caf::atom("none"));
+  if (o.d.coordinator || !o.d.join_host.empty()) {
+    // A node that stops answering is dropped by CAF too (its proxies die,
+    // monitors fire), not only by the coordinator's heartbeat check.
+    cfg.set("middleman.heartbeat-interval", caf::timespan{o.d.beat_interval});
+    cfg.set("middleman.connection-timeout", caf::timespan{o.d.beat_timeout});
+  }
   caf::actor_system sys{cfg};
 
   if (o.port == 0) {
@@ -186,9 +235,13 @@ int main(int argc, char** argv) {
     (void) (*d)->shutdown();
     return 1;
   }
-  std::printf("dsecd: listening on %s:%u (state %s, %u slots x %.2g, %u spawners, %u threads)\n",
+  std::printf("dsecd: listening on %s:%u (state %s, %u slots x %.2g, %u spawners, %u threads%s)\n",
               o.host.c_str(), *port, o.d.state_dir.c_str(), o.d.slots, o.d.oversubscribe,
-              o.d.spawners, o.threads);
+              o.d.spawners, o.threads,
+              o.d.coordinator ? ", coordinator"
+              : o.d.join_host.empty()
+                ? ""
+                : (", joining " + o.d.join_host + ":" + std::to_string(o.d.join_port)).c_str());
   std::fflush(stdout);
   int sig = 0;
   ::sigwait(&stop, &sig);

@@ -24,7 +24,7 @@ from . import _dsec
 from . import _files
 from .errors import (Error, InvalidArgument, NotFound, AlreadyExists, WrongKind, InUse,
                      Malformed, TooLarge, Unauthenticated, Overloaded, SystemFailure,
-                     ToolFailed, Timeout, SandboxFailed, Disconnected, Unsupported,
+                     ToolFailed, Timeout, SandboxFailed, Disconnected, Lost, Unsupported,
                      from_native as _from_native)
 
 _dsec._set_error_factory(_from_native)
@@ -38,7 +38,7 @@ __all__ = [
     "AsyncExecStream", "SandboxInfo", "NodeStats",
     "Error", "InvalidArgument", "NotFound", "AlreadyExists", "WrongKind", "InUse", "Malformed",
     "TooLarge", "Unauthenticated", "Overloaded", "SystemFailure", "ToolFailed", "Timeout",
-    "SandboxFailed", "Disconnected", "Unsupported",
+    "SandboxFailed", "Disconnected", "Lost", "Unsupported",
 ]
 
 # ---- clients still open at exit are closed before the interpreter goes ---------------

@@ -80,13 +80,16 @@ SandboxFailed = _define("SandboxFailed", 43, "sandbox_failed",
 # 60..79: the other side went away. Reconnect.
 Disconnected = _define("Disconnected", 60, "disconnected",
                        "The daemon, the session or this client is gone (or was never reached).")
+Lost = _define("Lost", 61, "lost",
+               "The node running the sandbox was lost (it died or stopped answering); "
+               "the sandbox and its state are gone.")
 # 80..99: not available on this machine or build.
 Unsupported = _define("Unsupported", 80, "unsupported", "Not available on this node.")
 
 _BY_CODE = {cls.code: cls for cls in (
     InvalidArgument, NotFound, AlreadyExists, WrongKind, InUse, Malformed, TooLarge,
     Unauthenticated, Overloaded, SystemFailure, ToolFailed, Timeout, SandboxFailed,
-    Disconnected, Unsupported)}
+    Disconnected, Lost, Unsupported)}
 
 
 def from_native(code, code_name, message, step, path, sys_errno):

@@ -675,6 +675,7 @@ void bind_values(py::module_& m) {
     .def_readonly("created_ms", &sandbox_info::created_ms)
     .def_readonly("ttl_left_ms", &sandbox_info::ttl_left_ms)
     .def_readonly("running", &sandbox_info::running)
+    .def_readonly("node", &sandbox_info::node)
     .def("__repr__", [](const sandbox_info& i) {
       return "<dsec SandboxInfo " + i.id + " session=" + i.session + " state=" + i.state + ">";
     });

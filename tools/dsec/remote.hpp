@@ -43,6 +43,7 @@ int ps_main(context& c, args& a);
 int rm_main(context& c, args& a);
 int session_main(context& c, args& a);
 int node_main(context& c, args& a);
+int cluster_main(context& c, args& a);
 int exec_main(context& c, args& a);
 int run_main(context& c, args& a);
 int cp_main(context& c, args& a);

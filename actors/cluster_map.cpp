@@ -1,0 +1,157 @@
+#include "actors/cluster_map.hpp"
+
+#include <algorithm>
+
+namespace dsec {
+
+uint32_t cluster_map::add(std::string name, uint32_t slots, uint32_t live,
+                          const std::vector<std::string>& layers) {
+  uint32_t id = next_id_++;
+  auto& n = nodes_[id];
+  n.id = id;
+  n.name = std::move(name);
+  n.slots = slots;
+  n.live = live;
+  n.last_report = std::chrono::steady_clock::now();
+  n.pos = up_.size();
+  up_.push_back(id);
+  index_layers(n, layers);
+  return id;
+}
+
+void cluster_map::remove(uint32_t id) {
+  auto it = nodes_.find(id);
+  if (it == nodes_.end())
+    return;
+  unindex(it->second);
+  size_t pos = it->second.pos;
+  up_[pos] = up_.back();
+  nodes_[up_[pos]].pos = pos;
+  up_.pop_back();
+  nodes_.erase(it);
+}
+
+void cluster_map::report(uint32_t id, uint32_t slots, uint32_t live,
+                         const std::vector<std::string>* layers) {
+  auto* n = find(id);
+  if (!n)
+    return;
+  n->slots = slots;
+  n->live = live;
+  n->placed = 0;
+  n->last_report = std::chrono::steady_clock::now();
+  if (layers) {
+    unindex(*n);
+    index_layers(*n, *layers);
+  }
+}
+
+void cluster_map::placed(uint32_t id, uint32_t count, const std::vector<std::string>& refs) {
+  auto* n = find(id);
+  if (!n)
+    return;
+  n->placed += count;
+  for (const auto& r : refs)
+    if (n->layers.insert(r).second)
+      holders_[r].push_back(id);
+}
+
+void cluster_map::full(uint32_t id) {
+  if (auto* n = find(id))
+    n->placed = n->slots;
+}
+
+cluster_node* cluster_map::find(uint32_t id) {
+  auto it = nodes_.find(id);
+  return it == nodes_.end() ? nullptr : &it->second;
+}
+
+cluster_map::batch cluster_map::make_batch(const std::string& base, const std::string& workdir,
+                                           const std::vector<std::string>& tools) {
+  batch b;
+  b.refs.push_back(base);
+  if (!workdir.empty())
+    b.refs.push_back(workdir);
+  b.refs.insert(b.refs.end(), tools.begin(), tools.end());
+  b.key = workdir.empty() ? base : workdir;
+  return b;
+}
+
+uint32_t cluster_map::piece_size(uint32_t count) const {
+  uint32_t n = std::max<uint32_t>(1, static_cast<uint32_t>(up_.size()));
+  return std::clamp<uint32_t>((count + n - 1) / n, 1, 64);
+}
+
+double cluster_map::score(const cluster_node& n, const batch& b) const {
+  if (n.slots == 0)
+    return 0;
+  double free_frac = static_cast<double>(n.free()) / n.slots;
+  // The most specific layer (the key) counts twice: it is what sets
+  // environments apart, a base is shared by many.
+  size_t held = n.layers.count(b.key);
+  for (const auto& r : b.refs)
+    held += n.layers.count(r);
+  double locality = b.refs.empty() ? 0 : static_cast<double>(held) / (b.refs.size() + 1);
+  auto p = b.pieces.find(n.id);
+  double pieces = p == b.pieces.end() ? 0 : p->second;
+  return free_frac * (1 + locality) / (1 + pieces);
+}
+
+uint32_t cluster_map::pick(batch& b, unsigned tries) {
+  if (up_.empty())
+    return 0;
+  uint32_t cand[3] = {0, 0, 0};
+  if (auto h = holders_.find(b.key); h != holders_.end() && !h->second.empty())
+    cand[0] = h->second[rng_() % h->second.size()];
+  cand[1] = up_[cursor_++ % up_.size()];
+  cand[2] = up_[rng_() % up_.size()];
+  uint32_t best = 0;
+  double best_score = -1;
+  auto consider = [&](uint32_t id) {
+    auto* n = find(id);
+    if (!n || n->free() == 0)
+      return;
+    double s = score(*n, b);
+    if (s > best_score) {
+      best_score = s;
+      best = id;
+    }
+  };
+  for (auto id : cand)
+    if (id)
+      consider(id);
+  // All three full: a few more random draws, then (a nearly full cluster)
+  // the first node with a free slot from the round-robin cursor on.
+  for (unsigned i = 0; best == 0 && i < tries; ++i)
+    consider(up_[rng_() % up_.size()]);
+  for (size_t i = 0; best == 0 && i < up_.size(); ++i)
+    consider(up_[(cursor_ + i) % up_.size()]);
+  if (best)
+    ++b.pieces[best];
+  return best;
+}
+
+size_t cluster_map::holders(const std::string& ref) const {
+  auto it = holders_.find(ref);
+  return it == holders_.end() ? 0 : it->second.size();
+}
+
+void cluster_map::index_layers(cluster_node& n, const std::vector<std::string>& layers) {
+  for (const auto& r : layers)
+    if (n.layers.insert(r).second)
+      holders_[r].push_back(n.id);
+}
+
+void cluster_map::unindex(cluster_node& n) {
+  for (const auto& r : n.layers) {
+    auto it = holders_.find(r);
+    if (it == holders_.end())
+      continue;
+    std::erase(it->second, n.id);
+    if (it->second.empty())
+      holders_.erase(it);
+  }
+  n.layers.clear();
+}
+
+} // namespace dsec

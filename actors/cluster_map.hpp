@@ -1,0 +1,100 @@
+// cluster_map: the coordinator's picture of its nodes, and where the next
+// sandboxes go. Plain C++ (no CAF), owned by the scheduler actor.
+//
+// Placement is power-of-k choices: for each piece of a create request it looks
+// at k = 3 candidates, never at every node:
+//   - a node that holds the environment's most specific layer (its workdir, else
+//     its base), drawn from the index of holders, for locality;
+//   - the next node in round-robin order, so that a batch reaches every node;
+//   - a node drawn at random.
+// Each candidate's score is its free fraction (free slots / slots, counting
+// what was placed since its last heartbeat) times (1 + the fraction of the
+// environment's layers it holds, the most specific one counting twice),
+// divided by (1 + pieces of this batch it already got). The best candidate
+// with a free slot takes the piece; only when all three are full are more
+// nodes looked at. A batch is cut into pieces of ceil(count / nodes), at most
+// 64, so that it is spread rather than piled onto one node.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+namespace dsec {
+
+struct cluster_node {
+  uint32_t id = 0;         ///< the map's id, stable while the node is up
+  std::string name;
+  uint32_t slots = 0;      ///< admission limit (reported)
+  uint32_t live = 0;       ///< reported live sandboxes
+  uint32_t placed = 0;     ///< placed since its last report
+  std::unordered_set<std::string> layers; ///< NAME@VERSION it holds (or will: placed there)
+  std::chrono::steady_clock::time_point last_report;
+  size_t pos = 0;          ///< its index in the map's dense list
+
+  [[nodiscard]] uint32_t free() const {
+    uint64_t used = uint64_t{live} + placed;
+    return used >= slots ? 0 : static_cast<uint32_t>(slots - used);
+  }
+};
+
+class cluster_map {
+public:
+  explicit cluster_map(uint64_t seed = std::random_device{}()) : rng_(seed) {}
+
+  /// Adds a node; returns its id.
+  uint32_t add(std::string name, uint32_t slots, uint32_t live,
+               const std::vector<std::string>& layers);
+  /// Removes a node (lost or gone); its id is not reused.
+  void remove(uint32_t id);
+  /// A heartbeat: capacity, and the layers it holds when `layers` is given.
+  void report(uint32_t id, uint32_t slots, uint32_t live,
+              const std::vector<std::string>* layers);
+  /// Counts `n` sandboxes placed on node `id` until its next report, and the
+  /// layers as held there (they will be, once fetched).
+  void placed(uint32_t id, uint32_t n, const std::vector<std::string>& refs);
+  /// Marks a node as full until its next report (it refused sandboxes).
+  void full(uint32_t id);
+
+  [[nodiscard]] cluster_node* find(uint32_t id);
+  [[nodiscard]] size_t size() const { return up_.size(); }
+  [[nodiscard]] const std::vector<uint32_t>& up() const { return up_; }
+
+  /// One batch being placed: which nodes already got pieces of it.
+  struct batch {
+    std::vector<std::string> refs; ///< the environment's layers
+    std::string key;               ///< its most specific layer
+    std::unordered_map<uint32_t, uint32_t> pieces;
+  };
+  static batch make_batch(const std::string& base, const std::string& workdir,
+                          const std::vector<std::string>& tools);
+
+  /// The size of each piece of a batch of `count`.
+  [[nodiscard]] uint32_t piece_size(uint32_t count) const;
+
+  /// Chooses the node for the next piece; 0 when no node has a free slot.
+  /// When the k candidates are all full, `tries` more random ones are looked
+  /// at, then the nodes in order (only a nearly full cluster pays for that).
+  uint32_t pick(batch& b, unsigned tries = 3);
+
+  /// The nodes holding a layer (for tests and `cluster status`).
+  [[nodiscard]] size_t holders(const std::string& ref) const;
+
+private:
+  double score(const cluster_node& n, const batch& b) const;
+  void index_layers(cluster_node& n, const std::vector<std::string>& layers);
+  void unindex(cluster_node& n);
+
+  std::unordered_map<uint32_t, cluster_node> nodes_;
+  std::vector<uint32_t> up_; // dense, for drawing at random
+  std::unordered_map<std::string, std::vector<uint32_t>> holders_;
+  uint32_t next_id_ = 1;
+  size_t cursor_ = 0;
+  std::mt19937_64 rng_;
+};
+
+} // namespace dsec

@@ -1,0 +1,234 @@
+#include "actors/member.hpp"
+
+#include <caf/actor_system.hpp>
+#include <caf/io/middleman.hpp>
+#include <caf/io/middleman_actor.hpp>
+#include <caf/send.hpp>
+#include <caf/stateful_actor.hpp>
+#include <caf/typed_event_based_actor.hpp>
+
+#include <cstdio>
+#include <functional>
+#include <set>
+
+#include "actors/types.hpp"
+
+namespace dsec {
+
+namespace {
+
+struct member_state {
+  static inline const char* name = "dsec.member";
+
+  member_config cfg;
+  scheduler_actor coordinator;
+  std::string where;         // "host:port" of the coordinator, for messages
+  bool joined = false;
+  bool joining = false;
+  bool beating = false;      // a heartbeat is on its way
+  uint64_t epoch = 0;        // coordinators lost so far
+  std::vector<std::string> sent_layers;
+  uint64_t beats = 0;
+  std::string last_error;    // said once, not every retry
+};
+
+using self_ptr = member_actor::stateful_pointer<member_state>;
+
+void say(const std::string& what) {
+  std::printf("dsecd: %s\n", what.c_str());
+  std::fflush(stdout);
+}
+
+// Says an error once until it changes (joins are retried every second).
+void say_error(self_ptr self, const std::string& what) {
+  if (self->state.last_error != what)
+    say(what);
+  self->state.last_error = what;
+}
+
+// The node's report: its statistics and, when they changed (or every 20th
+// time, to correct the coordinator's guesses), its layers.
+void make_report(self_ptr self, bool all_layers, std::function<void(node_report)> then) {
+  auto& s = self->state;
+  self->request(s.cfg.node, std::chrono::seconds(5), stats_atom::value)
+    .then(
+      [=](node_stats& ns) {
+        auto& s = self->state;
+        self->request(s.cfg.cache, std::chrono::seconds(5), list_atom::value)
+          .then(
+            [=](std::vector<std::string>& layers, uint64_t fetched, uint64_t fetched_bytes) {
+              auto& s = self->state;
+              node_report r;
+              r.name = s.cfg.name;
+              r.slots = ns.slots;
+              r.live = ns.live;
+              r.creating = ns.creating;
+              r.created = ns.created;
+              r.failed = ns.failed;
+              r.destroyed = ns.destroyed;
+              r.fetched_layers = fetched;
+              r.fetched_bytes = fetched_bytes;
+              if (all_layers || layers != s.sent_layers || s.beats % 20 == 0) {
+                r.layers_sent = true;
+                r.layers = layers;
+                s.sent_layers = std::move(layers);
+              }
+              then(std::move(r));
+            },
+            [=](caf::error&) {
+              auto& s = self->state;
+              s.joining = false;
+              s.beating = false;
+            });
+      },
+      [=](caf::error&) {
+        auto& s = self->state;
+        s.joining = false;
+        s.beating = false;
+      });
+}
+
+void join(self_ptr self, scheduler_actor coord) {
+  make_report(self, true, [=](node_report r) {
+    auto& s = self->state;
+    self
+      ->request(coord, std::chrono::seconds(10), join_atom::value, std::move(r), s.cfg.node,
+                s.cfg.store)
+      .then(
+        [=](layer_store_actor& src) {
+          auto& s = self->state;
+          s.joining = false;
+          s.joined = true;
+          s.coordinator = coord;
+          s.last_error.clear();
+          if (coord.node() != self->node()) {
+            self->monitor(coord);
+            if (src)
+              self->send(s.cfg.cache, source_atom::value, std::move(src));
+            say("joined the cluster of " + s.where + " as " + s.cfg.name);
+          }
+        },
+        [=](caf::error& e) {
+          auto& s = self->state;
+          s.joining = false;
+          say_error(self, "joining the cluster of " + s.where + ": " + from_caf(e).message
+                            + " (retrying every second)");
+          self->delayed_send(self, std::chrono::seconds(1), join_atom::value);
+        });
+  });
+}
+
+// The coordinator is gone (or forgot us): the node's sandboxes belonged to its
+// sessions. After `delay`, destroy them, then join again.
+void leave(self_ptr self, std::chrono::milliseconds delay) {
+  auto& s = self->state;
+  s.joined = false;
+  if (s.coordinator)
+    self->demonitor(s.coordinator.address());
+  s.coordinator = nullptr;
+  ++s.epoch;
+  self->delayed_send(self, delay, reset_atom::value, s.epoch);
+}
+
+member_actor::behavior_type member_impl(self_ptr self, member_config cfg) {
+  auto& st = self->state;
+  st.cfg = std::move(cfg);
+  st.where = st.cfg.coordinator ? std::string{"this process"}
+                                : st.cfg.host + ":" + std::to_string(st.cfg.port);
+  self->set_down_handler([=](caf::down_msg& dm) {
+    auto& s = self->state;
+    if (!s.coordinator || dm.source != s.coordinator.address())
+      return;
+    say("lost the coordinator " + s.where + " (" + self->system().render(dm.reason)
+        + "); its sandboxes here are destroyed in "
+        + std::to_string(s.cfg.grace.count()) + " ms unless it is back");
+    leave(self, s.cfg.grace);
+  });
+  self->send(self, join_atom::value);
+  self->send(self, beat_atom::value);
+  return {
+    [=](join_atom) {
+      auto& s = self->state;
+      if (s.joined || s.joining)
+        return;
+      s.joining = true;
+      if (s.cfg.coordinator)
+        return join(self, s.cfg.coordinator);
+      caf::actor mm = s.cfg.connector;
+      if (!mm)
+        mm = caf::actor_cast<caf::actor>(self->system().middleman().actor_handle());
+      self
+        ->request(caf::actor_cast<caf::io::middleman_actor>(mm), std::chrono::seconds(10),
+                  caf::connect_atom::value, s.cfg.host, s.cfg.port)
+        .then(
+          [=](caf::node_id&, caf::strong_actor_ptr& h, std::set<std::string>&) {
+            auto& s = self->state;
+            if (!h) {
+              s.joining = false;
+              say_error(self, "joining the cluster of " + s.where
+                                + ": nothing is published there (retrying every second)");
+              self->delayed_send(self, std::chrono::seconds(1), join_atom::value);
+              return;
+            }
+            join(self, caf::actor_cast<scheduler_actor>(h));
+          },
+          [=](caf::error& e) {
+            auto& s = self->state;
+            s.joining = false;
+            say_error(self, "cannot reach the coordinator " + s.where + ": "
+                              + self->system().render(e) + " (retrying every second)");
+            self->delayed_send(self, std::chrono::seconds(1), join_atom::value);
+          });
+    },
+    [=](beat_atom) {
+      auto& s = self->state;
+      self->delayed_send(self, s.cfg.interval, beat_atom::value);
+      if (!s.joined || s.beating)
+        return;
+      s.beating = true;
+      ++s.beats;
+      make_report(self, false, [=](node_report r) {
+        auto& s = self->state;
+        if (!s.joined) {
+          s.beating = false;
+          return;
+        }
+        auto coord = s.coordinator;
+        self->request(coord, 3 * s.cfg.interval, beat_atom::value, std::move(r))
+          .then(
+            [=](bool known) {
+              auto& s = self->state;
+              s.beating = false;
+              if (!known && s.joined && s.coordinator == coord) {
+                say("the coordinator " + s.where
+                    + " no longer counts this node (it was declared lost): destroying its "
+                      "sandboxes and joining again");
+                leave(self, std::chrono::milliseconds(0));
+              }
+            },
+            [=](caf::error&) { self->state.beating = false; });
+      });
+    },
+    [=](reset_atom, uint64_t epoch) {
+      auto& s = self->state;
+      if (epoch != s.epoch || s.joined)
+        return;
+      self->request(s.cfg.node, caf::infinite, reset_atom::value)
+        .then(
+          [=](uint32_t n) {
+            if (n > 0)
+              say("destroyed " + std::to_string(n) + " sandboxes of the lost coordinator");
+            self->send(self, join_atom::value);
+          },
+          [=](caf::error&) { self->send(self, join_atom::value); });
+    },
+  };
+}
+
+} // namespace
+
+member_actor spawn_member(caf::actor_system& sys, member_config cfg) {
+  return sys.spawn(member_impl, std::move(cfg));
+}
+
+} // namespace dsec

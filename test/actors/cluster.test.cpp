@@ -1,0 +1,434 @@
+// The cluster (docs/cluster.md): a coordinator and nodes, each a real dsecd
+// process with its own state dir and port on loopback; a trainer (this
+// process) connected to the coordinator. Placement spreads and honours
+// locality; a layer built on the coordinator runs on every node; a node
+// killed, hung or restarted, and the coordinator killed, are handled without
+// leaks. Also cluster_map's placement rules, without any process.
+#include <doctest/doctest.h>
+
+#include <signal.h>
+#include <sys/stat.h>
+
+#include <chrono>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "actors/cluster_map.hpp"
+#include "test/actors/common.hpp"
+#include "test/support/host.hpp"
+
+namespace dsec::test {
+namespace {
+
+using namespace std::chrono_literals;
+using clock_type = std::chrono::steady_clock;
+
+std::vector<std::string> operator+(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+// A coordinator (over the suite's layer store, which holds bbt@1) and `n`
+// nodes, each with an empty store of its own.
+struct cluster {
+  explicit cluster(size_t n, const std::vector<std::string>& coord_extra = {},
+                   const std::vector<std::string>& node_extra = {})
+    : node_extra_(node_extra) {
+    coord = std::make_unique<dsecd_proc>(std::vector<std::string>{"--coordinator", "--slots",
+                                                                  "200"}
+                                         + coord_extra);
+    for (size_t i = 0; i < n; ++i) {
+      auto st = dir / ("node-" + std::to_string(i + 1));
+      REQUIRE(::mkdir(st.c_str(), 0700) == 0);
+      states.push_back(st);
+      nodes.push_back(start_node(i, 0));
+    }
+    c = connect(sys, coord->port);
+    REQUIRE_MESSAGE(eventually([&] { return up() == n + 1; }, 60s),
+                    "the nodes did not all join: " << coord->bg.out());
+  }
+
+  std::unique_ptr<dsecd_proc> start_node(size_t i, uint16_t port) {
+    std::vector<std::string> argv{"--join", "127.0.0.1:" + std::to_string(coord->port),
+                                  "--state", states[i], "--slots", "200"};
+    if (port)
+      argv = argv + std::vector<std::string>{"--listen", "127.0.0.1:" + std::to_string(port)};
+    return std::make_unique<dsecd_proc>(argv + node_extra_);
+  }
+
+  std::vector<member_info> members() {
+    auto m = c->cluster();
+    REQUIRE_MESSAGE(m, "cluster status: " << describe(m.error_value()));
+    return *m;
+  }
+
+  size_t up() {
+    auto m = c->cluster();
+    if (!m)
+      return 0;
+    size_t k = 0;
+    for (const auto& x : *m)
+      k += x.state == "up";
+    return k;
+  }
+
+  std::optional<member_info> member(const std::string& name) {
+    for (auto& m : members())
+      if (m.name == name && m.state == "up")
+        return m;
+    return std::nullopt;
+  }
+
+  std::string coord_name() const { return "127.0.0.1:" + std::to_string(coord->port); }
+  std::string node_name(size_t i) const { return "127.0.0.1:" + std::to_string(nodes[i]->port); }
+
+  temp_dir dir{"/tmp", "dsec-cluster-test"}; // destroyed last: after every dsecd stopped
+  std::vector<std::string> states;
+  std::vector<std::string> node_extra_;
+  std::unique_ptr<dsecd_proc> coord;
+  std::vector<std::unique_ptr<dsecd_proc>> nodes;
+  test_system ts;
+  caf::actor_system sys{ts.cfg};
+  std::unique_ptr<client> c;
+};
+
+std::map<std::string, std::vector<std::string>> by_node(session& s) {
+  auto l = s.list();
+  REQUIRE_MESSAGE(l, "list: " << describe(l.error_value()));
+  std::map<std::string, std::vector<std::string>> out;
+  for (const auto& i : *l)
+    out[i.node].push_back(i.id);
+  return out;
+}
+
+std::string spread_text(const std::map<std::string, std::vector<std::string>>& m) {
+  std::string out;
+  for (const auto& [node, ids] : m)
+    out += node + ": " + std::to_string(ids.size()) + "  ";
+  return out;
+}
+
+} // namespace
+
+TEST_CASE("cluster_map: pieces, spread over every node, locality, full nodes") {
+  cluster_map m{42};
+  auto a = m.add("a", 100, 0, {"base@1"});
+  auto b = m.add("b", 100, 0, {});
+  auto c = m.add("c", 100, 0, {});
+  CHECK(m.piece_size(300) == 64);
+  CHECK(m.piece_size(30) == 10);
+  CHECK(m.piece_size(1) == 1);
+
+  // A batch of 30 in pieces of 10: every node gets one.
+  auto batch = cluster_map::make_batch("base@1", "", {});
+  std::map<uint32_t, int> got;
+  for (int i = 0; i < 3; ++i) {
+    auto id = m.pick(batch);
+    REQUIRE(id != 0);
+    m.placed(id, 10, batch.refs);
+    ++got[id];
+  }
+  CHECK(got.size() == 3);
+
+  // Single creates of an environment go where its layers are.
+  cluster_map l{7};
+  auto la = l.add("a", 100, 0, {"base@1"});
+  l.add("b", 100, 0, {});
+  l.add("c", 100, 0, {});
+  for (int i = 0; i < 20; ++i) {
+    auto one = cluster_map::make_batch("base@1", "", {});
+    auto id = l.pick(one);
+    CHECK(id == la);
+    l.placed(id, 1, one.refs);
+  }
+  // The most specific layer weighs more than the base.
+  l.report(la, 100, 20, nullptr);
+  cluster_map w{9};
+  w.add("has-base", 100, 0, {"base@1"});
+  auto wb = w.add("has-workdir", 100, 0, {"wd@1"});
+  for (int i = 0; i < 10; ++i) {
+    auto one = cluster_map::make_batch("base@1", "wd@1", {});
+    CHECK(w.pick(one) == wb);
+  }
+
+  // Full nodes are not picked; with every node full, nothing is.
+  m.full(a);
+  m.full(b);
+  for (int i = 0; i < 10; ++i) {
+    auto one = cluster_map::make_batch("base@1", "", {});
+    CHECK(m.pick(one) == c);
+  }
+  m.full(c);
+  auto none = cluster_map::make_batch("base@1", "", {});
+  CHECK(m.pick(none) == 0);
+  // A heartbeat makes room again; a removed node is never picked.
+  m.report(b, 100, 0, nullptr);
+  m.remove(a);
+  m.remove(c);
+  auto again = cluster_map::make_batch("base@1", "", {});
+  CHECK(m.pick(again) == b);
+  CHECK(m.holders("base@1") == 1); // b got pieces of a batch of it
+}
+
+TEST_CASE("a batch of 300 spreads over all three nodes; a layer built on the coordinator runs on "
+          "each; nodes refuse sessions of their own") {
+  auto before = settled_snapshot();
+  {
+    cluster cl(2);
+    auto s = cl.c->open_session({.quota = 400});
+    REQUIRE_MESSAGE(s, describe(s.error_value()));
+    auto ids = (*s)->create(env_of(), 300);
+    REQUIRE_MESSAGE(ids, describe(ids.error_value()));
+    CHECK(ids->size() == 300);
+    auto spread = by_node(**s);
+    MESSAGE("300 sandboxes: " << spread_text(spread));
+    CHECK(spread.size() == 3);
+    for (const auto& name : {cl.coord_name(), cl.node_name(0), cl.node_name(1)}) {
+      CHECK_MESSAGE(spread[name].size() >= 10, name << " got " << spread[name].size());
+      // bbt@1 was built on the coordinator only: each node fetched it and runs it.
+      auto r = (*s)->exec(spread[name].front(), cmd({"/bin/sh", "-c", "echo hi from $0", "x"}));
+      REQUIRE_MESSAGE(r, name << ": " << describe(r.error_value()));
+      CHECK(r->out == "hi from x\n");
+    }
+    // The nodes say so in their heartbeats.
+    CHECK(eventually([&] {
+      for (size_t i = 0; i < 2; ++i) {
+        auto m = cl.member(cl.node_name(i));
+        if (!m || m->last.fetched_layers < 1 || m->last.live == 0)
+          return false;
+      }
+      return true;
+    }, 30s));
+    // ps through the coordinator shows every node's.
+    auto all = cl.c->list();
+    REQUIRE(all);
+    CHECK(all->size() >= 300);
+
+    // A node serves its own sandboxes by id but opens no sessions.
+    auto direct = connect(cl.sys, cl.nodes[0]->port);
+    auto refused = direct->open_session({});
+    check_error(refused, errc::unsupported, "belongs to the cluster of " + cl.coord_name());
+    auto st = direct->stats();
+    REQUIRE(st);
+    CHECK(st->live == spread[cl.node_name(0)].size());
+    // By id through the coordinator, wherever it lives.
+    auto r = cl.c->exec(spread[cl.node_name(1)].back(), cmd({"/bin/echo", "by id"}));
+    REQUIRE_MESSAGE(r, describe(r.error_value()));
+    CHECK(r->out == "by id\n");
+
+    auto n = (*s)->close();
+    REQUIRE(n);
+    CHECK(*n == 300);
+  }
+  check_nothing_left(before);
+}
+
+TEST_CASE("locality: creates go to the node that holds the environment's layers") {
+  cluster cl(2);
+  auto s = cl.c->open_session({.quota = 100});
+  REQUIRE(s);
+  // Only the coordinator's store holds bbt@1: one at a time, they all go there.
+  for (int i = 0; i < 10; ++i) {
+    auto ids = (*s)->create(env_of(), 1);
+    REQUIRE_MESSAGE(ids, describe(ids.error_value()));
+  }
+  auto spread = by_node(**s);
+  MESSAGE("10 single creates of bbt@1: " << spread_text(spread));
+  CHECK(spread.size() == 1);
+  CHECK(spread[cl.coord_name()].size() == 10);
+
+  // A workdir layer that only node 1 has (built in its store).
+  temp_dir src;
+  {
+    std::ofstream f(src / "only-here.txt");
+    f << "node one's layer\n";
+  }
+  auto built = run_process({suite::get().dsec_bin(), "--state", cl.states[0], "layer", "build",
+                            "--kind", "workdir", "onlyone@1", src.path()});
+  REQUIRE_MESSAGE(built.status == 0, built.describe());
+  REQUIRE_MESSAGE(eventually([&] {
+    auto m = cl.member(cl.node_name(0));
+    return m && std::find(m->last.layers.begin(), m->last.layers.end(), "onlyone@1")
+                  != m->last.layers.end();
+  }, 30s), "node 1's heartbeat did not report onlyone@1");
+  for (int i = 0; i < 10; ++i) {
+    auto ids = (*s)->create(env_of("onlyone@1"), 1);
+    REQUIRE_MESSAGE(ids, describe(ids.error_value()));
+    REQUIRE(ids->size() == 1);
+    auto r = (*s)->exec(ids->front(), cmd({"/bin/cat", "/only-here.txt"}));
+    REQUIRE_MESSAGE(r, describe(r.error_value()));
+    CHECK(r->out == "node one's layer\n");
+  }
+  spread = by_node(**s);
+  MESSAGE("then 10 of bbt@1 + onlyone@1: " << spread_text(spread));
+  CHECK(spread[cl.node_name(0)].size() == 10);
+  CHECK(spread[cl.coord_name()].size() == 10);
+  CHECK(spread.count(cl.node_name(1)) == 0);
+}
+
+TEST_CASE("kill -9 of a node: its sandboxes are reported lost, new creates land elsewhere, it "
+          "restarts and rejoins, nothing leaks") {
+  auto before = settled_snapshot();
+  {
+    cluster cl(2);
+    auto s = cl.c->open_session({.quota = 200});
+    REQUIRE(s);
+    auto w = (*s)->watch();
+    REQUIRE(w);
+    auto ids = (*s)->create(env_of(), 30);
+    REQUIRE(ids);
+    auto spread = by_node(**s);
+    auto victim = cl.node_name(0);
+    auto doomed = spread[victim];
+    REQUIRE_MESSAGE(!doomed.empty(), spread_text(spread));
+    // A command in flight there when it dies.
+    std::thread slow([&, id = doomed.front()] {
+      auto r = (*s)->exec(id, cmd({"/bin/sleep", "60"}));
+      CHECK_FALSE(r);
+      if (!r)
+        CHECK_MESSAGE(r.error_value().code == errc::lost, describe(r.error_value()));
+    });
+    std::this_thread::sleep_for(300ms); // let it start; not a measurement
+    uint16_t port = cl.nodes[0]->port;
+    auto t0 = clock_type::now();
+    cl.nodes[0]->stop(SIGKILL);
+
+    std::set<std::string> told;
+    double last_ms = 0;
+    auto deadline = clock_type::now() + 60s;
+    while (told.size() < doomed.size() && clock_type::now() < deadline) {
+      auto ev = (*w)->next(200ms);
+      REQUIRE(ev);
+      if (*ev && (*ev)->kind == chronus_kind::lost) {
+        told.insert((*ev)->sandbox_id);
+        CHECK((*ev)->text.find(victim) != std::string::npos);
+        last_ms = std::chrono::duration<double, std::milli>(clock_type::now() - t0).count();
+      }
+    }
+    CHECK(told == std::set<std::string>(doomed.begin(), doomed.end()));
+    MESSAGE(doomed.size() << " sandboxes of the killed node reported lost after " << last_ms
+                          << " ms");
+    slow.join();
+    auto r = (*s)->exec(doomed.back(), cmd({"/bin/true"}));
+    check_error(r, errc::lost, victim);
+    // The node is lost; new sandboxes go to the others.
+    auto m = cl.members();
+    bool seen_lost = false;
+    for (const auto& x : m)
+      if (x.name == victim)
+        seen_lost = seen_lost || x.state == "lost";
+    CHECK(seen_lost);
+    auto more = (*s)->create(env_of(), 40);
+    REQUIRE(more);
+    CHECK(more->size() == 40);
+    auto after = by_node(**s);
+    CHECK(after.count(victim) == 0);
+
+    // It restarts on its state dir and port: it collects what the killed
+    // process left and joins again.
+    cl.nodes[0] = cl.start_node(0, port);
+    CHECK_MESSAGE(eventually([&] { return cl.member(victim).has_value(); }, 60s),
+                  cl.nodes[0]->bg.out());
+    CHECK(cl.nodes[0]->bg.out().find("removed") != std::string::npos);
+    auto back = (*s)->create(env_of(), 30);
+    REQUIRE(back);
+    CHECK(by_node(**s).count(victim) == 1);
+    REQUIRE((*s)->close());
+  }
+  check_nothing_left(before);
+}
+
+TEST_CASE("a hung node is lost by its missing heartbeats, then destroys its sandboxes and rejoins") {
+  cluster cl(2);
+  auto s = cl.c->open_session({.quota = 100});
+  REQUIRE(s);
+  auto ids = (*s)->create(env_of(), 30);
+  REQUIRE(ids);
+  auto victim = cl.node_name(1);
+  auto doomed = by_node(**s)[victim];
+  REQUIRE(!doomed.empty());
+  cl.nodes[1]->bg.kill(SIGSTOP);
+  bool lost = eventually([&] {
+    for (const auto& x : cl.members())
+      if (x.name == victim && x.state == "lost")
+        return x.why.find("no heartbeat") != std::string::npos;
+    return false;
+  }, 60s);
+  cl.nodes[1]->bg.kill(SIGCONT);
+  REQUIRE(lost);
+  auto r = (*s)->exec(doomed.front(), cmd({"/bin/true"}));
+  check_error(r, errc::lost, victim);
+  // Awake again: it hears it was declared lost, destroys what it had, rejoins.
+  REQUIRE_MESSAGE(eventually([&] {
+    auto m = cl.member(victim);
+    return m && m->last.live == 0;
+  }, 60s), cl.nodes[1]->bg.out());
+  CHECK(cl.nodes[1]->bg.wait_for_output("declared lost", 10s));
+  REQUIRE((*s)->close());
+}
+
+TEST_CASE("the coordinator dies: after the grace period each node destroys its sandboxes; nodes "
+          "rejoin a restarted coordinator") {
+  auto before = settled_snapshot();
+  {
+    cluster cl(2, {}, {"--orphan-grace", "500ms"});
+    auto s = cl.c->open_session({.quota = 100});
+    REQUIRE(s);
+    auto ids = (*s)->create(env_of(), 30);
+    REQUIRE(ids);
+    auto spread = by_node(**s);
+    std::vector<std::unique_ptr<client>> direct;
+    for (size_t i = 0; i < 2; ++i) {
+      direct.push_back(connect(cl.sys, cl.nodes[i]->port));
+      auto st = direct.back()->stats();
+      REQUIRE(st);
+      CHECK(st->live == spread[cl.node_name(i)].size());
+    }
+    uint16_t port = cl.coord->port;
+    cl.c.reset();
+    s->reset();
+    cl.coord->stop(SIGKILL);
+    for (size_t i = 0; i < 2; ++i) {
+      CHECK_MESSAGE(eventually([&] {
+        auto st = direct[i]->stats();
+        return st && st->live == 0;
+      }, 60s), cl.nodes[i]->bg.out());
+      CHECK(cl.nodes[i]->bg.wait_for_output("of the lost coordinator", 10s));
+    }
+    // A new coordinator on the same port: the nodes join it again.
+    cl.coord = std::make_unique<dsecd_proc>(std::vector<std::string>{
+      "--coordinator", "--slots", "200", "--listen", "127.0.0.1:" + std::to_string(port)});
+    cl.c = connect(cl.sys, cl.coord->port);
+    CHECK(eventually([&] { return cl.up() == 3; }, 60s));
+  }
+  check_nothing_left(before);
+}
+
+TEST_CASE("cluster flags and verbs: clear errors") {
+  auto both = run_process({env_path("DSECD_BIN"), "--coordinator", "--join", "127.0.0.1:1"});
+  CHECK(both.status == 2);
+  CHECK(both.err.find("--coordinator and --join exclude each other") != std::string::npos);
+  auto noport = run_process({env_path("DSECD_BIN"), "--join", "somewhere"});
+  CHECK(noport.status == 2);
+  CHECK(noport.err.find("--join: expected HOST:PORT") != std::string::npos);
+  auto beat = run_process({env_path("DSECD_BIN"), "--coordinator", "--beat-interval", "2s",
+                           "--beat-timeout", "1s"});
+  CHECK(beat.status == 2);
+  CHECK(beat.err.find("--beat-timeout must be longer") != std::string::npos);
+  // A dsecd that is not a coordinator has no cluster.
+  dsecd_proc plain;
+  test_system ts;
+  caf::actor_system sys{ts.cfg};
+  auto c = connect(sys, plain.port);
+  check_error(c->cluster(), errc::unsupported, "not a cluster's coordinator");
+  auto cli = run_process({suite::get().dsec_bin(), "--connect",
+                          "127.0.0.1:" + std::to_string(plain.port), "cluster", "status"});
+  CHECK(cli.status == 1);
+  CHECK(cli.err.find("--coordinator") != std::string::npos);
+}
+
+} // namespace dsec::test
