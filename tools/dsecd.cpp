@@ -217,7 +217,9 @@ int main(int argc, char** argv) {
     if (fd >= 0)
       ::close(fd);
   }
-  o.d.name = o.host + ":" + std::to_string(o.port);
+  // IPv6 addresses in brackets, as --connect takes them.
+  const auto shown = o.host.find(':') != std::string::npos ? "[" + o.host + "]" : o.host;
+  o.d.name = shown + ":" + std::to_string(o.port);
   auto d = dsec::daemon::start(sys, o.d);
   if (!d) {
     std::fprintf(stderr, "dsecd: %s\n", d.error_value().to_string().c_str());
@@ -238,7 +240,7 @@ int main(int argc, char** argv) {
                                      : " without TLS";
   std::printf("dsecd: listening on %s:%u%s (state %s, %u slots x %.2g, %u spawners, "
               "%u threads)\n",
-              o.host.c_str(), *port, tls.c_str(), o.d.state_dir.c_str(), o.d.slots,
+              shown.c_str(), *port, tls.c_str(), o.d.state_dir.c_str(), o.d.slots,
               o.d.oversubscribe, o.d.spawners, o.threads);
   std::fflush(stdout);
   int sig = 0;
