@@ -363,15 +363,19 @@ error connect_error(caf::actor_system& sys, const caf::error& e, const std::stri
   bool tls = tls_enabled(sys);
   std::string why;
   auto code = errc::disconnected;
+  // Under TLS a refused handshake shows as either error: as cannot_connect_to_node
+  // when the peer's answer was already there when CAF first called SSL_connect.
+  const std::string handshake =
+    "the TLS handshake failed: the other side refused this side's certificate (cert.pem "
+    "is not signed by its CA), this side refused the other's (it is not signed by this "
+    "side's ca.pem), or the other side does not speak TLS (a dsecd without --tls)";
   if (e == caf::sec::cannot_connect_to_node)
-    why = tls ? "nothing accepts connections there, or it does not speak TLS (is a dsecd "
-                "running there with --listen at that address and --tls?)"
+    why = tls ? "nothing accepts connections there (is a dsecd running there with --listen "
+                "at that address and --tls?), or " + handshake
               : "nothing accepts connections there (is dsecd running with --listen at that "
                 "address?)";
   else if (e == caf::sec::disconnect_during_handshake)
-    why = tls ? "the TLS handshake failed: the other side refused this side's certificate "
-                "(cert.pem is not signed by its CA), or this side refused the other's (it is "
-                "not signed by this side's ca.pem)"
+    why = tls ? handshake
               : "the other side closed the connection during the handshake: it may require "
                 "TLS (dsecd --tls; connect with --tls DIR holding a certificate from its CA)";
   else if (e == caf::sec::unexpected_actor_messaging_interface)
