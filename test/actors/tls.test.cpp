@@ -19,9 +19,11 @@
 #include <cstdlib>
 #include <exception>
 #include <filesystem>
+#include <future>
 #include <string>
 #include <vector>
 
+#include <caf/event_based_actor.hpp>
 #include <caf/openssl/manager.hpp>
 
 #include "actors/transport.hpp"
@@ -298,6 +300,49 @@ TEST_CASE("a client with a certificate from dsecd's CA gets in; every other is r
   auto end = d.stop(SIGTERM);
   CHECK_MESSAGE(end.status == 0, end.describe());
   CHECK_MESSAGE(contains(end.out, "dsecd: 0 sandboxes destroyed"), end.describe());
+}
+
+// What an actor that connects with the middleman's asynchronous connect_atom
+// (the way a node joins a coordinator) learns: "ok", or connect_error's words.
+std::string async_connect(caf::actor_system& sys, uint16_t port) {
+  std::promise<std::string> result;
+  auto f = result.get_future();
+  sys.spawn([&result, port](caf::event_based_actor* self) {
+    auto host = std::string{"127.0.0.1"};
+    self->request(middleman_of(self->system()), caf::infinite, caf::connect_atom::value, host,
+                  port)
+      .then(
+        [&result, self](caf::node_id&, caf::strong_actor_ptr& whom,
+                        std::set<std::string>& ifs) {
+          auto sched = caf::actor_cast<scheduler_actor>(whom);
+          if (!whom || ifs != self->system().message_types<scheduler_actor>()) {
+            result.set_value("not a scheduler");
+            return;
+          }
+          self->request(sched, caf::infinite, stats_atom::value)
+            .then([&result](const node_stats& s) { result.set_value("ok " + s.node); },
+                  [&result](caf::error& e) { result.set_value("stats: " + to_string(e)); });
+        },
+        [&result, self, host, port](caf::error& e) {
+          result.set_value(connect_error(self->system(), e, host, port).message);
+        });
+  });
+  return f.get();
+}
+
+TEST_CASE("an actor connects asynchronously through middleman_of, over TLS when configured") {
+  const auto& k = the_certs();
+  dsecd_proc d({"--tls", k.good});
+  tls_trainer t{k.good};
+  CHECK(tls_enabled(t.sys));
+  CHECK(async_connect(t.sys, d.port) == "ok 127.0.0.1:" + std::to_string(d.port));
+  plain_trainer plain;
+  CHECK_FALSE(tls_enabled(plain.sys));
+  auto refused = async_connect(plain.sys, d.port);
+  CHECK_MESSAGE(contains(refused, "cannot reach 127.0.0.1:" + std::to_string(d.port)
+                                    + ": the other side closed the connection during the "
+                                      "handshake: it may require TLS"),
+                refused);
 }
 
 TEST_CASE("a TLS client is refused by a plain dsecd, saying TLS may be why") {
