@@ -274,6 +274,11 @@ void client::configure(caf::actor_system_config& cfg) {
   cfg.load<caf::io::middleman>();
 }
 
+expected<void> client::configure(caf::actor_system_config& cfg, const tls_options& tls) {
+  configure(cfg);
+  return configure_tls(cfg, tls);
+}
+
 client::client(caf::actor_system& sys, scheduler_actor scheduler)
   : sys_(&sys), scheduler_(std::move(scheduler)) {
   // The trainer's identity: owned sessions monitor it.
@@ -288,23 +293,17 @@ client::~client() {
 
 expected<std::unique_ptr<client>> client::connect(caf::actor_system& sys,
                                                   const std::string& host, uint16_t port) {
-  auto s = sys.middleman().remote_actor<scheduler_actor>(host, port);
+  auto s = dsec::connect(sys, host, port, sys.message_types<scheduler_actor>());
   if (!s) {
-    auto e = from_caf(s.error());
-    e.code = errc::disconnected;
-    // CAF's own rendering is for its developers; say what it means.
-    std::string why;
-    if (s.error() == caf::sec::cannot_connect_to_node)
-      why = "nothing accepts connections there (is dsecd running with --listen at that "
-            "address?)";
-    else if (s.error() == caf::sec::unexpected_actor_messaging_interface)
-      why = "what listens there is not a dsecd of this version";
-    else
-      why = sys.render(s.error());
-    e.message = "cannot reach a dsecd at " + host + ":" + std::to_string(port) + ": " + why;
+    auto e = std::move(s).error_value();
+    // "cannot reach HOST:PORT: why" -> "cannot reach a dsecd at HOST:PORT: why"
+    const std::string prefix = "cannot reach ";
+    if (e.message.compare(0, prefix.size(), prefix) == 0)
+      e.message.insert(prefix.size(), "a dsecd at ");
     return e;
   }
-  return std::unique_ptr<client>{new client(sys, std::move(*s))};
+  return std::unique_ptr<client>{
+    new client(sys, caf::actor_cast<scheduler_actor>(std::move(*s)))};
 }
 
 std::unique_ptr<client> client::attach(caf::actor_system& sys, scheduler_actor scheduler) {

@@ -2,7 +2,8 @@
 // (or to a daemon in the same process) and offers the verbs of the command line
 // as blocking calls that are safe to make from several threads at once.
 //
-//   caf::actor_system sys{cfg};              // cfg: dsec::client::configure(cfg)
+//   caf::actor_system sys{cfg};              // cfg: dsec::client::configure(cfg),
+//                                            // or configure(cfg, {.dir = TLSDIR})
 //   auto c = dsec::client::connect(sys, "127.0.0.1", 7070);
 //   auto s = (*c)->open_session({.quota = 512});
 //   auto ids = (*s)->create(env, 64, [](const std::string& id) { /* ready */ });
@@ -27,6 +28,7 @@
 #include <vector>
 
 #include "actors/interfaces.hpp"
+#include "actors/transport.hpp"
 #include "runtime/chronus.hpp"
 #include "runtime/error.hpp"
 
@@ -76,7 +78,13 @@ public:
   /// Prepares an actor system config for a client (middleman, message types).
   static void configure(caf::actor_system_config& cfg);
 
-  /// Connects to the dsecd at host:port.
+  /// The same, and TLS with the certificates of `tls.dir` (actors/transport.hpp;
+  /// nothing more when it is empty): then connect() speaks only TLS, as a dsecd
+  /// started with --tls requires. The error names a missing or bad file.
+  static expected<void> configure(caf::actor_system_config& cfg, const tls_options& tls);
+
+  /// Connects to the dsecd at host:port, over TLS when the system was
+  /// configured with it.
   static expected<std::unique_ptr<client>> connect(caf::actor_system& sys,
                                                    const std::string& host, uint16_t port);
 

@@ -67,6 +67,9 @@ failures is printed on stdout.
 
 Where:
   --connect HOST:PORT    a running dsecd
+  --tls DIR              with --connect: speak TLS with the CA, certificate and
+                         key in DIR (ca.pem, cert.pem, key.pem), as a dsecd
+                         started with --tls requires
   --embedded             a throwaway single-node daemon inside this process,
                          shut down at the end
   --state DIR            the layer store of --embedded (default $DSEC_STATE,
@@ -171,6 +174,7 @@ struct env_entry {
 struct options {
   std::string connect_host;
   uint16_t connect_port = 0;
+  dsec::tls_options tls;
   bool embedded = false;
   std::string state_dir;
   uint64_t count = 0;
@@ -336,6 +340,10 @@ std::optional<int> parse_options(int argc, char** argv, options& o) {
         return bad("--connect: given twice");
       o.connect_host = v.substr(0, colon);
       o.connect_port = static_cast<uint16_t>(port);
+    } else if (opt("--tls")) {
+      if (v.empty())
+        return bad("--tls: expected a directory (with ca.pem, cert.pem and key.pem)");
+      o.tls.dir = v;
     } else if (a.flag("--embedded")) {
       o.embedded = true;
     } else if (opt("--state")) {
@@ -401,6 +409,8 @@ std::optional<int> parse_options(int argc, char** argv, options& o) {
                           : "give --connect HOST:PORT or --embedded");
   if (have_state && !o.embedded)
     return bad("--state: only with --embedded (a dsecd has its own)");
+  if (o.tls.enabled() && o.embedded)
+    return bad("--tls: only with --connect (--embedded has no connection)");
   if (o.embedded && !have_state)
     o.state_dir = dsec::cli::default_state_dir();
   if (o.batch > o.concurrency)
@@ -1183,7 +1193,11 @@ int main(int argc, char** argv) {
   ::signal(SIGPIPE, SIG_IGN);
 
   caf::actor_system_config cfg;
-  dsec::client::configure(cfg);
+  if (auto ok = dsec::client::configure(cfg, o.tls); !ok) {
+    std::fprintf(stderr, "dsec-load: --tls %s: %s\n", o.tls.dir.c_str(),
+                 ok.error_value().to_string().c_str());
+    return 1;
+  }
   cfg.set("scheduler.policy", caf::atom("sharing"));
   cfg.set("scheduler.max-threads", size_t{2});
   cfg.set("logger.console", caf::atom("none"));

@@ -1,6 +1,7 @@
 // dsecd: the node daemon. It starts the engine (zygotes, reactor, layer store)
-// and the node's actors, publishes the scheduler with CAF's middleman, and runs
-// until SIGINT or SIGTERM, when it destroys every sandbox and exits.
+// and the node's actors, publishes the scheduler with CAF's middleman (over TLS
+// with --tls), and runs until SIGINT or SIGTERM, when it destroys every sandbox
+// and exits.
 #include <caf/actor_system.hpp>
 #include <caf/actor_system_config.hpp>
 #include <caf/io/middleman.hpp>
@@ -18,6 +19,7 @@
 #include <string>
 
 #include "actors/daemon.hpp"
+#include "actors/transport.hpp"
 #include "actors/types.hpp"
 #include "runtime/units.hpp"
 #include "tools/dsec/cli.hpp"
@@ -31,8 +33,17 @@ The dsec node daemon: makes sandboxes on this machine for trainers and for
 
 Options:
   --listen HOST:PORT     where to accept clients (default 127.0.0.1:7070; port 0
-                         picks a free one, printed at start). Only loopback
-                         addresses are accepted: there is no authentication yet.
+                         picks a free one, printed at start). HOST is an IPv4 or
+                         IPv6 address ([::1]:7070); 0.0.0.0 is every IPv4 one.
+                         Without --tls only loopback addresses are accepted, and
+                         every local user can use the daemon.
+  --tls DIR              speak only TLS, with the CA, certificate and key in
+                         DIR/ca.pem, DIR/cert.pem, DIR/key.pem (tools/tls-certs
+                         makes them): a peer must present a certificate signed
+                         by DIR/ca.pem before it can send a single request, and
+                         it checks dsecd's the same way. Required to listen on
+                         any address that is not loopback. docs/security.md
+                         says what it protects and what it does not.
   --state DIR            the layer store (default $DSEC_STATE, else /var/lib/dsec)
   --slots N              sandboxes this node is sized for (default 3200)
   --oversubscribe R      admit up to slots * R sandboxes (default 1.0)
@@ -47,7 +58,8 @@ Options:
   --join HOST:PORT       join the coordinator at HOST:PORT as a node: send it
                          heartbeats, make the sandboxes it places here, fetch
                          missing layers from its store; sessions are opened
-                         at the coordinator, not here
+                         at the coordinator, not here. With --tls the link is
+                         TLS both ways (both need certificates of one CA)
   --beat-interval DUR    between two heartbeats of a node (default 500ms)
   --beat-timeout DUR     a coordinator counts a node without a heartbeat for
                          this long as lost (default 1500ms)
@@ -71,9 +83,19 @@ destroyed, then dsecd exits.
 struct options {
   std::string host = "127.0.0.1";
   uint16_t port = 7070;
+  dsec::tls_options tls;
   dsec::daemon_options d;
   unsigned threads = 2;
 };
+
+// 127.0.0.0/8 or ::1: only this machine's processes can connect.
+bool is_loopback(const std::string& host) {
+  in_addr a4{};
+  if (inet_pton(AF_INET, host.c_str(), &a4) == 1)
+    return (ntohl(a4.s_addr) >> 24) == 127;
+  in6_addr a6{};
+  return inet_pton(AF_INET6, host.c_str(), &a6) == 1 && IN6_IS_ADDR_LOOPBACK(&a6);
+}
 
 int bad(const std::string& msg) {
   std::fprintf(stderr, "dsecd: %s\nTry 'dsecd --help'.\n", msg.c_str());
@@ -103,17 +125,24 @@ int main(int argc, char** argv) {
     uint64_t n = 0;
     if (opt("--listen")) {
       auto colon = v.rfind(':');
-      if (colon == std::string::npos || !dsec::cli::parse_uint(v.substr(colon + 1), 65535, n))
+      if (colon == std::string::npos || colon == 0
+          || !dsec::cli::parse_uint(v.substr(colon + 1), 65535, n))
         return bad("--listen: expected HOST:PORT, got '" + v + "'");
       o.host = v.substr(0, colon);
+      if (o.host.size() > 2 && o.host.front() == '[' && o.host.back() == ']')
+        o.host = o.host.substr(1, o.host.size() - 2);
       o.port = static_cast<uint16_t>(n);
-      in_addr addr{};
       if (o.host == "localhost")
         o.host = "127.0.0.1";
-      if (inet_pton(AF_INET, o.host.c_str(), &addr) != 1 || (ntohl(addr.s_addr) >> 24) != 127)
-        return bad("--listen: " + o.host
-                   + " is not a loopback address; listening elsewhere needs authentication, "
-                     "which dsecd does not have yet");
+      in_addr a4{};
+      in6_addr a6{};
+      if (inet_pton(AF_INET, o.host.c_str(), &a4) != 1
+          && inet_pton(AF_INET6, o.host.c_str(), &a6) != 1)
+        return bad("--listen: " + o.host + " is not an IPv4 or IPv6 address");
+    } else if (opt("--tls")) {
+      if (v.empty())
+        return bad("--tls: expected a directory (with ca.pem, cert.pem and key.pem)");
+      o.tls.dir = v;
     } else if (opt("--state")) {
       o.d.state_dir = v;
     } else if (opt("--slots")) {
@@ -178,6 +207,11 @@ int main(int argc, char** argv) {
                "joins it already");
   if ((o.d.coordinator || !o.d.join_host.empty()) && o.d.beat_timeout <= o.d.beat_interval)
     return bad("--beat-timeout must be longer than --beat-interval");
+  if (!o.tls.enabled() && !is_loopback(o.host))
+    return bad("--listen: " + o.host
+               + " is not a loopback address; listening there needs --tls DIR, so that "
+                 "only peers with a certificate from your CA get in (tools/tls-certs makes "
+                 "one; docs/security.md)");
   // Descriptors 0-2 must be something, or the first sockets we open become them.
   for (int fd = 0; fd < 3; ++fd)
     if (::fcntl(fd, F_GETFD) < 0 && ::open("/dev/null", O_RDWR) != fd)
@@ -194,6 +228,11 @@ int main(int argc, char** argv) {
   caf::actor_system_config cfg;
   dsec::register_types(cfg);
   cfg.load<caf::io::middleman>();
+  if (auto ok = dsec::configure_tls(cfg, o.tls); !ok) {
+    std::fprintf(stderr, "dsecd: --tls %s: %s\n", o.tls.dir.c_str(),
+                 ok.error_value().to_string().c_str());
+    return 1;
+  }
   cfg.set("scheduler.policy", caf::atom("sharing"));
   cfg.set("scheduler.max-threads", static_cast<size_t>(o.threads));
   cfg.set("logger.console", caf::atom("none"));
@@ -209,18 +248,30 @@ int main(int argc, char** argv) {
     // Pick the port now, so that the node's name (in `node stats` and errors)
     // is the one clients use. Another process could take it in between: then
     // publishing below fails and says so.
-    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in sin{};
-    sin.sin_family = AF_INET;
-    ::inet_pton(AF_INET, o.host.c_str(), &sin.sin_addr);
-    socklen_t len = sizeof sin;
-    if (fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&sin), sizeof sin) == 0
-        && ::getsockname(fd, reinterpret_cast<sockaddr*>(&sin), &len) == 0)
-      o.port = ntohs(sin.sin_port);
+    sockaddr_storage ss{};
+    socklen_t len = 0;
+    auto* sin = reinterpret_cast<sockaddr_in*>(&ss);
+    auto* sin6 = reinterpret_cast<sockaddr_in6*>(&ss);
+    if (::inet_pton(AF_INET, o.host.c_str(), &sin->sin_addr) == 1) {
+      sin->sin_family = AF_INET;
+      len = sizeof *sin;
+    } else {
+      ::inet_pton(AF_INET6, o.host.c_str(), &sin6->sin6_addr);
+      sin6->sin6_family = AF_INET6;
+      len = sizeof *sin6;
+    }
+    int fd = ::socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&ss), len) == 0
+        && ::getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len) == 0)
+      o.port = ntohs(ss.ss_family == AF_INET ? sin->sin_port : sin6->sin6_port);
     if (fd >= 0)
       ::close(fd);
   }
-  o.d.name = o.host + ":" + std::to_string(o.port);
+  // IPv6 addresses in brackets, as --connect takes them.
+  const auto shown = o.host.find(':') != std::string::npos ? "[" + o.host + "]" : o.host;
+  o.d.name = shown + ":" + std::to_string(o.port);
+  // A node joins its coordinator through the same transport (TLS with --tls).
+  o.d.connector = caf::actor_cast<caf::actor>(dsec::middleman_of(sys));
   auto d = dsec::daemon::start(sys, o.d);
   if (!d) {
     std::fprintf(stderr, "dsecd: %s\n", d.error_value().to_string().c_str());
@@ -228,26 +279,31 @@ int main(int argc, char** argv) {
   }
   for (const auto& what : (*d)->collected())
     std::printf("dsecd: removed %s (left by a dsec that is gone)\n", what.c_str());
-  auto port = sys.middleman().publish((*d)->scheduler(), o.port, o.host.c_str(), true);
+  const auto& sched = (*d)->scheduler();
+  auto port = dsec::publish(sys, caf::actor_cast<caf::strong_actor_ptr>(sched),
+                            sys.message_types(sched), o.port, o.host);
   if (!port) {
-    std::fprintf(stderr, "dsecd: cannot listen on %s:%u: %s\n", o.host.c_str(), o.port,
-                 sys.render(port.error()).c_str());
+    std::fprintf(stderr, "dsecd: %s\n", port.error_value().message.c_str());
     (void) (*d)->shutdown();
     return 1;
   }
-  std::printf("dsecd: listening on %s:%u (state %s, %u slots x %.2g, %u spawners, %u threads%s)\n",
-              o.host.c_str(), *port, o.d.state_dir.c_str(), o.d.slots, o.d.oversubscribe,
-              o.d.spawners, o.threads,
-              o.d.coordinator ? ", coordinator"
-              : o.d.join_host.empty()
-                ? ""
-                : (", joining " + o.d.join_host + ":" + std::to_string(o.d.join_port)).c_str());
+  std::string tls = o.tls.enabled() ? " with TLS: peers need a certificate signed by "
+                                        + o.tls.dir + "/ca.pem"
+                                     : " without TLS";
+  std::string role = o.d.coordinator ? ", coordinator"
+                     : o.d.join_host.empty()
+                       ? ""
+                       : ", joining " + o.d.join_host + ":" + std::to_string(o.d.join_port);
+  std::printf("dsecd: listening on %s:%u%s (state %s, %u slots x %.2g, %u spawners, "
+              "%u threads%s)\n",
+              shown.c_str(), *port, tls.c_str(), o.d.state_dir.c_str(), o.d.slots,
+              o.d.oversubscribe, o.d.spawners, o.threads, role.c_str());
   std::fflush(stdout);
   int sig = 0;
   ::sigwait(&stop, &sig);
   std::printf("dsecd: %s: destroying every sandbox\n", ::sigabbrev_np(sig));
   std::fflush(stdout);
-  (void) sys.middleman().unpublish((*d)->scheduler(), *port);
+  (void) dsec::unpublish(sys, (*d)->scheduler().address(), *port);
   auto n = (*d)->shutdown();
   if (n)
     std::printf("dsecd: %u sandboxes destroyed; bye\n", *n);

@@ -16,6 +16,7 @@ import asyncio
 import atexit
 import math
 import numbers
+import os
 import posixpath
 import threading
 import weakref
@@ -212,14 +213,21 @@ def _future():
 
 # ---- the client ----------------------------------------------------------------------------
 
-def connect(address, *, threads=2):
+def connect(address, *, threads=2, tls=None):
     """Connects to the dsecd at "HOST:PORT"; returns a Client (a context manager).
 
     ValueError for a malformed address; dsec.Disconnected, saying why, when no
-    dsecd answers there. `threads`: the client's CAF scheduler threads.
+    dsecd answers there. `threads`: the client's CAF scheduler threads. `tls`:
+    a directory with ca.pem, cert.pem and key.pem (tools/tls-certs makes it)
+    to speak TLS, as a dsecd started with --tls requires; a missing or bad
+    file raises dsec.NotFound or dsec.InvalidArgument naming it.
     """
     host, port = _parse_address(address)
-    return Client(_dsec.Client(host, port, _int("threads", threads, lo=1, hi=256)))
+    if tls is not None:
+        tls = os.fspath(tls)
+        if not isinstance(tls, str) or not tls:
+            raise ValueError(f"tls: expected a directory, got {tls!r}")
+    return Client(_dsec.Client(host, port, _int("threads", threads, lo=1, hi=256), tls or ""))
 
 
 class Client:

@@ -306,11 +306,15 @@ struct started {
 
 class core {
 public:
-  core(const std::string& host, uint16_t port, size_t threads)
+  core(const std::string& host, uint16_t port, size_t threads, const std::string& tls_dir)
     : st_(std::make_unique<core_state>()) {
     st_->where = host + ":" + std::to_string(port);
     st_->cfg = std::make_unique<caf::actor_system_config>();
-    client::configure(*st_->cfg);
+    if (auto ok = client::configure(*st_->cfg, tls_options{tls_dir}); !ok) {
+      auto e = std::move(ok).error_value();
+      e.message = "tls=" + tls_dir + ": " + e.message;
+      raise(std::move(e));
+    }
     st_->cfg->set("scheduler.policy", caf::atom("sharing"));
     st_->cfg->set("scheduler.max-threads", threads);
     st_->cfg->set("logger.console", caf::atom("none"));
@@ -714,14 +718,15 @@ void bind_values(py::module_& m) {
 
 void bind_client(py::module_& m) {
   py::class_<core, core_ptr>(m, "Client")
-    .def(py::init([](const std::string& host, uint16_t port, size_t threads) {
+    .def(py::init([](const std::string& host, uint16_t port, size_t threads,
+                     const std::string& tls) {
            if (threads < 1 || threads > 256)
              raise(make_error(errc::invalid_argument,
                               "threads: expected 1 to 256, got " + std::to_string(threads)));
            py::gil_scoped_release nogil;
-           return std::make_shared<core>(host, port, threads);
+           return std::make_shared<core>(host, port, threads, tls);
          }),
-         py::arg("host"), py::arg("port"), py::arg("threads") = 2)
+         py::arg("host"), py::arg("port"), py::arg("threads") = 2, py::arg("tls") = "")
     .def_property_readonly("closed", &core::closed)
     .def_property_readonly("address", &core::where)
     .def("close", &core::close)

@@ -8,6 +8,10 @@
                           # the state dir stays
     d.restart()           # a new dsecd on the same state dir (a new port: d.address)
 
+    Daemon(tls=True)      # dsecd --tls d.tls (certificates from tools/tls-certs,
+                          # $DSEC_TLS_CERTS); d.other_tls: another CA's
+    Daemon(layers=False)  # no layers: for tests that create no sandbox
+
 Layers, built with the real `dsec layer build` ($DSEC_BIN) from busybox-static:
   py@1     base     /bin/busybox and its applets (sh, tar, cat, ...), /etc/passwd
   task@1   workdir  /work/README, /work/Makefile
@@ -68,17 +72,21 @@ def _write(path, data, mode=0o644):
 
 
 class Daemon:
-    def __init__(self):
+    def __init__(self, tls=False, layers=True):
         self.dsec = _env_path("DSEC_BIN")
         self.dsecd = _env_path("DSECD_BIN")
         self.root = tempfile.mkdtemp(prefix="dsec-pytest-")
         self.proc = None
+        self.tls = self.other_tls = None
         self.startup = b""
         self.janitor = subprocess.Popen([sys.executable, "-c", JANITOR, self.root],
                                         stdin=subprocess.PIPE, text=True)
         try:
             self.state = os.path.join(self.root, "state")
-            self._build_layers()
+            if tls:
+                self._make_certs()
+            if layers:
+                self._build_layers()
             self._start()
         except BaseException:
             self.stop()
@@ -89,6 +97,15 @@ class Daemon:
                             ref, src], capture_output=True, text=True, timeout=120)
         if r.returncode != 0:
             raise RuntimeError(f"dsec layer build {ref} failed ({r.returncode}): {r.stderr}")
+
+    def _make_certs(self):
+        certs = _env_path("DSEC_TLS_CERTS")
+        self.tls = os.path.join(self.root, "tls")
+        self.other_tls = os.path.join(self.root, "tls-other")
+        for d in (self.tls, self.other_tls):
+            r = subprocess.run([certs, d], capture_output=True, text=True, timeout=60)
+            if r.returncode != 0:
+                raise RuntimeError(f"tools/tls-certs {d} failed ({r.returncode}): {r.stderr}")
 
     def _build_layers(self):
         base = os.path.join(self.root, "src", "base")
@@ -115,7 +132,8 @@ class Daemon:
 
     def _start(self):
         self.proc = subprocess.Popen(
-            [self.dsecd, "--listen", "127.0.0.1:0", "--state", self.state],
+            [self.dsecd, "--listen", "127.0.0.1:0", "--state", self.state]
+            + (["--tls", self.tls] if self.tls else []),
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=_die_with_parent)
         self.janitor.stdin.write(f"pid {self.proc.pid}\n")
         self.janitor.stdin.flush()

@@ -42,6 +42,9 @@ Global options:
   --connect HOST:PORT   talk to the dsecd at HOST:PORT (runs dsec-client, found
                         beside dsec, else $DSEC_CLIENT, else in
                         )" DSEC_LIBEXECDIR R"()
+  --tls DIR             with --connect: speak TLS with the CA, certificate and
+                        key in DIR (ca.pem, cert.pem, key.pem), as a dsecd
+                        started with --tls requires; default $DSEC_TLS
   -h, --help            this text; 'dsec VERB --help' describes a verb
   --version             print the version
 
@@ -111,7 +114,7 @@ int main(int argc, char** argv) {
   global_options g;
   g.state_dir = default_state_dir();
   args a{argc, argv, 1};
-  bool connect = false;
+  bool connect = false, tls = false;
   while (a.at_option()) {
     if (a.help()) {
       if (connect) // the daemon's verbs: dsec-client describes them
@@ -142,12 +145,23 @@ int main(int argc, char** argv) {
       connect = true;
       continue;
     }
+    r = a.option("--tls", value);
+    if (!r)
+      return usage_error("", r.error_value().message);
+    if (*r) {
+      if (value.empty())
+        return usage_error("", "--tls needs a directory");
+      tls = true;
+      continue;
+    }
     std::fprintf(stderr, "dsec: unknown global option '%s'\nTry 'dsec --help'.\n",
                  std::string{a.peek()}.c_str());
     return 2;
   }
   if (connect)
     return hand_over(argv, a.peek() == "run");
+  if (tls)
+    return usage_error("", "--tls is for talking to a daemon: give --connect HOST:PORT too");
   if (a.empty()) {
     std::fputs(usage, stderr);
     return 2;

@@ -14,6 +14,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -50,6 +51,9 @@ Verbs:
 
 Global options:
   --connect HOST:PORT   the daemon (dsecd --listen); required
+  --tls DIR             speak TLS with the CA, certificate and key in DIR
+                        (ca.pem, cert.pem, key.pem; tools/tls-certs makes them),
+                        as a dsecd started with --tls requires; default $DSEC_TLS
   --state DIR           accepted and ignored: the daemon has its own state
   -h, --help            this text; 'dsec --connect HOST:PORT VERB --help'
                         describes a verb
@@ -214,8 +218,8 @@ uint64_t unix_ms() {
 
 // ---- the connection -------------------------------------------------------------
 
-context::context(std::string host, uint16_t port)
-  : host_(std::move(host)), port_(port) {
+context::context(std::string host, uint16_t port, tls_options tls)
+  : host_(std::move(host)), port_(port), tls_(std::move(tls)) {
   where_ = (host_.find(':') != std::string::npos ? "[" + host_ + "]" : host_) + ":"
            + std::to_string(port_);
 }
@@ -230,7 +234,12 @@ expected<client*> context::connect() {
     return client_.get();
   if (!sys_) {
     cfg_ = std::make_unique<caf::actor_system_config>();
-    client::configure(*cfg_);
+    if (auto ok = client::configure(*cfg_, tls_); !ok) {
+      auto e = std::move(ok).error_value();
+      e.message = "--tls " + tls_.dir + ": " + e.message;
+      cfg_.reset();
+      return e;
+    }
     cfg_->set("scheduler.policy", caf::atom("sharing"));
     cfg_->set("scheduler.max-threads", size_t{2});
     cfg_->set("logger.console", caf::atom("none"));
@@ -720,6 +729,9 @@ int main(int argc, char** argv) {
   std::string host;
   uint16_t port = 0;
   bool connect = false;
+  dsec::tls_options tls;
+  if (const char* env = std::getenv("DSEC_TLS"); env && *env)
+    tls.dir = env;
   while (a.at_option()) {
     if (a.help()) {
       std::fputs(remote::usage, stdout);
@@ -735,6 +747,15 @@ int main(int argc, char** argv) {
       return usage_error("", r.error_value().message);
     if (*r)
       continue; // the daemon's state is its own
+    r = a.option("--tls", value);
+    if (!r)
+      return usage_error("", r.error_value().message);
+    if (*r) {
+      if (value.empty())
+        return usage_error("", "--tls needs a directory (with ca.pem, cert.pem and key.pem)");
+      tls.dir = value;
+      continue;
+    }
     r = a.option("--connect", value);
     if (!r)
       return usage_error("", r.error_value().message);
@@ -760,7 +781,7 @@ int main(int argc, char** argv) {
     std::fputs(remote::usage, stderr);
     return 2;
   }
-  remote::context ctx{host, port};
+  remote::context ctx{host, port, tls};
   std::string verb{a.next()};
   if (verb == "ps")
     return remote::ps_main(ctx, a);

@@ -16,7 +16,8 @@ namespace dsec::cli::remote {
 /// The daemon to talk to, and the connection once made.
 class context {
 public:
-  context(std::string host, uint16_t port);
+  /// `tls`: --tls DIR (or $DSEC_TLS); empty for plain TCP.
+  context(std::string host, uint16_t port, tls_options tls = {});
   ~context();
 
   /// HOST:PORT as given.
@@ -33,6 +34,7 @@ public:
 private:
   std::string host_, where_;
   uint16_t port_;
+  tls_options tls_;
   std::unique_ptr<caf::actor_system_config> cfg_;
   std::unique_ptr<caf::actor_system> sys_;
   std::unique_ptr<client> client_;
