@@ -140,8 +140,8 @@ member_actor::behavior_type member_impl(self_ptr self, member_config cfg) {
     if (!s.coordinator || dm.source != s.coordinator.address())
       return;
     say("lost the coordinator " + s.where + " (" + self->system().render(dm.reason)
-        + "); its sandboxes here are destroyed in "
-        + std::to_string(s.cfg.grace.count()) + " ms unless it is back");
+        + "): its sandboxes here end with their sessions; whatever is left goes in "
+        + std::to_string(s.cfg.grace.count()) + " ms, then this node joins again");
     leave(self, s.cfg.grace);
   });
   self->send(self, join_atom::value);
@@ -216,8 +216,10 @@ member_actor::behavior_type member_impl(self_ptr self, member_config cfg) {
       self->request(s.cfg.node, caf::infinite, reset_atom::value)
         .then(
           [=](uint32_t n) {
-            if (n > 0)
-              say("destroyed " + std::to_string(n) + " sandboxes of the lost coordinator");
+            // Most went already, as their sessions (on the coordinator) became
+            // unreachable; this is for whatever did not.
+            say("grace period over: destroyed " + std::to_string(n)
+                + " sandboxes left of the lost coordinator; joining again");
             self->send(self, join_atom::value);
           },
           [=](caf::error&) { self->send(self, join_atom::value); });

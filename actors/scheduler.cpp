@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 
 #include <cstdio>
+#include <ctime>
 
 #include <algorithm>
 #include <deque>
@@ -87,7 +88,14 @@ void lose(self_ptr self, uint32_t id, const std::string& why) {
   member_info info;
   info.name = m.name;
   info.state = "lost";
-  info.why = why + " at " + std::to_string(unix_ms()) + " ms";
+  {
+    char when[32] = "";
+    std::time_t t = std::time(nullptr);
+    std::tm tm{};
+    ::gmtime_r(&t, &tm);
+    std::strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S UTC", &tm);
+    info.why = why + " (" + when + ")";
+  }
   info.coordinator = m.local;
   info.last = std::move(m.last);
   info.joined_ms = m.joined_ms;
@@ -207,7 +215,10 @@ void find_box(self_ptr self, const std::string& id, Found found, Fail fail) {
         },
         [=](caf::error&) mutable {
           if (--p->left == 0 && !p->answered)
-            fail(to_caf(make_error(errc::not_found, "no sandbox " + id + " in the cluster")));
+            fail(to_caf(make_error(errc::not_found,
+                                   "no sandbox " + id
+                                     + " in the cluster (one that lived on a lost node is gone"
+                                       " with it: see `cluster status`)")));
         });
 }
 
@@ -280,8 +291,10 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
       auto& s = self->state;
       auto it = s.by_addr.find(dm.source);
       if (it != s.by_addr.end())
-        lose(self, it->second, "its connection was lost (" + self->system().render(dm.reason)
-                                 + ")");
+        lose(self, it->second,
+             dm.reason == caf::exit_reason::remote_link_unreachable
+               ? std::string{"its connection dropped (the process died, or the network failed)"}
+               : "its node actor ended (" + self->system().render(dm.reason) + ")");
     });
   }
   return {

@@ -273,6 +273,8 @@ int main(int argc, char** argv) {
   // A node joins its coordinator through the same transport (TLS with --tls).
   o.d.connector = caf::actor_cast<caf::actor>(dsec::middleman_of(sys));
   auto d = dsec::daemon::start(sys, o.d);
+  // No handle on the middleman may outlive the actor system: it waits for them.
+  o.d.connector = nullptr;
   if (!d) {
     std::fprintf(stderr, "dsecd: %s\n", d.error_value().to_string().c_str());
     return 1;
