@@ -45,7 +45,8 @@ Options:
                          any address that is not loopback. docs/security.md
                          says what it protects and what it does not.
   --state DIR            the layer store (default $DSEC_STATE, else /var/lib/dsec)
-  --slots N              sandboxes this node is sized for (default 3200)
+  --slots N              sandboxes this node is sized for (default 3200; 0, for
+                         a --coordinator only: it places but runs none)
   --oversubscribe R      admit up to slots * R sandboxes (default 1.0)
   --cache-bytes SIZE     unmount unused layers beyond this many mounted bytes
                          (default: no limit), e.g. 20g
@@ -146,8 +147,9 @@ int main(int argc, char** argv) {
     } else if (opt("--state")) {
       o.d.state_dir = v;
     } else if (opt("--slots")) {
-      if (!dsec::cli::parse_uint(v, 1'000'000, n) || n == 0)
-        return bad("--slots: expected a whole number from 1 to 1000000, got '" + v + "'");
+      if (!dsec::cli::parse_uint(v, 1'000'000, n))
+        return bad("--slots: expected a whole number from 1 to 1000000 (0: a coordinator "
+                   "that runs no sandboxes), got '" + v + "'");
       o.d.slots = static_cast<uint32_t>(n);
     } else if (opt("--oversubscribe")) {
       char* end = nullptr;
@@ -202,6 +204,9 @@ int main(int argc, char** argv) {
       return bad("unknown argument '" + std::string{a.peek()} + "'");
     }
   }
+  if (o.d.slots == 0 && !o.d.coordinator)
+    return bad("--slots 0 is for a --coordinator that runs no sandboxes itself; a node needs "
+               "at least 1");
   if (o.d.coordinator && !o.d.join_host.empty())
     return bad("--coordinator and --join exclude each other: a coordinator's own node "
                "joins it already");
