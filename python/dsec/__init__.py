@@ -520,8 +520,10 @@ class Event:
     """A Chronus event (runtime/chronus.hpp's chronus_event).
 
     sandbox: the sandbox's id (also sandbox_id); seq: its number, per sandbox,
-    from 1; kind: "stage", "report", "log" or "feedback"; stage / log: the text
-    of a stage or log event (else None); text: that text for either; metrics:
+    from 1; kind: "stage", "report", "log", "feedback", or "lost" (the node
+    running the sandbox was lost: the sandbox is gone; seq 0, text says why;
+    docs/cluster.md); stage / log: the text of a stage or log event (else
+    None); text: that text (or the lost reason); metrics:
     {key: float} of a report; payload: bytes of a feedback request;
     request_id: seq for a feedback request (else None); monotonic_ns: when the
     node read it. answer() replies to a feedback request.
