@@ -27,6 +27,7 @@ struct member_state {
   bool joining = false;
   bool beating = false;      // a heartbeat is on its way
   uint64_t epoch = 0;        // coordinators lost so far
+  std::string left_why;      // why the node left (for the reset's message)
   std::vector<std::string> sent_layers;
   uint64_t beats = 0;
   std::string last_error;    // said once, not every retry
@@ -120,9 +121,10 @@ void join(self_ptr self, scheduler_actor coord) {
 
 // The coordinator is gone (or forgot us): the node's sandboxes belonged to its
 // sessions. After `delay`, destroy them, then join again.
-void leave(self_ptr self, std::chrono::milliseconds delay) {
+void leave(self_ptr self, std::chrono::milliseconds delay, std::string why) {
   auto& s = self->state;
   s.joined = false;
+  s.left_why = std::move(why);
   if (s.coordinator)
     self->demonitor(s.coordinator.address());
   s.coordinator = nullptr;
@@ -142,7 +144,7 @@ member_actor::behavior_type member_impl(self_ptr self, member_config cfg) {
     say("lost the coordinator " + s.where + " (" + self->system().render(dm.reason)
         + "): its sandboxes here end with their sessions; whatever is left goes in "
         + std::to_string(s.cfg.grace.count()) + " ms, then this node joins again");
-    leave(self, s.cfg.grace);
+    leave(self, s.cfg.grace, "grace period over: destroyed {} sandboxes left of the lost coordinator");
   });
   self->send(self, join_atom::value);
   self->send(self, beat_atom::value);
@@ -203,7 +205,8 @@ member_actor::behavior_type member_impl(self_ptr self, member_config cfg) {
                 say("the coordinator " + s.where
                     + " no longer counts this node (it was declared lost): destroying its "
                       "sandboxes and joining again");
-                leave(self, std::chrono::milliseconds(0));
+                leave(self, std::chrono::milliseconds(0),
+                      "destroyed {} sandboxes of this node, which the coordinator declared lost");
               }
             },
             [=](caf::error&) { self->state.beating = false; });
@@ -216,10 +219,12 @@ member_actor::behavior_type member_impl(self_ptr self, member_config cfg) {
       self->request(s.cfg.node, caf::infinite, reset_atom::value)
         .then(
           [=](uint32_t n) {
-            // Most went already, as their sessions (on the coordinator) became
-            // unreachable; this is for whatever did not.
-            say("grace period over: destroyed " + std::to_string(n)
-                + " sandboxes left of the lost coordinator; joining again");
+            // After a lost coordinator most went already, as their sessions
+            // became unreachable; this is for whatever did not.
+            auto text = self->state.left_why;
+            if (auto at = text.find("{}"); at != std::string::npos)
+              text.replace(at, 2, std::to_string(n));
+            say(text + "; joining again");
             self->send(self, join_atom::value);
           },
           [=](caf::error&) { self->send(self, join_atom::value); });
