@@ -5,6 +5,7 @@
 #include <caf/send.hpp>
 
 #include "actors/layer_cache.hpp"
+#include "actors/layer_store.hpp"
 #include "actors/member.hpp"
 #include "actors/node.hpp"
 #include "actors/scheduler.hpp"
@@ -28,6 +29,7 @@ expected<std::unique_ptr<daemon>> daemon::start(caf::actor_system& sys,
   // Build the system layer now rather than in the first sandbox's way.
   DSEC_TRY_VOID(d->engine_->layers().system_layer());
   d->cache_ = spawn_layer_cache(sys, *d->engine_, opts.cache_bytes);
+  d->layer_store_ = spawn_layer_store(sys, d->engine_->layers());
   node_config nc;
   nc.name = opts.name;
   nc.slots = opts.slots;
@@ -47,6 +49,7 @@ expected<std::unique_ptr<daemon>> daemon::start(caf::actor_system& sys,
       return sys_error("creating the trajectory log directory", sc.trajectories);
   }
   sc.coordinator = opts.coordinator;
+  sc.store = d->layer_store_;
   sc.beat_timeout = opts.beat_timeout;
   if (!opts.join_host.empty())
     sc.joined = opts.join_host + ":" + std::to_string(opts.join_port);
@@ -56,6 +59,7 @@ expected<std::unique_ptr<daemon>> daemon::start(caf::actor_system& sys,
     mc.name = opts.name;
     mc.node = d->node_;
     mc.cache = d->cache_;
+    mc.store = d->layer_store_;
     if (opts.coordinator)
       mc.coordinator = d->scheduler_;
     mc.host = opts.join_host;
@@ -87,7 +91,8 @@ expected<uint32_t> daemon::shutdown() {
                [&](caf::error& e) { failure = from_caf(e); });
     for (const caf::actor& a : {caf::actor_cast<caf::actor>(scheduler_),
                                 caf::actor_cast<caf::actor>(node_),
-                                caf::actor_cast<caf::actor>(cache_)}) {
+                                caf::actor_cast<caf::actor>(cache_),
+                                caf::actor_cast<caf::actor>(layer_store_)}) {
       self->monitor(a);
       self->send_exit(a, caf::exit_reason::user_shutdown);
       self->receive([](caf::down_msg&) {});
@@ -97,6 +102,7 @@ expected<uint32_t> daemon::shutdown() {
   member_ = nullptr;
   node_ = nullptr;
   cache_ = nullptr;
+  layer_store_ = nullptr;
   if (failure)
     return *failure;
   return destroyed;

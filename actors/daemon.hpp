@@ -54,6 +54,11 @@ public:
 
   [[nodiscard]] const scheduler_actor& scheduler() const { return scheduler_; }
   [[nodiscard]] const node_actor& node() const { return node_; }
+  /// The node's layer cache (tell it `source_atom` to fetch missing layers
+  /// from a peer).
+  [[nodiscard]] const layer_cache_actor& layer_cache() const { return cache_; }
+  /// Serves this node's layers to peers (docs/cluster.md).
+  [[nodiscard]] const layer_store_actor& layer_store() const { return layer_store_; }
   /// What start-up garbage collection removed.
   [[nodiscard]] const std::vector<std::string>& collected() const { return gc_; }
 
@@ -68,6 +73,7 @@ private:
   caf::actor_system* sys_ = nullptr;
   std::unique_ptr<engine> engine_;
   layer_cache_actor cache_;
+  layer_store_actor layer_store_;
   node_actor node_;
   member_actor member_;
   scheduler_actor scheduler_;

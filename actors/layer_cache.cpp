@@ -1,13 +1,20 @@
 #include "actors/layer_cache.hpp"
 
 #include <caf/actor_system.hpp>
+#include <caf/exit_reason.hpp>
+#include <caf/node_id.hpp>
 #include <caf/stateful_actor.hpp>
 #include <caf/typed_event_based_actor.hpp>
+#include <caf/typed_response_promise.hpp>
 
+#include <algorithm>
+#include <chrono>
+#include <map>
 #include <memory>
 #include <optional>
 #include <unordered_map>
 
+#include "actors/layer_store.hpp"
 #include "actors/types.hpp"
 #include "runtime/engine.hpp"
 #include "runtime/mount.hpp"
@@ -15,6 +22,19 @@
 namespace dsec {
 
 namespace {
+
+// Layer distribution: chunks of at most this many bytes, this many requests in
+// flight per layer, and how long the source may take to answer each request.
+constexpr uint32_t fetch_chunk = max_fetch_chunk;
+constexpr uint32_t fetches_in_flight = 4;
+constexpr auto fetch_timeout = std::chrono::seconds(30);
+
+// How a layer source is named in errors: its actor and node.
+std::string name_of(const layer_store_actor& src) {
+  if (!src)
+    return "(none)";
+  return "actor " + std::to_string(src.id()) + " on node " + caf::to_string(src.node());
+}
 
 struct layer_cache_state {
   static inline const char* name = "dsec.layer_cache";
@@ -52,6 +72,52 @@ struct layer_cache_state {
   // layer distribution: where missing layers come from (none: a single node)
   layer_store_actor source;
   uint64_t fetched = 0, fetched_bytes = 0;
+
+  // A layer being fetched from a source, once however many acquires wait for it.
+  struct fetch_job {
+    uint64_t id = 0;               // tells a live job's replies from a dead one's
+    layer_store_actor from;
+    layer_meta meta;               // as the source described it
+    layer_kind kind = layer_kind::base;
+    std::optional<staged_file> file; // in the store's tmp/, hashed as it is written
+    uint64_t next_offset = 0;      // the next byte to ask for
+    uint32_t in_flight = 0;
+    std::map<uint64_t, std::string> early; // chunks that came before their turn
+    std::vector<uint64_t> waiters; // the acquires waiting for it
+  };
+  std::unordered_map<std::string, fetch_job> fetches; // by NAME@VERSION
+  uint64_t next_job = 1;
+
+  // An acquire that waits for fetches of the layers it names.
+  struct waiting_acquire {
+    environment env;
+    caf::typed_response_promise<layer_set> rp;
+    size_t pending = 0;            // fetches not finished yet
+    std::optional<error> failure;  // the first that failed
+  };
+  std::unordered_map<uint64_t, waiting_acquire> waiting;
+  uint64_t next_waiter = 1;
+
+  // The layers of `env` that the store lacks (not_found), each once.
+  std::vector<std::string> missing(const environment& env) {
+    std::vector<std::string> all{env.base};
+    if (!env.workdir.empty())
+      all.push_back(env.workdir);
+    all.insert(all.end(), env.tools.begin(), env.tools.end());
+    std::vector<std::string> out;
+    for (const auto& text : all) {
+      if (auto it = refs.find(text); it != refs.end() && it->second.users > 0)
+        continue;
+      auto parsed = parse_layer_ref(text);
+      if (!parsed) // acquire reports it
+        continue;
+      auto info = eng->layers().find(*parsed);
+      if (!info && info.error_value().code == errc::not_found
+          && std::find(out.begin(), out.end(), text) == out.end())
+        out.push_back(text);
+    }
+    return out;
+  }
 
   // Takes a reference on `ref`, checking its kind; leases it in the store when
   // it was unused.
@@ -183,20 +249,257 @@ struct layer_cache_state {
   }
 };
 
-layer_cache_actor::behavior_type
-layer_cache_impl(layer_cache_actor::stateful_pointer<layer_cache_state> self, engine* eng,
-                 uint64_t budget) {
+using cache_ptr = layer_cache_actor::stateful_pointer<layer_cache_state>;
+
+// ---- layer distribution ---------------------------------------------------------
+
+// Ends the fetch of `ref`: its staged file goes (unless imported), and every
+// acquire waiting for it either fails with `failure` or, once it waits for no
+// other fetch, is served from the store.
+void end_fetch(cache_ptr self, const std::string& ref, std::optional<error> failure) {
+  auto& s = self->state;
+  auto it = s.fetches.find(ref);
+  if (it == s.fetches.end())
+    return;
+  auto waiters = std::move(it->second.waiters);
+  s.fetches.erase(it); // before serving anyone: a new acquire starts afresh
+  for (auto id : waiters) {
+    auto w = s.waiting.find(id);
+    if (w == s.waiting.end())
+      continue;
+    if (failure && !w->second.failure)
+      w->second.failure = failure;
+    if (--w->second.pending > 0)
+      continue;
+    auto done = std::move(w->second);
+    s.waiting.erase(w);
+    if (done.failure) {
+      done.rp.deliver(to_caf(*done.failure));
+      continue;
+    }
+    auto r = s.acquire(done.env);
+    if (r)
+      done.rp.deliver(std::move(*r));
+    else
+      done.rp.deliver(to_caf(r.error_value()));
+  }
+}
+
+// Fails the fetch of `ref` with an error that names the layer and the source.
+void fail_fetch(cache_ptr self, const std::string& ref, errc code, const std::string& why) {
+  auto& s = self->state;
+  auto it = s.fetches.find(ref);
+  if (it == s.fetches.end())
+    return;
+  end_fetch(self, ref,
+            make_error(code, "cannot fetch layer " + ref + " from its layer source ("
+                               + name_of(it->second.from) + "): " + why));
+}
+
+// A request to the source failed (an error reply, a timeout, the source gone).
+void fail_request(cache_ptr self, const std::string& ref, const caf::error& e) {
+  auto err = from_caf(e);
+  std::string why;
+  switch (err.code) {
+    case errc::timeout:
+      why = "no answer within " + std::to_string(fetch_timeout.count()) + " s";
+      break;
+    case errc::disconnected:
+      why = "the source is gone (" + err.message + ")";
+      break;
+    default:
+      why = err.message;
+  }
+  fail_fetch(self, ref, err.code, why);
+}
+
+// Checks what the staged file holds against what the source described, then
+// installs the layer in the store.
+void finish_fetch(cache_ptr self, const std::string& ref) {
+  auto& s = self->state;
+  auto& job = s.fetches.at(ref);
+  auto& file = *job.file;
+  if (file.size() != job.meta.size)
+    return fail_fetch(self, ref, errc::malformed,
+                      "size mismatch: got " + std::to_string(file.size())
+                        + " bytes, the source described " + std::to_string(job.meta.size));
+  if (file.digest() != job.meta.digest)
+    return fail_fetch(self, ref, errc::malformed,
+                      "digest mismatch: the bytes received hash to " + file.digest()
+                        + ", the source described " + job.meta.digest);
+  auto parsed = parse_layer_ref(ref);
+  auto r = s.eng->layers().import(job.kind, *parsed, job.meta.digest, job.meta.size,
+                                  job.meta.created, job.meta.source, std::move(file));
+  job.file.reset();
+  // A layer of that name built here meanwhile: the acquire uses the local one.
+  if (!r && r.error_value().code != errc::already_exists)
+    return fail_fetch(self, ref, r.error_value().code,
+                      "cannot install it: " + r.error_value().to_string());
+  ++s.fetched;
+  s.fetched_bytes += job.meta.size;
+  end_fetch(self, ref, std::nullopt);
+}
+
+void pump(cache_ptr self, const std::string& ref);
+
+// A chunk arrived: written (and hashed) in order, early ones kept until their turn.
+void on_chunk(cache_ptr self, const std::string& ref, uint64_t job_id, uint64_t offset,
+              uint32_t length, std::string& data) {
+  auto& s = self->state;
+  auto it = s.fetches.find(ref);
+  if (it == s.fetches.end() || it->second.id != job_id)
+    return; // that fetch failed already
+  auto& job = it->second;
+  --job.in_flight;
+  if (data.size() != length)
+    return fail_fetch(self, ref, errc::malformed,
+                      "size mismatch: the source sent " + std::to_string(data.size())
+                        + " bytes at offset " + std::to_string(offset) + " of "
+                        + job.meta.digest + ", not " + std::to_string(length)
+                        + " (its image is not the size it described)");
+  job.early.emplace(offset, std::move(data));
+  while (!job.early.empty() && job.early.begin()->first == job.file->size()) {
+    auto& chunk = job.early.begin()->second;
+    if (auto w = job.file->append(chunk.data(), chunk.size()); !w)
+      return fail_fetch(self, ref, w.error_value().code,
+                        "cannot write it: " + w.error_value().to_string());
+    job.early.erase(job.early.begin());
+  }
+  if (job.file->size() == job.meta.size && job.in_flight == 0)
+    return finish_fetch(self, ref);
+  pump(self, ref);
+}
+
+// Keeps up to fetches_in_flight chunk requests going.
+void pump(cache_ptr self, const std::string& ref) {
+  auto& job = self->state.fetches.at(ref);
+  while (job.in_flight < fetches_in_flight && job.next_offset < job.meta.size) {
+    auto offset = job.next_offset;
+    auto length = static_cast<uint32_t>(std::min<uint64_t>(fetch_chunk, job.meta.size - offset));
+    job.next_offset += length;
+    ++job.in_flight;
+    self->request(job.from, fetch_timeout, fetch_atom::value, job.meta.digest, offset, length)
+      .then(
+        [=, id = job.id](std::string& data) { on_chunk(self, ref, id, offset, length, data); },
+        [=, id = job.id](caf::error& e) {
+          auto it = self->state.fetches.find(ref);
+          if (it != self->state.fetches.end() && it->second.id == id)
+            fail_request(self, ref, e);
+        });
+  }
+}
+
+// The source described the layer: check the description, stage a file, fetch.
+void on_described(cache_ptr self, const std::string& ref, layer_meta& meta) {
+  auto& s = self->state;
+  auto& job = s.fetches.at(ref);
+  if (meta.ref != ref)
+    return fail_fetch(self, ref, errc::malformed,
+                      "it described layer '" + meta.ref.substr(0, 300) + "' instead");
+  if (!store::is_digest(meta.digest))
+    return fail_fetch(self, ref, errc::malformed,
+                      "it described a malformed digest '" + meta.digest.substr(0, 80) + "'");
+  auto kind = parse_layer_kind(meta.kind);
+  if (!kind)
+    return fail_fetch(self, ref, errc::malformed, kind.error_value().message);
+  auto file = s.eng->layers().stage("fetch");
+  if (!file)
+    return fail_fetch(self, ref, file.error_value().code,
+                      "cannot stage it: " + file.error_value().to_string());
+  job.meta = std::move(meta);
+  job.kind = *kind;
+  job.file.emplace(std::move(*file));
+  if (job.meta.size == 0)
+    return finish_fetch(self, ref);
+  pump(self, ref);
+}
+
+// Makes acquire `id` wait for the fetch of `ref`, starting it unless it runs.
+void join_fetch(cache_ptr self, const std::string& ref, uint64_t id) {
+  auto& s = self->state;
+  if (auto it = s.fetches.find(ref); it != s.fetches.end()) {
+    it->second.waiters.push_back(id);
+    return;
+  }
+  auto& job = s.fetches[ref];
+  job.id = s.next_job++;
+  job.from = s.source;
+  job.waiters.push_back(id);
+  self->request(job.from, fetch_timeout, describe_atom::value, ref)
+    .then([=](layer_meta& meta) { on_described(self, ref, meta); },
+          [=, id = job.id](caf::error& e) {
+            auto& s = self->state;
+            auto it = s.fetches.find(ref);
+            if (it == s.fetches.end() || it->second.id != id)
+              return;
+            if (e.category() == error_category
+                && static_cast<errc>(e.code()) == errc::not_found)
+              return end_fetch(self, ref,
+                               make_error(errc::not_found,
+                                          "unknown layer " + ref
+                                            + ": neither this node's store nor its layer "
+                                              "source ("
+                                            + name_of(it->second.from) + ") has it"));
+            fail_request(self, ref, e);
+          });
+}
+
+// Every acquire waiting for a fetch fails: the cache is going away.
+void fail_waiting(cache_ptr self, const std::string& why) {
+  auto& s = self->state;
+  for (auto& [id, w] : s.waiting)
+    w.rp.deliver(to_caf(make_error(errc::disconnected, why)));
+  s.waiting.clear();
+  s.fetches.clear();
+}
+
+layer_cache_actor::behavior_type layer_cache_impl(cache_ptr self, engine* eng,
+                                                  uint64_t budget) {
   self->state.eng = eng;
   self->state.budget = budget;
+  // A source that goes away fails its fetches now, not at their timeouts.
+  self->set_down_handler([=](caf::down_msg& dm) {
+    std::vector<std::string> gone;
+    for (auto& [ref, job] : self->state.fetches)
+      if (job.from && job.from.address() == dm.source)
+        gone.push_back(ref);
+    for (auto& ref : gone)
+      fail_fetch(self, ref, errc::disconnected,
+                 "the source is gone (" + caf::to_string(dm.reason) + ")");
+  });
+  self->set_exit_handler([=](caf::exit_msg& em) {
+    fail_waiting(self, "the node's layer cache stopped while the layers were fetched");
+    self->quit(em.reason);
+  });
   return {
     [=](acquire_atom, const environment& env) -> caf::result<layer_set> {
-      auto r = self->state.acquire(env);
-      if (!r)
+      auto& s = self->state;
+      auto r = s.acquire(env);
+      if (r)
+        return std::move(*r);
+      // A layer the store lacks comes from the source, if there is one.
+      if (r.error_value().code != errc::not_found || !s.source)
         return to_caf(r.error_value());
-      return std::move(*r);
+      auto lacking = s.missing(env);
+      if (lacking.empty())
+        return to_caf(r.error_value());
+      auto id = s.next_waiter++;
+      auto& w = s.waiting[id];
+      w.env = env;
+      w.rp = self->make_response_promise<layer_set>();
+      w.pending = lacking.size();
+      auto rp = w.rp;
+      for (const auto& ref : lacking)
+        join_fetch(self, ref, id);
+      return rp;
     },
     [=](release_atom, uint64_t lease) { self->state.release(lease); },
-    [=](source_atom, layer_store_actor& src) { self->state.source = std::move(src); },
+    [=](source_atom, layer_store_actor& src) {
+      auto& s = self->state;
+      if (src && src != s.source)
+        self->monitor(src);
+      s.source = std::move(src);
+    },
     [=](list_atom) -> caf::result<std::vector<std::string>, uint64_t, uint64_t> {
       auto& s = self->state;
       std::vector<std::string> refs;

@@ -602,6 +602,126 @@ expected<void> make_system_tree(const std::string& root, int chronus_fd) {
   return {};
 }
 
+
+// ---------------------------------------------------------------------------
+// Committing a layer
+
+// Installs `image` as the blob of info.digest (info.blob_path) and writes the
+// ref file of info (through a temp file in `staging`). The caller holds the
+// store's LOCK_EX and checked that the ref does not exist. A failure leaves
+// nothing new: a blob this call added is removed again. Returns true when the
+// blob was already stored (then shared, and `image` left where it is).
+expected<bool> commit_layer(const std::string& dir, const std::string& staging,
+                            const std::string& image, const layer_info& info) {
+  const auto& blob = info.blob_path;
+  bool added_blob = false;
+  if (rename_noreplace(image, blob) == 0) {
+    added_blob = true;
+    if (auto r = fsync_dir(blobs_dir(dir)); !r) {
+      ::unlink(blob.c_str());
+      return std::move(r).error_value();
+    }
+  } else if (errno != EEXIST) {
+    return sys_error("cannot store blob", blob);
+  }
+
+  // From here a failure must take the new blob away again.
+  auto ref_file = ref_path(dir, info.ref);
+  auto commit_ref = [&]() -> expected<void> {
+    auto tmp_ref = join(staging, "ref");
+    unique_fd fd{sys::retry([&] {
+      return ::open(tmp_ref.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    })};
+    if (!fd)
+      return sys_error("cannot create", tmp_ref);
+    DSEC_TRY_VOID(write_all(fd.get(), format_ref(info), tmp_ref));
+    if (::fsync(fd.get()) != 0)
+      return sys_error("cannot sync", tmp_ref);
+    fd.reset();
+    if (rename_noreplace(tmp_ref, ref_file) != 0)
+      return sys_error("cannot commit layer ref", ref_file);
+    if (auto r = fsync_dir(refs_dir(dir)); !r) {
+      ::unlink(ref_file.c_str());
+      return r;
+    }
+    return {};
+  };
+  if (auto r = commit_ref(); !r) {
+    if (added_blob)
+      ::unlink(blob.c_str());
+    return std::move(r).error_value();
+  }
+  return !added_blob;
+}
+
+// A value from a peer, fit for an error message: printable ASCII, at most 80
+// characters.
+std::string printable(std::string_view s) {
+  std::string out;
+  for (char c : s.substr(0, 80))
+    out += (c >= 0x20 && c < 0x7f) ? c : '?';
+  if (s.size() > 80)
+    out += "...";
+  return out;
+}
+
+error malformed_digest(std::string_view digest, std::string_view what) {
+  return make_error(errc::invalid_argument,
+                    "malformed digest '" + printable(digest) + "'" + std::string{what}
+                      + " (expected sha256: and 64 lower-case hex digits)");
+}
+
+} // namespace
+
+// ---------------------------------------------------------------------------
+// staged_file
+
+struct staged_file::impl {
+  explicit impl(staging_dir d) : dir(std::move(d)) {}
+  staging_dir dir;
+  std::string path;
+  unique_fd fd;
+  sha256 hash;
+  uint64_t size = 0;
+  std::string digest; // set once finished
+};
+
+staged_file::staged_file(std::unique_ptr<impl> i) noexcept : impl_(std::move(i)) {}
+staged_file::staged_file(staged_file&&) noexcept = default;
+staged_file& staged_file::operator=(staged_file&&) noexcept = default;
+// The impl's staging_dir removes the directory, file included; its fd closes first.
+staged_file::~staged_file() = default;
+
+expected<void> staged_file::append(const void* data, size_t size) {
+  if (!impl_)
+    return make_error(errc::invalid_argument, "append to a moved-from staged file");
+  if (!impl_->digest.empty())
+    return make_error(errc::invalid_argument,
+                      "append to " + impl_->path + " after its digest was taken");
+  DSEC_TRY_VOID(write_all(impl_->fd.get(),
+                          std::string_view{static_cast<const char*>(data), size}, impl_->path));
+  impl_->hash.update(data, size);
+  impl_->size += size;
+  return {};
+}
+
+uint64_t staged_file::size() const noexcept { return impl_ ? impl_->size : 0; }
+
+const std::string& staged_file::digest() {
+  static const std::string none;
+  if (!impl_)
+    return none;
+  if (impl_->digest.empty())
+    impl_->digest = "sha256:" + to_hex(impl_->hash.finish());
+  return impl_->digest;
+}
+
+const std::string& staged_file::path() const noexcept {
+  static const std::string none;
+  return impl_ ? impl_->path : none;
+}
+
+namespace {
 } // namespace
 
 // ---------------------------------------------------------------------------
@@ -733,52 +853,14 @@ expected<build_result> store::build(layer_kind kind, const layer_ref& ref,
 
   // Commit: blob, then ref, under LOCK_EX.
   DSEC_TRY(lock, lock_store(dir_, LOCK_EX));
-  auto ref_file = ref_path(dir_, ref);
-  if (::access(ref_file.c_str(), F_OK) == 0)
+  if (::access(ref_path(dir_, ref).c_str(), F_OK) == 0)
     return make_error(errc::already_exists,
                       "layer " + ref.to_string()
                         + " already exists (versions are immutable: rm it first or "
                           "pick a new version)");
-  const auto& blob = result.info.blob_path;
-  bool added_blob = false;
-  if (rename_noreplace(image, blob) == 0) {
-    added_blob = true;
-    if (auto r = fsync_dir(blobs_dir(dir_)); !r) {
-      ::unlink(blob.c_str());
-      return std::move(r).error_value();
-    }
-  } else if (errno == EEXIST) {
-    result.deduplicated = true; // the staging dir's removal drops our copy
-  } else {
-    return sys_error("cannot store blob", blob);
-  }
-
-  // From here a failure must take the new blob away again.
-  auto commit_ref = [&]() -> expected<void> {
-    result.info.created = static_cast<int64_t>(::time(nullptr));
-    auto tmp_ref = join(staging.path(), "ref");
-    unique_fd fd{sys::retry([&] {
-      return ::open(tmp_ref.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    })};
-    if (!fd)
-      return sys_error("cannot create", tmp_ref);
-    DSEC_TRY_VOID(write_all(fd.get(), format_ref(result.info), tmp_ref));
-    if (::fsync(fd.get()) != 0)
-      return sys_error("cannot sync", tmp_ref);
-    fd.reset();
-    if (rename_noreplace(tmp_ref, ref_file) != 0)
-      return sys_error("cannot commit layer ref", ref_file);
-    if (auto r = fsync_dir(refs_dir(dir_)); !r) {
-      ::unlink(ref_file.c_str());
-      return r;
-    }
-    return {};
-  };
-  if (auto r = commit_ref(); !r) {
-    if (added_blob)
-      ::unlink(blob.c_str());
-    return std::move(r).error_value();
-  }
+  result.info.created = static_cast<int64_t>(::time(nullptr));
+  DSEC_TRY(shared, commit_layer(dir_, staging.path(), image, result.info));
+  result.deduplicated = shared; // the staging dir's removal drops our copy
 
   result.seconds =
     std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
@@ -866,6 +948,114 @@ expected<void> store::remove(const layer_ref& ref) {
                      info->blob_path);
   DSEC_TRY_VOID(fsync_dir(blobs_dir(dir_)));
   return {};
+}
+
+bool store::is_digest(std::string_view digest) noexcept { return valid_digest(digest); }
+
+expected<staged_file> store::stage(std::string_view prefix) const {
+  if (prefix.empty() || prefix.size() > 32
+      || !std::all_of(prefix.begin(), prefix.end(), [](char c) {
+           return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_';
+         }))
+    return make_error(errc::invalid_argument,
+                      "bad staging prefix '" + printable(prefix)
+                        + "' (1 to 32 letters, digits, '-' or '_')");
+  DSEC_TRY(dir, staging_dir::create(dir_, prefix));
+  auto im = std::make_unique<staged_file::impl>(std::move(dir));
+  im->path = join(im->dir.path(), "image");
+  im->fd.reset(sys::retry([&] {
+    return ::open(im->path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  }));
+  if (!im->fd)
+    return sys_error("cannot create", im->path);
+  return staged_file{std::move(im)};
+}
+
+expected<import_result> store::import(layer_kind kind, const layer_ref& ref,
+                                      const std::string& digest, uint64_t size,
+                                      int64_t created, const std::string& source,
+                                      staged_file file) {
+  // `file` is ours now: whatever happens below, its directory goes with it.
+  DSEC_TRY_VOID(check_ref(ref));
+  const auto name = ref.to_string();
+  if (!file)
+    return make_error(errc::invalid_argument, "no image to import for layer " + name);
+  if (!valid_digest(digest))
+    return malformed_digest(digest, " for layer " + name);
+  if (source.find('\n') != std::string::npos)
+    return make_error(errc::invalid_argument,
+                      "the source of layer " + name + " contains a newline");
+  auto& im = *file.impl_;
+  struct stat st{};
+  if (::fstat(im.fd.get(), &st) != 0)
+    return sys_error("cannot stat", im.path);
+  if (im.size != size || static_cast<uint64_t>(st.st_size) != size) {
+    auto e = make_error(errc::invalid_argument,
+                        "size mismatch for layer " + name + ": the image has "
+                          + std::to_string(st.st_size) + " bytes, expected "
+                          + std::to_string(size));
+    e.path = im.path;
+    return e;
+  }
+  const auto& got = file.digest();
+  if (got != digest) {
+    auto e = make_error(errc::invalid_argument, "digest mismatch for layer " + name
+                                                  + ": the image's sha256 is " + got
+                                                  + ", expected " + digest);
+    e.path = im.path;
+    return e;
+  }
+  // Sealed and durable before it can become a blob, as in build().
+  if (::fchmod(im.fd.get(), 0444) != 0 || ::fsync(im.fd.get()) != 0)
+    return sys_error("cannot seal the imported image", im.path);
+
+  import_result result;
+  DSEC_TRY(lock, lock_store(dir_, LOCK_EX));
+  if (auto existing = read_ref(dir_, ref)) {
+    if (existing->digest != digest)
+      return make_error(errc::already_exists,
+                        "layer " + name + " already exists with another image ("
+                          + existing->digest + ", not " + digest
+                          + "; versions are immutable)");
+    result.info = std::move(*existing);
+    result.existed = true;
+    return result;
+  } else if (existing.error_value().code != errc::not_found) {
+    return std::move(existing).error_value();
+  }
+  result.info.ref = ref;
+  result.info.kind = kind;
+  result.info.digest = digest;
+  result.info.size = size;
+  result.info.created = created;
+  result.info.source = source;
+  result.info.blob_path = blob_path_of(dir_, digest);
+  DSEC_TRY(shared, commit_layer(dir_, im.dir.path(), im.path, result.info));
+  result.deduplicated = shared;
+  return result;
+}
+
+expected<unique_fd> store::open_blob(std::string_view digest) const {
+  if (!valid_digest(digest))
+    return malformed_digest(digest, "");
+  auto path = blob_path_of(dir_, digest);
+  unique_fd fd{sys::retry([&] {
+    return ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  })};
+  if (!fd) {
+    if (errno != ENOENT)
+      return sys_error("cannot open blob", path);
+    auto e = make_error(errc::not_found, "no image " + std::string{digest} + " in the store "
+                                           + dir_);
+    e.path = path;
+    return e;
+  }
+  struct stat st{};
+  if (::fstat(fd.get(), &st) != 0)
+    return sys_error("cannot stat blob", path);
+  if (!S_ISREG(st.st_mode))
+    return make_error(errc::system_error, "blob " + path + " is not a regular file");
+  return fd;
 }
 
 expected<std::string> store::find_chronus() {

@@ -5,8 +5,9 @@
 //   STATE/blobs/sha256/<hex>   EROFS images, mode 0444, named by the digest of their bytes
 //   STATE/refs/NAME@VERSION    one small text file per layer (kind=, digest=, size=,
 //                              created=, source=); a lease is a LOCK_SH on this file
-//   STATE/tmp/                 staging; each build owns one locked entry, entries whose
-//                              owner died are removed by open()
+//   STATE/tmp/                 staging; each build (and each import being fetched) owns
+//                              one locked entry, entries whose owner died are removed
+//                              by open()
 //   STATE/system/              the dsec system layer image (system-vN.erofs)
 //
 // Layers are immutable: a NAME@VERSION is built once and only ever removed. Two layers
@@ -15,7 +16,9 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -75,6 +78,50 @@ private:
   layer_info info_;
 };
 
+/// What import() did.
+struct import_result {
+  layer_info info;
+  bool deduplicated = false; ///< the blob was already stored (another ref has it)
+  bool existed = false;      ///< the ref already existed with this digest: nothing done
+};
+
+/// A file being written in STATE/tmp for store::import(): a layer image that
+/// comes from elsewhere (a peer's store). It lives in a staging directory of its
+/// own, locked for its whole life like a build's, so if the process dies the
+/// next store::open() removes it. Bytes go in only through append(), in order,
+/// and are hashed on the way: digest() is the sha256 of exactly what the file
+/// holds. Removed with its directory on destruction unless import() took it.
+class staged_file {
+public:
+  staged_file(staged_file&&) noexcept;
+  staged_file& operator=(staged_file&&) noexcept;
+  staged_file(const staged_file&) = delete;
+  staged_file& operator=(const staged_file&) = delete;
+  ~staged_file();
+
+  /// Writes `size` more bytes at the end and hashes them. Refused once
+  /// digest() was taken.
+  expected<void> append(const void* data, size_t size);
+
+  /// Bytes appended so far.
+  [[nodiscard]] uint64_t size() const noexcept;
+
+  /// "sha256:<64 hex>" of the bytes appended; ends the appending.
+  [[nodiscard]] const std::string& digest();
+
+  /// STATE/tmp/<prefix>-XXXXXX/image.
+  [[nodiscard]] const std::string& path() const noexcept;
+
+  /// False only for a moved-from file.
+  explicit operator bool() const noexcept { return static_cast<bool>(impl_); }
+
+private:
+  friend class store;
+  struct impl;
+  explicit staged_file(std::unique_ptr<impl> i) noexcept;
+  std::unique_ptr<impl> impl_;
+};
+
 /// A handle on a store directory. Cheap to copy: all state lives on disk, and
 /// every method is safe to call from several threads and processes at once.
 class store {
@@ -93,6 +140,31 @@ public:
   expected<build_result> build(layer_kind kind, const layer_ref& ref,
                                const std::string& src,
                                const build_options& options = {});
+
+  /// A new, empty staged_file in STATE/tmp for import(); `prefix` names its
+  /// staging directory (letters, digits, '-' and '_').
+  [[nodiscard]] expected<staged_file> stage(std::string_view prefix = "import") const;
+
+  /// Installs layer `ref` whose image was made elsewhere and written to `file`.
+  /// Checks the image: its size must be `size` and its sha256 `digest`
+  /// ("sha256:" and 64 lower-case hex digits), else invalid_argument naming
+  /// both values, and the store stays as it was (the staged file goes in every
+  /// outcome). Then commits like build(): under the store lock, the blob
+  /// (shared when one with this digest exists) and the ref, recording
+  /// `created` and `source` as given (they describe the layer where it was
+  /// built). The ref existing with another digest is already_exists; with the
+  /// same digest nothing is done (import_result::existed).
+  expected<import_result> import(layer_kind kind, const layer_ref& ref,
+                                 const std::string& digest, uint64_t size, int64_t created,
+                                 const std::string& source, staged_file file);
+
+  /// Opens the blob (image) with this digest read-only. invalid_argument unless
+  /// `digest` is "sha256:" and 64 lower-case hex digits (nothing else reaches a
+  /// path); not_found when no such blob is stored.
+  [[nodiscard]] expected<unique_fd> open_blob(std::string_view digest) const;
+
+  /// True when `digest` is "sha256:" and 64 lower-case hex digits.
+  [[nodiscard]] static bool is_digest(std::string_view digest) noexcept;
 
   /// Every layer, sorted by name then version, each compared in natural order
   /// (digit runs as numbers, so python@9 comes before python@10).

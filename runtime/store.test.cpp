@@ -557,3 +557,215 @@ TEST_CASE("store: the system layer has the device nodes and is built once") {
   REQUIRE(other_path);
   CHECK(run({"cmp", *path, *other_path}).status == 0);
 }
+
+// ---- import: layers whose image was made elsewhere ----------------------------
+
+namespace {
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), {});
+}
+
+// A staged file in `st` holding `bytes`, appended in pieces of `piece`.
+dsec::staged_file staged(dsec::store& st, const std::string& bytes, size_t piece = 4096) {
+  auto f = st.stage("import");
+  REQUIRE_MESSAGE(f, f.error_value().to_string());
+  for (size_t at = 0; at < bytes.size(); at += piece) {
+    auto r = f->append(bytes.data() + at, std::min(piece, bytes.size() - at));
+    REQUIRE_MESSAGE(r, r.error_value().to_string());
+  }
+  return std::move(*f);
+}
+
+// Imports into `to` the layer `info` (of another store) with the image `bytes`.
+dsec::expected<dsec::import_result> import_as(dsec::store& to, const dsec::layer_info& info,
+                                              const std::string& bytes,
+                                              const std::string& as = {}) {
+  return to.import(info.kind, as.empty() ? info.ref : ref(as), info.digest, info.size,
+                   info.created, info.source, staged(to, bytes));
+}
+
+// Two stores: `from` with a layer built in it, `to` empty.
+struct two_stores {
+  fixture from;
+  temp_dir other;
+  std::string to_state = other / "state";
+  dsec::store to = fixture::open_store(to_state);
+  dsec::layer_info built;
+  std::string image;
+
+  two_stores() {
+    make_tree(from.scratch / "src");
+    built = build_ok(from.st, dsec::layer_kind::tool, "grader@3", from.scratch / "src").info;
+    image = slurp(built.blob_path);
+    REQUIRE(image.size() == built.size);
+  }
+};
+
+} // namespace
+
+TEST_CASE("store: import installs a layer built elsewhere, byte for byte") {
+  two_stores s;
+  // The store's own staging convention: a locked directory of its own in tmp/.
+  {
+    auto f = s.to.stage("fetch");
+    REQUIRE(f);
+    CHECK(f->path().rfind(s.to_state + "/tmp/fetch-", 0) == 0);
+    CHECK(fs::exists(f->path()));
+  }
+  CHECK(entries(s.to_state + "/tmp").empty()); // an unused staged file goes
+
+  auto r = import_as(s.to, s.built, s.image);
+  REQUIRE_MESSAGE(r, r.error_value().to_string());
+  CHECK_FALSE(r->deduplicated);
+  CHECK_FALSE(r->existed);
+  auto found = s.to.find(ref("grader@3"));
+  REQUIRE_MESSAGE(found, found.error_value().to_string());
+  CHECK(found->digest == s.built.digest);
+  CHECK(found->size == s.built.size);
+  CHECK(found->kind == dsec::layer_kind::tool);
+  CHECK(found->created == s.built.created); // as where it was built
+  CHECK(found->source == s.built.source);
+  CHECK(found->blob_path == s.to_state + "/blobs/sha256/" + s.built.digest.substr(7));
+  CHECK(slurp(found->blob_path) == s.image);
+  struct stat st{};
+  REQUIRE(::stat(found->blob_path.c_str(), &st) == 0);
+  CHECK((st.st_mode & 07777) == 0444);
+  CHECK(s.to.lease(ref("grader@3"))); // usable like a built layer
+  check_store(s.to_state, 1, 1);
+
+  // The same layer again: nothing to do. Another digest under its name: refused.
+  auto again = import_as(s.to, s.built, s.image);
+  REQUIRE_MESSAGE(again, again.error_value().to_string());
+  CHECK(again->existed);
+  make_tree(s.from.scratch / "other", "two");
+  auto other =
+    build_ok(s.from.st, dsec::layer_kind::tool, "other@1", s.from.scratch / "other").info;
+  auto clash = other;
+  clash.ref = ref("grader@3");
+  auto refused = import_as(s.to, clash, slurp(other.blob_path));
+  REQUIRE_FALSE(refused);
+  CHECK(refused.error_value().code == dsec::errc::already_exists);
+  CHECK(refused.error_value().message.find("grader@3") != std::string::npos);
+  CHECK(s.to.find(ref("grader@3"))->digest == s.built.digest);
+  check_store(s.to_state, 1, 1);
+}
+
+TEST_CASE("store: import refuses an image whose sha256 is not the digest, leaving nothing") {
+  two_stores s;
+  SUBCASE("one byte changed") {
+    auto bad = s.image;
+    bad[bad.size() / 2] ^= 0x01;
+    auto r = import_as(s.to, s.built, bad);
+    REQUIRE_FALSE(r);
+    CHECK(r.error_value().code == dsec::errc::invalid_argument);
+    const auto& msg = r.error_value().message;
+    CHECK(msg.find("digest mismatch") != std::string::npos);
+    CHECK(msg.find("grader@3") != std::string::npos);
+    CHECK(msg.find(s.built.digest) != std::string::npos);
+  }
+  SUBCASE("a malformed digest never reaches a path") {
+    for (std::string d : std::vector<std::string>{"sha256:../../../etc/passwd", "sha256:" + std::string(64, 'A'),
+                          "sha512:" + std::string(64, 'a'), "sha256:" + std::string(63, 'a'),
+                          std::string(64, 'a'), std::string{}}) {
+      auto info = s.built;
+      info.digest = d;
+      auto r = import_as(s.to, info, s.image);
+      REQUIRE_FALSE(r);
+      CHECK(r.error_value().code == dsec::errc::invalid_argument);
+      CHECK(r.error_value().message.find("malformed digest") != std::string::npos);
+    }
+  }
+  SUBCASE("a newline in the source") {
+    auto info = s.built;
+    info.source = "/src\nkind=base";
+    auto r = import_as(s.to, info, s.image);
+    REQUIRE_FALSE(r);
+    CHECK(r.error_value().code == dsec::errc::invalid_argument);
+  }
+  check_store(s.to_state, 0, 0);
+  CHECK(s.to.find(ref("grader@3")).error_value().code == dsec::errc::not_found);
+}
+
+TEST_CASE("store: import refuses an image of another size, leaving nothing") {
+  two_stores s;
+  SUBCASE("short") {
+    auto r = import_as(s.to, s.built, s.image.substr(0, s.image.size() - 1));
+    REQUIRE_FALSE(r);
+    CHECK(r.error_value().code == dsec::errc::invalid_argument);
+    CHECK(r.error_value().message.find("size mismatch") != std::string::npos);
+    CHECK(r.error_value().message.find(std::to_string(s.built.size)) != std::string::npos);
+  }
+  SUBCASE("long") {
+    auto r = import_as(s.to, s.built, s.image + "x");
+    REQUIRE_FALSE(r);
+    CHECK(r.error_value().message.find("size mismatch") != std::string::npos);
+  }
+  check_store(s.to_state, 0, 0);
+}
+
+TEST_CASE("store: an imported image already stored under another name is shared") {
+  two_stores s;
+  auto first = import_as(s.to, s.built, s.image);
+  REQUIRE_MESSAGE(first, first.error_value().to_string());
+  auto second = import_as(s.to, s.built, s.image, "copy@1");
+  REQUIRE_MESSAGE(second, second.error_value().to_string());
+  CHECK(second->deduplicated);
+  CHECK(second->info.blob_path == first->info.blob_path);
+  check_store(s.to_state, 2, 1);
+  // A built layer with the same bytes shares it too.
+  auto built = build_ok(s.to, dsec::layer_kind::tool, "local@1", s.from.scratch / "src");
+  CHECK(built.deduplicated);
+  check_store(s.to_state, 3, 1);
+  // And it goes with the last ref.
+  for (auto r : {"grader@3", "copy@1", "local@1"})
+    REQUIRE(s.to.remove(ref(r)));
+  check_store(s.to_state, 0, 0);
+}
+
+TEST_CASE("store: a staged file its process left behind is removed by open()") {
+  fixture f;
+  pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    auto st = dsec::store::open(f.state);
+    auto file = st ? st->stage("fetch") : dsec::expected<dsec::staged_file>{dsec::error{}};
+    bool ok = file && file->append("half an image", 13);
+    ::_exit(ok ? 0 : 1); // no destructors: as if it crashed
+  }
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  REQUIRE(WIFEXITED(status));
+  REQUIRE(WEXITSTATUS(status) == 0);
+  CHECK(entries(f.state + "/tmp").size() == 1);
+  auto reopened = dsec::store::open(f.state);
+  REQUIRE(reopened);
+  CHECK(entries(f.state + "/tmp").empty());
+}
+
+TEST_CASE("store: open_blob reads a blob by a strictly checked digest") {
+  two_stores s;
+  auto fd = s.from.st.open_blob(s.built.digest);
+  REQUIRE_MESSAGE(fd, fd.error_value().to_string());
+  std::string head(16, '\0');
+  REQUIRE(::pread(fd->get(), head.data(), head.size(), 0) == 16);
+  CHECK(head == s.image.substr(0, 16));
+  CHECK(dsec::store::is_digest(s.built.digest));
+
+  auto unknown = s.to.open_blob(s.built.digest);
+  REQUIRE_FALSE(unknown);
+  CHECK(unknown.error_value().code == dsec::errc::not_found);
+  CHECK(unknown.error_value().message.find(s.built.digest) != std::string::npos);
+
+  auto hex = s.built.digest.substr(7);
+  for (std::string d : std::vector<std::string>{"sha256:../" + hex.substr(3), "sha256:" + hex + "/", "SHA256:" + hex,
+                        "sha256:" + hex.substr(0, 63) + "G", "sha256:" + hex + "0",
+                        "sha256:" + std::string(64, 'F'), std::string{"sha256:"}, hex,
+                        std::string("sha256:\0", 8) + hex.substr(1)}) {
+    CHECK_FALSE(dsec::store::is_digest(d));
+    auto r = s.from.st.open_blob(d);
+    REQUIRE_FALSE(r);
+    CHECK(r.error_value().code == dsec::errc::invalid_argument);
+  }
+}
