@@ -2,6 +2,11 @@
 
 #include <unistd.h>
 
+#if defined(__x86_64__)
+#include <cpuid.h>
+#include <immintrin.h>
+#endif
+
 #include <algorithm>
 #include <cstring>
 #include <memory>
@@ -28,6 +33,70 @@ constexpr std::array<uint32_t, 64> k_round = {
 constexpr uint32_t rotr(uint32_t x, int n) noexcept {
   return (x >> n) | (x << (32 - n));
 }
+
+#if defined(__x86_64__)
+// SHA-NI (Intel SHA extensions) with SSSE3 and SSE4.1, found with cpuid once.
+bool have_sha_ni() noexcept {
+  static const bool yes = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid(1, &a, &b, &c, &d))
+      return false;
+    bool ssse3 = (c & bit_SSSE3) != 0, sse41 = (c & bit_SSE4_1) != 0;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d))
+      return false;
+    return ssse3 && sse41 && (b & bit_SHA) != 0;
+  }();
+  return yes;
+}
+
+// `count` 64-byte blocks with the SHA extensions. The state is kept in the
+// layout sha256rnds2 wants (ABEF, CDGH) across the blocks. Each of the 16
+// steps does 4 rounds on message words W[4g..4g+3] (msg[g % 4]) and, from the
+// words so far, the schedule of the words 4 and 1 groups ahead.
+__attribute__((target("sha,sse4.1,ssse3"))) void
+compress_sha_ni(uint32_t* state, const uint8_t* data, size_t count) noexcept {
+  const __m128i bswap = _mm_set_epi64x(0x0c0d0e0f08090a0bULL, 0x0405060700010203ULL);
+  __m128i tmp = _mm_loadu_si128(reinterpret_cast<const __m128i*>(state));
+  __m128i state1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(state + 4));
+  tmp = _mm_shuffle_epi32(tmp, 0xB1);              // CDAB
+  state1 = _mm_shuffle_epi32(state1, 0x1B);        // EFGH
+  __m128i state0 = _mm_alignr_epi8(tmp, state1, 8); // ABEF
+  state1 = _mm_blend_epi16(state1, tmp, 0xF0);     // CDGH
+  for (; count > 0; --count, data += 64) {
+    const __m128i abef = state0, cdgh = state1;
+    __m128i msg[4];
+#pragma GCC unroll 16
+    for (int g = 0; g < 16; ++g) {
+      __m128i& w = msg[g & 3];
+      if (g < 4)
+        w = _mm_shuffle_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(data + 16 * g)),
+                             bswap);
+      __m128i m =
+        _mm_add_epi32(w, _mm_loadu_si128(reinterpret_cast<const __m128i*>(&k_round[4 * g])));
+      state1 = _mm_sha256rnds2_epu32(state1, state0, m);
+      if (g >= 3 && g <= 14) { // W of group g+1: its msg1 part was done at g-2
+        __m128i& next = msg[(g + 1) & 3];
+        next = _mm_add_epi32(next, _mm_alignr_epi8(w, msg[(g - 1) & 3], 4));
+        next = _mm_sha256msg2_epu32(next, w);
+      }
+      m = _mm_shuffle_epi32(m, 0x0E);
+      state0 = _mm_sha256rnds2_epu32(state0, state1, m);
+      if (g >= 1 && g <= 12) // the msg1 part of W of group g+3
+        msg[(g - 1) & 3] = _mm_sha256msg1_epu32(msg[(g - 1) & 3], w);
+    }
+    state0 = _mm_add_epi32(state0, abef);
+    state1 = _mm_add_epi32(state1, cdgh);
+  }
+  tmp = _mm_shuffle_epi32(state0, 0x1B);       // FEBA
+  state1 = _mm_shuffle_epi32(state1, 0xB1);    // DCHG
+  state0 = _mm_blend_epi16(tmp, state1, 0xF0); // DCBA
+  state1 = _mm_alignr_epi8(state1, tmp, 8);    // HGFE
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(state), state0);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(state + 4), state1);
+}
+#else
+bool have_sha_ni() noexcept { return false; }
+#endif
 
 } // namespace
 
@@ -73,6 +142,19 @@ void sha256::compress(const uint8_t* block) noexcept {
   state_[7] += h;
 }
 
+bool sha256::accelerated() noexcept { return have_sha_ni(); }
+
+void sha256::compress_blocks(const uint8_t* blocks, size_t count) noexcept {
+#if defined(__x86_64__)
+  if (have_sha_ni()) {
+    compress_sha_ni(state_.data(), blocks, count);
+    return;
+  }
+#endif
+  for (; count > 0; --count, blocks += 64)
+    compress(blocks);
+}
+
 void sha256::update(const void* data, size_t size) noexcept {
   auto p = static_cast<const uint8_t*>(data);
   total_bytes_ += size;
@@ -84,12 +166,13 @@ void sha256::update(const void* data, size_t size) noexcept {
     size -= take;
     if (buffered_ < buffer_.size())
       return;
-    compress(buffer_.data());
+    compress_blocks(buffer_.data(), 1);
     buffered_ = 0;
   }
   // Whole blocks straight from the caller's memory: no copy on the hot path.
-  for (; size >= 64; p += 64, size -= 64)
-    compress(p);
+  compress_blocks(p, size / 64);
+  p += size / 64 * 64;
+  size %= 64;
   if (size > 0) {
     std::memcpy(buffer_.data(), p, size);
     buffered_ = size;
@@ -101,13 +184,13 @@ std::array<uint8_t, 32> sha256::finish() noexcept {
   buffer_[buffered_++] = 0x80;
   if (buffered_ > 56) {
     std::memset(buffer_.data() + buffered_, 0, buffer_.size() - buffered_);
-    compress(buffer_.data());
+    compress_blocks(buffer_.data(), 1);
     buffered_ = 0;
   }
   std::memset(buffer_.data() + buffered_, 0, 56 - buffered_);
   for (int i = 0; i < 8; ++i)
     buffer_[56 + i] = static_cast<uint8_t>(bits >> (56 - 8 * i));
-  compress(buffer_.data());
+  compress_blocks(buffer_.data(), 1);
   buffered_ = 0;
 
   std::array<uint8_t, 32> out;

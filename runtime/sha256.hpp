@@ -19,12 +19,17 @@ public:
   /// Hashes `size` more bytes.
   void update(const void* data, size_t size) noexcept;
 
+  /// True when this CPU's SHA extensions (x86 SHA-NI) do the work: about ten
+  /// times the speed of the portable code.
+  [[nodiscard]] static bool accelerated() noexcept;
+
   /// Pads, returns the 32-byte digest. The object must not be used afterwards
   /// (create a new one for the next message).
   [[nodiscard]] std::array<uint8_t, 32> finish() noexcept;
 
 private:
   void compress(const uint8_t* block) noexcept;
+  void compress_blocks(const uint8_t* blocks, size_t count) noexcept;
 
   std::array<uint32_t, 8> state_;
   std::array<uint8_t, 64> buffer_{};

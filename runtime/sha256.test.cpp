@@ -5,9 +5,11 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <doctest/doctest.h>
 
@@ -80,4 +82,43 @@ TEST_CASE("sha256_hex_of_file reports a bad descriptor") {
   REQUIRE_FALSE(hex);
   CHECK(hex.error_value().code == dsec::errc::system_error);
   CHECK(hex.error_value().sys_errno == EBADF);
+}
+
+TEST_CASE("sha256: random messages of every length around the block size agree with sha256sum") {
+  const std::string how = dsec::sha256::accelerated() ? "used" : "not used (portable code)";
+  MESSAGE("this CPU's SHA extensions are " << how);
+  char path[] = "/tmp/dsec-sha256-test-XXXXXX";
+  int fd = ::mkstemp(path);
+  REQUIRE(fd >= 0);
+  dsec::unique_fd owner{fd};
+  uint64_t x = 0x9e3779b97f4a7c15ULL;
+  std::string data(3 * 64 + 5 + (1u << 20), '\0');
+  for (auto& c : data) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    c = static_cast<char>(x);
+  }
+  std::vector<size_t> lengths;
+  for (size_t n = 0; n <= 3 * 64 + 5; ++n)
+    lengths.push_back(n);
+  lengths.push_back(data.size());
+  for (size_t n : lengths) {
+    REQUIRE(::ftruncate(fd, 0) == 0);
+    REQUIRE(::pwrite(fd, data.data(), n, 0) == static_cast<ssize_t>(n));
+    std::string cmd = std::string{"sha256sum "} + path;
+    FILE* p = ::popen(cmd.c_str(), "r");
+    REQUIRE(p != nullptr);
+    char line[128] = {};
+    REQUIRE(std::fgets(line, sizeof line, p) != nullptr);
+    ::pclose(p);
+    auto want = std::string{line}.substr(0, 64);
+    auto got = hex_of(std::string_view{data.data(), n});
+    CHECK_MESSAGE(got == want, "length " << n);
+    CHECK_MESSAGE(hex_of_pieces(std::string_view{data.data(), n}, 63) == want, "length " << n);
+    auto file = dsec::sha256_hex_of_file(fd);
+    REQUIRE(file);
+    CHECK(*file == want);
+  }
+  ::unlink(path);
 }
