@@ -109,6 +109,7 @@ run_load "$coord" "$work/fetch.json" --count "$nodes" --concurrency "$nodes" --b
 t1=$EPOCHREALTIME
 run_load "$coord" "$work/cached.json" --count "$nodes" --concurrency "$nodes" --batch "$nodes" --base perf-bb@1 --tool big@1 -- /bin/exit0
 t2=$EPOCHREALTIME
+sleep 1.5 # a heartbeat or two, so that the table shows what each node fetched
 "$dsec" --connect "$coord" cluster status
 /usr/bin/python3 - "$work/fetch.json" "$work/cached.json" "$t0" "$t1" "$t2" "$mb" "$nodes" <<'PY'
 import json, sys
