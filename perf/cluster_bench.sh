@@ -12,12 +12,17 @@
 #     coordinator only; a batch of N sandboxes using it lands one per node, and
 #     each node fetches it (1 MiB chunks over CAF, sha256 checked). Prints the
 #     batch's create time then, and again once every node holds the layer.
+#  3. failure detection: a coordinator and N nodes (N >= 2), a session with
+#     sandboxes on every node, watched from Python (the SDK in build/python);
+#     one node is killed with SIGKILL, another stopped with SIGSTOP (hung);
+#     prints how long after each the session had a `lost` event for every
+#     sandbox there (the promise: within 2 s).
 set -euo pipefail
 export LC_ALL=C
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(dirname "$here")
 usage() {
-  sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'
   cat <<USAGE
 
 usage: perf/cluster_bench.sh [--nodes N] [--count C] [--concurrency K] [--layer-mb M]
@@ -122,3 +127,44 @@ print("the same once every node holds it:          create max %.0f ms (episodes 
 print("distribution: %.0f MiB to %d nodes in %.2f s (%.0f MiB/s out of the coordinator)"
       % (mb, n, f["create_ms"]["max"] / 1000, mb * n / (f["create_ms"]["max"] / 1000)))
 PY
+"$repo/tools/cluster" down --dir "$work/cluster" >/dev/null
+
+if [[ $nodes -ge 2 ]]; then
+  echo
+  echo "== failure detection: kill -9 of one node, SIGSTOP of another"
+  "$repo/tools/cluster" up "$nodes" --dir "$work/cluster" --port $((port + 1)) >/dev/null
+  build_base "$work/cluster/coordinator/state"
+  PYTHONPATH=$repo/build/python /usr/bin/python3 - "$coord" "$work/cluster" <<'PY'
+import os, signal, sys, time
+import dsec
+addr, cdir = sys.argv[1], sys.argv[2]
+def pid_of(i):
+    return int(open("%s/node-%d/pid" % (cdir, i)).read())
+def port_of(i):
+    return open("%s/node-%d/port" % (cdir, i)).read().strip()
+with dsec.connect(addr) as c, c.session(quota=400, trajectory=False) as s:
+    s.create(base="perf-bb@1", count=40)
+    by_node = {}
+    for i in s.list():
+        by_node.setdefault(i.node, set()).add(i.id)
+    events = s.events(timeout=10)
+    for i, (how, sig) in enumerate([("killed (SIGKILL)", signal.SIGKILL),
+                                    ("hung (SIGSTOP)", signal.SIGSTOP)], start=1):
+        name = "127.0.0.1:" + port_of(i)
+        doomed = set(by_node.get(name, ()))
+        t0 = time.monotonic()
+        os.kill(pid_of(i), sig)
+        seen = set()
+        for ev in events:
+            if ev.kind == "lost" and ev.sandbox in doomed:
+                seen.add(ev.sandbox)
+                if seen == doomed:
+                    break
+        ms = (time.monotonic() - t0) * 1000
+        print("node %s %s: %d of %d sandboxes reported lost after %.0f ms"
+              % (name, how, len(seen), len(doomed), ms))
+        if sig == signal.SIGSTOP:
+            os.kill(pid_of(i), signal.SIGCONT)
+PY
+  "$repo/tools/cluster" down --dir "$work/cluster" >/dev/null
+fi

@@ -7,6 +7,7 @@
 #include <doctest/doctest.h>
 
 #include <signal.h>
+#include <unistd.h>
 #include <sys/stat.h>
 
 #include <chrono>
@@ -405,6 +406,75 @@ TEST_CASE("the coordinator dies: after the grace period each node destroys its s
     cl.c = connect(cl.sys, cl.coord->port);
     CHECK(eventually([&] { return cl.up() == 3; }, 60s));
   }
+  check_nothing_left(before);
+}
+
+TEST_CASE("tools/cluster up 2 | status | down: joined, usable, then nothing left") {
+  auto before = settled_snapshot();
+  temp_dir dir{"/tmp", "dsec-tools-cluster"};
+  auto cdir = dir / "c";
+  // Ports: a range unlikely to be in use; the script refuses taken ones.
+  int base = 20000 + static_cast<int>(::getpid() % 20000);
+  spawn_options o;
+  o.kill_after = std::chrono::seconds(180);
+  auto script = env_path("DSEC_CLUSTER_SCRIPT");
+  ::setenv("DSECD", env_path("DSECD_BIN").c_str(), 1);
+  ::setenv("DSEC", suite::get().dsec_bin().c_str(), 1);
+  auto up = run_process({script, "up", "2", "--dir", cdir, "--port", std::to_string(base),
+                         "--slots", "50", "--", "--state-ignored-by-nobody"},
+                        o);
+  // An unknown dsecd option makes every daemon exit: up says so and cleans up.
+  CHECK(up.status == 1);
+  CHECK(up.err.find("exited; its log:") != std::string::npos);
+  CHECK(up.err.find("unknown argument '--state-ignored-by-nobody'") != std::string::npos);
+  struct stat st {};
+  CHECK(::stat(cdir.c_str(), &st) != 0);
+
+  up = run_process({script, "up", "2", "--dir", cdir, "--port", std::to_string(base),
+                    "--slots", "50"},
+                   o);
+  REQUIRE_MESSAGE(up.status == 0, up.describe());
+  CHECK(up.out.find("joined 3 of 3 nodes") != std::string::npos);
+  CHECK(up.out.find("3 nodes up") != std::string::npos);
+  auto again = run_process({script, "up", "1", "--dir", cdir, "--port", std::to_string(base + 10)});
+  CHECK(again.status == 1);
+  CHECK(again.err.find("a cluster is up in " + cdir) != std::string::npos);
+  auto status = run_process({script, "status", "--dir", cdir});
+  CHECK(status.status == 0);
+  CHECK(status.out.find("3 nodes up") != std::string::npos);
+  {
+    // A layer built on the coordinator's store, as the script says to.
+    temp_dir src;
+    REQUIRE(::mkdir((src / "bin").c_str(), 0755) == 0);
+    auto cp = run_process({"/bin/cp", "/bin/busybox", src / "bin/busybox"});
+    REQUIRE(cp.status == 0);
+    REQUIRE(::symlink("busybox", (src / "bin/sh").c_str()) == 0);
+    auto built = run_process({suite::get().dsec_bin(), "--state", cdir + "/coordinator/state",
+                              "layer", "build", "--kind", "base", "tcbase@1", src.path()});
+    REQUIRE_MESSAGE(built.status == 0, built.describe());
+    test_system ts;
+    caf::actor_system sys{ts.cfg};
+    auto c = connect(sys, static_cast<uint16_t>(base));
+    auto s = c->open_session({.quota = 30});
+    REQUIRE(s);
+    environment env;
+    env.base = "tcbase@1";
+    auto ids = (*s)->create(env, 30);
+    REQUIRE_MESSAGE(ids, describe(ids.error_value()));
+    CHECK(ids->size() == 30);
+    auto spread = by_node(**s);
+    CHECK_MESSAGE(spread.size() == 3, spread_text(spread));
+    for (const auto& [node, boxes] : spread) {
+      auto r = (*s)->exec(boxes.front(), cmd({"/bin/sh", "-c", "echo ok"}));
+      REQUIRE_MESSAGE(r, node << ": " << describe(r.error_value()));
+      CHECK(r->out == "ok\n");
+    }
+  }
+  auto down = run_process({script, "down", "--dir", cdir});
+  CHECK_MESSAGE(down.status == 0, down.describe());
+  CHECK(down.out.find("stopped coordinator") != std::string::npos);
+  CHECK(down.out.find("removed " + cdir) != std::string::npos);
+  CHECK(::stat(cdir.c_str(), &st) != 0);
   check_nothing_left(before);
 }
 
