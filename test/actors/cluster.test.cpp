@@ -228,6 +228,39 @@ TEST_CASE("a batch of 300 spreads over all three nodes; a layer built on the coo
   check_nothing_left(before);
 }
 
+TEST_CASE("a node that refuses (full, unknown to the coordinator) gets its share placed elsewhere; "
+          "a full cluster says so") {
+  // Slow heartbeats: the coordinator's picture of node 1 stays stale.
+  cluster cl(2, {"--beat-interval", "10s", "--beat-timeout", "60s", "--slots", "10"},
+             {"--beat-interval", "10s", "--beat-timeout", "60s", "--slots", "10"});
+  // Node 1 fills up behind the coordinator's back (its own default session).
+  auto direct = connect(cl.sys, cl.nodes[0]->port);
+  auto ds = direct->find_session("default");
+  REQUIRE(ds);
+  // (its layer cache fetches bbt@1 from the coordinator, as for any sandbox)
+  auto mine = (*ds)->create(env_of(), 10);
+  REQUIRE_MESSAGE(mine, describe(mine.error_value()));
+  REQUIRE(mine->size() == 10);
+  auto st = direct->stats();
+  REQUIRE(st);
+  REQUIRE(st->live == 10);
+  auto s = cl.c->open_session({.quota = 100});
+  REQUIRE(s);
+  std::vector<error> failures;
+  auto ids = (*s)->create(env_of(), 25, {}, [&](const error& e) { failures.push_back(e); });
+  REQUIRE_MESSAGE(ids, describe(ids.error_value()));
+  auto spread = by_node(**s);
+  MESSAGE("25 asked, node 1 full of its own: " << spread_text(spread) << ", "
+          << failures.size() << " failed");
+  CHECK(ids->size() == 20); // 10 slots on the coordinator's node, 10 on node 2
+  CHECK(failures.size() == 5);
+  CHECK(spread.count(cl.node_name(0)) == 0);
+  for (const auto& e : failures) {
+    CHECK(e.code == errc::overloaded);
+    CHECK(e.message.find("the cluster has no free slot") != std::string::npos);
+  }
+}
+
 TEST_CASE("locality: creates go to the node that holds the environment's layers") {
   cluster cl(2);
   auto s = cl.c->open_session({.quota = 100});
