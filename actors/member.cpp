@@ -11,6 +11,7 @@
 #include <functional>
 #include <set>
 
+#include "actors/transport.hpp"
 #include "actors/types.hpp"
 
 namespace dsec {
@@ -177,8 +178,9 @@ member_actor::behavior_type member_impl(self_ptr self, member_config cfg) {
           [=](caf::error& e) {
             auto& s = self->state;
             s.joining = false;
-            say_error(self, "cannot reach the coordinator " + s.where + ": "
-                              + self->system().render(e) + " (retrying every second)");
+            say_error(self, "cannot join the coordinator " + s.where + ": "
+                              + connect_error(self->system(), e, s.cfg.host, s.cfg.port).message
+                              + " (retrying every second)");
             self->delayed_send(self, std::chrono::seconds(1), join_atom::value);
           });
     },

@@ -511,6 +511,28 @@ TEST_CASE("tools/cluster up 2 | status | down: joined, usable, then nothing left
   check_nothing_left(before);
 }
 
+TEST_CASE("with --tls a node holding a certificate of the CA joins; one without is refused") {
+  temp_dir dir{"/tmp", "dsec-cluster-tls"};
+  auto script = env_path("DSEC_CLUSTER_SCRIPT");
+  auto certs = script.substr(0, script.rfind('/')) + "/tls-certs";
+  auto made = run_process({certs, dir / "tls"});
+  REQUIRE_MESSAGE(made.status == 0, made.describe());
+  REQUIRE(::mkdir((dir / "a").c_str(), 0700) == 0);
+  REQUIRE(::mkdir((dir / "b").c_str(), 0700) == 0);
+  dsecd_proc coord({"--coordinator", "--tls", dir / "tls"});
+  auto where = "127.0.0.1:" + std::to_string(coord.port);
+  dsecd_proc good({"--join", where, "--tls", dir / "tls", "--state", dir / "a"});
+  dsecd_proc bad({"--join", where, "--state", dir / "b"});
+  CHECK(good.bg.wait_for_output("joined the cluster of " + where, 60s));
+  CHECK(bad.bg.wait_for_output("cannot join the coordinator " + where, 60s));
+  auto status = run_process({suite::get().dsec_bin(), "--connect", where, "--tls", dir / "tls",
+                             "cluster", "status"});
+  CHECK_MESSAGE(status.status == 0, status.describe());
+  CHECK(status.out.find("127.0.0.1:" + std::to_string(good.port)) != std::string::npos);
+  CHECK(status.out.find("127.0.0.1:" + std::to_string(bad.port)) == std::string::npos);
+  CHECK(status.out.find("2 nodes up") != std::string::npos);
+}
+
 TEST_CASE("cluster flags and verbs: clear errors") {
   auto both = run_process({env_path("DSECD_BIN"), "--coordinator", "--join", "127.0.0.1:1"});
   CHECK(both.status == 2);
