@@ -94,7 +94,9 @@ double cluster_map::score(const cluster_node& n, const batch& b) const {
   double locality = b.refs.empty() ? 0 : static_cast<double>(held) / (b.refs.size() + 1);
   auto p = b.pieces.find(n.id);
   double pieces = p == b.pieces.end() ? 0 : p->second;
-  return free_frac * (1 + locality) / (1 + pieces);
+  // A piece of this batch already there weighs more than the layers: a batch
+  // is spread first (a node fetches a missing layer once, at the start).
+  return free_frac * (1 + locality) / (1 + 2 * pieces);
 }
 
 uint32_t cluster_map::pick(batch& b, unsigned tries) {
@@ -103,7 +105,14 @@ uint32_t cluster_map::pick(batch& b, unsigned tries) {
   uint32_t cand[3] = {0, 0, 0};
   if (auto h = holders_.find(b.key); h != holders_.end() && !h->second.empty())
     cand[0] = h->second[rng_() % h->second.size()];
-  cand[1] = up_[cursor_++ % up_.size()];
+  // Round robin over nodes with room: a full (or zero-slot) node is stepped
+  // over, a few at most.
+  for (size_t i = 0; i < std::min<size_t>(8, up_.size()); ++i) {
+    auto id = up_[cursor_++ % up_.size()];
+    cand[1] = id;
+    if (nodes_[id].free() > 0)
+      break;
+  }
   cand[2] = up_[rng_() % up_.size()];
   uint32_t best = 0;
   double best_score = -1;
@@ -117,7 +126,8 @@ uint32_t cluster_map::pick(batch& b, unsigned tries) {
       best = id;
     }
   };
-  for (auto id : cand)
+  // Round robin first: a tie goes to it, which spreads batches.
+  for (auto id : {cand[1], cand[0], cand[2]})
     if (id)
       consider(id);
   // All three full: a few more random draws, then (a nearly full cluster)

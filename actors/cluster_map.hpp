@@ -10,7 +10,7 @@
 // Each candidate's score is its free fraction (free slots / slots, counting
 // what was placed since its last heartbeat) times (1 + the fraction of the
 // environment's layers it holds, the most specific one counting twice),
-// divided by (1 + pieces of this batch it already got). The best candidate
+// divided by (1 + 2 x pieces of this batch it already got). The best candidate
 // with a free slot takes the piece; only when all three are full are more
 // nodes looked at. A batch is cut into pieces of ceil(count / nodes), at most
 // 64, so that it is spread rather than piled onto one node.

@@ -13,6 +13,7 @@
 #include <chrono>
 #include <fstream>
 #include <map>
+#include <set>
 #include <memory>
 #include <string>
 #include <thread>
@@ -134,6 +135,26 @@ TEST_CASE("cluster_map: pieces, spread over every node, locality, full nodes") {
     ++got[id];
   }
   CHECK(got.size() == 3);
+
+  // A zero-slot node (a coordinator that runs nothing) is never picked, and a
+  // batch of 3 reaches the node that lacks the layers too.
+  {
+    cluster_map z{3};
+    z.add("coordinator", 0, 0, {"base@1"});
+    auto h1 = z.add("h1", 100, 0, {"base@1"});
+    auto h2 = z.add("h2", 100, 0, {"base@1"});
+    auto fresh = z.add("fresh", 100, 0, {});
+    for (int round = 0; round < 20; ++round) {
+      auto three = cluster_map::make_batch("base@1", "", {});
+      std::set<uint32_t> got3;
+      for (int i = 0; i < 3; ++i) {
+        auto id = z.pick(three);
+        REQUIRE(id != 0);
+        got3.insert(id);
+      }
+      CHECK(got3 == std::set<uint32_t>{h1, h2, fresh});
+    }
+  }
 
   // Single creates of an environment go where its layers are.
   cluster_map l{7};
