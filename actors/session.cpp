@@ -223,33 +223,47 @@ expected<sandbox_actor> find(self_ptr self, const std::string& id) {
   return it->second;
 }
 
-// Hands a request on to sandbox `sb`, its answer going back through `rp`. One
-// in this process (or of a session that is not a coordinator's) gets it
-// delegated; one on another node gets it as a request of ours, kept in
-// `calls`, so that when that node is lost the caller hears errc::lost at once
-// instead of waiting for an answer that will never come.
+// Asks `to` (sandbox `sb`, or a relay in front of it) and hands the answer
+// to `ok` or `err`. A request to a sandbox on another node is kept in
+// `calls`: if that node is lost first, `lost` runs instead, at once, and the
+// answer (which will not come) is no longer waited for.
+template <class Result, class Handle, class Ok, class Err, class... Ts>
+void ask(self_ptr self, const sandbox_actor& sb, const Handle& to, Ok ok, Err err,
+         std::function<void(const error&)> lost, Ts... xs) {
+  auto& s = self->state;
+  uint64_t call = 0;
+  if (s.cfg.cluster && sb.node() != self->node()) {
+    call = s.next_call++;
+    s.calls.emplace(call, session_state::call{sb.node(), std::move(lost)});
+  }
+  auto live = [self, call] { return call == 0 || self->state.calls.erase(call) > 0; };
+  self->request(to, caf::infinite, std::move(xs)...)
+    .then(
+      [=](Result& r) mutable {
+        if (live())
+          ok(r);
+      },
+      [=](caf::error& e) mutable {
+        if (live())
+          err(e);
+      });
+}
+
+// Hands a request on to sandbox `sb`, its answer going back through `rp`:
+// delegated when the sandbox is in this process (or the session is not a
+// coordinator's), else asked (see ask), so that the caller hears errc::lost
+// as soon as the sandbox's node is lost.
 template <class Result, class... Ts>
 void forward_to(self_ptr self, const sandbox_actor& sb, caf::typed_response_promise<Result> rp,
                 Ts... xs) {
-  auto& s = self->state;
-  if (!s.cfg.cluster || sb.node() == self->node()) {
+  if (!self->state.cfg.cluster || sb.node() == self->node()) {
     rp.delegate(sb, std::move(xs)...);
     return;
   }
-  auto call = s.next_call++;
-  s.calls.emplace(call, session_state::call{sb.node(), [rp](const error& e) mutable {
-                                               rp.deliver(to_caf(e));
-                                             }});
-  self->request(sb, caf::infinite, std::move(xs)...)
-    .then(
-      [=](Result& r) mutable {
-        if (self->state.calls.erase(call))
-          rp.deliver(std::move(r));
-      },
-      [=](caf::error& e) mutable {
-        if (self->state.calls.erase(call))
-          rp.deliver(e);
-      });
+  ask<Result>(
+    self, sb, sb, [rp](Result& r) mutable { rp.deliver(std::move(r)); },
+    [rp](caf::error& e) mutable { rp.deliver(e); },
+    [rp](const error& e) mutable { rp.deliver(to_caf(e)); }, std::move(xs)...);
 }
 
 // A relay for a streamed command: the sandbox streams to whoever asked, so the
@@ -312,22 +326,14 @@ void forward_exec(self_ptr self, const sandbox_actor& sb, exec_request req,
   if (!req.stream || !s.cfg.cluster || sb.node() == self->node())
     return forward_to<exec_result>(self, sb, rp, exec_atom::value, std::move(req));
   auto relay = spawn_relay(self, sb, std::move(requester), nullptr, 0);
-  auto call = s.next_call++;
-  s.calls.emplace(call, session_state::call{sb.node(), [rp, relay](const error& e) mutable {
-                                               caf::anon_send_exit(relay,
-                                                                   caf::exit_reason::kill);
-                                               rp.deliver(to_caf(e));
-                                             }});
-  self->request(relay, caf::infinite, exec_atom::value, std::move(req))
-    .then(
-      [=](exec_result& r) mutable {
-        if (self->state.calls.erase(call))
-          rp.deliver(std::move(r));
-      },
-      [=](caf::error& e) mutable {
-        if (self->state.calls.erase(call))
-          rp.deliver(e);
-      });
+  ask<exec_result>(
+    self, sb, relay, [rp](exec_result& r) mutable { rp.deliver(std::move(r)); },
+    [rp](caf::error& e) mutable { rp.deliver(e); },
+    [rp, relay](const error& e) mutable {
+      caf::anon_send_exit(relay, caf::exit_reason::kill);
+      rp.deliver(to_caf(e));
+    },
+    exec_atom::value, std::move(req));
 }
 
 // Answers the current request with `e` (for handlers that return delegated<T>).
@@ -365,31 +371,38 @@ void logged_exec(self_ptr self, const std::string& id, sandbox_actor sb, exec_re
     }
     auto& s = self->state;
     auto pack = id + "-" + std::to_string(s.next_pack++) + ".pack";
-    self->request(sb, caf::infinite, pack_atom::value, s.dir + "/packs/" + pack, s.dir + "/blobs")
-      .then(
-        [=](std::string& manifest) mutable {
-          auto rec2 = rec;
-          if (manifest.empty())
-            rec2.pack = pack;
-          else
-            rec2.pack_inline = std::move(manifest);
-          commit(self, rec2, [rp, r]() mutable { rp.deliver(std::move(r)); });
-        },
-        [=](caf::error& e) mutable {
-          if (self->state.closing) {
-            // The sandbox went with its session before the pack: the step
-            // is not logged, and a resume runs it again on the state before.
-            rp.deliver(std::move(r));
-            return;
-          }
-          auto rec2 = rec;
-          rec2.pack_error = from_caf(e).message;
-          commit(self, rec2, [rp, r]() mutable { rp.deliver(std::move(r)); });
-        });
+    // Its node lost before the pack: the step is not logged (the sandbox is
+    // gone; a resume rebuilds it from the pack before, where the trainer's
+    // command runs once).
+    ask<std::string>(
+      self, sb, sb,
+      [=](std::string& manifest) mutable {
+        auto rec2 = rec;
+        if (manifest.empty())
+          rec2.pack = pack;
+        else
+          rec2.pack_inline = std::move(manifest);
+        commit(self, rec2, [rp, r]() mutable { rp.deliver(std::move(r)); });
+      },
+      [=](caf::error& e) mutable {
+        if (self->state.closing) {
+          // The sandbox went with its session before the pack: the step
+          // is not logged, and a resume runs it again on the state before.
+          rp.deliver(std::move(r));
+          return;
+        }
+        auto rec2 = rec;
+        rec2.pack_error = from_caf(e).message;
+        commit(self, rec2, [rp, r]() mutable { rp.deliver(std::move(r)); });
+      },
+      [rp](const error& e) mutable { rp.deliver(to_caf(e)); }, pack_atom::value,
+      s.dir + "/packs/" + pack, s.dir + "/blobs");
   };
+  auto fail = [rp](caf::error& e) mutable { rp.deliver(e); };
   if (!req.stream) {
-    self->request(sb, caf::infinite, exec_atom::value, req)
-      .then(on_result, [=](caf::error& e) mutable { rp.deliver(e); });
+    ask<exec_result>(
+      self, sb, sb, on_result, fail, [rp](const error& e) mutable { rp.deliver(to_caf(e)); },
+      exec_atom::value, req);
     return;
   }
   // The sandbox streams to whoever asked: a relay that forwards the chunks
@@ -397,47 +410,53 @@ void logged_exec(self_ptr self, const std::string& id, sandbox_actor sb, exec_re
   // (up to max_output per stream, as a collected command would) for the log.
   auto relay = spawn_relay(self, sb, requester, std::make_shared<kept_output>(),
                            req.max_output);
-  self->request(relay, caf::infinite, exec_atom::value, req)
-    .then(on_result, [=](caf::error& e) mutable { rp.deliver(e); });
+  ask<exec_result>(
+    self, sb, relay, on_result, fail,
+    [rp, relay](const error& e) mutable {
+      caf::anon_send_exit(relay, caf::exit_reason::kill);
+      rp.deliver(to_caf(e));
+    },
+    exec_atom::value, req);
 }
 
 void logged_put(self_ptr self, const std::string& id, sandbox_actor sb, std::string dir,
                 std::string tar, caf::typed_response_promise<uint64_t> rp) {
   auto digest = put_digest(tar);
-  self->request(sb, caf::infinite, put_atom::value, dir, std::move(tar))
-    .then(
-      [=](uint64_t size) mutable {
-        trajectory_record rec;
-        rec.kind = trajectory_record::put;
-        rec.sandbox = id;
-        rec.dir = dir;
-        rec.digest = digest;
-        rec.size = size;
-        auto& s = self->state;
-        auto pack = id + "-" + std::to_string(s.next_pack++) + ".pack";
-        self
-          ->request(sb, caf::infinite, pack_atom::value, s.dir + "/packs/" + pack,
-                    s.dir + "/blobs")
-          .then(
-            [=](std::string& manifest) mutable {
-              auto rec2 = rec;
-              if (manifest.empty())
-                rec2.pack = pack;
-              else
-                rec2.pack_inline = std::move(manifest);
-              commit(self, rec2, [rp, size]() mutable { rp.deliver(size); });
-            },
-            [=](caf::error& e) mutable {
-              if (self->state.closing) {
-                rp.deliver(size); // as for a command: not logged
-                return;
-              }
-              auto rec2 = rec;
-              rec2.pack_error = from_caf(e).message;
-              commit(self, rec2, [rp, size]() mutable { rp.deliver(size); });
-            });
-      },
-      [=](caf::error& e) mutable { rp.deliver(e); });
+  auto lost = [rp](const error& e) mutable { rp.deliver(to_caf(e)); };
+  ask<uint64_t>(
+    self, sb, sb,
+    [=](uint64_t size) mutable {
+      trajectory_record rec;
+      rec.kind = trajectory_record::put;
+      rec.sandbox = id;
+      rec.dir = dir;
+      rec.digest = digest;
+      rec.size = size;
+      auto& s = self->state;
+      auto pack = id + "-" + std::to_string(s.next_pack++) + ".pack";
+      ask<std::string>(
+        self, sb, sb,
+        [=](std::string& manifest) mutable {
+          auto rec2 = rec;
+          if (manifest.empty())
+            rec2.pack = pack;
+          else
+            rec2.pack_inline = std::move(manifest);
+          commit(self, rec2, [rp, size]() mutable { rp.deliver(size); });
+        },
+        [=](caf::error& e) mutable {
+          if (self->state.closing) {
+            rp.deliver(size); // as for a command: not logged
+            return;
+          }
+          auto rec2 = rec;
+          rec2.pack_error = from_caf(e).message;
+          commit(self, rec2, [rp, size]() mutable { rp.deliver(size); });
+        },
+        lost, pack_atom::value, s.dir + "/packs/" + pack, s.dir + "/blobs");
+    },
+    [rp](caf::error& e) mutable { rp.deliver(e); }, lost, put_atom::value, dir,
+    std::move(tar));
 }
 
 // ---- resume ------------------------------------------------------------------

@@ -340,13 +340,21 @@ TEST_CASE("kill -9 of a node: its sandboxes are reported lost, new creates land 
     auto victim = cl.node_name(0);
     auto doomed = spread[victim];
     REQUIRE_MESSAGE(!doomed.empty(), spread_text(spread));
-    // A command in flight there when it dies.
-    std::thread slow([&, id = doomed.front()] {
-      auto r = (*s)->exec(id, cmd({"/bin/sleep", "60"}));
+    // A session with a trajectory log, with sandboxes there too.
+    auto logged = cl.c->open_session({.quota = 50, .trajectory = true});
+    REQUIRE(logged);
+    REQUIRE((*logged)->create(env_of(), 12));
+    auto logged_doomed = by_node(**logged)[victim];
+    REQUIRE(!logged_doomed.empty());
+    // Commands in flight there when it dies: each is answered with `lost`.
+    auto expect_lost = [](session& in, const std::string& id) {
+      auto r = in.exec(id, cmd({"/bin/sleep", "60"}));
       CHECK_FALSE(r);
       if (!r)
         CHECK_MESSAGE(r.error_value().code == errc::lost, describe(r.error_value()));
-    });
+    };
+    std::thread slow([&, id = doomed.front()] { expect_lost(**s, id); });
+    std::thread slow_logged([&, id = logged_doomed.front()] { expect_lost(**logged, id); });
     std::this_thread::sleep_for(300ms); // let it start; not a measurement
     uint16_t port = cl.nodes[0]->port;
     auto t0 = clock_type::now();
@@ -368,6 +376,8 @@ TEST_CASE("kill -9 of a node: its sandboxes are reported lost, new creates land 
     MESSAGE(doomed.size() << " sandboxes of the killed node reported lost after " << last_ms
                           << " ms");
     slow.join();
+    slow_logged.join();
+    REQUIRE((*logged)->close());
     auto r = (*s)->exec(doomed.back(), cmd({"/bin/true"}));
     check_error(r, errc::lost, victim);
     // The node is lost; new sandboxes go to the others.
