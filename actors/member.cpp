@@ -49,8 +49,10 @@ void say_error(self_ptr self, const std::string& what) {
 }
 
 // The node's report: its statistics and, when they changed (or every 20th
-// time, to correct the coordinator's guesses), its layers.
-void make_report(self_ptr self, bool all_layers, std::function<void(node_report)> then) {
+// time, to correct the coordinator's guesses), its layers. If the node or
+// its cache does not answer, `failed` runs instead.
+void make_report(self_ptr self, bool all_layers, std::function<void(node_report)> then,
+                 std::function<void()> failed) {
   auto& s = self->state;
   self->request(s.cfg.node, std::chrono::seconds(5), stats_atom::value)
     .then(
@@ -77,17 +79,9 @@ void make_report(self_ptr self, bool all_layers, std::function<void(node_report)
               }
               then(std::move(r));
             },
-            [=](caf::error&) {
-              auto& s = self->state;
-              s.joining = false;
-              s.beating = false;
-            });
+            [=](caf::error&) { failed(); });
       },
-      [=](caf::error&) {
-        auto& s = self->state;
-        s.joining = false;
-        s.beating = false;
-      });
+      [=](caf::error&) { failed(); });
 }
 
 void join(self_ptr self, scheduler_actor coord) {
@@ -117,6 +111,10 @@ void join(self_ptr self, scheduler_actor coord) {
                             + " (retrying every second)");
           self->delayed_send(self, std::chrono::seconds(1), join_atom::value);
         });
+  }, [=] {
+    // The node did not answer (busy): try again.
+    self->state.joining = false;
+    self->delayed_send(self, std::chrono::seconds(1), join_atom::value);
   });
 }
 
@@ -212,7 +210,7 @@ member_actor::behavior_type member_impl(self_ptr self, member_config cfg) {
               }
             },
             [=](caf::error&) { self->state.beating = false; });
-      });
+      }, [=] { self->state.beating = false; });
     },
     [=](reset_atom, uint64_t epoch) {
       auto& s = self->state;
