@@ -1,4 +1,5 @@
 #include "actors/client.hpp"
+#include "actors/ready_ids.hpp"
 
 #include <caf/actor_system.hpp>
 #include <caf/actor_system_config.hpp>
@@ -517,6 +518,13 @@ session::create(const environment& env, uint32_t count,
         it.text = std::move(id);
         box->push(std::move(it));
       },
+      [=](ready_atom, ready_ids& r) {
+        for (auto& id : r.ids) {
+          auto it = mailbox::item::of(mailbox::item::ready);
+          it.text = std::move(id);
+          box->push(std::move(it));
+        }
+      },
       [=](failed_atom, caf::error& e) {
         auto it = mailbox::item::of(mailbox::item::failed);
         it.err = from_caf(e);
@@ -626,6 +634,13 @@ void session::create_async(const environment& env, uint32_t count,
         if (b->on_ready)
           b->on_ready(id);
         b->ids.push_back(std::move(id));
+      },
+      [=](ready_atom, ready_ids& r) {
+        for (auto& id : r.ids) {
+          if (b->on_ready)
+            b->on_ready(id);
+          b->ids.push_back(std::move(id));
+        }
       },
       [=](failed_atom, caf::error& e) {
         auto err = from_caf(e);
