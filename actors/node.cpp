@@ -5,6 +5,8 @@
 #include <caf/stateful_actor.hpp>
 #include <caf/typed_event_based_actor.hpp>
 
+#include <sys/random.h>
+
 #include <deque>
 #include <memory>
 #include <unordered_map>
@@ -36,6 +38,8 @@ struct node_state {
   uint32_t creating = 0;
   uint64_t created = 0, failed = 0, destroyed = 0;
   uint64_t sim_memory = 0; // modelled bytes of the live sandboxes (a sim node)
+  uint64_t sim_rng = 0;    // a sim node's ids: splitmix64, seeded once
+
   std::vector<caf::typed_response_promise<uint32_t>> shutdown_waiters;
   uint32_t shutdown_count = 0;
   bool shutting_down = false;
@@ -56,6 +60,25 @@ void pump(self_ptr self) {
       continue; // shut down meanwhile
     it->second.handle = spawn_sandbox(self->system(), std::move(sc));
     ++s.starting;
+  }
+}
+
+// A sandbox id like new_sandbox_id()'s (12 hex digits) without a getrandom
+// call each: a simulated node makes them by the hundred thousand.
+std::string sim_id(node_state& s) {
+  static const char hex[] = "0123456789abcdef";
+  if (s.sim_rng == 0)
+    (void) ::getrandom(&s.sim_rng, sizeof s.sim_rng, 0);
+  for (;;) {
+    uint64_t z = (s.sim_rng += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    std::string id(12, '0');
+    for (size_t i = 0; i < 12; ++i)
+      id[i] = hex[(z >> (4 * i)) & 15];
+    if (!s.live.count(id))
+      return id;
   }
 }
 
@@ -122,7 +145,7 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
         uint64_t each = env.memory ? env.memory : s.cfg.sim->memory;
         std::shared_ptr<const sim_common> shared = std::move(c);
         for (uint32_t i = 0; i < admitted; ++i) {
-          auto id = pl.id.empty() ? new_sandbox_id() : pl.id;
+          auto id = pl.id.empty() ? sim_id(s) : pl.id;
           auto h = spawn_sim_sandbox(self->system(), shared, id, request);
           s.live.emplace(std::move(id), node_state::entry{std::move(h), false, each});
           s.sim_memory += each;
