@@ -15,6 +15,7 @@
 #include <map>
 #include <set>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -611,6 +612,65 @@ TEST_CASE("--backend sim: 8 simulated nodes in the coordinator take 2,000 sandbo
     CHECK(res.status == 0);
   }
   check_nothing_left(before);
+}
+
+TEST_CASE("--backend sim: calls in flight get disconnected when the client closes or the daemon "
+          "dies (the client's one watcher per destination)") {
+  // Commands take an hour: they are in flight until something gives.
+  dsecd_proc coord({"--coordinator", "--backend", "sim", "--sim-nodes", "2", "--sim-exec", "1h"});
+  test_system ts;
+  caf::actor_system sys{ts.cfg};
+  struct results {
+    std::mutex mu;
+    std::vector<error> errs;
+    size_t values = 0;
+  };
+  auto r = std::make_shared<results>();
+  auto done = [r](expected<exec_result> x) {
+    std::lock_guard g{r->mu};
+    if (x)
+      ++r->values;
+    else
+      r->errs.push_back(x.error_value());
+  };
+  auto count = [r] {
+    std::lock_guard g{r->mu};
+    return r->errs.size() + r->values;
+  };
+  {
+    auto c = connect(sys, coord.port);
+    auto s = c->open_session({});
+    REQUIRE_MESSAGE(s, describe(s.error_value()));
+    auto ids = (*s)->create(env_of(), 1);
+    REQUIRE(ids);
+    for (int i = 0; i < 3; ++i)
+      (*s)->exec_async(ids->front(), cmd({"true"}), done);
+    s->reset();
+    c.reset(); // the client goes first: its calls hear so
+    REQUIRE(eventually([&] { return count() == 3; }, 30s));
+    std::lock_guard g{r->mu};
+    CHECK(r->values == 0);
+    for (const auto& e : r->errs) {
+      CHECK(e.code == errc::disconnected);
+      CHECK_MESSAGE(e.message.find("client was closed first") != std::string::npos, describe(e));
+    }
+    r->errs.clear();
+  }
+  auto c = connect(sys, coord.port);
+  auto s = c->open_session({});
+  REQUIRE(s);
+  auto ids = (*s)->create(env_of(), 2);
+  REQUIRE(ids);
+  for (int i = 0; i < 4; ++i)
+    (*s)->exec_async((*ids)[i % 2], cmd({"true"}), done);
+  coord.stop(SIGKILL); // the daemon goes: every call in flight hears so
+  REQUIRE(eventually([&] { return count() == 4; }, 30s));
+  std::lock_guard g{r->mu};
+  CHECK(r->values == 0);
+  for (const auto& e : r->errs) {
+    CHECK(e.code == errc::disconnected);
+    CHECK_MESSAGE(e.message.find("gone") != std::string::npos, describe(e));
+  }
 }
 
 TEST_CASE("--backend sim: clear errors for bad flags") {
