@@ -1,4 +1,5 @@
 #include "actors/client.hpp"
+#include "actors/ready_ids.hpp"
 
 #include <caf/actor_system.hpp>
 #include <caf/actor_system_config.hpp>
@@ -12,6 +13,7 @@
 #include <functional>
 #include <mutex>
 #include <optional>
+#include <unordered_map>
 #include <utility>
 
 #include "actors/types.hpp"
@@ -178,6 +180,14 @@ expected<exec_result> streamed_exec(caf::actor_system& sys, const Handle& dest,
 
 // Like watch_dest, and also reports `owner` going away (the client's identity:
 // the client object was destroyed) unless `owner` is null.
+//
+// The monitor of `dest` is kept by `owner` (the client's identity: one per
+// destination, see watcher_impl), which forwards its down_msg to each helper
+// registered: a monitor per call on the session would cost a walk of CAF's
+// list of monitors per call (quadratic in the calls in flight).
+using hub_watch_atom = caf::atom_constant<caf::atom("hubwatch")>;
+using hub_unwatch_atom = caf::atom_constant<caf::atom("hubunwatch")>;
+
 template <class Handle>
 void watch_lost(caf::event_based_actor* self, const Handle& dest, const caf::actor& owner,
                 std::function<void(error)> on_lost) {
@@ -196,18 +206,83 @@ void watch_lost(caf::event_based_actor* self, const Handle& dest, const caf::act
                        "no answer: the daemon or the session is gone (" + why + ")"));
     self->quit();
   });
-  self->monitor(dest);
-  if (owner)
-    self->monitor(owner);
+  if (!owner) {
+    self->monitor(dest);
+    return;
+  }
+  self->request(owner, caf::infinite, hub_watch_atom::value, caf::actor_cast<caf::actor>(dest))
+    .then([](bool) {},
+          [=](caf::error&) { // the identity is gone
+            on_lost(make_error(errc::disconnected, "no answer: the client was closed first"));
+            self->quit();
+          });
 }
 
 // Stops the monitors of watch_lost (monitors left behind would pile up on a
 // long-lived actor such as the client's identity, one per call).
 template <class Handle>
 void unwatch(caf::event_based_actor* self, const Handle& dest, const caf::actor& owner) {
-  self->demonitor(dest.address());
   if (owner)
-    self->demonitor(owner.address());
+    self->send(owner, hub_unwatch_atom::value, dest.address());
+  else
+    self->demonitor(dest.address());
+}
+
+// The client's identity: owned sessions monitor it, and it watches the
+// destinations of the calls in flight for them (watch_lost). When a
+// destination goes, each call watching it gets the down_msg; when the
+// identity ends (the client is closed), each call gets a down_msg from it.
+caf::behavior watcher_impl(caf::event_based_actor* self) {
+  struct state {
+    // destination -> the helpers watching it
+    std::unordered_map<caf::actor_addr, std::unordered_map<caf::actor_addr, caf::actor>> by_dest;
+    std::unordered_map<caf::actor_addr, caf::error> gone; // destinations that went, and why
+  };
+  auto st = std::make_shared<state>();
+  auto me = self->address();
+  self->attach_functor([st, me](const caf::error& reason) {
+    for (auto& [dest, helpers] : st->by_dest)
+      for (auto& [addr, h] : helpers)
+        caf::anon_send(h, caf::down_msg{me, reason});
+    st->by_dest.clear();
+  });
+  self->set_down_handler([=](caf::down_msg& dm) {
+    auto it = st->by_dest.find(dm.source);
+    if (it == st->by_dest.end())
+      return;
+    for (auto& [addr, h] : it->second)
+      caf::anon_send(h, caf::down_msg{dm.source, dm.reason});
+    st->by_dest.erase(it);
+    if (st->gone.size() > 4096)
+      st->gone.clear(); // (a call to one of those then waits for its own timeout)
+    st->gone.emplace(dm.source, dm.reason);
+  });
+  return {
+    [](shutdown_atom) {},
+    [=](hub_watch_atom, const caf::actor& dest) -> bool {
+      auto helper = caf::actor_cast<caf::actor>(self->current_sender());
+      if (!helper || !dest)
+        return true;
+      auto addr = dest.address();
+      if (auto g = st->gone.find(addr); g != st->gone.end()) {
+        caf::anon_send(helper, caf::down_msg{addr, g->second});
+        return true;
+      }
+      auto [it, fresh] = st->by_dest.try_emplace(addr);
+      it->second.emplace(helper.address(), helper);
+      if (fresh)
+        self->monitor(dest);
+      return true;
+    },
+    [=](hub_unwatch_atom, const caf::actor_addr& dest) {
+      auto sender = self->current_sender();
+      if (!sender)
+        return;
+      auto it = st->by_dest.find(dest);
+      if (it != st->by_dest.end())
+        it->second.erase(sender->address());
+    },
+  };
 }
 
 // The asynchronous counterpart of call(): a helper actor makes the request and
@@ -282,9 +357,7 @@ expected<void> client::configure(caf::actor_system_config& cfg, const tls_option
 client::client(caf::actor_system& sys, scheduler_actor scheduler)
   : sys_(&sys), scheduler_(std::move(scheduler)) {
   // The trainer's identity: owned sessions monitor it.
-  identity_ = sys.spawn([](caf::event_based_actor*) -> caf::behavior {
-    return {[](shutdown_atom) {}};
-  });
+  identity_ = sys.spawn(watcher_impl);
 }
 
 client::~client() {
@@ -517,6 +590,13 @@ session::create(const environment& env, uint32_t count,
         it.text = std::move(id);
         box->push(std::move(it));
       },
+      [=](ready_atom, ready_ids& r) {
+        for (auto& id : r.ids) {
+          auto it = mailbox::item::of(mailbox::item::ready);
+          it.text = std::move(id);
+          box->push(std::move(it));
+        }
+      },
       [=](failed_atom, caf::error& e) {
         auto it = mailbox::item::of(mailbox::item::failed);
         it.err = from_caf(e);
@@ -626,6 +706,13 @@ void session::create_async(const environment& env, uint32_t count,
         if (b->on_ready)
           b->on_ready(id);
         b->ids.push_back(std::move(id));
+      },
+      [=](ready_atom, ready_ids& r) {
+        for (auto& id : r.ids) {
+          if (b->on_ready)
+            b->on_ready(id);
+          b->ids.push_back(std::move(id));
+        }
       },
       [=](failed_atom, caf::error& e) {
         auto err = from_caf(e);

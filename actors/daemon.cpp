@@ -19,6 +19,38 @@ expected<std::unique_ptr<daemon>> daemon::start(caf::actor_system& sys,
                                                  const daemon_options& opts) {
   std::unique_ptr<daemon> d{new daemon};
   d->sys_ = &sys;
+  if (opts.sim) {
+    // No engine, no layers, no trajectory logs: only the actors.
+    if (!opts.coordinator)
+      return make_error(errc::invalid_argument, "the simulated backend is for a coordinator");
+    if (opts.sim_nodes == 0)
+      return make_error(errc::invalid_argument, "a simulated cluster needs at least one node");
+    for (uint32_t i = 1; i <= opts.sim_nodes; ++i) {
+      node_config nc;
+      nc.name = "sim-" + std::to_string(i);
+      nc.slots = opts.sim_slots;
+      nc.oversubscribe = opts.oversubscribe;
+      nc.sim = *opts.sim;
+      d->sim_nodes_.push_back(spawn_node(sys, std::move(nc)));
+    }
+    d->node_ = d->sim_nodes_.front();
+    scheduler_config sc;
+    sc.node = d->node_;
+    sc.name = opts.name;
+    sc.coordinator = true;
+    sc.beat_timeout = opts.beat_timeout;
+    d->scheduler_ = spawn_scheduler(sys, std::move(sc));
+    for (uint32_t i = 0; i < opts.sim_nodes; ++i) {
+      member_config mc;
+      mc.name = "sim-" + std::to_string(i + 1);
+      mc.node = d->sim_nodes_[i];
+      mc.coordinator = d->scheduler_;
+      mc.interval = opts.beat_interval;
+      mc.grace = opts.orphan_grace;
+      d->sim_members_.push_back(spawn_member(sys, std::move(mc)));
+    }
+    return d;
+  }
   engine_options eo;
   eo.state_dir = opts.state_dir;
   eo.spawners = opts.spawners;
@@ -80,24 +112,35 @@ expected<uint32_t> daemon::shutdown() {
   std::optional<error> failure;
   {
     caf::scoped_actor self{*sys_};
-    if (member_) {
-      // No more heartbeats or joins: the coordinator sees this node go.
-      self->monitor(member_);
-      self->send_exit(member_, caf::exit_reason::user_shutdown);
-      self->receive([](caf::down_msg&) {});
-    }
-    self->request(scheduler_, std::chrono::seconds(60), shutdown_atom::value)
-      .receive([&](uint32_t n) { destroyed = n; },
-               [&](caf::error& e) { failure = from_caf(e); });
-    for (const caf::actor& a : {caf::actor_cast<caf::actor>(scheduler_),
-                                caf::actor_cast<caf::actor>(node_),
-                                caf::actor_cast<caf::actor>(cache_),
-                                caf::actor_cast<caf::actor>(layer_store_)}) {
+    auto end = [&](const caf::actor& a) {
+      if (!a)
+        return;
       self->monitor(a);
       self->send_exit(a, caf::exit_reason::user_shutdown);
       self->receive([](caf::down_msg&) {});
-    }
+    };
+    // No more heartbeats or joins: the coordinator sees this node go.
+    end(caf::actor_cast<caf::actor>(member_));
+    for (auto& m : sim_members_)
+      end(caf::actor_cast<caf::actor>(m));
+    self->request(scheduler_, std::chrono::seconds(60), shutdown_atom::value)
+      .receive([&](uint32_t n) { destroyed = n; },
+               [&](caf::error& e) { failure = from_caf(e); });
+    // The other simulated nodes (the scheduler shut down the first, node_).
+    for (size_t i = 1; i < sim_nodes_.size(); ++i)
+      self->request(sim_nodes_[i], std::chrono::seconds(60), shutdown_atom::value)
+        .receive([&](uint32_t n) { destroyed += n; },
+                 [&](caf::error& e) { failure = from_caf(e); });
+    for (const caf::actor& a : {caf::actor_cast<caf::actor>(scheduler_),
+                                caf::actor_cast<caf::actor>(node_),
+                                caf::actor_cast<caf::actor>(cache_),
+                                caf::actor_cast<caf::actor>(layer_store_)})
+      end(a);
+    for (size_t i = 1; i < sim_nodes_.size(); ++i)
+      end(caf::actor_cast<caf::actor>(sim_nodes_[i]));
   }
+  sim_members_.clear();
+  sim_nodes_.clear();
   scheduler_ = nullptr;
   member_ = nullptr;
   node_ = nullptr;

@@ -12,7 +12,10 @@
 #include <string>
 #include <vector>
 
+#include <optional>
+
 #include "actors/interfaces.hpp"
+#include "actors/sim_sandbox.hpp"
 #include "runtime/engine.hpp"
 
 namespace dsec {
@@ -41,6 +44,14 @@ struct daemon_options {
   std::chrono::milliseconds beat_timeout{1500};
   /// How long a node whose coordinator was lost keeps its sandboxes.
   std::chrono::milliseconds orphan_grace{5000};
+  // ---- the simulated backend (docs/cluster.md) ----
+  /// A coordinator whose nodes are simulated: no engine, no state dir; it
+  /// spawns `sim_nodes` nodes named sim-1..sim-N in this process, each with
+  /// `sim_slots` slots and sim sandboxes (actors/sim_sandbox.hpp), each
+  /// joining the scheduler through its own member actor.
+  std::optional<sim_model> sim;
+  uint32_t sim_nodes = 160;
+  uint32_t sim_slots = 3200;
 };
 
 /// The node's actors and the engine under them. Destroying it shuts the
@@ -76,6 +87,8 @@ private:
   layer_store_actor layer_store_;
   node_actor node_;
   member_actor member_;
+  std::vector<node_actor> sim_nodes_;     ///< after node_ (sim-1), with --backend sim
+  std::vector<member_actor> sim_members_; ///< one per simulated node
   scheduler_actor scheduler_;
   std::vector<std::string> gc_;
   bool down_ = false;

@@ -58,26 +58,32 @@ void make_report(self_ptr self, bool all_layers, std::function<void(node_report)
     .then(
       [=](node_stats& ns) {
         auto& s = self->state;
+        auto report = [=](std::vector<std::string> layers, uint64_t fetched,
+                          uint64_t fetched_bytes) {
+          auto& s = self->state;
+          node_report r;
+          r.name = s.cfg.name;
+          r.slots = ns.slots;
+          r.live = ns.live;
+          r.creating = ns.creating;
+          r.created = ns.created;
+          r.failed = ns.failed;
+          r.destroyed = ns.destroyed;
+          r.fetched_layers = fetched;
+          r.fetched_bytes = fetched_bytes;
+          if (all_layers || layers != s.sent_layers || s.beats % 20 == 0) {
+            r.layers_sent = true;
+            r.layers = layers;
+            s.sent_layers = std::move(layers);
+          }
+          then(std::move(r));
+        };
+        if (!s.cfg.cache) // a simulated node: no layer cache, no layers
+          return report({}, 0, 0);
         self->request(s.cfg.cache, std::chrono::seconds(5), list_atom::value)
           .then(
             [=](std::vector<std::string>& layers, uint64_t fetched, uint64_t fetched_bytes) {
-              auto& s = self->state;
-              node_report r;
-              r.name = s.cfg.name;
-              r.slots = ns.slots;
-              r.live = ns.live;
-              r.creating = ns.creating;
-              r.created = ns.created;
-              r.failed = ns.failed;
-              r.destroyed = ns.destroyed;
-              r.fetched_layers = fetched;
-              r.fetched_bytes = fetched_bytes;
-              if (all_layers || layers != s.sent_layers || s.beats % 20 == 0) {
-                r.layers_sent = true;
-                r.layers = layers;
-                s.sent_layers = std::move(layers);
-              }
-              then(std::move(r));
+              report(std::move(layers), fetched, fetched_bytes);
             },
             [=](caf::error&) { failed(); });
       },
@@ -99,7 +105,7 @@ void join(self_ptr self, scheduler_actor coord) {
           s.last_error.clear();
           if (coord.node() != self->node()) {
             self->monitor(coord);
-            if (src)
+            if (src && s.cfg.cache)
               self->send(s.cfg.cache, source_atom::value, std::move(src));
             say("joined the cluster of " + s.where + " as " + s.cfg.name);
           }

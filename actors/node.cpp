@@ -5,6 +5,8 @@
 #include <caf/stateful_actor.hpp>
 #include <caf/typed_event_based_actor.hpp>
 
+#include <sys/random.h>
+
 #include <deque>
 #include <memory>
 #include <unordered_map>
@@ -26,6 +28,7 @@ struct node_state {
   struct entry {
     sandbox_actor handle;
     bool ready = false;
+    uint64_t memory = 0; // modelled (a sim node's)
   };
   std::unordered_map<std::string, entry> live;
   // Admitted sandboxes wait here for their turn: creating a few at a time lets
@@ -34,6 +37,9 @@ struct node_state {
   uint32_t starting = 0;
   uint32_t creating = 0;
   uint64_t created = 0, failed = 0, destroyed = 0;
+  uint64_t sim_memory = 0; // modelled bytes of the live sandboxes (a sim node)
+  uint64_t sim_rng = 0;    // a sim node's ids: splitmix64, seeded once
+
   std::vector<caf::typed_response_promise<uint32_t>> shutdown_waiters;
   uint32_t shutdown_count = 0;
   bool shutting_down = false;
@@ -54,6 +60,25 @@ void pump(self_ptr self) {
       continue; // shut down meanwhile
     it->second.handle = spawn_sandbox(self->system(), std::move(sc));
     ++s.starting;
+  }
+}
+
+// A sandbox id like new_sandbox_id()'s (12 hex digits) without a getrandom
+// call each: a simulated node makes them by the hundred thousand.
+std::string sim_id(node_state& s) {
+  static const char hex[] = "0123456789abcdef";
+  if (s.sim_rng == 0)
+    (void) ::getrandom(&s.sim_rng, sizeof s.sim_rng, 0);
+  for (;;) {
+    uint64_t z = (s.sim_rng += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    std::string id(12, '0');
+    for (size_t i = 0; i < 12; ++i)
+      id[i] = hex[(z >> (4 * i)) & 15];
+    if (!s.live.count(id))
+      return id;
   }
 }
 
@@ -95,8 +120,40 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
       uint32_t room = s.shutting_down || s.live.size() >= s.admit_limit
                         ? 0
                         : s.admit_limit - static_cast<uint32_t>(s.live.size());
+      if (s.cfg.sim && s.cfg.sim->node_memory > 0) {
+        // The modelled memory: a node admits what fits.
+        uint64_t each = env.memory ? env.memory : s.cfg.sim->memory;
+        if (each > 0) {
+          uint64_t used = s.sim_memory;
+          uint64_t fit = used >= s.cfg.sim->node_memory ? 0
+                                                        : (s.cfg.sim->node_memory - used) / each;
+          room = static_cast<uint32_t>(std::min<uint64_t>(room, fit));
+        }
+      }
       uint32_t admitted = std::min(count, room);
-      for (uint32_t i = 0; i < admitted; ++i) {
+      if (s.cfg.sim && admitted > 0) {
+        // No runtime: spawn them all now; they share one description.
+        auto c = std::make_shared<sim_common>();
+        c->session_id = pl.session_id;
+        c->env = env;
+        if (c->env.ttl_ms == 0)
+          c->env.ttl_ms = pl.ttl_ms;
+        c->session = session;
+        c->node = self;
+        c->node_name = s.cfg.name;
+        c->model = *s.cfg.sim;
+        uint64_t each = env.memory ? env.memory : s.cfg.sim->memory;
+        std::shared_ptr<const sim_common> shared = std::move(c);
+        for (uint32_t i = 0; i < admitted; ++i) {
+          auto id = pl.id.empty() ? sim_id(s) : pl.id;
+          auto h = spawn_sim_sandbox(self->system(), shared, id, request);
+          s.live.emplace(std::move(id), node_state::entry{std::move(h), false, each});
+          s.sim_memory += each;
+          ++s.creating;
+          ++s.starting;
+        }
+      }
+      for (uint32_t i = 0; i < admitted && !s.cfg.sim; ++i) {
         sandbox_config sc;
         sc.id = pl.id.empty() ? new_sandbox_id() : pl.id;
         sc.session_id = pl.session_id;
@@ -181,6 +238,8 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
         ns.chronus_flooding = c.flooding;
         ns.chronus_refused_connections = c.refused_connections;
       }
+      if (!s.cfg.cache)
+        return ns; // a simulated node: no layers
       auto rp = self->make_response_promise<node_stats>();
       self->request(s.cfg.cache, std::chrono::seconds(10), stats_atom::value)
         .then(
@@ -215,6 +274,7 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
         --s.creating;
         --s.starting;
       }
+      s.sim_memory -= it->second.memory;
       s.live.erase(it);
       pump(self);
       if (was_created)

@@ -7,7 +7,10 @@
 #include <string>
 #include <vector>
 
+#include <optional>
+
 #include "actors/interfaces.hpp"
+#include "actors/sim_sandbox.hpp"
 
 namespace dsec {
 
@@ -21,6 +24,10 @@ struct node_config {
   layer_cache_actor cache;
   engine* eng = nullptr;
   std::vector<std::string> gc; ///< what start-up garbage collection removed
+  /// A simulated node (dsecd --backend sim): sim sandboxes with this model,
+  /// no engine and no layer cache; every admitted one is spawned at once
+  /// (max_starting does not apply: the model's latency is the creation).
+  std::optional<sim_model> sim;
 };
 
 node_actor spawn_node(caf::actor_system& sys, node_config cfg);

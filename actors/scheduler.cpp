@@ -461,7 +461,8 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
         member_info info;
         info.name = m.name;
         info.state = "up";
-        info.coordinator = m.local;
+        // (simulated nodes live in this process too, but are not its own node)
+        info.coordinator = m.local && m.name == s.cfg.name;
         info.last = m.last;
         info.last.layers = m.layers;
         info.joined_ms = m.joined_ms;

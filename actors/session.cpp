@@ -20,6 +20,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "actors/ready_ids.hpp"
 #include "actors/sandbox.hpp"
 #include "actors/trajectory.hpp"
 #include "actors/types.hpp"
@@ -57,6 +58,9 @@ struct session_state {
     uint64_t group = 0;
     environment env;
     std::string rebuild;
+    // Ready, not yet told to a listener in another process: sent together
+    // (ready_ids) once the mailbox is worked through, or the batch is done.
+    std::vector<std::string> unannounced;
   };
   std::unordered_map<uint64_t, batch> batches;
   uint32_t pending = 0; // asked for, not yet ready or failed
@@ -76,6 +80,7 @@ struct session_state {
   std::string dir;                                  // trajectories/<id>
   std::vector<std::function<void()>> after_sync;    // replies waiting for the fsync
   bool flush_scheduled = false;
+  bool announce_scheduled = false; // a flush_atom will send the batches' unannounced
   uint64_t next_group = 1;
   uint64_t next_pack = 1;
   // ---- resume ----
@@ -163,6 +168,20 @@ expected<void> open_log(self_ptr self) {
 
 // ---- ending -----------------------------------------------------------------
 
+// Tells a remote listener the ready sandboxes of its batch not told yet.
+template <class Batch>
+void announce(Batch& b) {
+  if (b.unannounced.empty())
+    return;
+  if (b.listener) {
+    if (b.unannounced.size() == 1)
+      caf::anon_send(b.listener, ready_atom::value, std::move(b.unannounced.front()));
+    else
+      caf::anon_send(b.listener, ready_atom::value, ready_ids{std::move(b.unannounced)});
+  }
+  b.unannounced.clear();
+}
+
 void finish_batch(self_ptr self, uint64_t req) {
   auto& s = self->state;
   auto it = s.batches.find(req);
@@ -171,6 +190,7 @@ void finish_batch(self_ptr self, uint64_t req) {
   auto& b = it->second;
   if (b.ready + b.failed < b.count)
     return;
+  announce(b);
   if (b.rebuild.empty()) // nobody waits on a rebuild's batch
     b.rp.deliver(b.ready);
   s.batches.erase(it);
@@ -1015,7 +1035,15 @@ session_actor::behavior_type session_impl(self_ptr self, session_config cfg) {
       return rp;
     },
     [=](shutdown_atom) { close_session(self); },
-    [=](flush_atom) { flush(self); },
+    [=](flush_atom) {
+      auto& s = self->state;
+      if (s.announce_scheduled) {
+        s.announce_scheduled = false;
+        for (auto& [req, b] : s.batches)
+          announce(b);
+      }
+      flush(self);
+    },
     [=](ready_atom, const std::string& id, const sandbox_actor& sb, uint64_t req) {
       auto& s = self->state;
       if (s.cfg.cluster) {
@@ -1073,9 +1101,18 @@ session_actor::behavior_type session_impl(self_ptr self, session_config cfg) {
           auto it = s.batches.find(req);
           if (it == s.batches.end())
             return;
-          ++it->second.ready;
-          if (it->second.listener)
-            caf::anon_send(it->second.listener, ready_atom::value, id);
+          auto& b = it->second;
+          ++b.ready;
+          if (b.listener && b.listener.node() != self->node()) {
+            // One message (and one serialization) for many.
+            b.unannounced.push_back(id);
+            if (b.ready + b.failed < b.count && !s.announce_scheduled) {
+              s.announce_scheduled = true;
+              self->send(self, flush_atom::value); // behind what is in the mailbox now
+            }
+          } else if (b.listener) {
+            caf::anon_send(b.listener, ready_atom::value, id);
+          }
           finish_batch(self, req);
         };
         if (s.log) {

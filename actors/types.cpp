@@ -1,4 +1,5 @@
 #include "actors/types.hpp"
+#include "actors/ready_ids.hpp"
 
 #include <caf/actor_system_config.hpp>
 #include <caf/message.hpp>
@@ -63,6 +64,7 @@ void register_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<exec_request>("dsec.exec_request");
   cfg.add_message_type<exec_result>("dsec.exec_result");
   cfg.add_message_type<output_chunk>("dsec.output_chunk");
+  cfg.add_message_type<ready_ids>("dsec.ready_ids");
   cfg.add_message_type<sandbox_info>("dsec.sandbox_info");
   cfg.add_message_type<node_stats>("dsec.node_stats");
   cfg.add_message_type<layer_set>("dsec.layer_set");

@@ -92,6 +92,10 @@ What:
                          every sandbox live until all N exist, then run the
                          commands of all, then destroy all: density-style load.
                          Not with --rate
+  --peak-file FILE       with --hold: once all N exist, write their count to
+                         FILE and wait until FILE is removed before the
+                         commands and destroys (a script measures the node at
+                         its peak meanwhile, e.g. its memory)
   --commands K           run CMD K times per episode, one after the other
                          (default 1; 0: create and destroy only)
   --events E             E Chronus reports per episode: the sandboxes get
@@ -122,6 +126,8 @@ Output:
   --json FILE            also write the results as JSON: created, failed,
                          cancelled, count, concurrency, batch, sessions,
                          commands, events, rate_per_s, wall_s, create_ms,
+                         (with --hold) create_phase_s and placements_per_s:
+                         how long until all N existed, and N over that,
                          exec_ms, destroy_ms (and chronus_ms with --events),
                          each {count, p50, p90, p99, max}, failures, environments
   --quiet                no progress line (else one on stderr: rewritten in
@@ -183,6 +189,7 @@ struct options {
   uint64_t sessions = 1;
   uint64_t batch = 1;
   bool hold = false;
+  std::string peak_file;
   uint64_t commands = 1;
   uint64_t events = 0;
   bool net = false;
@@ -364,6 +371,10 @@ std::optional<int> parse_options(int argc, char** argv, options& o) {
       r = positive("--batch", 100'000, o.batch);
     } else if (a.flag("--hold")) {
       o.hold = true;
+    } else if (opt("--peak-file")) {
+      if (v.empty())
+        return bad("--peak-file: expected a file name");
+      o.peak_file = v;
     } else if (opt("--commands")) {
       r = whole("--commands", 1'000'000, o.commands);
     } else if (opt("--events")) {
@@ -417,6 +428,8 @@ std::optional<int> parse_options(int argc, char** argv, options& o) {
     return bad("--batch " + std::to_string(o.batch) + " is more than --concurrency "
                + std::to_string(o.concurrency) + (have_concurrency ? "" : " (the default)")
                + ": a batch's episodes are all in flight at once");
+  if (!o.peak_file.empty() && !o.hold)
+    return bad("--peak-file is for --hold (the peak is when all N exist)");
   if (o.hold && o.rate > 0)
     return bad("--hold and --rate: --hold creates as fast as --concurrency allows; pace it "
                "with --concurrency");
@@ -610,6 +623,7 @@ private:
   std::set<size_t> waiting_events_;
 
   clk::time_point t0_, t_end_;
+  std::optional<clk::time_point> t_created_; ///< --hold: when all N existed
   bool tty_ = false;
   std::vector<std::pair<clk::time_point, size_t>> rate_window_;
   clk::time_point last_progress_{};
@@ -1034,6 +1048,18 @@ int runner::run(const sigset_t& stop_signals) {
       }
     } else if (o_.hold) {
       if (phase_ == 0 && phase_done_ == o_.count) {
+        if (!t_created_) {
+          t_created_ = now;
+          if (!o_.peak_file.empty()) {
+            std::ofstream pf{o_.peak_file, std::ios::trunc};
+            pf << created_ << "\n";
+          }
+        }
+        if (!o_.peak_file.empty() && ::access(o_.peak_file.c_str(), F_OK) == 0) {
+          progress(false);
+          cv_.wait_until(lk, now + 50ms);
+          continue;
+        }
         phase_ = 1;
         phase_done_ = 0;
         hold_next_ = 0;
@@ -1107,6 +1133,11 @@ int runner::report(int signal) {
               o_.hold ? ", --hold" : "",
               signal ? (std::string{", stopped by "} + ::sigabbrev_np(signal)).c_str() : "");
   std::printf("  created    %zu\n", created_);
+  if (t_created_) {
+    double cw = std::chrono::duration<double>(*t_created_ - t0_).count();
+    std::printf("  all live   after %.3f s (%.0f placements/s)\n", cw,
+                cw > 0 ? static_cast<double>(created_) / cw : 0.0);
+  }
   std::printf("  failed     %zu\n", failed_);
   if (cancelled_ || not_started)
     std::printf("  cancelled  %zu (and %zu not started)\n", cancelled_, not_started);
@@ -1151,6 +1182,11 @@ int runner::report(int signal) {
       << ",\n  \"wall_s\": " << wall << ",\n  \"rate_per_s\": " << rate
       << ",\n  \"create_ms\": " << json_summary(cs) << ",\n  \"exec_ms\": " << json_summary(es)
       << ",\n  \"destroy_ms\": " << json_summary(ds);
+    if (t_created_) {
+      double cw = std::chrono::duration<double>(*t_created_ - t0_).count();
+      j << ",\n  \"create_phase_s\": " << cw << ",\n  \"placements_per_s\": "
+        << (cw > 0 ? static_cast<double>(created_) / cw : 0.0);
+    }
     if (o_.events > 0)
       j << ",\n  \"chronus_ms\": " << json_summary(xs);
     j << ",\n  \"failures\": [";

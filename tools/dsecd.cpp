@@ -70,6 +70,22 @@ Options:
                          session wrote to for DUR, checked at start and hourly
                          (default 168h, a week; 0: keep logs until their
                          session is closed)
+  --backend sim          (with --coordinator) a simulated cluster, to drive the
+                         control plane at full scale on one machine: no engine,
+                         no zygotes, no mounts, no state dir; the coordinator
+                         spawns --sim-nodes nodes sim-1..sim-N in its own
+                         process, each joining its scheduler like a real node,
+                         whose sandboxes are actors with a model of the runtime
+                         (commands exit 0 with no output; put is accepted,
+                         get/pack are unsupported). Trajectory logs are refused
+  --sim-nodes N          simulated nodes (default 160)
+  --sim-slots N          slots per simulated node (default 3200)
+  --sim-create DUR       modelled time to create a sandbox (default 0: at once)
+  --sim-exec DUR         modelled time of a command (default 0)
+  --sim-destroy DUR      modelled time to destroy a sandbox (default 0)
+  --sim-memory SIZE      modelled memory of a sandbox (default 0); with
+                         --sim-node-memory a node admits only what fits
+  --sim-node-memory SIZE modelled memory of a simulated node (default 0: no limit)
   -h, --help             this text
 
 A node's connection to its coordinator is also watched by CAF's middleman
@@ -108,6 +124,9 @@ int bad(const std::string& msg) {
 int main(int argc, char** argv) {
   options o;
   o.d.state_dir = dsec::cli::default_state_dir();
+  bool backend_sim = false;
+  const char* sim_flag = nullptr; // the last --sim-* option given
+  dsec::sim_model model;
   dsec::cli::args a{argc, argv, 1};
   while (!a.empty()) {
     if (a.help()) {
@@ -175,6 +194,46 @@ int main(int argc, char** argv) {
           return bad(dur.error_value().message);
         o.d.trajectory_keep = *dur;
       }
+    } else if (opt("--backend")) {
+      if (v == "sim")
+        backend_sim = true;
+      else if (v != "real")
+        return bad("--backend: expected 'real' or 'sim', got '" + v + "'");
+    } else if (opt("--sim-nodes")) {
+      if (!dsec::cli::parse_uint(v, 100'000, n) || n == 0)
+        return bad("--sim-nodes: expected a whole number from 1 to 100000, got '" + v + "'");
+      o.d.sim_nodes = static_cast<uint32_t>(n);
+      sim_flag = "--sim-nodes";
+    } else if (opt("--sim-slots")) {
+      if (!dsec::cli::parse_uint(v, 1'000'000, n) || n == 0)
+        return bad("--sim-slots: expected a whole number from 1 to 1000000, got '" + v + "'");
+      o.d.sim_slots = static_cast<uint32_t>(n);
+      sim_flag = "--sim-slots";
+    } else if (const char* name = opt("--sim-create")    ? "--sim-create"
+                                  : opt("--sim-exec")    ? "--sim-exec"
+                                  : opt("--sim-destroy") ? "--sim-destroy"
+                                                         : nullptr) {
+      std::chrono::milliseconds dur{0};
+      if (v != "0") {
+        auto d = dsec::parse_duration(v, name);
+        if (!d)
+          return bad(d.error_value().message);
+        dur = *d;
+      }
+      if (dur > std::chrono::hours(1))
+        return bad(std::string{name} + ": expected a duration up to 1h, got '" + v + "'");
+      (name == std::string_view{"--sim-create"} ? model.create
+       : name == std::string_view{"--sim-exec"} ? model.exec
+                                                : model.destroy) = dur;
+      sim_flag = name;
+    } else if (const char* name = opt("--sim-memory")        ? "--sim-memory"
+                                  : opt("--sim-node-memory") ? "--sim-node-memory"
+                                                             : nullptr) {
+      auto sz = dsec::parse_size(v, name);
+      if (!sz)
+        return bad(sz.error_value().message);
+      (name == std::string_view{"--sim-memory"} ? model.memory : model.node_memory) = *sz;
+      sim_flag = name;
     } else if (a.flag("--coordinator")) {
       o.d.coordinator = true;
     } else if (opt("--join")) {
@@ -204,6 +263,13 @@ int main(int argc, char** argv) {
       return bad("unknown argument '" + std::string{a.peek()} + "'");
     }
   }
+  if (backend_sim && !o.d.coordinator)
+    return bad("--backend sim simulates a whole cluster and needs --coordinator (its nodes "
+               "are simulated in the coordinator's process)");
+  if (sim_flag && !backend_sim)
+    return bad(std::string{sim_flag} + " is for --backend sim");
+  if (backend_sim)
+    o.d.sim = model;
   if (o.d.slots == 0 && !o.d.coordinator)
     return bad("--slots 0 is for a --coordinator that runs no sandboxes itself; a node needs "
                "at least 1");
@@ -301,10 +367,15 @@ int main(int argc, char** argv) {
                      : o.d.join_host.empty()
                        ? ""
                        : ", joining " + o.d.join_host + ":" + std::to_string(o.d.join_port);
-  std::printf("dsecd: listening on %s:%u%s (state %s, %u slots x %.2g, %u spawners, "
-              "%u threads%s)\n",
-              shown.c_str(), *port, tls.c_str(), o.d.state_dir.c_str(), o.d.slots,
-              o.d.oversubscribe, o.d.spawners, o.threads, role.c_str());
+  if (o.d.sim)
+    std::printf("dsecd: listening on %s:%u%s (state none: simulated backend, %u nodes x %u "
+                "slots, %u threads, coordinator)\n",
+                shown.c_str(), *port, tls.c_str(), o.d.sim_nodes, o.d.sim_slots, o.threads);
+  else
+    std::printf("dsecd: listening on %s:%u%s (state %s, %u slots x %.2g, %u spawners, "
+                "%u threads%s)\n",
+                shown.c_str(), *port, tls.c_str(), o.d.state_dir.c_str(), o.d.slots,
+                o.d.oversubscribe, o.d.spawners, o.threads, role.c_str());
   std::fflush(stdout);
   int sig = 0;
   ::sigwait(&stop, &sig);

@@ -15,6 +15,7 @@
 #include <map>
 #include <set>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -562,6 +563,167 @@ TEST_CASE("with --tls a node holding a certificate of the CA joins; one without 
   CHECK(status.out.find("127.0.0.1:" + std::to_string(good.port)) != std::string::npos);
   CHECK(status.out.find("127.0.0.1:" + std::to_string(bad.port)) == std::string::npos);
   CHECK(status.out.find("2 nodes up") != std::string::npos);
+}
+
+TEST_CASE("--backend sim: 8 simulated nodes in the coordinator take 2,000 sandboxes in batches, "
+          "spread over all; exec works; close destroys all; nothing is left") {
+  auto before = settled_snapshot();
+  {
+    dsecd_proc coord({"--coordinator", "--backend", "sim", "--sim-nodes", "8", "--sim-slots",
+                      "400"});
+    CHECK(coord.bg.out().find("simulated backend, 8 nodes x 400 slots") != std::string::npos);
+    test_system ts;
+    caf::actor_system sys{ts.cfg};
+    auto c = connect(sys, coord.port);
+    auto status = [&] {
+      auto m = c->cluster();
+      REQUIRE_MESSAGE(m, "cluster status: " << describe(m.error_value()));
+      return *m;
+    };
+    REQUIRE(eventually([&] { return status().size() == 8; }, 60s));
+    std::set<std::string> names;
+    for (const auto& m : status()) {
+      CHECK(m.state == "up");
+      CHECK_FALSE(m.coordinator);
+      CHECK(m.last.slots == 400);
+      names.insert(m.name);
+    }
+    CHECK(names == std::set<std::string>{"sim-1", "sim-2", "sim-3", "sim-4", "sim-5", "sim-6",
+                                         "sim-7", "sim-8"});
+    auto s = c->open_session({.quota = 2000});
+    REQUIRE_MESSAGE(s, describe(s.error_value()));
+    std::vector<std::string> all;
+    for (int b = 0; b < 4; ++b) {
+      auto ids = (*s)->create(env_of(), 500);
+      REQUIRE_MESSAGE(ids, describe(ids.error_value()));
+      CHECK(ids->size() == 500);
+      all.insert(all.end(), ids->begin(), ids->end());
+    }
+    CHECK(std::set<std::string>(all.begin(), all.end()).size() == 2000);
+    auto spread = by_node(**s);
+    MESSAGE("2000 simulated sandboxes: " << spread_text(spread));
+    CHECK(spread.size() == 8);
+    size_t total = 0;
+    for (const auto& [node, ids] : spread) {
+      CHECK(node.rfind("sim-", 0) == 0);
+      CHECK_MESSAGE(ids.size() >= 100, node << " got " << ids.size());
+      total += ids.size();
+    }
+    CHECK(total == 2000);
+    // Commands exit 0 with no output; files are not simulated.
+    auto r = (*s)->exec(all.front(), cmd({"/bin/echo", "hi"}));
+    REQUIRE_MESSAGE(r, describe(r.error_value()));
+    CHECK(r->exit_code == 0);
+    CHECK(r->out.empty());
+    auto byid = c->exec(all.back(), cmd({"true"}));
+    REQUIRE_MESSAGE(byid, describe(byid.error_value()));
+    CHECK(byid->exit_code == 0);
+    check_error((*s)->get(all.front(), "/etc"), errc::unsupported, "simulated");
+    // The nodes' heartbeats count them.
+    CHECK(eventually([&] {
+      uint64_t live = 0;
+      for (const auto& m : status())
+        live += m.last.live;
+      return live == 2000;
+    }, 30s));
+    auto n = (*s)->close();
+    REQUIRE(n);
+    CHECK(*n == 2000);
+    CHECK(eventually([&] {
+      uint64_t live = 0;
+      for (const auto& m : status())
+        live += m.last.live;
+      return live == 0;
+    }, 30s));
+    // A session with a trajectory log needs a state dir, which a sim has not.
+    auto t = c->open_session({.trajectory = true});
+    check_error(t, errc::unsupported, "trajectory");
+    auto res = coord.stop(SIGTERM);
+    CHECK(res.status == 0);
+  }
+  check_nothing_left(before);
+}
+
+TEST_CASE("--backend sim: calls in flight get disconnected when the client closes or the daemon "
+          "dies (the client's one watcher per destination)") {
+  // Commands take an hour: they are in flight until something gives.
+  dsecd_proc coord({"--coordinator", "--backend", "sim", "--sim-nodes", "2", "--sim-exec", "1h"});
+  test_system ts;
+  caf::actor_system sys{ts.cfg};
+  struct results {
+    std::mutex mu;
+    std::vector<error> errs;
+    size_t values = 0;
+  };
+  auto r = std::make_shared<results>();
+  auto done = [r](expected<exec_result> x) {
+    std::lock_guard g{r->mu};
+    if (x)
+      ++r->values;
+    else
+      r->errs.push_back(x.error_value());
+  };
+  auto count = [r] {
+    std::lock_guard g{r->mu};
+    return r->errs.size() + r->values;
+  };
+  {
+    auto c = connect(sys, coord.port);
+    auto s = c->open_session({});
+    REQUIRE_MESSAGE(s, describe(s.error_value()));
+    auto ids = (*s)->create(env_of(), 1);
+    REQUIRE(ids);
+    for (int i = 0; i < 3; ++i)
+      (*s)->exec_async(ids->front(), cmd({"true"}), done);
+    s->reset();
+    c.reset(); // the client goes first: its calls hear so
+    REQUIRE(eventually([&] { return count() == 3; }, 30s));
+    std::lock_guard g{r->mu};
+    CHECK(r->values == 0);
+    for (const auto& e : r->errs) {
+      CHECK(e.code == errc::disconnected);
+      CHECK_MESSAGE(e.message.find("client was closed first") != std::string::npos, describe(e));
+    }
+    r->errs.clear();
+  }
+  auto c = connect(sys, coord.port);
+  auto s = c->open_session({});
+  REQUIRE(s);
+  auto ids = (*s)->create(env_of(), 2);
+  REQUIRE(ids);
+  for (int i = 0; i < 4; ++i)
+    (*s)->exec_async((*ids)[i % 2], cmd({"true"}), done);
+  coord.stop(SIGKILL); // the daemon goes: every call in flight hears so
+  REQUIRE(eventually([&] { return count() == 4; }, 30s));
+  std::lock_guard g{r->mu};
+  CHECK(r->values == 0);
+  for (const auto& e : r->errs) {
+    CHECK(e.code == errc::disconnected);
+    CHECK_MESSAGE(e.message.find("gone") != std::string::npos, describe(e));
+  }
+}
+
+TEST_CASE("--backend sim: clear errors for bad flags") {
+  auto run = [](std::vector<std::string> args) {
+    args.insert(args.begin(), env_path("DSECD_BIN"));
+    return run_process(args);
+  };
+  auto alone = run({"--backend", "sim"});
+  CHECK(alone.status == 2);
+  CHECK(alone.err.find("--backend sim simulates a whole cluster and needs --coordinator")
+        != std::string::npos);
+  auto zero = run({"--coordinator", "--backend", "sim", "--sim-nodes", "0"});
+  CHECK(zero.status == 2);
+  CHECK(zero.err.find("--sim-nodes: expected a whole number from 1") != std::string::npos);
+  auto other = run({"--coordinator", "--backend", "qemu"});
+  CHECK(other.status == 2);
+  CHECK(other.err.find("--backend: expected 'real' or 'sim'") != std::string::npos);
+  auto stray = run({"--coordinator", "--sim-create", "5ms"});
+  CHECK(stray.status == 2);
+  CHECK(stray.err.find("--sim-create is for --backend sim") != std::string::npos);
+  auto dur = run({"--coordinator", "--backend", "sim", "--sim-exec", "soon"});
+  CHECK(dur.status == 2);
+  CHECK(dur.err.find("--sim-exec") != std::string::npos);
 }
 
 TEST_CASE("cluster flags and verbs: clear errors") {

@@ -1,0 +1,225 @@
+#include "actors/sim_sandbox.hpp"
+
+#include <caf/actor_system.hpp>
+#include <caf/send.hpp>
+#include <caf/stateful_actor.hpp>
+#include <caf/typed_event_based_actor.hpp>
+
+#include <utility>
+#include <vector>
+
+#include "actors/types.hpp"
+
+namespace dsec {
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+uint64_t unix_ms() {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                 std::chrono::system_clock::now().time_since_epoch())
+                                 .count());
+}
+
+enum class phase : uint8_t { creating, ready, destroying };
+
+// Kept small: one of these per live simulated sandbox.
+struct sim_state {
+  static inline const char* name = "dsec.sim_sandbox";
+
+  std::shared_ptr<const sim_common> c;
+  std::string id;
+  uint64_t request = 0;
+  uint64_t created_ms = 0;
+  phase ph = phase::creating;
+  uint32_t running = 0; // commands waiting for their modelled latency
+  uint64_t next_exec = 1;
+  // Commands in flight (only with a modelled exec latency) and destroy calls.
+  std::vector<std::pair<uint64_t, caf::typed_response_promise<exec_result>>> execs;
+  std::vector<caf::typed_response_promise<bool>> destroy_waiters;
+};
+
+using self_ptr = sandbox_actor::stateful_pointer<sim_state>;
+
+const char* phase_name(const sim_state& s) {
+  switch (s.ph) {
+    case phase::creating: return "creating";
+    case phase::ready: return s.running == 0 ? "ready" : "running";
+    case phase::destroying: return "destroying";
+  }
+  return "unknown";
+}
+
+void become_ready(self_ptr self) {
+  auto& s = self->state;
+  if (s.ph != phase::creating)
+    return;
+  s.ph = phase::ready;
+  s.created_ms = unix_ms();
+  self->send(s.c->session, ready_atom::value, s.id, sandbox_actor{self}, s.request);
+  self->send(s.c->node, ready_atom::value, s.id);
+  if (s.c->env.ttl_ms > 0)
+    self->delayed_send(self, std::chrono::milliseconds(s.c->env.ttl_ms), ttl_atom::value);
+}
+
+void finish_destroy(self_ptr self) {
+  auto& s = self->state;
+  for (auto& [eid, rp] : s.execs)
+    rp.deliver(to_caf(make_error(errc::sandbox_failed, "sandbox " + s.id + " was destroyed")));
+  s.execs.clear();
+  bool was_created = s.created_ms != 0;
+  if (was_created)
+    self->send(s.c->session, gone_atom::value, s.id);
+  else
+    self->send(s.c->session, failed_atom::value,
+               to_caf(make_error(errc::sandbox_failed,
+                                 "sandbox " + s.id + " was destroyed before it was ready")),
+               s.request);
+  self->send(s.c->node, gone_atom::value, s.id, was_created);
+  for (auto& rp : s.destroy_waiters)
+    rp.deliver(true);
+  s.destroy_waiters.clear();
+  self->quit();
+}
+
+void begin_destroy(self_ptr self) {
+  auto& s = self->state;
+  if (s.ph == phase::destroying)
+    return;
+  s.ph = phase::destroying;
+  if (s.c->model.destroy.count() == 0)
+    return finish_destroy(self);
+  self->delayed_send(self, s.c->model.destroy, reaped_atom::value);
+}
+
+caf::error not_ready(const sim_state& s) {
+  return to_caf(make_error(s.ph == phase::creating ? errc::invalid_argument : errc::not_found,
+                           "sandbox " + s.id
+                             + (s.ph == phase::creating ? " is not ready yet"
+                                                        : " is being destroyed")));
+}
+
+caf::error no_files(const sim_state& s, const char* what) {
+  return to_caf(make_error(errc::unsupported,
+                           std::string{what} + ": sandbox " + s.id
+                             + " is simulated (dsecd --backend sim): it has no files"));
+}
+
+sandbox_actor::behavior_type sim_impl(self_ptr self, std::shared_ptr<const sim_common> c,
+                                      std::string id, uint64_t request) {
+  auto& st = self->state;
+  st.c = std::move(c);
+  st.id = std::move(id);
+  st.request = request;
+  // The session ending ends its sandboxes.
+  self->monitor(st.c->session);
+  self->set_down_handler([=](caf::down_msg& dm) {
+    if (dm.source == self->state.c->session.address())
+      begin_destroy(self);
+  });
+  if (st.c->model.create.count() == 0)
+    become_ready(self);
+  else
+    self->delayed_send(self, st.c->model.create, event_atom::value);
+  return {
+    [=](pack_atom, const std::string&, const std::string&) -> caf::result<std::string> {
+      return no_files(self->state, "pack");
+    },
+    [=](exec_atom, const exec_request& req) -> caf::result<exec_result> {
+      auto& s = self->state;
+      if (s.ph != phase::ready)
+        return not_ready(s);
+      if (req.argv.empty() || req.argv[0].empty())
+        return to_caf(make_error(errc::invalid_argument, "no command given"));
+      if (req.trusted && !s.c->env.chronus)
+        return to_caf(make_error(errc::invalid_argument,
+                                 "a trusted command needs a sandbox made with Chronus; sandbox "
+                                   + s.id + " was not"));
+      // Detached: it "runs" and nobody waits; streamed: no output to stream.
+      if (req.detach || s.c->model.exec.count() == 0)
+        return exec_result{};
+      auto eid = s.next_exec++;
+      auto rp = self->make_response_promise<exec_result>();
+      s.execs.emplace_back(eid, rp);
+      ++s.running;
+      self->delayed_send(self, s.c->model.exec, timeout_atom::value, eid);
+      return rp;
+    },
+    [=](timeout_atom, uint64_t eid) {
+      auto& s = self->state;
+      for (auto it = s.execs.begin(); it != s.execs.end(); ++it)
+        if (it->first == eid) {
+          auto rp = std::move(it->second);
+          s.execs.erase(it);
+          --s.running;
+          exec_result r;
+          r.duration_us = static_cast<uint64_t>(s.c->model.exec.count());
+          rp.deliver(std::move(r));
+          return;
+        }
+    },
+    [=](feedback_atom, const chronus_feedback_msg&) -> caf::result<bool> {
+      return to_caf(make_error(errc::not_found, "sandbox " + self->state.id
+                                                  + " has no Chronus (it is simulated)"));
+    },
+    [=](signal_atom, int32_t) -> caf::result<bool> {
+      auto& s = self->state;
+      if (s.ph != phase::ready)
+        return to_caf(make_error(errc::not_found, "sandbox " + s.id + " is not running"));
+      return true;
+    },
+    [=](put_atom, const std::string& dir, const std::string& tar) -> caf::result<uint64_t> {
+      auto& s = self->state;
+      if (dir.empty() || dir.front() != '/')
+        return to_caf(make_error(errc::invalid_argument,
+                                 "put: the destination must be an absolute path, not '" + dir
+                                   + "'"));
+      if (s.ph != phase::ready)
+        return not_ready(s);
+      return uint64_t{tar.size()}; // accepted, and forgotten
+    },
+    [=](get_atom, const std::string&) -> caf::result<std::string> {
+      return no_files(self->state, "get");
+    },
+    [=](destroy_atom) -> caf::result<bool> {
+      auto rp = self->make_response_promise<bool>();
+      self->state.destroy_waiters.push_back(rp);
+      begin_destroy(self);
+      return rp;
+    },
+    [=](list_atom) -> sandbox_info {
+      auto& s = self->state;
+      sandbox_info info;
+      info.id = s.id;
+      info.session = s.c->session_id;
+      info.node = s.c->node_name;
+      info.state = phase_name(s);
+      info.env = s.c->env;
+      info.created_ms = s.created_ms;
+      if (s.c->env.ttl_ms > 0 && s.created_ms != 0) {
+        auto end = s.created_ms + s.c->env.ttl_ms;
+        auto now = unix_ms();
+        info.ttl_left_ms = end > now ? end - now : 0;
+      }
+      info.running = s.running;
+      return info;
+    },
+    [=](event_atom) { become_ready(self); },            // the modelled creation is over
+    [=](output_atom, uint64_t, uint8_t, std::string&, bool) {},
+    [=](reaped_atom) {                                   // the modelled destruction is over
+      if (self->state.ph == phase::destroying)
+        finish_destroy(self);
+    },
+    [=](ttl_atom) { begin_destroy(self); },
+  };
+}
+
+} // namespace
+
+sandbox_actor spawn_sim_sandbox(caf::actor_system& sys, std::shared_ptr<const sim_common> common,
+                                std::string id, uint64_t request) {
+  return sys.spawn(sim_impl, std::move(common), std::move(id), request);
+}
+
+} // namespace dsec
