@@ -366,6 +366,35 @@ caf::delegated<T> fail_with(self_ptr self, const error& e) {
 
 // ---- logged commands ----------------------------------------------------------
 
+// Packs sandbox `sb`'s writable layer after step `rec`, logs the step with
+// its pack (or why there is none), and calls `done` once that is durable.
+// If the session is closing (the sandbox went first) the step is not logged
+// and a resume runs it again on the state before; if the sandbox's node is
+// lost first, `lost` runs instead and the step is not logged either (a
+// resume rebuilds the sandbox from the pack before, where the trainer's
+// step runs once).
+void pack_and_log(self_ptr self, const sandbox_actor& sb, trajectory_record rec,
+                  std::function<void()> done, std::function<void(const error&)> lost) {
+  auto& s = self->state;
+  auto pack = rec.sandbox + "-" + std::to_string(s.next_pack++) + ".pack";
+  ask<std::string>(
+    self, sb, sb,
+    [=](std::string& manifest) mutable {
+      if (manifest.empty())
+        rec.pack = pack;
+      else
+        rec.pack_inline = std::move(manifest);
+      commit(self, rec, done);
+    },
+    [=](caf::error& e) mutable {
+      if (self->state.closing)
+        return done();
+      rec.pack_error = from_caf(e).message;
+      commit(self, rec, done);
+    },
+    std::move(lost), pack_atom::value, s.dir + "/packs/" + pack, s.dir + "/blobs");
+}
+
 // Runs a command in a live sandbox of a session with a log: its result is
 // logged (with a pack after it unless it is idempotent) and delivered once
 // durable. Streamed output goes to `requester` through a relay actor.
@@ -389,34 +418,9 @@ void logged_exec(self_ptr self, const std::string& id, sandbox_actor sb, exec_re
       commit(self, rec, [rp, r]() mutable { rp.deliver(std::move(r)); });
       return;
     }
-    auto& s = self->state;
-    auto pack = id + "-" + std::to_string(s.next_pack++) + ".pack";
-    // Its node lost before the pack: the step is not logged (the sandbox is
-    // gone; a resume rebuilds it from the pack before, where the trainer's
-    // command runs once).
-    ask<std::string>(
-      self, sb, sb,
-      [=](std::string& manifest) mutable {
-        auto rec2 = rec;
-        if (manifest.empty())
-          rec2.pack = pack;
-        else
-          rec2.pack_inline = std::move(manifest);
-        commit(self, rec2, [rp, r]() mutable { rp.deliver(std::move(r)); });
-      },
-      [=](caf::error& e) mutable {
-        if (self->state.closing) {
-          // The sandbox went with its session before the pack: the step
-          // is not logged, and a resume runs it again on the state before.
-          rp.deliver(std::move(r));
-          return;
-        }
-        auto rec2 = rec;
-        rec2.pack_error = from_caf(e).message;
-        commit(self, rec2, [rp, r]() mutable { rp.deliver(std::move(r)); });
-      },
-      [rp](const error& e) mutable { rp.deliver(to_caf(e)); }, pack_atom::value,
-      s.dir + "/packs/" + pack, s.dir + "/blobs");
+    pack_and_log(
+      self, sb, std::move(rec), [rp, r]() mutable { rp.deliver(std::move(r)); },
+      [rp](const error& e) mutable { rp.deliver(to_caf(e)); });
   };
   auto fail = [rp](caf::error& e) mutable { rp.deliver(e); };
   if (!req.stream) {
@@ -452,28 +456,7 @@ void logged_put(self_ptr self, const std::string& id, sandbox_actor sb, std::str
       rec.dir = dir;
       rec.digest = digest;
       rec.size = size;
-      auto& s = self->state;
-      auto pack = id + "-" + std::to_string(s.next_pack++) + ".pack";
-      ask<std::string>(
-        self, sb, sb,
-        [=](std::string& manifest) mutable {
-          auto rec2 = rec;
-          if (manifest.empty())
-            rec2.pack = pack;
-          else
-            rec2.pack_inline = std::move(manifest);
-          commit(self, rec2, [rp, size]() mutable { rp.deliver(size); });
-        },
-        [=](caf::error& e) mutable {
-          if (self->state.closing) {
-            rp.deliver(size); // as for a command: not logged
-            return;
-          }
-          auto rec2 = rec;
-          rec2.pack_error = from_caf(e).message;
-          commit(self, rec2, [rp, size]() mutable { rp.deliver(size); });
-        },
-        lost, pack_atom::value, s.dir + "/packs/" + pack, s.dir + "/blobs");
+      pack_and_log(self, sb, std::move(rec), [rp, size]() mutable { rp.deliver(size); }, lost);
     },
     [rp](caf::error& e) mutable { rp.deliver(e); }, lost, put_atom::value, dir,
     std::move(tar));
