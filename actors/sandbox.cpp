@@ -209,19 +209,12 @@ void finish_destroy(self_ptr self) {
   s.box.reset();
   if (s.lease != 0)
     self->send(s.cfg.cache, release_atom::value, s.lease);
+  // Destroyed before it was ready (rm, shutdown, its session closing): its
+  // batch must still hear about it, or it would wait for it forever.
   bool was_created = s.created_ms != 0;
-  if (was_created) {
-    self->send(s.cfg.session, gone_atom::value, s.cfg.id);
-  } else if (!s.creation_failed_told) {
-    // Destroyed before it was ready (rm, shutdown, its session closing): its
-    // batch must still hear about it, or it would wait for it forever.
-    s.creation_failed_told = true;
-    self->send(s.cfg.session, failed_atom::value,
-               to_caf(make_error(errc::sandbox_failed, "sandbox " + s.cfg.id
-                                                         + " was destroyed before it was ready")),
-               s.cfg.request);
-  }
-  self->send(s.cfg.node, gone_atom::value, s.cfg.id, was_created);
+  tell_end(self, s.cfg.session, s.cfg.node, s.cfg.id, s.cfg.request, was_created,
+           s.creation_failed_told);
+  s.creation_failed_told = true;
   for (auto& rp : s.destroy_waiters)
     rp.deliver(true);
   s.destroy_waiters.clear();

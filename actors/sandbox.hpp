@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "actors/interfaces.hpp"
+#include "actors/types.hpp"
 
 namespace dsec {
 
@@ -39,6 +40,23 @@ struct sandbox_config {
 };
 
 sandbox_actor spawn_sandbox(caf::actor_system& sys, sandbox_config cfg);
+
+/// A sandbox's end as its session and node must hear it (the real sandbox and
+/// the simulated one alike): the session gets gone_atom if it was ready, else
+/// failed_atom for its create request (its batch waits for every sandbox),
+/// unless it heard that already (`failure_told`); the node gets gone_atom.
+template <class Self>
+void tell_end(Self* self, const session_actor& session, const node_actor& node,
+              const std::string& id, uint64_t request, bool was_created, bool failure_told) {
+  if (was_created)
+    self->send(session, gone_atom::value, id);
+  else if (!failure_told)
+    self->send(session, failed_atom::value,
+               to_caf(make_error(errc::sandbox_failed,
+                                 "sandbox " + id + " was destroyed before it was ready")),
+               request);
+  self->send(node, gone_atom::value, id, was_created);
+}
 
 /// Asks each of `boxes` for its sandbox_info (10 s each; one that does not
 /// answer is left out) and delivers them, after `known`, to `rp`. For the

@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "actors/sandbox.hpp"
 #include "actors/types.hpp"
 
 namespace dsec {
@@ -68,15 +69,7 @@ void finish_destroy(self_ptr self) {
   for (auto& [eid, rp] : s.execs)
     rp.deliver(to_caf(make_error(errc::sandbox_failed, "sandbox " + s.id + " was destroyed")));
   s.execs.clear();
-  bool was_created = s.created_ms != 0;
-  if (was_created)
-    self->send(s.c->session, gone_atom::value, s.id);
-  else
-    self->send(s.c->session, failed_atom::value,
-               to_caf(make_error(errc::sandbox_failed,
-                                 "sandbox " + s.id + " was destroyed before it was ready")),
-               s.request);
-  self->send(s.c->node, gone_atom::value, s.id, was_created);
+  tell_end(self, s.c->session, s.c->node, s.id, s.request, s.created_ms != 0, false);
   for (auto& rp : s.destroy_waiters)
     rp.deliver(true);
   s.destroy_waiters.clear();
