@@ -561,14 +561,30 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
       s.sessions.erase(session_id);
       std::erase_if(s.resumed, [&](const auto& kv) { return kv.second == session_id; });
     },
-    [=](shutdown_atom) -> caf::delegated<uint32_t> {
+    [=](shutdown_atom) -> caf::result<uint32_t> {
       auto& s = self->state;
       s.shutting_down = true;
-      // Closed, but their trajectory logs stay: a restarted daemon resumes them.
-      // (The nodes of a cluster destroy their sandboxes when they lose us.)
-      for (auto& [id, sess] : s.sessions)
-        caf::anon_send(sess, shutdown_atom::value);
-      return self->delegate(s.cfg.node, shutdown_atom::value);
+      // The node first: it destroys (and counts) every sandbox; had the
+      // sessions gone first, some would be gone before the node counted.
+      // Then the sessions close, but their trajectory logs stay: a restarted
+      // daemon resumes them. (The nodes of a cluster destroy their sandboxes
+      // when they lose us.)
+      auto rp = self->make_response_promise<uint32_t>();
+      auto close_sessions = [=] {
+        for (auto& [id, sess] : self->state.sessions)
+          caf::anon_send(sess, shutdown_atom::value);
+      };
+      self->request(s.cfg.node, std::chrono::seconds(60), shutdown_atom::value)
+        .then(
+          [=](uint32_t n) mutable {
+            close_sessions();
+            rp.deliver(n);
+          },
+          [=](caf::error& e) mutable {
+            close_sessions();
+            rp.deliver(e);
+          });
+      return rp;
     },
   };
 }
