@@ -45,6 +45,25 @@ struct outcome {
   }
 };
 
+// Why a call's destination went away. A session that ended normally was
+// closed (errc::closed: a retry cannot succeed); one that ended otherwise,
+// or a daemon, is gone (disconnected: reconnect, resume).
+template <class Handle>
+error gone_error(caf::event_based_actor* self, const caf::error& reason) {
+  if constexpr (std::is_same_v<Handle, session_actor>) {
+    if (!reason)
+      return make_error(errc::closed, "the session was closed (by close(), or `dsec session "
+                                      "close`): open or resume another");
+    if (reason == caf::exit_reason::user_shutdown)
+      return make_error(errc::disconnected,
+                        "the session ended without being closed (its daemon stopped, or its"
+                        " trainer went away): resume it once a daemon serves its state dir");
+  }
+  auto why = reason ? self->system().render(reason) : std::string{"it ended"};
+  return make_error(errc::disconnected,
+                    "no answer: the daemon or the session is gone (" + why + ")");
+}
+
 // Makes the helper `self` report `dest` going away (its daemon's connection
 // dropped, or the daemon shut down) through `on_lost`, then quit. Without it a
 // call would wait forever: CAF drops, without an error, what is sent to the
@@ -56,10 +75,7 @@ void watch_dest(caf::event_based_actor* self, const Handle& dest,
   self->set_down_handler([=](caf::down_msg& dm) {
     if (dm.source != addr)
       return;
-    // (An empty reason, a normal exit, has no category to look at.)
-    auto why = dm.reason ? self->system().render(dm.reason) : std::string{"it ended"};
-    on_lost(make_error(errc::disconnected,
-                       "no answer: the daemon or the session is gone (" + why + ")"));
+    on_lost(gone_error<Handle>(self, dm.reason));
     self->quit();
   });
   self->monitor(dest);
@@ -94,6 +110,7 @@ struct mailbox {
   struct item {
     enum kind_t { ready, failed, output, done } kind = done;
     std::string text; // id, or output data
+    std::string key;  // a ready sandbox's key
     uint8_t stream = 0;
     error err;
     uint32_t count = 0;
@@ -201,9 +218,7 @@ void watch_lost(caf::event_based_actor* self, const Handle& dest, const caf::act
     }
     if (dm.source != addr)
       return;
-    auto why = dm.reason ? self->system().render(dm.reason) : std::string{"it ended"};
-    on_lost(make_error(errc::disconnected,
-                       "no answer: the daemon or the session is gone (" + why + ")"));
+    on_lost(gone_error<Handle>(self, dm.reason));
     self->quit();
   });
   if (!owner) {
@@ -562,16 +577,21 @@ void client::stats_async(completion<node_stats> done) {
 
 // ---- session ---------------------------------------------------------------------------
 
-expected<std::vector<std::string>>
-session::create(const environment& env, uint32_t count,
-                const std::function<void(const std::string&)>& on_ready,
+namespace {
+
+// A create through a helper actor, blocking: with `labels` the labeled
+// create_atom (ready_ids with keys), else the plain one. `on_ready` and
+// `on_failed` run on the calling thread.
+expected<std::vector<created_sandbox>>
+blocking_create(caf::actor_system& sys, const session_actor& h, const environment& env,
+                uint32_t count, std::optional<create_labels> labels,
+                const std::function<void(const created_sandbox&)>& on_ready,
                 const std::function<void(const error&)>& on_failed) {
   auto box = std::make_shared<mailbox>();
-  auto h = handle_;
-  client_->sys_->spawn([box, h, env, count](caf::event_based_actor* self) -> caf::behavior {
+  sys.spawn([box, h, env, count, labels](caf::event_based_actor* self) -> caf::behavior {
     watch_dest(self, h, [box](error e) { box->fail(std::move(e)); });
-    self->request(h, caf::infinite, create_atom::value, env, count, caf::actor{self})
-      .then(
+    auto then = [=](auto&& rh) {
+      rh.then(
         [=](uint32_t n) {
           self->demonitor(h.address());
           auto it = mailbox::item::of(mailbox::item::done);
@@ -584,6 +604,12 @@ session::create(const environment& env, uint32_t count,
           box->fail(from_caf(e));
           self->quit();
         });
+    };
+    if (labels)
+      then(self->request(h, caf::infinite, create_atom::value, env, count, caf::actor{self},
+                         *labels));
+    else
+      then(self->request(h, caf::infinite, create_atom::value, env, count, caf::actor{self}));
     return {
       [=](ready_atom, std::string& id) {
         auto it = mailbox::item::of(mailbox::item::ready);
@@ -591,9 +617,11 @@ session::create(const environment& env, uint32_t count,
         box->push(std::move(it));
       },
       [=](ready_atom, ready_ids& r) {
-        for (auto& id : r.ids) {
+        for (size_t i = 0; i < r.ids.size(); ++i) {
           auto it = mailbox::item::of(mailbox::item::ready);
-          it.text = std::move(id);
+          it.text = std::move(r.ids[i]);
+          if (i < r.keys.size())
+            it.key = std::move(r.keys[i]);
           box->push(std::move(it));
         }
       },
@@ -604,16 +632,18 @@ session::create(const environment& env, uint32_t count,
       },
     };
   });
-  std::vector<std::string> ids;
+  std::vector<created_sandbox> made;
   std::optional<error> first_failure;
   for (;;) {
     auto it = box->pop();
     switch (it.kind) {
-      case mailbox::item::ready:
+      case mailbox::item::ready: {
+        created_sandbox c{std::move(it.text), std::move(it.key)};
         if (on_ready)
-          on_ready(it.text);
-        ids.push_back(std::move(it.text));
+          on_ready(c);
+        made.push_back(std::move(c));
         break;
+      }
       case mailbox::item::failed:
         if (!first_failure)
           first_failure = it.err;
@@ -623,17 +653,67 @@ session::create(const environment& env, uint32_t count,
       case mailbox::item::done:
         if (!it.ok)
           return it.err;
-        if (ids.empty() && first_failure && count > 0)
+        if (made.empty() && first_failure && count > 0)
           return *first_failure; // none at all: say why
-        return ids;
+        return made;
       case mailbox::item::output:
         break;
     }
   }
 }
 
+} // namespace
+
+std::optional<error> session::closed_error() const {
+  if (!closed_->load())
+    return std::nullopt;
+  return make_error(errc::closed, "session " + id_ + " was closed (by close() on this handle):"
+                                    " open or resume another");
+}
+
+expected<std::vector<std::string>>
+session::create(const environment& env, uint32_t count,
+                const std::function<void(const std::string&)>& on_ready,
+                const std::function<void(const error&)>& on_failed) {
+  if (auto e = closed_error())
+    return *e;
+  std::function<void(const created_sandbox&)> ready;
+  if (on_ready)
+    ready = [&](const created_sandbox& c) { on_ready(c.id); };
+  DSEC_TRY(made, blocking_create(*client_->sys_, handle_, env, count, std::nullopt, ready,
+                                 on_failed));
+  std::vector<std::string> ids;
+  for (auto& c : made)
+    ids.push_back(std::move(c.id));
+  return ids;
+}
+
+expected<std::vector<created_sandbox>>
+session::create(const environment& env, uint32_t count, const create_labels& labels,
+                const std::function<void(const created_sandbox&)>& on_ready,
+                const std::function<void(const error&)>& on_failed) {
+  if (auto e = closed_error())
+    return *e;
+  return blocking_create(*client_->sys_, handle_, env, count, labels, on_ready, on_failed);
+}
+
+expected<sandbox_info> session::find(const std::string& key) {
+  if (auto e = closed_error())
+    return *e;
+  return call<sandbox_info>(*client_->sys_, handle_, lookup_atom::value, key);
+}
+
+void session::find_async(const std::string& key, completion<sandbox_info> done) {
+  if (auto e = closed_error())
+    return done(*e);
+  async_call<sandbox_info>(*client_->sys_, client_->identity_, handle_, std::move(done),
+                           lookup_atom::value, key);
+}
+
 expected<exec_result> session::exec(const std::string& id, const exec_request& req,
                                     const output_fn& on_output) {
+  if (auto e = closed_error())
+    return *e;
   if (on_output) {
     auto r = req;
     r.stream = true;
@@ -643,25 +723,38 @@ expected<exec_result> session::exec(const std::string& id, const exec_request& r
 }
 
 expected<uint64_t> session::put(const std::string& id, const std::string& dir, std::string tar) {
+  if (auto e = closed_error())
+    return *e;
   return call<uint64_t>(*client_->sys_, handle_, put_atom::value, id, dir, std::move(tar));
 }
 
 expected<std::string> session::get(const std::string& id, const std::string& path) {
+  if (auto e = closed_error())
+    return *e;
   return call<std::string>(*client_->sys_, handle_, get_atom::value, id, path);
 }
 
 expected<void> session::destroy(const std::string& id) {
+  if (auto e = closed_error())
+    return *e;
   DSEC_TRY(ok, call<bool>(*client_->sys_, handle_, destroy_atom::value, id));
   (void) ok;
   return {};
 }
 
 expected<std::vector<sandbox_info>> session::list() {
+  if (auto e = closed_error())
+    return *e;
   return call<std::vector<sandbox_info>>(*client_->sys_, handle_, list_atom::value);
 }
 
 expected<uint32_t> session::close() {
-  return call<uint32_t>(*client_->sys_, handle_, close_atom::value);
+  if (auto e = closed_error())
+    return *e;
+  auto n = call<uint32_t>(*client_->sys_, handle_, close_atom::value);
+  if (n)
+    closed_->store(true);
+  return n;
 }
 
 // ---- session: asynchronous variants --------------------------------------------------
@@ -670,12 +763,42 @@ void session::create_async(const environment& env, uint32_t count,
                            completion<std::vector<std::string>> done,
                            std::function<void(const std::string&)> on_ready,
                            std::function<void(const error&)> on_failed) {
+  std::function<void(const created_sandbox&)> ready;
+  if (on_ready)
+    ready = [on_ready = std::move(on_ready)](const created_sandbox& c) { on_ready(c.id); };
+  create_async_impl(env, count, std::nullopt,
+                    [done = std::move(done)](expected<std::vector<created_sandbox>> r) {
+                      if (!r)
+                        return done(std::move(r).error_value());
+                      std::vector<std::string> ids;
+                      for (auto& c : *r)
+                        ids.push_back(std::move(c.id));
+                      done(std::move(ids));
+                    },
+                    std::move(ready), std::move(on_failed));
+}
+
+void session::create_async(const environment& env, uint32_t count, const create_labels& labels,
+                           completion<std::vector<created_sandbox>> done,
+                           std::function<void(const created_sandbox&)> on_ready,
+                           std::function<void(const error&)> on_failed) {
+  create_async_impl(env, count, labels, std::move(done), std::move(on_ready),
+                    std::move(on_failed));
+}
+
+void session::create_async_impl(const environment& env, uint32_t count,
+                                std::optional<create_labels> labels,
+                                completion<std::vector<created_sandbox>> done,
+                                std::function<void(const created_sandbox&)> on_ready,
+                                std::function<void(const error&)> on_failed) {
+  if (auto e = closed_error())
+    return done(*e);
   // What the helper collects while the batch comes in.
   struct batch {
-    completion<std::vector<std::string>> done;
-    std::function<void(const std::string&)> on_ready;
+    completion<std::vector<created_sandbox>> done;
+    std::function<void(const created_sandbox&)> on_ready;
     std::function<void(const error&)> on_failed;
-    std::vector<std::string> ids;
+    std::vector<created_sandbox> ids;
     std::optional<error> first_failure;
   };
   auto b = std::make_shared<batch>();
@@ -684,10 +807,11 @@ void session::create_async(const environment& env, uint32_t count,
   b->on_failed = std::move(on_failed);
   auto h = handle_;
   auto owner = client_->identity_;
-  client_->sys_->spawn([b, h, owner, env, count](caf::event_based_actor* self) -> caf::behavior {
+  client_->sys_->spawn([b, h, owner, env, count,
+                        labels](caf::event_based_actor* self) -> caf::behavior {
     watch_lost(self, h, owner, [b](error e) { b->done(std::move(e)); });
-    self->request(h, caf::infinite, create_atom::value, env, count, caf::actor{self})
-      .then(
+    auto then = [=](auto&& rh) {
+      rh.then(
         [=](uint32_t) {
           unwatch(self, h, owner);
           if (b->ids.empty() && b->first_failure && count > 0)
@@ -701,17 +825,26 @@ void session::create_async(const environment& env, uint32_t count,
           b->done(from_caf(e));
           self->quit();
         });
+    };
+    if (labels)
+      then(self->request(h, caf::infinite, create_atom::value, env, count, caf::actor{self},
+                         *labels));
+    else
+      then(self->request(h, caf::infinite, create_atom::value, env, count, caf::actor{self}));
     return {
       [=](ready_atom, std::string& id) {
+        created_sandbox c{std::move(id), {}};
         if (b->on_ready)
-          b->on_ready(id);
-        b->ids.push_back(std::move(id));
+          b->on_ready(c);
+        b->ids.push_back(std::move(c));
       },
       [=](ready_atom, ready_ids& r) {
-        for (auto& id : r.ids) {
+        for (size_t i = 0; i < r.ids.size(); ++i) {
+          created_sandbox c{std::move(r.ids[i]), i < r.keys.size() ? std::move(r.keys[i])
+                                                                    : std::string{}};
           if (b->on_ready)
-            b->on_ready(id);
-          b->ids.push_back(std::move(id));
+            b->on_ready(c);
+          b->ids.push_back(std::move(c));
         }
       },
       [=](failed_atom, caf::error& e) {
@@ -727,6 +860,8 @@ void session::create_async(const environment& env, uint32_t count,
 
 void session::exec_async(const std::string& id, const exec_request& req,
                          completion<exec_result> done, output_fn on_output) {
+  if (auto e = closed_error())
+    return done(*e);
   if (on_output) {
     auto r = req;
     r.stream = true;
@@ -739,29 +874,45 @@ void session::exec_async(const std::string& id, const exec_request& req,
 
 void session::put_async(const std::string& id, const std::string& dir, std::string tar,
                         completion<uint64_t> done) {
+  if (auto e = closed_error())
+    return done(*e);
   async_call<uint64_t>(*client_->sys_, client_->identity_, handle_, std::move(done),
                        put_atom::value, id, dir, std::move(tar));
 }
 
 void session::get_async(const std::string& id, const std::string& path,
                         completion<std::string> done) {
+  if (auto e = closed_error())
+    return done(*e);
   async_call<std::string>(*client_->sys_, client_->identity_, handle_, std::move(done),
                           get_atom::value, id, path);
 }
 
 void session::destroy_async(const std::string& id, completion<void> done) {
+  if (auto e = closed_error())
+    return done(*e);
   async_call<bool>(*client_->sys_, client_->identity_, handle_, as_void(std::move(done)),
                    destroy_atom::value, id);
 }
 
 void session::list_async(completion<std::vector<sandbox_info>> done) {
+  if (auto e = closed_error())
+    return done(*e);
   async_call<std::vector<sandbox_info>>(*client_->sys_, client_->identity_, handle_,
                                         std::move(done), list_atom::value);
 }
 
 void session::close_async(completion<uint32_t> done) {
-  async_call<uint32_t>(*client_->sys_, client_->identity_, handle_, std::move(done),
-                       close_atom::value);
+  if (auto e = closed_error())
+    return done(*e);
+  async_call<uint32_t>(
+    *client_->sys_, client_->identity_, handle_,
+    [closed = closed_, done = std::move(done)](expected<uint32_t> n) {
+      if (n)
+        closed->store(true);
+      done(std::move(n));
+    },
+    close_atom::value);
 }
 
 // ---- Chronus -------------------------------------------------------------------
@@ -769,22 +920,32 @@ void session::close_async(completion<uint32_t> done) {
 struct event_stream::queue {
   std::mutex mu;
   std::condition_variable cv;
-  std::deque<std::string> events; // Event bytes, decoded when pulled
-  std::optional<error> end;       // why no more will come
+  std::deque<chronus_event_msg> events; // as they came, decoded when pulled
+  std::optional<error> end;             // why no more will come
   std::function<void(const chronus_event&)> on_event;
   std::function<void(const error&)> on_end;
 
-  void push(std::string bytes) {
+  void push(chronus_event_msg m) {
     if (on_event) {
-      if (auto ev = decode_event(as_bytes(bytes)))
+      if (auto ev = decode(m))
         on_event(*ev);
       return;
     }
     {
       std::lock_guard<std::mutex> g{mu};
-      events.push_back(std::move(bytes));
+      events.push_back(std::move(m));
     }
     cv.notify_one();
+  }
+  // The event, with what a resumed session says about it (replayed, the
+  // logged answer).
+  static expected<chronus_event> decode(const chronus_event_msg& m) {
+    DSEC_TRY(ev, decode_event(as_bytes(m.bytes)));
+    ev.replayed = m.replayed;
+    if (!m.answer.empty())
+      if (auto fb = decode_feedback(as_bytes(m.answer)))
+        ev.answer = std::move(*fb);
+    return ev;
   }
   void finish(error e) {
     bool first = false;
@@ -802,17 +963,17 @@ struct event_stream::queue {
 };
 
 expected<std::optional<chronus_event>> event_stream::next(std::chrono::milliseconds timeout) {
-  std::string bytes;
+  chronus_event_msg m;
   {
     std::unique_lock<std::mutex> lk{q_->mu};
     if (!q_->cv.wait_for(lk, timeout, [&] { return !q_->events.empty() || q_->end; }))
       return std::optional<chronus_event>{};
     if (q_->events.empty())
       return *q_->end;
-    bytes = std::move(q_->events.front());
+    m = std::move(q_->events.front());
     q_->events.pop_front();
   }
-  DSEC_TRY(ev, decode_event(as_bytes(bytes)));
+  DSEC_TRY(ev, queue::decode(m));
   return std::optional<chronus_event>{std::move(ev)};
 }
 
@@ -853,7 +1014,7 @@ start_watch(caf::actor_system& sys, const session_actor& h,
               self->quit();
             });
     return {
-      [=](chronus_atom, chronus_event_msg& m) { q->push(std::move(m.bytes)); },
+      [=](chronus_atom, chronus_event_msg& m) { q->push(std::move(m)); },
     };
   });
   auto kept = subscribed->get();
@@ -872,11 +1033,15 @@ expected<chronus_feedback_msg> feedback_bytes(const chronus_feedback& fb) {
 } // namespace
 
 expected<std::unique_ptr<event_stream>> session::watch() {
+  if (auto e = closed_error())
+    return *e;
   return start_watch(*client_->sys_, handle_, {});
 }
 
 expected<std::unique_ptr<event_stream>>
 session::watch(std::function<void(const chronus_event&)> on_event) {
+  if (auto e = closed_error())
+    return *e;
   if (!on_event)
     return make_error(errc::invalid_argument, "watch: no callback given");
   return start_watch(*client_->sys_, handle_, std::move(on_event));
@@ -885,6 +1050,8 @@ session::watch(std::function<void(const chronus_event&)> on_event) {
 expected<std::unique_ptr<event_stream>>
 session::watch(std::function<void(const chronus_event&)> on_event,
                std::function<void(const error&)> on_end) {
+  if (auto e = closed_error())
+    return *e;
   if (!on_event)
     return make_error(errc::invalid_argument, "watch: no callback given");
   return start_watch(*client_->sys_, handle_, std::move(on_event), std::move(on_end));
@@ -892,6 +1059,8 @@ session::watch(std::function<void(const chronus_event&)> on_event,
 
 void session::answer_async(const std::string& id, const chronus_feedback& fb,
                            completion<void> done) {
+  if (auto e = closed_error())
+    return done(*e);
   auto msg = feedback_bytes(fb);
   if (!msg)
     return done(std::move(msg).error_value());
@@ -909,6 +1078,8 @@ void client::answer_async(const std::string& id, const chronus_feedback& fb,
 }
 
 expected<void> session::answer(const std::string& id, const chronus_feedback& fb) {
+  if (auto e = closed_error())
+    return *e;
   DSEC_TRY(msg, feedback_bytes(fb));
   DSEC_TRY(ok, call<bool>(*client_->sys_, handle_, feedback_atom::value, id, std::move(msg)));
   (void) ok;

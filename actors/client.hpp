@@ -18,6 +18,7 @@
 #include <caf/actor.hpp>
 #include <caf/fwd.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <optional>
@@ -40,14 +41,24 @@ using output_fn = std::function<void(uint8_t stream, std::string_view data)>;
 /// Called once with the outcome of an asynchronous call (the `*_async` members
 /// below). It runs on one of CAF's threads: keep it short, do not throw, and
 /// never wait there for another call of this client. (Only a request refused
-/// before it is sent, an answer_async with invalid feedback, completes on the
-/// calling thread, before the call returns.) If the client object is destroyed
+/// before it is sent, an answer_async with invalid feedback, or a call on a
+/// session this handle closed, completes on the calling thread, before the
+/// call returns.) If the client object is destroyed
 /// before the answer came, it gets errc::disconnected ("the client was closed
 /// first"). A session made by open_session_async must not outlive its client.
 template <class T>
 using completion = std::function<void(expected<T>)>;
 
 class session;
+
+/// A sandbox a create made: its id, and its key (create_labels: the create's
+/// key K for a create of one, K#i for the i-th sandbox announced of several,
+/// "#N" or "#N#i" for a create without a key).
+struct created_sandbox {
+  std::string id;
+  std::string key;
+  bool operator==(const created_sandbox&) const = default;
+};
 
 /// A session's Chronus events as they come (session::watch). Pull them with
 /// next(); dropping the object stops the watch. Thread-safe.
@@ -173,6 +184,23 @@ public:
          const std::function<void(const std::string&)>& on_ready = {},
          const std::function<void(const error&)>& on_failed = {});
 
+  /// The same with a key and tags (create_labels); each sandbox comes with
+  /// its key. A resumed session gives a create the sandboxes its log made
+  /// for the same key (replaying, or closed ones answering from their log),
+  /// and fresh ones to a key it does not know: never another key's. A create
+  /// without a key is never matched on resume. Errors: already_exists for a
+  /// key in use (a live sandbox, or a create in flight), invalid_argument for
+  /// a bad key or for a resumed key asked with another environment or count.
+  expected<std::vector<created_sandbox>>
+  create(const environment& env, uint32_t count, const create_labels& labels,
+         const std::function<void(const created_sandbox&)>& on_ready = {},
+         const std::function<void(const error&)>& on_failed = {});
+
+  /// The sandbox with this key (its state "replaying" or "closed" in a
+  /// resumed session before it is rebuilt); not_found if no create gave it,
+  /// closed (saying why) if it is gone.
+  expected<sandbox_info> find(const std::string& key);
+
   /// Runs a command and collects its output; with `on_output` it is streamed
   /// there instead, as it comes.
   expected<exec_result> exec(const std::string& id, const exec_request& req,
@@ -183,6 +211,8 @@ public:
   expected<std::vector<sandbox_info>> list();
 
   /// Destroys every sandbox of the session and ends it; returns how many.
+  /// After it, every call on this session fails with errc::closed (so do
+  /// those of other handles on it, once the daemon has ended it).
   expected<uint32_t> close();
 
   /// Chronus: the session's events from now on (after those it kept while
@@ -210,6 +240,11 @@ public:
                     completion<std::vector<std::string>> done,
                     std::function<void(const std::string&)> on_ready = {},
                     std::function<void(const error&)> on_failed = {});
+  void create_async(const environment& env, uint32_t count, const create_labels& labels,
+                    completion<std::vector<created_sandbox>> done,
+                    std::function<void(const created_sandbox&)> on_ready = {},
+                    std::function<void(const error&)> on_failed = {});
+  void find_async(const std::string& key, completion<sandbox_info> done);
   void exec_async(const std::string& id, const exec_request& req,
                   completion<exec_result> done, output_fn on_output = {});
   void put_async(const std::string& id, const std::string& dir, std::string tar,
@@ -228,11 +263,21 @@ public:
 
 private:
   friend class client;
-  session(client& c, session_actor h, std::string id) : client_(&c), handle_(std::move(h)), id_(std::move(id)) {}
+  session(client& c, session_actor h, std::string id)
+    : client_(&c), handle_(std::move(h)), id_(std::move(id)),
+      closed_(std::make_shared<std::atomic<bool>>(false)) {}
+  void create_async_impl(const environment& env, uint32_t count,
+                         std::optional<create_labels> labels,
+                         completion<std::vector<created_sandbox>> done,
+                         std::function<void(const created_sandbox&)> on_ready,
+                         std::function<void(const error&)> on_failed);
+  /// errc::closed if close() succeeded on this handle.
+  [[nodiscard]] std::optional<error> closed_error() const;
 
   client* client_;
   session_actor handle_;
   std::string id_;
+  std::shared_ptr<std::atomic<bool>> closed_;
 };
 
 } // namespace dsec

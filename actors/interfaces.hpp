@@ -68,6 +68,12 @@ using session_actor = caf::typed_actor<
   /// to `listener` as (ready_atom, id) or (failed_atom, error); the reply, once
   /// all are done, is how many were created.
   caf::replies_to<create_atom, environment, uint32_t, caf::actor>::with<uint32_t>,
+  /// The same with a key and tags (create_labels): each sandbox is then told
+  /// to `listener` as (ready_atom, ready_ids) with its key. A resumed session
+  /// gives the call the sandboxes its log made for the key (docs/trajectory.md).
+  caf::replies_to<create_atom, environment, uint32_t, caf::actor, create_labels>::with<uint32_t>,
+  /// The sandbox with this key (create_labels), or errc::not_found.
+  caf::replies_to<lookup_atom, std::string>::with<sandbox_info>,
   caf::replies_to<exec_atom, std::string, exec_request>::with<exec_result>,
   caf::replies_to<put_atom, std::string, std::string, std::string>::with<uint64_t>,
   caf::replies_to<get_atom, std::string, std::string>::with<std::string>,
@@ -91,6 +97,7 @@ using session_actor = caf::typed_actor<
   caf::reacts_to<ready_atom, std::string, sandbox_actor, uint64_t>,  ///< id, actor, request
   caf::reacts_to<failed_atom, caf::error, uint64_t>,                 ///< why, request
   caf::reacts_to<gone_atom, std::string>,
+  caf::reacts_to<ttl_atom, std::string>,                             ///< id reached its TTL
   // internal: from the cluster's scheduler (docs/cluster.md)
   /// `count` sandboxes of request `request` were admitted by the node `where`
   caf::reacts_to<placed_atom, uint64_t, caf::node_id, uint32_t>,

@@ -7,6 +7,7 @@
 #include <caf/meta/type_name.hpp>
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -123,6 +124,22 @@ typename Inspector::result_type inspect(Inspector& f, placement& x) {
            x.keep_upper, x.id, x.seed_pack, x.seed_blobs, x.report_refusals);
 }
 
+/// What a create call carries besides its environment (docs/trajectory.md):
+/// the trainer's name for it and tags for its sandboxes. A resumed session
+/// gives a create the sandboxes its log made for the same key, and never
+/// another key's. The sandboxes of a call keyed K are keyed K (count 1) or
+/// K#0, K#1, ... in the order they were announced; a call without a key gets
+/// "#N" (N: its number in the session).
+struct create_labels {
+  std::string key;                         ///< empty: dsec picks "#N"
+  std::map<std::string, std::string> tags; ///< shown by list(), kept in the log
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, create_labels& x) {
+  return f(caf::meta::type_name("dsec.create_labels"), x.key, x.tags);
+}
+
 // ---- commands -------------------------------------------------------------------
 
 /// A command to run in a sandbox.
@@ -193,11 +210,17 @@ typename Inspector::result_type inspect(Inspector& f, output_chunk& x) {
 /// as they are; readers decode them in place (dsec::decode_event).
 struct chronus_event_msg {
   std::string bytes;
+  /// Sent again by a resumed session from its trajectory log, at the step
+  /// where the sandbox first sent it (docs/trajectory.md).
+  bool replayed = false;
+  /// Replayed feedback requests: the trainer's logged answer (Feedback
+  /// bytes), empty if it gave none.
+  std::string answer;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, chronus_event_msg& x) {
-  return f(caf::meta::type_name("dsec.chronus_event"), x.bytes);
+  return f(caf::meta::type_name("dsec.chronus_event"), x.bytes, x.replayed, x.answer);
 }
 
 /// A trainer's answer to a feedback request: Cap'n Proto Feedback bytes.
@@ -221,12 +244,16 @@ struct sandbox_info {
   uint64_t ttl_left_ms = 0;
   uint32_t running = 0;     ///< commands running now
   std::string node;         ///< the node it lives on (its name)
+  /// Its key and its create's tags (create_labels): filled in by its
+  /// session's list and lookup, empty in the node's.
+  std::string key;
+  std::map<std::string, std::string> tags;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, sandbox_info& x) {
   return f(caf::meta::type_name("dsec.sandbox_info"), x.id, x.session, x.state, x.env,
-           x.created_ms, x.ttl_left_ms, x.running, x.node);
+           x.created_ms, x.ttl_left_ms, x.running, x.node, x.key, x.tags);
 }
 
 struct node_stats {

@@ -103,6 +103,9 @@ struct sandbox_state {
   uint64_t next_exec = 1;
   std::vector<caf::typed_response_promise<bool>> destroy_waiters;
   std::string failure; // why init died, when it did
+  // Why it is being destroyed, for the commands still running then.
+  std::string end_why = "was destroyed (by its trainer, its session closing, or its node stopping)";
+  errc end_code = errc::closed;
   bool acquiring = true; // the layer cache has not answered yet
   bool creation_failed_told = false; // the session heard failed_atom for it
   // Chronus (env.chronus): the secret trusted commands get; served by the
@@ -153,7 +156,7 @@ void finish_exec(self_ptr self, uint64_t eid) {
   auto& x = it->second;
   x.finished = true;
   exec_result r;
-  r.exit_code = x.status.code;
+  r.exit_code = x.status.shell_code(); // 128+N for a signal N, as shells and the CLI say
   r.signal = x.status.signal;
   r.timed_out = x.timed_out;
   r.truncated = x.truncated;
@@ -193,6 +196,23 @@ void maybe_finish(self_ptr self, uint64_t eid) {
 
 void begin_destroy(self_ptr self);
 
+// What a failed tar of put or get (`what`: "get /work/x") means: a missing
+// file or directory is not_found, a full disk too_large, anything else the
+// tool's failure with its first line of stderr.
+error tar_failure(const std::string& what, const exec_result& r) {
+  auto has = [&](const char* s) { return r.err.find(s) != std::string::npos; };
+  if (has("No such file or directory") || has("Not a directory"))
+    return make_error(errc::not_found, what + ": no such file or directory in the sandbox");
+  if (has("No space left on device") || has("Disk quota exceeded"))
+    return make_error(errc::too_large, what + ": the sandbox's writable layer is full (its"
+                                               " environment's disk size)");
+  auto line = r.err.substr(0, r.err.find('\n'));
+  if (line.empty())
+    line = r.signal ? "killed by signal " + std::to_string(r.signal) : "no message";
+  return make_error(errc::tool_failed, what + ": tar in the sandbox exited with "
+                                         + std::to_string(r.exit_code) + ": " + line);
+}
+
 // After this the actor is gone: tell everyone, release everything.
 void finish_destroy(self_ptr self) {
   auto& s = self->state;
@@ -200,9 +220,10 @@ void finish_destroy(self_ptr self) {
   s.execs.clear();
   for (auto& [eid, x] : pending)
     if (!x.finished && x.done)
-      x.done(make_error(errc::sandbox_failed, s.failure.empty()
-                                                ? "sandbox " + s.cfg.id + " was destroyed"
-                                                : "sandbox " + s.cfg.id + ": " + s.failure));
+      x.done(s.failure.empty()
+               ? make_error(s.end_code, "sandbox " + s.cfg.id + " " + s.end_why
+                                          + " while the command ran")
+               : make_error(errc::sandbox_failed, "sandbox " + s.cfg.id + ": " + s.failure));
   if (s.token) // a waiting `chronus feedback` hears that the session is gone
     s.cfg.eng->chronus().remove(s.cfg.id, true);
   s.token.reset();
@@ -586,9 +607,8 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
           if (e.code == errc::not_found && e.step == "execve")
             e.message = "put needs tar in the sandbox's image: " + e.message;
           rp.deliver(to_caf(e));
-        } else if (r->exit_code != 0 || r->signal != 0) {
-          rp.deliver(to_caf(make_error(errc::invalid_argument,
-                                       "put into " + dir + " failed: " + r->err)));
+        } else if (r->exit_code != 0) {
+          rp.deliver(to_caf(tar_failure("put into " + dir, *r)));
         } else {
           rp.deliver(size);
         }
@@ -622,8 +642,8 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
           if (e.code == errc::not_found && e.step == "execve")
             e.message = "get needs tar in the sandbox's image: " + e.message;
           rp.deliver(to_caf(e));
-        } else if (r->exit_code != 0 || r->signal != 0) {
-          rp.deliver(to_caf(make_error(errc::not_found, "get " + path + " failed: " + r->err)));
+        } else if (r->exit_code != 0) {
+          rp.deliver(to_caf(tar_failure("get " + path, *r)));
         } else if (r->truncated) {
           rp.deliver(to_caf(make_error(errc::invalid_argument,
                                        "get " + path + ": larger than 256 MiB")));
@@ -707,7 +727,13 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
         (void) s.box->signal(it->second.id, SIGKILL);
       }
     },
-    [=](ttl_atom) { begin_destroy(self); },
+    [=](ttl_atom) {
+      auto& s = self->state;
+      s.end_why = "reached its TTL and was destroyed";
+      s.end_code = errc::closed;
+      self->send(s.cfg.session, ttl_atom::value, s.cfg.id); // before its gone_atom
+      begin_destroy(self);
+    },
   };
 }
 

@@ -370,9 +370,9 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
       sc.trainer = trainer;
       sc.scheduler = self;
       sc.trajectories = s.cfg.trajectories;
+      // Closed ones too: their session answers for them from the log.
       for (const auto& b : plan->boxes)
-        if (!b.destroyed)
-          s.resumed[b.id] = id;
+        s.resumed[b.id] = id;
       sc.resume = std::make_shared<const trajectory_plan>(std::move(*plan));
       sc.cluster = s.cfg.coordinator;
       auto sess = spawn_session(self->system(), std::move(sc));

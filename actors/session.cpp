@@ -40,6 +40,18 @@ struct replay_box {
   std::optional<error> broken; ///< could not be rebuilt: every request gets this
   std::deque<std::function<void()>> waiting;
   std::vector<size_t> rerun;   ///< steps to run again once rebuilt, in order
+  bool claimed = false;        ///< a create of the resumed trainer got it (its key)
+  bool closed = false;         ///< destroyed by the trainer before the resume: never rebuilt
+  bool destroyed_again = false; ///< closed, and destroyed again by the resumed trainer
+  size_t next_event = 0;       ///< box.events replayed so far
+};
+
+// The labels of a sandbox (create_labels): its key, its create's key and tags.
+struct box_labels {
+  std::string key;
+  std::string group_key;
+  std::map<std::string, std::string> tags;
+  uint64_t ttl_ms = 0; ///< its TTL, to say so when it ran out
 };
 
 struct session_state {
@@ -61,6 +73,14 @@ struct session_state {
     // Ready, not yet told to a listener in another process: sent together
     // (ready_ids) once the mailbox is worked through, or the batch is done.
     std::vector<std::string> unannounced;
+    // create_labels: the call came with them (its listener hears ready_ids
+    // with keys); its key, tags, the index of its next sandbox, their TTL
+    bool labeled = false;
+    std::string key;
+    std::map<std::string, std::string> tags;
+    uint32_t next_index = 0;
+    uint64_t ttl_ms = 0;
+    std::vector<std::string> unannounced_keys;
   };
   std::unordered_map<uint64_t, batch> batches;
   uint32_t pending = 0; // asked for, not yet ready or failed
@@ -86,8 +106,20 @@ struct session_state {
   // ---- resume ----
   std::unordered_map<std::string, replay_box> replay;
   std::vector<trajectory_plan::group> groups; // create calls to match, in order
-  size_t next_claim = 0;
-  std::unordered_set<std::string> destroyed_in_log;
+  // ---- keys (create_labels) ----
+  std::unordered_map<std::string, box_labels> labels;  // sandbox id -> its labels
+  std::unordered_map<std::string, std::string> by_key; // sandbox key -> id
+  // create key -> its sandboxes live, coming back, or replaying and claimed
+  std::unordered_map<std::string, std::unordered_set<std::string>> key_members;
+  std::unordered_map<std::string, uint32_t> key_batches; // create key -> batches in flight
+  // create key -> the log's create calls with it not yet claimed, in order (resume)
+  std::unordered_map<std::string, std::deque<size_t>> logged_keys;
+  uint64_t replay_claimed = 0; // claimed, not closed, not being rebuilt: in the quota
+  // ---- why sandboxes went, for the requests that come after ----
+  std::unordered_set<std::string> destroying; // asked by the trainer
+  std::unordered_set<std::string> expired;    // their TTL ran out
+  std::unordered_map<std::string, std::string> ended; // id -> why (the latest max_ended)
+  std::deque<std::string> ended_order;
   // ---- the cluster (cfg.cluster) ----
   // Sandboxes admitted by each node and not yet ready or failed, by request;
   // may go below 0 for a while (a ready can overtake the scheduler's placed_atom).
@@ -107,6 +139,12 @@ struct session_state {
 // oldest go.
 constexpr size_t max_backlog = 65536;
 constexpr size_t max_backlog_bytes = 64u << 20;
+// Sandboxes whose end is remembered (to say why in a later request's error).
+constexpr size_t max_ended = 65536;
+// A create's key and tags: bounds.
+constexpr size_t max_key = 256;
+constexpr size_t max_tags = 64;
+constexpr size_t max_tags_bytes = 16384;
 
 using self_ptr = session_actor::stateful_pointer<session_state>;
 
@@ -130,6 +168,18 @@ void commit(self_ptr self, const trajectory_record& rec, std::function<void()> t
     s.flush_scheduled = true;
     self->send(self, flush_atom::value);
   }
+}
+
+// Appends a record that nobody waits for (a Chronus event, an answer): the
+// next commit's fsync makes it durable, and the steps it belongs before come
+// after it in the log.
+void append_only(self_ptr self, const trajectory_record& rec) {
+  auto& s = self->state;
+  if (!s.log)
+    return;
+  if (auto r = s.log->append(encode_record(rec)); !r)
+    std::fprintf(stderr, "dsecd: session %s: trajectory log: %s\n", s.cfg.id.c_str(),
+                 r.error_value().message.c_str());
 }
 
 void flush(self_ptr self) {
@@ -173,13 +223,17 @@ template <class Batch>
 void announce(Batch& b) {
   if (b.unannounced.empty())
     return;
-  if (b.listener) {
+  if (b.listener && b.labeled) {
+    caf::anon_send(b.listener, ready_atom::value,
+                   ready_ids{std::move(b.unannounced), std::move(b.unannounced_keys)});
+  } else if (b.listener) {
     if (b.unannounced.size() == 1)
       caf::anon_send(b.listener, ready_atom::value, std::move(b.unannounced.front()));
     else
-      caf::anon_send(b.listener, ready_atom::value, ready_ids{std::move(b.unannounced)});
+      caf::anon_send(b.listener, ready_atom::value, ready_ids{std::move(b.unannounced), {}});
   }
   b.unannounced.clear();
+  b.unannounced_keys.clear();
 }
 
 void finish_batch(self_ptr self, uint64_t req) {
@@ -193,6 +247,9 @@ void finish_batch(self_ptr self, uint64_t req) {
   announce(b);
   if (b.rebuild.empty()) // nobody waits on a rebuild's batch
     b.rp.deliver(b.ready);
+  if (!b.key.empty())
+    if (auto k = s.key_batches.find(b.key); k != s.key_batches.end() && --k->second == 0)
+      s.key_batches.erase(k);
   s.batches.erase(it);
 }
 
@@ -214,7 +271,10 @@ void maybe_end(self_ptr self) {
   for (auto& rp : s.close_waiters)
     rp.deliver(s.closed_count);
   s.close_waiters.clear();
-  self->quit();
+  // A normal exit says "closed" to the trainer's calls still coming
+  // (errc::closed); a session that keeps its log (its trainer died, its
+  // daemon stops) ends otherwise: they hear `disconnected`.
+  self->quit(s.keep_log ? caf::make_error(caf::exit_reason::user_shutdown) : caf::error{});
 }
 
 void close_session(self_ptr self) {
@@ -238,9 +298,132 @@ expected<sandbox_actor> find(self_ptr self, const std::string& id) {
   if (it == s.sandboxes.end()) {
     if (auto l = s.lost_boxes.find(id); l != s.lost_boxes.end())
       return make_error(errc::lost, l->second);
+    if (auto e = s.ended.find(id); e != s.ended.end())
+      return make_error(errc::closed, e->second);
     return make_error(errc::not_found, "no sandbox " + id + " in session " + s.cfg.id);
   }
   return it->second;
+}
+
+// ---- keys and ends of sandboxes -----------------------------------------------
+
+std::string sandbox_key(const std::string& create_key, uint32_t count, uint32_t index) {
+  return count == 1 ? create_key : create_key + "#" + std::to_string(index);
+}
+
+// Gives sandbox `id`, ready for batch `b`, its key (the next index of its
+// create) and remembers its labels; returns the key.
+template <class Batch>
+std::string label_sandbox(self_ptr self, Batch& b, const std::string& id) {
+  auto& s = self->state;
+  auto key = sandbox_key(b.key, b.count, b.next_index++);
+  s.labels[id] = box_labels{key, b.key, b.tags, b.ttl_ms};
+  s.by_key[key] = id;
+  s.key_members[b.key].insert(id);
+  return key;
+}
+
+// A sandbox no longer counts for its create's key (it ended, or was
+// destroyed while replaying).
+void release_key(self_ptr self, const std::string& id) {
+  auto& s = self->state;
+  auto l = s.labels.find(id);
+  if (l == s.labels.end())
+    return;
+  if (auto m = s.key_members.find(l->second.group_key); m != s.key_members.end()) {
+    m->second.erase(id);
+    if (m->second.empty())
+      s.key_members.erase(m);
+  }
+}
+
+// Remembers why sandbox `id` went, for the requests that still come for it
+// (errc::closed, saying so), and forgets its labels.
+void note_end(self_ptr self, const std::string& id) {
+  auto& s = self->state;
+  std::string why;
+  if (s.destroying.erase(id) > 0) {
+    why = "sandbox " + id + " was destroyed by its trainer (destroy, or its session closing)";
+  } else if (s.expired.erase(id) > 0) {
+    auto l = s.labels.find(id);
+    auto ttl = l != s.labels.end() ? l->second.ttl_ms : 0;
+    why = "sandbox " + id + " reached its TTL"
+          + (ttl ? " of " + std::to_string(ttl / 1000) + "." + std::to_string(ttl % 1000 / 100)
+                     + " s"
+                 : std::string{})
+          + " and was destroyed (give the create a longer ttl)";
+  } else {
+    why = "sandbox " + id + " ended on its own: it failed, or its node stopped it (dsecd's log"
+          " says why)";
+  }
+  release_key(self, id);
+  s.labels.erase(id);
+  if (s.ended.insert_or_assign(id, std::move(why)).second)
+    s.ended_order.push_back(id);
+  while (s.ended_order.size() > max_ended) {
+    auto old = std::move(s.ended_order.front());
+    s.ended_order.pop_front();
+    s.ended.erase(old);
+    if (auto l = s.labels.find(old); l == s.labels.end())
+      std::erase_if(s.by_key, [&](const auto& kv) { return kv.second == old; });
+  }
+}
+
+// A create's key and tags, checked: what is wrong, named.
+expected<void> check_labels(self_ptr self, const create_labels& l) {
+  auto& s = self->state;
+  if (l.key.size() > max_key)
+    return make_error(errc::invalid_argument, "create key: at most " + std::to_string(max_key)
+                                                + " bytes, got " + std::to_string(l.key.size()));
+  if (l.key.find('\0') != std::string::npos)
+    return make_error(errc::invalid_argument, "create key: contains a NUL byte");
+  if (l.key.find('#') != std::string::npos && !s.logged_keys.count(l.key))
+    return make_error(errc::invalid_argument,
+                      "create key '" + l.key + "': '#' is dsec's own (\"#N\" for a create"
+                      " without a key, K#i for the sandboxes of a batch); pass such a key"
+                      " back only to resume its create");
+  if (l.tags.size() > max_tags)
+    return make_error(errc::invalid_argument, "tags: at most " + std::to_string(max_tags)
+                                                + ", got " + std::to_string(l.tags.size()));
+  size_t bytes = 0;
+  for (const auto& [k, v] : l.tags) {
+    if (k.empty())
+      return make_error(errc::invalid_argument, "tags: a tag has an empty name");
+    bytes += k.size() + v.size();
+  }
+  if (bytes > max_tags_bytes)
+    return make_error(errc::invalid_argument, "tags: at most " + std::to_string(max_tags_bytes)
+                                                + " bytes in all, got " + std::to_string(bytes));
+  return {};
+}
+
+// What differs between two environments, for a resumed create that does not
+// match its key's logged one.
+std::string env_difference(const environment& logged, const environment& now) {
+  std::string d;
+  auto add = [&](const char* what, const std::string& a, const std::string& b) {
+    if (a != b)
+      d += std::string{d.empty() ? "" : ", "} + what + " " + (a.empty() ? "(none)" : a)
+           + " in the log, " + (b.empty() ? "(none)" : b) + " now";
+  };
+  auto join = [](const std::vector<std::string>& v) {
+    std::string out;
+    for (const auto& x : v)
+      out += (out.empty() ? "" : ",") + x;
+    return out;
+  };
+  add("base", logged.base, now.base);
+  add("workdir", logged.workdir, now.workdir);
+  add("tools", join(logged.tools), join(now.tools));
+  add("memory", std::to_string(logged.memory), std::to_string(now.memory));
+  add("pids", std::to_string(logged.pids), std::to_string(now.pids));
+  add("cpus", std::to_string(logged.cpus), std::to_string(now.cpus));
+  add("disk", std::to_string(logged.disk), std::to_string(now.disk));
+  add("net", logged.net ? "on" : "off", now.net ? "on" : "off");
+  add("ttl_ms", std::to_string(logged.ttl_ms), std::to_string(now.ttl_ms));
+  add("chronus", logged.chronus ? "on" : "off", now.chronus ? "on" : "off");
+  add("backend", logged.backend, now.backend);
+  return d.empty() ? "the same environment" : d;
 }
 
 // Asks `to` (sandbox `sb`, or a relay in front of it) and hands the answer
@@ -464,6 +647,117 @@ void logged_put(self_ptr self, const std::string& id, sandbox_actor sb, std::str
 
 // ---- resume ------------------------------------------------------------------
 
+// Whether a replay box counts against the quota: a create of the resumed
+// trainer claimed it, and it is not closed or being rebuilt (then it counts
+// as pending, then live).
+bool counted(const replay_box& rb) {
+  return rb.claimed && !rb.closed && !rb.materializing;
+}
+
+void set_materializing(session_state& s, replay_box& rb, bool on) {
+  bool before = counted(rb);
+  rb.materializing = on;
+  bool after = counted(rb);
+  if (before != after)
+    s.replay_claimed = after ? s.replay_claimed + 1 : s.replay_claimed - 1;
+}
+
+// The error of a request that a closed sandbox (destroyed by the trainer
+// before the resume) cannot answer from its log.
+error closed_error(self_ptr self, const std::string& id, const replay_box& rb,
+                   const std::string& what) {
+  auto& s = self->state;
+  std::string key;
+  if (auto l = s.labels.find(id); l != s.labels.end() && !l->second.key.empty())
+    key = " (key " + l->second.key + ")";
+  std::string last;
+  for (auto it = rb.box.steps.rbegin(); it != rb.box.steps.rend(); ++it)
+    if (it->kind == trajectory_record::executed) {
+      last = "; its last command ('" + (it->req.argv.empty() ? std::string{} : it->req.argv.back())
+             + "') ended with exit code " + std::to_string(it->result.exit_code);
+      break;
+    }
+  return make_error(errc::closed,
+                    "sandbox " + id + key + " was closed before session " + s.cfg.id
+                      + " was resumed: its log answers the " + std::to_string(rb.box.steps.size())
+                      + " steps it ran, in their order, and " + what + " is not step "
+                      + std::to_string(rb.cursor + 1) + " of them" + last);
+}
+
+// Sends the watchers the Chronus events that sandbox `id` sent before its
+// logged step `step` (replayed, with the trainer's logged answers).
+void replay_events(self_ptr self, replay_box& rb, size_t step);
+
+// Answers a command from the log when it is the step at the cursor of a
+// replaying sandbox: first the Chronus events sent before it, then its
+// result (streamed when asked). A closed sandbox refuses any other command.
+// Returns whether `rp` was answered.
+bool exec_from_log(self_ptr self, const std::string& id, const exec_request& req,
+                   const caf::strong_actor_ptr& requester,
+                   caf::typed_response_promise<exec_result>& rp) {
+  auto& s = self->state;
+  auto it = s.replay.find(id);
+  if (it == s.replay.end() || it->second.materializing || it->second.broken)
+    return false;
+  auto& rb = it->second;
+  if (rb.cursor < rb.box.steps.size()) {
+    const auto& step = rb.box.steps[rb.cursor];
+    // A detached command too: its process is started again when the
+    // sandbox is rebuilt (materialize), not before it is needed.
+    if (step.kind == trajectory_record::executed && same_command(step.req, req)
+        && step.req.detach == req.detach && !rb.destroyed_again) {
+      replay_events(self, rb, rb.cursor);
+      ++rb.cursor;
+      auto r = step.result;
+      if (req.stream) {
+        // As it came the first time, minus the timing.
+        auto to = caf::actor_cast<caf::actor>(requester);
+        if (to && !r.out.empty())
+          caf::anon_send(to, output_chunk{id, 0, 1, std::move(r.out)});
+        if (to && !r.err.empty())
+          caf::anon_send(to, output_chunk{id, 0, 2, std::move(r.err)});
+        r.out.clear();
+        r.err.clear();
+      }
+      rp.deliver(std::move(r));
+      return true;
+    }
+  }
+  if (rb.closed) {
+    rp.deliver(to_caf(closed_error(self, id, rb,
+                                   "the command '" + (req.argv.empty() ? std::string{}
+                                                                       : req.argv.back())
+                                     + "'")));
+    return true;
+  }
+  return false;
+}
+
+// The same for a put.
+bool put_from_log(self_ptr self, const std::string& id, const std::string& dir,
+                  const std::string& tar, caf::typed_response_promise<uint64_t>& rp) {
+  auto& s = self->state;
+  auto it = s.replay.find(id);
+  if (it == s.replay.end() || it->second.materializing || it->second.broken)
+    return false;
+  auto& rb = it->second;
+  if (rb.cursor < rb.box.steps.size() && !rb.destroyed_again) {
+    const auto& step = rb.box.steps[rb.cursor];
+    if (step.kind == trajectory_record::put && step.dir == dir
+        && step.digest == put_digest(tar)) {
+      replay_events(self, rb, rb.cursor);
+      ++rb.cursor;
+      rp.deliver(step.size);
+      return true;
+    }
+  }
+  if (rb.closed) {
+    rp.deliver(to_caf(closed_error(self, id, rb, "the put into " + dir)));
+    return true;
+  }
+  return false;
+}
+
 // Asks for `id` to be rebuilt from its last pack; `then` runs once it is live
 // (or broken: then it finds the error in replay_box::broken).
 void materialize(self_ptr self, const std::string& id, std::function<void()> then) {
@@ -472,7 +766,7 @@ void materialize(self_ptr self, const std::string& id, std::function<void()> the
   rb.waiting.push_back(std::move(then));
   if (rb.materializing)
     return;
-  rb.materializing = true;
+  set_materializing(s, rb, true);
   auto& steps = rb.box.steps;
   size_t k = rb.cursor;
   // The state after step k-1: the last pack at or before it, then the
@@ -485,7 +779,7 @@ void materialize(self_ptr self, const std::string& id, std::function<void()> the
     bool replayable = st.kind == trajectory_record::executed && st.req.idempotent
                       && st.pack_error.empty();
     if (!replayable) {
-      rb.materializing = false;
+      set_materializing(s, rb, false);
       std::string what = st.kind == trajectory_record::put ? "the put into " + st.dir
                                                            : "the command '"
                                                                + (st.req.argv.empty()
@@ -525,7 +819,7 @@ void materialize(self_ptr self, const std::string& id, std::function<void()> the
       std::ofstream out{seed_pack, std::ios::binary | std::ios::trunc};
       out.write(st.pack_inline.data(), static_cast<std::streamsize>(st.pack_inline.size()));
       if (!out.good()) {
-        rb.materializing = false;
+        set_materializing(s, rb, false);
         rb.broken = make_error(errc::system_error, "rebuilding sandbox " + id + ": cannot write "
                                                      + seed_pack);
         auto waiting = std::move(rb.waiting);
@@ -537,9 +831,11 @@ void materialize(self_ptr self, const std::string& id, std::function<void()> the
     }
     seed_blobs = s.dir + "/blobs";
   }
-  if (k < rb.box.logged) {
-    // From here on the log's steps of this sandbox are void: the trainer went
-    // another way. A later resume must not answer from them.
+  {
+    // From here on the log's steps of this sandbox (if the trainer went
+    // another way), and the Chronus events after step k-1, are void: a later
+    // resume must not answer from them, nor replay events the commands run
+    // from here send again.
     trajectory_record rec;
     rec.kind = trajectory_record::truncated;
     rec.sandbox = id;
@@ -595,7 +891,7 @@ void replay_tail(self_ptr self, const std::string& id, sandbox_actor sb, size_t 
                                                + ": running an idempotent command of its log"
                                                  " again failed: "
                                                + from_caf(e).message);
-              it->second.materializing = false;
+              set_materializing(self->state, it->second, false);
               // Not half rebuilt: it goes, and its requests get the error.
               caf::anon_send(sb, destroy_atom::value);
               auto waiting = std::move(it->second.waiting);
@@ -620,6 +916,8 @@ void with_sandbox(self_ptr self, const std::string& id, Live live, Fail fail) {
   if (it != s.replay.end()) {
     if (it->second.broken)
       return fail(*it->second.broken);
+    if (it->second.closed)
+      return fail(closed_error(self, id, it->second, "this request (it needs a live sandbox)"));
     materialize(self, id, [=]() mutable {
       auto& s = self->state;
       auto r = s.replay.find(id);
@@ -722,6 +1020,313 @@ void node_lost(self_ptr self, const caf::node_id& where, const std::string& name
   maybe_end(self);
 }
 
+// ---- Chronus events in the log -----------------------------------------------------
+
+void replay_events(self_ptr self, replay_box& rb, size_t step) {
+  auto& evs = rb.box.events;
+  while (rb.next_event < evs.size() && evs[rb.next_event].position <= step) {
+    const auto& e = evs[rb.next_event++];
+    publish_event(self, chronus_event_msg{e.bytes, true, e.answer});
+  }
+}
+
+// An event from a sandbox: logged (to be replayed by a resume, before the
+// step that follows it), then handed to the watchers. A sandbox being
+// rebuilt runs logged commands again, whose events were sent (and replayed)
+// already: theirs are dropped.
+void sandbox_event(self_ptr self, chronus_event_msg ev) {
+  auto& s = self->state;
+  if (!s.replay.empty()) {
+    if (auto d = decode_event(as_bytes(ev.bytes))) {
+      auto it = s.replay.find(d->sandbox_id);
+      if (it != s.replay.end() && it->second.materializing)
+        return;
+    }
+  }
+  if (s.log) {
+    trajectory_record rec;
+    rec.kind = trajectory_record::event;
+    rec.bytes = ev.bytes;
+    append_only(self, rec);
+  }
+  publish_event(self, std::move(ev));
+}
+
+// ---- creates, keys and lists ------------------------------------------------------
+
+// The sandboxes of the session as list() shows them: live ones (asked), then
+// replaying ones, with their keys and tags.
+caf::typed_response_promise<std::vector<sandbox_info>> list_sandboxes(self_ptr self) {
+  auto& s = self->state;
+  auto rp = self->make_response_promise<std::vector<sandbox_info>>();
+  auto fill = [self](sandbox_info& info) {
+    auto& s = self->state;
+    if (auto l = s.labels.find(info.id); l != s.labels.end()) {
+      info.key = l->second.key;
+      info.tags = l->second.tags;
+    }
+  };
+  struct gather {
+    std::vector<sandbox_info> infos;
+    size_t left = 0;
+  };
+  auto g = std::make_shared<gather>();
+  for (auto& [id, rb] : s.replay) {
+    if (rb.materializing || (rb.closed && (!rb.claimed || rb.destroyed_again)))
+      continue;
+    sandbox_info info;
+    info.id = id;
+    info.session = s.cfg.id;
+    info.state = rb.closed ? "closed" : rb.broken ? "broken" : "replaying";
+    info.env = rb.box.env;
+    fill(info);
+    g->infos.push_back(std::move(info));
+  }
+  g->left = s.sandboxes.size();
+  if (g->left == 0) {
+    rp.deliver(std::move(g->infos));
+    return rp;
+  }
+  for (const auto& [id, sb] : s.sandboxes)
+    self->request(sb, std::chrono::seconds(10), list_atom::value)
+      .then(
+        [=](sandbox_info& info) mutable {
+          fill(info);
+          g->infos.push_back(std::move(info));
+          if (--g->left == 0)
+            rp.deliver(std::move(g->infos));
+        },
+        [=](caf::error&) mutable { // gone meanwhile, or not answering: left out
+          if (--g->left == 0)
+            rp.deliver(std::move(g->infos));
+        });
+  return rp;
+}
+
+// The sandbox with a key (lookup_atom).
+caf::result<sandbox_info> find_by_key(self_ptr self, const std::string& key) {
+  auto& s = self->state;
+  auto k = s.by_key.find(key);
+  if (k == s.by_key.end())
+    return to_caf(make_error(errc::not_found, "no sandbox with key '" + key + "' in session "
+                                                + s.cfg.id));
+  auto id = k->second;
+  sandbox_info info;
+  info.id = id;
+  info.session = s.cfg.id;
+  if (auto l = s.labels.find(id); l != s.labels.end()) {
+    info.key = l->second.key;
+    info.tags = l->second.tags;
+  } else {
+    info.key = key;
+  }
+  if (auto r = s.replay.find(id); r != s.replay.end() && !r->second.materializing) {
+    info.state = r->second.closed ? "closed" : r->second.broken ? "broken" : "replaying";
+    info.env = r->second.box.env;
+    return info;
+  }
+  auto sb = s.sandboxes.find(id);
+  if (sb == s.sandboxes.end()) {
+    if (auto e = s.ended.find(id); e != s.ended.end())
+      return to_caf(make_error(errc::closed, "key '" + key + "': " + e->second));
+    if (auto l = s.lost_boxes.find(id); l != s.lost_boxes.end())
+      return to_caf(make_error(errc::lost, "key '" + key + "': " + l->second));
+    info.state = "creating"; // being rebuilt
+    return info;
+  }
+  auto rp = self->make_response_promise<sandbox_info>();
+  self->request(sb->second, std::chrono::seconds(10), list_atom::value)
+    .then(
+      [=](sandbox_info& live) mutable {
+        live.key = info.key;
+        live.tags = info.tags;
+        rp.deliver(std::move(live));
+      },
+      [=](caf::error& e) mutable { rp.deliver(e); });
+  return rp;
+}
+
+// Starts a batch of `count` sandboxes of which `ready` and `failed` are
+// settled already (a resumed create's logged ones): the others are placed.
+caf::result<uint32_t> start_batch(self_ptr self, environment env, uint32_t count,
+                                  const caf::actor& listener, create_labels labels, bool labeled,
+                                  uint64_t group, uint32_t ready, uint32_t failed) {
+  auto& s = self->state;
+  uint32_t fresh = count - ready - failed;
+  uint64_t req = s.next_request++;
+  auto& b = s.batches[req];
+  b.count = count;
+  b.ready = ready;
+  b.failed = failed;
+  b.next_index = ready;
+  b.listener = listener;
+  b.rp = self->make_response_promise<uint32_t>();
+  b.group = group != 0 ? group : s.next_group++;
+  b.env = env;
+  b.labeled = labeled;
+  b.key = labels.key.empty() ? "#" + std::to_string(b.group) : std::move(labels.key);
+  b.tags = std::move(labels.tags);
+  b.ttl_ms = env.ttl_ms != 0 ? env.ttl_ms : s.cfg.options.default_ttl_ms;
+  ++s.key_batches[b.key];
+  s.pending += fresh;
+  auto rp = b.rp;
+  placement pl;
+  pl.request = req;
+  pl.session_id = s.cfg.id;
+  pl.ttl_ms = s.cfg.options.default_ttl_ms;
+  pl.keep_upper = s.log.has_value();
+  self
+    ->request(s.cfg.scheduler, caf::infinite, place_atom::value, std::move(env), fresh,
+              session_actor{self}, std::move(pl))
+    .then([](uint32_t) {},
+          [=](caf::error& e) {
+            // Nothing was placed: every one of them failed.
+            auto& s = self->state;
+            auto it = s.batches.find(req);
+            if (it == s.batches.end())
+              return;
+            uint32_t left = it->second.count - it->second.ready - it->second.failed;
+            for (uint32_t i = 0; i < left; ++i)
+              caf::anon_send(self, failed_atom::value, e, req);
+          });
+  return rp;
+}
+
+// The quota's check for `more` sandboxes; an error saying so if they do not fit now.
+std::optional<error> over_quota(self_ptr self, uint64_t more) {
+  auto& s = self->state;
+  uint64_t in_use = s.sandboxes.size() + s.pending + s.replay_claimed;
+  if (in_use + more <= s.cfg.options.quota)
+    return std::nullopt;
+  return make_error(errc::overloaded,
+                    "session " + s.cfg.id + " quota: " + std::to_string(in_use)
+                      + " sandboxes live or coming, " + std::to_string(more)
+                      + " more asked for, at most " + std::to_string(s.cfg.options.quota)
+                      + " (retry once some are destroyed)");
+}
+
+// A resumed trainer's create whose key names create call `gi` of the log: it
+// gets that call's sandboxes (told at once, by their old ids and keys, each
+// replaying or closed), the failures the log has, and fresh sandboxes for
+// the ones the log never got to.
+caf::result<uint32_t> claim_logged(self_ptr self, size_t gi, environment env, uint32_t count,
+                                   const caf::actor& listener, create_labels labels) {
+  auto& s = self->state;
+  auto g = s.groups[gi];
+  auto settled = static_cast<uint32_t>(std::min<size_t>(g.ids.size() + g.failures.size(), count));
+  uint32_t fresh = count - settled;
+  if (auto e = over_quota(self, fresh))
+    return to_caf(*e);
+  auto& members = s.key_members[g.key];
+  for (const auto& id : g.ids) {
+    if (auto r = s.replay.find(id); r != s.replay.end()) {
+      auto& rb = r->second;
+      bool before = counted(rb);
+      rb.claimed = true;
+      if (counted(rb) && !before)
+        ++s.replay_claimed;
+      if (!rb.closed)
+        members.insert(id);
+    } else if (s.sandboxes.count(id)) {
+      members.insert(id); // rebuilt already (asked by its id)
+    }
+  }
+  if (members.empty())
+    s.key_members.erase(g.key);
+  if (listener && !g.ids.empty())
+    caf::anon_send(listener, ready_atom::value, ready_ids{g.ids, g.keys});
+  for (const auto& f : g.failures)
+    if (listener) {
+      auto e = f;
+      e.message = "failed before session " + s.cfg.id + " was resumed (its log says so): "
+                  + e.message;
+      caf::anon_send(listener, failed_atom::value, to_caf(e));
+    }
+  if (fresh == 0)
+    return static_cast<uint32_t>(g.ids.size());
+  labels.key = g.key;
+  return start_batch(self, std::move(env), count, listener, std::move(labels), true, g.number,
+                     static_cast<uint32_t>(g.ids.size()),
+                     settled - static_cast<uint32_t>(g.ids.size()));
+}
+
+// A create call (create_atom). Its key, in a resumed session, gets the
+// sandboxes the log made for it; anything else gets fresh sandboxes (never
+// another key's).
+caf::result<uint32_t> create_call(self_ptr self, environment env, uint32_t count,
+                                  const caf::actor& listener, create_labels labels,
+                                  bool labeled) {
+  auto& s = self->state;
+  if (s.closing)
+    return to_caf(make_error(errc::closed, "session " + s.cfg.id + " is closing"));
+  if (count == 0)
+    return uint32_t{0};
+  if (env.base.empty())
+    return to_caf(make_error(errc::invalid_argument, "an environment needs a base layer"));
+  if (env.backend != "container")
+    return to_caf(make_error(errc::unsupported, "backend '" + env.backend
+                                                  + "' is not available (only container)"));
+  if (count > s.cfg.options.quota)
+    return to_caf(make_error(errc::invalid_argument,
+                             "session " + s.cfg.id + ": a create of " + std::to_string(count)
+                               + " sandboxes can never fit its quota of "
+                               + std::to_string(s.cfg.options.quota)
+                               + " (ask for fewer, or open the session with a larger quota)"));
+  if (auto ok = check_labels(self, labels); !ok)
+    return to_caf(ok.error_value());
+  if (!labels.key.empty()) {
+    const auto& key = labels.key;
+    if (auto m = s.key_members.find(key); m != s.key_members.end())
+      return to_caf(make_error(errc::already_exists,
+                               "create key '" + key + "' is in use in session " + s.cfg.id
+                                 + " by sandbox " + *m->second.begin()
+                                 + " (destroy it first, or give another key)"));
+    if (s.key_batches.count(key))
+      return to_caf(make_error(errc::already_exists,
+                               "create key '" + key + "' is in use in session " + s.cfg.id
+                                 + " by a create still in flight (give another key)"));
+    if (auto lk = s.logged_keys.find(key); lk != s.logged_keys.end() && !lk->second.empty()) {
+      size_t gi = lk->second.front();
+      const auto& g = s.groups[gi];
+      if (!same_environment(g.env, env) || g.count != count)
+        return to_caf(make_error(
+          errc::invalid_argument,
+          "create key '" + key + "' of session " + s.cfg.id + " was a create of "
+            + std::to_string(g.count) + " before the resume, this one asks for "
+            + std::to_string(count) + " (" + env_difference(g.env, env)
+            + "): give it the same environment and count to resume it, or another key"));
+      lk->second.pop_front();
+      if (lk->second.empty())
+        s.logged_keys.erase(lk);
+      return claim_logged(self, gi, std::move(env), count, listener, std::move(labels));
+    }
+  }
+  if (auto e = over_quota(self, count))
+    return to_caf(*e);
+  return start_batch(self, std::move(env), count, listener, std::move(labels), labeled, 0, 0,
+                     0);
+}
+
+// A resumed session's start: every sandbox of its log is replaying (or
+// closed, if the trainer destroyed it), claimed by the creates with its key.
+void arrange_resume(self_ptr self, const trajectory_plan& plan) {
+  auto& st = self->state;
+  st.next_group = plan.next_group;
+  st.groups = plan.groups;
+  for (const auto& b : plan.boxes) {
+    replay_box rb;
+    rb.box = b;
+    rb.closed = b.destroyed;
+    st.labels[b.id] = box_labels{b.key, b.group_key, b.tags,
+                                 b.env.ttl_ms ? b.env.ttl_ms : st.cfg.options.default_ttl_ms};
+    if (!b.key.empty())
+      st.by_key[b.key] = b.id;
+    st.replay.emplace(b.id, std::move(rb));
+  }
+  for (size_t i = 0; i < st.groups.size(); ++i)
+    st.logged_keys[st.groups[i].key].push_back(i);
+}
+
 session_actor::behavior_type session_impl(self_ptr self, session_config cfg) {
   self->state.cfg = std::move(cfg);
   auto& st = self->state;
@@ -737,18 +1342,8 @@ session_actor::behavior_type session_impl(self_ptr self, session_config cfg) {
       st.log.reset();
     }
   }
-  if (st.cfg.resume) {
-    const auto& plan = *st.cfg.resume;
-    st.next_group = plan.next_group;
-    st.groups = plan.groups;
-    for (const auto& b : plan.boxes) {
-      if (b.destroyed) {
-        st.destroyed_in_log.insert(b.id);
-        continue;
-      }
-      st.replay.emplace(b.id, replay_box{b, 0, false, std::nullopt, {}, {}});
-    }
-  }
+  if (st.cfg.resume)
+    arrange_resume(self, *st.cfg.resume);
   self->set_down_handler([=](caf::down_msg& dm) {
     auto& s = self->state;
     if (s.cfg.trainer && dm.source == s.cfg.trainer.address()) {
@@ -763,76 +1358,14 @@ session_actor::behavior_type session_impl(self_ptr self, session_config cfg) {
   return {
     [=](create_atom, environment& env, uint32_t count,
         const caf::actor& listener) -> caf::result<uint32_t> {
-      auto& s = self->state;
-      if (s.closing)
-        return to_caf(make_error(errc::not_found, "session " + s.cfg.id + " is closing"));
-      if (count == 0)
-        return uint32_t{0};
-      if (env.base.empty())
-        return to_caf(make_error(errc::invalid_argument, "an environment needs a base layer"));
-      if (env.backend != "container")
-        return to_caf(make_error(errc::unsupported, "backend '" + env.backend
-                                                      + "' is not available (only container)"));
-      if (s.next_claim < s.groups.size()) {
-        // A resumed session: the trainer's creates, again, get the sandboxes
-        // its log has, while they match the create calls it logged.
-        const auto& g = s.groups[s.next_claim];
-        if (same_environment(g.env, env) && g.count == count) {
-          ++s.next_claim;
-          uint32_t ready = 0;
-          for (const auto& id : g.ids) {
-            if (listener)
-              caf::anon_send(listener, ready_atom::value, id);
-            ++ready;
-          }
-          for (uint32_t i = ready; i < count; ++i)
-            if (listener)
-              caf::anon_send(listener, failed_atom::value,
-                             to_caf(make_error(errc::overloaded,
-                                               "failed before the session was resumed (its"
-                                               " log says so)")));
-          return ready;
-        }
-        s.next_claim = s.groups.size(); // the trainer went another way
-      }
-      uint64_t in_use = s.sandboxes.size() + s.pending + s.replay.size();
-      if (in_use + count > s.cfg.options.quota)
-        return to_caf(make_error(errc::overloaded,
-                                 "session " + s.cfg.id + " quota: " + std::to_string(in_use)
-                                   + " sandboxes live or coming, " + std::to_string(count)
-                                   + " more asked for, at most "
-                                   + std::to_string(s.cfg.options.quota)));
-      uint64_t req = s.next_request++;
-      auto& b = s.batches[req];
-      b.count = count;
-      b.listener = listener;
-      b.rp = self->make_response_promise<uint32_t>();
-      if (s.log) {
-        b.group = s.next_group++;
-        b.env = env;
-      }
-      s.pending += count;
-      auto rp = b.rp;
-      placement pl;
-      pl.request = req;
-      pl.session_id = s.cfg.id;
-      pl.ttl_ms = s.cfg.options.default_ttl_ms;
-      pl.keep_upper = s.log.has_value();
-      self
-        ->request(s.cfg.scheduler, caf::infinite, place_atom::value, std::move(env), count,
-                  session_actor{self}, std::move(pl))
-        .then([](uint32_t) {},
-              [=](caf::error& e) {
-                // Nothing was placed: every one of them failed.
-                auto& s = self->state;
-                auto it = s.batches.find(req);
-                if (it == s.batches.end())
-                  return;
-                uint32_t left = it->second.count - it->second.ready - it->second.failed;
-                for (uint32_t i = 0; i < left; ++i)
-                  caf::anon_send(self, failed_atom::value, e, req);
-              });
-      return rp;
+      return create_call(self, std::move(env), count, listener, {}, false);
+    },
+    [=](create_atom, environment& env, uint32_t count, const caf::actor& listener,
+        create_labels& labels) -> caf::result<uint32_t> {
+      return create_call(self, std::move(env), count, listener, std::move(labels), true);
+    },
+    [=](lookup_atom, const std::string& key) -> caf::result<sandbox_info> {
+      return find_by_key(self, key);
     },
     [=](exec_atom, const std::string& id, exec_request& req)
       -> caf::delegated<exec_result> {
@@ -858,32 +1391,8 @@ session_actor::behavior_type session_impl(self_ptr self, session_config cfg) {
                                      " one point")));
         return {};
       }
-      if (auto it = s.replay.find(id); it != s.replay.end() && !it->second.materializing
-                                       && !it->second.broken) {
-        auto& rb = it->second;
-        if (rb.cursor < rb.box.steps.size()) {
-          const auto& step = rb.box.steps[rb.cursor];
-          // A detached command too: its process is started again when the
-          // sandbox is rebuilt (materialize), not before it is needed.
-          if (step.kind == trajectory_record::executed && same_command(step.req, req)
-              && step.req.detach == req.detach) {
-            ++rb.cursor;
-            auto r = step.result;
-            if (req.stream) {
-              // As it came the first time, minus the timing.
-              auto to = caf::actor_cast<caf::actor>(requester);
-              if (to && !r.out.empty())
-                caf::anon_send(to, output_chunk{id, 0, 1, std::move(r.out)});
-              if (to && !r.err.empty())
-                caf::anon_send(to, output_chunk{id, 0, 2, std::move(r.err)});
-              r.out.clear();
-              r.err.clear();
-            }
-            rp.deliver(std::move(r));
-            return {};
-          }
-        }
-      }
+      if (exec_from_log(self, id, req, requester, rp))
+        return {};
       with_sandbox(
         self, id,
         [=](sandbox_actor sb) mutable { logged_exec(self, id, sb, req, requester, rp); },
@@ -902,19 +1411,8 @@ session_actor::behavior_type session_impl(self_ptr self, session_config cfg) {
           return fail_with<uint64_t>(self, sb.error_value());
       }
       auto rp = self->make_response_promise<uint64_t>();
-      if (auto it = s.replay.find(id); it != s.replay.end() && !it->second.materializing
-                                       && !it->second.broken) {
-        auto& rb = it->second;
-        if (rb.cursor < rb.box.steps.size()) {
-          const auto& step = rb.box.steps[rb.cursor];
-          if (step.kind == trajectory_record::put && step.dir == dir
-              && step.digest == put_digest(tar)) {
-            ++rb.cursor;
-            rp.deliver(step.size);
-            return {};
-          }
-        }
-      }
+      if (put_from_log(self, id, dir, tar, rp))
+        return {};
       with_sandbox(
         self, id,
         [=](sandbox_actor sb) mutable { logged_put(self, id, sb, dir, tar, rp); },
@@ -937,19 +1435,25 @@ session_actor::behavior_type session_impl(self_ptr self, session_config cfg) {
       rec.kind = trajectory_record::destroyed;
       rec.sandbox = id;
       if (auto it = s.replay.find(id); it != s.replay.end() && !it->second.materializing) {
+        if (it->second.closed) {
+          // Destroyed before the resume, destroyed again: as it was.
+          it->second.destroyed_again = true;
+          rp.deliver(true);
+          return {};
+        }
         // Never rebuilt: nothing to tear down.
+        if (counted(it->second))
+          --s.replay_claimed;
         s.replay.erase(it);
-        s.destroyed_in_log.insert(id);
+        s.destroying.insert(id);
+        note_end(self, id);
         commit(self, rec, [rp]() mutable { rp.deliver(true); });
-        return {};
-      }
-      if (s.destroyed_in_log.count(id) && !s.sandboxes.count(id) && !s.replay.count(id)) {
-        rp.deliver(true); // destroyed before the resume, destroyed again
         return {};
       }
       with_sandbox(
         self, id,
         [=](sandbox_actor sb) mutable {
+          self->state.destroying.insert(id);
           if (!self->state.log) {
             forward_to<bool>(self, sb, rp, destroy_atom::value);
             return;
@@ -961,24 +1465,7 @@ session_actor::behavior_type session_impl(self_ptr self, session_config cfg) {
         [=](const error& e) mutable { rp.deliver(to_caf(e)); });
       return {};
     },
-    [=](list_atom) -> caf::result<std::vector<sandbox_info>> {
-      auto& s = self->state;
-      std::vector<sandbox_actor> boxes;
-      for (auto& [id, sb] : s.sandboxes)
-        boxes.push_back(sb);
-      std::vector<sandbox_info> known;
-      for (auto& [id, rb] : s.replay) {
-        if (rb.materializing)
-          continue;
-        sandbox_info info;
-        info.id = id;
-        info.session = s.cfg.id;
-        info.state = rb.broken ? "broken" : "replaying";
-        info.env = rb.box.env;
-        known.push_back(std::move(info));
-      }
-      return gather_infos(self, std::move(known), boxes);
-    },
+    [=](list_atom) -> caf::result<std::vector<sandbox_info>> { return list_sandboxes(self); },
     [=](watch_atom, const caf::actor& watcher) -> caf::result<uint64_t> {
       auto& s = self->state;
       if (!watcher)
@@ -992,7 +1479,7 @@ session_actor::behavior_type session_impl(self_ptr self, session_config cfg) {
       s.backlog_bytes = 0;
       return kept;
     },
-    [=](chronus_atom, chronus_event_msg& ev) { publish_event(self, std::move(ev)); },
+    [=](chronus_atom, chronus_event_msg& ev) { sandbox_event(self, std::move(ev)); },
     [=](placed_atom, uint64_t req, const caf::node_id& where, uint32_t n) {
       self->state.inflight[where][req] += n;
       settle(self, where, req);
@@ -1002,7 +1489,21 @@ session_actor::behavior_type session_impl(self_ptr self, session_config cfg) {
     },
     [=](feedback_atom, const std::string& id,
         chronus_feedback_msg& fb) -> caf::delegated<bool> {
+      auto& s = self->state;
       auto rp = self->make_response_promise<bool>();
+      if (s.replay.count(id) && !s.sandboxes.count(id)) {
+        // A replayed request (or one of a sandbox that is not live): the
+        // command that asked has run; the answer changes nothing.
+        rp.deliver(true);
+        return {};
+      }
+      if (s.log) {
+        trajectory_record rec;
+        rec.kind = trajectory_record::answered;
+        rec.sandbox = id;
+        rec.bytes = fb.bytes;
+        append_only(self, rec);
+      }
       with_sandbox(
         self, id, [=](sandbox_actor sb) mutable {
           forward_to<bool>(self, sb, rp, feedback_atom::value, fb);
@@ -1078,6 +1579,7 @@ session_actor::behavior_type session_impl(self_ptr self, session_config cfg) {
           replay_tail(self, rebuilt, sb, 0);
           return;
         }
+        auto key = label_sandbox(self, it->second, id);
         // Counted when announced: the batch's reply must not overtake it.
         auto announce = [=] {
           auto& s = self->state;
@@ -1089,10 +1591,14 @@ session_actor::behavior_type session_impl(self_ptr self, session_config cfg) {
           if (b.listener && b.listener.node() != self->node()) {
             // One message (and one serialization) for many.
             b.unannounced.push_back(id);
+            if (b.labeled)
+              b.unannounced_keys.push_back(key);
             if (b.ready + b.failed < b.count && !s.announce_scheduled) {
               s.announce_scheduled = true;
               self->send(self, flush_atom::value); // behind what is in the mailbox now
             }
+          } else if (b.listener && b.labeled) {
+            caf::anon_send(b.listener, ready_atom::value, ready_ids{{id}, {key}});
           } else if (b.listener) {
             caf::anon_send(b.listener, ready_atom::value, id);
           }
@@ -1105,6 +1611,9 @@ session_actor::behavior_type session_impl(self_ptr self, session_config cfg) {
           rec.env = it->second.env;
           rec.group = it->second.group;
           rec.group_count = it->second.count;
+          rec.key = key;
+          rec.group_key = it->second.key;
+          rec.tags = it->second.tags;
           commit(self, rec, announce);
         } else {
           announce();
@@ -1127,7 +1636,7 @@ session_actor::behavior_type session_impl(self_ptr self, session_config cfg) {
         if (!it->second.rebuild.empty()) {
           auto r = s.replay.find(it->second.rebuild);
           if (r != s.replay.end()) {
-            r->second.materializing = false;
+            set_materializing(s, r->second, false);
             r->second.broken = from_caf(e);
             r->second.broken->message = "rebuilding sandbox " + r->first + ": "
                                         + r->second.broken->message;
@@ -1143,6 +1652,10 @@ session_actor::behavior_type session_impl(self_ptr self, session_config cfg) {
             rec.env = it->second.env;
             rec.group = it->second.group;
             rec.group_count = it->second.count;
+            rec.group_key = it->second.key;
+            auto err = from_caf(e);
+            rec.fail_code = static_cast<uint8_t>(err.code);
+            rec.fail_message = err.message;
             commit(self, rec);
           }
           if (it->second.listener)
@@ -1154,7 +1667,12 @@ session_actor::behavior_type session_impl(self_ptr self, session_config cfg) {
     },
     [=](gone_atom, const std::string& id) {
       self->state.sandboxes.erase(id);
+      note_end(self, id);
       maybe_end(self);
+    },
+    [=](ttl_atom, const std::string& id) {
+      if (self->state.sandboxes.count(id))
+        self->state.expired.insert(id);
     },
   };
 }

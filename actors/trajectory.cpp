@@ -8,6 +8,7 @@
 #include <cstring>
 #include <unordered_map>
 
+#include "runtime/chronus.hpp"
 #include "runtime/sha256.hpp"
 #include "runtime/trajectory.hpp"
 
@@ -187,7 +188,11 @@ expected<trajectory_plan> load_trajectory(const std::string& root, const std::st
       auto it = group_of.find(number);
       if (it == group_of.end()) {
         it = group_of.emplace(number, plan.groups.size()).first;
-        plan.groups.push_back({number, env, count, {}});
+        trajectory_plan::group g;
+        g.number = number;
+        g.env = env;
+        g.count = count;
+        plan.groups.push_back(std::move(g));
       }
       plan.next_group = std::max(plan.next_group, number + 1);
       return plan.groups[it->second];
@@ -199,14 +204,55 @@ expected<trajectory_plan> load_trajectory(const std::string& root, const std::st
         break;
       case trajectory_record::created: {
         auto& g = find_group(r.group, r.env, r.group_count);
+        if (g.key.empty())
+          g.key = r.group_key;
+        if (g.tags.empty())
+          g.tags = r.tags;
         g.ids.push_back(r.sandbox);
+        g.keys.push_back(r.key);
         box_of[r.sandbox] = plan.boxes.size();
-        plan.boxes.push_back({r.sandbox, r.env, r.group, {}, 0, false});
+        trajectory_plan::box b;
+        b.id = r.sandbox;
+        b.env = r.env;
+        b.group = r.group;
+        b.key = r.key;
+        b.group_key = r.group_key;
+        b.tags = r.tags;
+        plan.boxes.push_back(std::move(b));
         break;
       }
-      case trajectory_record::failed:
-        find_group(r.group, r.env, r.group_count);
+      case trajectory_record::failed: {
+        auto& g = find_group(r.group, r.env, r.group_count);
+        if (g.key.empty())
+          g.key = r.group_key;
+        g.failures.push_back(make_error(static_cast<errc>(r.fail_code ? r.fail_code : 40),
+                                        r.fail_message));
         break;
+      }
+      case trajectory_record::event: {
+        // Kept with its sandbox, before the step logged next (the command
+        // that sent it); one that undecodable is left out.
+        auto ev = decode_event(as_bytes(r.bytes));
+        if (!ev)
+          break;
+        r.sandbox = ev->sandbox_id;
+        if (auto* b = find_box())
+          b->events.push_back({b->steps.size(), ev->seq, std::move(r.bytes), {}});
+        break;
+      }
+      case trajectory_record::answered: {
+        auto fb = decode_feedback(as_bytes(r.bytes));
+        if (!fb)
+          break;
+        if (auto* b = find_box())
+          for (auto it = b->events.rbegin(); it != b->events.rend(); ++it)
+            if (it->seq == fb->request_id) {
+              if (it->answer.empty()) // the first answer is the one the command got
+                it->answer = std::move(r.bytes);
+              break;
+            }
+        break;
+      }
       case trajectory_record::executed:
       case trajectory_record::put:
         if (auto* b = find_box())
@@ -217,8 +263,14 @@ expected<trajectory_plan> load_trajectory(const std::string& root, const std::st
           b->destroyed = true;
         break;
       case trajectory_record::truncated:
-        if (auto* b = find_box(); b && r.position < b->steps.size())
-          b->steps.resize(r.position);
+        if (auto* b = find_box()) {
+          if (r.position < b->steps.size())
+            b->steps.resize(r.position);
+          // The events of the void steps (and of the command cut off) go too.
+          std::erase_if(b->events, [&](const trajectory_plan::event& e) {
+            return e.position >= r.position;
+          });
+        }
         break;
       case trajectory_record::resumed:
         break;
@@ -240,7 +292,16 @@ expected<trajectory_plan> load_trajectory(const std::string& root, const std::st
       return !r.pack_error.empty();
     });
     b.steps.erase(bad, b.steps.end());
+    // Only the events before a step still logged can be replayed: the others
+    // came from a command that runs again (or not) when the trainer gets there.
+    std::erase_if(b.events, [&](const trajectory_plan::event& e) {
+      return e.position >= b.steps.size();
+    });
+    plan.events += b.events.size();
   }
+  for (auto& g : plan.groups)
+    if (g.key.empty())
+      g.key = "#" + std::to_string(g.number);
   return plan;
 }
 

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -31,7 +32,9 @@ struct trajectory_record {
     truncated = 6, ///< sandbox went live on resume after `position` of its steps:
                    ///< the ones after that are void
     resumed = 7,   ///< the session was resumed
-    failed = 8,    ///< a sandbox of `group` could not be created
+    failed = 8,    ///< a sandbox of `group` could not be created: fail_code, fail_message
+    event = 9,     ///< a Chronus event a sandbox sent: bytes (Event; its sandbox is inside)
+    answered = 10, ///< the trainer's answer to a feedback request: sandbox, bytes (Feedback)
   };
   uint8_t kind = 0;
   std::string sandbox;
@@ -48,13 +51,21 @@ struct trajectory_record {
   std::string pack_inline;  ///< executed/put: or the pack's manifest itself, when small
   std::string pack_error;   ///< executed/put: why none could be taken
   uint64_t position = 0;    ///< truncated
+  // (fields added later go at the end, so that the records above keep their layout)
+  std::string key;          ///< created: the sandbox's key (create_labels)
+  std::string group_key;    ///< created/failed: the key of its create call
+  std::map<std::string, std::string> tags; ///< created: its create's tags
+  uint8_t fail_code = 0;    ///< failed: the errc
+  std::string fail_message; ///< failed: why
+  std::string bytes;        ///< event: Event bytes; answered: Feedback bytes
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, trajectory_record& x) {
   return f(caf::meta::type_name("dsec.trajectory_record"), x.kind, x.sandbox, x.options, x.env,
            x.group, x.group_count, x.req, x.result, x.dir, x.digest, x.size, x.pack,
-           x.pack_inline, x.pack_error, x.position);
+           x.pack_inline, x.pack_error, x.position, x.key, x.group_key, x.tags, x.fail_code,
+           x.fail_message, x.bytes);
 }
 
 std::string encode_record(const trajectory_record& r);
@@ -63,6 +74,14 @@ expected<trajectory_record> decode_record(std::string_view bytes);
 /// What a log says happened, arranged for replay.
 struct trajectory_plan {
   session_options options;
+  /// A Chronus event of a sandbox, replayed when the step it came before is
+  /// answered from the log.
+  struct event {
+    size_t position = 0;  ///< the box's steps logged before it
+    uint64_t seq = 0;
+    std::string bytes;    ///< Event
+    std::string answer;   ///< the trainer's Feedback to it, if it was a request and answered
+  };
   struct box {
     std::string id;
     environment env;
@@ -70,6 +89,10 @@ struct trajectory_plan {
     std::vector<trajectory_record> steps; ///< executed and put, in order
     size_t logged = 0; ///< steps in the log (more than `steps` after a failed pack)
     bool destroyed = false;
+    std::string key;       ///< its key (create_labels)
+    std::string group_key; ///< its create's key
+    std::map<std::string, std::string> tags;
+    std::vector<event> events; ///< in order; only those before a logged step are kept
   };
   std::vector<box> boxes; ///< in creation order
   struct group {
@@ -77,11 +100,16 @@ struct trajectory_plan {
     environment env;
     uint32_t count = 0;            ///< asked for
     std::vector<std::string> ids;  ///< created, in order
+    std::string key;               ///< the create's key ("#N" if it gave none)
+    std::vector<std::string> keys; ///< of ids, in order
+    std::map<std::string, std::string> tags;
+    std::vector<error> failures;   ///< sandboxes it asked for that could not be made
   };
   std::vector<group> groups;       ///< in order
   uint64_t next_group = 1;
   uint64_t records = 0;
   uint64_t torn_bytes = 0;         ///< a torn tail left out
+  uint64_t events = 0;             ///< Chronus events kept for replay
 };
 
 /// Reads and arranges the log of session `id` under `root` (the trajectories dir).

@@ -61,6 +61,7 @@ void register_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<environment>("dsec.environment");
   cfg.add_message_type<session_options>("dsec.session_options");
   cfg.add_message_type<placement>("dsec.placement");
+  cfg.add_message_type<create_labels>("dsec.create_labels");
   cfg.add_message_type<exec_request>("dsec.exec_request");
   cfg.add_message_type<exec_result>("dsec.exec_result");
   cfg.add_message_type<output_chunk>("dsec.output_chunk");

@@ -22,6 +22,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -111,6 +112,16 @@ struct chronus_request {
   bool operator==(const chronus_request&) const = default;
 };
 
+/// The trainer's answer to the feedback request whose event had seq == request_id.
+struct chronus_feedback {
+  uint64_t request_id = 0;
+  double reward = 0;  ///< finite
+  std::string text;   ///< valid UTF-8 without NUL, at most chronus_max_feedback_text
+  std::string data;   ///< any bytes, at most chronus_max_feedback_data
+  bool done = false;
+  bool operator==(const chronus_feedback&) const = default;
+};
+
 /// A Request as the session sees it: stamped with where and when it came from.
 /// For kind::feedback, the feedback request's id is `seq`.
 struct chronus_event {
@@ -121,17 +132,12 @@ struct chronus_event {
   std::string text;                    ///< stage: the name; log: the line
   std::vector<chronus_metric> metrics; ///< report
   std::string payload;                 ///< feedback: the request's payload
+  /// Not sent by the node now but again by a resumed session, from its
+  /// trajectory log (docs/trajectory.md); set by dsec::client, never encoded.
+  bool replayed = false;
+  /// A replayed feedback request: the trainer's answer the log kept, if any.
+  std::optional<chronus_feedback> answer;
   bool operator==(const chronus_event&) const = default;
-};
-
-/// The trainer's answer to the feedback request whose event had seq == request_id.
-struct chronus_feedback {
-  uint64_t request_id = 0;
-  double reward = 0;  ///< finite
-  std::string text;   ///< valid UTF-8 without NUL, at most chronus_max_feedback_text
-  std::string data;   ///< any bytes, at most chronus_max_feedback_data
-  bool done = false;
-  bool operator==(const chronus_feedback&) const = default;
 };
 
 enum class chronus_reply_kind : uint8_t { ack, feedback, rejected, timed_out, session_gone };

@@ -26,7 +26,7 @@ from . import _files
 from .errors import (Error, InvalidArgument, NotFound, AlreadyExists, WrongKind, InUse,
                      Malformed, TooLarge, Unauthenticated, Overloaded, SystemFailure,
                      ToolFailed, Timeout, SandboxFailed, Disconnected, Lost, Unsupported,
-                     from_native as _from_native)
+                     Closed, CommandFailed, from_native as _from_native)
 
 _dsec._set_error_factory(_from_native)
 
@@ -39,7 +39,8 @@ __all__ = [
     "AsyncExecStream", "SandboxInfo", "NodeStats",
     "Error", "InvalidArgument", "NotFound", "AlreadyExists", "WrongKind", "InUse", "Malformed",
     "TooLarge", "Unauthenticated", "Overloaded", "SystemFailure", "ToolFailed", "Timeout",
-    "SandboxFailed", "Disconnected", "Lost", "Unsupported",
+    "SandboxFailed", "Disconnected", "Lost", "Unsupported", "Closed", "CommandFailed",
+    "Answer",
 ]
 
 # ---- clients still open at exit are closed before the interpreter goes ---------------
@@ -57,6 +58,19 @@ def _close_all():
 
 
 # ---- arguments ---------------------------------------------------------------------------
+
+def _labels(key, tags):
+    if key is None:
+        key = ""
+    else:
+        key = _str("key", key, allow_empty=False)
+    if tags is None:
+        return key, {}
+    if not isinstance(tags, dict):
+        raise TypeError(f"tags: expected a dict of str to str, got {type(tags).__name__}")
+    return key, {_str("tags key", k, allow_empty=False): _str(f"tags[{k!r}]", v)
+                 for k, v in tags.items()}
+
 
 def _int(name, value, lo=0, hi=None):
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
@@ -327,11 +341,23 @@ class Client:
 class Batch(list):
     """The sandboxes a create made, in the order they became ready.
     ``failures`` holds a dsec.Error per sandbox that could not be made (the
-    create raises instead when none could)."""
+    create raises instead when none could). ``key`` is the create's key: the
+    one given, or the one dsec picked ("#N"); each sandbox has its own
+    (``Sandbox.key``: the create's key for a create of one, KEY#i else)."""
 
-    def __init__(self, sandboxes, failures):
+    def __init__(self, sandboxes, failures, key=None):
         super().__init__(sandboxes)
         self.failures = failures
+        self.key = key
+
+
+def _batch(session, made, failures, count):
+    boxes = [Sandbox(session, i, k) for i, k in made]
+    key = None
+    if boxes:
+        k = boxes[0].key
+        key = k if count == 1 else k.rsplit("#", 1)[0]
+    return Batch(boxes, failures, key)
 
 
 class Session:
@@ -365,7 +391,7 @@ class Session:
             return
         try:
             await self.close_async()
-        except Disconnected:
+        except (Disconnected, Closed):
             pass
 
     def _close_quietly(self):
@@ -373,7 +399,7 @@ class Session:
             return
         try:
             self.close()
-        except Disconnected:  # closed already, or the daemon is gone
+        except (Disconnected, Closed):  # closed already, or the daemon is gone
             pass
 
     def sandbox(self, sandbox_id):
@@ -381,7 +407,7 @@ class Session:
         return Sandbox(self, _str("sandbox_id", sandbox_id, False))
 
     def create(self, base, workdir=None, tools=(), count=1, *, memory=None, pids=None,
-               cpus=None, disk=None, net=False, chronus=False, ttl=None):
+               cpus=None, disk=None, net=False, chronus=False, ttl=None, key=None, tags=None):
         """Creates `count` sandboxes of base + workdir + tools (NAME@VERSION
         each; the last tool on top) and returns them as a Batch (a list).
 
@@ -389,18 +415,50 @@ class Session:
         processes; cpus: CPU bandwidth (1.5 = one and a half CPUs); net: a
         private network with loopback; chronus: a Chronus socket (events(),
         trusted commands); ttl: seconds (default: the session's).
+
+        key: the trainer's name for this create, e.g. its episode id (a str
+        without '#'; at most one live create per key). A resumed session gives
+        a create the sandboxes its log made for the same key, whatever order
+        the creates come in; a create without a key gets fresh sandboxes on
+        resume, never another's. tags: {str: str} shown by list() and find().
         """
         env = _environment(base, workdir, tools, memory, pids, cpus, disk, net, chronus, ttl)
-        ids, failures = self._s.create(env, _int("count", count, hi=1_000_000))
-        return Batch([Sandbox(self, i) for i in ids], failures)
+        count = _int("count", count, hi=1_000_000)
+        made, failures = self._s.create(env, count, *_labels(key, tags))
+        return _batch(self, made, failures, count)
 
     async def create_async(self, base, workdir=None, tools=(), count=1, *, memory=None,
-                           pids=None, cpus=None, disk=None, net=False, chronus=False, ttl=None):
+                           pids=None, cpus=None, disk=None, net=False, chronus=False, ttl=None,
+                           key=None, tags=None):
         env = _environment(base, workdir, tools, memory, pids, cpus, disk, net, chronus, ttl)
+        count = _int("count", count, hi=1_000_000)
         fut, done = _future()
-        self._s.create_async(env, _int("count", count, hi=1_000_000), done)
-        ids, failures = await fut
-        return Batch([Sandbox(self, i) for i in ids], failures)
+        self._s.create_async(env, count, *_labels(key, tags), done)
+        made, failures = await fut
+        return _batch(self, made, failures, count)
+
+    def find(self, key):
+        """The Sandbox with this key (a create's key=, or KEY#i of a batch), or
+        None if no create gave it. Its info (state, tags) is in
+        ``sandbox.info``. Raises dsec.Closed, saying why, if it is gone."""
+        try:
+            info = self._s.find(_str("key", key, allow_empty=False))
+        except Closed:
+            raise
+        except NotFound:
+            return None
+        return Sandbox(self, info.id, info.key, info)
+
+    async def find_async(self, key):
+        fut, done = _future()
+        self._s.find_async(_str("key", key, allow_empty=False), done)
+        try:
+            info = await fut
+        except Closed:
+            raise
+        except NotFound:
+            return None
+        return Sandbox(self, info.id, info.key, info)
 
     def list(self):
         """This session's sandboxes, as SandboxInfo."""
@@ -516,6 +574,24 @@ def _feedback(sandbox_id, request_id, reward, text, data, done):
             float(reward), _str("text", text), _bytes("data", data), bool(done))
 
 
+class Answer(tuple):
+    """A logged answer to a feedback request: (reward, text, data, done)."""
+
+    __slots__ = ()
+
+    def __new__(cls, reward, text, data, done):
+        return super().__new__(cls, (reward, text, data, done))
+
+    reward = property(lambda self: self[0])
+    text = property(lambda self: self[1])
+    data = property(lambda self: self[2])
+    done = property(lambda self: self[3])
+
+    def __repr__(self):
+        return (f"Answer(reward={self.reward!r}, text={self.text!r}, data={self.data!r}, "
+                f"done={self.done!r})")
+
+
 class Event:
     """A Chronus event (runtime/chronus.hpp's chronus_event).
 
@@ -527,10 +603,18 @@ class Event:
     {key: float} of a report; payload: bytes of a feedback request;
     request_id: seq for a feedback request (else None); monotonic_ns: when the
     node read it. answer() replies to a feedback request.
+
+    replayed: True for an event a resumed session sends again from its
+    trajectory log, when the step that came after it is answered from the
+    log (so a trainer that assigns rewards in its event handler gets them
+    again); monotonic_ns is then the first time's. logged_answer: for a
+    replayed feedback request, the Answer the trainer gave the first time
+    (None if it gave none). Answering a replayed request is accepted and
+    changes nothing: the command that asked has run.
     """
 
     __slots__ = ("session", "sandbox", "seq", "kind", "text", "metrics", "payload",
-                 "monotonic_ns")
+                 "monotonic_ns", "replayed", "logged_answer")
 
     def __init__(self, session, raw):
         self.session = session
@@ -541,6 +625,9 @@ class Event:
         self.metrics = raw.metrics
         self.payload = raw.payload
         self.monotonic_ns = raw.monotonic_ns
+        self.replayed = raw.replayed
+        a = raw.answer
+        self.logged_answer = Answer(*a) if a is not None else None
 
     @property
     def sandbox_id(self):
@@ -573,7 +660,8 @@ class Event:
 
     def __repr__(self):
         what = {"report": self.metrics, "feedback": self.payload}.get(self.kind, self.text)
-        return f"<dsec.Event {self.sandbox}#{self.seq} {self.kind} {what!r}>"
+        again = " replayed" if self.replayed else ""
+        return f"<dsec.Event {self.sandbox}#{self.seq}{again} {self.kind} {what!r}>"
 
 
 # ---- sandboxes -----------------------------------------------------------------------------
@@ -644,14 +732,18 @@ class AsyncExecStream:
 
 
 class Sandbox:
-    """One sandbox of a session. ``close()`` (or ``with``) destroys it."""
+    """One sandbox of a session. ``close()`` (or ``with``) destroys it.
+    ``key`` is its key (None for a handle made by ``session.sandbox(id)``);
+    ``info`` the SandboxInfo that ``find()`` got, else None."""
 
-    def __init__(self, session, sandbox_id):
+    def __init__(self, session, sandbox_id, key=None, info=None):
         self.session = session
         self.id = sandbox_id
+        self.key = key or None
+        self.info = info
 
     def __repr__(self):
-        return f"<dsec.Sandbox {self.id}>"
+        return f"<dsec.Sandbox {self.id}{' key=' + self.key if self.key else ''}>"
 
     def __eq__(self, other):
         return isinstance(other, Sandbox) and other.id == self.id
@@ -671,7 +763,7 @@ class Sandbox:
     # ---- commands ------------------------------------------------------------------------
 
     def exec(self, cmd, *, timeout=None, env=None, cwd=None, user=None, input=None,
-             trusted=False, idempotent=False, max_output=None):
+             trusted=False, idempotent=False, max_output=None, check=False):
         """Runs a command and collects its output; returns an ExecResult.
 
         cmd: a str runs under /bin/sh -c; a list is the argv. timeout: seconds,
@@ -681,16 +773,27 @@ class Sandbox:
         (or str) for stdin; trusted: a grader in a Chronus sandbox (it may talk
         to Chronus); idempotent: safe to run again on resume; max_output: bytes
         kept per stream (default 16 MiB; beyond, result.truncated).
+
+        result.exit_code is the command's exit status, or 128+N when a signal
+        N killed it (a timeout kills with SIGKILL: 137, timed_out True), as
+        shells and the command line say; result.ok is exit code 0.
+        check=True raises dsec.CommandFailed (with the result) unless it is.
         """
         req = _request(cmd, timeout, env, cwd, user, input, trusted, idempotent, max_output)
-        return self.session._s.exec(self.id, req)
+        return self._checked(req, self.session._s.exec(self.id, req), check)
 
     async def exec_async(self, cmd, *, timeout=None, env=None, cwd=None, user=None,
-                         input=None, trusted=False, idempotent=False, max_output=None):
+                         input=None, trusted=False, idempotent=False, max_output=None,
+                         check=False):
         req = _request(cmd, timeout, env, cwd, user, input, trusted, idempotent, max_output)
         fut, done = _future()
         self.session._s.exec_async(self.id, req, done)
-        return await fut
+        return self._checked(req, await fut, check)
+
+    def _checked(self, req, result, check):
+        if check and not result.ok:
+            raise CommandFailed(self.id, list(req.argv), result)
+        return result
 
     def exec_stream(self, cmd, *, timeout=None, env=None, cwd=None, user=None, input=None,
                     trusted=False, idempotent=False):

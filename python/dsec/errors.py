@@ -8,8 +8,14 @@ with:
 - ``message``: the daemon's sentence, which names the bad input,
 - ``step``, ``path``, ``errno``: where it failed, when known (else ``""``/0).
 
-``retryable`` is true for the codes the caller should back off and retry
-(``overloaded``) or reconnect after (``disconnected``).
+``retryable`` is true only where a retry can succeed: the codes the caller
+should back off and retry (``overloaded``: a capacity that will free up) or
+reconnect after (``disconnected``: the daemon went away; reconnect and resume).
+``Closed`` (the session or sandbox was closed, or a sandbox's TTL ran out) and
+``Lost`` are not: make a new one.
+
+``CommandFailed`` is raised by ``exec(..., check=True)`` for a command that ran
+and failed (its ``result`` attached); it comes from the SDK, not the daemon.
 
 Mistakes caught in Python before anything is sent (a wrong type, a negative
 count) raise ``TypeError`` or ``ValueError`` naming the argument instead.
@@ -18,7 +24,8 @@ count) raise ``TypeError`` or ``ValueError`` naming the argument instead.
 __all__ = [
     "Error", "InvalidArgument", "NotFound", "AlreadyExists", "WrongKind", "InUse",
     "Malformed", "TooLarge", "Unauthenticated", "Overloaded", "SystemFailure",
-    "ToolFailed", "Timeout", "SandboxFailed", "Disconnected", "Unsupported",
+    "ToolFailed", "Timeout", "SandboxFailed", "Disconnected", "Lost", "Unsupported",
+    "Closed", "CommandFailed",
 ]
 
 
@@ -67,6 +74,11 @@ Malformed = _define("Malformed", 6, "malformed", "Bytes that do not parse as the
 TooLarge = _define("TooLarge", 7, "too_large", "Over a size limit.")
 Unauthenticated = _define("Unauthenticated", 8, "unauthenticated",
                           "A missing or wrong credential.")
+# A NotFound too (what was closed is not there any more), with its own code.
+Closed = type("Closed", (NotFound,), {
+    "code": 9, "code_name": "closed", "__module__": "dsec",
+    "__doc__": "It was closed: the session (by close()), or the sandbox (destroyed, its TTL "
+               "ran out, or closed before the session was resumed). Make a new one."})
 # 20..39: fine, but cannot be served now. Back off and retry.
 Overloaded = _define("Overloaded", 20, "overloaded",
                      "Out of slots, quota, pids, memory or another capacity.")
@@ -88,8 +100,38 @@ Unsupported = _define("Unsupported", 80, "unsupported", "Not available on this n
 
 _BY_CODE = {cls.code: cls for cls in (
     InvalidArgument, NotFound, AlreadyExists, WrongKind, InUse, Malformed, TooLarge,
-    Unauthenticated, Overloaded, SystemFailure, ToolFailed, Timeout, SandboxFailed,
+    Unauthenticated, Closed, Overloaded, SystemFailure, ToolFailed, Timeout, SandboxFailed,
     Disconnected, Lost, Unsupported)}
+
+
+class CommandFailed(Error):
+    """A command that ran and failed, from ``exec(..., check=True)``: it exited
+    with a code other than 0, was killed by a signal, or timed out.
+
+    ``result`` is its ExecResult; ``sandbox_id`` and ``argv`` say which it
+    was; ``exit_code`` is the result's (128+N for a signal N).
+    """
+
+    code = None
+    code_name = "command_failed"
+
+    def __init__(self, sandbox_id, argv, result):
+        if result.timed_out:
+            how = f"timed out and was killed (exit code {result.exit_code})"
+        elif result.signal:
+            how = f"was killed by signal {result.signal} (exit code {result.exit_code})"
+            if result.oom_killed:
+                how += ", out of memory"
+        else:
+            how = f"exited with code {result.exit_code}"
+        err = result.stderr[-400:].decode(errors="replace").strip()
+        cmd = argv[2] if len(argv) == 3 and argv[:2] == ["/bin/sh", "-c"] else argv
+        super().__init__(f"command {cmd!r} in sandbox {sandbox_id} {how}"
+                         + (f": {err}" if err else ""))
+        self.result = result
+        self.sandbox_id = sandbox_id
+        self.argv = list(argv)
+        self.exit_code = result.exit_code
 
 
 def from_native(code, code_name, message, step, path, sys_errno):

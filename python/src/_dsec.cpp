@@ -608,6 +608,19 @@ chronus_feedback feedback_of(uint64_t request_id, double reward, std::string tex
   return fb;
 }
 
+// What a create hands to Python: ([(id, key)], [exception]).
+py::object created_tuple(std::vector<created_sandbox> made,
+                         std::pair<std::mutex, std::vector<error>>& failures) {
+  py::list boxes;
+  for (auto& c : made)
+    boxes.append(py::make_tuple(c.id, c.key));
+  py::list errs;
+  std::lock_guard<std::mutex> g{failures.first};
+  for (const auto& e : failures.second)
+    errs.append(make_py_error(e));
+  return py::make_tuple(boxes, errs);
+}
+
 // ---- the module ---------------------------------------------------------------------------
 
 void bind_values(py::module_& m) {
@@ -680,8 +693,11 @@ void bind_values(py::module_& m) {
     .def_readonly("ttl_left_ms", &sandbox_info::ttl_left_ms)
     .def_readonly("running", &sandbox_info::running)
     .def_readonly("node", &sandbox_info::node)
+    .def_readonly("key", &sandbox_info::key, "its key (create's key=), in its session's list")
+    .def_readonly("tags", &sandbox_info::tags, "its create's tags, in its session's list")
     .def("__repr__", [](const sandbox_info& i) {
-      return "<dsec SandboxInfo " + i.id + " session=" + i.session + " state=" + i.state + ">";
+      return "<dsec SandboxInfo " + i.id + (i.key.empty() ? "" : " key=" + i.key)
+             + " session=" + i.session + " state=" + i.state + ">";
     });
 
   auto stats = py::class_<node_stats>(m, "NodeStats", "The node's counters (`node stats`).");
@@ -713,7 +729,14 @@ void bind_values(py::module_& m) {
                                d[py::str(mt.key)] = mt.value;
                              return d;
                            })
-    .def_property_readonly("payload", [](const chronus_event& e) { return py::bytes(e.payload); });
+    .def_property_readonly("payload", [](const chronus_event& e) { return py::bytes(e.payload); })
+    .def_readonly("replayed", &chronus_event::replayed)
+    .def_property_readonly("answer", [](const chronus_event& e) -> py::object {
+      if (!e.answer)
+        return py::none();
+      return py::make_tuple(e.answer->reward, e.answer->text, py::bytes(e.answer->data),
+                            e.answer->done);
+    });
 }
 
 void bind_client(py::module_& m) {
@@ -827,46 +850,55 @@ void bind_session(py::module_& m) {
   py::class_<py_session>(m, "Session")
     .def_property_readonly("id", &py_session::id)
     .def("create",
-         [](py_session& ps, const environment& env, int64_t count) {
+         [](py_session& ps, const environment& env, int64_t count, std::string key,
+            std::map<std::string, std::string> tags) {
            auto n = count_arg(count);
-           auto out = std::make_shared<outcome<std::vector<std::string>>>();
+           auto out = std::make_shared<outcome<std::vector<created_sandbox>>>();
            auto failures = std::make_shared<std::pair<std::mutex, std::vector<error>>>();
            {
              auto s = ps.co().start();
-             ps.get()->create_async(env, n, to_outcome(out, s.tok), {},
+             ps.get()->create_async(env, n, create_labels{std::move(key), std::move(tags)},
+                                    to_outcome(out, s.tok), {},
                                     [failures](const error& e) {
                                       std::lock_guard<std::mutex> g{failures->first};
                                       failures->second.push_back(e);
                                     });
            }
-           auto ids = value_or_raise(await_outcome(out));
-           py::list errs;
-           std::lock_guard<std::mutex> g{failures->first};
-           for (const auto& e : failures->second)
-             errs.append(make_py_error(e));
-           return py::make_tuple(py::cast(ids), errs);
+           auto made = value_or_raise(await_outcome(out));
+           return created_tuple(std::move(made), *failures);
          })
     .def("create_async",
-         [](py_session& ps, const environment& env, int64_t count, py::object done) {
+         [](py_session& ps, const environment& env, int64_t count, std::string key,
+            std::map<std::string, std::string> tags, py::object done) {
            auto n = count_arg(count);
            auto failures = std::make_shared<std::pair<std::mutex, std::vector<error>>>();
            auto s = ps.co().start();
            ps.get()->create_async(
-             env, n,
-             to_python<std::vector<std::string>>(
+             env, n, create_labels{std::move(key), std::move(tags)},
+             to_python<std::vector<created_sandbox>>(
                std::move(done), s.tok,
-               [failures](std::vector<std::string>&& ids) -> py::object {
-                 py::list errs;
-                 std::lock_guard<std::mutex> g{failures->first};
-                 for (const auto& e : failures->second)
-                   errs.append(make_py_error(e));
-                 return py::make_tuple(py::cast(ids), errs);
+               [failures](std::vector<created_sandbox>&& made) -> py::object {
+                 return created_tuple(std::move(made), *failures);
                }),
              {},
              [failures](const error& e) {
                std::lock_guard<std::mutex> g{failures->first};
                failures->second.push_back(e);
              });
+         })
+    .def("find",
+         [](py_session& ps, const std::string& key) {
+           auto out = std::make_shared<outcome<sandbox_info>>();
+           {
+             auto s = ps.co().start();
+             ps.get()->find_async(key, to_outcome(out, s.tok));
+           }
+           return value_or_raise(await_outcome(out));
+         })
+    .def("find_async",
+         [](py_session& ps, const std::string& key, py::object done) {
+           auto s = ps.co().start();
+           ps.get()->find_async(key, to_python<sandbox_info>(std::move(done), s.tok, identity{}));
          })
     .def("exec",
          [](py_session& ps, const std::string& id, const exec_request& req) {

@@ -26,6 +26,7 @@ import dsec
 
 ENV = dict(base="py@1", workdir="task@1", memory="128m", pids=64)
 QUOTA = 16
+KEY = "rollout"  # the create's key: a resumed create with it gets the same sandboxes
 TTL = 300
 
 
@@ -87,7 +88,7 @@ def main():
     c = dsec.connect(args.address)
     s = c.session(quota=QUOTA, ttl=TTL, name="resume-trainer", trajectory=True)
     emit({"session": s.id})
-    sbs = s.create(count=args.sandboxes, **ENV)
+    sbs = s.create(count=args.sandboxes, key=KEY, **ENV)
     emit({"sandboxes": [b.id for b in sbs]})
     for n, (step, i) in enumerate(order(len(sbs)), 1):
         if args.stop_after is not None and n > args.stop_after:

@@ -88,8 +88,10 @@ class Resume(unittest.TestCase):
         with self.assertRaises(dsec.InUse) as cm:
             c.resume(sid)
         self.assertIn(sid, str(cm.exception))
-        sbs = s.create(count=BOXES, **T.ENV)
+        sbs = s.create(count=BOXES, key=T.KEY, **T.ENV)
         self.assertEqual([b.id for b in sbs], ids, "the same create gets the same sandboxes")
+        self.assertEqual(sbs.key, T.KEY)
+        self.assertEqual([b.key for b in sbs], [f"{T.KEY}#{i}" for i in range(BOXES)])
         self.assertEqual(sbs.failures, [])
         self.assertEqual(self.states(s, ids), ["replaying"] * BOXES)
         done = [0] * BOXES  # steps of each box the log answered
@@ -170,7 +172,7 @@ class Resume(unittest.TestCase):
         try:
             s = c1.session(quota=T.QUOTA, ttl=T.TTL, name="resume-daemon", trajectory=True)
             sid = s.id
-            sbs = s.create(count=BOXES, **T.ENV)
+            sbs = s.create(count=BOXES, key=T.KEY, **T.ENV)
             ids = [b.id for b in sbs]
             first = []
             for n, (step, i) in enumerate(T.order(BOXES)):
@@ -222,7 +224,7 @@ class Resume(unittest.TestCase):
         c1 = dsec.connect(D.address)
         s = c1.session(quota=1, ttl=60, trajectory=True)
         sid = s.id
-        sb = s.create("py@1")[0]
+        sb = s.create("py@1", key="a")[0]
         t0 = int(time.time())
         sb.put("/work/a.txt", b"same bytes\n")
         t1 = int(time.time())
@@ -231,7 +233,7 @@ class Resume(unittest.TestCase):
         time.sleep(1.1)
         c = self.connect()
         s = resume(c, sid)
-        sb = s.create("py@1")[0]
+        sb = s.create("py@1", key="a")[0]
         sb.put("/work/a.txt", b"same bytes\n")
         sb.put("/work/b.txt", b"stamped\n", mtime=1234567890)
         self.assertEqual(self.states(s, [sb.id]), ["replaying"])
@@ -288,6 +290,201 @@ class Resume(unittest.TestCase):
         self.assertEqual(s.create("py@1", count=0), [])
         s.close()
         self.assertFalse(os.path.exists(log_dir(sid)))
+
+
+import episode_trainer as E
+
+EPISODES, CONCURRENCY, STOP_AFTER = 24, 8, 10
+
+
+class Episodes(unittest.TestCase):
+    """The preemption cases of a trainer with one sandbox per episode, creates
+    made concurrently under a semaphore (episode_trainer.py): killed with
+    episodes in flight, then resumed. No episode gets another's sandbox, the
+    closed ones resume to their logged results, and the graders' Chronus
+    events come again (replayed) to the event handler."""
+
+    def trainer(self, *extra):
+        p = subprocess.Popen([sys.executable, os.path.join(HERE, "episode_trainer.py"),
+                              D.address, "--episodes", str(EPISODES), "--concurrency",
+                              str(CONCURRENCY), *extra],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        watchdog = threading.Timer(240, p.kill)
+        watchdog.start()
+        self.addCleanup(watchdog.cancel)
+        return p
+
+    def read(self, p, until):
+        msgs = []
+        for line in p.stdout:
+            msgs.append(json.loads(line))
+            if until in msgs[-1]:
+                break
+        return msgs
+
+    def end(self, p):
+        if p.poll() is None:
+            p.send_signal(signal.SIGKILL)
+        p.wait(60)
+        err = p.stderr.read()
+        p.stdout.close()
+        p.stderr.close()
+        return err
+
+    def first_run(self):
+        p = self.trainer("--stop-after", str(STOP_AFTER))
+        try:
+            first = self.read(p, "stopping")
+        except BaseException:
+            self.end(p)
+            raise
+        self.assertIn("stopping", first[-1], f"the trainer stopped early: {first}")
+        return p, first
+
+    def resumed_run(self, sid):
+        p = self.trainer("--resume", sid)
+        try:
+            second = self.read(p, "finished")
+        finally:
+            err = self.end(p)
+        self.assertIn("finished", second[-1], f"the resumed trainer failed: {second} {err}")
+        return second
+
+    def check(self, first, second):
+        created1 = {m["created"]: m["sandbox"] for m in first if "created" in m}
+        done1 = {m["episode"]: m for m in first if "episode" in m}
+        done2 = {m["episode"]: m for m in second if "episode" in m}
+        self.assertGreaterEqual(len(done1), STOP_AFTER)
+        self.assertLess(len(created1), EPISODES, "nothing was left for the resume")
+        self.assertEqual(sorted(done2), list(range(EPISODES)))
+        for i, m in done2.items():
+            self.assertEqual(m["key"], f"ep-{i}")
+            # Its own sandbox, its agent run once in the sandbox's history.
+            self.assertEqual(m["agent"], E.expected_agent(i), f"episode {i}")
+            self.assertEqual((m["agent_exit"], m["grade_exit"]), (0, 0), f"episode {i}")
+            self.assertIn(f'"reward":{float(i):g},', m["grade"], f"episode {i}")
+            if i in created1:
+                self.assertEqual(m["sandbox"], created1[i], f"episode {i} got another sandbox")
+            if i in done1:
+                # Closed before the crash: its logged results, timing included.
+                self.assertEqual(m, done1[i], f"episode {i}")
+        self.assertEqual(len({m["sandbox"] for m in done2.values()}), EPISODES)
+        # The handler saw one feedback request per episode; those of the
+        # episodes graded before the crash came again from the log, with the
+        # answer it gave then.
+        fb2 = [m for m in second if "feedback" in m]
+        self.assertEqual(sorted(m["feedback"] for m in fb2), list(range(EPISODES)))
+        for m in fb2:
+            i = m["feedback"]
+            self.assertEqual(m["sandbox"], done2[i]["sandbox"])
+            if i in done1:
+                self.assertTrue(m["replayed"], f"episode {i}")
+                self.assertEqual(m["logged_reward"], float(i), f"episode {i}")
+            if not m["replayed"]:
+                self.assertIsNone(m["logged_reward"])
+        return [m["sandbox"] for m in done2.values()]
+
+    def assertGone(self, ids):
+        c = dsec.connect(D.address)
+        try:
+            deadline = time.time() + 30
+            while time.time() < deadline and {i.id for i in c.list()} & set(ids):
+                time.sleep(0.05)
+            self.assertFalse({i.id for i in c.list()} & set(ids), "sandboxes left on the node")
+        finally:
+            c.close()
+
+    def test_trainer_killed_with_episodes_in_flight(self):
+        p, first = self.first_run()
+        sid = first[0]["session"]
+        self.end(p)  # SIGKILL, by its pid, with episodes in flight
+        second = self.resumed_run(sid)
+        self.assertEqual(second[0]["session"], sid)
+        ids = self.check(first, second)
+        self.assertGone(ids)
+        self.assertFalse(os.path.exists(log_dir(sid)), "a closed session's log stays")
+
+    def test_daemon_killed_with_episodes_in_flight(self):
+        p, first = self.first_run()
+        sid = first[0]["session"]
+        try:
+            status, out = D.kill(signal.SIGKILL)
+            self.assertEqual(status, -signal.SIGKILL, out)
+        finally:
+            self.end(p)
+        D.restart()  # the same state dir
+        second = self.resumed_run(sid)
+        ids = self.check(first, second)
+        self.assertGone(ids)
+
+
+class Keys(unittest.TestCase):
+    def connect(self):
+        c = dsec.connect(D.address)
+        self.addCleanup(c.close)
+        return c
+
+    def test_keys_tags_and_what_a_resumed_create_gets(self):
+        c1 = dsec.connect(D.address)
+        s = c1.session(quota=4, ttl=60, trajectory=True)
+        sid = s.id
+        a = s.create("py@1", key="alpha", tags={"episode": "1", "split": "train"})
+        self.assertEqual((a.key, a[0].key), ("alpha", "alpha"))
+        anon = s.create("py@1")
+        self.assertTrue(anon.key.startswith("#"), anon.key)
+        pair = s.create("py@1", count=2, key="pair")
+        self.assertEqual(sorted(b.key for b in pair), ["pair#0", "pair#1"])
+        self.assertEqual(s.find("alpha").id, a[0].id)
+        self.assertEqual(s.find("alpha").info.tags, {"episode": "1", "split": "train"})
+        self.assertEqual(s.find(pair[1].key).id, pair[1].id)
+        self.assertIsNone(s.find("nobody"))
+        self.assertEqual({i.id: i.key for i in s.list()},
+                         {a[0].id: "alpha", anon[0].id: anon.key, pair[0].id: pair[0].key,
+                          pair[1].id: pair[1].key})
+        # One live create per key; '#' is dsec's own.
+        with self.assertRaises(dsec.AlreadyExists) as cm:
+            s.create("py@1", key="alpha")
+        self.assertIn("alpha", str(cm.exception))
+        self.assertIn(a[0].id, str(cm.exception))
+        with self.assertRaises(dsec.InvalidArgument):
+            s.create("py@1", key="a#1")
+        with self.assertRaises(TypeError):
+            s.create("py@1", key="k", tags={"n": 1})
+        self.assertEqual(a[0].exec("echo one > /work/f; cat /work/f").stdout, b"one
+")
+        a[0].close()
+        with self.assertRaises(dsec.Closed) as cm:
+            s.find("alpha")
+        self.assertIn("destroyed", str(cm.exception))
+        c1.close()  # the trainer goes; the log stays
+
+        c = self.connect()
+        s = resume(c, sid)
+        # Another environment under a logged key: refused, saying what differs.
+        with self.assertRaises(dsec.InvalidArgument) as cm:
+            s.create("py@1", key="pair", count=2, memory="64m")
+        self.assertIn("memory", str(cm.exception))
+        # In any order: each key its own sandboxes.
+        pair2 = s.create("py@1", count=2, key="pair")
+        self.assertEqual([(b.id, b.key) for b in pair2], [(b.id, b.key) for b in pair])
+        # Without a key: fresh, never another's.
+        fresh = s.create("py@1")
+        self.assertNotIn(fresh[0].id, {anon[0].id, a[0].id, pair[0].id, pair[1].id})
+        # The auto key, passed back, gets its create's sandbox.
+        self.assertEqual(s.create("py@1", key=anon.key)[0].id, anon[0].id)
+        # Closed before the crash: its steps answer from the log, the rest is Closed.
+        a2 = s.create("py@1", key="alpha")
+        self.assertEqual(a2[0].id, a[0].id)
+        self.assertEqual({i.id: i.state for i in s.list()}[a[0].id], "closed")
+        self.assertEqual(a2[0].exec("echo one > /work/f; cat /work/f").stdout, b"one
+")
+        with self.assertRaises(dsec.Closed) as cm:
+            a2[0].exec("cat /work/f")
+        self.assertFalse(cm.exception.retryable)
+        self.assertIn("closed before session", str(cm.exception))
+        self.assertIsInstance(cm.exception, dsec.NotFound)
+        a2[0].close()  # as it was: no error
+        self.assertEqual(s.close(), 4)
 
 
 if __name__ == "__main__":

@@ -63,6 +63,17 @@ std::unique_ptr<session> resume(client& c, const std::string& id) {
   return std::move(*s);
 }
 
+// A create with a key (create_labels): the ids of its sandboxes, in order.
+std::vector<std::string> create_keyed(session& s, const std::string& key, uint32_t n,
+                                      const environment& env = env_of()) {
+  auto r = s.create(env, n, create_labels{key, {}});
+  REQUIRE_MESSAGE(r, "create " << key << ": " << describe(r.error_value()));
+  std::vector<std::string> ids;
+  for (const auto& c : *r)
+    ids.push_back(c.id);
+  return ids;
+}
+
 exec_result run(session& s, const std::string& id, const exec_request& req) {
   auto r = s.exec(id, req);
   REQUIRE_MESSAGE(r, "exec " << req.argv.back() << ": " << describe(r.error_value()));
@@ -134,9 +145,7 @@ TEST_CASE("trajectory: a resumed trainer gets its logged results and carries on 
     auto c = client::attach(e.sys, e.d->scheduler());
     auto s = open_logged(*c);
     sid = s->id();
-    auto made = s->create(env_of(), 2);
-    REQUIRE_MESSAGE(made, describe(made.error_value()));
-    ids = *made;
+    ids = create_keyed(*s, "ep", 2);
     REQUIRE(ids.size() == 2);
     first = episode(*s, ids[0], 5);
     CHECK(first[0].out == "1\n");
@@ -151,9 +160,7 @@ TEST_CASE("trajectory: a resumed trainer gets its logged results and carries on 
   SUBCASE("every step again: answered from the log, nothing runs") {
     auto s = resume(*c, sid);
     CHECK(s->id() == sid);
-    auto again = s->create(env_of(), 2);
-    REQUIRE_MESSAGE(again, describe(again.error_value()));
-    CHECK(*again == ids); // the same sandboxes, by their old ids
+    CHECK(create_keyed(*s, "ep", 2) == ids); // the same sandboxes, by their old ids
     auto replayed = episode(*s, ids[0], 5);
     for (size_t i = 0; i < replayed.size(); ++i) {
       CHECK(replayed[i].out == first[i].out);
@@ -180,8 +187,7 @@ TEST_CASE("trajectory: a resumed trainer gets its logged results and carries on 
   }
   SUBCASE("a different command: the sandbox is rebuilt as it was at that point") {
     auto s = resume(*c, sid);
-    auto again = s->create(env_of(), 2);
-    REQUIRE(again);
+    CHECK(create_keyed(*s, "ep", 2) == ids);
     auto replayed = episode(*s, ids[0], 2);
     CHECK(replayed[0].out == first[0].out);
     // Step 2 was a put; the trainer asks something else: the state after
@@ -196,7 +202,7 @@ TEST_CASE("trajectory: a resumed trainer gets its logged results and carries on 
     // Resumed again: the log's old steps after the divergence are void.
     auto c2 = client::attach(e.sys, e.d->scheduler());
     auto s2 = resume(*c2, sid);
-    REQUIRE(s2->create(env_of(), 2));
+    CHECK(create_keyed(*s2, "ep", 2) == ids);
     auto r0 = run(*s2, ids[0], count_run("a"));
     CHECK(r0.out == "1\n");
     CHECK(run(*s2, ids[0], idem("mkdir -p /cache && echo warm > /cache/w")).exit_code == 0);
@@ -355,9 +361,7 @@ TEST_CASE("trajectory: a torn tail of the log is dropped, the records before it 
     auto c = client::attach(e.sys, e.d->scheduler());
     auto s = open_logged(*c);
     sid = s->id();
-    auto made = s->create(env_of(), 1);
-    REQUIRE(made);
-    id = made->front();
+    id = create_keyed(*s, "t", 1).front();
     CHECK(run(*s, id, count_run("a")).out == "1\n");
     CHECK(run(*s, id, count_run("b")).out == "2\n");
   }
@@ -376,7 +380,7 @@ TEST_CASE("trajectory: a torn tail of the log is dropped, the records before it 
   CHECK(plan->boxes[0].steps.size() == 2);
   auto c = client::attach(e.sys, e.d->scheduler());
   auto s = resume(*c, sid);
-  REQUIRE(s->create(env_of(), 1));
+  CHECK(create_keyed(*s, "t", 1) == std::vector<std::string>{id});
   CHECK(run(*s, id, count_run("a")).out == "1\n");
   CHECK(run(*s, id, count_run("b")).out == "2\n");
   CHECK(run(*s, id, count_run("c")).out == "3\n");
@@ -411,9 +415,7 @@ TEST_CASE("trajectory: dsecd killed mid-rollout; the next dsecd resumes the sess
       auto c = connect(sys, d1.port);
       auto s = open_logged(*c);
       sid = s->id();
-      auto made = s->create(env_of(), 3);
-      REQUIRE_MESSAGE(made, describe(made.error_value()));
-      ids = *made;
+      ids = create_keyed(*s, "roll", 3);
       REQUIRE(ids.size() == 3);
       // The rollout is cut at a different step in each sandbox.
       for (size_t i = 0; i < 3; ++i)
@@ -425,9 +427,7 @@ TEST_CASE("trajectory: dsecd killed mid-rollout; the next dsecd resumes the sess
     dsecd_proc d2; // collects what the first one left
     auto c = connect(sys, d2.port);
     auto s = resume(*c, sid);
-    auto again = s->create(env_of(), 3);
-    REQUIRE_MESSAGE(again, describe(again.error_value()));
-    CHECK(*again == ids);
+    CHECK(create_keyed(*s, "roll", 3) == ids);
     for (size_t i = 0; i < 3; ++i) {
       // The trainer starts the episode over: the logged part is answered...
       size_t m = first[i].size();

@@ -509,9 +509,15 @@ static inline int chronus_open(struct chronus *c) {
     path = CHRONUS_DEFAULT_SOCKET;
   if (!token || !*token) {
     c->fd = -1;
-    snprintf(c->error, sizeof c->error, "DSEC_CHRONUS_TOKEN is not set (is this a dsec sandbox "
-                                        "with Chronus?)");
-    errno = EINVAL;
+    if (access(path, F_OK) != 0)
+      snprintf(c->error, sizeof c->error,
+               "no Chronus socket at %.100s: this sandbox was created without Chronus "
+               "(create it with chronus=True, --chronus)", path);
+    else
+      snprintf(c->error, sizeof c->error,
+               "this command is not trusted, so it has no DSEC_CHRONUS_TOKEN: only a command "
+               "run as trusted (trusted=True, `dsec exec --trusted`) may talk to Chronus");
+    errno = EACCES;
     return CHRONUS_ERROR;
   }
   if (chronus_connect(c, path, token) != CHRONUS_OK)
