@@ -105,7 +105,7 @@ struct sandbox_state {
   std::string failure; // why init died, when it did
   // Why it is being destroyed, for the commands still running then.
   std::string end_why = "was destroyed (by its trainer, its session closing, or its node stopping)";
-  errc end_code = errc::closed;
+  errc end_code = errc::sandbox_failed;
   bool acquiring = true; // the layer cache has not answered yet
   bool creation_failed_told = false; // the session heard failed_atom for it
   // Chronus (env.chronus): the secret trusted commands get; served by the
@@ -524,7 +524,7 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
           s.cfg.eng->chronus().add(s.cfg.id, s.box->release_chronus_fd(), *token,
                                    [session = s.cfg.session](std::string event) {
                                      caf::anon_send(session, chronus_atom::value,
-                                                    chronus_event_msg{std::move(event)});
+                                                    chronus_event_msg{std::move(event), false, {}});
                                    });
         }
         watch_control(self);

@@ -1007,7 +1007,7 @@ void node_lost(self_ptr self, const caf::node_id& where, const std::string& name
     s.sandboxes.erase(id);
     auto msg = "sandbox " + id + " is gone: its " + text;
     s.lost_boxes.emplace(id, msg);
-    publish_event(self, chronus_event_msg{encode_lost_event(id, now_ns, msg)});
+    publish_event(self, chronus_event_msg{encode_lost_event(id, now_ns, msg), false, {}});
   }
   for (auto& f : fails)
     f(make_error(errc::lost, "the sandbox's " + text));

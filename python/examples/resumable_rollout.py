@@ -9,7 +9,7 @@
 
 The session keeps a trajectory log (trajectory=True, the SDK's default). A
 resumed run does exactly what a fresh one does, from the start: the same
-create, the same steps in each sandbox. The daemon answers the steps of the
+create (by its key), the same steps in each sandbox. The daemon answers the steps of the
 log from it, without running them, and runs the rest on the state the sandbox
 had. The summary says, per episode, how many steps came from the log and how
 many ran now: a step's command sleeps STEP_SLEEP seconds, so a call that came
@@ -105,9 +105,9 @@ async def main(args):
             s = await c.session_async(quota=args.episodes, ttl=3600, name="resumable-rollout")
             print(f"session {s.id} (resume it with --resume {s.id})", flush=True)
         t0 = time.monotonic()
-        # The same create as the first run: the same sandboxes, by their ids.
+        # The same create, by its key, as the first run: the same sandboxes.
         sbs = await s.create_async(args.base, workdir=args.workdir, count=args.episodes,
-                                   memory="128m", pids=64)
+                                   memory="128m", pids=64, key="rollout")
         if sbs.failures:
             raise SystemExit(f"{len(sbs.failures)} sandboxes failed: {sbs.failures[0]}")
         results = await asyncio.gather(*(episode(sb, n, args.steps, progress)

@@ -3,6 +3,7 @@ files, errors, sessions, asyncio at scale, Chronus, and that nothing is left."""
 
 import asyncio
 import os
+import subprocess
 import tempfile
 import threading
 import time
@@ -187,10 +188,12 @@ class Errors(Base):
             with self.assertRaises(dsec.WrongKind) as cm:
                 s.create(base="grader@1")
             self.assertIn("grader@1", str(cm.exception))
-            with self.assertRaises(dsec.Overloaded) as cm:
+            # More than the quota could ever hold: a wrong request, not worth a retry.
+            with self.assertRaises(dsec.InvalidArgument) as cm:
                 s.create(base="py@1", count=3)
             self.assertIn("quota", str(cm.exception))
-            self.assertTrue(cm.exception.retryable)
+            self.assertIn("never fit", str(cm.exception))
+            self.assertFalse(cm.exception.retryable)
             with self.assertRaises(dsec.InvalidArgument):
                 s.create(base="bad name")
             with self.assertRaises(dsec.NotFound):
@@ -343,6 +346,110 @@ class Async(Base):
         time.sleep(0.6)
         self.assertEqual(sb.exec("echo still").stdout, b"still\n")
         s.close()
+
+
+class ExitsAndErrors(Base):
+    """One rule for how a command ended (exit_code 128+N for a signal N, as the
+    command line says), check=True, and errors that say what happened and are
+    retryable only when a retry can succeed."""
+
+    def test_killed_commands_report_128_plus_the_signal(self):
+        with self.c.session(quota=1, ttl=60) as s:
+            sb = s.create("py@1")[0]
+            r = sb.exec("sleep 5", timeout=0.3)
+            self.assertEqual((r.exit_code, r.signal, r.timed_out, r.ok), (137, 9, True, False))
+            r = sb.exec("kill -9 $$")
+            self.assertEqual((r.exit_code, r.signal, r.timed_out, r.ok), (137, 9, False, False))
+            r = sb.exec("kill -TERM $$")
+            self.assertEqual((r.exit_code, r.signal), (143, 15))
+            r = sb.exec("exit 3")
+            self.assertEqual((r.exit_code, r.signal, r.ok), (3, 0, False))
+            self.assertTrue(sb.exec("true").ok)
+            # The command line says the same (124 marks its --timeout, as timeout(1)).
+            dsec_bin = os.environ["DSEC_BIN"]
+            cli = subprocess.run([dsec_bin, "--connect", D.address, "exec", sb.id, "--", "sh",
+                                  "-c", "kill -9 $$"], capture_output=True, timeout=60)
+            self.assertEqual(cli.returncode, 137, cli.stderr)
+            cli = subprocess.run([dsec_bin, "--connect", D.address, "exec", "--timeout", "300ms",
+                                  sb.id, "--", "sleep", "5"], capture_output=True, timeout=60)
+            self.assertEqual(cli.returncode, 124, cli.stderr)
+
+    def test_check_raises_on_failure(self):
+        with self.c.session(quota=1, ttl=60) as s:
+            sb = s.create("py@1")[0]
+            self.assertEqual(sb.exec("echo fine", check=True).stdout, b"fine\n")
+            with self.assertRaises(dsec.CommandFailed) as cm:
+                sb.exec("echo broken >&2; exit 4", check=True)
+            e = cm.exception
+            self.assertEqual((e.exit_code, e.result.exit_code, e.sandbox_id), (4, 4, sb.id))
+            self.assertIn("exited with code 4", str(e))
+            self.assertIn("broken", str(e))
+            self.assertFalse(e.retryable)
+            self.assertIsInstance(e, dsec.Error)
+            with self.assertRaises(dsec.CommandFailed) as cm:
+                sb.exec(["sleep", "5"], timeout=0.3, check=True)
+            self.assertIn("timed out", str(cm.exception))
+            self.assertEqual(cm.exception.exit_code, 137)
+
+            async def main():
+                with self.assertRaises(dsec.CommandFailed) as cm:
+                    await sb.exec_async("kill -9 $$", check=True)
+                self.assertIn("signal 9", str(cm.exception))
+                return await sb.exec_async("true", check=True)
+
+            self.assertTrue(asyncio.run(main()).ok)
+
+    def test_errors_say_what_happened(self):
+        s = self.c.session(quota=2, ttl=60)
+        a, b = s.create("py@1", count=2)
+        # A quota full now: back off and retry.
+        with self.assertRaises(dsec.Overloaded) as cm:
+            s.create("py@1")
+        self.assertTrue(cm.exception.retryable)
+        self.assertIn("quota", str(cm.exception))
+        # A missing file: NotFound, in dsec's words, not tar's.
+        for path in ("/nope", "/no/such/dir/file"):
+            with self.assertRaises(dsec.NotFound) as cm:
+                a.get(path)
+            self.assertIn(path, str(cm.exception))
+            self.assertIn("no such file or directory", str(cm.exception))
+            self.assertNotIn("tar:", str(cm.exception))
+        # A destroyed sandbox: Closed, saying who did it.
+        b.close()
+        with self.assertRaises(dsec.Closed) as cm:
+            b.exec("true")
+        self.assertIn("destroyed by its trainer", str(cm.exception))
+        self.assertFalse(cm.exception.retryable)
+        # A TTL that ran out, while a command ran and after.
+        t = s.create("py@1", ttl=0.5)[0]
+        with self.assertRaises(dsec.Closed) as cm:
+            t.exec("sleep 30")
+        self.assertIn("TTL", str(cm.exception))
+        while t.id in {i.id for i in s.list()}:
+            time.sleep(0.05)
+        with self.assertRaises(dsec.Closed) as cm:
+            t.exec("true")
+        self.assertIn("reached its TTL", str(cm.exception))
+        # After close: Closed, not a disconnection worth retrying.
+        self.assertEqual(s.close(), 1)
+        with self.assertRaises(dsec.Closed) as cm:
+            a.exec("true")
+        self.assertFalse(cm.exception.retryable)
+        self.assertIn("closed", str(cm.exception))
+        self.assertIn(s.id, str(cm.exception))
+        with self.assertRaises(dsec.Closed):
+            s.close()  # again (a with block's exit stays quiet)
+        self.assertGone([a.id, b.id, t.id])
+
+    def test_untrusted_chronus_says_it_is_not_trusted(self):
+        with self.c.session(quota=1, ttl=60) as s:
+            sb = s.create("py@1", chronus=True)[0]
+            r = sb.exec("chronus stage build")
+            self.assertEqual(r.exit_code, 1)
+            self.assertIn(b"not trusted", r.stderr)
+            self.assertIn(b"trusted=True", r.stderr)
+            self.assertNotIn(b"is this a dsec sandbox", r.stderr)
+
 
 
 GRADER = ("set -e; chronus stage build; chronus report score=0.5 tests=3; chronus log \"$(hostname)\";"

@@ -568,12 +568,13 @@ TEST_CASE("sandbox: creating, ready, running, ready, destroying, gone; each step
     w.settle([&] { return d->done; }, "the sandbox is destroyed");
     CHECK(value_of(*d));
 
-    // Gone everywhere: the session, the scheduler (by id), the node.
-    check_refused(*w.now<exec_result>(sess, exec_atom::value, id, cmd({"true"})), errc::not_found,
+    // Gone everywhere: the session (which says it ended), the scheduler (by
+    // id), the node.
+    check_refused(*w.now<exec_result>(sess, exec_atom::value, id, cmd({"true"})), errc::closed,
                   id);
     check_refused(*w.now<exec_result>(w.entry, exec_atom::value, id, cmd({"true"})),
                   errc::not_found, id);
-    check_refused(*w.now<bool>(sess, destroy_atom::value, id), errc::not_found, id);
+    check_refused(*w.now<bool>(sess, destroy_atom::value, id), errc::closed, id);
     check_refused(*w.now<sandbox_actor>(w.node, lookup_atom::value, id), errc::not_found, id);
     // Its actor has ended: a request to the stale handle is CAF's failure.
     check_refused(*w.now<exec_result>(sb, exec_atom::value, cmd({"true"})), errc::disconnected,
@@ -659,7 +660,7 @@ TEST_CASE("sandbox: the TTL is a timer on the test clock; advancing past it dest
     w.settle([&] { return w.stats().destroyed == 1; }, "the brief sandbox is destroyed");
     CHECK(w.states() == std::map<std::string, std::string>{{keep, "ready"}});
     check_refused(*w.now<exec_result>(sess, exec_atom::value, brief, cmd({"true"})),
-                  errc::not_found, brief);
+                  errc::closed, "reached its TTL");
     auto alive = w.wait<exec_result>(sess, exec_atom::value, keep, cmd({"echo", "alive"}));
     CHECK(value_of(*alive).out == "alive\n");
 
@@ -697,8 +698,8 @@ TEST_CASE("sandbox: its init dying ends it and fails the command in flight") {
     auto st = w.stats();
     CHECK(st.destroyed == 1);
     CHECK(st.failed == 0);
-    check_refused(*w.now<exec_result>(sess, exec_atom::value, id, cmd({"true"})), errc::not_found,
-                  id);
+    check_refused(*w.now<exec_result>(sess, exec_atom::value, id, cmd({"true"})), errc::closed,
+                  "ended on its own");
     // The session still serves.
     auto next = w.make(sess, env_of(), 1).front();
     auto r = w.wait<exec_result>(sess, exec_atom::value, next, cmd({"hostname"}));
@@ -715,7 +716,7 @@ TEST_CASE("session: its quota counts live and coming sandboxes and refuses a bat
   auto h = std::make_shared<heard>();
   auto l = w.listener(h);
   check_refused(*w.now<uint32_t>(sess, create_atom::value, env_of(), uint32_t{4}, l),
-                errc::overloaded, "quota");
+                errc::invalid_argument, "never fit its quota of 3");
   CHECK(w.stats().live == 0); // nothing of it was placed
   CHECK(h->ready.empty());
   CHECK(h->failed.empty()); // a refused batch is refused as a whole

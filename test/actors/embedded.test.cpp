@@ -418,7 +418,7 @@ TEST_CASE("a session's quota refuses a batch beyond it, and the session still se
   embedded n;
   auto s = open(*n.c, {.quota = 3, .default_ttl_ms = 3'600'000, .name = "small"});
   auto over = s->create(env_of(), 4);
-  check_error(over, errc::overloaded, "quota");
+  check_error(over, errc::invalid_argument, "never fit its quota");
   CHECK(node_list(*n.c).empty()); // nothing was made of the refused batch
 
   auto ids = make(*s, env_of(), 3);

@@ -14,13 +14,18 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <condition_variable>
 #include <cstring>
 #include <filesystem>
+#include <map>
+#include <mutex>
+#include <thread>
 #include <fstream>
 #include <string>
 #include <vector>
 
 #include "actors/trajectory.hpp"
+#include "runtime/chronus.hpp"
 #include "runtime/trajectory.hpp"
 #include "test/actors/common.hpp"
 #include "test/support/host.hpp"
@@ -78,6 +83,19 @@ exec_result run(session& s, const std::string& id, const exec_request& req) {
   auto r = s.exec(id, req);
   REQUIRE_MESSAGE(r, "exec " << req.argv.back() << ": " << describe(r.error_value()));
   return std::move(*r);
+}
+
+// Pulls `count` events (a generous cap against a hang, not a timing check).
+std::vector<chronus_event> pull_events(event_stream& w, size_t count) {
+  std::vector<chronus_event> got;
+  auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (got.size() < count && std::chrono::steady_clock::now() < give_up) {
+    auto ev = w.next(std::chrono::milliseconds(200));
+    REQUIRE_MESSAGE(ev, describe(ev.error_value()));
+    if (*ev)
+      got.push_back(std::move(**ev));
+  }
+  return got;
 }
 
 std::string state_of(session& s, const std::string& id) {
@@ -457,4 +475,219 @@ TEST_CASE("trajectory: dsecd killed mid-rollout; the next dsecd resumes the sess
   // process, descriptor.
   auto left = lasting_diff(before);
   CHECK_MESSAGE(left.empty(), left);
+}
+
+namespace {
+
+using namespace std::chrono_literals;
+
+// An episode's own command: appends its name and prints the file, so that a
+// second run, or another episode's sandbox, shows.
+exec_request own_run(const std::string& name) {
+  return cmd({"sh", "-c", "mkdir -p /work && echo " + name + " >> /work/runs && cat /work/runs"});
+}
+
+// Creates with keys "ep-I" for each I in `order`, all at once (the creates
+// finish in no fixed order); returns key -> sandbox id.
+std::map<std::string, std::string> create_concurrently(session& s, const std::vector<int>& order) {
+  struct outcome {
+    std::mutex mu;
+    std::condition_variable cv;
+    size_t left;
+    std::map<std::string, std::string> ids;
+    std::vector<std::string> errors;
+  };
+  auto o = std::make_shared<outcome>();
+  o->left = order.size();
+  for (int i : order) {
+    auto key = "ep-" + std::to_string(i);
+    s.create_async(env_of(), 1, create_labels{key, {{"episode", std::to_string(i)}}},
+                   [o, key](expected<std::vector<created_sandbox>> r) {
+                     std::lock_guard<std::mutex> g{o->mu};
+                     if (!r)
+                       o->errors.push_back(key + ": " + describe(r.error_value()));
+                     else if (r->size() != 1 || r->front().key != key)
+                       o->errors.push_back(key + ": got " + std::to_string(r->size())
+                                           + " sandboxes, first keyed "
+                                           + (r->empty() ? "-" : r->front().key));
+                     else
+                       o->ids[key] = r->front().id;
+                     if (--o->left == 0)
+                       o->cv.notify_all();
+                   });
+  }
+  std::unique_lock<std::mutex> lk{o->mu};
+  o->cv.wait(lk, [&] { return o->left == 0; });
+  for (const auto& e : o->errors)
+    FAIL_CHECK(e);
+  return o->ids;
+}
+
+} // namespace
+
+TEST_CASE("trajectory: concurrent creates resume by key, never by position; closed ones answer "
+          "from their log") {
+  embedded e;
+  const int n = 8;
+  std::vector<int> forward, backward;
+  for (int i = 0; i < n; ++i) {
+    forward.push_back(i);
+    backward.insert(backward.begin(), i);
+  }
+  std::string sid;
+  std::map<std::string, std::string> ids;
+  std::map<int, exec_result> first;
+  {
+    auto c = client::attach(e.sys, e.d->scheduler());
+    auto s = open_logged(*c);
+    sid = s->id();
+    ids = create_concurrently(*s, forward);
+    REQUIRE(ids.size() == static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) {
+      auto key = "ep-" + std::to_string(i);
+      first[i] = run(*s, ids[key], own_run(key));
+      CHECK(first[i].out == key + "\n");
+      if (i % 2 == 0)
+        REQUIRE(s->destroy(ids[key])); // episode over: closed before the crash
+    }
+    auto found = s->find("ep-1");
+    REQUIRE_MESSAGE(found, describe(found.error_value()));
+    CHECK(found->id == ids["ep-1"]);
+    CHECK(found->tags == std::map<std::string, std::string>{{"episode", "1"}});
+    check_error(s->find("ep-0"), errc::closed, "destroyed by its trainer");
+    check_error(s->find("ep-99"), errc::not_found, "ep-99");
+    check_error(s->create(env_of(), 1, create_labels{"ep-1", {}}), errc::already_exists,
+                ids["ep-1"]);
+    check_error(s->create(env_of(), 1, create_labels{"x#1", {}}), errc::invalid_argument, "'#'");
+    // the trainer dies
+  }
+  std::vector<std::string> all;
+  for (const auto& [k, id] : ids)
+    all.push_back(id);
+  REQUIRE(eventually_gone(*e.c, all));
+
+  auto c = client::attach(e.sys, e.d->scheduler());
+  auto s = resume(*c, sid);
+  // A logged key asked with another environment: refused, saying what differs.
+  auto other = env_of();
+  other.memory = 64 << 20;
+  check_error(s->create(other, 1, create_labels{"ep-3", {}}), errc::invalid_argument, "memory");
+  // The other way round this time: each key gets its own sandbox.
+  auto again = create_concurrently(*s, backward);
+  CHECK(again == ids);
+  // A create without a key is fresh, never one of the log's.
+  auto fresh = s->create(env_of(), 1);
+  REQUIRE_MESSAGE(fresh, describe(fresh.error_value()));
+  for (const auto& [k, id] : ids)
+    CHECK(fresh->front() != id);
+  for (int i = 0; i < n; ++i) {
+    auto key = "ep-" + std::to_string(i);
+    const auto& id = ids[key];
+    CHECK(state_of(*s, id) == (i % 2 == 0 ? "closed" : "replaying"));
+    auto r = run(*s, id, own_run(key)); // answered from the log
+    CHECK(r.out == key + "\n");
+    CHECK(r.duration_us == first[i].duration_us);
+    if (i % 2 == 0) {
+      // Past its log: it was closed, nothing runs; destroying it again is fine.
+      check_error(s->exec(id, cmd({"cat", "/work/runs"})), errc::closed, "closed before session");
+      check_error(s->get(id, "/work/runs"), errc::closed, "closed before session");
+      CHECK(s->destroy(id));
+    } else {
+      // Rebuilt as it was: the command ran once.
+      CHECK(run(*s, id, cmd({"cat", "/work/runs"})).out == key + "\n");
+      CHECK(state_of(*s, id) == "ready");
+    }
+  }
+  REQUIRE(s->close());
+  // After close, calls on the session say so and are not worth a retry.
+  check_error(s->exec(ids["ep-1"], cmd({"true"})), errc::closed, "closed");
+  CHECK_FALSE(fs::exists(log_dir(sid)));
+}
+
+TEST_CASE("trajectory: a grader's Chronus events and the trainer's answers are replayed") {
+  embedded e;
+  auto genv = env_of();
+  genv.chronus = true;
+  auto grader = cmd({"sh", "-c", "set -e; chronus stage grading; chronus report score=0.5;"
+                                 " chronus feedback \"$(hostname)\""});
+  grader.trusted = true;
+  std::string sid, id;
+  exec_result graded;
+  {
+    auto c = client::attach(e.sys, e.d->scheduler());
+    auto s = open_logged(*c);
+    sid = s->id();
+    auto w = s->watch();
+    REQUIRE_MESSAGE(w, describe(w.error_value()));
+    id = create_keyed(*s, "g", 1, genv).front();
+    std::thread answerer([&] {
+      auto give_up = std::chrono::steady_clock::now() + 120s;
+      while (std::chrono::steady_clock::now() < give_up) {
+        auto ev = (*w)->next(200ms);
+        if (!ev)
+          return;
+        if (*ev && (*ev)->kind == chronus_kind::feedback) {
+          CHECK_FALSE((*ev)->replayed);
+          chronus_feedback fb;
+          fb.request_id = (*ev)->seq;
+          fb.reward = 0.75;
+          fb.text = "well done";
+          fb.done = true;
+          CHECK(s->answer(id, fb));
+          return;
+        }
+      }
+    });
+    graded = run(*s, id, grader);
+    answerer.join();
+    CHECK(graded.exit_code == 0);
+    CHECK(graded.out.find("\"reward\":0.75") != std::string::npos);
+  }
+  REQUIRE(eventually_gone(*e.c, {id}));
+  auto c = client::attach(e.sys, e.d->scheduler());
+  auto s = resume(*c, sid);
+  auto w = s->watch();
+  REQUIRE_MESSAGE(w, describe(w.error_value()));
+  CHECK(create_keyed(*s, "g", 1, genv) == std::vector<std::string>{id});
+  auto again = run(*s, id, grader); // from the log, with its events sent before it
+  CHECK(again.out == graded.out);
+  auto evs = pull_events(**w, 3);
+  REQUIRE(evs.size() == 3);
+  CHECK(evs[0].kind == chronus_kind::stage);
+  CHECK(evs[1].kind == chronus_kind::report);
+  CHECK(evs[2].kind == chronus_kind::feedback);
+  for (const auto& ev : evs) {
+    CHECK(ev.replayed);
+    CHECK(ev.sandbox_id == id);
+  }
+  REQUIRE(evs[2].answer);
+  CHECK(evs[2].answer->reward == 0.75);
+  CHECK(evs[2].answer->text == "well done");
+  // Answering a replayed request changes nothing and rebuilds nothing.
+  chronus_feedback fb;
+  fb.request_id = evs[2].seq;
+  fb.reward = 1;
+  CHECK(s->answer(id, fb));
+  CHECK(state_of(*s, id) == "replaying");
+  REQUIRE(s->close());
+}
+
+TEST_CASE("trajectory: a killed command's exit code is 128+N, in the log too") {
+  embedded e;
+  auto s = open_logged(*e.c);
+  auto id = create_keyed(*s, "k", 1).front();
+  auto slow = cmd({"sleep", "30"});
+  slow.timeout_ms = 300;
+  auto r = run(*s, id, slow);
+  CHECK(r.timed_out);
+  CHECK(r.signal == SIGKILL);
+  CHECK(r.exit_code == 128 + SIGKILL);
+  auto k = run(*s, id, cmd({"sh", "-c", "kill -TERM $$"}));
+  CHECK_FALSE(k.timed_out);
+  CHECK(k.signal == SIGTERM);
+  CHECK(k.exit_code == 128 + SIGTERM);
+  CHECK(run(*s, id, cmd({"sh", "-c", "exit 3"})).exit_code == 3);
+  // A quota that can never fit is a wrong request; one full now is retryable.
+  check_error(s->create(env_of(), 17, create_labels{}), errc::invalid_argument, "never fit");
+  REQUIRE(s->close());
 }

@@ -50,8 +50,9 @@ Options:
                          resume that rebuilds the sandbox runs it again
   -h, --help             this text
 
-Exit status: CMD's own status; 128+N if a signal N killed it; 124 if --timeout
-fired; 126 if CMD cannot be executed (or --cwd, --user do not work), 127 if it
+Exit status: CMD's exit_code, as the API reports it: its own status, 128+N if a
+signal N killed it; 124 if --timeout fired (as timeout(1): its exit_code is
+137 then); 126 if CMD cannot be executed (or --cwd, --user do not work), 127 if it
 is not found; 1 if the daemon reported an error (an unknown sandbox, ...) or
 cannot be reached; 2 on a usage error. Interrupting dsec does not stop CMD: it
 runs on in the sandbox until it ends or the sandbox is removed.
@@ -112,7 +113,8 @@ Isolation and limits:
 Other:
   -h, --help               this text
 
-Exit status: CMD's own status; 128+N if a signal N killed it; 124 on timeout;
+Exit status: CMD's exit_code, as the API reports it: its own status, 128+N if a
+signal N killed it; 124 on timeout (its exit_code is 137 then);
 126 if CMD cannot be executed (or --cwd, --user do not work), 127 if it is not
 found; 125 if dsec or the daemon failed (the message says why); 2 on a usage
 error. With --detach: 0 once CMD runs, else the same codes.
