@@ -120,6 +120,9 @@ struct session_state {
   std::unordered_set<std::string> expired;    // their TTL ran out
   std::unordered_map<std::string, std::string> ended; // id -> why (the latest max_ended)
   std::deque<std::string> ended_order;
+  // Feedback requests sent again from the log, by sandbox and seq: their
+  // answers are accepted whatever became of the sandbox since.
+  std::set<std::pair<std::string, uint64_t>> replayed_requests;
   // ---- the cluster (cfg.cluster) ----
   // Sandboxes admitted by each node and not yet ready or failed, by request;
   // may go below 0 for a while (a ready can overtake the scheduler's placed_atom).
@@ -1026,6 +1029,8 @@ void replay_events(self_ptr self, replay_box& rb, size_t step) {
   auto& evs = rb.box.events;
   while (rb.next_event < evs.size() && evs[rb.next_event].position <= step) {
     const auto& e = evs[rb.next_event++];
+    if (e.feedback)
+      self->state.replayed_requests.emplace(rb.box.id, e.seq);
     publish_event(self, chronus_event_msg{e.bytes, true, e.answer});
   }
 }
@@ -1491,6 +1496,14 @@ session_actor::behavior_type session_impl(self_ptr self, session_config cfg) {
         chronus_feedback_msg& fb) -> caf::delegated<bool> {
       auto& s = self->state;
       auto rp = self->make_response_promise<bool>();
+      if (!s.replayed_requests.empty())
+        if (auto f = decode_feedback(as_bytes(fb.bytes));
+            f && s.replayed_requests.erase({id, f->request_id}) > 0) {
+          // An answer to a request replayed from the log: its command has
+          // run, and may be over (its sandbox destroyed) by now.
+          rp.deliver(true);
+          return {};
+        }
       if (s.replay.count(id) && !s.sandboxes.count(id)) {
         // A replayed request (or one of a sandbox that is not live): the
         // command that asked has run; the answer changes nothing.

@@ -237,7 +237,8 @@ expected<trajectory_plan> load_trajectory(const std::string& root, const std::st
           break;
         r.sandbox = ev->sandbox_id;
         if (auto* b = find_box())
-          b->events.push_back({b->steps.size(), ev->seq, std::move(r.bytes), {}});
+          b->events.push_back({b->steps.size(), ev->seq, std::move(r.bytes), {},
+                               ev->kind == chronus_kind::feedback});
         break;
       }
       case trajectory_record::answered: {

@@ -81,6 +81,7 @@ struct trajectory_plan {
     uint64_t seq = 0;
     std::string bytes;    ///< Event
     std::string answer;   ///< the trainer's Feedback to it, if it was a request and answered
+    bool feedback = false; ///< a feedback request
   };
   struct box {
     std::string id;

@@ -13,7 +13,8 @@ close the sandbox.
 
 It prints one JSON object a line (flushed): {"session": ID}; for each episode
 done {"episode": I, "sandbox": ID, "key": K, "agent": OUT, "agent_exit": N,
-"agent_duration": US, "grade": OUT, "grade_exit": N}; for each feedback
+"agent_duration": US, "grade": OUT, "grade_exit": N, "grade_err": ERR}; for each feedback
+event {"event": KIND, "sandbox": ID, "seq": N, "replayed": B}; for each feedback
 request its handler saw {"feedback": I, "sandbox": ID, "replayed": B,
 "logged_reward": R or null}; at the end {"finished": N}. With --stop-after M
 it prints {"stopping": M} once M episodes are done and waits to be killed
@@ -59,12 +60,14 @@ async def episode(s, sem, i, done):
         await sb.close_async()
         emit({"episode": i, "sandbox": sb.id, "key": sb.key, "agent": a.stdout.decode(),
               "agent_exit": a.exit_code, "agent_duration": a.duration_us,
-              "grade": g.stdout.decode(), "grade_exit": g.exit_code})
+              "grade": g.stdout.decode(), "grade_exit": g.exit_code,
+              "grade_err": g.stderr.decode()})
         done.append(i)
 
 
 async def watch(s):
     async for ev in s.events_async():
+        emit({"event": ev.kind, "sandbox": ev.sandbox, "seq": ev.seq, "replayed": ev.replayed})
         if ev.kind != "feedback":
             continue
         i = int(ev.payload.decode().split()[-1])
