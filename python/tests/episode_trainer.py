@@ -16,7 +16,8 @@ done {"episode": I, "sandbox": ID, "key": K, "agent": OUT, "agent_exit": N,
 "agent_duration": US, "grade": OUT, "grade_exit": N, "grade_err": ERR}; for each feedback
 event {"event": KIND, "sandbox": ID, "seq": N, "replayed": B}; for each feedback
 request its handler saw {"feedback": I, "sandbox": ID, "replayed": B,
-"logged_reward": R or null}; at the end {"finished": N}. With --stop-after M
+"logged_reward": R or null}; at the end, once it closed the session,
+{"finished": N}. With --stop-after M
 it prints {"stopping": M} once M episodes are done and waits to be killed
 (the others stay in flight). If the daemon goes away it prints
 {"disconnected": why} and exits 3.
@@ -106,8 +107,8 @@ async def main(args):
             return 1
         await asyncio.gather(*tasks)
         watcher.cancel()
-        emit({"finished": len(done)})
         await s.close_async()
+        emit({"finished": len(done)})  # and closed: its log is gone
         return 0
     except dsec.Disconnected as e:
         emit({"disconnected": str(e)})
