@@ -197,9 +197,10 @@ void maybe_finish(self_ptr self, uint64_t eid) {
 void begin_destroy(self_ptr self);
 
 // What a failed tar of put or get (`what`: "get /work/x") means: a missing
-// file or directory is not_found, a full disk too_large, anything else the
-// tool's failure with its first line of stderr.
-error tar_failure(const std::string& what, const exec_result& r) {
+// file or directory is not_found, a full disk too_large, anything else
+// `otherwise` (a put's archive that tar refuses is the trainer's bad input, a
+// get's failure the tool's) with tar's first line of stderr.
+error tar_failure(const std::string& what, const exec_result& r, errc otherwise) {
   auto has = [&](const char* s) { return r.err.find(s) != std::string::npos; };
   if (has("No such file or directory") || has("Not a directory"))
     return make_error(errc::not_found, what + ": no such file or directory in the sandbox");
@@ -209,8 +210,8 @@ error tar_failure(const std::string& what, const exec_result& r) {
   auto line = r.err.substr(0, r.err.find('\n'));
   if (line.empty())
     line = r.signal ? "killed by signal " + std::to_string(r.signal) : "no message";
-  return make_error(errc::tool_failed, what + ": tar in the sandbox exited with "
-                                         + std::to_string(r.exit_code) + ": " + line);
+  return make_error(otherwise, what + ": tar in the sandbox exited with "
+                                  + std::to_string(r.exit_code) + ": " + line);
 }
 
 // After this the actor is gone: tell everyone, release everything.
@@ -608,7 +609,7 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
             e.message = "put needs tar in the sandbox's image: " + e.message;
           rp.deliver(to_caf(e));
         } else if (r->exit_code != 0) {
-          rp.deliver(to_caf(tar_failure("put into " + dir, *r)));
+          rp.deliver(to_caf(tar_failure("put into " + dir, *r, errc::invalid_argument)));
         } else {
           rp.deliver(size);
         }
@@ -643,7 +644,7 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
             e.message = "get needs tar in the sandbox's image: " + e.message;
           rp.deliver(to_caf(e));
         } else if (r->exit_code != 0) {
-          rp.deliver(to_caf(tar_failure("get " + path, *r)));
+          rp.deliver(to_caf(tar_failure("get " + path, *r, errc::tool_failed)));
         } else if (r->truncated) {
           rp.deliver(to_caf(make_error(errc::invalid_argument,
                                        "get " + path + ": larger than 256 MiB")));

@@ -287,7 +287,7 @@ TEST_CASE("put then get round-trips a directory") {
   }
   SUBCASE("bad paths are refused and named") {
     check_error(s->put(id, "relative/dir", tar), errc::invalid_argument, "relative/dir");
-    check_error(s->put(id, "/no/such/dir", tar), errc::invalid_argument, "/no/such/dir");
+    check_error(s->put(id, "/no/such/dir", tar), errc::not_found, "/no/such/dir");
     check_error(s->put(id, "/tmp", "not a tar archive"), errc::invalid_argument, "/tmp");
     check_error(s->get(id, "/no/such/file"), errc::not_found, "/no/such/file");
     check_error(s->get(id, "tmp/in"), errc::invalid_argument, "tmp/in");
@@ -329,21 +329,23 @@ TEST_CASE("list shows each sandbox's state: ready or running") {
   }
 }
 
-TEST_CASE("a destroyed sandbox is not_found afterwards and the daemon keeps serving") {
+TEST_CASE("a destroyed sandbox is closed (its session says so) or not_found afterwards, and the "
+          "daemon keeps serving") {
   embedded n;
   auto s = open(*n.c);
   auto ids = make(*s, env_of(), 2);
   REQUIRE(s->destroy(ids[0]));
-  check_error(s->exec(ids[0], cmd({"true"})), errc::not_found, ids[0]);
+  check_error(s->exec(ids[0], cmd({"true"})), errc::closed,
+              "sandbox " + ids[0] + " was destroyed by its trainer");
   check_error(n.c->exec(ids[0], cmd({"true"})), errc::not_found, ids[0]);
-  check_error(s->destroy(ids[0]), errc::not_found, ids[0]);
+  check_error(s->destroy(ids[0]), errc::closed, ids[0]);
   check_error(n.c->destroy(ids[0]), errc::not_found, ids[0]);
   check_error(n.c->get(ids[0], "/etc"), errc::not_found, ids[0]);
   CHECK(ids_of(node_list(*n.c)) == std::set<std::string>{ids[1]});
 
   // By id, without the session.
   REQUIRE(n.c->destroy(ids[1]));
-  check_error(s->exec(ids[1], cmd({"true"})), errc::not_found, ids[1]);
+  check_error(s->exec(ids[1], cmd({"true"})), errc::closed, ids[1]);
   CHECK(node_list(*n.c).empty());
 
   auto again = make(*s, env_of(), 1).front();
@@ -364,7 +366,7 @@ TEST_CASE("a sandbox's TTL ends it by itself") {
   if (auto* i = find_info(l, brief))
     CHECK(i->ttl_left_ms <= 300);
   CHECK(eventually_gone(*n.c, {brief}));
-  check_error(s->exec(brief, cmd({"true"})), errc::not_found, brief);
+  check_error(s->exec(brief, cmd({"true"})), errc::closed, brief + " reached its TTL");
 
   // The session's default TTL applies when the environment has none.
   auto s2 = open(*n.c, {.quota = 4, .default_ttl_ms = 300, .name = "short"});
