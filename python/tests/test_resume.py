@@ -454,6 +454,16 @@ class Keys(unittest.TestCase):
         with self.assertRaises(TypeError):
             s.create("py@1", key="k", tags={"n": 1})
         self.assertEqual(a[0].exec("echo one > /tmp/f; cat /tmp/f").stdout, b"one\n")
+        # The command line's run takes a key and tags too.
+        cli = subprocess.run([os.environ["DSEC_BIN"], "--connect", D.address, "run", "--detach",
+                              "--session", sid, "--key", "cli", "--tag", "from=cli",
+                              "--idempotent", "--base", "py@1", "--", "sleep", "300"],
+                             capture_output=True, text=True, timeout=60)
+        self.assertEqual(cli.returncode, 0, cli.stderr)
+        found = s.find("cli")
+        self.assertEqual(found.id, cli.stdout.strip())
+        self.assertEqual(found.info.tags, {"from": "cli"})
+        found.close()
         a[0].close()
         with self.assertRaises(dsec.Closed) as cm:
             s.find("alpha")

@@ -77,6 +77,11 @@ Sandbox and session:
                            the sandbox is still destroyed when CMD ends.
   --ttl DUR                the sandbox's lifetime (e.g. 10m, 2h); default: its
                            session's (1h unless `session open --ttl` said)
+  --key KEY                the create's key (e.g. an episode id): in a resumed
+                           session it gets the sandbox the log made for KEY
+                           (docs/trajectory.md); at most one live per session
+  --tag NAME=VALUE         a tag for the sandbox (repeatable), shown by the
+                           session's list
   --chronus                give the sandbox Chronus: /run/chronus.sock and the
                            `chronus` client, for trusted commands (`exec
                            --trusted`) to report stages and ask for feedback;
@@ -319,6 +324,7 @@ int run_main(context& ctx, args& a) {
   bool detach = false, input = false, chronus = false, idempotent = false;
   std::string session_id;
   std::optional<std::chrono::milliseconds> ttl;
+  create_labels labels;
   std::vector<std::string> argv;
   while (!a.empty()) {
     if (a.help()) {
@@ -360,6 +366,25 @@ int run_main(context& ctx, args& a) {
       if (v.empty())
         return usage_error(verb, "--session needs a session id");
       session_id = v;
+      continue;
+    }
+    got = a.option("--key", v);
+    if (!got)
+      return usage_error(verb, got.error_value().message);
+    if (*got) {
+      if (v.empty())
+        return usage_error(verb, "--key needs a key");
+      labels.key = v;
+      continue;
+    }
+    got = a.option("--tag", v);
+    if (!got)
+      return usage_error(verb, got.error_value().message);
+    if (*got) {
+      auto eq = v.find('=');
+      if (eq == std::string::npos || eq == 0)
+        return usage_error(verb, "--tag: expected NAME=VALUE, got '" + v + "'");
+      labels.tags[v.substr(0, eq)] = v.substr(eq + 1);
       continue;
     }
     got = a.option("--ttl", v);
@@ -413,6 +438,18 @@ int run_main(context& ctx, args& a) {
 
   // SIGINT, SIGTERM, SIGHUP: the sandbox goes (it is not half made and left).
   interrupt_guard guard;
+  // One sandbox, with the key and tags if given (a resumed session gives a
+  // key the sandbox its log has).
+  auto create_one = [&](session& s) -> expected<std::vector<std::string>> {
+    if (labels.key.empty() && labels.tags.empty())
+      return s.create(env, 1, [&](const std::string& ready) { guard.sandbox(ready); });
+    DSEC_TRY(made, s.create(env, 1, labels,
+                            [&](const created_sandbox& c) { guard.sandbox(c.id); }));
+    std::vector<std::string> ids;
+    for (auto& m : made)
+      ids.push_back(std::move(m.id));
+    return ids;
+  };
   if (detach) {
     auto c = ctx.connect();
     if (!c)
@@ -421,7 +458,7 @@ int run_main(context& ctx, args& a) {
     if (!s)
       return fail(s.error_value(), dsec_failed);
     guard.watch(s->get(), false);
-    auto ids = (*s)->create(env, 1, [&](const std::string& ready) { guard.sandbox(ready); });
+    auto ids = create_one(**s);
     if (!ids)
       return fail(ids.error_value(), dsec_failed);
     if (ids->empty())
@@ -473,7 +510,7 @@ int run_main(context& ctx, args& a) {
     }
   };
   std::string id;
-  auto ids = s->create(env, 1, [&](const std::string& ready) { guard.sandbox(ready); });
+  auto ids = create_one(*s);
   if (!ids || ids->empty()) {
     fail(ids ? make_error(errc::sandbox_failed, "the daemon created no sandbox")
              : ids.error_value());
