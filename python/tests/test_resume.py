@@ -429,7 +429,7 @@ class Keys(unittest.TestCase):
 
     def test_keys_tags_and_what_a_resumed_create_gets(self):
         c1 = dsec.connect(D.address)
-        s = c1.session(quota=4, ttl=60, trajectory=True)
+        s = c1.session(quota=5, ttl=60, trajectory=True)
         sid = s.id
         a = s.create("py@1", key="alpha", tags={"episode": "1", "split": "train"})
         self.assertEqual((a.key, a[0].key), ("alpha", "alpha"))
