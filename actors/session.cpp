@@ -496,9 +496,10 @@ caf::actor spawn_relay(self_ptr self, sandbox_actor sb, caf::strong_actor_ptr re
           .then(
             [=](exec_result& res) mutable {
               if (kept) {
+                // (kept->truncated says the copy is short, not what the
+                // requester got: it had every chunk.)
                 res.out = std::move(kept->out);
                 res.err = std::move(kept->err);
-                res.truncated = res.truncated || kept->truncated;
               }
               p.deliver(std::move(res));
               r->quit();
@@ -586,6 +587,8 @@ void pack_and_log(self_ptr self, const sandbox_actor& sb, trajectory_record rec,
 // durable. Streamed output goes to `requester` through a relay actor.
 void logged_exec(self_ptr self, const std::string& id, sandbox_actor sb, exec_request req,
                  caf::strong_actor_ptr requester, caf::typed_response_promise<exec_result> rp) {
+  // A streamed command's copy of its output, for the log.
+  auto kept = req.stream ? std::make_shared<kept_output>() : nullptr;
   auto on_result = [=](exec_result& r) mutable {
     trajectory_record rec;
     rec.kind = trajectory_record::executed;
@@ -596,7 +599,10 @@ void logged_exec(self_ptr self, const std::string& id, sandbox_actor sb, exec_re
     rec.result = r;
     if (req.stream) {
       // The relay collected the streamed output for the log; the requester
-      // has had it already, as it came.
+      // has had it already, as it came, all of it. The log's copy is cut at
+      // max_output per stream: then its result says truncated, which a
+      // replay of it from the log reports.
+      rec.result.truncated = r.truncated || kept->truncated;
       r.out.clear();
       r.err.clear();
     }
@@ -618,8 +624,7 @@ void logged_exec(self_ptr self, const std::string& id, sandbox_actor sb, exec_re
   // The sandbox streams to whoever asked: a relay that forwards the chunks
   // and hands the result back here to be logged, with a copy of the output
   // (up to max_output per stream, as a collected command would) for the log.
-  auto relay = spawn_relay(self, sb, requester, std::make_shared<kept_output>(),
-                           req.max_output);
+  auto relay = spawn_relay(self, sb, requester, kept, req.max_output);
   ask<exec_result>(
     self, sb, relay, on_result, fail,
     [rp, relay](const error& e) mutable {

@@ -291,6 +291,34 @@ class Resume(unittest.TestCase):
         s.close()
         self.assertFalse(os.path.exists(log_dir(sid)))
 
+    def test_a_streamed_output_beyond_what_the_log_keeps(self):
+        # The trainer gets all of a streamed output; the log keeps max_output
+        # (16 MiB) of each stream, and a replay from it says it is truncated.
+        n = 17 << 20
+        big = f"yes 2>/dev/null | head -c {n}"
+        c1 = dsec.connect(D.address)
+        try:
+            s = c1.session(quota=1, ttl=60, trajectory=True)
+            sid = s.id
+            sb = s.create("py@1", key="big")[0]
+            st = sb.exec_stream(big)
+            got = sum(len(chunk) for stream, chunk in st if stream == "stdout")
+            self.assertEqual(got, n)
+            self.assertFalse(st.result.truncated)
+            self.assertEqual(st.result.exit_code, 0)
+        finally:
+            c1.close()
+        c = self.connect()
+        s = resume(c, sid)
+        try:
+            sb = s.create("py@1", key="big")[0]
+            st = sb.exec_stream(big)
+            self.assertEqual(sum(len(chunk) for stream, chunk in st if stream == "stdout"),
+                             16 << 20)
+            self.assertTrue(st.result.truncated)
+            self.assertEqual(self.states(s, [sb.id]), ["replaying"])
+        finally:
+            s.close()
 
 import episode_trainer as E
 
