@@ -39,6 +39,7 @@ expected<std::unique_ptr<daemon>> daemon::start(caf::actor_system& sys,
     sc.name = opts.name;
     sc.coordinator = true;
     sc.beat_timeout = opts.beat_timeout;
+    sc.door = opts.door;
     d->scheduler_ = spawn_scheduler(sys, std::move(sc));
     for (uint32_t i = 0; i < opts.sim_nodes; ++i) {
       member_config mc;
@@ -83,6 +84,7 @@ expected<std::unique_ptr<daemon>> daemon::start(caf::actor_system& sys,
   sc.coordinator = opts.coordinator;
   sc.store = d->layer_store_;
   sc.beat_timeout = opts.beat_timeout;
+  sc.door = opts.door;
   if (!opts.join_host.empty())
     sc.joined = opts.join_host + ":" + std::to_string(opts.join_port);
   d->scheduler_ = spawn_scheduler(sys, std::move(sc));

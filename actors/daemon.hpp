@@ -14,6 +14,7 @@
 
 #include <optional>
 
+#include "actors/door.hpp"
 #include "actors/interfaces.hpp"
 #include "actors/sim_sandbox.hpp"
 #include "runtime/engine.hpp"
@@ -44,6 +45,9 @@ struct daemon_options {
   std::chrono::milliseconds beat_timeout{1500};
   /// How long a node whose coordinator was lost keeps its sandboxes.
   std::chrono::milliseconds orphan_grace{5000};
+  /// What the published port's door refused, for node stats (actors/door.hpp);
+  /// null: not published, or behind TLS.
+  std::shared_ptr<door_counts> door;
   // ---- the simulated backend (docs/cluster.md) ----
   /// A coordinator whose nodes are simulated: no engine, no state dir; it
   /// spawns `sim_nodes` nodes named sim-1..sim-N in this process, each with

@@ -254,6 +254,9 @@ struct node_stats {
   uint64_t chronus_invalid = 0;
   uint64_t chronus_flooding = 0;
   uint64_t chronus_refused_connections = 0;
+  /// Connections to the daemon's port refused before their first message
+  /// (without --tls: not root nor group dsec; actors/door.hpp)
+  uint64_t refused_clients = 0;
 };
 
 template <class Inspector>
@@ -263,7 +266,7 @@ typename Inspector::result_type inspect(Inspector& f, node_stats& x) {
            x.cache_budget, x.evicted, x.gc, x.chronus_sandboxes, x.chronus_events,
            x.chronus_answered, x.chronus_too_large, x.chronus_malformed,
            x.chronus_unauthenticated, x.chronus_invalid, x.chronus_flooding,
-           x.chronus_refused_connections);
+           x.chronus_refused_connections, x.refused_clients);
 }
 
 /// The layers of one sandbox, mounted by the node's layer_cache: directory fds

@@ -551,6 +551,8 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
         .then(
           [=](node_stats& ns) mutable {
             ns.sessions = sessions;
+            if (auto& door = self->state.cfg.door)
+              ns.refused_clients = door->refused.load();
             rp.deliver(std::move(ns));
           },
           [=](caf::error& e) mutable { rp.deliver(e); });

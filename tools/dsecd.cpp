@@ -19,6 +19,7 @@
 #include <string>
 
 #include "actors/daemon.hpp"
+#include "actors/door.hpp"
 #include "actors/transport.hpp"
 #include "actors/types.hpp"
 #include "runtime/units.hpp"
@@ -36,7 +37,12 @@ Options:
                          picks a free one, printed at start). HOST is an IPv4 or
                          IPv6 address ([::1]:7070); 0.0.0.0 is every IPv4 one.
                          Without --tls only loopback addresses are accepted, and
-                         every local user can use the daemon.
+                         only processes of root and of the --group's members
+                         get in: the kernel tells whose socket connected, before
+                         its first message (others are refused and counted in
+                         `node stats`; docs/security.md)
+  --group NAME           the group whose members may use a daemon without --tls
+                         besides root (default dsec; a missing group: root only)
   --tls DIR              speak only TLS, with the CA, certificate and key in
                          DIR/ca.pem, DIR/cert.pem, DIR/key.pem (tools/tls-certs
                          makes them): a peer must present a certificate signed
@@ -66,6 +72,11 @@ Options:
                          this long as lost (default 1500ms)
   --orphan-grace DUR     a node that lost its coordinator destroys the
                          sandboxes it made for it after this (default 5s)
+  --client-timeout DUR   drop a connection (a client's, a node's) that sent
+                         nothing, not even CAF's heartbeat, for this long
+                         (default 30s). dsec's clients send a heartbeat every
+                         second however long their commands run or they idle,
+                         so only a dead, hung or cut-off client is dropped
   --trajectory-keep DUR  remove a trajectory log (docs/trajectory.md) that no
                          session wrote to for DUR, checked at start and hourly
                          (default 168h, a week; 0: keep logs until their
@@ -88,9 +99,9 @@ Options:
   --sim-node-memory SIZE modelled memory of a simulated node (default 0: no limit)
   -h, --help             this text
 
-A node's connection to its coordinator is also watched by CAF's middleman
-heartbeat (every --beat-interval, dropped after --beat-timeout of silence),
-so that a dead or hung node is lost within --beat-timeout plus one interval.
+A node is lost when its connection drops (the process died) or after
+--beat-timeout without one of its heartbeats (it hangs). A connection itself
+is dropped only after --client-timeout of silence.
 
 At start dsecd removes what a crashed predecessor left (cgroups of dead dsec
 processes) and says what it removed. SIGINT or SIGTERM: every sandbox is
@@ -103,6 +114,8 @@ struct options {
   dsec::tls_options tls;
   dsec::daemon_options d;
   unsigned threads = 2;
+  std::string group = "dsec";
+  std::chrono::milliseconds client_timeout{30000};
 };
 
 // 127.0.0.0/8 or ::1: only this machine's processes can connect.
@@ -163,6 +176,17 @@ int main(int argc, char** argv) {
       if (v.empty())
         return bad("--tls: expected a directory (with ca.pem, cert.pem and key.pem)");
       o.tls.dir = v;
+    } else if (opt("--group")) {
+      if (v.empty())
+        return bad("--group: expected a group name");
+      o.group = v;
+    } else if (opt("--client-timeout")) {
+      auto dur = dsec::parse_duration(v, "--client-timeout");
+      if (!dur)
+        return bad(dur.error_value().message);
+      if (*dur < std::chrono::seconds(3) || *dur > std::chrono::hours(24))
+        return bad("--client-timeout: expected a duration from 3s to 24h, got '" + v + "'");
+      o.client_timeout = *dur;
     } else if (opt("--state")) {
       o.d.state_dir = v;
     } else if (opt("--slots")) {
@@ -307,12 +331,13 @@ int main(int argc, char** argv) {
   cfg.set("scheduler.policy", caf::atom("sharing"));
   cfg.set("scheduler.max-threads", static_cast<size_t>(o.threads));
   cfg.set("logger.console", caf::atom("none"));
-  if (o.d.coordinator || !o.d.join_host.empty()) {
-    // A node that stops answering is dropped by CAF too (its proxies die,
-    // monitors fire), not only by the coordinator's heartbeat check.
-    cfg.set("middleman.heartbeat-interval", caf::timespan{o.d.beat_interval});
-    cfg.set("middleman.connection-timeout", caf::timespan{o.d.beat_timeout});
-  }
+  // CAF's heartbeat keeps every link alive while its peer lives and drops it
+  // after --client-timeout of silence. That timeout is CAF's one setting for
+  // all links, so it suits clients (whose commands run for minutes): a hung
+  // node is found sooner by its missed node heartbeats (--beat-timeout), a
+  // dead one when its connection drops.
+  cfg.set("middleman.heartbeat-interval", caf::timespan{std::chrono::seconds(1)});
+  cfg.set("middleman.connection-timeout", caf::timespan{o.client_timeout});
   caf::actor_system sys{cfg};
 
   if (o.port == 0) {
@@ -343,6 +368,10 @@ int main(int argc, char** argv) {
   o.d.name = shown + ":" + std::to_string(o.port);
   // A node joins its coordinator through the same transport (TLS with --tls).
   o.d.connector = caf::actor_cast<caf::actor>(dsec::middleman_of(sys));
+  dsec::door_policy door;
+  door.group = o.group;
+  if (!o.tls.enabled())
+    o.d.door = door.counts;
   auto d = dsec::daemon::start(sys, o.d);
   // No handle on the middleman may outlive the actor system: it waits for them.
   o.d.connector = nullptr;
@@ -353,8 +382,13 @@ int main(int argc, char** argv) {
   for (const auto& what : (*d)->collected())
     std::printf("dsecd: removed %s (left by a dsec that is gone)\n", what.c_str());
   const auto& sched = (*d)->scheduler();
-  auto port = dsec::publish(sys, caf::actor_cast<caf::strong_actor_ptr>(sched),
-                            sys.message_types(sched), o.port, o.host);
+  // Without TLS, the door admits root and the group's members only.
+  auto port = o.tls.enabled()
+                ? dsec::publish(sys, caf::actor_cast<caf::strong_actor_ptr>(sched),
+                                sys.message_types(sched), o.port, o.host)
+                : dsec::publish_behind_door(sys, caf::actor_cast<caf::strong_actor_ptr>(sched),
+                                            sys.message_types(sched), o.port, o.host,
+                                            door);
   if (!port) {
     std::fprintf(stderr, "dsecd: %s\n", port.error_value().message.c_str());
     (void) (*d)->shutdown();
@@ -362,7 +396,7 @@ int main(int argc, char** argv) {
   }
   std::string tls = o.tls.enabled() ? " with TLS: peers need a certificate signed by "
                                         + o.tls.dir + "/ca.pem"
-                                     : " without TLS";
+                                     : " without TLS: root and group " + o.group + " only";
   std::string role = o.d.coordinator ? ", coordinator"
                      : o.d.join_host.empty()
                        ? ""

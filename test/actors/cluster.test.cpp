@@ -117,6 +117,37 @@ std::string spread_text(const std::map<std::string, std::vector<std::string>>& m
 
 } // namespace
 
+TEST_CASE("cluster: links of idle trainers and of commands longer than --beat-timeout live") {
+  // The node heartbeat's --beat-timeout (1.5 s) once dropped every quiet
+  // client link too (issue 19). Now a trainer that idles, and commands that
+  // run past it, through the coordinator and directly on a node, all live.
+  cluster cl(1);
+  auto s = cl.c->open_session();
+  REQUIRE(s);
+  auto ids = (*s)->create(env_of(), 2); // one on each node
+  REQUIRE(ids);
+  REQUIRE(by_node(**s).size() == 2);
+  std::this_thread::sleep_for(5s); // idle: over three --beat-timeouts
+  for (const auto& id : *ids) {
+    auto r = (*s)->exec(id, cmd({"sh", "-c", "sleep 5; echo done"}));
+    REQUIRE_MESSAGE(r, id << ": " << describe(r.error_value()));
+    CHECK(r->out == "done\n");
+  }
+  // By id, straight to the node that runs it (the command line's way).
+  auto direct = connect(cl.sys, cl.nodes[0]->port);
+  for (const auto& id : *ids) {
+    auto info = by_node(**s);
+    if (info[cl.node_name(0)].empty() || info[cl.node_name(0)].front() != id)
+      continue;
+    auto r = direct->exec(id, cmd({"sh", "-c", "sleep 5; echo direct"}));
+    REQUIRE_MESSAGE(r, describe(r.error_value()));
+    CHECK(r->out == "direct\n");
+  }
+  auto st = cl.c->stats();
+  REQUIRE(st);
+  CHECK(cl.up() == 2);
+}
+
 TEST_CASE("cluster_map: pieces, spread over every node, locality, full nodes") {
   cluster_map m{42};
   auto a = m.add("a", 100, 0, {"base@1"});

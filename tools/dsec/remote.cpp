@@ -589,6 +589,7 @@ int node_main(context& ctx, args& a) {
               "%llu flooding, %llu connections\n",
               u(s.chronus_too_large), u(s.chronus_malformed), u(s.chronus_unauthenticated),
               u(s.chronus_invalid), u(s.chronus_flooding), u(s.chronus_refused_connections));
+  std::printf("clients refused %llu (before their first message)\n", u(s.refused_clients));
   if (s.gc.empty()) {
     std::printf("start-up gc     nothing to remove\n");
   } else {
