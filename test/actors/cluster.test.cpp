@@ -596,6 +596,35 @@ TEST_CASE("with --tls a node holding a certificate of the CA joins; one without 
   CHECK(status.out.find("2 nodes up") != std::string::npos);
 }
 
+TEST_CASE("tools/cluster up -- --tls DIR: waits with TLS, its hints say --tls, status and down work") {
+  temp_dir dir{"/tmp", "dsec-tools-cluster-tls"};
+  auto script = env_path("DSEC_CLUSTER_SCRIPT");
+  auto certs = script.substr(0, script.rfind('/')) + "/tls-certs";
+  auto made = run_process({certs, dir / "tls"});
+  REQUIRE_MESSAGE(made.status == 0, made.describe());
+  auto cdir = dir / "c";
+  int base = 40000 + static_cast<int>(::getpid() % 20000);
+  ::setenv("DSECD", env_path("DSECD_BIN").c_str(), 1);
+  ::setenv("DSEC", suite::get().dsec_bin().c_str(), 1);
+  ::unsetenv("DSEC_TLS");
+  spawn_options o;
+  o.kill_after = std::chrono::seconds(180);
+  auto up = run_process({script, "up", "1", "--dir", cdir, "--port", std::to_string(base),
+                         "--slots", "10", "--", "--tls", dir / "tls"},
+                        o);
+  REQUIRE_MESSAGE(up.status == 0, up.describe());
+  CHECK(up.out.find("joined 2 of 2 nodes") != std::string::npos);
+  CHECK(up.out.find("--tls " + (dir / "tls") + " run --base NAME@VERSION -- echo hello")
+        != std::string::npos);
+  auto status = run_process({script, "status", "--dir", cdir});
+  CHECK_MESSAGE(status.status == 0, status.describe());
+  CHECK(status.out.find("2 nodes up") != std::string::npos);
+  auto help = run_process({script, "--help"});
+  CHECK(help.out.find("set -euo") == std::string::npos);
+  auto down = run_process({script, "down", "--dir", cdir});
+  CHECK_MESSAGE(down.status == 0, down.describe());
+}
+
 TEST_CASE("--backend sim: 8 simulated nodes in the coordinator take 2,000 sandboxes in batches, "
           "spread over all; exec works; close destroys all; nothing is left") {
   auto before = settled_snapshot();
