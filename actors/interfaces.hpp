@@ -95,7 +95,10 @@ using session_actor = caf::typed_actor<
   /// `count` sandboxes of request `request` were admitted by the node `where`
   caf::reacts_to<placed_atom, uint64_t, caf::node_id, uint32_t>,
   /// node `where` (named `name`) was lost, and why: its sandboxes are gone
-  caf::reacts_to<lost_atom, caf::node_id, std::string, std::string>>;
+  caf::reacts_to<lost_atom, caf::node_id, std::string, std::string>,
+  /// node `where` is a member (again): what comes from it now is of its new
+  /// membership, not of the one that was lost
+  caf::reacts_to<join_atom, caf::node_id>>;
 
 /// One per node: admission, the sandboxes' registry and the node's statistics.
 using node_actor = caf::typed_actor<

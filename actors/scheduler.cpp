@@ -99,6 +99,8 @@ void lose(self_ptr self, uint32_t id, const std::string& why) {
   info.coordinator = m.local;
   info.last = std::move(m.last);
   info.joined_ms = m.joined_ms;
+  // One row per name: its latest loss.
+  std::erase_if(s.lost, [&](const member_info& l) { return l.name == info.name; });
   s.lost.push_back(std::move(info));
   while (s.lost.size() > 32)
     s.lost.pop_front();
@@ -476,8 +478,10 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
       std::sort(out.begin(), out.end(), [](const member_info& a, const member_info& b) {
         return a.coordinator != b.coordinator ? a.coordinator : a.name < b.name;
       });
+      // A lost node that joined again is shown up only.
       for (auto& l : s.lost)
-        out.push_back(l);
+        if (!s.by_name.count(l.name))
+          out.push_back(l);
       return out;
     },
     [=](join_atom, node_report& rep, node_actor& node,
@@ -505,6 +509,9 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
       s.by_name[m.name] = id;
       s.by_addr[m.node.address()] = id;
       self->monitor(m.node);
+      // Sessions that lived through its loss may place there again.
+      for (auto& [sid, sess] : s.sessions)
+        caf::anon_send(sess, join_atom::value, m.where);
       std::printf("dsecd: node %s joined (%u slots, %zu layers)%s\n", m.name.c_str(),
                   m.last.slots, m.layers.size(), m.local ? " (this process)" : "");
       std::fflush(stdout);

@@ -1000,6 +1000,13 @@ session_actor::behavior_type session_impl(self_ptr self, session_config cfg) {
     [=](lost_atom, const caf::node_id& where, const std::string& name, const std::string& why) {
       node_lost(self, where, name, why);
     },
+    [=](join_atom, const caf::node_id& where) {
+      // A node lost while it hung has destroyed what it had and joined
+      // again (the same process: the same node id).
+      auto& s = self->state;
+      if (s.lost_nodes.erase(where))
+        s.inflight.erase(where);
+    },
     [=](feedback_atom, const std::string& id,
         chronus_feedback_msg& fb) -> caf::delegated<bool> {
       auto rp = self->make_response_promise<bool>();

@@ -465,6 +465,20 @@ TEST_CASE("a hung node is lost by its missing heartbeats, then destroys its sand
     return m && m->last.live == 0;
   }, 60s), cl.nodes[1]->bg.out());
   CHECK(cl.nodes[1]->bg.wait_for_output("declared lost", 10s));
+  // `cluster status` shows it once, up.
+  size_t rows = 0;
+  for (const auto& x : cl.members())
+    rows += x.name == victim;
+  CHECK(rows == 1);
+  // The session that lived through it uses it again.
+  auto more = (*s)->create(env_of(), 40);
+  REQUIRE_MESSAGE(more, describe(more.error_value()));
+  CHECK(more->size() == 40);
+  CHECK_MESSAGE(by_node(**s).count(victim) == 1, spread_text(by_node(**s)));
+  auto there = by_node(**s)[victim];
+  REQUIRE(!there.empty());
+  auto e = (*s)->exec(there.front(), cmd({"/bin/true"}));
+  CHECK_MESSAGE(e, describe(e.error_value()));
   REQUIRE((*s)->close());
 }
 
