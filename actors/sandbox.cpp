@@ -1,6 +1,7 @@
 #include "actors/sandbox.hpp"
 
 #include <caf/actor_system.hpp>
+#include <caf/event_based_actor.hpp>
 #include <caf/send.hpp>
 #include <caf/stateful_actor.hpp>
 #include <caf/typed_event_based_actor.hpp>
@@ -11,7 +12,9 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -28,6 +31,11 @@ namespace dsec {
 namespace {
 
 using clock_type = std::chrono::steady_clock;
+
+// put and get run the sandbox's own tar, which the agent may have replaced
+// or may keep busy (a fifo it reads, a tree that never ends): bounded like
+// any command, in output and in time, so a request cannot wait for ever.
+constexpr uint64_t put_get_timeout_ms = 5 * 60 * 1000;
 
 uint64_t unix_ms() {
   return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -109,8 +117,17 @@ struct sandbox_state {
   // engine's endpoint from creation until finish_destroy.
   std::optional<chronus_token> token;
   // Packs of the writable layer (a session with a trajectory log): what each
-  // file hashed to, so unchanged ones are not read again.
-  pack_cache packs;
+  // file hashed to, so unchanged ones are not read again. Packs run one at a
+  // time, in order, each on a thread of its own (run_pack).
+  std::shared_ptr<pack_cache> packs = std::make_shared<pack_cache>();
+  struct pack_job {
+    std::string pack_path, blob_dir;
+    caf::typed_response_promise<std::string> rp;
+  };
+  std::deque<pack_job> pack_queue;
+  bool packing = false;
+  // Set when the sandbox goes: a pack in progress stops at its next entry.
+  std::shared_ptr<std::atomic<bool>> pack_cancel = std::make_shared<std::atomic<bool>>(false);
 };
 
 using self_ptr = sandbox_actor::stateful_pointer<sandbox_state>;
@@ -203,6 +220,10 @@ void finish_destroy(self_ptr self) {
       x.done(make_error(errc::sandbox_failed, s.failure.empty()
                                                 ? "sandbox " + s.cfg.id + " was destroyed"
                                                 : "sandbox " + s.cfg.id + ": " + s.failure));
+  s.pack_cancel->store(true);
+  for (auto& job : s.pack_queue)
+    job.rp.deliver(to_caf(make_error(errc::not_found, "sandbox " + s.cfg.id + " was destroyed")));
+  s.pack_queue.clear();
   if (s.token) // a waiting `chronus feedback` hears that the session is gone
     s.cfg.eng->chronus().remove(s.cfg.id, true);
   s.token.reset();
@@ -440,6 +461,59 @@ void on_output(self_ptr self, uint64_t eid, uint8_t stream, std::string& data, b
   }
 }
 
+// Takes the next queued pack, if none runs. The walk of the writable layer
+// (which the sandbox may be changing, or may have made huge) runs on a
+// detached helper actor, a thread of its own, never on a CAF worker: a slow
+// or stuck pack delays only the packs of this sandbox. The helper has a
+// descriptor of the upper dir and the cache; the reply hands the cache back.
+void run_pack(self_ptr self) {
+  auto& s = self->state;
+  if (s.packing || s.pack_queue.empty())
+    return;
+  auto job = std::move(s.pack_queue.front());
+  s.pack_queue.pop_front();
+  auto refuse = [&](error e) {
+    job.rp.deliver(to_caf(e));
+    run_pack(self);
+  };
+  if (s.ph != phase::ready || !s.box)
+    return refuse(make_error(errc::not_found, "sandbox " + s.cfg.id + " is being destroyed"));
+  auto upper = std::make_shared<unique_fd>(::fcntl(s.box->upper_fd(), F_DUPFD_CLOEXEC, 0));
+  if (!*upper)
+    return refuse(sys_error("pack: a descriptor of the writable layer of", s.cfg.id));
+  s.packing = true;
+  // Manifests up to this size ride in the log record: one fsync fewer.
+  constexpr size_t inline_limit = 64u << 10;
+  auto helper = self->spawn<caf::detached>(
+    [upper, cache = s.packs, cancel = s.pack_cancel, uid_base = s.box->uid_base(),
+     pack_path = job.pack_path, blob_dir = job.blob_dir](caf::event_based_actor* a) {
+      return caf::behavior{[=](pack_atom) -> caf::result<std::string> {
+        a->quit();
+        pack_limits lim;
+        lim.cancel = cancel.get();
+        std::string manifest;
+        auto st = write_pack(upper->get(), pack_path, blob_dir, *cache, uid_base, &manifest,
+                             inline_limit, lim);
+        if (!st)
+          return to_caf(std::move(st).error_value().in_step("pack"));
+        return manifest;
+      }};
+    });
+  auto rp = job.rp;
+  self->request(helper, caf::infinite, pack_atom::value)
+    .then(
+      [self, rp](std::string& manifest) mutable {
+        self->state.packing = false;
+        rp.deliver(std::move(manifest));
+        run_pack(self);
+      },
+      [self, rp](caf::error& e) mutable {
+        self->state.packing = false;
+        rp.deliver(std::move(e));
+        run_pack(self);
+      });
+}
+
 sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
   self->state.cfg = std::move(cfg);
   auto& s = self->state;
@@ -526,14 +600,10 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
                                  "sandbox " + s.cfg.id
                                    + " was not made for packs (its session keeps no"
                                      " trajectory log)"));
-      // Manifests up to this size ride in the log record: one fsync fewer.
-      constexpr size_t inline_limit = 64u << 10;
-      std::string manifest;
-      auto st = write_pack(s.box->upper_fd(), pack_path, blob_dir, s.packs, s.box->uid_base(),
-                           &manifest, inline_limit);
-      if (!st)
-        return to_caf(std::move(st).error_value().in_step("pack"));
-      return manifest;
+      auto rp = self->make_response_promise<std::string>();
+      s.pack_queue.push_back({pack_path, blob_dir, rp});
+      run_pack(self);
+      return rp;
     },
     [=](exec_atom, const exec_request& req) -> caf::result<exec_result> {
       auto listener = self->current_sender();
@@ -579,6 +649,7 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
       req.argv = {"tar", "-x", "-f", "-", "-C", dir};
       req.input = tar;
       req.max_output = 64 * 1024;
+      req.timeout_ms = put_get_timeout_ms;
       uint64_t size = tar.size();
       start_exec(self, req, nullptr, [rp, size, dir](expected<exec_result> r) mutable {
         if (!r) {
@@ -586,6 +657,10 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
           if (e.code == errc::not_found && e.step == "execve")
             e.message = "put needs tar in the sandbox's image: " + e.message;
           rp.deliver(to_caf(e));
+        } else if (r->timed_out) {
+          rp.deliver(to_caf(make_error(errc::timeout,
+                                       "put into " + dir + ": the sandbox's tar did not finish in "
+                                         + std::to_string(put_get_timeout_ms / 1000) + " s")));
         } else if (r->exit_code != 0 || r->signal != 0) {
           rp.deliver(to_caf(make_error(errc::invalid_argument,
                                        "put into " + dir + " failed: " + r->err)));
@@ -616,12 +691,17 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
       exec_request req;
       req.argv = {"tar", "-c", "-f", "-", "-C", parent, name.empty() ? "." : name};
       req.max_output = 256ull << 20;
+      req.timeout_ms = put_get_timeout_ms;
       start_exec(self, req, nullptr, [rp, path](expected<exec_result> r) mutable {
         if (!r) {
           auto e = std::move(r).error_value();
           if (e.code == errc::not_found && e.step == "execve")
             e.message = "get needs tar in the sandbox's image: " + e.message;
           rp.deliver(to_caf(e));
+        } else if (r->timed_out) {
+          rp.deliver(to_caf(make_error(errc::timeout,
+                                       "get " + path + ": the sandbox's tar did not finish in "
+                                         + std::to_string(put_get_timeout_ms / 1000) + " s")));
         } else if (r->exit_code != 0 || r->signal != 0) {
           rp.deliver(to_caf(make_error(errc::not_found, "get " + path + " failed: " + r->err)));
         } else if (r->truncated) {

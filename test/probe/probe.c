@@ -127,6 +127,27 @@ static int cmd_fill(const char *path, const char *mb_s) {
   return outcome(rc);
 }
 
+/* Swaps `path` between a regular file and a fifo for ever, each put in place
+ * by rename(2) (so the name always exists): what a sandbox does to make a
+ * host process that stats the name as a file then opens it block in
+ * fifo_open. Prints "swapping" once it started; never returns. */
+static int cmd_swap_fifo(const char *path) {
+  char fifo[4096], file[4096];
+  snprintf(fifo, sizeof fifo, "%s.fifo-tmp", path);
+  snprintf(file, sizeof file, "%s.file-tmp", path);
+  printf("swapping\n");
+  for (;;) {
+    if (mkfifo(fifo, 0644) == 0)
+      (void)rename(fifo, path);
+    int fd = open(file, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd >= 0) {
+      (void)!write(fd, "data\n", 5);
+      close(fd);
+      (void)rename(file, path);
+    }
+  }
+}
+
 static int cmp_str(const void *a, const void *b) {
   return strcmp(*(char *const *)a, *(char *const *)b);
 }
@@ -725,6 +746,7 @@ int main(int argc, char **argv) {
   if (IS("ls", 1)) return cmd_ls(a1);
   if (IS("tree", 1)) return tree(a1), 0;
   if (IS("mknod", 1)) return outcome(mknod(a1, S_IFCHR | 0666, makedev(1, 3)));
+  if (IS("swap-fifo", 1)) return cmd_swap_fifo(a1);
   /* identity and /proc */
   if (IS("hostname", 0)) return cmd_hostname();
   if (IS("pid", 0)) return printf("%d\n", getpid()), 0;
