@@ -729,34 +729,3 @@ TEST_CASE("create() names the absent controller") {
   }
   CHECK(leftovers().empty());
 }
-
-// Not a test of speed (perf/ checks numbers): prints create+destroy costs.
-// Run with: cg_tests --no-skip -tc='*timing*'
-TEST_CASE("timing: create+destroy" * doctest::skip()) {
-  cleanup_guard guard;
-  {
-    auto root = cgroup_root::detect();
-    REQUIRE(root);
-    auto run = [&](const char* what, limits lim) {
-      constexpr int n = 200;
-      auto t0 = std::chrono::steady_clock::now();
-      for (int i = 0; i < n; ++i) {
-        auto cg = root->create("t" + std::to_string(i), lim);
-        REQUIRE(cg);
-        REQUIRE(cg->destroy());
-      }
-      auto us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0)
-                  .count() / n;
-      MESSAGE(std::string(what), ": ", us, " us per create+destroy");
-    };
-    limits mem, pids, cpu, all;
-    mem.memory_bytes = all.memory_bytes = 64u << 20;
-    pids.pids = all.pids = 64;
-    cpu.cpus = all.cpus = 1;
-    run("memory", mem);
-    run("pids", pids);
-    run("cpu", cpu);
-    run("all three", all);
-  }
-  CHECK(leftovers().empty());
-}
