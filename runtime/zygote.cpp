@@ -19,12 +19,14 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <vector>
 
 #include "runtime/init.hpp"
+#include "runtime/proc_mask.hpp"
 #include "runtime/proto.hpp"
 #include "runtime/seccomp_filter.hpp" // generated at build time
 #include "runtime/security.hpp"
@@ -61,6 +63,7 @@ struct zygote_state {
   size_t argv_len = 0;
   int host_pidfd = -1;
   uint32_t landlock_abi = 0;
+  uint32_t proc_masks = 0;    // which of proc_masks each sandbox applies
   rlimit nofile{};            // RLIMIT_NOFILE as we got it; sandboxes get it back
   netns_pool pool;
 };
@@ -142,10 +145,15 @@ void set_up(zygote_state& z, pid_t host, unsigned prewarm) {
   if (::mount("dsec-zygote", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
               "size=64k,mode=0755") < 0)
     startup_failed("minimal_root", "/tmp", errno);
-  if (::mkdir("/tmp/mnt", 0755) < 0 || ::mkdir("/tmp/proc", 0555) < 0)
+  if (::mkdir("/tmp/mnt", 0755) < 0 || ::mkdir("/tmp/proc", 0555) < 0
+      || ::mkdir("/tmp/mask", 0555) < 0)
     startup_failed("minimal_root", "/tmp/mnt", errno);
+  // What every sandbox binds over the /proc files it must not see (/mask).
+  if (int rc = prepare_proc_masks("/tmp/mask"); rc < 0)
+    startup_failed("minimal_root", "/tmp/mask", -rc);
   if (::mount("proc", "/tmp/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr) < 0)
     startup_failed("minimal_root", "/tmp/proc", errno);
+  z.proc_masks = proc_masks_to_apply("/tmp/proc");
   if (::chdir("/tmp") < 0 || ::syscall(SYS_pivot_root, ".", ".") < 0)
     startup_failed("minimal_root", "pivot_root", errno);
   if (::umount2(".", MNT_DETACH) < 0 || ::chdir("/") < 0)
@@ -256,16 +264,16 @@ bool loopback_up() {
   if (::mount("proc", "/mnt/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr) < 0)
     child_fail(c, S::mount_proc, "/proc", errno);
   mark(c, S::mount_proc);
-  // /proc/sys read-only: the sandbox's root owns its network namespace's
-  // sysctls, and that namespace goes to another sandbox afterwards.
+  // /proc/sys read-only (the sandbox's root owns its network namespace's
+  // sysctls, and that namespace goes to another sandbox afterwards), and the
+  // host's files masked as container runtimes do (runtime/proc_mask.hpp).
   {
-    int t = sys::open_tree(AT_FDCWD, "/mnt/proc/sys", OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
-    mount_attr ro{};
-    ro.attr_set = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC;
-    if (t < 0 || sys::mount_setattr(t, "", AT_EMPTY_PATH, &ro) < 0
-        || sys::move_mount(t, "", AT_FDCWD, "/mnt/proc/sys", MOVE_MOUNT_F_EMPTY_PATH) < 0)
-      child_fail(c, S::protect_proc, "/proc/sys", errno);
-    ::close(t);
+    const char* failed = "";
+    if (int rc = mask_proc("/mnt/proc", "/mask", c.z->proc_masks, &failed); rc < 0) {
+      char path[64];
+      std::snprintf(path, sizeof path, "/proc/%s", failed);
+      child_fail(c, S::protect_proc, path, -rc);
+    }
   }
   mark(c, S::protect_proc);
   if (::mount("devpts", "/mnt/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC,
