@@ -70,8 +70,9 @@ struct environment {
   bool net = false;               ///< a private network with loopback up
   uint64_t ttl_ms = 0;            ///< lifetime; 0: the session's default
   std::string backend = "container"; ///< only "container" so far
-  /// A Chronus socket at /run/chronus.sock, a token for trusted commands, and
-  /// the agent's commands kept apart from trusted ones (docs/chronus.md)
+  /// Chronus (docs/chronus.md): trusted commands that report to the session over
+  /// a channel of their own, kept apart from the agent's commands; dsec's
+  /// `chronus` at /.dsec/bin; pristine commands; /run/chronus.sock
   bool chronus = false;
 };
 
@@ -137,20 +138,26 @@ struct exec_request {
   bool stream = false;           ///< send output_chunk messages to the requester
   bool detach = false;           ///< reply once it runs; nobody collects its output
   uint64_t max_output = 16ull << 20; ///< per stream, when collecting
-  /// A trusted command (a grader): it gets $DSEC_CHRONUS_TOKEN, and the agent's
-  /// commands cannot trace, signal or read it. Needs environment.chronus.
+  /// A trusted command (a grader): it reaches Chronus over the trusted channel
+  /// at fd 3 ($CHRONUS_FD), its PATH starts with /.dsec/bin (dsec's `chronus`),
+  /// and the agent's commands cannot trace, signal or read it. Needs
+  /// environment.chronus.
   bool trusted = false;
   /// Safe to run again (docs/trajectory.md): in a session with a trajectory
   /// log, no pack of the writable layer is taken after it, and a resume that
   /// must rebuild the sandbox's files runs it again instead.
   bool idempotent = false;
+  /// With `trusted`: the command's root is the pristine root, the sandbox's
+  /// layers without anything the agent wrote (a private /tmp), with the agent's
+  /// root read-only at /.dsec/agent (docs/chronus.md).
+  bool pristine = false;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, exec_request& x) {
   return f(caf::meta::type_name("dsec.exec_request"), x.argv, x.env, x.cwd, x.uid, x.gid,
            x.timeout_ms, x.input, x.stream, x.detach, x.max_output, x.trusted,
-           x.idempotent);
+           x.idempotent, x.pristine);
 }
 
 /// How a command ended, and its output when it was collected.

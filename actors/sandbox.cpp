@@ -113,8 +113,9 @@ struct sandbox_state {
   std::string failure; // why init died, when it did
   bool acquiring = true; // the layer cache has not answered yet
   bool creation_failed_told = false; // the session heard failed_atom for it
-  // Chronus (env.chronus): the secret trusted commands get; served by the
-  // engine's endpoint from creation until finish_destroy.
+  // Chronus (env.chronus): the secret frames on /run/chronus.sock must carry
+  // (it never leaves the node); the sandbox is served by the engine's endpoint
+  // from creation until finish_destroy.
   std::optional<chronus_token> token;
   // Packs of the writable layer (a session with a trajectory log): what each
   // file hashed to, so unchanged ones are not read again. Packs run one at a
@@ -363,11 +364,14 @@ void start_exec(self_ptr self, const exec_request& req, caf::strong_actor_ptr li
       return done(make_error(errc::invalid_argument,
                              "a trusted command needs a sandbox made with Chronus (environment"
                              " chronus, `run --chronus`); sandbox " + s.cfg.id + " was not"));
-    std::erase_if(cmd.env, [](const std::string& e) {
-      return e.rfind("DSEC_CHRONUS_TOKEN=", 0) == 0;
-    });
-    cmd.env.push_back("DSEC_CHRONUS_TOKEN=" + s.token->to_hex());
+    // Its way to Chronus is the trusted channel, at fd 3 (container::send_exec
+    // sets CHRONUS_FD and puts /.dsec/bin first in PATH): no secret to steal.
     cmd.trusted = true;
+    cmd.pristine = req.pristine;
+  } else if (req.pristine) {
+    return done(make_error(errc::invalid_argument,
+                           "a pristine command must be a trusted one (--pristine needs "
+                           "--trusted)"));
   }
   stdio io;
   unique_fd in, out_w, err_w;
@@ -574,7 +578,8 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
             return fail_creation(self, std::move(token).error_value().in_step("make_chronus"));
           s.token = *token;
           // Events go straight from the reactor thread to the session's mailbox.
-          s.cfg.eng->chronus().add(s.cfg.id, s.box->release_chronus_fd(), *token,
+          s.cfg.eng->chronus().add(s.cfg.id, s.box->release_chronus_fd(),
+                                   s.box->release_channel_fd(), *token,
                                    [session = s.cfg.session](std::string event) {
                                      caf::anon_send(session, chronus_atom::value,
                                                     chronus_event_msg{std::move(event)});

@@ -129,6 +129,10 @@ sandbox_actor::behavior_type sim_impl(self_ptr self, std::shared_ptr<const sim_c
         return to_caf(make_error(errc::invalid_argument,
                                  "a trusted command needs a sandbox made with Chronus; sandbox "
                                    + s.id + " was not"));
+      if (req.pristine && !req.trusted)
+        return to_caf(make_error(errc::invalid_argument,
+                                 "a pristine command must be a trusted one (--pristine needs "
+                                 "--trusted)"));
       // Detached: it "runs" and nobody waits; streamed: no output to stream.
       if (req.detach || s.c->model.exec.count() == 0)
         return exec_result{};

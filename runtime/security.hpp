@@ -59,7 +59,9 @@ const std::vector<int>& kept_capabilities();
 int limit_bounding_set();
 
 /// Drops every capability not kept from the permitted, effective, inheritable
-/// and ambient sets of the caller (one capset). 0 or -errno.
-int drop_capabilities();
+/// and ambient sets of the caller (one capset), except those in `extra` (a mask
+/// of 1 << CAP_X; a Chronus sandbox's init keeps CAP_SYS_CHROOT for its trusted
+/// helper until it has forked it). Only async-signal-safe calls. 0 or -errno.
+int drop_capabilities(uint64_t extra = 0);
 
 } // namespace dsec::security

@@ -513,6 +513,11 @@ const system_entry system_entries[] = {
   {system_entry::dir, "sys", 0555},
   {system_entry::dir, "tmp", 01777},
   {system_entry::dir, "run", 0755},
+  // dsec's own files (docs/chronus.md): bin/chronus, and agent/, where a pristine
+  // command sees the agent's root. Mounted read-only over /.dsec in Chronus sandboxes.
+  {system_entry::dir, ".dsec", 0755},
+  {system_entry::dir, ".dsec/bin", 0755},
+  {system_entry::dir, ".dsec/agent", 0755},
   {system_entry::chardev, "dev/null", 0666, 1, 3},
   {system_entry::chardev, "dev/zero", 0666, 1, 5},
   {system_entry::chardev, "dev/full", 0666, 1, 7},
@@ -526,14 +531,15 @@ const system_entry system_entries[] = {
   {system_entry::symlink, "dev/stderr", 0, 0, 0, "/proc/self/fd/2"},
 };
 
-// Copies the chronus client (from `fd`) to usr/local/bin/chronus, mode 0755.
+// Copies the chronus client (from `fd`) to .dsec/bin/chronus, mode 0755, with a
+// hard link at usr/local/bin/chronus (one file in the image).
 expected<void> add_chronus(const std::string& root, int fd) {
   for (auto d : {"usr", "usr/local", "usr/local/bin"}) {
     auto path = join(root, d);
     if (::mkdir(path.c_str(), 0755) != 0 || ::chmod(path.c_str(), 0755) != 0)
       return sys_error("cannot create directory", path);
   }
-  auto path = join(root, "usr/local/bin/chronus");
+  auto path = join(root, ".dsec/bin/chronus");
   unique_fd out{::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0755)};
   if (!out)
     return sys_error("cannot create", path);
@@ -551,6 +557,9 @@ expected<void> add_chronus(const std::string& root, int fd) {
   }
   if (::fchmod(out.get(), 0755) != 0)
     return sys_error("cannot set the mode of", path);
+  auto link = join(root, "usr/local/bin/chronus");
+  if (::link(path.c_str(), link.c_str()) != 0)
+    return sys_error("cannot link", link);
   return {};
 }
 
@@ -592,7 +601,8 @@ expected<void> make_system_tree(const std::string& root, int chronus_fd) {
     if (::utimensat(AT_FDCWD, path.c_str(), epoch, AT_SYMLINK_NOFOLLOW) != 0)
       return sys_error("cannot set the mtime of", path);
   }
-  for (auto e : {"usr/local/bin/chronus", "usr/local/bin", "usr/local", "usr"}) {
+  for (auto e : {".dsec/bin/chronus", "usr/local/bin", "usr/local", "usr", ".dsec/bin",
+                 ".dsec"}) {
     auto path = join(root, e);
     if (::utimensat(AT_FDCWD, path.c_str(), epoch, AT_SYMLINK_NOFOLLOW) != 0)
       return sys_error("cannot set the mtime of", path);

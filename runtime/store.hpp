@@ -183,7 +183,8 @@ public:
 
   /// The path of the dsec system layer image (device nodes, /proc, /sys, /tmp
   /// mount points, /dev symlinks, and the Chronus client at
-  /// /usr/local/bin/chronus) that goes on top of every sandbox's layers.
+  /// /.dsec/bin/chronus, linked at /usr/local/bin/chronus) that goes on top of
+  /// every sandbox's layers.
   /// Built on first use (needs CAP_MKNOD), then reused; named
   /// system-vN-<digest of the chronus binary>.erofs.
   expected<std::string> system_layer();
@@ -198,7 +199,7 @@ public:
 
   /// Bumped whenever the system layer's contents change, so a new dsec builds a
   /// new image next to the old one instead of using a stale one.
-  static constexpr int system_layer_version = 2;
+  static constexpr int system_layer_version = 3;
 
 private:
   explicit store(std::string dir) : dir_(std::move(dir)) {}

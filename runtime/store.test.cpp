@@ -502,11 +502,17 @@ TEST_CASE("store: the system layer has the device nodes and is built once") {
   auto path = f.st.system_layer();
   REQUIRE_MESSAGE(path, path.error_value().to_string());
   // Named after the version and the chronus client it carries.
-  CHECK(path->rfind(f.state + "/system/system-v2-", 0) == 0);
-  CHECK(path->size() == (f.state + "/system/system-v2-").size() + 16 + 6);
-  auto chronus = dump(*path, "/usr/local/bin/chronus");
+  CHECK(path->rfind(f.state + "/system/system-v3-", 0) == 0);
+  CHECK(path->size() == (f.state + "/system/system-v3-").size() + 16 + 6);
+  // dsec's own copy, which Chronus sandboxes mount read-only at /.dsec, and the
+  // usual place, one file in the image.
+  auto chronus = dump(*path, "/.dsec/bin/chronus");
   CHECK(chronus.find("regular file") != std::string::npos);
   CHECK(chronus.find("0755") != std::string::npos);
+  CHECK(chronus.find("Links: 2") != std::string::npos);
+  auto linked = dump(*path, "/usr/local/bin/chronus");
+  CHECK(linked.find("regular file") != std::string::npos);
+  CHECK(dump(*path, "/.dsec/agent").find("directory") != std::string::npos);
 
   auto null = dump(*path, "/dev/null");
   CHECK(null.find("char dev") != std::string::npos);

@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <linux/capability.h>
 #include <linux/sched.h>
 #include <net/if.h>
 #include <poll.h>
@@ -18,6 +19,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -145,8 +147,10 @@ void set_up(zygote_state& z, pid_t host, unsigned prewarm) {
   if (::mount("dsec-zygote", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
               "size=64k,mode=0755") < 0)
     startup_failed("minimal_root", "/tmp", errno);
+  // /pristine: where a Chronus sandbox's pristine root is attached, beneath its
+  // own root once it has entered that (chronus_mounts).
   if (::mkdir("/tmp/mnt", 0755) < 0 || ::mkdir("/tmp/proc", 0555) < 0
-      || ::mkdir("/tmp/mask", 0555) < 0)
+      || ::mkdir("/tmp/mask", 0555) < 0 || ::mkdir("/tmp/pristine", 0755) < 0)
     startup_failed("minimal_root", "/tmp/mnt", errno);
   // What every sandbox binds over the /proc files it must not see (/mask).
   if (int rc = prepare_proc_masks("/tmp/mask"); rc < 0)
@@ -228,6 +232,64 @@ bool loopback_up() {
   return ok;
 }
 
+// A Chronus sandbox's mounts, made before it enters its root (docs/chronus.md):
+//  - dsec's own files over the overlay's /.dsec: a read-only mount point, which
+//    the agent can neither write, remove, rename nor cover (it cannot mount);
+//    the only parent is "/", so no rename of a parent moves it either;
+//  - the pristine root at the zygote's /pristine: the layers without the
+//    writable layer, with /proc and /dev/pts (the sandbox's own), a private
+//    /tmp, and the agent's root (the overlay alone, without its submounts)
+//    read-only at /.dsec/agent. The sandbox's root covers /pristine once it is
+//    entered: only the trusted helper's descriptor of it reaches it.
+// Returns the descriptors the helper keeps: the trusted channel and the
+// pristine root (O_PATH).
+void chronus_mounts(child_ctx& c, int& channel, int& pristine) {
+  using S = proto::child_step;
+  int* at = c.fds + 2 + c.req->cgroup_fds;
+  auto attach = [&](int fd, const char* where) {
+    if (sys::move_mount(fd, "", AT_FDCWD, where, MOVE_MOUNT_F_EMPTY_PATH) < 0)
+      child_fail(c, S::chronus_mounts, where, errno);
+    ::close(fd);
+  };
+  auto bind = [&](const char* from, const char* to, unsigned recursive, uint64_t attrs) {
+    int t = sys::open_tree(AT_FDCWD, from, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | recursive);
+    if (t < 0)
+      child_fail(c, S::chronus_mounts, from, errno);
+    if (attrs != 0) {
+      mount_attr a{};
+      a.attr_set = attrs;
+      if (sys::mount_setattr(t, "", AT_EMPTY_PATH | recursive, &a) < 0)
+        child_fail(c, S::chronus_mounts, to, errno);
+    }
+    attach(t, to);
+  };
+  attach(at[proto::chronus_fd::dsec_tree], "/mnt/.dsec");
+  attach(at[proto::chronus_fd::pristine_root], "/pristine");
+  bind("/mnt/proc", "/pristine/proc", AT_RECURSIVE, 0);
+  bind("/mnt/dev/pts", "/pristine/dev/pts", 0, 0);
+  attach(at[proto::chronus_fd::pristine_tmp], "/pristine/tmp");
+  bind("/mnt", "/pristine/.dsec/agent", 0,
+       MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV);
+  pristine = ::open("/pristine", O_PATH | O_DIRECTORY | O_CLOEXEC);
+  if (pristine < 0)
+    child_fail(c, S::chronus_mounts, "/pristine", errno);
+  channel = at[proto::chronus_fd::channel];
+}
+
+// Closes every descriptor but the `n` in `keep`.
+void close_all_but(int* keep, size_t n) {
+  std::sort(keep, keep + n);
+  unsigned next = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (keep[i] < 0)
+      continue;
+    if (static_cast<unsigned>(keep[i]) > next)
+      sys::close_range(next, static_cast<unsigned>(keep[i]) - 1, 0);
+    next = static_cast<unsigned>(keep[i]) + 1;
+  }
+  sys::close_range(next, ~0U, 0);
+}
+
 // The creation steps inside the sandbox, in order (proto::child_step).
 [[noreturn]] void child_main(child_ctx& c) {
   using S = proto::child_step;
@@ -280,6 +342,12 @@ bool loopback_up() {
               "newinstance,ptmxmode=0666,mode=0620,gid=5") < 0)
     child_fail(c, S::mount_devpts, "/dev/pts", errno);
   mark(c, S::mount_devpts);
+  bool chronus = (req.flags & proto::spawn_chronus) != 0;
+  int channel = -1, pristine = -1;
+  if (chronus) {
+    chronus_mounts(c, channel, pristine);
+    mark(c, S::chronus_mounts);
+  }
   // MS_MOVE + chroot instead of pivot_root: pivot_root walks every task on the
   // host. What lies beneath is the zygote's empty tmpfs, and the sandbox keeps
   // neither CAP_SYS_CHROOT nor CAP_SYS_ADMIN to climb out.
@@ -300,7 +368,9 @@ bool loopback_up() {
   if (int rc = security::restrict_landlock(c.z->landlock_abi); rc < 0)
     child_fail(c, S::landlock, "landlock_restrict_self", -rc);
   mark(c, S::landlock);
-  if (int rc = security::drop_capabilities(); rc < 0)
+  // A Chronus sandbox's init keeps CAP_SYS_CHROOT until it has forked the
+  // trusted helper, the one process that keeps it (for pristine commands).
+  if (int rc = security::drop_capabilities(chronus ? 1ULL << CAP_SYS_CHROOT : 0); rc < 0)
     child_fail(c, S::drop_capabilities, "capset", -rc);
   if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
     child_fail(c, S::drop_capabilities, "no_new_privs", errno);
@@ -315,21 +385,24 @@ bool loopback_up() {
   mark(c, S::seccomp);
   ::setrlimit(RLIMIT_NOFILE, &c.z->nofile);
   // Of the zygote's descriptors (its pool, its epoll, our parent's stdio) only
-  // the control socket stays.
-  if (c.ctl > 0)
-    sys::close_range(0, static_cast<unsigned>(c.ctl) - 1, 0);
-  sys::close_range(static_cast<unsigned>(c.ctl) + 1, ~0U, 0);
+  // the control socket stays, and in a Chronus sandbox the helper's two.
+  {
+    int keep[3] = {c.ctl, channel, pristine};
+    close_all_but(keep, 3);
+  }
   // A Chronus sandbox: the trusted helper stays in the sandbox's Landlock
   // domain, init (and every untrusted command it starts) enters a nested one.
   // Confined like init (it is a fork of it now) and holding only its socket.
   int helper = -1;
-  if (req.flags & proto::spawn_chronus) {
+  if (chronus) {
     c.last = now_ns();
     if (c.z->landlock_abi < 6) // dsec checks this first; never run with less
       child_fail(c, S::trusted_helper, "Landlock ABI 6", ENOTSUP);
-    helper = start_trusted_helper(c.ctl, c.z->argv_begin, c.z->argv_len);
+    helper = start_trusted_helper(c.ctl, c.z->argv_begin, c.z->argv_len, channel, pristine);
     if (helper < 0)
       child_fail(c, S::trusted_helper, "fork", -helper);
+    if (int rc = security::drop_capabilities(); rc < 0)
+      child_fail(c, S::trusted_helper, "capset", -rc);
     if (int rc = security::restrict_landlock(c.z->landlock_abi); rc < 0)
       child_fail(c, S::trusted_helper, "landlock_restrict_self", -rc);
     mark(c, S::trusted_helper);
@@ -376,7 +449,8 @@ void serve(zygote_state& z) {
       reply.err = errno;
     } else if (static_cast<size_t>(n) != sizeof req || req.h.magic != proto::magic
                || req.h.kind != proto::type::spawn || nfds < 2
-               || nfds != 2 + static_cast<size_t>(req.cgroup_fds)) {
+               || nfds != 2 + static_cast<size_t>(req.cgroup_fds)
+                            + ((req.flags & proto::spawn_chronus) ? size_t{proto::chronus_fd::count} : 0)) {
       reply.err = EPROTO;
     }
     int pidfd = -1;

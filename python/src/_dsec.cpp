@@ -644,7 +644,8 @@ void bind_values(py::module_& m) {
       [](exec_request& r, const py::bytes& b) { r.input = std::string(b); })
     .def_readwrite("max_output", &exec_request::max_output)
     .def_readwrite("trusted", &exec_request::trusted)
-    .def_readwrite("idempotent", &exec_request::idempotent);
+    .def_readwrite("idempotent", &exec_request::idempotent)
+    .def_readwrite("pristine", &exec_request::pristine);
 
   py::class_<exec_result>(m, "ExecResult", "How a command ended, and its output.")
     .def_readonly("exit_code", &exec_result::exit_code)

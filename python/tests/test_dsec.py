@@ -423,6 +423,28 @@ class Chronus(Base):
 
         asyncio.run(main())
 
+    def test_a_pristine_grader_runs_the_layers_own_sh_over_the_agents_files(self):
+        with self.c.session(quota=1, ttl=120) as s:
+            sb = s.create("py@1", chronus=True)[0]
+            # The agent writes its answer and replaces /bin/sh with a wrapper.
+            r = sb.exec(["/bin/busybox", "sh", "-c",
+                         "echo 42 > /tmp/answer; cp /bin/busybox /tmp/busybox; rm /bin/sh;"
+                         " echo '#!/tmp/busybox sh' > /bin/sh; echo 'echo wrapped >> /tmp/log' >> /bin/sh;"
+                         " echo 'exec /tmp/busybox sh \"$@\"' >> /bin/sh; chmod 755 /bin/sh"])
+            self.assertEqual(r.exit_code, 0, r.stderr)
+            g = sb.exec("cat /.dsec/agent/tmp/answer; echo no > /.dsec/agent/tmp/answer"
+                        " || echo read-only; chronus stage graded",
+                        trusted=True, pristine=True, timeout=60)
+            self.assertEqual(g.exit_code, 0, g.stderr)
+            self.assertEqual(g.stdout, b"42\nread-only\n")
+            self.assertEqual(sb.exec(["/tmp/busybox", "cat", "/tmp/answer", "/tmp/log"]).stdout,
+                             b"42\n")  # untouched, and the wrapper never ran
+            ev = next(s.events(timeout=30))
+            self.assertEqual((ev.kind, ev.text), ("stage", "graded"))
+            with self.assertRaises(ValueError) as cm:
+                sb.exec("true", pristine=True)
+            self.assertIn("trusted", str(cm.exception))
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -1076,10 +1076,21 @@ TEST_CASE("remote Chronus: session watch shows a grader's events, feedback answe
   CHECK_MESSAGE(contains(g.out, "\"reward\":0.75"), g.out);
   CHECK_MESSAGE(contains(g.out, "\"text\":\"yes\""), g.out);
   CHECK_MESSAGE(contains(g.out, "\"done\":true"), g.out);
-  // The agent's side: no token, and a trusted exec on a sandbox without Chronus.
+  // The agent's side: no channel, and a trusted exec on a sandbox without Chronus.
   r = d.dsec({"exec", id, "--", "chronus", "stage", "fake"});
   CHECK_MESSAGE(r.status == 1, r.describe());
-  CHECK_MESSAGE(contains(r.err, "DSEC_CHRONUS_TOKEN"), r.describe());
+  CHECK_MESSAGE(contains(r.err, "CHRONUS_FD is not set"), r.describe());
+  // --pristine: only with --trusted; with it, the command sees the agent's
+  // files read-only at /.dsec/agent.
+  r = d.dsec({"exec", "--pristine", id, "--", "true"});
+  CHECK_MESSAGE(r.status == 2, r.describe());
+  CHECK_MESSAGE(contains(r.err, "--pristine needs --trusted"), r.describe());
+  r = d.dsec({"exec", id, "--", "sh", "-c", "echo mine > /tmp/agent-file"});
+  CHECK_MESSAGE(r.status == 0, r.describe());
+  r = d.dsec({"exec", "--trusted", "--pristine", id, "--", "sh", "-c",
+              "cat /.dsec/agent/tmp/agent-file; test ! -e /tmp/agent-file && echo clean"});
+  CHECK_MESSAGE(r.status == 0, r.describe());
+  CHECK_MESSAGE(r.out == "mine\nclean\n", r.describe());
   auto plain = d.detached();
   r = d.dsec({"exec", "--trusted", plain, "--", "true"});
   CHECK_MESSAGE(r.status == 1, r.describe());

@@ -854,8 +854,9 @@ static int cmd_seqpacket_frames(const char *path, int nspec, char **specs) {
 
 /* Opens N SOCK_SEQPACKET connections to `path` and keeps them all open; a
  * connection the other side refuses gets a reply at once and is closed. After
- * 2 s: "held H refused R" (R: connections that got a reply or were closed). */
-static int cmd_seqpacket_hold(const char *path, const char *count) {
+ * 2 s: "held H refused R" (R: connections that got a reply or were closed).
+ * With `forever`, it then keeps holding them until it is killed. */
+static int cmd_seqpacket_hold(const char *path, const char *count, int forever) {
   int n = atoi(count), refused = 0, held = 0;
   int *fds = calloc((size_t)(n > 0 ? n : 1), sizeof(int));
   struct sockaddr_un a;
@@ -876,6 +877,8 @@ static int cmd_seqpacket_hold(const char *path, const char *count) {
       ++held;
   }
   printf("held %d refused %d\n", held, refused);
+  while (forever)
+    pause();
   return 0;
 }
 
@@ -970,7 +973,9 @@ int main(int argc, char **argv) {
   if (IS("tcp-connect", 1)) return cmd_tcp_connect(a1);
   if (IS("seqpacket-send", 2)) return cmd_seqpacket_send(a1, a2);
   if (IS("seqpacket-listen", 1)) return cmd_seqpacket_listen(a1);
-  if (IS("seqpacket-hold", 2)) return cmd_seqpacket_hold(a1, a2);
+  if (IS("seqpacket-hold", 2)) return cmd_seqpacket_hold(a1, a2, 0);
+  if (IS("seqpacket-hold", 3) && strcmp(argv[4], "forever") == 0)
+    return cmd_seqpacket_hold(a1, a2, 1);
   if (strcmp(c, "seqpacket-frames") == 0 && argc >= 4)
     return cmd_seqpacket_frames(a1, argc - 3, argv + 3);
   /* endings */
