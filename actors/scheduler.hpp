@@ -34,6 +34,8 @@ struct scheduler_config {
   /// A node that joined a coordinator (its address): sessions are opened
   /// there; this scheduler only serves the node's own sandboxes by id.
   std::string joined;
+  /// The member key (actors/surface.hpp): the cluster's, or this daemon's own.
+  internal_key key;
 };
 
 scheduler_actor spawn_scheduler(caf::actor_system& sys, scheduler_config cfg);

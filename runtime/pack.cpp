@@ -226,7 +226,7 @@ int open_beneath(int root, const std::string& rel, uint64_t flags) {
 }
 
 struct reader {
-  const std::string& data;
+  std::string_view data;
   const std::string& path;
   size_t off = sizeof magic;
 
@@ -244,7 +244,7 @@ struct reader {
     DSEC_TRY(n, get<uint32_t>());
     if (data.size() - off < n)
       return make_error(errc::malformed, "pack " + path + " ends in the middle of a name");
-    std::string s = data.substr(off, n);
+    std::string s{data.substr(off, n)};
     off += n;
     return s;
   }
@@ -348,6 +348,12 @@ expected<pack_stats> restore_pack(const std::string& pack_path, const std::strin
       data.append(b, static_cast<size_t>(n));
     }
   }
+  return restore_manifest(data, pack_path, blob_dir, dest_fd, uid_base);
+}
+
+expected<pack_stats> restore_manifest(std::string_view data, const std::string& pack_path,
+                                      const std::string& blob_dir, int dest_fd,
+                                      uint32_t uid_base) {
   if (data.size() < sizeof magic || std::memcmp(data.data(), magic, sizeof magic) != 0)
     return make_error(errc::malformed, "not a dsec pack (no DSECPK1 header): " + pack_path);
   unique_fd blobs{::open(blob_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)};

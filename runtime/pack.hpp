@@ -29,6 +29,7 @@
 #include <array>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 
 #include "runtime/error.hpp"
@@ -69,5 +70,11 @@ expected<pack_stats> write_pack(int upper_fd, const std::string& pack_path,
 /// symbolic link of the tree it builds.
 expected<pack_stats> restore_pack(const std::string& pack_path, const std::string& blob_dir,
                                   int dest_fd, uint32_t uid_base);
+
+/// restore_pack() of a manifest in memory (one write_pack() returned inline);
+/// `name` says what it is in errors.
+expected<pack_stats> restore_manifest(std::string_view manifest, const std::string& name,
+                                      const std::string& blob_dir, int dest_fd,
+                                      uint32_t uid_base);
 
 } // namespace dsec
