@@ -56,6 +56,17 @@ struct daemon_options {
   std::optional<sim_model> sim;
   uint32_t sim_nodes = 160;
   uint32_t sim_slots = 3200;
+  // ---- who may send what (docs/security.md) ----
+  /// The cluster key (dsecd --cluster-key): what the coordinator and its nodes
+  /// share, carried by every message between them. None: a key of this
+  /// daemon's own (random), which no other process has.
+  std::optional<internal_key> cluster_key;
+  std::string cluster_key_file; ///< where it came from, for messages
+  /// Where sessions keep trajectory logs and sandboxes their packs
+  /// (<trajectories>/<session id>/); empty: <state_dir>/trajectories. The
+  /// daemons of a cluster share one (tools/cluster) so that a sandbox can be
+  /// rebuilt on any node from a pack another node took.
+  std::string trajectories;
 };
 
 /// The node's actors and the engine under them. Destroying it shuts the
@@ -74,6 +85,8 @@ public:
   [[nodiscard]] const layer_cache_actor& layer_cache() const { return cache_; }
   /// Serves this node's layers to peers (docs/cluster.md).
   [[nodiscard]] const layer_store_actor& layer_store() const { return layer_store_; }
+  /// The member key its actors use (the cluster's, or its own).
+  [[nodiscard]] const internal_key& member_key() const { return key_; }
   /// What start-up garbage collection removed.
   [[nodiscard]] const std::vector<std::string>& collected() const { return gc_; }
 
@@ -95,6 +108,7 @@ private:
   std::vector<member_actor> sim_members_; ///< one per simulated node
   scheduler_actor scheduler_;
   std::vector<std::string> gc_;
+  internal_key key_;
   bool down_ = false;
 };
 

@@ -108,10 +108,14 @@ struct placement {
   /// Keep the writable layer reachable for packs (a session with a trajectory log).
   bool keep_upper = false;
   /// A sandbox rebuilt from a trajectory log (count 1): its old id, and the
-  /// pack of its writable layer to start from (empty: a fresh one).
+  /// pack of its writable layer to start from: by name (check_name), a file in
+  /// the node's <trajectories>/<session_id>/packs/, or the manifest itself
+  /// (seed_manifest) when the log kept it inline; its contents are in
+  /// <trajectories>/<session_id>/blobs/. Both empty: a fresh one. Never a
+  /// path: the node derives every path from its own trajectory dir.
   std::string id;
   std::string seed_pack;
-  std::string seed_blobs;
+  std::string seed_manifest;
   /// The node tells the session itself (failed_atom, overloaded) about the
   /// sandboxes it has no slot for; false when the cluster's scheduler places
   /// them elsewhere instead.
@@ -121,7 +125,7 @@ struct placement {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, placement& x) {
   return f(caf::meta::type_name("dsec.placement"), x.request, x.session_id, x.ttl_ms,
-           x.keep_upper, x.id, x.seed_pack, x.seed_blobs, x.report_refusals);
+           x.keep_upper, x.id, x.seed_pack, x.seed_manifest, x.report_refusals);
 }
 
 // ---- commands -------------------------------------------------------------------
@@ -264,6 +268,11 @@ struct node_stats {
   /// Connections to the daemon's port refused before their first message
   /// (without --tls: not root nor group dsec; actors/door.hpp)
   uint64_t refused_clients = 0;
+  /// Internal messages this dsecd refused since start (docs/security.md): an
+  /// internal verb without the daemon's or cluster's key, a reply to an
+  /// internal request without it, a down message naming an actor that had
+  /// not ended.
+  uint64_t refused_internal = 0;
 };
 
 template <class Inspector>
@@ -273,7 +282,7 @@ typename Inspector::result_type inspect(Inspector& f, node_stats& x) {
            x.cache_budget, x.evicted, x.gc, x.chronus_sandboxes, x.chronus_events,
            x.chronus_answered, x.chronus_too_large, x.chronus_malformed,
            x.chronus_unauthenticated, x.chronus_invalid, x.chronus_flooding,
-           x.chronus_refused_connections, x.refused_clients);
+           x.chronus_refused_connections, x.refused_clients, x.refused_internal);
 }
 
 /// The layers of one sandbox, mounted by the node's layer_cache: directory fds

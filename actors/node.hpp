@@ -28,6 +28,11 @@ struct node_config {
   /// no engine and no layer cache; every admitted one is spawned at once
   /// (max_starting does not apply: the model's latency is the creation).
   std::optional<sim_model> sim;
+  /// Where its sandboxes keep packs for trajectory logs
+  /// (<trajectories>/<session id>/); empty: none (packs are refused).
+  std::string trajectories;
+  /// The member key (actors/surface.hpp): the cluster's, or this daemon's own.
+  internal_key key;
 };
 
 node_actor spawn_node(caf::actor_system& sys, node_config cfg);

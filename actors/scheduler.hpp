@@ -37,6 +37,8 @@ struct scheduler_config {
   std::string joined;
   /// What the daemon's door refused (actors/door.hpp); null: it has none.
   std::shared_ptr<door_counts> door;
+  /// The member key (actors/surface.hpp): the cluster's, or this daemon's own.
+  internal_key key;
 };
 
 scheduler_actor spawn_scheduler(caf::actor_system& sys, scheduler_config cfg);

@@ -113,6 +113,11 @@ struct create_steps {
                             x.sp.ids().base);
       if (!r)
         return std::move(r).error_value();
+    } else if (!x.opts.seed_manifest.empty()) {
+      auto r = restore_manifest(x.opts.seed_manifest, "the pack kept in the trajectory log",
+                                x.opts.seed_blobs, x.upper.upper.get(), x.sp.ids().base);
+      if (!r)
+        return std::move(r).error_value();
     }
     if (x.opts.keep_upper) {
       x.c.upper_.reset(::fcntl(x.upper.upper.get(), F_DUPFD_CLOEXEC, 0));

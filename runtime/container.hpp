@@ -58,8 +58,10 @@ struct container_options {
   /// so that packs of it can be taken (runtime/pack.hpp, the trajectory log).
   bool keep_upper = false;
   /// A pack (runtime/pack.hpp) to restore into the writable layer before the
-  /// overlay is mounted, and the blob directory its contents are in.
+  /// overlay is mounted: the file seed_pack, or the manifest seed_manifest
+  /// itself; and the blob directory its contents are in.
   std::string seed_pack;
+  std::string seed_manifest;
   std::string seed_blobs;
 };
 

@@ -629,6 +629,14 @@ expected<pack_stats> describe_pack(std::string_view data, const std::string& sho
 expected<pack_stats> restore_pack(const std::string& pack_path, const std::string& blob_dir,
                                   int dest_fd, uint32_t uid_base) {
   DSEC_TRY(data, read_regular(pack_path, max_pack_bytes));
+  return restore_manifest(data, pack_path, blob_dir, dest_fd, uid_base);
+}
+
+expected<pack_stats> restore_manifest(std::string_view data, const std::string& pack_path,
+                                      const std::string& blob_dir, int dest_fd,
+                                      uint32_t uid_base) {
+  if (data.size() < sizeof magic || std::memcmp(data.data(), magic, sizeof magic) != 0)
+    return make_error(errc::malformed, "not a dsec pack (no DSECPK1 header): " + pack_path);
   unique_fd blobs{::open(blob_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)};
   if (!blobs)
     return sys_error("opening the blob directory", blob_dir);

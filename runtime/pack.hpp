@@ -112,4 +112,10 @@ expected<pack_stats> restore_pack(const std::string& pack_path, const std::strin
 /// skipped. errc::malformed when it does not parse; `shown` names it.
 expected<pack_stats> describe_pack(std::string_view data, const std::string& shown);
 
+/// restore_pack() of a manifest in memory (one write_pack() returned inline);
+/// `name` says what it is in errors.
+expected<pack_stats> restore_manifest(std::string_view manifest, const std::string& name,
+                                      const std::string& blob_dir, int dest_fd,
+                                      uint32_t uid_base);
+
 } // namespace dsec

@@ -9,6 +9,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
@@ -67,6 +68,19 @@ Options:
                          missing layers from its store; sessions are opened
                          at the coordinator, not here. With --tls the link is
                          TLS both ways (both need certificates of one CA)
+  --cluster-key FILE     (with --coordinator or --join) the key every message
+                         between the cluster's daemons carries: a node without
+                         it cannot join, nor send the coordinator or a node
+                         anything but a client's requests (docs/security.md).
+                         64 hex digits in a file owned by dsecd's user and open
+                         to neither group nor others (0600). Default
+                         STATE/cluster.key; a coordinator makes it when it is
+                         missing, a node must be given a copy
+  --trajectories DIR     where sessions keep trajectory logs and sandboxes the
+                         packs of their writable layers (docs/trajectory.md),
+                         default STATE/trajectories. Give the daemons of a
+                         cluster one shared DIR (tools/cluster does): a sandbox
+                         is rebuilt from a pack on whichever node it is placed
   --beat-interval DUR    between two heartbeats of a node (default 500ms)
   --beat-timeout DUR     a coordinator counts a node without a heartbeat for
                          this long as lost (default 1500ms)
@@ -189,6 +203,14 @@ int main(int argc, char** argv) {
       o.client_timeout = *dur;
     } else if (opt("--state")) {
       o.d.state_dir = v;
+    } else if (opt("--cluster-key")) {
+      if (v.empty())
+        return bad("--cluster-key: expected a file");
+      o.d.cluster_key_file = v;
+    } else if (opt("--trajectories")) {
+      if (v.empty() || v.front() != '/')
+        return bad("--trajectories: expected an absolute directory, got '" + v + "'");
+      o.d.trajectories = v;
     } else if (opt("--slots")) {
       if (!dsec::cli::parse_uint(v, 1'000'000, n))
         return bad("--slots: expected a whole number from 1 to 1000000 (0: a coordinator "
@@ -302,6 +324,34 @@ int main(int argc, char** argv) {
                "joins it already");
   if ((o.d.coordinator || !o.d.join_host.empty()) && o.d.beat_timeout <= o.d.beat_interval)
     return bad("--beat-timeout must be longer than --beat-interval");
+  if (!o.d.cluster_key_file.empty() && !o.d.coordinator && o.d.join_host.empty())
+    return bad("--cluster-key is for a --coordinator or a node that joins one (--join)");
+  if (o.d.coordinator || !o.d.join_host.empty()) {
+    // The key of the cluster: made by a coordinator that has none yet, needed
+    // by every node (a simulated cluster's members are in this process: a
+    // random key of its own does, unless one is given).
+    if (o.d.sim && o.d.cluster_key_file.empty()) {
+      o.d.cluster_key = dsec::internal_key::random();
+    } else {
+      if (o.d.cluster_key_file.empty()) {
+        if (o.d.state_dir.empty())
+          return bad("a cluster's daemons need --cluster-key FILE (or --state DIR, for "
+                     "DIR/cluster.key)");
+        o.d.cluster_key_file = o.d.state_dir + "/cluster.key";
+        if (o.d.coordinator)
+          (void) ::mkdir(o.d.state_dir.c_str(), 0700); // a fresh state dir: the key goes first
+      }
+      auto key = dsec::load_cluster_key(o.d.cluster_key_file, o.d.coordinator);
+      if (!key) {
+        std::fprintf(stderr, "dsecd: %s%s\n", key.error_value().to_string().c_str(),
+                     o.d.coordinator ? ""
+                                     : " (a node cannot join its cluster without the "
+                                       "coordinator's key)");
+        return 1;
+      }
+      o.d.cluster_key = *key;
+    }
+  }
   if (!o.tls.enabled() && !is_loopback(o.host))
     return bad("--listen: " + o.host
                + " is not a loopback address; listening there needs --tls DIR, so that "

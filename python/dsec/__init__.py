@@ -24,7 +24,7 @@ import weakref
 from . import _dsec
 from . import _files
 from .errors import (Error, InvalidArgument, NotFound, AlreadyExists, WrongKind, InUse,
-                     Malformed, TooLarge, Unauthenticated, Overloaded, SystemFailure,
+                     Malformed, TooLarge, Unauthenticated, Unauthorized, Overloaded, SystemFailure,
                      ToolFailed, Timeout, SandboxFailed, Disconnected, Lost, Unsupported,
                      from_native as _from_native)
 
@@ -38,7 +38,7 @@ __all__ = [
     "connect", "Client", "Session", "Sandbox", "Batch", "Event", "ExecResult", "ExecStream",
     "AsyncExecStream", "SandboxInfo", "NodeStats",
     "Error", "InvalidArgument", "NotFound", "AlreadyExists", "WrongKind", "InUse", "Malformed",
-    "TooLarge", "Unauthenticated", "Overloaded", "SystemFailure", "ToolFailed", "Timeout",
+    "TooLarge", "Unauthenticated", "Unauthorized", "Overloaded", "SystemFailure", "ToolFailed", "Timeout",
     "SandboxFailed", "Disconnected", "Lost", "Unsupported",
 ]
 

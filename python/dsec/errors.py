@@ -17,7 +17,7 @@ count) raise ``TypeError`` or ``ValueError`` naming the argument instead.
 
 __all__ = [
     "Error", "InvalidArgument", "NotFound", "AlreadyExists", "WrongKind", "InUse",
-    "Malformed", "TooLarge", "Unauthenticated", "Overloaded", "SystemFailure",
+    "Malformed", "TooLarge", "Unauthenticated", "Unauthorized", "Overloaded", "SystemFailure",
     "ToolFailed", "Timeout", "SandboxFailed", "Disconnected", "Unsupported",
 ]
 
@@ -67,6 +67,8 @@ Malformed = _define("Malformed", 6, "malformed", "Bytes that do not parse as the
 TooLarge = _define("TooLarge", 7, "too_large", "Over a size limit.")
 Unauthenticated = _define("Unauthenticated", 8, "unauthenticated",
                           "A missing or wrong credential.")
+Unauthorized = _define("Unauthorized", 9, "unauthorized",
+                       "An internal verb of dsec, sent without the daemon's or cluster's key.")
 # 20..39: fine, but cannot be served now. Back off and retry.
 Overloaded = _define("Overloaded", 20, "overloaded",
                      "Out of slots, quota, pids, memory or another capacity.")
@@ -88,7 +90,7 @@ Unsupported = _define("Unsupported", 80, "unsupported", "Not available on this n
 
 _BY_CODE = {cls.code: cls for cls in (
     InvalidArgument, NotFound, AlreadyExists, WrongKind, InUse, Malformed, TooLarge,
-    Unauthenticated, Overloaded, SystemFailure, ToolFailed, Timeout, SandboxFailed,
+    Unauthenticated, Unauthorized, Overloaded, SystemFailure, ToolFailed, Timeout, SandboxFailed,
     Disconnected, Lost, Unsupported)}
 
 
