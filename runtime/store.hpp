@@ -49,6 +49,9 @@ struct build_result {
   layer_info info;
   bool deduplicated = false; ///< the same image was already stored; no new blob
   double seconds = 0;        ///< wall time of the whole build
+  /// What the image leaves out of the source, sorted: "/dev/sda (a block
+  /// device)". Device nodes (but overlayfs whiteouts) and sockets.
+  std::vector<std::string> skipped;
 };
 
 /// A shared hold on one layer while a sandbox uses it: an O_RDONLY descriptor of
@@ -132,7 +135,10 @@ public:
 
   /// Builds layer `ref` of `kind` from `src`: a directory (used as is) or a regular
   /// file holding a tar archive (plain or compressed; extracted with owners,
-  /// permissions and xattrs kept, so `docker export` output works). Errors:
+  /// permissions and xattrs kept, so `docker export` output works). Device
+  /// nodes and sockets of the tree are left out (build_result::skipped): the
+  /// system layer provides /dev; fifos are kept; nothing but directories and
+  /// the archive is opened, so a fifo in the source never blocks a build. Errors:
   /// not_found (no SRC), invalid_argument (SRC is another file type, bad ref or
   /// options), already_exists (the ref exists: versions are immutable),
   /// tool_failed (tar or mkfs.erofs failed; the message carries its stderr).
