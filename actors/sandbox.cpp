@@ -130,6 +130,7 @@ struct sandbox_state {
   };
   std::deque<pack_job> pack_queue;
   bool packing = false;
+  caf::typed_response_promise<internal_key, std::string> pack_running; // of the pack in progress
   // Set when the sandbox goes: a pack in progress stops at its next entry.
   std::shared_ptr<std::atomic<bool>> pack_cancel = std::make_shared<std::atomic<bool>>(false);
 };
@@ -241,8 +242,14 @@ void finish_destroy(self_ptr self) {
                                                 ? "sandbox " + s.cfg.id + " was destroyed"
                                                 : "sandbox " + s.cfg.id + ": " + s.failure));
   s.pack_cancel->store(true);
+  // The pack in progress and the queued ones hear it here: the helper's
+  // answer will find this actor gone.
+  auto gone = to_caf(make_error(errc::not_found, "sandbox " + s.cfg.id + " was destroyed"));
+  if (s.packing)
+    s.pack_running.deliver(gone);
+  s.packing = false;
   for (auto& job : s.pack_queue)
-    job.rp.deliver(to_caf(make_error(errc::not_found, "sandbox " + s.cfg.id + " was destroyed")));
+    job.rp.deliver(gone);
   s.pack_queue.clear();
   if (s.token) // a waiting `chronus feedback` hears that the session is gone
     s.cfg.eng->chronus().remove(s.cfg.id, true);
@@ -525,20 +532,27 @@ void run_pack(self_ptr self) {
         return {process_key(), std::move(manifest)};
       }};
     });
-  auto rp = job.rp;
+  s.pack_running = job.rp;
   self->request(helper, caf::infinite, pack_atom::value)
     .then(
-      [self, rp](const internal_key& k, std::string& manifest) mutable {
-        self->state.packing = false;
+      [self](const internal_key& k, std::string& manifest) {
+        auto& s = self->state;
+        if (!s.packing)
+          return; // answered already (the sandbox is being destroyed)
+        s.packing = false;
         if (genuine(k, process_key(), "a pack's result (sandbox)"))
-          rp.deliver(self->state.cfg.key, std::move(manifest));
+          s.pack_running.deliver(s.cfg.key, std::move(manifest));
         else
-          rp.deliver(to_caf(make_error(errc::unauthorized, "a forged pack result")));
+          s.pack_running.deliver(
+            to_caf(make_error(errc::unauthorized, "a forged pack result")));
         run_pack(self);
       },
-      [self, rp](caf::error& e) mutable {
-        self->state.packing = false;
-        rp.deliver(std::move(e));
+      [self](caf::error& e) {
+        auto& s = self->state;
+        if (!s.packing)
+          return;
+        s.packing = false;
+        s.pack_running.deliver(std::move(e));
         run_pack(self);
       });
 }

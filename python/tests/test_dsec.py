@@ -165,6 +165,30 @@ class Files(Base):
                 sb.put("/tmp/x", 42)
 
 
+    def test_get_tree_refuses_names_that_leave_the_tree(self):
+        # The sandbox controls the archive get returns: here its tar is
+        # replaced by one that returns a crafted archive with "..".
+        import io
+        import tarfile
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as t:
+            d = tarfile.TarInfo("work")
+            d.type = tarfile.DIRTYPE
+            t.addfile(d)
+            data = b"owned\n"
+            f = tarfile.TarInfo("work/../../etc/cron.d/x")
+            f.size = len(data)
+            t.addfile(f, io.BytesIO(data))
+        with self.c.session(quota=1, ttl=120) as s:
+            sb = s.create("py@1")[0]
+            sb.put("/tmp/evil.tar", buf.getvalue())
+            sb.exec("mkdir -p /usr/local/bin && printf '#!/bin/sh\\ncat /tmp/evil.tar\\n'"
+                    " > /usr/local/bin/tar && chmod 755 /usr/local/bin/tar")
+            with self.assertRaises(ValueError) as cm:
+                sb.get_tree("/work")
+            self.assertIn("work/../../etc/cron.d/x", str(cm.exception))
+
+
 class Errors(Base):
     def test_errors_map_to_their_classes_and_name_the_input(self):
         with self.assertRaises(ValueError) as cm:

@@ -15,8 +15,6 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <optional>
-#include <set>
 #include <string>
 #include <vector>
 
