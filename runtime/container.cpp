@@ -7,6 +7,7 @@
 #include <signal.h>
 #include <sys/random.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -97,7 +98,7 @@ struct container::create_ctx {
   unique_fd overlay;
   unique_fd child_ctl;
   // A Chronus sandbox's, for the zygote (spawner::chronus_fds).
-  unique_fd dsec_tree, pristine_root, pristine_tmp, child_channel;
+  unique_fd pristine_root, pristine_tmp, child_channel;
 };
 
 struct create_steps {
@@ -142,10 +143,15 @@ struct create_steps {
                           + (abi == 0 ? std::string{"no Landlock"} : "ABI " + std::to_string(abi)));
     DSEC_TRY(sock, make_chronus_socket(x.overlay.get(), x.sp.ids().base));
     x.c.chronus_ = std::move(sock);
-    // dsec's own files (/.dsec) come from the top layer, which must be dsec's
-    // system layer; the pristine root is the layers alone.
-    DSEC_TRY(tree, clone_dsec_tree(x.lowers.front()));
-    x.dsec_tree = std::move(tree);
+    // The pristine root is the layers alone; the sandbox mounts its /.dsec
+    // (dsec's own files, from the top layer, which must be dsec's system layer)
+    // over its own root's too.
+    struct stat st{};
+    if (::fstatat(x.lowers.front(), ".dsec/bin/chronus", &st, AT_SYMLINK_NOFOLLOW) < 0
+        || !S_ISREG(st.st_mode))
+      return make_error(errc::not_found,
+                        "the top layer has no .dsec/bin/chronus: a Chronus sandbox needs dsec's "
+                        "system layer (version 3 or later) on top of its layers");
     DSEC_TRY(view, make_lower_view(x.lowers));
     x.pristine_root = std::move(view);
     DSEC_TRY(tmp, make_scratch_tmpfs(x.opts.disk_bytes, x.sp.ids().base));
@@ -193,7 +199,6 @@ struct create_steps {
     const auto& hostname = x.opts.hostname.empty() ? x.c.id_ : x.opts.hostname;
     spawner::chronus_fds cf;
     if (x.opts.chronus) {
-      cf.dsec_tree = x.dsec_tree.get();
       cf.pristine_root = x.pristine_root.get();
       cf.pristine_tmp = x.pristine_tmp.get();
       cf.channel = x.child_channel.get();
@@ -207,7 +212,6 @@ struct create_steps {
     // The sandbox holds its root and its end of the socket now.
     x.overlay.reset();
     x.child_ctl.reset();
-    x.dsec_tree.reset();
     x.pristine_root.reset();
     x.pristine_tmp.reset();
     x.child_channel.reset();
@@ -243,7 +247,7 @@ container::start(spawner& sp, std::span<const int> lowers, const container_optio
     return make_error(errc::invalid_argument, "a sandbox needs at least one layer");
   std::unique_ptr<container> c{new container};
   c->id_ = opts.id.empty() ? new_sandbox_id() : opts.id;
-  create_ctx x{sp, lowers, opts, cgroups, *c, {}, {}, {}, {}, {}, {}, {}};
+  create_ctx x{sp, lowers, opts, cgroups, *c, {}, {}, {}, {}, {}, {}};
   for (const auto& step : host_steps) {
     if (step.chronus_only && !opts.chronus)
       continue;

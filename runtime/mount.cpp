@@ -173,24 +173,4 @@ expected<unique_fd> make_scratch_tmpfs(uint64_t size_bytes, uint32_t owner) {
   return mnt;
 }
 
-expected<unique_fd> clone_dsec_tree(int layer) {
-  // Never through a symbolic link: the layer's own .dsec directory or nothing.
-  unique_fd t{sys::open_tree(layer, ".dsec", OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_SYMLINK_NOFOLLOW)};
-  if (!t) {
-    if (errno == ENOENT)
-      return make_error(errc::not_found,
-                        "the top layer has no .dsec directory: a Chronus sandbox needs dsec's "
-                        "system layer (version 3 or later) on top of its layers");
-    return sys_error("cloning dsec's files (.dsec) of the system layer");
-  }
-  struct stat st{};
-  if (::fstat(t.get(), &st) < 0 || !S_ISDIR(st.st_mode))
-    return make_error(errc::not_found, "the top layer's .dsec is not a directory");
-  mount_attr ro{};
-  ro.attr_set = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
-  if (sys::mount_setattr(t.get(), "", AT_EMPTY_PATH, &ro) < 0)
-    return sys_error("making the clone of dsec's files read-only");
-  return t;
-}
-
 } // namespace dsec

@@ -8,8 +8,8 @@
 //   make_overlay  the overlay of the lower layers under that upper dir.
 //   make_chronus_socket  a listening unix socket bound in that overlay, which
 //                 the sandbox sees at /run/chronus.sock.
-//   make_lower_view, make_scratch_tmpfs, clone_dsec_tree  what a Chronus
-//                 sandbox's pristine root and /.dsec are made of.
+//   make_lower_view, make_scratch_tmpfs  what a Chronus sandbox's pristine
+//                 root is made of (its /.dsec comes from that root).
 #pragma once
 
 #include <cstdint>
@@ -78,10 +78,5 @@ expected<unique_fd> make_lower_view(std::span<const int> lowers);
 /// A detached private tmpfs, mode 1777, owned by `owner` (the host uid of the
 /// sandbox's root), nosuid and nodev; `size_bytes` 0: the kernel default.
 expected<unique_fd> make_scratch_tmpfs(uint64_t size_bytes, uint32_t owner);
-
-/// A detached read-only clone of `layer`'s .dsec directory (dsec's own files in
-/// the system layer: bin/chronus, the mount point agent/). errc::not_found if
-/// `layer` has none, i.e. it is not dsec's system layer.
-expected<unique_fd> clone_dsec_tree(int layer);
 
 } // namespace dsec

@@ -109,11 +109,11 @@ inline constexpr int trusted_channel_fd = 3;
 /// Descriptors attached, in order: the overlay mount, init's end of the control
 /// socket, `cgroup_fds` cgroup.procs files to join, then with spawn_chronus the
 /// chronus_fd::count below.
-/// With spawn_chronus, after the cgroup files: a clone of the system layer's
-/// .dsec tree (for /.dsec), the pristine root (a read-only overlay of the
-/// layers), its /tmp (a tmpfs), and the sandbox's end of the trusted channel.
+/// With spawn_chronus, after the cgroup files: the pristine root (a read-only
+/// overlay of the layers; its /.dsec is also mounted over the sandbox's own),
+/// its /tmp (a tmpfs), and the sandbox's end of the trusted channel.
 struct chronus_fd {
-  enum : uint32_t { dsec_tree, pristine_root, pristine_tmp, channel, count };
+  enum : uint32_t { pristine_root, pristine_tmp, channel, count };
 };
 
 struct spawn {

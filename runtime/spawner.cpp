@@ -136,7 +136,6 @@ expected<spawner::spawned> spawner::spawn(int overlay, int ctl,
   req.cgroup_fds = static_cast<uint32_t>(cgroup_fds.size());
   if (chronus) {
     int* at = fds + 2 + cgroup_fds.size();
-    at[proto::chronus_fd::dsec_tree] = chronus->dsec_tree;
     at[proto::chronus_fd::pristine_root] = chronus->pristine_root;
     at[proto::chronus_fd::pristine_tmp] = chronus->pristine_tmp;
     at[proto::chronus_fd::channel] = chronus->channel;

@@ -49,7 +49,6 @@ public:
 
   /// What a Chronus sandbox gets besides its root (proto::chronus_fd).
   struct chronus_fds {
-    int dsec_tree = -1;     ///< clone_dsec_tree: mounted at /.dsec
     int pristine_root = -1; ///< make_lower_view: the pristine root
     int pristine_tmp = -1;  ///< make_scratch_tmpfs: its /tmp
     int channel = -1;       ///< the sandbox's end of the trusted channel

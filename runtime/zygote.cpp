@@ -233,9 +233,10 @@ bool loopback_up() {
 }
 
 // A Chronus sandbox's mounts, made before it enters its root (docs/chronus.md):
-//  - dsec's own files over the overlay's /.dsec: a read-only mount point, which
-//    the agent can neither write, remove, rename nor cover (it cannot mount);
-//    the only parent is "/", so no rename of a parent moves it either;
+//  - dsec's own files over the overlay's /.dsec (a bind of the pristine root's,
+//    which is the system layer's): a read-only mount point, which the agent
+//    can neither write, remove, rename nor cover (it cannot mount); the only
+//    parent is "/", so no rename of a parent moves it either;
 //  - the pristine root at the zygote's /pristine: the layers without the
 //    writable layer, with /proc and /dev/pts (the sandbox's own), a private
 //    /tmp, and the agent's root (the overlay alone, without its submounts)
@@ -263,8 +264,11 @@ void chronus_mounts(child_ctx& c, int& channel, int& pristine) {
     }
     attach(t, to);
   };
-  attach(at[proto::chronus_fd::dsec_tree], "/mnt/.dsec");
+  // Every mount here is made from an attached one (the kernels before 6.15
+  // clone no detached mount): dsec's files from the pristine root, which
+  // nothing in the sandbox can write.
   attach(at[proto::chronus_fd::pristine_root], "/pristine");
+  bind("/pristine/.dsec", "/mnt/.dsec", 0, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV);
   bind("/mnt/proc", "/pristine/proc", AT_RECURSIVE, 0);
   bind("/mnt/dev/pts", "/pristine/dev/pts", 0, 0);
   attach(at[proto::chronus_fd::pristine_tmp], "/pristine/tmp");

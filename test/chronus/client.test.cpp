@@ -32,6 +32,8 @@
 #include <doctest/doctest.h>
 
 #include "runtime/chronus.hpp"
+#include "runtime/chronus_endpoint.hpp"
+#include "runtime/reactor.hpp"
 #include "runtime/fd.hpp"
 #include "test/support/process.hpp"
 
@@ -933,6 +935,141 @@ TEST_CASE("the chronus command uses $CHRONUS_FD before any socket or token") {
   res = run_with_channel({"stage", "x"}, "three");
   CHECK(res.status == 1);
   CHECK_MESSAGE(contains(res.err, "is not a descriptor number"), res.describe());
+}
+
+// ---- the node's end of a trusted channel (runtime/chronus_endpoint) ---------------
+
+namespace {
+
+// Sends `bytes` over `channel` with the descriptors `fds` attached.
+bool send_with_fds(int channel, std::string_view bytes, std::vector<int> fds) {
+  iovec iov{const_cast<char*>(bytes.data()), bytes.size()};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  std::vector<char> control(CMSG_SPACE(sizeof(int) * (fds.empty() ? 1 : fds.size())));
+  if (!fds.empty()) {
+    msg.msg_control = control.data();
+    msg.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+    std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
+  }
+  return ::sendmsg(channel, &msg, MSG_NOSIGNAL) == static_cast<ssize_t>(bytes.size());
+}
+
+// The one reply on `conn` (waits a generous while: a hang guard), or "".
+std::string reply_on(int conn) {
+  pollfd p{conn, POLLIN, 0};
+  if (::poll(&p, 1, 30'000) != 1)
+    return "";
+  std::string buf(dsec::chronus_max_frame, '\0');
+  auto n = ::recv(conn, buf.data(), buf.size(), MSG_DONTWAIT);
+  buf.resize(n > 0 ? static_cast<size_t>(n) : 0);
+  return buf;
+}
+
+// A fresh socketpair: [0] ours, [1] the end we hand over.
+std::pair<unique_fd, unique_fd> seqpacket_pair() {
+  int sv[2];
+  REQUIRE(::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) == 0);
+  return {unique_fd{sv[0]}, unique_fd{sv[1]}};
+}
+
+} // namespace
+
+TEST_CASE("the endpoint serves each connection a trusted channel carries, and refuses the rest") {
+  auto io = dsec::reactor::start();
+  REQUIRE_MESSAGE(io, io.error_value().to_string());
+  dsec::chronus_endpoint::config cfg;
+  cfg.max_trusted_connections = 4;
+  dsec::chronus_endpoint ep(**io, cfg);
+  auto [node_end, channel] = seqpacket_pair();
+  std::mutex mu;
+  std::vector<dsec::chronus_event> events;
+  ep.add("box", unique_fd{}, std::move(node_end), token(), [&](std::string ev) {
+    auto e = dsec::decode_event(dsec::as_bytes(ev));
+    REQUIRE(e);
+    std::lock_guard lock(mu);
+    events.push_back(*e);
+  });
+  auto stage = [](const std::string& name) {
+    chronus_request r;
+    r.kind = chronus_kind::stage;
+    r.text = name;
+    return dsec::encode_request(chronus_token{}, r); // any token: not looked at
+  };
+  auto kind_of = [](const std::string& reply) {
+    auto r = dsec::decode_reply(dsec::as_bytes(reply));
+    REQUIRE_MESSAGE(r, "reply of " << reply.size() << " bytes");
+    return r->kind;
+  };
+
+  // A connection opened the proper way: its frames need no token.
+  auto [a, a_node] = seqpacket_pair();
+  REQUIRE(send_with_fds(channel.get(), dsec::chronus_channel_hello, {a_node.get()}));
+  a_node.reset();
+  auto frame = stage("over the channel");
+  REQUIRE(::send(a.get(), frame.data(), frame.size(), MSG_NOSIGNAL) > 0);
+  CHECK(kind_of(reply_on(a.get())) == dsec::chronus_reply_kind::ack);
+
+  // What else may come on the channel is refused and its descriptors closed:
+  // other bytes, no descriptor, two, one that is not a SOCK_SEQPACKET socket.
+  auto before = ep.stats();
+  auto [b, b_node] = seqpacket_pair();
+  REQUIRE(send_with_fds(channel.get(), "hello", {b_node.get()}));
+  REQUIRE(send_with_fds(channel.get(), dsec::chronus_channel_hello, {}));
+  auto [c1, c1_node] = seqpacket_pair();
+  auto [c2, c2_node] = seqpacket_pair();
+  REQUIRE(send_with_fds(channel.get(), dsec::chronus_channel_hello,
+                        {c1_node.get(), c2_node.get()}));
+  int p[2];
+  REQUIRE(::pipe2(p, O_CLOEXEC) == 0);
+  unique_fd pipe_r{p[0]}, pipe_w{p[1]};
+  REQUIRE(send_with_fds(channel.get(), dsec::chronus_channel_hello, {pipe_r.get()}));
+  b_node.reset();
+  c1_node.reset();
+  c2_node.reset();
+  pipe_r.reset();
+  // Refused ones hang up: our ends read EOF (the node kept nothing of them).
+  for (int fd : {b.get(), c1.get(), c2.get()}) {
+    pollfd q{fd, POLLIN, 0};
+    REQUIRE(::poll(&q, 1, 30'000) == 1);
+    char x;
+    CHECK(::recv(fd, &x, 1, MSG_DONTWAIT) == 0);
+  }
+  pollfd q{pipe_w.get(), POLLOUT, 0};
+  REQUIRE(::poll(&q, 1, 30'000) == 1);
+  CHECK((q.revents & POLLERR) != 0); // no reader left
+  auto after = ep.stats();
+  CHECK(after.malformed == before.malformed + 4);
+
+  // Its own cap: 4 open trusted connections here; the next one hears why.
+  std::vector<unique_fd> held;
+  for (int i = 0; i < 3; ++i) { // with a: 4
+    auto [mine, theirs] = seqpacket_pair();
+    REQUIRE(send_with_fds(channel.get(), dsec::chronus_channel_hello, {theirs.get()}));
+    held.push_back(std::move(mine));
+  }
+  auto [x, x_node] = seqpacket_pair();
+  REQUIRE(send_with_fds(channel.get(), dsec::chronus_channel_hello, {x_node.get()}));
+  x_node.reset();
+  auto refusal = reply_on(x.get());
+  auto r = dsec::decode_reply(dsec::as_bytes(refusal));
+  REQUIRE(r);
+  CHECK(r->kind == dsec::chronus_reply_kind::rejected);
+  CHECK(contains(r->reason, "too many trusted"));
+  // The first connection still works, and nothing refused made an event.
+  frame = stage("still here");
+  REQUIRE(::send(a.get(), frame.data(), frame.size(), MSG_NOSIGNAL) > 0);
+  CHECK(kind_of(reply_on(a.get())) == dsec::chronus_reply_kind::ack);
+  std::lock_guard lock(mu);
+  REQUIRE(events.size() == 2);
+  CHECK(events[0].text == "over the channel");
+  CHECK(events[1].text == "still here");
+  CHECK(events[0].sandbox_id == "box");
 }
 
 TEST_CASE("the fuzz seed corpus holds what its names say") {

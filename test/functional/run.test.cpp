@@ -305,6 +305,7 @@ TEST_CASE("Chronus: the sandbox connects to /run/chronus.sock and the host reads
   CHECK(c->chronus());
   REQUIRE(c->chronus_fd() >= 0);
   CHECK(has_step(*c, "make_chronus"));
+  CHECK(has_step(*c, "chronus_mounts"));
   CHECK(has_step(*c, "trusted_helper"));
 
   // Any uid may connect: the socket is 0666, /run the sandbox root's.
@@ -336,6 +337,7 @@ TEST_CASE("Chronus: the sandbox connects to /run/chronus.sock and the host reads
   CHECK(plain->chronus_fd() == -1);
   CHECK_FALSE(has_step(*plain, "make_chronus")); // its steps are as they were
   CHECK_FALSE(has_step(*plain, "trusted_helper"));
+  CHECK_FALSE(has_step(*plain, "chronus_mounts"));
   CHECK(has_step(*plain, "make_cgroup"));
   r = run_command(*plain, make_command({"sh", "-c",
                                         "probe seqpacket-send /run/chronus.sock x; probe pids"}));
@@ -392,6 +394,47 @@ TEST_CASE("Chronus: a Chronus sandbox has the layers' /run under the socket"
   auto r = run_command(*c, make_command({"sh", "-c", "ls /run; cat /run/existing; "
                                                      "echo x > /run/new && echo written"}));
   CHECK(r.out == "chronus.sock\nexisting\nfrom the layer\nwritten\n");
+}
+
+TEST_CASE("Chronus: /.dsec and the pristine root, and the system layer they need"
+          * skip_unless(landlock_scoping(), no_chronus)) {
+  api_env env({base_layer});
+  // Without dsec's system layer on top there is no /.dsec to mount: refused,
+  // saying so, before anything is spawned.
+  auto bare = dsec::container::create(env.sp(), env.lowers_without_system(), chronus_options(),
+                                      nullptr);
+  REQUIRE_FALSE(bare);
+  CHECK(bare.error_value().code == dsec::errc::not_found);
+  CHECK(bare.error_value().step == "make_chronus");
+  CHECK_MESSAGE(bare.error_value().message.find("system layer") != std::string::npos,
+                bare.error_value().message);
+  auto c = env.create(chronus_options());
+  // Every command sees dsec's client at /.dsec/bin, on a read-only mount.
+  auto r = run_command(*c, make_command({"sh", "-c", "cmp /.dsec/bin/chronus "
+                                                     "/usr/local/bin/chronus && echo same;"
+                                                     " touch /.dsec/x || echo read-only"}));
+  CHECK(r.out.find("same\n") == 0);
+  CHECK(r.out.find("read-only\n") != std::string::npos);
+  // A pristine command: the layers' root, read-only, with /tmp, /proc and the
+  // agent's root; an untrusted one cannot ask for it.
+  REQUIRE(run_command(*c, make_command({"sh", "-c", "echo agent > /agent-file"})).status.code
+          == 0);
+  auto p = make_command({"sh", "-c", "ls /agent-file 2>/dev/null; cat /.dsec/agent/agent-file;"
+                                     " touch /x 2>/dev/null || echo ro; touch /tmp/x && echo tmp;"
+                                     " test -e /proc/self/status && echo proc"},
+                        true);
+  p.pristine = true;
+  r = run_command(*c, p);
+  CHECK(r.status.code == 0);
+  CHECK(r.out == "agent\nro\ntmp\nproc\n");
+  auto untrusted = make_command({"true"});
+  untrusted.pristine = true;
+  auto id = c->exec(untrusted, dsec::stdio{});
+  REQUIRE_FALSE(id);
+  CHECK(id.error_value().code == dsec::errc::invalid_argument);
+  // The pristine /tmp is not the agent's.
+  r = run_command(*c, make_command({"sh", "-c", "ls /tmp/x 2>/dev/null || echo none"}));
+  CHECK(r.out == "none\n");
 }
 
 TEST_CASE("Chronus: a trusted command is refused in a sandbox made without Chronus") {
