@@ -50,11 +50,11 @@ int hex_value(char c) {
 void note_refusal(const char* what) {
   auto n = refused.fetch_add(1, std::memory_order_relaxed) + 1;
   if ((n & (n - 1)) == 0) { // 1, 2, 4, 8, ...: an attacker cannot flood the log
-    std::fprintf(stderr,
+    std::fprintf(stdout,
                  "dsecd: refused %s: an internal message without this daemon's key (%llu so "
                  "far; docs/security.md)\n",
                  what, static_cast<unsigned long long>(n));
-    std::fflush(stderr);
+    std::fflush(stdout);
   }
 }
 

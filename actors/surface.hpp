@@ -55,7 +55,7 @@ typename Inspector::result_type inspect(Inspector& f, internal_key& x) {
 const internal_key& process_key();
 
 /// Whether `got` is `want`, in constant time. False is counted (see
-/// refused_internal) and said on stderr now and then (the 1st, 2nd, 4th, 8th,
+/// refused_internal) and said on stdout now and then (the 1st, 2nd, 4th, 8th,
 /// ... time), naming `what` (the verb and the actor).
 bool genuine(const internal_key& got, const internal_key& want, const char* what);
 

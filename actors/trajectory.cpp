@@ -45,19 +45,22 @@ std::vector<std::string> expire_trajectories(const std::string& root, std::chron
     auto id = e.path().filename().string();
     if (live(id))
       continue;
-    // By the newest of the log, packs/ (a pack added) and the dir itself: a
-    // node's dir of packs has no log.
-    auto t = fs::file_time_type::min();
-    bool any = false;
-    for (const auto& p : {e.path() / "log", e.path() / "packs", e.path()}) {
-      auto pt = fs::last_write_time(p, ec);
-      if (!ec) {
-        t = std::max(t, pt);
-        any = true;
+    // By its log's time; a dir without a log (a node's, of packs only) by the
+    // newer of packs/ (a pack added) and its own.
+    auto t = fs::last_write_time(e.path() / "log", ec);
+    if (ec) {
+      t = fs::file_time_type::min();
+      bool any = false;
+      for (const auto& p : {e.path() / "packs", e.path()}) {
+        auto pt = fs::last_write_time(p, ec);
+        if (!ec) {
+          t = std::max(t, pt);
+          any = true;
+        }
       }
+      if (!any)
+        continue;
     }
-    if (!any)
-      continue;
     auto idle = std::chrono::duration_cast<std::chrono::milliseconds>(now - t);
     if (idle < keep)
       continue;

@@ -56,8 +56,12 @@ struct cluster {
   }
 
   std::unique_ptr<dsecd_proc> start_node(size_t i, uint16_t port) {
+    // The coordinator's key (it made it in its state dir), and its trajectory
+    // dir: the daemons of one machine share it, as tools/cluster's do.
     std::vector<std::string> argv{"--join", "127.0.0.1:" + std::to_string(coord->port),
-                                  "--state", states[i], "--slots", "200"};
+                                  "--state", states[i], "--slots", "200",
+                                  "--cluster-key", actor_layers() + "/cluster.key",
+                                  "--trajectories", actor_layers() + "/trajectories"};
     if (port)
       argv = argv + std::vector<std::string>{"--listen", "127.0.0.1:" + std::to_string(port)};
     return std::make_unique<dsecd_proc>(argv + node_extra_);
@@ -553,8 +557,10 @@ TEST_CASE("with --tls a node holding a certificate of the CA joins; one without 
   REQUIRE(::mkdir((dir / "b").c_str(), 0700) == 0);
   dsecd_proc coord({"--coordinator", "--tls", dir / "tls"});
   auto where = "127.0.0.1:" + std::to_string(coord.port);
-  dsecd_proc good({"--join", where, "--tls", dir / "tls", "--state", dir / "a"});
-  dsecd_proc bad({"--join", where, "--state", dir / "b"});
+  auto key = actor_layers() + "/cluster.key"; // the coordinator's: made in its state dir
+  dsecd_proc good(
+    {"--join", where, "--tls", dir / "tls", "--state", dir / "a", "--cluster-key", key});
+  dsecd_proc bad({"--join", where, "--state", dir / "b", "--cluster-key", key});
   CHECK(good.bg.wait_for_output("joined the cluster of " + where, 60s));
   CHECK(bad.bg.wait_for_output("cannot join the coordinator " + where, 60s));
   auto status = run_process({suite::get().dsec_bin(), "--connect", where, "--tls", dir / "tls",
