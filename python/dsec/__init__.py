@@ -38,8 +38,8 @@ __all__ = [
     "connect", "Client", "Session", "Sandbox", "Batch", "Event", "ExecResult", "ExecStream",
     "AsyncExecStream", "SandboxInfo", "NodeStats",
     "Error", "InvalidArgument", "NotFound", "AlreadyExists", "WrongKind", "InUse", "Malformed",
-    "TooLarge", "Unauthenticated", "Unauthorized", "Overloaded", "SystemFailure", "ToolFailed", "Timeout",
-    "SandboxFailed", "Disconnected", "Lost", "Unsupported",
+    "TooLarge", "Unauthenticated", "Unauthorized", "Overloaded", "SystemFailure", "ToolFailed",
+    "Timeout", "SandboxFailed", "Disconnected", "Lost", "Unsupported",
 ]
 
 # ---- clients still open at exit are closed before the interpreter goes ---------------

@@ -695,6 +695,7 @@ void bind_values(py::module_& m) {
   DSEC_STAT(chronus_unauthenticated); DSEC_STAT(chronus_invalid);
   DSEC_STAT(chronus_flooding); DSEC_STAT(chronus_refused_connections);
   DSEC_STAT(refused_clients);
+  DSEC_STAT(refused_internal);
 #undef DSEC_STAT
   stats.def("__repr__", [](const node_stats& s) {
     return "<dsec NodeStats node=" + s.node + " live=" + std::to_string(s.live)

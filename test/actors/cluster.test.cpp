@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <set>
@@ -438,6 +439,69 @@ TEST_CASE("kill -9 of a node: its sandboxes are reported lost, new creates land 
     auto back = (*s)->create(env_of(), 30);
     REQUIRE(back);
     CHECK(by_node(**s).count(victim) == 1);
+    REQUIRE((*s)->close());
+  }
+  check_nothing_left(before);
+}
+
+TEST_CASE("a trajectory log in a cluster: packs taken on a node that is gone; its sandboxes are "
+          "rebuilt on the others from the shared trajectory dir") {
+  auto before = settled_snapshot();
+  {
+    cluster cl(2);
+    auto victim = cl.node_name(0);
+    std::string sid;
+    std::vector<std::string> ids, on_victim;
+    auto step = cmd({"sh", "-c",
+                     "mkdir -p /work && echo one >> /work/runs && i=0; "
+                     "while [ $i -lt 1200 ]; do : > /work/f$i; i=$((i+1)); done; "
+                     "wc -l < /work/runs"});
+    {
+      // The first trainer: a command in each sandbox on the victim node, with
+      // enough files that its pack is a file of the dir, not inline in the log.
+      auto c = connect(cl.sys, cl.coord->port);
+      auto s = c->open_session({.quota = 30, .trajectory = true});
+      REQUIRE(s);
+      sid = (*s)->id();
+      auto made = (*s)->create(env_of(), 30);
+      REQUIRE(made);
+      ids = *made;
+      on_victim = by_node(**s)[victim];
+      REQUIRE_MESSAGE(!on_victim.empty(), spread_text(by_node(**s)));
+      for (const auto& id : on_victim) {
+        auto r = (*s)->exec(id, step);
+        REQUIRE_MESSAGE(r, describe(r.error_value()));
+        CHECK(r->out == "1\n");
+      }
+    } // the trainer goes: its sandboxes go, its log stays
+    REQUIRE(eventually_gone(*cl.c, ids));
+    size_t packs = 0;
+    for (const auto& e : std::filesystem::directory_iterator(actor_layers() + "/trajectories/"
+                                                              + sid + "/packs"))
+      (void) e, ++packs;
+    CHECK(packs >= on_victim.size());
+    // The node that took the packs goes too.
+    cl.nodes[0]->stop(SIGTERM);
+    REQUIRE(eventually([&] { return !cl.member(victim).has_value(); }, 60s));
+    auto s = cl.c->resume_session(sid);
+    REQUIRE_MESSAGE(s, describe(s.error_value()));
+    // The trainer again: the same create and step are answered from the log,
+    // then a new command rebuilds each sandbox from its pack.
+    auto again = (*s)->create(env_of(), 30);
+    REQUIRE(again);
+    CHECK(*again == ids);
+    for (const auto& id : on_victim) {
+      auto logged = (*s)->exec(id, step);
+      REQUIRE_MESSAGE(logged, describe(logged.error_value()));
+      CHECK(logged->out == "1\n");
+      auto r = (*s)->exec(id, cmd({"sh", "-c", "cat /work/runs; ls /work | wc -l"}));
+      REQUIRE_MESSAGE(r, describe(r.error_value()));
+      CHECK(r->out == "one\n1201\n");
+    }
+    auto where = by_node(**s);
+    CHECK(where.count(victim) == 0);
+    MESSAGE(on_victim.size() << " sandboxes packed on " << victim << ", rebuilt on: "
+                             << spread_text(where));
     REQUIRE((*s)->close());
   }
   check_nothing_left(before);
