@@ -21,6 +21,8 @@
 
 namespace dsec {
 
+bool init_resets_oom_score_adj = false;
+
 namespace {
 
 struct running {
@@ -81,6 +83,13 @@ struct vfork_result {
   // Its own session and process group: no controlling terminal (so TIOCSTI on
   // a terminal passed in from the host fails), and signals reach the whole job.
   ::setsid();
+  // The OOM killer's usual candidate again (init keeps -999 from the zygote).
+  if (init_resets_oom_score_adj) {
+    if (int fd = ::open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC); fd >= 0) {
+      (void) !::write(fd, "0", 1);
+      ::close(fd);
+    }
+  }
   // Move the three descriptors into place without clobbering one another.
   int tmp[3];
   for (int i = 0; i < 3; ++i) {
