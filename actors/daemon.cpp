@@ -65,7 +65,7 @@ expected<std::unique_ptr<daemon>> daemon::start(caf::actor_system& sys,
   // The first sandboxes take cgroups made now; and if the defaults cannot be
   // applied on this machine (no memory or pids controller), say so now
   // rather than in every sandbox's failure.
-  if (auto lim = defaults.as_limits(); lim.any()) {
+  if (auto lim = defaults.as_limits(); lim.any() && opts.slots > 0) {
     auto cg = d->engine_->cgroups();
     if (!cg)
       return make_error(cg.error_value().code,
