@@ -60,9 +60,29 @@ expected<std::unique_ptr<daemon>> daemon::start(caf::actor_system& sys,
   eo.state_dir = opts.state_dir;
   eo.spawners = opts.spawners;
   eo.netns_prewarm = opts.netns_prewarm;
+  eo.cgroup_pool = opts.cgroup_pool;
   DSEC_TRY(eng, engine::start(eo));
   d->engine_ = std::move(eng);
   d->gc_ = d->engine_->collect_garbage();
+  auto defaults = opts.defaults ? *opts.defaults
+                                : derive_defaults(machine_resources::probe(), opts.slots,
+                                                  opts.oversubscribe);
+  // The first sandboxes take cgroups made now; and if the defaults cannot be
+  // applied on this machine (no memory or pids controller), say so now
+  // rather than in every sandbox's failure.
+  if (auto lim = defaults.as_limits(); lim.any() && opts.slots > 0) {
+    auto cg = d->engine_->cgroups();
+    if (!cg)
+      return make_error(cg.error_value().code,
+                        "the default limits (" + defaults.describe() + ") need cgroups: "
+                          + cg.error_value().message
+                          + " (--default-memory none --default-pids none to run without)");
+    if (auto ok = (*cg)->prewarm(lim, opts.cgroup_prewarm); !ok)
+      return make_error(ok.error_value().code,
+                        "the default limits (" + defaults.describe() + "): "
+                          + ok.error_value().message
+                          + " (--default-memory none or --default-pids none to go without one)");
+  }
   // Build the system layer now rather than in the first sandbox's way.
   DSEC_TRY_VOID(d->engine_->layers().system_layer());
   d->cache_ = spawn_layer_cache(sys, *d->engine_, opts.cache_bytes, d->key_);
@@ -82,6 +102,7 @@ expected<std::unique_ptr<daemon>> daemon::start(caf::actor_system& sys,
   nc.gc = d->gc_;
   nc.trajectories = trajectories;
   nc.key = d->key_;
+  nc.defaults = defaults;
   d->node_ = spawn_node(sys, std::move(nc));
   scheduler_config sc;
   sc.node = d->node_;

@@ -17,6 +17,7 @@
 #include "actors/door.hpp"
 #include "actors/interfaces.hpp"
 #include "actors/sim_sandbox.hpp"
+#include "runtime/defaults.hpp"
 #include "runtime/engine.hpp"
 
 namespace dsec {
@@ -29,6 +30,13 @@ struct daemon_options {
   uint64_t cache_bytes = 0;       ///< layer cache budget; 0: unlimited
   unsigned spawners = 2;
   unsigned netns_prewarm = 8;
+  /// The limits of a sandbox that asks for none; nullopt: derived from this
+  /// machine, `slots` and `oversubscribe` (runtime/defaults.hpp).
+  std::optional<sandbox_defaults> defaults;
+  /// Released sandbox cgroups kept for reuse (runtime/cgroup.hpp), and how
+  /// many are made at start.
+  size_t cgroup_pool = 256;
+  size_t cgroup_prewarm = 16;
   /// Trajectory logs unused for this long are removed; 0: kept until closed.
   std::chrono::milliseconds trajectory_keep{std::chrono::hours(24 * 7)};
   // ---- the cluster (docs/cluster.md) ----

@@ -63,10 +63,10 @@ struct environment {
   std::string base;               ///< NAME@VERSION of a base layer (required)
   std::string workdir;            ///< NAME@VERSION of a workdir layer, or empty
   std::vector<std::string> tools; ///< NAME@VERSION of tool layers, the last on top
-  uint64_t memory = 0;            ///< bytes; 0: no limit
-  uint64_t pids = 0;              ///< most processes; 0: no limit
+  uint64_t memory = 0;            ///< bytes; 0: the node's default (node_stats)
+  uint64_t pids = 0;              ///< most processes; 0: the node's default
   double cpus = 0;                ///< CPU bandwidth; 0: no limit
-  uint64_t disk = 0;              ///< size of the writable layer; 0: tmpfs default
+  uint64_t disk = 0;              ///< size of the writable layer; 0: the node's default
   bool net = false;               ///< a private network with loopback up
   uint64_t ttl_ms = 0;            ///< lifetime; 0: the session's default
   std::string backend = "container"; ///< only "container" so far
@@ -273,6 +273,14 @@ struct node_stats {
   /// internal request without it, a down message naming an actor that had
   /// not ended.
   uint64_t refused_internal = 0;
+  // The limits a sandbox gets when its environment names none (dsecd
+  // --default-memory, --default-pids, --default-disk); 0: no such default
+  uint64_t default_memory = 0;
+  uint64_t default_pids = 0;
+  uint64_t default_disk = 0;
+  // Sandbox cgroups since start: taken from the node's pool, made for it
+  uint64_t cgroups_reused = 0;
+  uint64_t cgroups_made = 0;
 };
 
 template <class Inspector>
@@ -282,7 +290,9 @@ typename Inspector::result_type inspect(Inspector& f, node_stats& x) {
            x.cache_budget, x.evicted, x.gc, x.chronus_sandboxes, x.chronus_events,
            x.chronus_answered, x.chronus_too_large, x.chronus_malformed,
            x.chronus_unauthenticated, x.chronus_invalid, x.chronus_flooding,
-           x.chronus_refused_connections, x.refused_clients, x.refused_internal);
+           x.chronus_refused_connections, x.refused_clients, x.refused_internal,
+           x.default_memory, x.default_pids, x.default_disk, x.cgroups_reused,
+           x.cgroups_made);
 }
 
 /// The layers of one sandbox, mounted by the node's layer_cache: directory fds

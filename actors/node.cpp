@@ -174,6 +174,13 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
         sc.env = env;
         if (sc.env.ttl_ms == 0)
           sc.env.ttl_ms = pl.ttl_ms;
+        // Every sandbox has limits: the node's defaults where it asks for none.
+        if (sc.env.memory == 0)
+          sc.env.memory = s.cfg.defaults.memory_bytes.value_or(0);
+        if (sc.env.pids == 0)
+          sc.env.pids = s.cfg.defaults.pids.value_or(0);
+        if (sc.env.disk == 0)
+          sc.env.disk = s.cfg.defaults.disk_bytes;
         sc.session = session;
         sc.request = request;
         sc.node = self;
@@ -256,7 +263,13 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
       ns.destroyed = s.destroyed;
       ns.gc = s.cfg.gc;
       ns.refused_internal = refused_internal();
+      ns.default_memory = s.cfg.defaults.memory_bytes.value_or(0);
+      ns.default_pids = s.cfg.defaults.pids.value_or(0);
+      ns.default_disk = s.cfg.defaults.disk_bytes;
       if (s.cfg.eng) {
+        auto pool = s.cfg.eng->cgroup_pool_stats();
+        ns.cgroups_reused = pool.reused;
+        ns.cgroups_made = pool.made;
         auto c = s.cfg.eng->chronus().stats();
         ns.chronus_sandboxes = static_cast<uint32_t>(s.cfg.eng->chronus().sandboxes());
         ns.chronus_events = c.events;

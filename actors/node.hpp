@@ -11,6 +11,7 @@
 
 #include "actors/interfaces.hpp"
 #include "actors/sim_sandbox.hpp"
+#include "runtime/defaults.hpp"
 
 namespace dsec {
 
@@ -24,6 +25,9 @@ struct node_config {
   layer_cache_actor cache;
   engine* eng = nullptr;
   std::vector<std::string> gc; ///< what start-up garbage collection removed
+  /// What a sandbox whose environment names no memory, pids or disk gets
+  /// (filled into its environment, so `ps` shows them).
+  sandbox_defaults defaults;
   /// A simulated node (dsecd --backend sim): sim sandboxes with this model,
   /// no engine and no layer cache; every admitted one is spawned at once
   /// (max_starting does not apply: the model's latency is the creation).

@@ -239,10 +239,12 @@ public:
   /// True when there is nothing (left) to destroy.
   [[nodiscard]] bool empty() const noexcept { return parts_.empty(); }
 
-  /// Closes the fds and removes every directory. EBUSY (tasks of a just-killed
-  /// pid namespace may still be exiting) is retried with short sleeps for up to
-  /// ~1 s; after that the in_use error names the path that could not be removed
-  /// and a later call tries again. Idempotent.
+  /// Closes the fds and removes every directory, or, made by a root with a
+  /// pool, gives them back to it (see cgroup_root::enable_pool). EBUSY (tasks
+  /// of a just-killed pid namespace may still be exiting) is retried with short
+  /// sleeps for up to ~1 s, as is a pooled cgroup that still lists a process;
+  /// after that the in_use error names the path and a later call tries again.
+  /// Idempotent.
   expected<void> destroy();
 
 private:

@@ -376,9 +376,15 @@ error container::init_died() {
                         ? "exited with status " + std::to_string(info.si_status)
                         : std::string{"was killed by signal SIG"} + signal_name(info.si_status);
     if (oom_killed())
-      how += " (out of memory)";
+      how += " (out of memory: the sandbox reached its memory limit, which its writable "
+             "layer's files count against too)";
     return make_error(errc::sandbox_failed, "the sandbox's init " + how);
   }
+  // Its control socket closes as it exits, maybe before it can be reaped.
+  if (oom_killed())
+    return make_error(errc::sandbox_failed,
+                      "the sandbox's init was killed: out of memory (the sandbox reached its "
+                      "memory limit, which its writable layer's files count against too)");
   return make_error(errc::sandbox_failed, "the sandbox's init closed its control socket");
 }
 

@@ -22,6 +22,8 @@
 
 namespace dsec {
 
+bool init_resets_oom_score_adj = false;
+
 namespace {
 
 struct running {
@@ -96,6 +98,13 @@ struct vfork_result {
   // Its own session and process group: no controlling terminal (so TIOCSTI on
   // a terminal passed in from the host fails), and signals reach the whole job.
   ::setsid();
+  // The OOM killer's usual candidate again (init keeps -999 from the zygote).
+  if (init_resets_oom_score_adj) {
+    if (int fd = ::open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC); fd >= 0) {
+      (void) !::write(fd, "0", 1);
+      ::close(fd);
+    }
+  }
   // A pristine command's root: entered with the helper's CAP_SYS_CHROOT, through
   // its descriptor (the pristine root is reachable by no path of the sandbox).
   if (x.root >= 0 && (::fchdir(x.root) < 0 || ::chroot(".") < 0))

@@ -39,6 +39,11 @@ namespace dsec {
 /// helper's socket, or -errno.
 int start_trusted_helper(int ctl, char* argv_begin, size_t argv_len, int channel, int pristine);
 
+/// Set by the zygote when it could lower its oom_score_adj (to -999, so that
+/// the memory cgroup's OOM killer takes the sandbox's commands before its
+/// init): init inherits the value and then gives each command 0 again.
+extern bool init_resets_oom_score_adj;
+
 /// Serves `ctl` until it closes; never returns. `helper`: the trusted helper's
 /// socket (start_trusted_helper), or -1 when there is none: trusted commands
 /// are then refused.

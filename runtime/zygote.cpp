@@ -162,6 +162,17 @@ void set_up(zygote_state& z, pid_t host, unsigned prewarm) {
     startup_failed("minimal_root", "pivot_root", errno);
   if (::umount2(".", MNT_DETACH) < 0 || ::chdir("/") < 0)
     startup_failed("minimal_root", "umount old root", errno);
+  // The memory cgroup's OOM killer should kill the sandbox's processes, not
+  // its init (whose end ends the sandbox): init inherits this from us, and
+  // sets 0 for every command it starts (init.cpp). Only while we are the
+  // host's root, with CAP_SYS_RESOURCE, can we lower it (without, the OOM
+  // killer may take init, and the whole sandbox ends: it is still bounded);
+  // -999, not -1000, so that nothing is immune: a command may go back down to
+  // -999 (the floor this sets), never below.
+  if (int fd = ::open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC); fd >= 0) {
+    init_resets_oom_score_adj = ::write(fd, "-999", 4) == 4;
+    ::close(fd);
+  }
   // Become the sandbox user namespace's root.
   if (::setns(userns_fd, CLONE_NEWUSER) < 0)
     startup_failed("enter_userns", "setns", errno);

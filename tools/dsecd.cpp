@@ -14,15 +14,18 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 
 #include "actors/daemon.hpp"
 #include "actors/door.hpp"
 #include "actors/transport.hpp"
 #include "actors/types.hpp"
+#include "runtime/defaults.hpp"
 #include "runtime/units.hpp"
 #include "tools/dsec/cli.hpp"
 
@@ -55,6 +58,12 @@ Options:
   --slots N              sandboxes this node is sized for (default 3200; 0, for
                          a --coordinator only: it places but runs none)
   --oversubscribe R      admit up to slots * R sandboxes (default 1.0)
+  --default-memory SIZE|none
+                         the memory limit of a sandbox that asks for none; it
+                         also bounds the writable layer (a tmpfs, whose pages
+                         are charged to the sandbox). Default: below
+  --default-pids N|none  the pids limit of a sandbox that asks for none
+  --default-disk SIZE    the writable layer of a sandbox that asks for none
   --cache-bytes SIZE     unmount unused layers beyond this many mounted bytes
                          (default: no limit), e.g. 20g
   --spawners N           zygotes creating sandboxes in parallel (default 2)
@@ -117,6 +126,13 @@ A node is lost when its connection drops (the process died) or after
 --beat-timeout without one of its heartbeats (it hangs). A connection itself
 is dropped only after --client-timeout of silence.
 
+Every sandbox has a memory and a pids limit and a bounded writable layer. The
+defaults give each of the slots * oversubscribe sandboxes a node admits its
+share of the machine, within bounds (runtime/defaults.hpp): memory is the
+memory's share (at least 256 MiB, at most half), pids the share of 3/4 of
+kernel.pid_max (at least 512, at most half), disk half the memory limit (so a
+full disk answers ENOSPC before the memory limit). `node stats` shows them.
+
 At start dsecd removes what a crashed predecessor left (cgroups of dead dsec
 processes) and says what it removed. SIGINT or SIGTERM: every sandbox is
 destroyed, then dsecd exits.
@@ -154,10 +170,22 @@ int main(int argc, char** argv) {
   bool backend_sim = false;
   const char* sim_flag = nullptr; // the last --sim-* option given
   dsec::sim_model model;
+  // --default-*: unset means derived; 0 for memory and pids means none.
+  std::optional<uint64_t> default_memory, default_pids, default_disk;
   dsec::cli::args a{argc, argv, 1};
   while (!a.empty()) {
     if (a.help()) {
       std::fputs(usage, stdout);
+      auto m = dsec::machine_resources::probe();
+      auto d = dsec::derive_defaults(m, dsec::default_slots, dsec::default_oversubscribe);
+      std::printf("\nOn this machine (%s of memory, pid_max %llu), with the default --slots\n"
+                  "and --oversubscribe: --default-memory %s, --default-pids %llu,\n"
+                  "--default-disk %s.\n",
+                  dsec::format_size(m.memory_bytes).c_str(),
+                  static_cast<unsigned long long>(m.pid_max),
+                  dsec::format_size(*d.memory_bytes).c_str(),
+                  static_cast<unsigned long long>(*d.pids),
+                  dsec::format_size(d.disk_bytes).c_str());
       return 0;
     }
     std::string v;
@@ -222,6 +250,32 @@ int main(int argc, char** argv) {
       if (v.empty() || *end != '\0' || !(r >= 0.1 && r <= 100))
         return bad("--oversubscribe: expected a ratio from 0.1 to 100, got '" + v + "'");
       o.d.oversubscribe = r;
+    } else if (opt("--default-memory")) {
+      if (v == "none") {
+        default_memory = 0;
+      } else {
+        auto sz = dsec::parse_size(v, "--default-memory");
+        if (!sz)
+          return bad(sz.error_value().message);
+        if (*sz < (4ull << 20))
+          return bad("--default-memory: a sandbox needs at least 4 MiB, got '" + v + "'");
+        default_memory = *sz;
+      }
+    } else if (opt("--default-pids")) {
+      if (v == "none")
+        default_pids = 0;
+      else if (!dsec::cli::parse_uint(v, 4'194'304, n) || n == 0)
+        return bad("--default-pids: expected a whole number from 1 to 4194304 or 'none', got '"
+                   + v + "'");
+      else
+        default_pids = n;
+    } else if (opt("--default-disk")) {
+      auto sz = dsec::parse_size(v, "--default-disk");
+      if (!sz)
+        return bad(sz.error_value().message);
+      if (*sz < (1ull << 20))
+        return bad("--default-disk: must be at least 1m, got '" + v + "'");
+      default_disk = *sz;
     } else if (opt("--cache-bytes")) {
       auto s = dsec::parse_size(v, "--cache-bytes");
       if (!s)
@@ -316,6 +370,19 @@ int main(int argc, char** argv) {
     return bad(std::string{sim_flag} + " is for --backend sim");
   if (backend_sim)
     o.d.sim = model;
+  {
+    auto d = dsec::derive_defaults(dsec::machine_resources::probe(), o.d.slots,
+                                   o.d.oversubscribe);
+    if (default_memory)
+      d.memory_bytes = *default_memory ? std::optional<uint64_t>{*default_memory} : std::nullopt;
+    if (default_pids)
+      d.pids = *default_pids ? std::optional<uint64_t>{*default_pids} : std::nullopt;
+    if (default_disk)
+      d.disk_bytes = *default_disk;
+    else if (default_memory && *default_memory)
+      d.disk_bytes = std::max<uint64_t>(*default_memory / 2 >> 20 << 20, 1ull << 20);
+    o.d.defaults = d;
+  }
   if (o.d.slots == 0 && !o.d.coordinator)
     return bad("--slots 0 is for a --coordinator that runs no sandboxes itself; a node needs "
                "at least 1");
@@ -457,9 +524,10 @@ int main(int argc, char** argv) {
                 shown.c_str(), *port, tls.c_str(), o.d.sim_nodes, o.d.sim_slots, o.threads);
   else
     std::printf("dsecd: listening on %s:%u%s (state %s, %u slots x %.2g, %u spawners, "
-                "%u threads%s)\n",
+                "%u threads%s; sandbox defaults: %s)\n",
                 shown.c_str(), *port, tls.c_str(), o.d.state_dir.c_str(), o.d.slots,
-                o.d.oversubscribe, o.d.spawners, o.threads, role.c_str());
+                o.d.oversubscribe, o.d.spawners, o.threads, role.c_str(),
+                o.d.defaults->describe().c_str());
   std::fflush(stdout);
   int sig = 0;
   ::sigwait(&stop, &sig);

@@ -391,9 +391,10 @@ class Session:
         each; the last tool on top) and returns them as a Batch (a list).
 
         memory, disk: bytes (int) or a size such as "512m"; pids: most
-        processes; cpus: CPU bandwidth (1.5 = one and a half CPUs); net: a
-        private network with loopback; chronus: a Chronus socket (events(),
-        trusted commands); ttl: seconds (default: the session's).
+        processes (memory, pids and disk default to the node's defaults,
+        NodeStats.default_*); cpus: CPU bandwidth (1.5 = one and a half CPUs);
+        net: a private network with loopback; chronus: a Chronus socket
+        (events(), trusted commands); ttl: seconds (default: the session's).
         """
         env = _environment(base, workdir, tools, memory, pids, cpus, disk, net, chronus, ttl)
         ids, failures = self._s.create(env, _int("count", count, hi=1_000_000))

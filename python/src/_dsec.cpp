@@ -696,6 +696,8 @@ void bind_values(py::module_& m) {
   DSEC_STAT(chronus_flooding); DSEC_STAT(chronus_refused_connections);
   DSEC_STAT(refused_clients);
   DSEC_STAT(refused_internal);
+  DSEC_STAT(default_memory); DSEC_STAT(default_pids); DSEC_STAT(default_disk);
+  DSEC_STAT(cgroups_reused); DSEC_STAT(cgroups_made);
 #undef DSEC_STAT
   stats.def("__repr__", [](const node_stats& s) {
     return "<dsec NodeStats node=" + s.node + " live=" + std::to_string(s.live)

@@ -277,6 +277,11 @@ class Lifecycle(Base):
         st = self.c.stats()
         self.assertEqual(st.node, D.address)
         self.assertGreaterEqual(st.created, 5)
+        # Every sandbox has limits: the node's defaults for what it leaves out.
+        self.assertGreaterEqual(st.default_memory, 4 << 20)
+        self.assertGreater(st.default_pids, 0)
+        self.assertGreater(st.default_disk, 0)
+        self.assertGreater(st.cgroups_reused + st.cgroups_made, 0)
 
     def test_close_fails_calls_in_flight(self):
         c2 = dsec.connect(D.address)

@@ -45,9 +45,15 @@ bool contains(const std::string& s, const std::string& part) {
 // A dsecd started by this test on a free port, and `dsec --connect` against it.
 // Unless finish() stopped it, the destructor stops it with SIGTERM (every
 // sandbox destroyed) and waits for it, whatever the test's outcome.
+std::vector<std::string> dsecd_argv(const std::vector<std::string>& extra) {
+  std::vector<std::string> v{env_path("DSECD_BIN"), "--listen", "127.0.0.1:0", "--state",
+                             actor_layers()};
+  v.insert(v.end(), extra.begin(), extra.end());
+  return v;
+}
+
 struct daemon_proc {
-  daemon_proc()
-    : bg({env_path("DSECD_BIN"), "--listen", "127.0.0.1:0", "--state", actor_layers()}) {
+  explicit daemon_proc(const std::vector<std::string>& extra = {}) : bg(dsecd_argv(extra)) {
     const std::string mark = "listening on 127.0.0.1:";
     if (!bg.wait_for_output(" (state ")) {
       auto end = stop();
@@ -733,6 +739,35 @@ TEST_CASE("remote node stats: the node's name and counts that follow its sandbox
   CHECK(count(last, "created") == created + 3);
   CHECK(count(last, "destroyed") == destroyed + 3);
   CHECK(count(last, "sessions") == sessions);
+  check_serving(d);
+  d.finish();
+}
+
+TEST_CASE("remote default limits: a sandbox that asks for none gets the node's, which node stats "
+          "shows") {
+  // Small defaults, so that the attack is quick: the pids a fork bomb gets,
+  // the files a sandbox can write.
+  daemon_proc d({"--default-pids", "100", "--default-disk", "8m", "--default-memory", "512m"});
+  CHECK_MESSAGE(contains(d.bg.out(), "sandbox defaults: memory 512 MiB, pids 100, disk 8 MiB"),
+                d.bg.out());
+  auto st = stats(d);
+  CHECK(st["defaults"] == "memory 512 MiB, pids 100, disk 8 MiB (a sandbox that asks for none)");
+  auto r = d.run({}, {"sh", "-c", "probe fork-max 1000; probe fill /tmp/x 4; probe fill /tmp/y 8"});
+  CHECK_MESSAGE(r.status == 0, r.describe());
+  // init, sh and the probe count too.
+  CHECK(r.out == "forked=97 stopped=EAGAIN\nok\nENOSPC\n");
+  // What the sandbox asks for wins over the defaults.
+  r = d.run({"--pids", "200", "--disk", "64m"},
+            {"sh", "-c", "probe fork-max 150; probe fill /tmp/x 16"});
+  CHECK_MESSAGE(r.out == "forked=150 stopped=none\nok\n", r.describe());
+  // A daemon's sandbox cannot opt out.
+  r = d.run({"--pids", "none"}, {"true"});
+  CHECK(r.status == 2);
+  CHECK_MESSAGE(contains(r.err, "--pids none is for a local `dsec run`"), r.describe());
+  // The node's cgroups come from its pool after the first ones.
+  st = stats(d);
+  CHECK_MESSAGE(contains(st["cgroups"], " from the pool, "), st["cgroups"]);
+  CHECK(count(st, "cgroups") >= 1);
   check_serving(d);
   d.finish();
 }

@@ -100,6 +100,48 @@ TEST_CASE("1,000 create/run/destroy cycles leave nothing behind") {
   check_nothing_left(before);
 }
 
+TEST_CASE("300 sandboxes with cgroups from a pool leave nothing once their root goes") {
+  // dsecd's way: every sandbox has limits, and its cgroups go back to a pool.
+  // Some write files (their tmpfs, and its charges, go with the sandbox's
+  // mount namespace before the cgroup comes back), some are OOM-killed, some
+  // leave processes behind.
+  auto before = settled_snapshot();
+  {
+    api_env env({base_layer});
+    auto cg = detect_cgroups();
+    dsec::limits lim;
+    lim.memory_bytes = 64ULL << 20;
+    lim.pids = 32;
+    cg.enable_pool(8);
+    REQUIRE(cg.prewarm(lim, 4));
+    for (int i = 0; i < 300; ++i) {
+      CAPTURE(i);
+      container_options o;
+      o.lim = lim;
+      o.net = i % 5 == 4;
+      auto c = env.create(o, &cg);
+      std::vector<std::string> cmd = {"probe", "exit", "0"};
+      if (i % 3 == 1)
+        cmd = {"probe", "fill", "/tmp/x", "1"};
+      else if (i % 7 == 2)
+        cmd = {"probe", "hog", "256"};
+      else if (i % 11 == 3)
+        cmd = {"sh", "-c", "probe sleep >/dev/null 2>&1 & exit 0"};
+      (void) exec_capture(*c, cmd);
+      auto d = c->destroy();
+      REQUIRE_MESSAGE(d, d.error_value().to_string());
+    }
+    auto st = cg.pool_stats();
+    CHECK(st.reused + st.made == 300 + 4);
+    CHECK(st.reused > 290); // a fresh one only when all idle ones are in use
+    CHECK(st.idle <= 8);
+    // The control: the pool's idle cgroups are there until the root goes.
+    auto during = host_snapshot::take();
+    CHECK(during.cgroup_dirs.size() > before.cgroup_dirs.size());
+  }
+  check_nothing_left(before);
+}
+
 TEST_CASE("processes a command leaves in the background go with the sandbox") {
   auto before = settled_snapshot();
   {

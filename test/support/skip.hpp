@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -61,6 +62,17 @@ inline cgroup_version cgroup_version_of(cgroup_controller c) {
       return full->preferred(c);
   }
   return layout->preferred(c);
+}
+
+/// This process has capability `cap` (e.g. CAP_SYS_RESOURCE) in its effective
+/// set, as /proc/self/status says.
+inline bool has_capability(int cap) {
+  auto status = detail::slurp_proc("/proc/self/status");
+  auto p = status.find("CapEff:");
+  if (p == std::string::npos)
+    return false;
+  unsigned long long eff = std::strtoull(status.c_str() + p + 7, nullptr, 16);
+  return (eff >> cap) & 1;
 }
 
 /// The kernel can mount an EROFS image through a loop device (`mount -o loop`).

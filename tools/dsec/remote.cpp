@@ -135,7 +135,10 @@ Prints the daemon's node: its name, slots (the admission limit, after
 oversubscription), sandboxes live and being created, how many were created,
 failed and destroyed since it started, open sessions, the layers its cache has
 mounted and their size against the cache's budget, how many layers it evicted,
-and what its start-up garbage collection removed (left by a dsec that crashed).
+the limits a sandbox that asks for none gets (dsecd --default-memory,
+--default-pids, --default-disk), how many sandbox cgroups came from its pool
+and how many were made, and what its start-up garbage collection removed (left
+by a dsec that crashed).
 
 Options:
   -h, --help   this text
@@ -583,6 +586,12 @@ int node_main(context& ctx, args& a) {
               format_size(s.layer_bytes).c_str(),
               s.cache_budget ? format_size(s.cache_budget).c_str() : "none");
   std::printf("evicted         %llu\n", u(s.evicted));
+  std::printf("defaults        memory %s, pids %s, disk %s (a sandbox that asks for none)\n",
+              s.default_memory ? format_size(s.default_memory).c_str() : "none",
+              s.default_pids ? std::to_string(s.default_pids).c_str() : "none",
+              s.default_disk ? format_size(s.default_disk).c_str() : "half of RAM");
+  std::printf("cgroups         %llu from the pool, %llu made\n", u(s.cgroups_reused),
+              u(s.cgroups_made));
   std::printf("chronus         %u sandboxes, %llu events, %llu answers\n", s.chronus_sandboxes,
               u(s.chronus_events), u(s.chronus_answered));
   std::printf("chronus refused %llu too large, %llu malformed, %llu bad token, %llu invalid, "

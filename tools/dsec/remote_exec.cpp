@@ -108,10 +108,15 @@ Environment of the command:
 Isolation and limits:
   --net                    a private network namespace with a working loopback;
                            without it the sandbox has no network, not even loopback
-  --memory SIZE            memory limit (e.g. 512m, 2g); OOM kills inside
-  --pids N                 most processes and threads at once
-  --cpus N                 CPU bandwidth, in CPUs (e.g. 0.5, 2)
-  --disk SIZE              size of the writable layer (default: half of RAM)
+  --memory SIZE            memory limit (e.g. 512m, 2g); OOM kills inside. It
+                           also bounds the writable layer (a tmpfs: its pages are
+                           charged to the sandbox). Default: the node's
+                           --default-memory (`node stats` shows it)
+  --pids N                 most processes and threads at once (default: the
+                           node's --default-pids)
+  --cpus N                 CPU bandwidth, in CPUs (e.g. 0.5, 2; default: none)
+  --disk SIZE              size of the writable layer (default: the node's
+                           --default-disk)
   --timeout DUR            kill CMD after DUR (e.g. 30s, 500ms, 2m); then dsec
                            exits with 124 (with --detach: CMD is killed, the
                            sandbox stays)
@@ -416,7 +421,11 @@ int run_main(context& ctx, args& a) {
     return usage_error(verb, "--pristine needs --trusted");
   if (auto rc = check_sandbox_spec(verb, sb))
     return *rc;
-
+  if (sb.no_memory || sb.no_pids)
+    return usage_error(verb, std::string{sb.no_memory ? "--memory" : "--pids"}
+                               + " none is for a local `dsec run`: a daemon's sandboxes get its "
+                                 "--default-memory and --default-pids unless they ask for a "
+                                 "size");
   environment env;
   env.base = sb.base->to_string();
   if (sb.workdir)
