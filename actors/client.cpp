@@ -362,6 +362,12 @@ void async_streamed_exec(caf::actor_system& sys, const caf::actor& owner, const 
 void client::configure(caf::actor_system_config& cfg) {
   register_types(cfg);
   cfg.load<caf::io::middleman>();
+  // A heartbeat every second keeps the link alive however long a command
+  // runs or the trainer idles: dsecd drops a link only after its
+  // --client-timeout (30 s) of silence. The daemon beats too; a daemon that
+  // is silent for a minute (hung, or cut off) is taken for gone.
+  cfg.set("middleman.heartbeat-interval", caf::timespan{std::chrono::seconds(1)});
+  cfg.set("middleman.connection-timeout", caf::timespan{std::chrono::seconds(60)});
 }
 
 expected<void> client::configure(caf::actor_system_config& cfg, const tls_options& tls) {

@@ -19,6 +19,7 @@ expected<std::unique_ptr<daemon>> daemon::start(caf::actor_system& sys,
                                                  const daemon_options& opts) {
   std::unique_ptr<daemon> d{new daemon};
   d->sys_ = &sys;
+  d->key_ = opts.cluster_key ? *opts.cluster_key : internal_key::random();
   if (opts.sim) {
     // No engine, no layers, no trajectory logs: only the actors.
     if (!opts.coordinator)
@@ -31,6 +32,7 @@ expected<std::unique_ptr<daemon>> daemon::start(caf::actor_system& sys,
       nc.slots = opts.sim_slots;
       nc.oversubscribe = opts.oversubscribe;
       nc.sim = *opts.sim;
+      nc.key = d->key_;
       d->sim_nodes_.push_back(spawn_node(sys, std::move(nc)));
     }
     d->node_ = d->sim_nodes_.front();
@@ -39,6 +41,8 @@ expected<std::unique_ptr<daemon>> daemon::start(caf::actor_system& sys,
     sc.name = opts.name;
     sc.coordinator = true;
     sc.beat_timeout = opts.beat_timeout;
+    sc.door = opts.door;
+    sc.key = d->key_;
     d->scheduler_ = spawn_scheduler(sys, std::move(sc));
     for (uint32_t i = 0; i < opts.sim_nodes; ++i) {
       member_config mc;
@@ -47,6 +51,7 @@ expected<std::unique_ptr<daemon>> daemon::start(caf::actor_system& sys,
       mc.coordinator = d->scheduler_;
       mc.interval = opts.beat_interval;
       mc.grace = opts.orphan_grace;
+      mc.key = d->key_;
       d->sim_members_.push_back(spawn_member(sys, std::move(mc)));
     }
     return d;
@@ -55,13 +60,38 @@ expected<std::unique_ptr<daemon>> daemon::start(caf::actor_system& sys,
   eo.state_dir = opts.state_dir;
   eo.spawners = opts.spawners;
   eo.netns_prewarm = opts.netns_prewarm;
+  eo.cgroup_pool = opts.cgroup_pool;
   DSEC_TRY(eng, engine::start(eo));
   d->engine_ = std::move(eng);
   d->gc_ = d->engine_->collect_garbage();
+  auto defaults = opts.defaults ? *opts.defaults
+                                : derive_defaults(machine_resources::probe(), opts.slots,
+                                                  opts.oversubscribe);
+  // The first sandboxes take cgroups made now; and if the defaults cannot be
+  // applied on this machine (no memory or pids controller), say so now
+  // rather than in every sandbox's failure.
+  if (auto lim = defaults.as_limits(); lim.any() && opts.slots > 0) {
+    auto cg = d->engine_->cgroups();
+    if (!cg)
+      return make_error(cg.error_value().code,
+                        "the default limits (" + defaults.describe() + ") need cgroups: "
+                          + cg.error_value().message
+                          + " (--default-memory none --default-pids none to run without)");
+    if (auto ok = (*cg)->prewarm(lim, opts.cgroup_prewarm); !ok)
+      return make_error(ok.error_value().code,
+                        "the default limits (" + defaults.describe() + "): "
+                          + ok.error_value().message
+                          + " (--default-memory none or --default-pids none to go without one)");
+  }
   // Build the system layer now rather than in the first sandbox's way.
   DSEC_TRY_VOID(d->engine_->layers().system_layer());
-  d->cache_ = spawn_layer_cache(sys, *d->engine_, opts.cache_bytes);
-  d->layer_store_ = spawn_layer_store(sys, d->engine_->layers());
+  d->cache_ = spawn_layer_cache(sys, *d->engine_, opts.cache_bytes, d->key_);
+  d->layer_store_ = spawn_layer_store(sys, d->engine_->layers(), d->key_);
+  std::string trajectories = opts.trajectories;
+  if (trajectories.empty() && !opts.state_dir.empty())
+    trajectories = opts.state_dir + "/trajectories";
+  if (!trajectories.empty() && ::mkdir(trajectories.c_str(), 0700) < 0 && errno != EEXIST)
+    return sys_error("creating the trajectory log directory", trajectories);
   node_config nc;
   nc.name = opts.name;
   nc.slots = opts.slots;
@@ -70,19 +100,26 @@ expected<std::unique_ptr<daemon>> daemon::start(caf::actor_system& sys,
   nc.cache = d->cache_;
   nc.eng = d->engine_.get();
   nc.gc = d->gc_;
+  nc.trajectories = trajectories;
+  nc.key = d->key_;
+  nc.defaults = defaults;
   d->node_ = spawn_node(sys, std::move(nc));
   scheduler_config sc;
   sc.node = d->node_;
   sc.name = opts.name;
-  if (!opts.state_dir.empty()) {
-    sc.trajectories = opts.state_dir + "/trajectories";
+  // A node that joins a cluster opens no sessions: its trajectory dir holds
+  // only the packs its sandboxes took, which it expires like logs when the dir
+  // is its own. A dir shared with the coordinator (--trajectories) is the
+  // coordinator's to expire: it knows which sessions are live.
+  if (opts.join_host.empty() || opts.trajectories.empty()) {
+    sc.trajectories = trajectories;
     sc.trajectory_keep = opts.trajectory_keep;
-    if (::mkdir(sc.trajectories.c_str(), 0700) < 0 && errno != EEXIST)
-      return sys_error("creating the trajectory log directory", sc.trajectories);
   }
   sc.coordinator = opts.coordinator;
   sc.store = d->layer_store_;
   sc.beat_timeout = opts.beat_timeout;
+  sc.door = opts.door;
+  sc.key = d->key_;
   if (!opts.join_host.empty())
     sc.joined = opts.join_host + ":" + std::to_string(opts.join_port);
   d->scheduler_ = spawn_scheduler(sys, std::move(sc));
@@ -99,6 +136,8 @@ expected<std::unique_ptr<daemon>> daemon::start(caf::actor_system& sys,
     mc.connector = opts.connector;
     mc.interval = opts.beat_interval;
     mc.grace = opts.orphan_grace;
+    mc.key = d->key_;
+    mc.key_file = opts.cluster_key_file;
     d->member_ = spawn_member(sys, std::move(mc));
   }
   return d;
@@ -123,12 +162,12 @@ expected<uint32_t> daemon::shutdown() {
     end(caf::actor_cast<caf::actor>(member_));
     for (auto& m : sim_members_)
       end(caf::actor_cast<caf::actor>(m));
-    self->request(scheduler_, std::chrono::seconds(60), shutdown_atom::value)
+    self->request(scheduler_, std::chrono::seconds(60), shutdown_atom::value, process_key())
       .receive([&](uint32_t n) { destroyed = n; },
                [&](caf::error& e) { failure = from_caf(e); });
     // The other simulated nodes (the scheduler shut down the first, node_).
     for (size_t i = 1; i < sim_nodes_.size(); ++i)
-      self->request(sim_nodes_[i], std::chrono::seconds(60), shutdown_atom::value)
+      self->request(sim_nodes_[i], std::chrono::seconds(60), shutdown_atom::value, process_key())
         .receive([&](uint32_t n) { destroyed += n; },
                  [&](caf::error& e) { failure = from_caf(e); });
     for (const caf::actor& a : {caf::actor_cast<caf::actor>(scheduler_),

@@ -14,8 +14,10 @@
 
 #include <optional>
 
+#include "actors/door.hpp"
 #include "actors/interfaces.hpp"
 #include "actors/sim_sandbox.hpp"
+#include "runtime/defaults.hpp"
 #include "runtime/engine.hpp"
 
 namespace dsec {
@@ -28,6 +30,13 @@ struct daemon_options {
   uint64_t cache_bytes = 0;       ///< layer cache budget; 0: unlimited
   unsigned spawners = 2;
   unsigned netns_prewarm = 8;
+  /// The limits of a sandbox that asks for none; nullopt: derived from this
+  /// machine, `slots` and `oversubscribe` (runtime/defaults.hpp).
+  std::optional<sandbox_defaults> defaults;
+  /// Released sandbox cgroups kept for reuse (runtime/cgroup.hpp), and how
+  /// many are made at start.
+  size_t cgroup_pool = 256;
+  size_t cgroup_prewarm = 16;
   /// Trajectory logs unused for this long are removed; 0: kept until closed.
   std::chrono::milliseconds trajectory_keep{std::chrono::hours(24 * 7)};
   // ---- the cluster (docs/cluster.md) ----
@@ -44,6 +53,9 @@ struct daemon_options {
   std::chrono::milliseconds beat_timeout{1500};
   /// How long a node whose coordinator was lost keeps its sandboxes.
   std::chrono::milliseconds orphan_grace{5000};
+  /// What the published port's door refused, for node stats (actors/door.hpp);
+  /// null: not published, or behind TLS.
+  std::shared_ptr<door_counts> door;
   // ---- the simulated backend (docs/cluster.md) ----
   /// A coordinator whose nodes are simulated: no engine, no state dir; it
   /// spawns `sim_nodes` nodes named sim-1..sim-N in this process, each with
@@ -52,6 +64,17 @@ struct daemon_options {
   std::optional<sim_model> sim;
   uint32_t sim_nodes = 160;
   uint32_t sim_slots = 3200;
+  // ---- who may send what (docs/security.md) ----
+  /// The cluster key (dsecd --cluster-key): what the coordinator and its nodes
+  /// share, carried by every message between them. None: a key of this
+  /// daemon's own (random), which no other process has.
+  std::optional<internal_key> cluster_key;
+  std::string cluster_key_file; ///< where it came from, for messages
+  /// Where sessions keep trajectory logs and sandboxes their packs
+  /// (<trajectories>/<session id>/); empty: <state_dir>/trajectories. The
+  /// daemons of a cluster share one (tools/cluster) so that a sandbox can be
+  /// rebuilt on any node from a pack another node took.
+  std::string trajectories;
 };
 
 /// The node's actors and the engine under them. Destroying it shuts the
@@ -70,6 +93,8 @@ public:
   [[nodiscard]] const layer_cache_actor& layer_cache() const { return cache_; }
   /// Serves this node's layers to peers (docs/cluster.md).
   [[nodiscard]] const layer_store_actor& layer_store() const { return layer_store_; }
+  /// The member key its actors use (the cluster's, or its own).
+  [[nodiscard]] const internal_key& member_key() const { return key_; }
   /// What start-up garbage collection removed.
   [[nodiscard]] const std::vector<std::string>& collected() const { return gc_; }
 
@@ -91,6 +116,7 @@ private:
   std::vector<member_actor> sim_members_; ///< one per simulated node
   scheduler_actor scheduler_;
   std::vector<std::string> gc_;
+  internal_key key_;
   bool down_ = false;
 };
 

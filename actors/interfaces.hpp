@@ -1,6 +1,21 @@
-// The typed interfaces of dsec's actors. Each is a short list of signatures;
-// the ones marked "internal" are sent by dsec's own actors or its reactor
-// thread, never by clients.
+// The typed interfaces of dsec's actors. Each is a short list of signatures in
+// up to three surfaces (docs/security.md, "Who may send what"):
+//
+//   client    what a trainer or the command line sends: the scheduler's and the
+//             session's verbs without a key. Nothing else is for clients.
+//   member    between the actors of a cluster's processes (or of one daemon):
+//             the first argument after the atom is the member key (the
+//             cluster's, dsecd --cluster-key); replies that the requester acts
+//             on start with it too.
+//   process   within one process only (timers, the reactor thread, a node and
+//             its sandboxes, a session and its scheduler): the first argument
+//             after the atom is process_key().
+//
+// A message of the member or process surface without the right key is refused
+// before anything is done (actors/surface.hpp: errc::unauthorized, counted in
+// node_stats.refused_internal). Every actor that was ever named over a
+// connection can be reached by any peer, so the key, not the handle or the
+// claimed sender, is what tells dsec's own messages from a client's.
 //
 //   trainer --client--> scheduler --place--> node --spawn--> sandbox --> runtime::container
 //                 \--open--> session <--ready/gone-- sandbox        \--> layer_cache
@@ -11,59 +26,68 @@
 #include <caf/typed_actor.hpp>
 
 #include "actors/messages.hpp"
+#include "actors/surface.hpp"
 
 namespace dsec {
 
 /// One per node, over its layer store: serves the layers it holds to peers
 /// that lack them (docs/cluster.md, layer distribution).
+/// Member surface only.
 using layer_store_actor = caf::typed_actor<
   /// A layer by NAME@VERSION.
-  caf::replies_to<describe_atom, std::string>::with<layer_meta>,
+  caf::replies_to<describe_atom, internal_key, std::string>::with<internal_key, layer_meta>,
   /// Bytes [offset, offset + length) of the image with this digest; length at
   /// most 1 MiB; shorter only at the end of the image.
-  caf::replies_to<fetch_atom, std::string, uint64_t, uint32_t>::with<std::string>>;
+  caf::replies_to<fetch_atom, internal_key, std::string, uint64_t,
+                  uint32_t>::with<internal_key, std::string>>;
 
 /// One per node: mounts each layer once, counts its users, evicts unused ones.
 /// A layer missing from the node's store is fetched from its source (a peer's
-/// layer_store), once however many sandboxes wait for it.
+/// layer_store), once however many sandboxes wait for it. Process surface only.
 using layer_cache_actor = caf::typed_actor<
   /// Mounts (or finds) the environment's layers; one reference each until release.
-  caf::replies_to<acquire_atom, environment>::with<layer_set>,
-  caf::reacts_to<release_atom, uint64_t>,
+  caf::replies_to<acquire_atom, internal_key, environment>::with<internal_key, layer_set>,
+  caf::reacts_to<release_atom, internal_key, uint64_t>,
   /// Fetch missing layers from here from now on (a node that joined a cluster).
-  caf::reacts_to<source_atom, layer_store_actor>,
+  caf::reacts_to<source_atom, internal_key, layer_store_actor>,
   /// The NAME@VERSION layers in the node's store; layers fetched so far and
   /// their bytes.
-  caf::replies_to<list_atom>::with<std::vector<std::string>, uint64_t, uint64_t>,
+  caf::replies_to<list_atom, internal_key>::with<std::vector<std::string>, uint64_t, uint64_t>,
   /// layers mounted, bytes mounted, budget, evicted so far
-  caf::replies_to<stats_atom>::with<uint32_t, uint64_t, uint64_t, uint64_t>>;
+  caf::replies_to<stats_atom, internal_key>::with<uint32_t, uint64_t, uint64_t, uint64_t>>;
 
-/// One per sandbox: its state machine and its runtime::container.
+/// One per sandbox: its state machine and its runtime::container. No client
+/// surface: clients reach sandboxes through their session or the scheduler.
 using sandbox_actor = caf::typed_actor<
-  caf::replies_to<exec_atom, exec_request>::with<exec_result>,
-  caf::replies_to<signal_atom, int32_t>::with<bool>, ///< to every running command
+  // member surface (from its session, the scheduler and its node)
+  caf::replies_to<exec_atom, internal_key, exec_request>::with<exec_result>,
+  caf::replies_to<signal_atom, internal_key, int32_t>::with<bool>, ///< to every running command
   /// Unpacks a tar archive into a directory of the sandbox; replies its size.
-  caf::replies_to<put_atom, std::string, std::string>::with<uint64_t>,
+  caf::replies_to<put_atom, internal_key, std::string, std::string>::with<uint64_t>,
   /// Packs a file or directory of the sandbox as a tar archive.
-  caf::replies_to<get_atom, std::string>::with<std::string>,
-  caf::replies_to<destroy_atom>::with<bool>,
-  caf::replies_to<list_atom>::with<sandbox_info>,
+  caf::replies_to<get_atom, internal_key, std::string>::with<std::string>,
+  caf::replies_to<destroy_atom, internal_key>::with<bool>,
+  caf::replies_to<list_atom, internal_key>::with<sandbox_info>,
   /// Answers one of its Chronus feedback requests (Feedback bytes).
-  caf::replies_to<feedback_atom, chronus_feedback_msg>::with<bool>,
-  /// Packs its writable layer (runtime/pack.hpp) with its contents in the blob
-  /// dir given (second): replies the manifest itself when it is small (the
-  /// session keeps it in its log record), else empty once it is durable in
-  /// the pack file given (first). Sandboxes made with placement.keep_upper only.
-  caf::replies_to<pack_atom, std::string, std::string>::with<std::string>,
-  // internal: from the reactor thread and timers
-  caf::reacts_to<event_atom>,                                ///< init has something to say
-  caf::reacts_to<output_atom, uint64_t, uint8_t, std::string, bool>, ///< exec, stream, data, eof
-  caf::reacts_to<reaped_atom>,                               ///< init's pidfd is readable
-  caf::reacts_to<timeout_atom, uint64_t>,                    ///< a command's deadline
-  caf::reacts_to<ttl_atom>>;
+  caf::replies_to<feedback_atom, internal_key, chronus_feedback_msg>::with<bool>,
+  /// Packs its writable layer (runtime/pack.hpp) as the pack of that name
+  /// (check_name) in its node's trajectory dir, <trajectories>/<session
+  /// id>/packs/, its contents in <trajectories>/<session id>/blobs/: replies
+  /// the manifest itself when it is small (the session keeps it in its log
+  /// record), else empty once it is durable in the pack file. Sandboxes made
+  /// with placement.keep_upper only. No path comes from the message.
+  caf::replies_to<pack_atom, internal_key, std::string>::with<internal_key, std::string>,
+  // process surface: from the reactor thread and timers
+  caf::reacts_to<event_atom, internal_key>,                  ///< init has something to say
+  caf::reacts_to<output_atom, internal_key, uint64_t, uint8_t, std::string,
+                 bool>,                                      ///< exec, stream, data, eof
+  caf::reacts_to<reaped_atom, internal_key>,                 ///< init's pidfd is readable
+  caf::reacts_to<timeout_atom, internal_key, uint64_t>,      ///< a command's deadline
+  caf::reacts_to<ttl_atom, internal_key>>;
 
 /// One per training run: the trainer's sandboxes, their quota and lifetime.
 using session_actor = caf::typed_actor<
+  // ---- client surface ----
   /// Creates `count` sandboxes. Each one, as it becomes ready or fails, is told
   /// to `listener` as (ready_atom, id) or (failed_atom, error); the reply, once
   /// all are done, is how many were created.
@@ -87,45 +111,54 @@ using session_actor = caf::typed_actor<
   caf::replies_to<watch_atom, caf::actor>::with<uint64_t>,
   /// Answers a feedback request of one of its sandboxes.
   caf::replies_to<feedback_atom, std::string, chronus_feedback_msg>::with<bool>,
-  /// internal: an Event from the node's Chronus endpoint
-  caf::reacts_to<chronus_atom, chronus_event_msg>,
-  /// internal: the trajectory log's batch is complete; make it durable
-  caf::reacts_to<flush_atom>,
-  /// internal: the daemon stops; close, but keep the trajectory log for resume
-  caf::reacts_to<shutdown_atom>,
-  // internal: from the node and the sandboxes
-  caf::reacts_to<ready_atom, std::string, sandbox_actor, uint64_t>,  ///< id, actor, request
-  caf::reacts_to<failed_atom, caf::error, uint64_t>,                 ///< why, request
-  caf::reacts_to<gone_atom, std::string>,
-  caf::reacts_to<ttl_atom, std::string>,                             ///< id reached its TTL
-  // internal: from the cluster's scheduler (docs/cluster.md)
+  // ---- member surface: from the nodes and their sandboxes ----
+  /// an Event from the node's Chronus endpoint
+  caf::reacts_to<chronus_atom, internal_key, chronus_event_msg>,
+  caf::reacts_to<ready_atom, internal_key, std::string, sandbox_actor,
+                 uint64_t>,                                              ///< id, actor, request
+  caf::reacts_to<failed_atom, internal_key, caf::error, uint64_t>,       ///< why, request
+  caf::reacts_to<gone_atom, internal_key, std::string>,
+  caf::reacts_to<ttl_atom, internal_key, std::string>,                   ///< id reached its TTL
+  // ---- process surface ----
+  /// the trajectory log's batch is complete; make it durable
+  caf::reacts_to<flush_atom, internal_key>,
+  /// the daemon stops; close, but keep the trajectory log for resume
+  caf::reacts_to<shutdown_atom, internal_key>,
+  // from the cluster's scheduler (docs/cluster.md)
   /// `count` sandboxes of request `request` were admitted by the node `where`
-  caf::reacts_to<placed_atom, uint64_t, caf::node_id, uint32_t>,
+  caf::reacts_to<placed_atom, internal_key, uint64_t, caf::node_id, uint32_t>,
   /// node `where` (named `name`) was lost, and why: its sandboxes are gone
-  caf::reacts_to<lost_atom, caf::node_id, std::string, std::string>>;
+  caf::reacts_to<lost_atom, internal_key, caf::node_id, std::string, std::string>,
+  /// node `where` is a member (again): what comes from it now is of its new
+  /// membership, not of the one that was lost
+  caf::reacts_to<join_atom, internal_key, caf::node_id>>;
 
 /// One per node: admission, the sandboxes' registry and the node's statistics.
+/// No client surface: clients ask the scheduler.
 using node_actor = caf::typed_actor<
+  // ---- member surface: from the scheduler (the coordinator's) and the member ----
   /// Admits up to `count` sandboxes of `env` for `session`; each reports to
   /// the session. Replies how many were admitted.
-  caf::replies_to<spawn_atom, environment, uint32_t, session_actor, placement>::with<uint32_t>,
-  caf::replies_to<lookup_atom, std::string>::with<sandbox_actor>,
-  caf::replies_to<list_atom>::with<std::vector<sandbox_info>>,
-  caf::replies_to<stats_atom>::with<node_stats>,
-  caf::reacts_to<gone_atom, std::string, bool>,          ///< internal: id, created ok
-  caf::reacts_to<ready_atom, std::string>,               ///< internal: creation done
+  caf::replies_to<spawn_atom, internal_key, environment, uint32_t, session_actor,
+                  placement>::with<internal_key, uint32_t>,
+  caf::replies_to<lookup_atom, internal_key, std::string>::with<internal_key, sandbox_actor>,
+  caf::replies_to<list_atom, internal_key>::with<internal_key, std::vector<sandbox_info>>,
+  caf::replies_to<stats_atom, internal_key>::with<internal_key, node_stats>,
+  // ---- process surface ----
+  caf::reacts_to<gone_atom, internal_key, std::string, bool>, ///< from a sandbox: id, created ok
+  caf::reacts_to<ready_atom, internal_key, std::string>,      ///< from a sandbox: creation done
   /// Destroys every sandbox and stays up (a node whose coordinator was lost);
   /// replies how many, once they are gone.
-  caf::replies_to<reset_atom>::with<uint32_t>,
-  caf::replies_to<shutdown_atom>::with<uint32_t>>;       ///< destroys everything
+  caf::replies_to<reset_atom, internal_key>::with<uint32_t>,
+  caf::replies_to<shutdown_atom, internal_key>::with<uint32_t>>; ///< destroys everything
 
 /// The entry of a dsecd (published with CAF's middleman): sessions and placement.
 using scheduler_actor = caf::typed_actor<
+  // ---- client surface ----
   caf::replies_to<open_atom, session_options, caf::actor>::with<session_actor, std::string>,
   /// Reopens a session from its trajectory log (docs/trajectory.md).
   caf::replies_to<resume_atom, std::string, caf::actor>::with<session_actor, std::string>,
   caf::replies_to<lookup_atom, std::string>::with<session_actor>, ///< a session by id
-  caf::replies_to<place_atom, environment, uint32_t, session_actor, placement>::with<uint32_t>,
   // by sandbox id, for the command line (no session needed)
   caf::replies_to<exec_atom, std::string, exec_request>::with<exec_result>,
   caf::replies_to<put_atom, std::string, std::string, std::string>::with<uint64_t>,
@@ -134,27 +167,39 @@ using scheduler_actor = caf::typed_actor<
   caf::replies_to<feedback_atom, std::string, chronus_feedback_msg>::with<bool>,
   caf::replies_to<list_atom>::with<std::vector<sandbox_info>>,
   caf::replies_to<stats_atom>::with<node_stats>,
-  caf::reacts_to<gone_atom, std::string>,               ///< internal: a session ended
-  caf::reacts_to<ttl_atom>,                             ///< internal: expire old trajectory logs
-  // the cluster (docs/cluster.md); a scheduler that is not a coordinator
-  // refuses these with errc::unsupported
-  /// Every node, up or lately lost.
+  /// Every node, up or lately lost (a scheduler that is not a coordinator
+  /// refuses it with errc::unsupported).
   caf::replies_to<cluster_atom>::with<std::vector<member_info>>,
+  // ---- member surface: the cluster (docs/cluster.md); a scheduler that is
+  // not a coordinator refuses these with errc::unsupported ----
   /// A node joins: its first report, its node actor and its layer store.
   /// Replies the coordinator's layer store (where it fetches missing layers).
-  caf::replies_to<join_atom, node_report, node_actor, layer_store_actor>::with<layer_store_actor>,
+  caf::replies_to<join_atom, internal_key, node_report, node_actor,
+                  layer_store_actor>::with<internal_key, layer_store_actor>,
   /// A node's heartbeat. false: it is not a member (it was declared lost):
   /// it must destroy its sandboxes and join again.
-  caf::replies_to<beat_atom, node_report>::with<bool>,
-  caf::reacts_to<timeout_atom>,                         ///< internal: check heartbeats
-  caf::replies_to<shutdown_atom>::with<uint32_t>>;
+  caf::replies_to<beat_atom, internal_key, node_report>::with<internal_key, bool>,
+  // ---- process surface ----
+  /// From a session: places `count` sandboxes of `env` (on this node, or over
+  /// the cluster's); replies how many were admitted, with the member key.
+  caf::replies_to<place_atom, internal_key, environment, uint32_t, session_actor,
+                  placement>::with<internal_key, uint32_t>,
+  caf::reacts_to<gone_atom, internal_key, std::string>, ///< a session ended
+  caf::reacts_to<ttl_atom, internal_key>,               ///< expire old trajectory logs
+  caf::reacts_to<timeout_atom, internal_key>,           ///< check heartbeats
+  caf::replies_to<shutdown_atom, internal_key>::with<uint32_t>>;
 
 /// One per node of a cluster: its link to the coordinator (joins, sends
 /// heartbeats, rejoins; destroys the node's sandboxes when the coordinator is
-/// lost). Internal: it only talks to itself.
+/// lost). Process surface only: it talks to itself and to the helper that
+/// connects it.
 using member_actor = caf::typed_actor<
-  caf::reacts_to<join_atom>,
-  caf::reacts_to<beat_atom>,
-  caf::reacts_to<reset_atom, uint64_t>>; ///< the grace period of coordinator loss `n` ended
+  caf::reacts_to<join_atom, internal_key>,
+  /// From the helper that connects (an actor never named over a connection, so
+  /// that nobody else can answer its connect request): attempt `n`, the
+  /// coordinator's published actor, or null and why not.
+  caf::reacts_to<join_atom, internal_key, uint64_t, scheduler_actor, std::string>,
+  caf::reacts_to<beat_atom, internal_key>,
+  caf::reacts_to<reset_atom, internal_key, uint64_t>>; ///< the grace period of coordinator loss `n` ended
 
 } // namespace dsec

@@ -41,6 +41,7 @@ struct layer_cache_state {
 
   engine* eng = nullptr;
   uint64_t budget = 0;
+  internal_key key; // the member key, for the layer source
 
   struct mounted {
     std::unique_ptr<layer_mount> mnt;
@@ -91,7 +92,7 @@ struct layer_cache_state {
   // An acquire that waits for fetches of the layers it names.
   struct waiting_acquire {
     environment env;
-    caf::typed_response_promise<layer_set> rp;
+    caf::typed_response_promise<internal_key, layer_set> rp;
     size_t pending = 0;            // fetches not finished yet
     std::optional<error> failure;  // the first that failed
   };
@@ -279,7 +280,7 @@ void end_fetch(cache_ptr self, const std::string& ref, std::optional<error> fail
     }
     auto r = s.acquire(done.env);
     if (r)
-      done.rp.deliver(std::move(*r));
+      done.rp.deliver(process_key(), std::move(*r));
     else
       done.rp.deliver(to_caf(r.error_value()));
   }
@@ -378,9 +379,20 @@ void pump(cache_ptr self, const std::string& ref) {
     auto length = static_cast<uint32_t>(std::min<uint64_t>(fetch_chunk, job.meta.size - offset));
     job.next_offset += length;
     ++job.in_flight;
-    self->request(job.from, fetch_timeout, fetch_atom::value, job.meta.digest, offset, length)
+    self
+      ->request(job.from, fetch_timeout, fetch_atom::value, self->state.key, job.meta.digest,
+                offset, length)
       .then(
-        [=, id = job.id](std::string& data) { on_chunk(self, ref, id, offset, length, data); },
+        [=, id = job.id](const internal_key& k, std::string& data) {
+          if (!genuine(k, self->state.key, "a reply to fetch")) {
+            auto it = self->state.fetches.find(ref);
+            if (it != self->state.fetches.end() && it->second.id == id)
+              fail_fetch(self, ref, errc::unauthorized,
+                         "a reply to a fetch did not carry the cluster's key");
+            return;
+          }
+          on_chunk(self, ref, id, offset, length, data);
+        },
         [=, id = job.id](caf::error& e) {
           auto it = self->state.fetches.find(ref);
           if (it != self->state.fetches.end() && it->second.id == id)
@@ -425,8 +437,17 @@ void join_fetch(cache_ptr self, const std::string& ref, uint64_t id) {
   job.id = s.next_job++;
   job.from = s.source;
   job.waiters.push_back(id);
-  self->request(job.from, fetch_timeout, describe_atom::value, ref)
-    .then([=](layer_meta& meta) { on_described(self, ref, meta); },
+  self->request(job.from, fetch_timeout, describe_atom::value, s.key, ref)
+    .then([=, id = job.id](const internal_key& k, layer_meta& meta) {
+            if (genuine(k, self->state.key, "a reply to describe")) {
+              on_described(self, ref, meta);
+              return;
+            }
+            auto it = self->state.fetches.find(ref);
+            if (it != self->state.fetches.end() && it->second.id == id)
+              fail_fetch(self, ref, errc::unauthorized,
+                         "the reply describing it did not carry the cluster's key");
+          },
           [=, id = job.id](caf::error& e) {
             auto& s = self->state;
             auto it = s.fetches.find(ref);
@@ -454,14 +475,16 @@ void fail_waiting(cache_ptr self, const std::string& why) {
 }
 
 layer_cache_actor::behavior_type layer_cache_impl(cache_ptr self, engine* eng,
-                                                  uint64_t budget) {
+                                                  uint64_t budget, internal_key key) {
   self->state.eng = eng;
   self->state.budget = budget;
+  self->state.key = key;
   // A source that goes away fails its fetches now, not at their timeouts.
   self->set_down_handler([=](caf::down_msg& dm) {
     std::vector<std::string> gone;
     for (auto& [ref, job] : self->state.fetches)
-      if (job.from && job.from.address() == dm.source)
+      if (job.from && job.from.address() == dm.source
+          && really_down(job.from, "a down message of a layer source"))
         gone.push_back(ref);
     for (auto& ref : gone)
       fail_fetch(self, ref, errc::disconnected,
@@ -472,11 +495,14 @@ layer_cache_actor::behavior_type layer_cache_impl(cache_ptr self, engine* eng,
     self->quit(em.reason);
   });
   return {
-    [=](acquire_atom, const environment& env) -> caf::result<layer_set> {
+    [=](acquire_atom, const internal_key& k,
+        const environment& env) -> caf::result<internal_key, layer_set> {
       auto& s = self->state;
+      if (!genuine(k, process_key(), "acquire (layer cache)"))
+        return refuse("acquire");
       auto r = s.acquire(env);
       if (r)
-        return std::move(*r);
+        return {process_key(), std::move(*r)};
       // A layer the store lacks comes from the source, if there is one.
       if (r.error_value().code != errc::not_found || !s.source)
         return to_caf(r.error_value());
@@ -486,30 +512,41 @@ layer_cache_actor::behavior_type layer_cache_impl(cache_ptr self, engine* eng,
       auto id = s.next_waiter++;
       auto& w = s.waiting[id];
       w.env = env;
-      w.rp = self->make_response_promise<layer_set>();
+      w.rp = self->make_response_promise<internal_key, layer_set>();
       w.pending = lacking.size();
       auto rp = w.rp;
       for (const auto& ref : lacking)
         join_fetch(self, ref, id);
       return rp;
     },
-    [=](release_atom, uint64_t lease) { self->state.release(lease); },
-    [=](source_atom, layer_store_actor& src) {
+    [=](release_atom, const internal_key& k, uint64_t lease) {
+      if (genuine(k, process_key(), "release (layer cache)"))
+        self->state.release(lease);
+    },
+    [=](source_atom, const internal_key& k, layer_store_actor& src) {
       auto& s = self->state;
+      if (!genuine(k, process_key(), "source (layer cache)"))
+        return;
       if (src && src != s.source)
         self->monitor(src);
       s.source = std::move(src);
     },
-    [=](list_atom) -> caf::result<std::vector<std::string>, uint64_t, uint64_t> {
+    [=](list_atom,
+        const internal_key& k) -> caf::result<std::vector<std::string>, uint64_t, uint64_t> {
       auto& s = self->state;
+      if (!genuine(k, process_key(), "list (layer cache)"))
+        return refuse("list");
       std::vector<std::string> refs;
       if (auto all = s.eng->layers().list())
         for (auto& l : *all)
           refs.push_back(l.ref.to_string());
       return {std::move(refs), s.fetched, s.fetched_bytes};
     },
-    [=](stats_atom) -> caf::result<uint32_t, uint64_t, uint64_t, uint64_t> {
+    [=](stats_atom,
+        const internal_key& k) -> caf::result<uint32_t, uint64_t, uint64_t, uint64_t> {
       auto& s = self->state;
+      if (!genuine(k, process_key(), "stats (layer cache)"))
+        return refuse("stats");
       return {static_cast<uint32_t>(s.mounts.size()), s.bytes, s.budget, s.evicted};
     },
   };
@@ -517,8 +554,9 @@ layer_cache_actor::behavior_type layer_cache_impl(cache_ptr self, engine* eng,
 
 } // namespace
 
-layer_cache_actor spawn_layer_cache(caf::actor_system& sys, engine& eng, uint64_t budget) {
-  return sys.spawn(layer_cache_impl, &eng, budget);
+layer_cache_actor spawn_layer_cache(caf::actor_system& sys, engine& eng, uint64_t budget,
+                                    internal_key key) {
+  return sys.spawn(layer_cache_impl, &eng, budget, key);
 }
 
 } // namespace dsec

@@ -16,6 +16,9 @@ namespace dsec {
 class engine;
 
 /// Spawns the cache. `budget` is in bytes of mounted images; 0 means no limit.
-layer_cache_actor spawn_layer_cache(caf::actor_system& sys, engine& eng, uint64_t budget);
+/// Its requests to a layer source carry `key`, the member key
+/// (actors/surface.hpp), and it takes only replies that carry it too.
+layer_cache_actor spawn_layer_cache(caf::actor_system& sys, engine& eng, uint64_t budget,
+                                    internal_key key);
 
 } // namespace dsec

@@ -98,29 +98,35 @@ struct layer_store_state {
 };
 
 layer_store_actor::behavior_type
-layer_store_impl(layer_store_actor::stateful_pointer<layer_store_state> self, store st) {
+layer_store_impl(layer_store_actor::stateful_pointer<layer_store_state> self, store st,
+                 internal_key key) {
   self->state.st.emplace(std::move(st));
   return {
-    [=](describe_atom, const std::string& ref) -> caf::result<layer_meta> {
+    [=](describe_atom, const internal_key& k,
+        const std::string& ref) -> caf::result<internal_key, layer_meta> {
+      if (!genuine(k, key, "describe (layer store)"))
+        return refuse("describe");
       auto r = self->state.describe(ref);
       if (!r)
         return to_caf(r.error_value());
-      return std::move(*r);
+      return {key, std::move(*r)};
     },
-    [=](fetch_atom, const std::string& digest, uint64_t offset,
-        uint32_t length) -> caf::result<std::string> {
+    [=](fetch_atom, const internal_key& k, const std::string& digest, uint64_t offset,
+        uint32_t length) -> caf::result<internal_key, std::string> {
+      if (!genuine(k, key, "fetch (layer store)"))
+        return refuse("fetch");
       auto r = self->state.fetch(digest, offset, length);
       if (!r)
         return to_caf(r.error_value());
-      return std::move(*r);
+      return {key, std::move(*r)};
     },
   };
 }
 
 } // namespace
 
-layer_store_actor spawn_layer_store(caf::actor_system& sys, store st) {
-  return sys.spawn(layer_store_impl, std::move(st));
+layer_store_actor spawn_layer_store(caf::actor_system& sys, store st, internal_key key) {
+  return sys.spawn(layer_store_impl, std::move(st), key);
 }
 
 } // namespace dsec

@@ -19,6 +19,8 @@ inline constexpr uint32_t max_fetch_chunk = 1u << 20;
 /// of a malformed digest or a length of 0 or over max_fetch_chunk is
 /// invalid_argument, of an unknown digest not_found. A fetch past the end of
 /// the image replies empty.
-layer_store_actor spawn_layer_store(caf::actor_system& sys, store st);
+/// Every request must carry `key`, the member key (actors/surface.hpp), and
+/// every reply carries it.
+layer_store_actor spawn_layer_store(caf::actor_system& sys, store st, internal_key key);
 
 } // namespace dsec

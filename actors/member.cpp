@@ -1,6 +1,7 @@
 #include "actors/member.hpp"
 
 #include <caf/actor_system.hpp>
+#include <caf/event_based_actor.hpp>
 #include <caf/io/middleman.hpp>
 #include <caf/io/middleman_actor.hpp>
 #include <caf/send.hpp>
@@ -32,6 +33,7 @@ struct member_state {
   std::vector<std::string> sent_layers;
   uint64_t beats = 0;
   std::string last_error;    // said once, not every retry
+  uint64_t attempt = 0;      // connects started (a helper's answer names its own)
 };
 
 using self_ptr = member_actor::stateful_pointer<member_state>;
@@ -54,10 +56,12 @@ void say_error(self_ptr self, const std::string& what) {
 void make_report(self_ptr self, bool all_layers, std::function<void(node_report)> then,
                  std::function<void()> failed) {
   auto& s = self->state;
-  self->request(s.cfg.node, std::chrono::seconds(5), stats_atom::value)
+  self->request(s.cfg.node, std::chrono::seconds(5), stats_atom::value, s.cfg.key)
     .then(
-      [=](node_stats& ns) {
+      [=](const internal_key& k, node_stats& ns) {
         auto& s = self->state;
+        if (!genuine(k, s.cfg.key, "a reply to stats"))
+          return failed();
         auto report = [=](std::vector<std::string> layers, uint64_t fetched,
                           uint64_t fetched_bytes) {
           auto& s = self->state;
@@ -80,7 +84,7 @@ void make_report(self_ptr self, bool all_layers, std::function<void(node_report)
         };
         if (!s.cfg.cache) // a simulated node: no layer cache, no layers
           return report({}, 0, 0);
-        self->request(s.cfg.cache, std::chrono::seconds(5), list_atom::value)
+        self->request(s.cfg.cache, std::chrono::seconds(5), list_atom::value, process_key())
           .then(
             [=](std::vector<std::string>& layers, uint64_t fetched, uint64_t fetched_bytes) {
               report(std::move(layers), fetched, fetched_bytes);
@@ -94,11 +98,19 @@ void join(self_ptr self, scheduler_actor coord) {
   make_report(self, true, [=](node_report r) {
     auto& s = self->state;
     self
-      ->request(coord, std::chrono::seconds(10), join_atom::value, std::move(r), s.cfg.node,
-                s.cfg.store)
+      ->request(coord, std::chrono::seconds(10), join_atom::value, s.cfg.key, std::move(r),
+                s.cfg.node, s.cfg.store)
       .then(
-        [=](layer_store_actor& src) {
+        [=](const internal_key& k, layer_store_actor& src) {
           auto& s = self->state;
+          if (!genuine(k, s.cfg.key, "a reply to join")) {
+            s.joining = false;
+            say_error(self, "joining the cluster of " + s.where
+                              + ": the reply did not carry the cluster's key (retrying every "
+                                "second)");
+            self->delayed_send(self, std::chrono::seconds(1), join_atom::value, process_key());
+            return;
+          }
           s.joining = false;
           s.joined = true;
           s.coordinator = coord;
@@ -106,21 +118,28 @@ void join(self_ptr self, scheduler_actor coord) {
           if (coord.node() != self->node()) {
             self->monitor(coord);
             if (src && s.cfg.cache)
-              self->send(s.cfg.cache, source_atom::value, std::move(src));
+              self->send(s.cfg.cache, source_atom::value, process_key(), std::move(src));
             say("joined the cluster of " + s.where + " as " + s.cfg.name);
           }
         },
         [=](caf::error& e) {
           auto& s = self->state;
           s.joining = false;
-          say_error(self, "joining the cluster of " + s.where + ": " + from_caf(e).message
+          auto err = from_caf(e);
+          std::string hint;
+          if (err.code == errc::unauthorized)
+            hint = s.cfg.key_file.empty()
+                     ? std::string{" (this node's key is not the cluster's)"}
+                     : " (this node's key, from " + s.cfg.key_file
+                         + ", is not the cluster's: give it a copy of the coordinator's)";
+          say_error(self, "joining the cluster of " + s.where + ": " + err.message + hint
                             + " (retrying every second)");
-          self->delayed_send(self, std::chrono::seconds(1), join_atom::value);
+          self->delayed_send(self, std::chrono::seconds(1), join_atom::value, process_key());
         });
   }, [=] {
     // The node did not answer (busy): try again.
     self->state.joining = false;
-    self->delayed_send(self, std::chrono::seconds(1), join_atom::value);
+    self->delayed_send(self, std::chrono::seconds(1), join_atom::value, process_key());
   });
 }
 
@@ -134,7 +153,7 @@ void leave(self_ptr self, std::chrono::milliseconds delay, std::string why) {
     self->demonitor(s.coordinator.address());
   s.coordinator = nullptr;
   ++s.epoch;
-  self->delayed_send(self, delay, reset_atom::value, s.epoch);
+  self->delayed_send(self, delay, reset_atom::value, process_key(), s.epoch);
 }
 
 member_actor::behavior_type member_impl(self_ptr self, member_config cfg) {
@@ -144,18 +163,21 @@ member_actor::behavior_type member_impl(self_ptr self, member_config cfg) {
                                 : st.cfg.host + ":" + std::to_string(st.cfg.port);
   self->set_down_handler([=](caf::down_msg& dm) {
     auto& s = self->state;
-    if (!s.coordinator || dm.source != s.coordinator.address())
+    if (!s.coordinator || dm.source != s.coordinator.address()
+        || !really_down(s.coordinator, "a down message of the coordinator"))
       return;
     say("lost the coordinator " + s.where + " (" + self->system().render(dm.reason)
         + "): its sandboxes here end with their sessions; whatever is left goes in "
         + std::to_string(s.cfg.grace.count()) + " ms, then this node joins again");
     leave(self, s.cfg.grace, "grace period over: destroyed {} sandboxes left of the lost coordinator");
   });
-  self->send(self, join_atom::value);
-  self->send(self, beat_atom::value);
+  self->send(self, join_atom::value, process_key());
+  self->send(self, beat_atom::value, process_key());
   return {
-    [=](join_atom) {
+    [=](join_atom, const internal_key& k) {
       auto& s = self->state;
+      if (!genuine(k, process_key(), "join (member)"))
+        return;
       if (s.joined || s.joining)
         return;
       s.joining = true;
@@ -164,33 +186,58 @@ member_actor::behavior_type member_impl(self_ptr self, member_config cfg) {
       caf::actor mm = s.cfg.connector;
       if (!mm)
         mm = caf::actor_cast<caf::actor>(self->system().middleman().actor_handle());
-      self
-        ->request(caf::actor_cast<caf::io::middleman_actor>(mm), std::chrono::seconds(10),
-                  caf::connect_atom::value, s.cfg.host, s.cfg.port)
-        .then(
-          [=](caf::node_id&, caf::strong_actor_ptr& h, std::set<std::string>&) {
-            auto& s = self->state;
-            if (!h) {
-              s.joining = false;
-              say_error(self, "joining the cluster of " + s.where
-                                + ": nothing is published there (retrying every second)");
-              self->delayed_send(self, std::chrono::seconds(1), join_atom::value);
-              return;
-            }
-            join(self, caf::actor_cast<scheduler_actor>(h));
-          },
-          [=](caf::error& e) {
-            auto& s = self->state;
-            s.joining = false;
-            say_error(self, "cannot join the coordinator " + s.where + ": "
-                              + connect_error(self->system(), e, s.cfg.host, s.cfg.port).message
-                              + " (retrying every second)");
-            self->delayed_send(self, std::chrono::seconds(1), join_atom::value);
-          });
+      // The connect is asked by a helper that is never named over a
+      // connection: a peer can send a message to the member (it sent its
+      // handle to the coordinator), and so could pose as the middleman's
+      // answer to a request of the member's, handing it a coordinator of its
+      // own, to which the member would send the cluster's key.
+      auto attempt = ++s.attempt;
+      member_actor me = self;
+      auto host = s.cfg.host;
+      auto port = s.cfg.port;
+      self->spawn([=](caf::event_based_actor* h) -> caf::behavior {
+        h->request(caf::actor_cast<caf::io::middleman_actor>(mm), std::chrono::seconds(10),
+                   caf::connect_atom::value, host, port)
+          .then(
+            [=](caf::node_id&, caf::strong_actor_ptr& p, std::set<std::string>&) {
+              caf::anon_send(me, join_atom::value, process_key(), attempt,
+                             caf::actor_cast<scheduler_actor>(p), std::string{});
+              h->quit();
+            },
+            [=](caf::error& e) {
+              caf::anon_send(me, join_atom::value, process_key(), attempt, scheduler_actor{},
+                             connect_error(h->system(), e, host, port).message);
+              h->quit();
+            });
+        return caf::behavior{}; // nothing else: it ends with the answer
+      });
     },
-    [=](beat_atom) {
+    [=](join_atom, const internal_key& k, uint64_t attempt, scheduler_actor& coord,
+        const std::string& why) {
       auto& s = self->state;
-      self->delayed_send(self, s.cfg.interval, beat_atom::value);
+      if (!genuine(k, process_key(), "join (member)") || attempt != s.attempt || !s.joining)
+        return;
+      if (!why.empty()) {
+        s.joining = false;
+        say_error(self, "cannot join the coordinator " + s.where + ": " + why
+                          + " (retrying every second)");
+        self->delayed_send(self, std::chrono::seconds(1), join_atom::value, process_key());
+        return;
+      }
+      if (!coord) {
+        s.joining = false;
+        say_error(self, "joining the cluster of " + s.where
+                          + ": nothing is published there (retrying every second)");
+        self->delayed_send(self, std::chrono::seconds(1), join_atom::value, process_key());
+        return;
+      }
+      join(self, std::move(coord));
+    },
+    [=](beat_atom, const internal_key& k) {
+      auto& s = self->state;
+      if (!genuine(k, process_key(), "beat (member)"))
+        return;
+      self->delayed_send(self, s.cfg.interval, beat_atom::value, process_key());
       if (!s.joined || s.beating)
         return;
       s.beating = true;
@@ -202,11 +249,13 @@ member_actor::behavior_type member_impl(self_ptr self, member_config cfg) {
           return;
         }
         auto coord = s.coordinator;
-        self->request(coord, 3 * s.cfg.interval, beat_atom::value, std::move(r))
+        self->request(coord, 3 * s.cfg.interval, beat_atom::value, s.cfg.key, std::move(r))
           .then(
-            [=](bool known) {
+            [=](const internal_key& k, bool known) {
               auto& s = self->state;
               s.beating = false;
+              if (!genuine(k, s.cfg.key, "a reply to beat"))
+                return;
               if (!known && s.joined && s.coordinator == coord) {
                 say("the coordinator " + s.where
                     + " no longer counts this node (it was declared lost): destroying its "
@@ -218,11 +267,11 @@ member_actor::behavior_type member_impl(self_ptr self, member_config cfg) {
             [=](caf::error&) { self->state.beating = false; });
       }, [=] { self->state.beating = false; });
     },
-    [=](reset_atom, uint64_t epoch) {
+    [=](reset_atom, const internal_key& k, uint64_t epoch) {
       auto& s = self->state;
-      if (epoch != s.epoch || s.joined)
+      if (!genuine(k, process_key(), "reset (member)") || epoch != s.epoch || s.joined)
         return;
-      self->request(s.cfg.node, caf::infinite, reset_atom::value)
+      self->request(s.cfg.node, caf::infinite, reset_atom::value, process_key())
         .then(
           [=](uint32_t n) {
             // After a lost coordinator most went already, as their sessions
@@ -231,9 +280,9 @@ member_actor::behavior_type member_impl(self_ptr self, member_config cfg) {
             if (auto at = text.find("{}"); at != std::string::npos)
               text.replace(at, 2, std::to_string(n));
             say(text + "; joining again");
-            self->send(self, join_atom::value);
+            self->send(self, join_atom::value, process_key());
           },
-          [=](caf::error&) { self->send(self, join_atom::value); });
+          [=](caf::error&) { self->send(self, join_atom::value, process_key()); });
     },
   };
 }

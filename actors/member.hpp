@@ -33,6 +33,9 @@ struct member_config {
   caf::actor connector;
   std::chrono::milliseconds interval{500};
   std::chrono::milliseconds grace{5000};
+  /// The member key (the cluster's) and the file it came from (for messages).
+  internal_key key;
+  std::string key_file;
 };
 
 member_actor spawn_member(caf::actor_system& sys, member_config cfg);

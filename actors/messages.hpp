@@ -64,15 +64,16 @@ struct environment {
   std::string base;               ///< NAME@VERSION of a base layer (required)
   std::string workdir;            ///< NAME@VERSION of a workdir layer, or empty
   std::vector<std::string> tools; ///< NAME@VERSION of tool layers, the last on top
-  uint64_t memory = 0;            ///< bytes; 0: no limit
-  uint64_t pids = 0;              ///< most processes; 0: no limit
+  uint64_t memory = 0;            ///< bytes; 0: the node's default (node_stats)
+  uint64_t pids = 0;              ///< most processes; 0: the node's default
   double cpus = 0;                ///< CPU bandwidth; 0: no limit
-  uint64_t disk = 0;              ///< size of the writable layer; 0: tmpfs default
+  uint64_t disk = 0;              ///< size of the writable layer; 0: the node's default
   bool net = false;               ///< a private network with loopback up
   uint64_t ttl_ms = 0;            ///< lifetime; 0: the session's default
   std::string backend = "container"; ///< only "container" so far
-  /// A Chronus socket at /run/chronus.sock, a token for trusted commands, and
-  /// the agent's commands kept apart from trusted ones (docs/chronus.md)
+  /// Chronus (docs/chronus.md): trusted commands that report to the session over
+  /// a channel of their own, kept apart from the agent's commands; dsec's
+  /// `chronus` at /.dsec/bin; pristine commands; /run/chronus.sock
   bool chronus = false;
 };
 
@@ -108,10 +109,14 @@ struct placement {
   /// Keep the writable layer reachable for packs (a session with a trajectory log).
   bool keep_upper = false;
   /// A sandbox rebuilt from a trajectory log (count 1): its old id, and the
-  /// pack of its writable layer to start from (empty: a fresh one).
+  /// pack of its writable layer to start from: by name (check_name), a file in
+  /// the node's <trajectories>/<session_id>/packs/, or the manifest itself
+  /// (seed_manifest) when the log kept it inline; its contents are in
+  /// <trajectories>/<session_id>/blobs/. Both empty: a fresh one. Never a
+  /// path: the node derives every path from its own trajectory dir.
   std::string id;
   std::string seed_pack;
-  std::string seed_blobs;
+  std::string seed_manifest;
   /// The node tells the session itself (failed_atom, overloaded) about the
   /// sandboxes it has no slot for; false when the cluster's scheduler places
   /// them elsewhere instead.
@@ -121,7 +126,7 @@ struct placement {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, placement& x) {
   return f(caf::meta::type_name("dsec.placement"), x.request, x.session_id, x.ttl_ms,
-           x.keep_upper, x.id, x.seed_pack, x.seed_blobs, x.report_refusals);
+           x.keep_upper, x.id, x.seed_pack, x.seed_manifest, x.report_refusals);
 }
 
 /// What a create call carries besides its environment (docs/trajectory.md):
@@ -154,20 +159,26 @@ struct exec_request {
   bool stream = false;           ///< send output_chunk messages to the requester
   bool detach = false;           ///< reply once it runs; nobody collects its output
   uint64_t max_output = 16ull << 20; ///< per stream, when collecting
-  /// A trusted command (a grader): it gets $DSEC_CHRONUS_TOKEN, and the agent's
-  /// commands cannot trace, signal or read it. Needs environment.chronus.
+  /// A trusted command (a grader): it reaches Chronus over the trusted channel
+  /// at fd 3 ($CHRONUS_FD), its PATH starts with /.dsec/bin (dsec's `chronus`),
+  /// and the agent's commands cannot trace, signal or read it. Needs
+  /// environment.chronus.
   bool trusted = false;
   /// Safe to run again (docs/trajectory.md): in a session with a trajectory
   /// log, no pack of the writable layer is taken after it, and a resume that
   /// must rebuild the sandbox's files runs it again instead.
   bool idempotent = false;
+  /// With `trusted`: the command's root is the pristine root, the sandbox's
+  /// layers without anything the agent wrote (a private /tmp), with the agent's
+  /// root read-only at /.dsec/agent (docs/chronus.md).
+  bool pristine = false;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, exec_request& x) {
   return f(caf::meta::type_name("dsec.exec_request"), x.argv, x.env, x.cwd, x.uid, x.gid,
            x.timeout_ms, x.input, x.stream, x.detach, x.max_output, x.trusted,
-           x.idempotent);
+           x.idempotent, x.pristine);
 }
 
 /// How a command ended, and its output when it was collected.
@@ -281,6 +292,22 @@ struct node_stats {
   uint64_t chronus_invalid = 0;
   uint64_t chronus_flooding = 0;
   uint64_t chronus_refused_connections = 0;
+  /// Connections to the daemon's port refused before their first message
+  /// (without --tls: not root nor group dsec; actors/door.hpp)
+  uint64_t refused_clients = 0;
+  /// Internal messages this dsecd refused since start (docs/security.md): an
+  /// internal verb without the daemon's or cluster's key, a reply to an
+  /// internal request without it, a down message naming an actor that had
+  /// not ended.
+  uint64_t refused_internal = 0;
+  // The limits a sandbox gets when its environment names none (dsecd
+  // --default-memory, --default-pids, --default-disk); 0: no such default
+  uint64_t default_memory = 0;
+  uint64_t default_pids = 0;
+  uint64_t default_disk = 0;
+  // Sandbox cgroups since start: taken from the node's pool, made for it
+  uint64_t cgroups_reused = 0;
+  uint64_t cgroups_made = 0;
 };
 
 template <class Inspector>
@@ -290,7 +317,9 @@ typename Inspector::result_type inspect(Inspector& f, node_stats& x) {
            x.cache_budget, x.evicted, x.gc, x.chronus_sandboxes, x.chronus_events,
            x.chronus_answered, x.chronus_too_large, x.chronus_malformed,
            x.chronus_unauthenticated, x.chronus_invalid, x.chronus_flooding,
-           x.chronus_refused_connections);
+           x.chronus_refused_connections, x.refused_clients, x.refused_internal,
+           x.default_memory, x.default_pids, x.default_disk, x.cgroups_reused,
+           x.cgroups_made);
 }
 
 /// The layers of one sandbox, mounted by the node's layer_cache: directory fds

@@ -102,10 +102,23 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
   st.admit_limit = static_cast<uint32_t>(static_cast<double>(st.cfg.slots)
                                          * std::max(0.0, st.cfg.oversubscribe));
   return {
-    [=](spawn_atom, const environment& env, uint32_t count, const session_actor& session,
-        const placement& pl) -> caf::result<uint32_t> {
+    [=](spawn_atom, const internal_key& k, const environment& env, uint32_t count,
+        const session_actor& session, const placement& pl) -> caf::result<internal_key, uint32_t> {
       auto& s = self->state;
+      if (!genuine(k, s.cfg.key, "spawn (node)"))
+        return refuse("spawn");
       uint64_t request = pl.request;
+      // Names that become parts of paths on this node (its trajectory dir).
+      if (auto v = check_name(pl.session_id, "a session id"); !v)
+        return to_caf(v.error_value());
+      if (!pl.id.empty())
+        if (auto v = check_name(pl.id, "a sandbox id"); !v)
+          return to_caf(v.error_value());
+      if (!pl.seed_pack.empty())
+        if (auto v = check_name(pl.seed_pack, "a pack name"); !v)
+          return to_caf(v.error_value());
+      if (!session)
+        return to_caf(make_error(errc::invalid_argument, "spawn: no session given"));
       if (!pl.id.empty()) {
         // A sandbox rebuilt under its old id (a resumed session).
         if (count != 1)
@@ -142,6 +155,7 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
         c->node = self;
         c->node_name = s.cfg.name;
         c->model = *s.cfg.sim;
+        c->key = s.cfg.key;
         uint64_t each = env.memory ? env.memory : s.cfg.sim->memory;
         std::shared_ptr<const sim_common> shared = std::move(c);
         for (uint32_t i = 0; i < admitted; ++i) {
@@ -160,6 +174,13 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
         sc.env = env;
         if (sc.env.ttl_ms == 0)
           sc.env.ttl_ms = pl.ttl_ms;
+        // Every sandbox has limits: the node's defaults where it asks for none.
+        if (sc.env.memory == 0)
+          sc.env.memory = s.cfg.defaults.memory_bytes.value_or(0);
+        if (sc.env.pids == 0)
+          sc.env.pids = s.cfg.defaults.pids.value_or(0);
+        if (sc.env.disk == 0)
+          sc.env.disk = s.cfg.defaults.disk_bytes;
         sc.session = session;
         sc.request = request;
         sc.node = self;
@@ -168,17 +189,19 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
         sc.eng = s.cfg.eng;
         sc.keep_upper = pl.keep_upper;
         sc.seed_pack = pl.seed_pack;
-        sc.seed_blobs = pl.seed_blobs;
+        sc.seed_manifest = pl.seed_manifest;
+        sc.trajectories = s.cfg.trajectories;
+        sc.key = s.cfg.key;
         s.live.emplace(sc.id, node_state::entry{});
         s.queued.push_back(std::move(sc));
         ++s.creating;
       }
       pump(self);
       if (!pl.report_refusals)
-        return admitted; // the cluster's scheduler places them elsewhere
+        return {s.cfg.key, admitted}; // the cluster's scheduler places them elsewhere
       // Every sandbox asked for gets an answer; the ones without a slot now.
       for (uint32_t i = admitted; i < count; ++i)
-        self->send(session, failed_atom::value,
+        self->send(session, failed_atom::value, s.cfg.key,
                    to_caf(make_error(errc::overloaded,
                                      s.shutting_down
                                        ? "node " + s.cfg.name + " is shutting down"
@@ -188,18 +211,24 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
                                            + " slots in use")),
                    request);
       s.failed += count - admitted;
-      return admitted;
+      return {s.cfg.key, admitted};
     },
-    [=](lookup_atom, const std::string& id) -> caf::result<sandbox_actor> {
+    [=](lookup_atom, const internal_key& k,
+        const std::string& id) -> caf::result<internal_key, sandbox_actor> {
       auto& s = self->state;
+      if (!genuine(k, s.cfg.key, "lookup (node)"))
+        return refuse("lookup");
       auto it = s.live.find(id);
       if (it == s.live.end() || !it->second.handle)
         return to_caf(make_error(errc::not_found, "no sandbox " + id + " on node "
                                                     + s.cfg.name));
-      return it->second.handle;
+      return {s.cfg.key, it->second.handle};
     },
-    [=](list_atom) -> caf::result<std::vector<sandbox_info>> {
+    [=](list_atom,
+        const internal_key& k) -> caf::result<internal_key, std::vector<sandbox_info>> {
       auto& s = self->state;
+      if (!genuine(k, s.cfg.key, "list (node)"))
+        return refuse("list");
       std::vector<sandbox_info> queued;
       std::vector<sandbox_actor> boxes;
       for (auto& [id, e] : s.live) {
@@ -213,10 +242,17 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
         info.state = "queued";
         queued.push_back(std::move(info));
       }
-      return gather_infos(self, std::move(queued), boxes);
+      auto rp = self->make_response_promise<internal_key, std::vector<sandbox_info>>();
+      gather_infos(self, s.cfg.key, std::move(queued), boxes,
+                   [rp, key = s.cfg.key](std::vector<sandbox_info> all) mutable {
+                     rp.deliver(key, std::move(all));
+                   });
+      return rp;
     },
-    [=](stats_atom) -> caf::result<node_stats> {
+    [=](stats_atom, const internal_key& k) -> caf::result<internal_key, node_stats> {
       auto& s = self->state;
+      if (!genuine(k, s.cfg.key, "stats (node)"))
+        return refuse("stats");
       node_stats ns;
       ns.node = s.cfg.name;
       ns.slots = s.admit_limit;
@@ -226,7 +262,14 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
       ns.failed = s.failed;
       ns.destroyed = s.destroyed;
       ns.gc = s.cfg.gc;
+      ns.refused_internal = refused_internal();
+      ns.default_memory = s.cfg.defaults.memory_bytes.value_or(0);
+      ns.default_pids = s.cfg.defaults.pids.value_or(0);
+      ns.default_disk = s.cfg.defaults.disk_bytes;
       if (s.cfg.eng) {
+        auto pool = s.cfg.eng->cgroup_pool_stats();
+        ns.cgroups_reused = pool.reused;
+        ns.cgroups_made = pool.made;
         auto c = s.cfg.eng->chronus().stats();
         ns.chronus_sandboxes = static_cast<uint32_t>(s.cfg.eng->chronus().sandboxes());
         ns.chronus_events = c.events;
@@ -239,9 +282,10 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
         ns.chronus_refused_connections = c.refused_connections;
       }
       if (!s.cfg.cache)
-        return ns; // a simulated node: no layers
-      auto rp = self->make_response_promise<node_stats>();
-      self->request(s.cfg.cache, std::chrono::seconds(10), stats_atom::value)
+        return {s.cfg.key, ns}; // a simulated node: no layers
+      auto rp = self->make_response_promise<internal_key, node_stats>();
+      auto key = s.cfg.key;
+      self->request(s.cfg.cache, std::chrono::seconds(10), stats_atom::value, process_key())
         .then(
           [=](uint32_t n, uint64_t bytes, uint64_t budget, uint64_t evicted) mutable {
             auto out = ns;
@@ -249,13 +293,15 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
             out.layer_bytes = bytes;
             out.cache_budget = budget;
             out.evicted = evicted;
-            rp.deliver(std::move(out));
+            rp.deliver(key, std::move(out));
           },
-          [=](caf::error&) mutable { rp.deliver(ns); });
+          [=](caf::error&) mutable { rp.deliver(key, ns); });
       return rp;
     },
-    [=](ready_atom, const std::string& id) {
+    [=](ready_atom, const internal_key& k, const std::string& id) {
       auto& s = self->state;
+      if (!genuine(k, process_key(), "ready (node)"))
+        return;
       auto it = s.live.find(id);
       if (it != s.live.end() && !it->second.ready) {
         it->second.ready = true;
@@ -265,8 +311,10 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
         pump(self);
       }
     },
-    [=](gone_atom, const std::string& id, bool was_created) {
+    [=](gone_atom, const internal_key& k, const std::string& id, bool was_created) {
       auto& s = self->state;
+      if (!genuine(k, process_key(), "gone (node)"))
+        return;
       auto it = s.live.find(id);
       if (it == s.live.end())
         return;
@@ -283,11 +331,13 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
         ++s.failed;
       check_shutdown(self);
     },
-    [=](reset_atom) -> caf::result<uint32_t> {
+    [=](reset_atom, const internal_key& k) -> caf::result<uint32_t> {
       auto& s = self->state;
+      if (!genuine(k, process_key(), "reset (node)"))
+        return refuse("reset");
       auto rp = self->make_response_promise<uint32_t>();
       for (auto& sc : s.queued) {
-        self->send(sc.session, failed_atom::value,
+        self->send(sc.session, failed_atom::value, s.cfg.key,
                        to_caf(make_error(errc::lost, "node " + s.cfg.name
                                                        + " lost its coordinator")),
                        sc.request);
@@ -298,19 +348,21 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
       s.queued.clear();
       s.reset_waiters.emplace_back(rp, static_cast<uint32_t>(s.live.size()));
       for (auto& [id, e] : s.live)
-        caf::anon_send(e.handle, destroy_atom::value);
+        caf::anon_send(e.handle, destroy_atom::value, s.cfg.key);
       check_shutdown(self);
       return rp;
     },
-    [=](shutdown_atom) -> caf::result<uint32_t> {
+    [=](shutdown_atom, const internal_key& k) -> caf::result<uint32_t> {
       auto& s = self->state;
+      if (!genuine(k, process_key(), "shutdown (node)"))
+        return refuse("shutdown");
       auto rp = self->make_response_promise<uint32_t>();
       s.shutdown_waiters.push_back(rp);
       if (!s.shutting_down) {
         s.shutting_down = true;
         // Queued ones never started: they fail now.
         for (auto& sc : s.queued) {
-          self->send(sc.session, failed_atom::value,
+          self->send(sc.session, failed_atom::value, s.cfg.key,
                          to_caf(make_error(errc::overloaded,
                                            "node " + s.cfg.name + " is shutting down")),
                          sc.request);
@@ -321,7 +373,7 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
         s.queued.clear();
         s.shutdown_count = static_cast<uint32_t>(s.live.size());
         for (auto& [id, e] : s.live)
-          caf::anon_send(e.handle, destroy_atom::value); // their replies are not ours to take
+          caf::anon_send(e.handle, destroy_atom::value, s.cfg.key); // their replies are not ours to take
       }
       check_shutdown(self);
       return rp;

@@ -11,6 +11,7 @@
 
 #include "actors/interfaces.hpp"
 #include "actors/sim_sandbox.hpp"
+#include "runtime/defaults.hpp"
 
 namespace dsec {
 
@@ -24,10 +25,18 @@ struct node_config {
   layer_cache_actor cache;
   engine* eng = nullptr;
   std::vector<std::string> gc; ///< what start-up garbage collection removed
+  /// What a sandbox whose environment names no memory, pids or disk gets
+  /// (filled into its environment, so `ps` shows them).
+  sandbox_defaults defaults;
   /// A simulated node (dsecd --backend sim): sim sandboxes with this model,
   /// no engine and no layer cache; every admitted one is spawned at once
   /// (max_starting does not apply: the model's latency is the creation).
   std::optional<sim_model> sim;
+  /// Where its sandboxes keep packs for trajectory logs
+  /// (<trajectories>/<session id>/); empty: none (packs are refused).
+  std::string trajectories;
+  /// The member key (actors/surface.hpp): the cluster's, or this daemon's own.
+  internal_key key;
 };
 
 node_actor spawn_node(caf::actor_system& sys, node_config cfg);

@@ -1,6 +1,7 @@
 #include "actors/sandbox.hpp"
 
 #include <caf/actor_system.hpp>
+#include <caf/event_based_actor.hpp>
 #include <caf/send.hpp>
 #include <caf/stateful_actor.hpp>
 #include <caf/typed_event_based_actor.hpp>
@@ -9,14 +10,18 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
 #include <optional>
 
+#include "actors/trajectory.hpp"
 #include "actors/types.hpp"
 #include "runtime/container.hpp"
 #include "runtime/pack.hpp"
@@ -28,6 +33,11 @@ namespace dsec {
 namespace {
 
 using clock_type = std::chrono::steady_clock;
+
+// put and get run the sandbox's own tar, which the agent may have replaced
+// or may keep busy (a fifo it reads, a tree that never ends): bounded like
+// any command, in output and in time, so a request cannot wait for ever.
+constexpr uint64_t put_get_timeout_ms = 5 * 60 * 1000;
 
 uint64_t unix_ms() {
   return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -66,7 +76,8 @@ struct pipe_reader {
       break;
     }
     if (!data.empty() || eof)
-      caf::anon_send(sandbox, output_atom::value, exec, stream, std::move(data), eof);
+      caf::anon_send(sandbox, output_atom::value, process_key(), exec, stream, std::move(data),
+                     eof);
     if (!eof)
       io->watch(fd->get(), POLLIN, *this);
   }
@@ -108,12 +119,23 @@ struct sandbox_state {
   errc end_code = errc::sandbox_failed;
   bool acquiring = true; // the layer cache has not answered yet
   bool creation_failed_told = false; // the session heard failed_atom for it
-  // Chronus (env.chronus): the secret trusted commands get; served by the
-  // engine's endpoint from creation until finish_destroy.
+  // Chronus (env.chronus): the secret frames on /run/chronus.sock must carry
+  // (it never leaves the node); the sandbox is served by the engine's endpoint
+  // from creation until finish_destroy.
   std::optional<chronus_token> token;
   // Packs of the writable layer (a session with a trajectory log): what each
-  // file hashed to, so unchanged ones are not read again.
-  pack_cache packs;
+  // file hashed to, so unchanged ones are not read again. Packs run one at a
+  // time, in order, each on a thread of its own (run_pack).
+  std::shared_ptr<pack_cache> packs = std::make_shared<pack_cache>();
+  struct pack_job {
+    std::string pack_path, blob_dir;
+    caf::typed_response_promise<internal_key, std::string> rp;
+  };
+  std::deque<pack_job> pack_queue;
+  bool packing = false;
+  caf::typed_response_promise<internal_key, std::string> pack_running; // of the pack in progress
+  // Set when the sandbox goes: a pack in progress stops at its next entry.
+  std::shared_ptr<std::atomic<bool>> pack_cancel = std::make_shared<std::atomic<bool>>(false);
 };
 
 using self_ptr = sandbox_actor::stateful_pointer<sandbox_state>;
@@ -127,6 +149,22 @@ const char* phase_name(const sandbox_state& s) {
   return "unknown";
 }
 
+// Where the packs of this sandbox's session go on this node:
+// <trajectories>/<session id> (made, with packs/, if missing: a node of a
+// cluster makes its own). Every part of the path is the daemon's own or a
+// checked name; none comes from a message as a path.
+expected<std::string> session_data(const sandbox_config& c) {
+  if (c.trajectories.empty())
+    return make_error(errc::unsupported, "node " + c.node_name
+                                           + " keeps no trajectory data (it has no state dir)");
+  DSEC_TRY_VOID(check_name(c.session_id, "a session id"));
+  auto dir = trajectory_dir(c.trajectories, c.session_id);
+  for (const auto& d : {dir, dir + "/packs"})
+    if (::mkdir(d.c_str(), 0700) < 0 && errno != EEXIST)
+      return sys_error("creating the trajectory dir", d);
+  return dir;
+}
+
 void watch_control(self_ptr self) {
   auto& s = self->state;
   if (!s.box || s.ph == phase::destroying)
@@ -135,7 +173,7 @@ void watch_control(self_ptr self) {
   s.cfg.eng->io().watch(s.box->control_fd(), POLLIN,
                         [me](int res) {
                           if (res >= 0)
-                            caf::anon_send(me, event_atom::value);
+                            caf::anon_send(me, event_atom::value, process_key());
                         });
 }
 
@@ -144,7 +182,7 @@ void watch_exit(self_ptr self) {
   sandbox_actor me = self;
   s.cfg.eng->io().watch(s.box->pidfd(), POLLIN, [me](int res) {
     if (res >= 0)
-      caf::anon_send(me, reaped_atom::value);
+      caf::anon_send(me, reaped_atom::value, process_key());
   });
 }
 
@@ -225,16 +263,26 @@ void finish_destroy(self_ptr self) {
                ? make_error(s.end_code, "sandbox " + s.cfg.id + " " + s.end_why
                                           + " while the command ran")
                : make_error(errc::sandbox_failed, "sandbox " + s.cfg.id + ": " + s.failure));
+  s.pack_cancel->store(true);
+  // The pack in progress and the queued ones hear it here: the helper's
+  // answer will find this actor gone.
+  auto gone = to_caf(make_error(errc::not_found, "sandbox " + s.cfg.id + " was destroyed"));
+  if (s.packing)
+    s.pack_running.deliver(gone);
+  s.packing = false;
+  for (auto& job : s.pack_queue)
+    job.rp.deliver(gone);
+  s.pack_queue.clear();
   if (s.token) // a waiting `chronus feedback` hears that the session is gone
     s.cfg.eng->chronus().remove(s.cfg.id, true);
   s.token.reset();
   s.box.reset();
   if (s.lease != 0)
-    self->send(s.cfg.cache, release_atom::value, s.lease);
+    self->send(s.cfg.cache, release_atom::value, process_key(), s.lease);
   // Destroyed before it was ready (rm, shutdown, its session closing): its
   // batch must still hear about it, or it would wait for it forever.
   bool was_created = s.created_ms != 0;
-  tell_end(self, s.cfg.session, s.cfg.node, s.cfg.id, s.cfg.request, was_created,
+  tell_end(self, s.cfg.key, s.cfg.session, s.cfg.node, s.cfg.id, s.cfg.request, was_created,
            s.creation_failed_told);
   s.creation_failed_told = true;
   for (auto& rp : s.destroy_waiters)
@@ -266,7 +314,7 @@ void begin_destroy(self_ptr self) {
 void fail_creation(self_ptr self, const error& e) {
   auto& s = self->state;
   s.creation_failed_told = true;
-  self->send(s.cfg.session, failed_atom::value, to_caf(e), s.cfg.request);
+  self->send(s.cfg.session, failed_atom::value, s.cfg.key, to_caf(e), s.cfg.request);
   s.failure = e.to_string();
   begin_destroy(self);
 }
@@ -277,11 +325,13 @@ void on_event(self_ptr self, const container_event& ev) {
     case container_event::kind::ready: {
       s.ph = phase::ready;
       s.created_ms = unix_ms();
-      self->send(s.cfg.session, ready_atom::value, s.cfg.id, sandbox_actor{self}, s.cfg.request);
-      self->send(s.cfg.node, ready_atom::value, s.cfg.id);
+      self->send(s.cfg.session, ready_atom::value, s.cfg.key, s.cfg.id, sandbox_actor{self},
+                 s.cfg.request);
+      self->send(s.cfg.node, ready_atom::value, process_key(), s.cfg.id);
       if (s.cfg.env.ttl_ms > 0) {
         s.expires = clock_type::now() + std::chrono::milliseconds(s.cfg.env.ttl_ms);
-        self->delayed_send(self, std::chrono::milliseconds(s.cfg.env.ttl_ms), ttl_atom::value);
+        self->delayed_send(self, std::chrono::milliseconds(s.cfg.env.ttl_ms), ttl_atom::value,
+                           process_key());
       }
       break;
     }
@@ -311,7 +361,7 @@ void on_event(self_ptr self, const container_event& ev) {
             // Background processes may keep the pipes open: take what is
             // there a moment later rather than wait forever.
             self->delayed_send(self, std::chrono::milliseconds(200), timeout_atom::value,
-                               eid | (1ull << 63));
+                               process_key(), eid | (1ull << 63));
           }
           maybe_finish(self, eid);
         } else {
@@ -364,11 +414,14 @@ void start_exec(self_ptr self, const exec_request& req, caf::strong_actor_ptr li
       return done(make_error(errc::invalid_argument,
                              "a trusted command needs a sandbox made with Chronus (environment"
                              " chronus, `run --chronus`); sandbox " + s.cfg.id + " was not"));
-    std::erase_if(cmd.env, [](const std::string& e) {
-      return e.rfind("DSEC_CHRONUS_TOKEN=", 0) == 0;
-    });
-    cmd.env.push_back("DSEC_CHRONUS_TOKEN=" + s.token->to_hex());
+    // Its way to Chronus is the trusted channel, at fd 3 (container::send_exec
+    // sets CHRONUS_FD and puts /.dsec/bin first in PATH): no secret to steal.
     cmd.trusted = true;
+    cmd.pristine = req.pristine;
+  } else if (req.pristine) {
+    return done(make_error(errc::invalid_argument,
+                           "a pristine command must be a trusted one (--pristine needs "
+                           "--trusted)"));
   }
   stdio io;
   unique_fd in, out_w, err_w;
@@ -428,7 +481,8 @@ void start_exec(self_ptr self, const exec_request& req, caf::strong_actor_ptr li
     io_loop.watch(err_r->get(), POLLIN, pipe_reader{err_r, me, &io_loop, eid, 2});
   }
   if (req.timeout_ms > 0)
-    self->delayed_send(self, std::chrono::milliseconds(req.timeout_ms), timeout_atom::value, eid);
+    self->delayed_send(self, std::chrono::milliseconds(req.timeout_ms), timeout_atom::value,
+                       process_key(), eid);
 }
 
 void on_output(self_ptr self, uint64_t eid, uint8_t stream, std::string& data, bool eof) {
@@ -462,6 +516,69 @@ void on_output(self_ptr self, uint64_t eid, uint8_t stream, std::string& data, b
   }
 }
 
+// Takes the next queued pack, if none runs. The walk of the writable layer
+// (which the sandbox may be changing, or may have made huge) runs on a
+// detached helper actor, a thread of its own, never on a CAF worker: a slow
+// or stuck pack delays only the packs of this sandbox. The helper has a
+// descriptor of the upper dir and the cache; the reply hands the cache back.
+void run_pack(self_ptr self) {
+  auto& s = self->state;
+  if (s.packing || s.pack_queue.empty())
+    return;
+  auto job = std::move(s.pack_queue.front());
+  s.pack_queue.pop_front();
+  auto refuse = [&](error e) {
+    job.rp.deliver(to_caf(e));
+    run_pack(self);
+  };
+  if (s.ph != phase::ready || !s.box)
+    return refuse(make_error(errc::not_found, "sandbox " + s.cfg.id + " is being destroyed"));
+  auto upper = std::make_shared<unique_fd>(::fcntl(s.box->upper_fd(), F_DUPFD_CLOEXEC, 0));
+  if (!*upper)
+    return refuse(sys_error("pack: a descriptor of the writable layer of", s.cfg.id));
+  s.packing = true;
+  // Manifests up to this size ride in the log record: one fsync fewer.
+  constexpr size_t inline_limit = 64u << 10;
+  auto helper = self->spawn<caf::detached>(
+    [upper, cache = s.packs, cancel = s.pack_cancel, uid_base = s.box->uid_base(),
+     pack_path = job.pack_path, blob_dir = job.blob_dir](caf::event_based_actor* a) {
+      return caf::behavior{[=](pack_atom) -> caf::result<internal_key, std::string> {
+        a->quit();
+        pack_limits lim;
+        lim.cancel = cancel.get();
+        std::string manifest;
+        auto st = write_pack(upper->get(), pack_path, blob_dir, *cache, uid_base, &manifest,
+                             inline_limit, lim);
+        if (!st)
+          return to_caf(std::move(st).error_value().in_step("pack"));
+        return {process_key(), std::move(manifest)};
+      }};
+    });
+  s.pack_running = job.rp;
+  self->request(helper, caf::infinite, pack_atom::value)
+    .then(
+      [self](const internal_key& k, std::string& manifest) {
+        auto& s = self->state;
+        if (!s.packing)
+          return; // answered already (the sandbox is being destroyed)
+        s.packing = false;
+        if (genuine(k, process_key(), "a pack's result (sandbox)"))
+          s.pack_running.deliver(s.cfg.key, std::move(manifest));
+        else
+          s.pack_running.deliver(
+            to_caf(make_error(errc::unauthorized, "a forged pack result")));
+        run_pack(self);
+      },
+      [self](caf::error& e) {
+        auto& s = self->state;
+        if (!s.packing)
+          return;
+        s.packing = false;
+        s.pack_running.deliver(std::move(e));
+        run_pack(self);
+      });
+}
+
 sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
   self->state.cfg = std::move(cfg);
   auto& s = self->state;
@@ -470,20 +587,27 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
   self->set_down_handler([=](caf::down_msg& dm) {
     auto& s = self->state;
     if (dm.source == s.cfg.session.address()) {
-      begin_destroy(self);
+      if (really_down(s.cfg.session, "a down message of a sandbox's session"))
+        begin_destroy(self);
       return;
     }
     for (auto& [eid, x] : s.execs)
-      if (x.listener && x.listener->address() == dm.source && !x.exited && s.box) {
+      if (x.listener && x.listener->address() == dm.source && !x.exited && s.box
+          && really_down(x.listener, "a down message of a streamed command's listener")) {
         x.listener = nullptr;
         (void) s.box->signal(x.id, SIGKILL);
       }
   });
-  self->request(s.cfg.cache, caf::infinite, acquire_atom::value, s.cfg.env)
+  self->request(s.cfg.cache, caf::infinite, acquire_atom::value, process_key(), s.cfg.env)
     .then(
-      [=](layer_set& ls) {
+      [=](const internal_key& k, layer_set& ls) {
         auto& s = self->state;
         s.acquiring = false;
+        if (!genuine(k, process_key(), "the layer cache's reply to acquire")) {
+          // Not the cache's: its descriptors are nobody's to use (the real
+          // reply, if it comes, is dropped: its lease stays with the cache).
+          return fail_creation(self, unauthorized("a reply to acquire"));
+        }
         s.lease = ls.lease;
         if (s.ph == phase::destroying) {
           finish_destroy(self);
@@ -495,8 +619,15 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
         o.chronus = s.cfg.env.chronus;
         o.disk_bytes = s.cfg.env.disk;
         o.keep_upper = s.cfg.keep_upper;
-        o.seed_pack = s.cfg.seed_pack;
-        o.seed_blobs = s.cfg.seed_blobs;
+        if (!s.cfg.seed_pack.empty() || !s.cfg.seed_manifest.empty()) {
+          auto dir = session_data(s.cfg);
+          if (!dir)
+            return fail_creation(self, std::move(dir).error_value().in_step("restore_pack"));
+          if (!s.cfg.seed_pack.empty())
+            o.seed_pack = *dir + "/packs/" + s.cfg.seed_pack;
+          o.seed_manifest = s.cfg.seed_manifest;
+          o.seed_blobs = *dir + "/blobs";
+        }
         if (s.cfg.env.memory)
           o.lim.memory_bytes = s.cfg.env.memory;
         if (s.cfg.env.pids)
@@ -522,9 +653,10 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
             return fail_creation(self, std::move(token).error_value().in_step("make_chronus"));
           s.token = *token;
           // Events go straight from the reactor thread to the session's mailbox.
-          s.cfg.eng->chronus().add(s.cfg.id, s.box->release_chronus_fd(), *token,
-                                   [session = s.cfg.session](std::string event) {
-                                     caf::anon_send(session, chronus_atom::value,
+          s.cfg.eng->chronus().add(s.cfg.id, s.box->release_chronus_fd(),
+                                   s.box->release_channel_fd(), *token,
+                                   [session = s.cfg.session, key = s.cfg.key](std::string event) {
+                                     caf::anon_send(session, chronus_atom::value, key,
                                                     chronus_event_msg{std::move(event), false, {}});
                                    });
         }
@@ -535,9 +667,11 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
         fail_creation(self, from_caf(e));
       });
   return {
-    [=](pack_atom, const std::string& pack_path,
-        const std::string& blob_dir) -> caf::result<std::string> {
+    [=](pack_atom, const internal_key& k,
+        const std::string& name) -> caf::result<internal_key, std::string> {
       auto& s = self->state;
+      if (!genuine(k, s.cfg.key, "pack (sandbox)"))
+        return refuse("pack");
       if (s.ph != phase::ready || !s.box)
         return to_caf(make_error(errc::not_found, "sandbox " + s.cfg.id
                                                     + (s.ph == phase::creating
@@ -548,16 +682,19 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
                                  "sandbox " + s.cfg.id
                                    + " was not made for packs (its session keeps no"
                                      " trajectory log)"));
-      // Manifests up to this size ride in the log record: one fsync fewer.
-      constexpr size_t inline_limit = 64u << 10;
-      std::string manifest;
-      auto st = write_pack(s.box->upper_fd(), pack_path, blob_dir, s.packs, s.box->uid_base(),
-                           &manifest, inline_limit);
-      if (!st)
-        return to_caf(std::move(st).error_value().in_step("pack"));
-      return manifest;
+      if (auto v = check_name(name, "a pack name"); !v)
+        return to_caf(v.error_value());
+      auto dir = session_data(s.cfg);
+      if (!dir)
+        return to_caf(std::move(dir).error_value().in_step("pack"));
+      auto rp = self->make_response_promise<internal_key, std::string>();
+      s.pack_queue.push_back({*dir + "/packs/" + name, *dir + "/blobs", rp});
+      run_pack(self);
+      return rp;
     },
-    [=](exec_atom, const exec_request& req) -> caf::result<exec_result> {
+    [=](exec_atom, const internal_key& k, const exec_request& req) -> caf::result<exec_result> {
+      if (!genuine(k, self->state.cfg.key, "exec (sandbox)"))
+        return refuse("exec");
       auto listener = self->current_sender();
       auto rp = self->make_response_promise<exec_result>();
       start_exec(self, req, std::move(listener), [rp](expected<exec_result> r) mutable {
@@ -568,8 +705,10 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
       });
       return rp;
     },
-    [=](feedback_atom, const chronus_feedback_msg& m) -> caf::result<bool> {
+    [=](feedback_atom, const internal_key& k, const chronus_feedback_msg& m) -> caf::result<bool> {
       auto& s = self->state;
+      if (!genuine(k, s.cfg.key, "feedback (sandbox)"))
+        return refuse("feedback");
       if (!s.token)
         return to_caf(make_error(errc::not_found, "sandbox " + s.cfg.id
                                                     + " has no Chronus (it was made without)"));
@@ -581,15 +720,20 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
         return to_caf(r.error_value());
       return true;
     },
-    [=](signal_atom, int32_t sig) -> caf::result<bool> {
+    [=](signal_atom, const internal_key& k, int32_t sig) -> caf::result<bool> {
       auto& s = self->state;
+      if (!genuine(k, s.cfg.key, "signal (sandbox)"))
+        return refuse("signal");
       if (!s.box || s.ph != phase::ready)
         return to_caf(make_error(errc::not_found, "sandbox " + s.cfg.id + " is not running"));
       for (auto& [eid, x] : s.execs)
         (void) s.box->signal(x.id, sig);
       return true;
     },
-    [=](put_atom, const std::string& dir, const std::string& tar) -> caf::result<uint64_t> {
+    [=](put_atom, const internal_key& k, const std::string& dir,
+        const std::string& tar) -> caf::result<uint64_t> {
+      if (!genuine(k, self->state.cfg.key, "put (sandbox)"))
+        return refuse("put");
       auto rp = self->make_response_promise<uint64_t>();
       if (dir.empty() || dir.front() != '/') {
         rp.deliver(to_caf(make_error(errc::invalid_argument,
@@ -601,6 +745,7 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
       req.argv = {"tar", "-x", "-f", "-", "-C", dir};
       req.input = tar;
       req.max_output = 64 * 1024;
+      req.timeout_ms = put_get_timeout_ms;
       uint64_t size = tar.size();
       start_exec(self, req, nullptr, [rp, size, dir](expected<exec_result> r) mutable {
         if (!r) {
@@ -608,7 +753,11 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
           if (e.code == errc::not_found && e.step == "execve")
             e.message = "put needs tar in the sandbox's image: " + e.message;
           rp.deliver(to_caf(e));
-        } else if (r->exit_code != 0) {
+        } else if (r->timed_out) {
+          rp.deliver(to_caf(make_error(errc::timeout,
+                                       "put into " + dir + ": the sandbox's tar did not finish in "
+                                         + std::to_string(put_get_timeout_ms / 1000) + " s")));
+        } else if (r->exit_code != 0 || r->signal != 0) {
           rp.deliver(to_caf(tar_failure("put into " + dir, *r, errc::invalid_argument)));
         } else {
           rp.deliver(size);
@@ -616,7 +765,9 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
       });
       return rp;
     },
-    [=](get_atom, const std::string& path) -> caf::result<std::string> {
+    [=](get_atom, const internal_key& k, const std::string& path) -> caf::result<std::string> {
+      if (!genuine(k, self->state.cfg.key, "get (sandbox)"))
+        return refuse("get");
       auto rp = self->make_response_promise<std::string>();
       if (path.empty() || path.front() != '/') {
         rp.deliver(to_caf(make_error(errc::invalid_argument,
@@ -637,13 +788,18 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
       exec_request req;
       req.argv = {"tar", "-c", "-f", "-", "-C", parent, name.empty() ? "." : name};
       req.max_output = 256ull << 20;
+      req.timeout_ms = put_get_timeout_ms;
       start_exec(self, req, nullptr, [rp, path](expected<exec_result> r) mutable {
         if (!r) {
           auto e = std::move(r).error_value();
           if (e.code == errc::not_found && e.step == "execve")
             e.message = "get needs tar in the sandbox's image: " + e.message;
           rp.deliver(to_caf(e));
-        } else if (r->exit_code != 0) {
+        } else if (r->timed_out) {
+          rp.deliver(to_caf(make_error(errc::timeout,
+                                       "get " + path + ": the sandbox's tar did not finish in "
+                                         + std::to_string(put_get_timeout_ms / 1000) + " s")));
+        } else if (r->exit_code != 0 || r->signal != 0) {
           rp.deliver(to_caf(tar_failure("get " + path, *r, errc::tool_failed)));
         } else if (r->truncated) {
           rp.deliver(to_caf(make_error(errc::invalid_argument,
@@ -654,14 +810,18 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
       });
       return rp;
     },
-    [=](destroy_atom) -> caf::result<bool> {
+    [=](destroy_atom, const internal_key& k) -> caf::result<bool> {
+      if (!genuine(k, self->state.cfg.key, "destroy (sandbox)"))
+        return refuse("destroy");
       auto rp = self->make_response_promise<bool>();
       self->state.destroy_waiters.push_back(rp);
       begin_destroy(self);
       return rp;
     },
-    [=](list_atom) -> sandbox_info {
+    [=](list_atom, const internal_key& k) -> caf::result<sandbox_info> {
       auto& s = self->state;
+      if (!genuine(k, s.cfg.key, "list (sandbox)"))
+        return refuse("list");
       sandbox_info info;
       info.id = s.cfg.id;
       info.session = s.cfg.session_id;
@@ -677,8 +837,10 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
       info.running = static_cast<uint32_t>(s.execs.size());
       return info;
     },
-    [=](event_atom) {
+    [=](event_atom, const internal_key& k) {
       auto& s = self->state;
+      if (!genuine(k, process_key(), "event (sandbox)"))
+        return;
       if (!s.box || s.ph == phase::destroying)
         return;
       for (;;) {
@@ -698,11 +860,16 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
       }
       watch_control(self);
     },
-    [=](output_atom, uint64_t eid, uint8_t stream, std::string& data, bool eof) {
+    [=](output_atom, const internal_key& k, uint64_t eid, uint8_t stream, std::string& data,
+        bool eof) {
+      if (!genuine(k, process_key(), "output (sandbox)"))
+        return;
       on_output(self, eid, stream, data, eof);
     },
-    [=](reaped_atom) {
+    [=](reaped_atom, const internal_key& k) {
       auto& s = self->state;
+      if (!genuine(k, process_key(), "reaped (sandbox)"))
+        return;
       if (!s.box)
         return;
       auto r = s.box->reap();
@@ -712,8 +879,10 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
       }
       finish_destroy(self);
     },
-    [=](timeout_atom, uint64_t tag) {
+    [=](timeout_atom, const internal_key& k, uint64_t tag) {
       auto& s = self->state;
+      if (!genuine(k, process_key(), "timeout (sandbox)"))
+        return;
       bool drain = (tag >> 63) != 0;
       uint64_t eid = tag & ~(1ull << 63);
       auto it = s.execs.find(eid);
@@ -728,11 +897,13 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
         (void) s.box->signal(it->second.id, SIGKILL);
       }
     },
-    [=](ttl_atom) {
+    [=](ttl_atom, const internal_key& k) {
+      if (!genuine(k, process_key(), "ttl (sandbox)"))
+        return;
       auto& s = self->state;
       s.end_why = "reached its TTL and was destroyed";
       s.end_code = errc::closed;
-      self->send(s.cfg.session, ttl_atom::value, s.cfg.id); // before its gone_atom
+      self->send(s.cfg.session, ttl_atom::value, s.cfg.key, s.cfg.id); // before its gone_atom
       begin_destroy(self);
     },
   };

@@ -35,8 +35,17 @@ struct sandbox_config {
   layer_cache_actor cache;
   engine* eng = nullptr;
   bool keep_upper = false;  ///< packs can be taken (placement.keep_upper)
-  std::string seed_pack;    ///< restore this pack first (placement.seed_pack)
-  std::string seed_blobs;
+  /// Restore this pack first (placement.seed_pack: a name in the trajectory
+  /// dir's packs/ of its session), or this manifest (placement.seed_manifest).
+  std::string seed_pack;
+  std::string seed_manifest;
+  /// The node's trajectory dir (<state dir>/trajectories, or dsecd
+  /// --trajectories): its packs go to <trajectories>/<session_id>/packs/, their
+  /// contents to .../blobs/. Empty: the node keeps none, packs are refused.
+  std::string trajectories;
+  /// The member key (actors/surface.hpp): every message of the member surface
+  /// it gets must carry it, and the ones it sends carry it.
+  internal_key key;
 };
 
 sandbox_actor spawn_sandbox(caf::actor_system& sys, sandbox_config cfg);
@@ -46,29 +55,28 @@ sandbox_actor spawn_sandbox(caf::actor_system& sys, sandbox_config cfg);
 /// failed_atom for its create request (its batch waits for every sandbox),
 /// unless it heard that already (`failure_told`); the node gets gone_atom.
 template <class Self>
-void tell_end(Self* self, const session_actor& session, const node_actor& node,
-              const std::string& id, uint64_t request, bool was_created, bool failure_told) {
+void tell_end(Self* self, const internal_key& key, const session_actor& session,
+              const node_actor& node, const std::string& id, uint64_t request, bool was_created,
+              bool failure_told) {
   if (was_created)
-    self->send(session, gone_atom::value, id);
+    self->send(session, gone_atom::value, key, id);
   else if (!failure_told)
-    self->send(session, failed_atom::value,
+    self->send(session, failed_atom::value, key,
                to_caf(make_error(errc::sandbox_failed,
                                  "sandbox " + id + " was destroyed before it was ready")),
                request);
-  self->send(node, gone_atom::value, id, was_created);
+  self->send(node, gone_atom::value, process_key(), id, was_created);
 }
 
 /// Asks each of `boxes` for its sandbox_info (10 s each; one that does not
-/// answer is left out) and delivers them, after `known`, to `rp`. For the
-/// list verbs of the node and the session.
-template <class Self>
-caf::typed_response_promise<std::vector<sandbox_info>>
-gather_infos(Self* self, std::vector<sandbox_info> known,
-             const std::vector<sandbox_actor>& boxes) {
-  auto rp = self->template make_response_promise<std::vector<sandbox_info>>();
+/// answer is left out) and hands them, after `known`, to `done`. For the list
+/// verbs of the node and the session.
+template <class Self, class Done>
+void gather_infos(Self* self, const internal_key& key, std::vector<sandbox_info> known,
+                  const std::vector<sandbox_actor>& boxes, Done done) {
   if (boxes.empty()) {
-    rp.deliver(std::move(known));
-    return rp;
+    done(std::move(known));
+    return;
   }
   struct gather {
     std::vector<sandbox_info> infos;
@@ -76,18 +84,17 @@ gather_infos(Self* self, std::vector<sandbox_info> known,
   };
   auto g = std::make_shared<gather>(gather{std::move(known), boxes.size()});
   for (const auto& sb : boxes)
-    self->request(sb, std::chrono::seconds(10), list_atom::value)
+    self->request(sb, std::chrono::seconds(10), list_atom::value, key)
       .then(
         [=](sandbox_info& info) mutable {
           g->infos.push_back(std::move(info));
           if (--g->left == 0)
-            rp.deliver(std::move(g->infos));
+            done(std::move(g->infos));
         },
         [=](caf::error&) mutable {
           if (--g->left == 0)
-            rp.deliver(std::move(g->infos));
+            done(std::move(g->infos));
         });
-  return rp;
 }
 
 } // namespace dsec

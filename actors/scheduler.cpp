@@ -99,11 +99,13 @@ void lose(self_ptr self, uint32_t id, const std::string& why) {
   info.coordinator = m.local;
   info.last = std::move(m.last);
   info.joined_ms = m.joined_ms;
+  // One row per name: its latest loss.
+  std::erase_if(s.lost, [&](const member_info& l) { return l.name == info.name; });
   s.lost.push_back(std::move(info));
   while (s.lost.size() > 32)
     s.lost.pop_front();
   for (auto& [sid, sess] : s.sessions)
-    caf::anon_send(sess, lost_atom::value, m.where, m.name, why);
+    caf::anon_send(sess, lost_atom::value, process_key(), m.where, m.name, why);
 }
 
 // One create request being placed over the cluster, piece by piece.
@@ -119,7 +121,7 @@ struct place_job {
   uint32_t refusals = 0;
   bool done = false;
   std::string why; // the last refusal
-  caf::typed_response_promise<uint32_t> rp;
+  caf::typed_response_promise<internal_key, uint32_t> rp;
 };
 
 // Refusals (a node full after all, or unreachable) a request may meet before
@@ -141,14 +143,20 @@ void place_more(self_ptr self, const std::shared_ptr<place_job>& job) {
     auto where = m.where;
     auto name = m.name;
     self
-      ->request(m.node, std::chrono::seconds(30), spawn_atom::value, job->env, k, job->session,
-                job->pl)
+      ->request(m.node, std::chrono::seconds(30), spawn_atom::value, s.cfg.key, job->env, k,
+                job->session, job->pl)
       .then(
-        [=](uint32_t got) {
+        [=](const internal_key& key, uint32_t got) {
           --job->outstanding;
+          if (!genuine(key, self->state.cfg.key, "a reply to spawn")) {
+            // Not the node's answer: what it admitted is not known. Count
+            // none: the sandboxes it did admit still report to the session.
+            got = 0;
+          }
           job->admitted += got;
           if (got > 0)
-            caf::anon_send(job->session, placed_atom::value, job->pl.request, where, got);
+            caf::anon_send(job->session, placed_atom::value, process_key(), job->pl.request,
+                           where, got);
           if (got < k) {
             self->state.map.full(id);
             job->left += k - got;
@@ -177,9 +185,9 @@ void place_more(self_ptr self, const std::shared_ptr<place_job>& job) {
                      + (job->why.empty() ? std::string{} : "; " + job->why) + ")";
     auto e = to_caf(make_error(errc::overloaded, msg));
     for (uint32_t i = 0; i < job->left; ++i)
-      caf::anon_send(job->session, failed_atom::value, e, job->pl.request);
+      caf::anon_send(job->session, failed_atom::value, s.cfg.key, e, job->pl.request);
   }
-  job->rp.deliver(job->admitted);
+  job->rp.deliver(s.cfg.key, job->admitted);
 }
 
 // Finds a sandbox by id: on the node, or (a coordinator) on whichever node
@@ -188,9 +196,15 @@ template <class Found, class Fail>
 void find_box(self_ptr self, const std::string& id, Found found, Fail fail) {
   auto& s = self->state;
   if (!s.cfg.coordinator) {
-    self->request(s.cfg.node, std::chrono::seconds(30), lookup_atom::value, id)
-      .then([=](sandbox_actor& sb) mutable { found(sb); },
-            [=](caf::error& e) mutable { fail(e); });
+    self->request(s.cfg.node, std::chrono::seconds(30), lookup_atom::value, s.cfg.key, id)
+      .then(
+        [=](const internal_key& k, sandbox_actor& sb) mutable {
+          if (genuine(k, self->state.cfg.key, "a reply to lookup"))
+            found(sb);
+          else
+            fail(refuse("a reply to lookup"));
+        },
+        [=](caf::error& e) mutable { fail(e); });
     return;
   }
   struct pending {
@@ -204,10 +218,15 @@ void find_box(self_ptr self, const std::string& id, Found found, Fail fail) {
     return;
   }
   for (auto& [mid, m] : s.members)
-    self->request(m.node, std::chrono::seconds(10), lookup_atom::value, id)
+    self->request(m.node, std::chrono::seconds(10), lookup_atom::value, s.cfg.key, id)
       .then(
-        [=](sandbox_actor& sb) mutable {
+        [=](const internal_key& k, sandbox_actor& sb) mutable {
           --p->left;
+          if (!genuine(k, self->state.cfg.key, "a reply to lookup")) {
+            if (p->left == 0 && !p->answered)
+              fail(refuse("a reply to lookup"));
+            return;
+          }
           if (!p->answered) {
             p->answered = true;
             found(sb);
@@ -251,16 +270,17 @@ caf::result<Result> by_id(self_ptr self, const std::string& id, Atom atom, Ts...
       [=](sandbox_actor& sb) mutable {
         // Through its session: one with a trajectory log records what its
         // sandboxes do (a session without one hands the request straight on).
-        self->request(sb, std::chrono::seconds(30), list_atom::value)
+        auto key = self->state.cfg.key;
+        self->request(sb, std::chrono::seconds(30), list_atom::value, key)
           .then(
             [=](sandbox_info& info) mutable {
               auto& s = self->state;
               if (auto sess = s.sessions.find(info.session); sess != s.sessions.end())
                 rp.delegate(sess->second, atom, id, xs...);
               else
-                rp.delegate(sb, atom, xs...);
+                rp.delegate(sb, atom, key, xs...);
             },
-            [=](caf::error&) mutable { rp.delegate(sb, atom, xs...); });
+            [=](caf::error&) mutable { rp.delegate(sb, atom, key, xs...); });
       },
       [=](caf::error e) mutable { rp.deliver(e); });
   return rp;
@@ -278,19 +298,21 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
     sc.options.name = "default";
     sc.scheduler = self;
     sc.cluster = self->state.cfg.coordinator;
+    sc.key = self->state.cfg.key;
     // Not emplace(sc.id, spawn_session(.., std::move(sc))): the key would be
     // read from the moved-from sc.id, i.e. empty.
     auto id = sc.id;
     self->state.sessions.emplace(std::move(id), spawn_session(self->system(), std::move(sc)));
   }
   if (self->state.cfg.trajectory_keep.count() > 0 && !self->state.cfg.trajectories.empty())
-    self->send(self, ttl_atom::value);
+    self->send(self, ttl_atom::value, process_key());
   if (self->state.cfg.coordinator) {
-    self->send(self, timeout_atom::value);
+    self->send(self, timeout_atom::value, process_key());
     self->set_down_handler([=](caf::down_msg& dm) {
       auto& s = self->state;
       auto it = s.by_addr.find(dm.source);
-      if (it != s.by_addr.end())
+      if (it != s.by_addr.end()
+          && really_down(s.members.at(it->second).node, "a down message of a cluster's node"))
         lose(self, it->second,
              dm.reason == caf::exit_reason::remote_link_unreachable
                ? std::string{"its connection dropped (the process died, or the network failed)"}
@@ -298,15 +320,17 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
     });
   }
   return {
-    [=](ttl_atom) {
+    [=](ttl_atom, const internal_key& k) {
       auto& s = self->state;
+      if (!genuine(k, process_key(), "ttl (scheduler)"))
+        return;
       for (const auto& what : expire_trajectories(s.cfg.trajectories, s.cfg.trajectory_keep,
                                                   [&](const std::string& id) {
                                                     return s.sessions.count(id) > 0;
                                                   }))
         std::printf("dsecd: removed %s\n", what.c_str());
       std::fflush(stdout);
-      self->delayed_send(self, std::chrono::hours(1), ttl_atom::value);
+      self->delayed_send(self, std::chrono::hours(1), ttl_atom::value, process_key());
     },
     [=](open_atom, session_options& opts,
         const caf::actor& trainer) -> caf::result<session_actor, std::string> {
@@ -339,6 +363,7 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
       sc.scheduler = self;
       sc.trajectories = s.cfg.trajectories;
       sc.cluster = s.cfg.coordinator;
+      sc.key = s.cfg.key;
       auto sess = spawn_session(self->system(), std::move(sc));
       s.sessions.emplace(id, sess);
       return {sess, id};
@@ -348,8 +373,8 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
       auto& s = self->state;
       if (s.shutting_down)
         return to_caf(make_error(errc::overloaded, "the daemon is shutting down"));
-      if (id.empty() || id.find('/') != std::string::npos || id == "." || id == "..")
-        return to_caf(make_error(errc::invalid_argument, "'" + id + "' is not a session id"));
+      if (auto v = check_name(id, "a session id"); !v)
+        return to_caf(v.error_value());
       if (!s.cfg.joined.empty())
         return to_caf(make_error(errc::unsupported,
                                  "node " + s.cfg.name + " belongs to the cluster of "
@@ -375,6 +400,7 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
         s.resumed[b.id] = id;
       sc.resume = std::make_shared<const trajectory_plan>(std::move(*plan));
       sc.cluster = s.cfg.coordinator;
+      sc.key = s.cfg.key;
       auto sess = spawn_session(self->system(), std::move(sc));
       s.sessions.emplace(id, sess);
       return {sess, id};
@@ -386,12 +412,14 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
         return to_caf(make_error(errc::not_found, "no session " + id));
       return it->second;
     },
-    [=](place_atom, environment& env, uint32_t count, session_actor& session,
-        placement& pl) -> caf::result<uint32_t> {
+    [=](place_atom, const internal_key& k, environment& env, uint32_t count,
+        session_actor& session, placement& pl) -> caf::result<internal_key, uint32_t> {
       auto& s = self->state;
+      if (!genuine(k, process_key(), "place (scheduler)"))
+        return refuse("place");
       if (!s.cfg.coordinator) {
         // One node: it gets everything (the node refuses what it has no slot for).
-        return self->delegate(s.cfg.node, spawn_atom::value, std::move(env), count,
+        return self->delegate(s.cfg.node, spawn_atom::value, s.cfg.key, std::move(env), count,
                               std::move(session), std::move(pl));
       }
       auto job = std::make_shared<place_job>();
@@ -402,7 +430,7 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
       job->pl.report_refusals = false; // placed elsewhere instead
       job->piece = s.map.piece_size(count);
       job->left = count;
-      job->rp = self->make_response_promise<uint32_t>();
+      job->rp = self->make_response_promise<internal_key, uint32_t>();
       auto rp = job->rp;
       place_more(self, job);
       return rp;
@@ -424,8 +452,6 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
     },
     [=](list_atom) -> caf::result<std::vector<sandbox_info>> {
       auto& s = self->state;
-      if (!s.cfg.coordinator)
-        return self->delegate(s.cfg.node, list_atom::value);
       // Every node's, together (a node that does not answer is left out).
       struct gather {
         std::vector<sandbox_info> all;
@@ -433,15 +459,22 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
       };
       auto g = std::make_shared<gather>();
       auto rp = self->make_response_promise<std::vector<sandbox_info>>();
-      g->left = s.members.size();
+      std::vector<node_actor> nodes;
+      if (!s.cfg.coordinator)
+        nodes.push_back(s.cfg.node);
+      for (auto& [id, m] : s.members)
+        nodes.push_back(m.node);
+      g->left = nodes.size();
       if (g->left == 0)
         rp.deliver(std::vector<sandbox_info>{});
-      for (auto& [id, m] : s.members)
-        self->request(m.node, std::chrono::seconds(10), list_atom::value)
+      for (auto& node : nodes)
+        self->request(node, std::chrono::seconds(10), list_atom::value, s.cfg.key)
           .then(
-            [=](std::vector<sandbox_info>& xs) mutable {
-              for (auto& x : xs)
-                g->all.push_back(std::move(x));
+            [=](const internal_key& k, std::vector<sandbox_info>& xs) mutable {
+              // (with the key checked: the list goes to a client, the key does not)
+              if (genuine(k, self->state.cfg.key, "a reply to list"))
+                for (auto& x : xs)
+                  g->all.push_back(std::move(x));
               if (--g->left == 0)
                 rp.deliver(std::move(g->all));
             },
@@ -476,15 +509,23 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
       std::sort(out.begin(), out.end(), [](const member_info& a, const member_info& b) {
         return a.coordinator != b.coordinator ? a.coordinator : a.name < b.name;
       });
+      // A lost node that joined again is shown up only.
       for (auto& l : s.lost)
-        out.push_back(l);
+        if (!s.by_name.count(l.name))
+          out.push_back(l);
       return out;
     },
-    [=](join_atom, node_report& rep, node_actor& node,
-        layer_store_actor& store) -> caf::result<layer_store_actor> {
+    [=](join_atom, const internal_key& k, node_report& rep, node_actor& node,
+        layer_store_actor& store) -> caf::result<internal_key, layer_store_actor> {
       auto& s = self->state;
       if (!s.cfg.coordinator)
         return not_coordinator(self);
+      if (!genuine(k, s.cfg.key, "join (scheduler)"))
+        return to_caf(make_error(errc::unauthorized,
+                                 "coordinator " + s.cfg.name
+                                   + " refused the join: the message does not carry this "
+                                     "cluster's key (give the node a copy of the coordinator's "
+                                     "key file: dsecd --cluster-key FILE)"));
       if (s.shutting_down)
         return to_caf(make_error(errc::overloaded, "the coordinator is shutting down"));
       if (rep.name.empty() || !node)
@@ -505,30 +546,39 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
       s.by_name[m.name] = id;
       s.by_addr[m.node.address()] = id;
       self->monitor(m.node);
+      // Sessions that lived through its loss may place there again.
+      for (auto& [sid, sess] : s.sessions)
+        caf::anon_send(sess, join_atom::value, process_key(), m.where);
       std::printf("dsecd: node %s joined (%u slots, %zu layers)%s\n", m.name.c_str(),
                   m.last.slots, m.layers.size(), m.local ? " (this process)" : "");
       std::fflush(stdout);
-      return s.cfg.store;
+      return {s.cfg.key, s.cfg.store};
     },
-    [=](beat_atom, node_report& rep) -> caf::result<bool> {
+    [=](beat_atom, const internal_key& k, node_report& rep) -> caf::result<internal_key, bool> {
       auto& s = self->state;
       if (!s.cfg.coordinator)
         return not_coordinator(self);
+      if (!genuine(k, s.cfg.key, "beat (scheduler)"))
+        return refuse("beat");
       auto it = s.by_name.find(rep.name);
       if (it == s.by_name.end())
-        return false;
+        return {s.cfg.key, false};
       auto& m = s.members.at(it->second);
+      // (The sender is the peer's word; here it only tells an older process
+      // of a genuine member from the newer one.)
       if (auto sender = self->current_sender(); sender && sender->node() != m.where)
-        return false; // an older process under the same name
+        return {s.cfg.key, false}; // an older process under the same name
       s.map.report(it->second, rep.slots, rep.live, rep.layers_sent ? &rep.layers : nullptr);
       if (rep.layers_sent)
         m.layers = std::move(rep.layers);
       rep.layers.clear();
       m.last = std::move(rep);
-      return true;
+      return {s.cfg.key, true};
     },
-    [=](timeout_atom) {
+    [=](timeout_atom, const internal_key& k) {
       auto& s = self->state;
+      if (!genuine(k, process_key(), "timeout (scheduler)"))
+        return;
       auto now = std::chrono::steady_clock::now();
       std::vector<std::pair<uint32_t, int64_t>> dead;
       for (auto& [id, m] : s.members) {
@@ -542,27 +592,38 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
       for (auto [id, ms] : dead)
         lose(self, id, "no heartbeat for " + std::to_string(ms) + " ms");
       self->delayed_send(self, std::max(std::chrono::milliseconds(50), s.cfg.beat_timeout / 6),
-                         timeout_atom::value);
+                         timeout_atom::value, process_key());
     },
     [=](stats_atom) -> caf::result<node_stats> {
       auto rp = self->make_response_promise<node_stats>();
       auto sessions = static_cast<uint32_t>(self->state.sessions.size());
-      self->request(self->state.cfg.node, std::chrono::seconds(10), stats_atom::value)
+      self->request(self->state.cfg.node, std::chrono::seconds(10), stats_atom::value,
+                    self->state.cfg.key)
         .then(
-          [=](node_stats& ns) mutable {
+          [=](const internal_key& k, node_stats& ns) mutable {
+            if (!genuine(k, self->state.cfg.key, "a reply to stats")) {
+              rp.deliver(refuse("a reply to stats"));
+              return;
+            }
             ns.sessions = sessions;
+            if (auto& door = self->state.cfg.door)
+              ns.refused_clients = door->refused.load();
             rp.deliver(std::move(ns));
           },
           [=](caf::error& e) mutable { rp.deliver(e); });
       return rp;
     },
-    [=](gone_atom, const std::string& session_id) {
+    [=](gone_atom, const internal_key& k, const std::string& session_id) {
       auto& s = self->state;
+      if (!genuine(k, process_key(), "gone (scheduler)"))
+        return;
       s.sessions.erase(session_id);
       std::erase_if(s.resumed, [&](const auto& kv) { return kv.second == session_id; });
     },
-    [=](shutdown_atom) -> caf::result<uint32_t> {
+    [=](shutdown_atom, const internal_key& k) -> caf::result<uint32_t> {
       auto& s = self->state;
+      if (!genuine(k, process_key(), "shutdown (scheduler)"))
+        return refuse("shutdown");
       s.shutting_down = true;
       // The node first: it destroys (and counts) every sandbox; had the
       // sessions gone first, some would be gone before the node counted.
@@ -572,9 +633,9 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
       auto rp = self->make_response_promise<uint32_t>();
       auto close_sessions = [=] {
         for (auto& [id, sess] : self->state.sessions)
-          caf::anon_send(sess, shutdown_atom::value);
+          caf::anon_send(sess, shutdown_atom::value, process_key());
       };
-      self->request(s.cfg.node, std::chrono::seconds(60), shutdown_atom::value)
+      self->request(s.cfg.node, std::chrono::seconds(60), shutdown_atom::value, process_key())
         .then(
           [=](uint32_t n) mutable {
             close_sessions();

@@ -10,6 +10,7 @@
 
 #include <string>
 
+#include "actors/door.hpp"
 #include "actors/interfaces.hpp"
 
 namespace dsec {
@@ -34,6 +35,10 @@ struct scheduler_config {
   /// A node that joined a coordinator (its address): sessions are opened
   /// there; this scheduler only serves the node's own sandboxes by id.
   std::string joined;
+  /// What the daemon's door refused (actors/door.hpp); null: it has none.
+  std::shared_ptr<door_counts> door;
+  /// The member key (actors/surface.hpp): the cluster's, or this daemon's own.
+  internal_key key;
 };
 
 scheduler_actor spawn_scheduler(caf::actor_system& sys, scheduler_config cfg);

@@ -169,7 +169,7 @@ void commit(self_ptr self, const trajectory_record& rec, std::function<void()> t
   if (!s.flush_scheduled) {
     // Behind every message already in the mailbox: they join this batch.
     s.flush_scheduled = true;
-    self->send(self, flush_atom::value);
+    self->send(self, flush_atom::value, process_key());
   }
 }
 
@@ -270,7 +270,7 @@ void maybe_end(self_ptr self) {
     }
   }
   // The scheduler first: once close() has returned, the session is not found.
-  caf::anon_send(s.cfg.scheduler, gone_atom::value, s.cfg.id);
+  caf::anon_send(s.cfg.scheduler, gone_atom::value, process_key(), s.cfg.id);
   for (auto& rp : s.close_waiters)
     rp.deliver(s.closed_count);
   s.close_waiters.clear();
@@ -287,7 +287,7 @@ void close_session(self_ptr self) {
   s.closing = true;
   s.closed_count = static_cast<uint32_t>(s.sandboxes.size());
   for (auto& [id, sb] : s.sandboxes)
-    caf::anon_send(sb, destroy_atom::value);
+    caf::anon_send(sb, destroy_atom::value, s.cfg.key);
   // Sandboxes not rebuilt yet just go (one being rebuilt goes when its
   // ready_atom finds the session closing).
   std::erase_if(s.replay, [](const auto& kv) { return !kv.second.materializing; });
@@ -433,7 +433,7 @@ std::string env_difference(const environment& logged, const environment& now) {
 // to `ok` or `err`. A request to a sandbox on another node is kept in
 // `calls`: if that node is lost first, `lost` runs instead, at once, and the
 // answer (which will not come) is no longer waited for.
-template <class Result, class Handle, class Ok, class Err, class... Ts>
+template <class... Results, class Handle, class Ok, class Err, class... Ts>
 void ask(self_ptr self, const sandbox_actor& sb, const Handle& to, Ok ok, Err err,
          std::function<void(const error&)> lost, Ts... xs) {
   auto& s = self->state;
@@ -445,9 +445,9 @@ void ask(self_ptr self, const sandbox_actor& sb, const Handle& to, Ok ok, Err er
   auto live = [self, call] { return call == 0 || self->state.calls.erase(call) > 0; };
   self->request(to, caf::infinite, std::move(xs)...)
     .then(
-      [=](Result& r) mutable {
+      [=](Results&... r) mutable {
         if (live())
-          ok(r);
+          ok(r...);
       },
       [=](caf::error& e) mutable {
         if (live())
@@ -458,18 +458,20 @@ void ask(self_ptr self, const sandbox_actor& sb, const Handle& to, Ok ok, Err er
 // Hands a request on to sandbox `sb`, its answer going back through `rp`:
 // delegated when the sandbox is in this process (or the session is not a
 // coordinator's), else asked (see ask), so that the caller hears errc::lost
-// as soon as the sandbox's node is lost.
-template <class Result, class... Ts>
+// as soon as the sandbox's node is lost. The request carries the member key
+// after `atom`; the answer (for a client) does not.
+template <class Result, class Atom, class... Ts>
 void forward_to(self_ptr self, const sandbox_actor& sb, caf::typed_response_promise<Result> rp,
-                Ts... xs) {
+                Atom atom, Ts... xs) {
+  auto key = self->state.cfg.key;
   if (!self->state.cfg.cluster || sb.node() == self->node()) {
-    rp.delegate(sb, std::move(xs)...);
+    rp.delegate(sb, atom, key, std::move(xs)...);
     return;
   }
   ask<Result>(
     self, sb, sb, [rp](Result& r) mutable { rp.deliver(std::move(r)); },
     [rp](caf::error& e) mutable { rp.deliver(e); },
-    [rp](const error& e) mutable { rp.deliver(to_caf(e)); }, std::move(xs)...);
+    [rp](const error& e) mutable { rp.deliver(to_caf(e)); }, atom, key, std::move(xs)...);
 }
 
 // A relay for a streamed command: the sandbox streams to whoever asked, so the
@@ -484,15 +486,23 @@ struct kept_output {
 
 caf::actor spawn_relay(self_ptr self, sandbox_actor sb, caf::strong_actor_ptr requester,
                        std::shared_ptr<kept_output> kept, uint64_t limit) {
-  return self->spawn([sb, requester, kept, limit](caf::event_based_actor* r) -> caf::behavior {
+  auto key = self->state.cfg.key;
+  return self->spawn([sb, requester, kept, limit, key](caf::event_based_actor* r) -> caf::behavior {
     if (requester) {
       r->monitor(requester);
-      r->set_down_handler([r](caf::down_msg&) { r->quit(); });
+      r->set_down_handler([r, requester](caf::down_msg& dm) {
+        if (dm.source == requester->address()
+            && really_down(requester, "a down message of a relay's requester"))
+          r->quit();
+      });
     }
     return {
-      [=](exec_atom, exec_request& q) -> caf::result<exec_result> {
+      // (from its session only: process surface)
+      [=](exec_atom, const internal_key& k, exec_request& q) -> caf::result<exec_result> {
+        if (!genuine(k, process_key(), "exec (relay)"))
+          return refuse("exec");
         auto p = r->make_response_promise<exec_result>();
-        r->request(sb, caf::infinite, exec_atom::value, std::move(q))
+        r->request(sb, caf::infinite, exec_atom::value, key, std::move(q))
           .then(
             [=](exec_result& res) mutable {
               if (kept) {
@@ -540,7 +550,7 @@ void forward_exec(self_ptr self, const sandbox_actor& sb, exec_request req,
       caf::anon_send_exit(relay, caf::exit_reason::kill);
       rp.deliver(to_caf(e));
     },
-    exec_atom::value, std::move(req));
+    exec_atom::value, process_key(), std::move(req));
 }
 
 // Answers the current request with `e` (for handlers that return delegated<T>).
@@ -564,9 +574,13 @@ void pack_and_log(self_ptr self, const sandbox_actor& sb, trajectory_record rec,
                   std::function<void()> done, std::function<void(const error&)> lost) {
   auto& s = self->state;
   auto pack = rec.sandbox + "-" + std::to_string(s.next_pack++) + ".pack";
-  ask<std::string>(
+  ask<internal_key, std::string>(
     self, sb, sb,
-    [=](std::string& manifest) mutable {
+    [=](internal_key& k, std::string& manifest) mutable {
+      if (!genuine(k, self->state.cfg.key, "a reply to pack")) {
+        rec.pack_error = "the reply to the pack was not the sandbox's (no key)";
+        return commit(self, rec, done);
+      }
       if (manifest.empty())
         rec.pack = pack;
       else
@@ -579,7 +593,7 @@ void pack_and_log(self_ptr self, const sandbox_actor& sb, trajectory_record rec,
       rec.pack_error = from_caf(e).message;
       commit(self, rec, done);
     },
-    std::move(lost), pack_atom::value, s.dir + "/packs/" + pack, s.dir + "/blobs");
+    std::move(lost), pack_atom::value, s.cfg.key, pack);
 }
 
 // Runs a command in a live sandbox of a session with a log: its result is
@@ -618,7 +632,7 @@ void logged_exec(self_ptr self, const std::string& id, sandbox_actor sb, exec_re
   if (!req.stream) {
     ask<exec_result>(
       self, sb, sb, on_result, fail, [rp](const error& e) mutable { rp.deliver(to_caf(e)); },
-      exec_atom::value, req);
+      exec_atom::value, self->state.cfg.key, req);
     return;
   }
   // The sandbox streams to whoever asked: a relay that forwards the chunks
@@ -631,7 +645,7 @@ void logged_exec(self_ptr self, const std::string& id, sandbox_actor sb, exec_re
       caf::anon_send_exit(relay, caf::exit_reason::kill);
       rp.deliver(to_caf(e));
     },
-    exec_atom::value, req);
+    exec_atom::value, process_key(), req);
 }
 
 void logged_put(self_ptr self, const std::string& id, sandbox_actor sb, std::string dir,
@@ -649,8 +663,8 @@ void logged_put(self_ptr self, const std::string& id, sandbox_actor sb, std::str
       rec.size = size;
       pack_and_log(self, sb, std::move(rec), [rp, size]() mutable { rp.deliver(size); }, lost);
     },
-    [rp](caf::error& e) mutable { rp.deliver(e); }, lost, put_atom::value, dir,
-    std::move(tar));
+    [rp](caf::error& e) mutable { rp.deliver(e); }, lost, put_atom::value, self->state.cfg.key,
+    dir, std::move(tar));
 }
 
 // ---- resume ------------------------------------------------------------------
@@ -815,29 +829,15 @@ void materialize(self_ptr self, const std::string& id, std::function<void()> the
       rb.rerun.push_back(static_cast<size_t>(i));
   for (size_t i = static_cast<size_t>(j + 1); i < k; ++i)
     rb.rerun.push_back(i);
-  std::string seed_pack, seed_blobs;
+  // The pack to start from, by name or (kept in the log) as the manifest
+  // itself: the node finds it in its own trajectory dir, never by a path.
+  std::string seed_pack, seed_manifest;
   if (j >= 0) {
     const auto& st = steps[static_cast<size_t>(j)];
-    if (!st.pack.empty()) {
-      seed_pack = s.dir + "/packs/" + st.pack;
-    } else {
-      // A manifest kept in the log: to a file for the node to read (no need
-      // to make it durable: the log has it).
-      seed_pack = s.dir + "/packs/" + id + "-restore-" + std::to_string(s.next_pack++) + ".pack";
-      std::ofstream out{seed_pack, std::ios::binary | std::ios::trunc};
-      out.write(st.pack_inline.data(), static_cast<std::streamsize>(st.pack_inline.size()));
-      if (!out.good()) {
-        set_materializing(s, rb, false);
-        rb.broken = make_error(errc::system_error, "rebuilding sandbox " + id + ": cannot write "
-                                                     + seed_pack);
-        auto waiting = std::move(rb.waiting);
-        rb.waiting.clear();
-        for (auto& f : waiting)
-          f();
-        return;
-      }
-    }
-    seed_blobs = s.dir + "/blobs";
+    if (!st.pack.empty())
+      seed_pack = st.pack;
+    else
+      seed_manifest = st.pack_inline;
   }
   {
     // From here on the log's steps of this sandbox (if the trainer went
@@ -862,17 +862,17 @@ void materialize(self_ptr self, const std::string& id, std::function<void()> the
   pl.keep_upper = true;
   pl.id = id;
   pl.seed_pack = std::move(seed_pack);
-  pl.seed_blobs = std::move(seed_blobs);
+  pl.seed_manifest = std::move(seed_manifest);
   self
-    ->request(s.cfg.scheduler, caf::infinite, place_atom::value, rb.box.env, uint32_t{1},
-              session_actor{self}, std::move(pl))
-    .then([](uint32_t) {},
+    ->request(s.cfg.scheduler, caf::infinite, place_atom::value, process_key(), rb.box.env,
+              uint32_t{1}, session_actor{self}, std::move(pl))
+    .then([](const internal_key&, uint32_t) {},
           [=](caf::error& e) {
             auto& s = self->state;
             auto it = s.batches.find(req);
             if (it == s.batches.end() || it->second.ready + it->second.failed > 0)
               return;
-            caf::anon_send(self, failed_atom::value, e, req);
+            caf::anon_send(self, failed_atom::value, self->state.cfg.key, e, req);
           });
 }
 
@@ -887,7 +887,7 @@ void replay_tail(self_ptr self, const std::string& id, sandbox_actor sb, size_t 
   if (next < rb.rerun.size()) {
     auto req = rb.box.steps[rb.rerun[next]].req;
     req.stream = false;
-    self->request(sb, caf::infinite, exec_atom::value, req)
+    self->request(sb, caf::infinite, exec_atom::value, s.cfg.key, req)
       .then([=](exec_result&) { replay_tail(self, id, sb, next + 1); },
             [=](caf::error& e) {
               auto& s = self->state;
@@ -901,7 +901,7 @@ void replay_tail(self_ptr self, const std::string& id, sandbox_actor sb, size_t 
                                                + from_caf(e).message);
               set_materializing(self->state, it->second, false);
               // Not half rebuilt: it goes, and its requests get the error.
-              caf::anon_send(sb, destroy_atom::value);
+              caf::anon_send(sb, destroy_atom::value, s.cfg.key);
               auto waiting = std::move(it->second.waiting);
               it->second.waiting.clear();
               for (auto& f : waiting)
@@ -977,7 +977,7 @@ void settle(self_ptr self, const caf::node_id& where, uint64_t req) {
   if (s.lost_nodes.count(where) && r->second > 0) {
     auto e = to_caf(make_error(errc::lost, "the node a sandbox was being created on was lost"));
     for (int64_t i = 0; i < r->second; ++i)
-      caf::anon_send(self, failed_atom::value, e, req);
+      caf::anon_send(self, failed_atom::value, s.cfg.key, e, req);
     r->second = 0;
   }
   if (r->second == 0)
@@ -1098,7 +1098,7 @@ caf::typed_response_promise<std::vector<sandbox_info>> list_sandboxes(self_ptr s
     return rp;
   }
   for (const auto& [id, sb] : s.sandboxes)
-    self->request(sb, std::chrono::seconds(10), list_atom::value)
+    self->request(sb, std::chrono::seconds(10), list_atom::value, s.cfg.key)
       .then(
         [=](sandbox_info& info) mutable {
           fill(info);
@@ -1186,9 +1186,9 @@ caf::result<uint32_t> start_batch(self_ptr self, environment env, uint32_t count
   pl.ttl_ms = s.cfg.options.default_ttl_ms;
   pl.keep_upper = s.log.has_value();
   self
-    ->request(s.cfg.scheduler, caf::infinite, place_atom::value, std::move(env), fresh,
-              session_actor{self}, std::move(pl))
-    .then([](uint32_t) {},
+    ->request(s.cfg.scheduler, caf::infinite, place_atom::value, process_key(), std::move(env),
+              fresh, session_actor{self}, std::move(pl))
+    .then([](const internal_key&, uint32_t) {},
           [=](caf::error& e) {
             // Nothing was placed: every one of them failed.
             auto& s = self->state;
@@ -1197,7 +1197,7 @@ caf::result<uint32_t> start_batch(self_ptr self, environment env, uint32_t count
               return;
             uint32_t left = it->second.count - it->second.ready - it->second.failed;
             for (uint32_t i = 0; i < left; ++i)
-              caf::anon_send(self, failed_atom::value, e, req);
+              caf::anon_send(self, failed_atom::value, self->state.cfg.key, e, req);
           });
   return rp;
 }
@@ -1357,12 +1357,16 @@ session_actor::behavior_type session_impl(self_ptr self, session_config cfg) {
   self->set_down_handler([=](caf::down_msg& dm) {
     auto& s = self->state;
     if (s.cfg.trainer && dm.source == s.cfg.trainer.address()) {
-      close_session(self); // the trainer died: its log stays for a resume
+      if (really_down(s.cfg.trainer, "a down message of a session's trainer"))
+        close_session(self); // the trainer died: its log stays for a resume
       return;
     }
     auto& w = s.watchers;
     w.erase(std::remove_if(w.begin(), w.end(),
-                           [&](const caf::actor& a) { return a.address() == dm.source; }),
+                           [&](const caf::actor& a) {
+                             return a.address() == dm.source
+                                    && really_down(a, "a down message of a watcher");
+                           }),
             w.end());
   });
   return {
@@ -1468,7 +1472,7 @@ session_actor::behavior_type session_impl(self_ptr self, session_config cfg) {
             forward_to<bool>(self, sb, rp, destroy_atom::value);
             return;
           }
-          self->request(sb, caf::infinite, destroy_atom::value)
+          self->request(sb, caf::infinite, destroy_atom::value, self->state.cfg.key)
             .then([=](bool ok) mutable { commit(self, rec, [rp, ok]() mutable { rp.deliver(ok); }); },
                   [=](caf::error& e) mutable { rp.deliver(e); });
         },
@@ -1489,13 +1493,29 @@ session_actor::behavior_type session_impl(self_ptr self, session_config cfg) {
       s.backlog_bytes = 0;
       return kept;
     },
-    [=](chronus_atom, chronus_event_msg& ev) { sandbox_event(self, std::move(ev)); },
-    [=](placed_atom, uint64_t req, const caf::node_id& where, uint32_t n) {
+    [=](chronus_atom, const internal_key& k, chronus_event_msg& ev) {
+      if (genuine(k, self->state.cfg.key, "chronus (session)"))
+        sandbox_event(self, std::move(ev));
+    },
+    [=](placed_atom, const internal_key& k, uint64_t req, const caf::node_id& where, uint32_t n) {
+      if (!genuine(k, process_key(), "placed (session)"))
+        return;
       self->state.inflight[where][req] += n;
       settle(self, where, req);
     },
-    [=](lost_atom, const caf::node_id& where, const std::string& name, const std::string& why) {
-      node_lost(self, where, name, why);
+    [=](lost_atom, const internal_key& k, const caf::node_id& where, const std::string& name,
+        const std::string& why) {
+      if (genuine(k, process_key(), "lost (session)"))
+        node_lost(self, where, name, why);
+    },
+    [=](join_atom, const internal_key& k, const caf::node_id& where) {
+      // A node lost while it hung has destroyed what it had and joined
+      // again (the same process: the same node id).
+      if (!genuine(k, process_key(), "join (session)"))
+        return;
+      auto& s = self->state;
+      if (s.lost_nodes.erase(where))
+        s.inflight.erase(where);
     },
     [=](feedback_atom, const std::string& id,
         chronus_feedback_msg& fb) -> caf::delegated<bool> {
@@ -1536,9 +1556,14 @@ session_actor::behavior_type session_impl(self_ptr self, session_config cfg) {
       close_session(self);
       return rp;
     },
-    [=](shutdown_atom) { close_session(self); },
-    [=](flush_atom) {
+    [=](shutdown_atom, const internal_key& k) {
+      if (genuine(k, process_key(), "shutdown (session)"))
+        close_session(self);
+    },
+    [=](flush_atom, const internal_key& k) {
       auto& s = self->state;
+      if (!genuine(k, process_key(), "flush (session)"))
+        return;
       if (s.announce_scheduled) {
         s.announce_scheduled = false;
         for (auto& [req, b] : s.batches)
@@ -1546,14 +1571,17 @@ session_actor::behavior_type session_impl(self_ptr self, session_config cfg) {
       }
       flush(self);
     },
-    [=](ready_atom, const std::string& id, const sandbox_actor& sb, uint64_t req) {
+    [=](ready_atom, const internal_key& k, const std::string& id, const sandbox_actor& sb,
+        uint64_t req) {
       auto& s = self->state;
+      if (!genuine(k, s.cfg.key, "ready (session)"))
+        return;
       if (s.cfg.cluster) {
         auto where = sb.node();
         if (s.lost_nodes.count(where)) {
           // Its node was declared lost (it stopped answering) and it failed
           // then: too late now.
-          caf::anon_send(sb, destroy_atom::value);
+          caf::anon_send(sb, destroy_atom::value, s.cfg.key);
           return;
         }
         --s.inflight[where][req];
@@ -1566,7 +1594,7 @@ session_actor::behavior_type session_impl(self_ptr self, session_config cfg) {
         // Too late: it goes with the rest, counted by close, and its batch
         // hears that it failed rather than that it is ready.
         ++s.closed_count;
-        caf::anon_send(sb, destroy_atom::value);
+        caf::anon_send(sb, destroy_atom::value, s.cfg.key);
         if (it != s.batches.end()) {
           ++it->second.failed;
           if (!it->second.rebuild.empty()) {
@@ -1613,7 +1641,7 @@ session_actor::behavior_type session_impl(self_ptr self, session_config cfg) {
               b.unannounced_keys.push_back(key);
             if (b.ready + b.failed < b.count && !s.announce_scheduled) {
               s.announce_scheduled = true;
-              self->send(self, flush_atom::value); // behind what is in the mailbox now
+              self->send(self, flush_atom::value, process_key()); // behind what is in the mailbox
             }
           } else if (b.listener && b.labeled) {
             caf::anon_send(b.listener, ready_atom::value, ready_ids{{id}, {key}});
@@ -1638,8 +1666,10 @@ session_actor::behavior_type session_impl(self_ptr self, session_config cfg) {
         }
       }
     },
-    [=](failed_atom, const caf::error& e, uint64_t req) {
+    [=](failed_atom, const internal_key& k, const caf::error& e, uint64_t req) {
       auto& s = self->state;
+      if (!genuine(k, s.cfg.key, "failed (session)"))
+        return;
       if (auto sender = self->current_sender(); s.cfg.cluster && sender) {
         auto where = sender->node();
         if (s.lost_nodes.count(where))
@@ -1683,12 +1713,16 @@ session_actor::behavior_type session_impl(self_ptr self, session_config cfg) {
       }
       maybe_end(self);
     },
-    [=](gone_atom, const std::string& id) {
+    [=](gone_atom, const internal_key& k, const std::string& id) {
+      if (!genuine(k, self->state.cfg.key, "gone (session)"))
+        return;
       self->state.sandboxes.erase(id);
       note_end(self, id);
       maybe_end(self);
     },
-    [=](ttl_atom, const std::string& id) {
+    [=](ttl_atom, const internal_key& k, const std::string& id) {
+      if (!genuine(k, self->state.cfg.key, "ttl (session)"))
+        return;
       if (self->state.sandboxes.count(id))
         self->state.expired.insert(id);
     },

@@ -38,6 +38,8 @@ struct session_config {
   /// lost (lost_atom) every one of them is answered with errc::lost and the
   /// trainer's watchers get a `lost` event per sandbox (docs/cluster.md).
   bool cluster = false;
+  /// The member key (actors/surface.hpp): the cluster's, or this daemon's own.
+  internal_key key;
 };
 
 session_actor spawn_session(caf::actor_system& sys, session_config cfg);

@@ -58,10 +58,11 @@ void become_ready(self_ptr self) {
     return;
   s.ph = phase::ready;
   s.created_ms = unix_ms();
-  self->send(s.c->session, ready_atom::value, s.id, sandbox_actor{self}, s.request);
-  self->send(s.c->node, ready_atom::value, s.id);
+  self->send(s.c->session, ready_atom::value, s.c->key, s.id, sandbox_actor{self}, s.request);
+  self->send(s.c->node, ready_atom::value, process_key(), s.id);
   if (s.c->env.ttl_ms > 0)
-    self->delayed_send(self, std::chrono::milliseconds(s.c->env.ttl_ms), ttl_atom::value);
+    self->delayed_send(self, std::chrono::milliseconds(s.c->env.ttl_ms), ttl_atom::value,
+                       process_key());
 }
 
 void finish_destroy(self_ptr self) {
@@ -69,7 +70,7 @@ void finish_destroy(self_ptr self) {
   for (auto& [eid, rp] : s.execs)
     rp.deliver(to_caf(make_error(errc::sandbox_failed, "sandbox " + s.id + " was destroyed")));
   s.execs.clear();
-  tell_end(self, s.c->session, s.c->node, s.id, s.request, s.created_ms != 0, false);
+  tell_end(self, s.c->key, s.c->session, s.c->node, s.id, s.request, s.created_ms != 0, false);
   for (auto& rp : s.destroy_waiters)
     rp.deliver(true);
   s.destroy_waiters.clear();
@@ -83,7 +84,7 @@ void begin_destroy(self_ptr self) {
   s.ph = phase::destroying;
   if (s.c->model.destroy.count() == 0)
     return finish_destroy(self);
-  self->delayed_send(self, s.c->model.destroy, reaped_atom::value);
+  self->delayed_send(self, s.c->model.destroy, reaped_atom::value, process_key());
 }
 
 caf::error not_ready(const sim_state& s) {
@@ -108,19 +109,25 @@ sandbox_actor::behavior_type sim_impl(self_ptr self, std::shared_ptr<const sim_c
   // The session ending ends its sandboxes.
   self->monitor(st.c->session);
   self->set_down_handler([=](caf::down_msg& dm) {
-    if (dm.source == self->state.c->session.address())
+    if (dm.source == self->state.c->session.address()
+        && really_down(self->state.c->session, "a down message of a sandbox's session"))
       begin_destroy(self);
   });
   if (st.c->model.create.count() == 0)
     become_ready(self);
   else
-    self->delayed_send(self, st.c->model.create, event_atom::value);
+    self->delayed_send(self, st.c->model.create, event_atom::value, process_key());
   return {
-    [=](pack_atom, const std::string&, const std::string&) -> caf::result<std::string> {
+    [=](pack_atom, const internal_key& k,
+        const std::string&) -> caf::result<internal_key, std::string> {
+      if (!genuine(k, self->state.c->key, "pack (sandbox)"))
+        return refuse("pack");
       return no_files(self->state, "pack");
     },
-    [=](exec_atom, const exec_request& req) -> caf::result<exec_result> {
+    [=](exec_atom, const internal_key& k, const exec_request& req) -> caf::result<exec_result> {
       auto& s = self->state;
+      if (!genuine(k, s.c->key, "exec (sandbox)"))
+        return refuse("exec");
       if (s.ph != phase::ready)
         return not_ready(s);
       if (req.argv.empty() || req.argv[0].empty())
@@ -129,6 +136,10 @@ sandbox_actor::behavior_type sim_impl(self_ptr self, std::shared_ptr<const sim_c
         return to_caf(make_error(errc::invalid_argument,
                                  "a trusted command needs a sandbox made with Chronus; sandbox "
                                    + s.id + " was not"));
+      if (req.pristine && !req.trusted)
+        return to_caf(make_error(errc::invalid_argument,
+                                 "a pristine command must be a trusted one (--pristine needs "
+                                 "--trusted)"));
       // Detached: it "runs" and nobody waits; streamed: no output to stream.
       if (req.detach || s.c->model.exec.count() == 0)
         return exec_result{};
@@ -136,11 +147,13 @@ sandbox_actor::behavior_type sim_impl(self_ptr self, std::shared_ptr<const sim_c
       auto rp = self->make_response_promise<exec_result>();
       s.execs.emplace_back(eid, rp);
       ++s.running;
-      self->delayed_send(self, s.c->model.exec, timeout_atom::value, eid);
+      self->delayed_send(self, s.c->model.exec, timeout_atom::value, process_key(), eid);
       return rp;
     },
-    [=](timeout_atom, uint64_t eid) {
+    [=](timeout_atom, const internal_key& k, uint64_t eid) {
       auto& s = self->state;
+      if (!genuine(k, process_key(), "timeout (sandbox)"))
+        return;
       for (auto it = s.execs.begin(); it != s.execs.end(); ++it)
         if (it->first == eid) {
           auto rp = std::move(it->second);
@@ -152,18 +165,25 @@ sandbox_actor::behavior_type sim_impl(self_ptr self, std::shared_ptr<const sim_c
           return;
         }
     },
-    [=](feedback_atom, const chronus_feedback_msg&) -> caf::result<bool> {
+    [=](feedback_atom, const internal_key& k, const chronus_feedback_msg&) -> caf::result<bool> {
+      if (!genuine(k, self->state.c->key, "feedback (sandbox)"))
+        return refuse("feedback");
       return to_caf(make_error(errc::not_found, "sandbox " + self->state.id
                                                   + " has no Chronus (it is simulated)"));
     },
-    [=](signal_atom, int32_t) -> caf::result<bool> {
+    [=](signal_atom, const internal_key& k, int32_t) -> caf::result<bool> {
       auto& s = self->state;
+      if (!genuine(k, s.c->key, "signal (sandbox)"))
+        return refuse("signal");
       if (s.ph != phase::ready)
         return to_caf(make_error(errc::not_found, "sandbox " + s.id + " is not running"));
       return true;
     },
-    [=](put_atom, const std::string& dir, const std::string& tar) -> caf::result<uint64_t> {
+    [=](put_atom, const internal_key& k, const std::string& dir,
+        const std::string& tar) -> caf::result<uint64_t> {
       auto& s = self->state;
+      if (!genuine(k, s.c->key, "put (sandbox)"))
+        return refuse("put");
       if (dir.empty() || dir.front() != '/')
         return to_caf(make_error(errc::invalid_argument,
                                  "put: the destination must be an absolute path, not '" + dir
@@ -172,17 +192,23 @@ sandbox_actor::behavior_type sim_impl(self_ptr self, std::shared_ptr<const sim_c
         return not_ready(s);
       return uint64_t{tar.size()}; // accepted, and forgotten
     },
-    [=](get_atom, const std::string&) -> caf::result<std::string> {
+    [=](get_atom, const internal_key& k, const std::string&) -> caf::result<std::string> {
+      if (!genuine(k, self->state.c->key, "get (sandbox)"))
+        return refuse("get");
       return no_files(self->state, "get");
     },
-    [=](destroy_atom) -> caf::result<bool> {
+    [=](destroy_atom, const internal_key& k) -> caf::result<bool> {
+      if (!genuine(k, self->state.c->key, "destroy (sandbox)"))
+        return refuse("destroy");
       auto rp = self->make_response_promise<bool>();
       self->state.destroy_waiters.push_back(rp);
       begin_destroy(self);
       return rp;
     },
-    [=](list_atom) -> sandbox_info {
+    [=](list_atom, const internal_key& k) -> caf::result<sandbox_info> {
       auto& s = self->state;
+      if (!genuine(k, s.c->key, "list (sandbox)"))
+        return refuse("list");
       sandbox_info info;
       info.id = s.id;
       info.session = s.c->session_id;
@@ -198,13 +224,19 @@ sandbox_actor::behavior_type sim_impl(self_ptr self, std::shared_ptr<const sim_c
       info.running = s.running;
       return info;
     },
-    [=](event_atom) { become_ready(self); },            // the modelled creation is over
-    [=](output_atom, uint64_t, uint8_t, std::string&, bool) {},
-    [=](reaped_atom) {                                   // the modelled destruction is over
-      if (self->state.ph == phase::destroying)
+    [=](event_atom, const internal_key& k) { // the modelled creation is over
+      if (genuine(k, process_key(), "event (sandbox)"))
+        become_ready(self);
+    },
+    [=](output_atom, const internal_key&, uint64_t, uint8_t, std::string&, bool) {},
+    [=](reaped_atom, const internal_key& k) { // the modelled destruction is over
+      if (genuine(k, process_key(), "reaped (sandbox)") && self->state.ph == phase::destroying)
         finish_destroy(self);
     },
-    [=](ttl_atom) { begin_destroy(self); },
+    [=](ttl_atom, const internal_key& k) {
+      if (genuine(k, process_key(), "ttl (sandbox)"))
+        begin_destroy(self);
+    },
   };
 }
 

@@ -35,6 +35,7 @@ struct sim_common {
   node_actor node;
   std::string node_name;
   sim_model model;
+  internal_key key;         ///< the member key (actors/surface.hpp)
 };
 
 sandbox_actor spawn_sim_sandbox(caf::actor_system& sys, std::shared_ptr<const sim_common> common,

@@ -46,11 +46,22 @@ std::vector<std::string> expire_trajectories(const std::string& root, std::chron
     auto id = e.path().filename().string();
     if (live(id))
       continue;
+    // By its log's time; a dir without a log (a node's, of packs only) by the
+    // newer of packs/ (a pack added) and its own.
     auto t = fs::last_write_time(e.path() / "log", ec);
-    if (ec)
-      t = fs::last_write_time(e.path(), ec); // a dir without a log: by its own time
-    if (ec)
-      continue;
+    if (ec) {
+      t = fs::file_time_type::min();
+      bool any = false;
+      for (const auto& p : {e.path() / "packs", e.path()}) {
+        auto pt = fs::last_write_time(p, ec);
+        if (!ec) {
+          t = std::max(t, pt);
+          any = true;
+        }
+      }
+      if (!any)
+        continue;
+    }
     auto idle = std::chrono::duration_cast<std::chrono::milliseconds>(now - t);
     if (idle < keep)
       continue;
@@ -64,7 +75,8 @@ std::vector<std::string> expire_trajectories(const std::string& root, std::chron
 
 bool same_command(const exec_request& a, const exec_request& b) {
   return a.argv == b.argv && a.env == b.env && a.cwd == b.cwd && a.uid == b.uid
-         && a.gid == b.gid && a.input == b.input && a.trusted == b.trusted;
+         && a.gid == b.gid && a.input == b.input && a.trusted == b.trusted
+         && a.pristine == b.pristine;
 }
 
 namespace {

@@ -376,8 +376,16 @@ error connect_error(caf::actor_system& sys, const caf::error& e, const std::stri
                 "address?)";
   else if (e == caf::sec::disconnect_during_handshake)
     why = tls ? handshake
-              : "the other side closed the connection during the handshake: it may require "
-                "TLS (dsecd --tls; connect with --tls DIR holding a certificate from its CA)";
+          : std::string{"the other side closed the connection during the handshake: it may "
+                        "require TLS (dsecd --tls; connect with --tls DIR holding a "
+                        "certificate from its CA)"}
+              + (::geteuid() == 0
+                   ? ""
+                   : ", or it refused this user: a dsecd without --tls admits only "
+                     "processes of root and of its group's members (dsecd --group, default "
+                     "dsec), and this one runs as uid "
+                     + std::to_string(::geteuid())
+                     + " (refusals are counted in `node stats`; docs/security.md)");
   else if (e == caf::sec::unexpected_actor_messaging_interface)
     why = "what listens there is not the expected service of this version";
   else if (e == caf::sec::no_actor_published_at_port)

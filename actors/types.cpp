@@ -58,6 +58,7 @@ void register_types(caf::actor_system_config& cfg) {
                            }
                            return s;
                          });
+  cfg.add_message_type<internal_key>("dsec.internal_key");
   cfg.add_message_type<environment>("dsec.environment");
   cfg.add_message_type<session_options>("dsec.session_options");
   cfg.add_message_type<placement>("dsec.placement");

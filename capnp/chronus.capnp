@@ -4,14 +4,15 @@
 #   sandbox ◄──Reply──── node's chronus endpoint ◄──Feedback────────── trainer
 #
 # Inside the sandbox, `chronus` (tools/chronus) sends one Request per SOCK_SEQPACKET
-# packet on /run/chronus.sock and waits for one Reply on the same connection. Every
-# message on that socket is a single Cap'n Proto message in the standard stream
+# packet on a connection and waits for one Reply on the same connection: a trusted
+# connection it opened over its trusted channel (fd 3, docs/chronus.md), or one
+# to /run/chronus.sock. Every message on a connection is a single Cap'n Proto message in the standard stream
 # framing (segment table, then segments; unpacked) of at most 65,536 bytes
 # (runtime/chronus.hpp: chronus_max_frame). tools/chronus/chronus.h encodes Request
 # and decodes Reply by hand, so the field numbers, types and the order of the union
 # members below are frozen: add new fields at the end only, never renumber.
 #
-# The node checks each Request (framing, size, token, field limits; see
+# The node checks each Request (framing, size, token on /run/chronus.sock, field limits; see
 # runtime/chronus.hpp) before anything else sees it. A frame that fails is
 # answered with `rejected`, counted, and dropped.
 
@@ -41,8 +42,10 @@ struct Request {
   # Sandbox -> node: exactly one per SOCK_SEQPACKET packet. The node answers every
   # Request with one Reply on the same connection, in order.
   token @0 :Data;
-  # The sandbox's 32-byte secret ($DSEC_CHRONUS_TOKEN inside the sandbox, as 64 hex
-  # characters). A Request whose token does not match is rejected unread.
+  # On /run/chronus.sock: the sandbox's 32-byte secret, which never leaves the
+  # node (so every such Request is refused); a Request whose token does not match
+  # is rejected unread. On a trusted connection it is not looked at
+  # (tools/chronus/chronus.h sends 32 zero bytes).
   union {
     stage @1 :Text;
     # The agent entered a stage (e.g. "plan", "edit", "test"): 1 to 128 bytes of

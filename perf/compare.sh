@@ -6,6 +6,8 @@
 #   bare            ROOTFS/bin/exit0 with no isolation at all (the ceiling)
 #   dsec            dsec run --base perf-busybox@1 -- /bin/exit0
 #   dsec-net        the same with --net (a fresh network namespace)
+#   dsec-nolimits   dsec run with --memory none --pids none: no cgroup (what
+#                   every sandbox has by default costs this much)
 #   bwrap           bwrap --unshare-all (fresh network namespace too)
 #   bwrap-sharenet  bwrap --unshare-all --share-net (no network namespace)
 # The variants are interleaved (run i starts with variant i mod 5), so that the
@@ -29,7 +31,8 @@ p50, p99 and max in ms, the rate (runs/s, one at a time), and the ratios.
 
 Options:
   -n RUNS            runs per variant (default 200), after 5 warm-up runs each
-  --variants LIST    comma-separated subset of: bare,dsec,dsec-net,bwrap,bwrap-sharenet
+  --variants LIST    comma-separated subset of: bare,dsec,dsec-net,dsec-nolimits,bwrap,
+                     bwrap-sharenet
                      (default: all)
   --sequential       run each variant's runs back to back instead of interleaved
   -h, --help         this text
@@ -70,9 +73,9 @@ bwrap=$(command -v bwrap || true)
 IFS=, read -r -a names <<<"$variants"
 for v in "${names[@]}"; do
   case "$v" in
-    bare|dsec|dsec-net) ;;
+    bare|dsec|dsec-net|dsec-nolimits) ;;
     bwrap|bwrap-sharenet) [[ -n "$bwrap" ]] || { echo "compare.sh: bwrap is not installed (apt-get install bubblewrap)" >&2; exit 1; };;
-    *) echo "compare.sh: unknown variant '$v' (bare,dsec,dsec-net,bwrap,bwrap-sharenet)" >&2; exit 2;;
+    *) echo "compare.sh: unknown variant '$v' (bare,dsec,dsec-net,dsec-nolimits,bwrap,bwrap-sharenet)" >&2; exit 2;;
   esac
 done
 
@@ -97,6 +100,7 @@ run_variant() {
     bare) "$root/bin/exit0";;
     dsec) "$dsec" --state "$state" run --base perf-busybox@1 -- /bin/exit0;;
     dsec-net) "$dsec" --state "$state" run --net --base perf-busybox@1 -- /bin/exit0;;
+    dsec-nolimits) "$dsec" --state "$state" run --memory none --pids none --base perf-busybox@1 -- /bin/exit0;;
     bwrap) "$bwrap" --unshare-all --ro-bind "$root" / --dev /dev --proc /proc /bin/exit0;;
     bwrap-sharenet) "$bwrap" --unshare-all --share-net --ro-bind "$root" / --dev /dev --proc /proc /bin/exit0;;
   esac
@@ -106,6 +110,7 @@ cmdline() {
     bare) echo "$root/bin/exit0";;
     dsec) echo "$dsec --state $state run --base perf-busybox@1 -- /bin/exit0";;
     dsec-net) echo "$dsec --state $state run --net --base perf-busybox@1 -- /bin/exit0";;
+    dsec-nolimits) echo "$dsec --state $state run --memory none --pids none --base perf-busybox@1 -- /bin/exit0";;
     bwrap) echo "$bwrap --unshare-all --ro-bind $root / --dev /dev --proc /proc /bin/exit0";;
     bwrap-sharenet) echo "$bwrap --unshare-all --share-net --ro-bind $root / --dev /dev --proc /proc /bin/exit0";;
   esac
@@ -184,5 +189,6 @@ ratio dsec bwrap
 ratio dsec bwrap-sharenet
 ratio dsec-net bwrap
 ratio dsec-net bwrap-sharenet
+ratio dsec dsec-nolimits
 ratio dsec bare
 ratio bwrap bare

@@ -175,7 +175,8 @@ int main(int argc, char** argv) {
     cfg_a.set("scheduler.max-threads", size_t{2});
     cfg_a.set("logger.console", caf::atom("none"));
     caf::actor_system sys_a{cfg_a};
-    auto served = dsec::spawn_layer_store(sys_a, store_a);
+    auto key = dsec::internal_key::random(); // A's and B's cluster key
+    auto served = dsec::spawn_layer_store(sys_a, store_a, key);
     auto port = sys_a.middleman().publish(served, 0, "127.0.0.1");
     if (!port)
       die("publish: " + caf::to_string(port.error()));
@@ -190,11 +191,12 @@ int main(int argc, char** argv) {
     dsec::daemon_options o;
     o.state_dir = root + "/b";
     o.netns_prewarm = 1;
+    o.cluster_key = key;
     auto d = must(dsec::daemon::start(sys_b, o), "daemon B");
     auto src = sys_b.middleman().remote_actor<dsec::layer_store_actor>("127.0.0.1", *port);
     if (!src)
       die("remote_actor: " + caf::to_string(src.error()));
-    caf::anon_send(d->layer_cache(), dsec::source_atom::value, *src);
+    caf::anon_send(d->layer_cache(), dsec::source_atom::value, dsec::process_key(), *src);
     auto store_b = must(dsec::store::open(o.state_dir), "store B");
 
     dsec::environment env;
@@ -203,11 +205,11 @@ int main(int argc, char** argv) {
     for (int r = 0; r < runs; ++r) {
       auto t0 = clk::now();
       uint64_t lease = 0;
-      self->request(d->layer_cache(), caf::infinite, dsec::acquire_atom::value, env)
-        .receive([&](dsec::layer_set& ls) { lease = ls.lease; },
+      self->request(d->layer_cache(), caf::infinite, dsec::acquire_atom::value, dsec::process_key(), env)
+        .receive([&](dsec::internal_key&, dsec::layer_set& ls) { lease = ls.lease; },
                  [&](caf::error& e) { die("acquire: " + dsec::from_caf(e).to_string()); });
       f.fetch.push_back(seconds_since(t0));
-      self->send(d->layer_cache(), dsec::release_atom::value, lease);
+      self->send(d->layer_cache(), dsec::release_atom::value, dsec::process_key(), lease);
       // The lease goes with the release; then the layer can go too.
       bool removed = false;
       for (int i = 0; i < 1000 && !removed; ++i) {
@@ -240,7 +242,7 @@ int main(int argc, char** argv) {
         die("sha256 of the blob differs from its digest");
     }
     uint64_t fetched = 0, bytes = 0;
-    self->request(d->layer_cache(), std::chrono::seconds(30), dsec::list_atom::value)
+    self->request(d->layer_cache(), std::chrono::seconds(30), dsec::list_atom::value, dsec::process_key())
       .receive(
         [&](std::vector<std::string>&, uint64_t n, uint64_t b) {
           fetched = n;

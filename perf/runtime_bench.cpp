@@ -34,6 +34,7 @@
 #include <string_view>
 #include <vector>
 
+#include "runtime/cgroup.hpp"
 #include "runtime/container.hpp"
 #include "runtime/mount.hpp"
 #include "runtime/spawner.hpp"
@@ -68,9 +69,23 @@ struct bench_env {
   std::vector<dsec::layer_mount> mounts; // system layer, base layer
   std::vector<int> lowers;               // their dir fds, topmost first
   dsec::command cmd;
+  // Below this process's cgroup: a root without a pool and one with a pool
+  // (prewarmed), both removed at the end. Empty if cgroups are unavailable.
+  std::optional<dsec::cgroup_root> cg_fresh, cg_pool;
+  std::string cg_error;
 };
 
 bench_env* env = nullptr;
+
+// The limits every dsecd sandbox gets by default: memory and pids (two v1
+// hierarchies on this machine, one v2 cgroup elsewhere).
+dsec::limits default_shape() {
+  dsec::limits lim;
+  lim.memory_bytes = 256ull << 20;
+  lim.pids = 512;
+  return lim;
+}
+
 
 int rm_entry(const char* path, const struct stat*, int, FTW*) {
   ::remove(path);
@@ -197,6 +212,22 @@ std::string set_up(bench_env& e) {
     e.lowers.push_back(m.dir_fd());
   e.cmd.argv = {"/bin/exit0"};
   e.cmd.env = {"PATH=/bin"};
+  for (auto* root : {&e.cg_fresh, &e.cg_pool}) {
+    auto r = dsec::cgroup_root::detect();
+    if (!r) {
+      e.cg_error = r.error_value().to_string();
+      break;
+    }
+    root->emplace(std::move(*r));
+  }
+  if (e.cg_pool) {
+    e.cg_pool->enable_pool(64);
+    if (auto ok = e.cg_pool->prewarm(default_shape(), 2 * max_threads); !ok) {
+      e.cg_error = ok.error_value().to_string();
+      e.cg_pool.reset();
+      e.cg_fresh.reset();
+    }
+  }
   for (const char* p : {"/usr/bin/bwrap", "/bin/bwrap"})
     if (executable(p)) {
       e.bwrap = p;
@@ -206,6 +237,8 @@ std::string set_up(bench_env& e) {
 }
 
 void tear_down(bench_env& e) {
+  e.cg_pool.reset(); // removes its idle cgroups and this process's dirs
+  e.cg_fresh.reset();
   e.mounts.clear();   // the detached layer mounts go with their last fd
   e.lowers.clear();
   e.spawners.clear(); // each closes its socket and reaps its zygote
@@ -292,7 +325,8 @@ benchmark::Counter mean_us(uint64_t sum_ns) {
 // One sandbox per iteration: create, exec exit0, wait, destroy. `chronus`: made
 // with container_options::chronus (the socket and the trusted helper);
 // `trusted`: exit0 runs as a trusted command.
-void sandbox_loop(benchmark::State& state, bool net, bool chronus, bool trusted) {
+void sandbox_loop(benchmark::State& state, bool net, bool chronus, bool trusted,
+                  const dsec::cgroup_root* cgroups = nullptr, const dsec::limits& lim = {}) {
   auto& e = *env;
   auto t = static_cast<size_t>(state.thread_index());
   if (t >= e.spawners.size()) {
@@ -306,6 +340,7 @@ void sandbox_loop(benchmark::State& state, bool net, bool chronus, bool trusted)
   opts.net = net;
   opts.chronus = chronus;
   opts.hostname = "perf";
+  opts.lim = lim;
   auto cmd = e.cmd;
   cmd.trusted = trusted;
   auto& samples = create_samples[t];
@@ -323,7 +358,7 @@ void sandbox_loop(benchmark::State& state, bool net, bool chronus, bool trusted)
   uint64_t cpu0 = state.thread_index() == 0 ? cpu_ns_all() : 0;
   for (auto _ : state) {
     auto t0 = clk::now();
-    auto c = dsec::container::create(sp, e.lowers, opts, nullptr);
+    auto c = dsec::container::create(sp, e.lowers, opts, cgroups);
     auto t1 = clk::now();
     if (!c) {
       state.SkipWithError(("create: " + c.error_value().to_string()).c_str());
@@ -395,6 +430,69 @@ void BM_sandbox(benchmark::State& state) {
 // A Chronus sandbox without --net. Arg 0: 1 = exit0 runs as a trusted command.
 void BM_sandbox_chronus(benchmark::State& state) {
   sandbox_loop(state, false, true, state.range(0) != 0);
+}
+
+// ---- cgroups: a fresh one per sandbox, or one from a pool ---------------------
+
+// create + destroy of a sandbox's cgroups with the default limits, no process
+// in them. Arg 0: 1 = from a pool (dsecd), 0 = a fresh cgroup each time (dsec run).
+void BM_cgroup(benchmark::State& state) {
+  auto& root = state.range(0) != 0 ? env->cg_pool : env->cg_fresh;
+  if (!root) {
+    state.SkipWithError(("cgroups: " + env->cg_error).c_str());
+    for (auto _ : state) {
+    }
+    return;
+  }
+  auto lim = default_shape();
+  uint64_t create_ns = 0, destroy_ns = 0;
+  auto name = "bench-" + std::to_string(state.thread_index());
+  auto before = root->pool_stats();
+  for (auto _ : state) {
+    auto t0 = clk::now();
+    auto cg = root->create(name, lim);
+    auto t1 = clk::now();
+    if (!cg) {
+      state.SkipWithError(("create: " + cg.error_value().to_string()).c_str());
+      break;
+    }
+    cg->close_join_fds();
+    auto d = cg->destroy();
+    auto t2 = clk::now();
+    if (!d) {
+      state.SkipWithError(("destroy: " + d.error_value().to_string()).c_str());
+      break;
+    }
+    create_ns += ns_since(t0, t1);
+    destroy_ns += ns_since(t1, t2);
+  }
+  state.SetItemsProcessed(static_cast<int64_t>(state.iterations()));
+  state.counters["create_us"] = mean_us(create_ns);
+  state.counters["destroy_us"] = mean_us(destroy_ns);
+  if (state.thread_index() == 0) {
+    auto st = root->pool_stats();
+    state.counters["pool_misses"] = static_cast<double>(st.made - before.made);
+    state.counters["pool_discarded"] = static_cast<double>(st.discarded - before.discarded);
+  }
+}
+
+// BM_sandbox/net:0 with the default limits (every dsec sandbox has them now).
+// Arg 0: 1 = cgroups from a pool (dsecd), 0 = a fresh cgroup per sandbox.
+void BM_sandbox_limits(benchmark::State& state) {
+  auto& root = state.range(0) != 0 ? env->cg_pool : env->cg_fresh;
+  if (!root) {
+    state.SkipWithError(("cgroups: " + env->cg_error).c_str());
+    for (auto _ : state) {
+    }
+    return;
+  }
+  auto before = root->pool_stats();
+  sandbox_loop(state, false, false, false, &*root, default_shape());
+  if (state.thread_index() == 0) {
+    auto st = root->pool_stats();
+    state.counters["pool_misses"] = static_cast<double>(st.made - before.made);
+    state.counters["pool_discarded"] = static_cast<double>(st.discarded - before.discarded);
+  }
 }
 
 // ---- (f), (g): processes forked from here --------------------------------------
@@ -475,6 +573,9 @@ void register_benchmarks(int64_t iterations) {
   fix(benchmark::RegisterBenchmark("BM_sandbox", BM_sandbox)->ArgName("net")->Arg(0)->Arg(1));
   fix(benchmark::RegisterBenchmark("BM_sandbox_chronus", BM_sandbox_chronus)
         ->ArgName("trusted")->Arg(0)->Arg(1));
+  fix(benchmark::RegisterBenchmark("BM_sandbox_limits", BM_sandbox_limits)
+        ->ArgName("pool")->Arg(0)->Arg(1));
+  fix(benchmark::RegisterBenchmark("BM_cgroup", BM_cgroup)->ArgName("pool")->Arg(0)->Arg(1));
   fix(benchmark::RegisterBenchmark("BM_vfork_exec", BM_vfork_exec));
   fix(benchmark::RegisterBenchmark("BM_bwrap", BM_bwrap)->ArgName("share_net")->Arg(0)->Arg(1));
 }

@@ -479,6 +479,163 @@ expected<cgroup_layout> cgroup_layout::parse(std::string_view self_cgroup,
   return out;
 }
 
+namespace {
+
+// Writes the limits of `lim` for the controllers in `here` into the cgroup at
+// `dirfd`/`prefix` (prefix: "NAME/" relative to an owner dir fd, or an
+// absolute "PATH/" with AT_FDCWD). `old`: what the files hold now (a pooled
+// cgroup: only what differs is written); null for a fresh cgroup. `path` names
+// the cgroup in errors.
+expected<void> put_limits(int dirfd, std::string_view prefix, const std::string& path,
+                          cgroup_version version, bool swap_file, uint8_t here,
+                          const limits& lim, const limits* old) {
+  char rel[512];
+  if (prefix.size() + 64 > sizeof rel)
+    return make_error(errc::invalid_argument, "cgroup path too long: " + path);
+  std::memcpy(rel, prefix.data(), prefix.size());
+  char* file = rel + prefix.size();
+  char num[64];
+  auto put = [&](const char* f, std::string_view value) -> expected<void> {
+    std::strcpy(file, f);
+    if (int err = write_at(dirfd, rel, value)) {
+      auto e = sys_error("cannot write '" + std::string(value) + "' to", path + '/' + f, err);
+      if (e.code == errc::not_found) // the file, not the request, is missing
+        e.code = errc::unsupported;
+      return e;
+    }
+    return {};
+  };
+  auto number = [&](uint64_t v, const char* suffix = "") {
+    auto r = std::to_chars(num, num + 32, v);
+    std::strcpy(r.ptr, suffix);
+    return std::string_view(num, static_cast<size_t>(r.ptr - num) + std::strlen(suffix));
+  };
+  bool v2 = version == cgroup_version::v2;
+  if ((here & bit(0)) && (!old || old->memory_bytes != lim.memory_bytes)) {
+    auto bytes = number(*lim.memory_bytes);
+    if (v2) {
+      DSEC_TRY_VOID(put("memory.max", bytes));
+      if (swap_file && !old)
+        DSEC_TRY_VOID(put("memory.swap.max", "0"));
+    } else if (!swap_file) {
+      DSEC_TRY_VOID(put("memory.limit_in_bytes", bytes));
+    } else {
+      // memsw (memory+swap) may never be below the memory limit: when the
+      // limit goes up, memsw first; when it goes down (from "max" too), after.
+      bool up = old && old->memory_bytes && *lim.memory_bytes > *old->memory_bytes;
+      std::string value(bytes);
+      if (up)
+        DSEC_TRY_VOID(put("memory.memsw.limit_in_bytes", value));
+      DSEC_TRY_VOID(put("memory.limit_in_bytes", value));
+      if (!up)
+        DSEC_TRY_VOID(put("memory.memsw.limit_in_bytes", value));
+    }
+  }
+  if ((here & bit(1)) && (!old || old->pids != lim.pids))
+    DSEC_TRY_VOID(put("pids.max", number(*lim.pids)));
+  if ((here & bit(2)) && (!old || old->cpus != lim.cpus)) {
+    auto quota = static_cast<uint64_t>(std::llround(*lim.cpus * 100000.0));
+    if (v2) {
+      DSEC_TRY_VOID(put("cpu.max", number(quota, " 100000")));
+    } else {
+      if (!old)
+        DSEC_TRY_VOID(put("cpu.cfs_period_us", "100000"));
+      DSEC_TRY_VOID(put("cpu.cfs_quota_us", number(quota)));
+    }
+  }
+  return {};
+}
+
+// "oom_kill N" of memory.events (v2) or memory.oom_control (v1); 0 if unknown.
+uint64_t oom_kills(const std::string& dir, cgroup_version v) {
+  std::string s;
+  if (read_all(dir + (v == cgroup_version::v2 ? "/memory.events" : "/memory.oom_control"), s))
+    return 0;
+  uint64_t n = 0;
+  for_each_token(s, "\n", [&](std::string_view line) {
+    constexpr std::string_view key = "oom_kill ";
+    if (line.substr(0, key.size()) == key) {
+      auto v = line.substr(key.size());
+      std::from_chars(v.data(), v.data() + v.size(), n);
+    }
+  });
+  return n;
+}
+
+// Bytes of shmem (tmpfs, memfd, SysV shm) charged to a memory cgroup, from its
+// memory.stat ("shmem N", v1 and v2); nothing if it cannot be read.
+std::optional<uint64_t> shmem_bytes(const std::string& dir) {
+  std::string s;
+  if (read_all(dir + "/memory.stat", s))
+    return std::nullopt;
+  std::optional<uint64_t> n;
+  for_each_token(s, "\n", [&](std::string_view line) {
+    constexpr std::string_view key = "shmem ";
+    if (!n && line.substr(0, key.size()) == key) {
+      uint64_t v = 0;
+      auto t = line.substr(key.size());
+      if (std::from_chars(t.data(), t.data() + t.size(), v).ec == std::errc{})
+        n = v;
+    }
+  });
+  return n;
+}
+
+} // namespace
+
+// Released sandbox cgroups, by the controllers they were made for (a mask of
+// cgroup_controller bits), ready for the next create() of the same kind.
+struct cgroup_pool {
+  std::mutex mu;
+  bool open = true;
+  size_t max_idle = 0;
+  uint64_t next_name = 0;
+  std::array<std::vector<sandbox_cgroup>, 1u << cgroup_controller_count> idle;
+  cgroup_pool_stats stats;
+
+  std::optional<sandbox_cgroup> take(uint8_t need) {
+    std::lock_guard lock(mu);
+    auto& v = idle[need];
+    if (!open || v.empty())
+      return std::nullopt;
+    sandbox_cgroup cg = std::move(v.back());
+    v.pop_back();
+    --stats.idle;
+    ++stats.reused;
+    return cg;
+  }
+
+  // Keeps `cg` if there is room; false (and `cg` untouched) otherwise.
+  bool put(sandbox_cgroup& cg) {
+    std::lock_guard lock(mu);
+    if (!open || stats.idle >= max_idle)
+      return false;
+    cg.pool_.reset(); // no cycle: what the pool holds does not hold the pool
+    idle[cg.need_].push_back(std::move(cg));
+    ++stats.idle;
+    return true;
+  }
+
+  void discarded() {
+    std::lock_guard lock(mu);
+    ++stats.discarded;
+  }
+
+  // Removes every idle cgroup; later releases remove theirs.
+  void close() {
+    std::array<std::vector<sandbox_cgroup>, 1u << cgroup_controller_count> gone;
+    {
+      std::lock_guard lock(mu);
+      open = false;
+      gone.swap(idle);
+      stats.idle = 0;
+    }
+    for (auto& v : gone)
+      for (auto& cg : v)
+        (void) cg.remove_dirs();
+  }
+};
+
 // --- cgroup_root --------------------------------------------------------------
 
 expected<cgroup_root> cgroup_root::detect() {
@@ -635,7 +792,8 @@ cgroup_root::cgroup_root(cgroup_root&& other) noexcept
     index_(other.index_),
     why_absent_(std::move(other.why_absent_)),
     owner_(std::move(other.owner_)),
-    pid_(other.pid_) {
+    pid_(other.pid_),
+    pool_(std::move(other.pool_)) {
   other.hier_.clear();
   other.index_ = {-1, -1, -1};
 }
@@ -648,6 +806,7 @@ cgroup_root& cgroup_root::operator=(cgroup_root&& other) noexcept {
     why_absent_ = std::move(other.why_absent_);
     owner_ = std::move(other.owner_);
     pid_ = other.pid_;
+    pool_ = std::move(other.pool_);
     other.hier_.clear();
     other.index_ = {-1, -1, -1};
   }
@@ -661,6 +820,10 @@ cgroup_root::~cgroup_root() {
 void cgroup_root::release() noexcept {
   if (hier_.empty() || pid_ != ::getpid())
     return;
+  if (pool_) {
+    pool_->close();
+    pool_.reset();
+  }
   std::lock_guard lock(registry_mutex());
   for (auto& h : hier_) {
     h.owner_fd.reset();
@@ -703,17 +866,46 @@ expected<sandbox_cgroup> cgroup_root::create(std::string_view name,
                                              " limit needs the cgroup " + controller_names[c] +
                                              " controller, which is not available: " +
                                              why_absent_[c]);
+  if (!pool_ || !need)
+    return make(name, need, lim);
 
+  while (auto hit = pool_->take(need)) {
+    hit->pid_ = ::getpid();
+    hit->pool_ = pool_;
+    if (hit->write_limits(lim, false))
+      return std::move(*hit);
+    // A limit the kernel refuses on this one (e.g. memory below what it
+    // holds): remove it and try the next, or make a fresh one.
+    pool_->discarded();
+    (void) hit->remove_dirs();
+  }
+  std::string fresh;
+  {
+    std::lock_guard lock(pool_->mu);
+    fresh = "pool-" + std::to_string(pool_->next_name++);
+  }
+  DSEC_TRY(cg, make(fresh, need, lim));
+  cg.pool_ = pool_;
+  {
+    std::lock_guard lock(pool_->mu);
+    ++pool_->stats.made;
+  }
+  return cg;
+}
+
+expected<sandbox_cgroup> cgroup_root::make(std::string_view name, uint8_t need,
+                                           const limits& lim) const {
   sandbox_cgroup out;
   out.pid_ = ::getpid();
+  out.need_ = need;
+  out.written_ = lim;
   out.parts_.reserve(3);
 
   // "<name>/<file>" relative to the owner dir fd: no walk of the long prefix.
   char rel[256];
   std::memcpy(rel, name.data(), name.size());
   rel[name.size()] = '/';
-  char* file = rel + name.size() + 1;
-  char num[64];
+  std::string_view prefix(rel, name.size() + 1);
 
   for (auto& h : hier_) {
     uint8_t here = h.controllers & need;
@@ -729,57 +921,62 @@ expected<sandbox_cgroup> cgroup_root::create(std::string_view name,
     }
     rel[name.size()] = '/';
     out.parts_.push_back({h.owner_dir + '/' + std::string(name), unique_fd{}, h.version,
-                          (here & bit(0)) != 0});
-
-    auto put = [&](const char* f, std::string_view value) -> expected<void> {
-      std::strcpy(file, f);
-      if (int err = write_at(h.owner_fd.get(), rel, value)) {
-        auto e = sys_error("cannot write '" + std::string(value) + "' to",
-                           out.parts_.back().path + '/' + f, err);
-        if (e.code == errc::not_found) // the file, not the request, is missing
-          e.code = errc::unsupported;
-        return e;
-      }
-      return {};
-    };
-    auto number = [&](uint64_t v, const char* suffix = "") {
-      auto r = std::to_chars(num, num + 32, v);
-      std::strcpy(r.ptr, suffix);
-      return std::string_view(num, static_cast<size_t>(r.ptr - num) + std::strlen(suffix));
-    };
-
-    bool v2 = h.version == cgroup_version::v2;
-    if (here & bit(0)) {
-      auto bytes = number(*lim.memory_bytes);
-      if (v2) {
-        DSEC_TRY_VOID(put("memory.max", bytes));
-        if (h.swap_file)
-          DSEC_TRY_VOID(put("memory.swap.max", "0"));
-      } else {
-        // memsw (memory+swap) may not be below the memory limit: set that first.
-        DSEC_TRY_VOID(put("memory.limit_in_bytes", bytes));
-        if (h.swap_file)
-          DSEC_TRY_VOID(put("memory.memsw.limit_in_bytes", number(*lim.memory_bytes)));
-      }
-    }
-    if (here & bit(1))
-      DSEC_TRY_VOID(put("pids.max", number(*lim.pids)));
-    if (here & bit(2)) {
-      auto quota = static_cast<uint64_t>(std::llround(*lim.cpus * 100000.0));
-      if (v2) {
-        DSEC_TRY_VOID(put("cpu.max", number(quota, " 100000")));
-      } else {
-        DSEC_TRY_VOID(put("cpu.cfs_period_us", "100000"));
-        DSEC_TRY_VOID(put("cpu.cfs_quota_us", number(quota)));
-      }
-    }
-
-    std::strcpy(file, "cgroup.procs");
+                          (here & bit(0)) != 0, h.swap_file, here});
+    DSEC_TRY_VOID(put_limits(h.owner_fd.get(), prefix, out.parts_.back().path, h.version,
+                             h.swap_file, here, lim, nullptr));
+    std::strcpy(rel + name.size() + 1, "cgroup.procs");
     out.parts_.back().procs.reset(::openat(h.owner_fd.get(), rel, O_WRONLY | O_CLOEXEC));
     if (!out.parts_.back().procs)
       return sys_error("cannot open", out.parts_.back().path + "/cgroup.procs");
   }
   return out;
+}
+
+void cgroup_root::enable_pool(size_t max_idle) {
+  if (!pool_)
+    pool_ = std::make_shared<cgroup_pool>();
+  std::lock_guard lock(pool_->mu);
+  pool_->max_idle = max_idle;
+}
+
+expected<void> cgroup_root::prewarm(const limits& lim, size_t n) const {
+  if (!pool_ || !lim.any())
+    return {};
+  std::vector<sandbox_cgroup> made;
+  {
+    std::lock_guard lock(pool_->mu);
+    n = std::min(n, pool_->max_idle > pool_->stats.idle ? pool_->max_idle - pool_->stats.idle : 0);
+  }
+  DSEC_TRY_VOID(lim.validate());
+  uint8_t need = (lim.memory_bytes ? bit(0) : 0) | (lim.pids ? bit(1) : 0) | (lim.cpus ? bit(2) : 0);
+  for (size_t c = 0; c < cgroup_controller_count; ++c)
+    if ((need & bit(c)) && index_[c] < 0)
+      return make_error(errc::unsupported, std::string("cannot prewarm cgroups: the ") +
+                                             controller_names[c] + " controller is absent: " +
+                                             why_absent_[c]);
+  for (size_t i = 0; i < n; ++i) {
+    std::string name;
+    {
+      std::lock_guard lock(pool_->mu);
+      name = "pool-" + std::to_string(pool_->next_name++);
+      ++pool_->stats.made;
+    }
+    DSEC_TRY(cg, make(name, need, lim));
+    cg.pool_ = pool_;
+    made.push_back(std::move(cg));
+  }
+  for (auto& cg : made) {
+    cg.close_join_fds();
+    DSEC_TRY_VOID(cg.destroy()); // into the pool: nothing ever ran in it
+  }
+  return {};
+}
+
+cgroup_pool_stats cgroup_root::pool_stats() const {
+  if (!pool_)
+    return {};
+  std::lock_guard lock(pool_->mu);
+  return pool_->stats;
 }
 
 expected<std::vector<std::string>> cgroup_root::collect_garbage() const {
@@ -849,6 +1046,10 @@ sandbox_cgroup& sandbox_cgroup::operator=(sandbox_cgroup&& other) noexcept {
     parts_ = std::move(other.parts_);
     other.parts_.clear();
     pid_ = other.pid_;
+    pool_ = std::move(other.pool_);
+    need_ = other.need_;
+    written_ = other.written_;
+    oom_base_ = other.oom_base_;
   }
   return *this;
 }
@@ -872,27 +1073,18 @@ void sandbox_cgroup::close_join_fds() noexcept {
 }
 
 bool sandbox_cgroup::oom_killed() const {
-  for (auto& p : parts_) {
-    if (!p.memory)
-      continue;
-    std::string s;
-    auto file = p.path + (p.version == cgroup_version::v2 ? "/memory.events"
-                                                          : "/memory.oom_control");
-    if (read_all(file, s) != 0)
-      return false;
-    bool killed = false;
-    for_each_token(s, "\n", [&](std::string_view line) {
-      constexpr std::string_view key = "oom_kill ";
-      if (line.substr(0, key.size()) == key) {
-        uint64_t n = 0;
-        auto v = line.substr(key.size());
-        std::from_chars(v.data(), v.data() + v.size(), n);
-        killed = killed || n > 0;
-      }
-    });
-    return killed;
-  }
+  for (auto& p : parts_)
+    if (p.memory)
+      return oom_kills(p.path, p.version) > oom_base_;
   return false;
+}
+
+expected<void> sandbox_cgroup::write_limits(const limits& lim, bool fresh) {
+  for (auto& p : parts_)
+    DSEC_TRY_VOID(put_limits(AT_FDCWD, p.path + '/', p.path, p.version, p.swap_file,
+                             p.controllers, lim, fresh ? nullptr : &written_));
+  written_ = lim;
+  return {};
 }
 
 std::vector<std::string> sandbox_cgroup::paths() const {
@@ -905,6 +1097,48 @@ std::vector<std::string> sandbox_cgroup::paths() const {
 
 expected<void> sandbox_cgroup::destroy() {
   close_join_fds();
+  if (pool_ && pid_ == ::getpid() && !parts_.empty())
+    return release_to_pool();
+  return remove_dirs();
+}
+
+expected<void> sandbox_cgroup::release_to_pool() {
+  auto deadline = std::chrono::steady_clock::now() + busy_wait;
+  // Kept only once empty: the tasks of a just-killed pid namespace may still
+  // be on their way out (as rmdir's EBUSY says for a cgroup that goes).
+  for (auto& p : parts_) {
+    auto pause = 100us;
+    while (!read_procs(p.path).empty()) {
+      if (std::chrono::steady_clock::now() >= deadline)
+        return busy_error(p.path, EBUSY);
+      std::this_thread::sleep_for(pause);
+      pause = std::min<std::chrono::microseconds>(pause * 2, 20ms);
+    }
+  }
+  bool keep = true;
+  for (auto& p : parts_) {
+    if (p.memory) {
+      // Pages of the sandbox's writable layer still charged here (its tmpfs
+      // outlives the sandbox while a descriptor holds it) would count against
+      // the next sandbox's limit.
+      auto shmem = shmem_bytes(p.path);
+      keep = keep && shmem && *shmem == 0;
+      oom_base_ = oom_kills(p.path, p.version);
+    }
+    if (keep) {
+      p.procs.reset(::open((p.path + "/cgroup.procs").c_str(), O_WRONLY | O_CLOEXEC));
+      keep = static_cast<bool>(p.procs);
+    }
+  }
+  auto pool = pool_;
+  if (keep && pool->put(*this))
+    return {};
+  pool->discarded();
+  close_join_fds();
+  return remove_dirs();
+}
+
+expected<void> sandbox_cgroup::remove_dirs() {
   auto deadline = std::chrono::steady_clock::now() + busy_wait;
   std::optional<error> first_err;
   std::vector<part> kept;

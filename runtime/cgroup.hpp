@@ -9,12 +9,19 @@
 //
 // Cost: a v2 cgroup is ~32 us to create, a v1 memory cgroup ~213 us, so create()
 // only touches the hierarchies the requested limits need, works relative to
-// directory fds opened once, and allocates only the paths it returns.
+// directory fds opened once, and allocates only the paths it returns. A root
+// with a pool (enable_pool: dsecd, where every sandbox has limits) goes
+// further: a sandbox's cgroups, once empty, are kept for the next sandbox
+// (limits rewritten only when they differ, cgroup.procs reopened at release),
+// so that a create from the pool makes no system call at all, and no dying
+// memory cgroup piles up per sandbox. perf/runtime_bench measures both
+// (BM_cgroup, BM_sandbox_limits).
 #pragma once
 
 #include <sys/types.h>
 
 #include <array>
+#include <memory>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -91,6 +98,16 @@ struct cgroup_layout {
 };
 
 class sandbox_cgroup;
+struct cgroup_pool;
+
+/// What a root's pool did since it was enabled.
+struct cgroup_pool_stats {
+  uint64_t reused = 0;    ///< creates served from the pool
+  uint64_t made = 0;      ///< cgroups made for it (misses and prewarm)
+  uint64_t discarded = 0; ///< released cgroups removed instead of kept (pool full,
+                          ///< pages of a writable layer still charged, a failed write)
+  uint64_t idle = 0;      ///< kept now, ready for the next sandbox
+};
 
 /// Where this process creates sandbox cgroups: one directory <own>/dsec/<owner>
 /// per hierarchy in use, created when the root is opened and removed (if empty)
@@ -124,8 +141,26 @@ public:
   /// (none when !lim.any()) and writes the limits. `name` is one path component.
   /// invalid_argument for a bad name or limit, already_exists when taken,
   /// unsupported naming the controller when a needed one is absent.
+  /// With a pool, a cgroup released earlier for the same controllers is taken
+  /// instead (its limits rewritten where they differ), and new ones are named
+  /// "pool-N", not `name` (which is still checked): they outlive the sandbox.
   [[nodiscard]] expected<sandbox_cgroup> create(std::string_view name,
                                                 const limits& lim) const;
+
+  /// From now on, keeps up to `max_idle` released sandbox cgroups for reuse
+  /// by create(). A released cgroup is kept only once it holds no process and
+  /// no page of a writable layer (tmpfs pages are charged to the memory
+  /// cgroup of whoever wrote them, and stay until the tmpfs goes); its OOM-kill
+  /// count so far is remembered, so that oom_killed() counts only the next
+  /// sandbox's. The idle ones are removed with the root.
+  void enable_pool(size_t max_idle);
+
+  /// Makes `n` cgroups for `lim` into the pool ahead of the first sandboxes
+  /// (at most the pool's max_idle). No-op without a pool.
+  [[nodiscard]] expected<void> prewarm(const limits& lim, size_t n) const;
+
+  /// The pool's counters (all 0 without a pool).
+  [[nodiscard]] cgroup_pool_stats pool_stats() const;
 
   /// Removes what crashed dsec processes left: every <own>/dsec/<owner> whose
   /// owner is not alive with the same start time (and is not us). Processes still
@@ -166,6 +201,9 @@ private:
   std::array<std::string, cgroup_controller_count> why_absent_;
   std::string owner_;
   pid_t pid_ = 0; // the creating process: a forked child must not clean up
+  std::shared_ptr<cgroup_pool> pool_; // null: no pool
+  // Makes one sandbox cgroup named `name` for the controllers in `need`.
+  expected<sandbox_cgroup> make(std::string_view name, uint8_t need, const limits& lim) const;
 };
 
 /// The cgroups of one sandbox, one directory per hierarchy in use. Move-only;
@@ -201,22 +239,39 @@ public:
   /// True when there is nothing (left) to destroy.
   [[nodiscard]] bool empty() const noexcept { return parts_.empty(); }
 
-  /// Closes the fds and removes every directory. EBUSY (tasks of a just-killed
-  /// pid namespace may still be exiting) is retried with short sleeps for up to
-  /// ~1 s; after that the in_use error names the path that could not be removed
-  /// and a later call tries again. Idempotent.
+  /// Closes the fds and removes every directory, or, made by a root with a
+  /// pool, gives them back to it (see cgroup_root::enable_pool). EBUSY (tasks
+  /// of a just-killed pid namespace may still be exiting) is retried with short
+  /// sleeps for up to ~1 s, as is a pooled cgroup that still lists a process;
+  /// after that the in_use error names the path and a later call tries again.
+  /// Idempotent.
   expected<void> destroy();
 
 private:
   friend class cgroup_root;
+  friend struct cgroup_pool;
   struct part {
     std::string path;
     unique_fd procs;
     cgroup_version version = cgroup_version::absent;
     bool memory = false; // this hierarchy holds the memory limit
+    bool swap_file = false; // memory.swap.max / memory.memsw.* exists
+    uint8_t controllers = 0; // bit per cgroup_controller limited here
   };
+  // Writes the limits of `lim` that differ from `written_` (all of them when
+  // `fresh`).
+  expected<void> write_limits(const limits& lim, bool fresh);
+  // Pooled: waits until no process is left, then hands the cgroup back to the
+  // pool, or removes it when it cannot be reused.
+  expected<void> release_to_pool();
+  expected<void> remove_dirs();
+
   std::vector<part> parts_;
   pid_t pid_ = 0; // the creating process: a forked child must not clean up
+  std::shared_ptr<cgroup_pool> pool_; // where it goes back to; null: removed
+  uint8_t need_ = 0;   // the controllers it was made for
+  limits written_;     // what its files hold now
+  uint64_t oom_base_ = 0; // OOM kills before this sandbox (a reused cgroup)
 };
 
 } // namespace dsec

@@ -730,33 +730,189 @@ TEST_CASE("create() names the absent controller") {
   CHECK(leftovers().empty());
 }
 
-// Not a test of speed (perf/ checks numbers): prints create+destroy costs.
-// Run with: cg_tests --no-skip -tc='*timing*'
-TEST_CASE("timing: create+destroy" * doctest::skip()) {
+// --- the pool ---------------------------------------------------------------------
+
+namespace {
+
+// Runs `f` in a child that joined `cg`, and reaps it: its exit status.
+template <class F>
+int run_joined(const dsec::sandbox_cgroup& cg, F f) {
+  auto fds = cg.join_fds();
+  child c;
+  c.pid = ::fork();
+  REQUIRE(c.pid >= 0);
+  if (c.pid == 0) {
+    join(fds);
+    ::_exit(f());
+  }
+  return c.wait();
+}
+
+} // namespace
+
+TEST_CASE("a pool reuses released cgroups and rewrites only the limits that differ") {
   cleanup_guard guard;
   {
     auto root = cgroup_root::detect();
     REQUIRE(root);
-    auto run = [&](const char* what, limits lim) {
-      constexpr int n = 200;
-      auto t0 = std::chrono::steady_clock::now();
-      for (int i = 0; i < n; ++i) {
-        auto cg = root->create("t" + std::to_string(i), lim);
-        REQUIRE(cg);
-        REQUIRE(cg->destroy());
-      }
-      auto us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0)
-                  .count() / n;
-      MESSAGE(std::string(what), ": ", us, " us per create+destroy");
-    };
-    limits mem, pids, cpu, all;
-    mem.memory_bytes = all.memory_bytes = 64u << 20;
-    pids.pids = all.pids = 64;
-    cpu.cpus = all.cpus = 1;
-    run("memory", mem);
-    run("pids", pids);
-    run("cpu", cpu);
-    run("all three", all);
+    root->enable_pool(4);
+    limits lim;
+    lim.memory_bytes = 32u << 20;
+    lim.pids = 10;
+    auto a = root->create("sandbox-a", lim);
+    REQUIRE_MESSAGE(a, a.error_value().to_string());
+    auto dirs = a->paths();
+    REQUIRE(dirs.size() == 2);
+    // Named by the pool, not by the sandbox: it outlives it.
+    CHECK(dirs[0] == root->owner_dir(cgroup_controller::memory) + "/pool-0");
+    CHECK(run_joined(*a, [] { return 7; }) == 7 << 8);
+    CHECK(a->destroy());
+    CHECK(a->empty());
+    for (auto& d : dirs)
+      CHECK(exists(d)); // kept
+    auto st = root->pool_stats();
+    CHECK(st.made == 1);
+    CHECK(st.idle == 1);
+    CHECK(st.reused == 0);
+
+    // The next one with the same controllers gets it, with working join fds.
+    auto b = root->create("sandbox-b", lim);
+    REQUIRE(b);
+    CHECK(b->paths() == dirs);
+    CHECK(root->pool_stats().reused == 1);
+    CHECK(root->pool_stats().idle == 0);
+    CHECK(b->join_fds().size() == 2);
+    CHECK(run_joined(*b, [] { return 0; }) == 0);
+    CHECK(b->destroy());
+
+    // Other limits: rewritten; memory up (memsw first) and down again.
+    limits more = lim;
+    more.memory_bytes = 64u << 20;
+    more.pids = 20;
+    auto c = root->create("sandbox-c", more);
+    REQUIRE_MESSAGE(c, c.error_value().to_string());
+    CHECK(c->paths() == dirs);
+    CHECK(read_value(dirs[0], "memory.limit_in_bytes") == "67108864");
+    CHECK(read_value(dirs[0], "memory.memsw.limit_in_bytes") == "67108864");
+    CHECK(read_value(dirs[1], "pids.max") == "20");
+    CHECK(c->destroy());
+    limits less = lim;
+    less.memory_bytes = 16u << 20;
+    auto d = root->create("sandbox-d", less);
+    REQUIRE_MESSAGE(d, d.error_value().to_string());
+    CHECK(read_value(dirs[0], "memory.limit_in_bytes") == "16777216");
+    CHECK(read_value(dirs[0], "memory.memsw.limit_in_bytes") == "16777216");
+    CHECK(read_value(dirs[1], "pids.max") == "10");
+
+    // A sandbox that was OOM-killed says so; the next one in the same cgroup
+    // starts with a clean slate.
+    int status = run_joined(*d, [] {
+      constexpr size_t size = 64u << 20;
+      auto* p = static_cast<char*>(
+        ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+      for (size_t i = 0; p != MAP_FAILED && i < size; i += 4096)
+        p[i] = 1;
+      return 0;
+    });
+    CHECK(WIFSIGNALED(status));
+    CHECK(d->oom_killed());
+    CHECK(d->destroy());
+    auto e = root->create("sandbox-e", less);
+    REQUIRE(e);
+    CHECK(e->paths() == dirs);
+    CHECK_FALSE(e->oom_killed());
+
+    // Other controllers: another cgroup.
+    limits only_pids;
+    only_pids.pids = 5;
+    auto f = root->create("sandbox-f", only_pids);
+    REQUIRE(f);
+    CHECK(f->paths().size() == 1);
+    CHECK(f->paths()[0] == root->owner_dir(cgroup_controller::pids) + "/pool-1");
+    CHECK(e->destroy());
+    CHECK(f->destroy());
+    CHECK(root->pool_stats().idle == 2);
+    CHECK(root->pool_stats().discarded == 0);
+  }
+  // The root took its idle cgroups along.
+  CHECK(leftovers().empty());
+}
+
+TEST_CASE("a pool does not keep a cgroup still charged with a writable layer's pages") {
+  cleanup_guard guard;
+  // /dev/shm is a tmpfs: pages written there are charged to the writer's
+  // memory cgroup and stay charged while the file lives.
+  std::string file = "/dev/shm/dsec-cgroup-test-" + std::to_string(::getpid());
+  struct unlink_at_exit {
+    std::string path;
+    ~unlink_at_exit() { ::unlink(path.c_str()); }
+  } unlink{file};
+  {
+    auto root = cgroup_root::detect();
+    REQUIRE(root);
+    root->enable_pool(4);
+    limits lim;
+    lim.memory_bytes = 64u << 20;
+    auto a = root->create("writer", lim);
+    REQUIRE(a);
+    auto dir = a->paths()[0];
+    CHECK(run_joined(*a, [&] {
+      int fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+      static char block[1 << 20];
+      std::memset(block, 1, sizeof block);
+      return fd >= 0 && ::write(fd, block, sizeof block) == static_cast<ssize_t>(sizeof block)
+               ? 0
+               : 1;
+    }) == 0);
+    // The control: the pages are charged to the cgroup.
+    auto stat = slurp(dir + "/memory.stat");
+    CHECK_MESSAGE(has(stat, "\nshmem 1048576\n"), stat);
+    CHECK(a->destroy());
+    CHECK_FALSE(exists(dir));
+    CHECK(root->pool_stats().discarded == 1);
+    CHECK(root->pool_stats().idle == 0);
+
+    // A pool that is full removes what comes back.
+    root->enable_pool(1);
+    auto b = root->create("b", lim);
+    auto c = root->create("c", lim);
+    REQUIRE(b);
+    REQUIRE(c);
+    CHECK(b->destroy());
+    CHECK(c->destroy());
+    CHECK(root->pool_stats().idle == 1);
+    CHECK(root->pool_stats().discarded == 2);
+
+    // prewarm fills it up to max_idle.
+    root->enable_pool(3);
+    CHECK(root->prewarm(lim, 5));
+    CHECK(root->pool_stats().idle == 3);
+  }
+  CHECK(leftovers().empty());
+}
+
+TEST_CASE("a pooled cgroup with a process still inside stays with the sandbox until it is empty") {
+  cleanup_guard guard;
+  {
+    auto root = cgroup_root::detect();
+    REQUIRE(root);
+    root->enable_pool(2);
+    limits lim;
+    lim.pids = 10;
+    auto cg = root->create("busy", lim);
+    REQUIRE(cg);
+    child c;
+    start_joined(c, *cg);
+    auto r = cg->destroy();
+    REQUIRE_FALSE(r);
+    CHECK(r.error_value().code == errc::in_use);
+    CHECK_FALSE(cg->empty());
+    CHECK(root->pool_stats().idle == 0);
+    ::kill(c.pid, SIGKILL);
+    c.wait();
+    CHECK(cg->destroy());
+    CHECK(cg->empty());
+    CHECK(root->pool_stats().idle == 1);
   }
   CHECK(leftovers().empty());
 }

@@ -493,8 +493,24 @@ expected<void> check_feedback(const chronus_feedback& f) {
 
 // ---- requests -----------------------------------------------------------------------
 
+namespace {
+expected<chronus_request> decode_request_impl(std::span<const std::byte> frame,
+                                              const chronus_token* expected_token);
+} // namespace
+
 expected<chronus_request> decode_request(std::span<const std::byte> frame,
                                          const chronus_token& expected_token) {
+  return decode_request_impl(frame, &expected_token);
+}
+
+expected<chronus_request> decode_trusted_request(std::span<const std::byte> frame) {
+  return decode_request_impl(frame, nullptr);
+}
+
+namespace {
+
+expected<chronus_request> decode_request_impl(std::span<const std::byte> frame,
+                                              const chronus_token* expected_token) {
   DSEC_TRY(words, frame_words::check(frame, "request frame"));
   chronus_request out;
   try {
@@ -502,8 +518,9 @@ expected<chronus_request> decode_request(std::span<const std::byte> frame,
     auto root = message.getRoot<wire::Request>();
     // The token first: nothing else of a stranger's frame is looked at.
     auto token = root.getToken();
-    if (!expected_token.matches({reinterpret_cast<const std::byte*>(token.begin()),
-                                 token.size()}))
+    if (expected_token
+        && !expected_token->matches({reinterpret_cast<const std::byte*>(token.begin()),
+                                     token.size()}))
       return make_error(errc::unauthenticated,
                         token.size() == chronus_token_size
                             ? std::string{"request frame has the wrong token"}
@@ -540,6 +557,8 @@ expected<chronus_request> decode_request(std::span<const std::byte> frame,
   DSEC_TRY_VOID(check_request(out));
   return out;
 }
+
+} // namespace
 
 std::string encode_request(const chronus_token& token, const chronus_request& r) {
   return build<wire::Request>(body_words(r.text, r.metrics, r.payload) + 8,

@@ -55,8 +55,10 @@ inline constexpr size_t chronus_max_sandbox_id = 128;
 
 // ---- the token --------------------------------------------------------------------
 
-/// A sandbox's Chronus secret: 32 random bytes. The sandbox gets it as 64 hex
-/// characters in $DSEC_CHRONUS_TOKEN and puts the bytes in every Request.
+/// A sandbox's Chronus secret: 32 random bytes, which every Request on
+/// /run/chronus.sock must carry. It never leaves the node: trusted commands
+/// reach Chronus over their trusted channel instead (chronus_channel_hello), so
+/// no process in the sandbox has it and every frame on that socket is refused.
 class chronus_token {
 public:
   /// All zero bytes: matches no generated token in practice; for tests and defaults.
@@ -166,6 +168,19 @@ expected<void> check_feedback(const chronus_feedback& feedback);
 /// it is 8-byte aligned, else copies it once into an aligned buffer.
 expected<chronus_request> decode_request(std::span<const std::byte> frame,
                                          const chronus_token& expected_token);
+/// The same for a frame from a connection that is trusted by how it was made
+/// (one a trusted command opened over its trusted channel): the token field is
+/// not looked at (step 3 is skipped); everything else is checked alike.
+expected<chronus_request> decode_trusted_request(std::span<const std::byte> frame);
+
+/// What a trusted command sends over its trusted channel (fd 3, $CHRONUS_FD)
+/// to open a connection: exactly these bytes in one packet, with one descriptor
+/// attached (SCM_RIGHTS), its end of a fresh SOCK_SEQPACKET socketpair. The node
+/// serves that end from then on as a trusted connection: Requests with any
+/// token (tools/chronus/chronus.h sends zeros), one Reply each, as on
+/// /run/chronus.sock. Anything else on the channel is refused (malformed) and
+/// its descriptors closed.
+inline constexpr std::string_view chronus_channel_hello = "dsec-chronus-connect";
 
 /// Encodes a Request frame exactly as tools/chronus/chronus.h does (one segment,
 /// unpacked). It does not check the request: decode_request does. For C++ clients,

@@ -41,6 +41,7 @@ struct chronus_endpoint::conn {
   unique_fd fd;
   uint64_t watch = 0; // armed watch, 0 when none
   bool closed = false;
+  bool trusted = false; // opened over the trusted channel: no token, own limits
 };
 
 struct chronus_endpoint::box {
@@ -48,7 +49,12 @@ struct chronus_endpoint::box {
   unique_fd listener;
   uint64_t listen_watch = 0;
   chronus_token token;
-  chronus_rate_limiter limiter;
+  chronus_rate_limiter limiter; // frames on /run/chronus.sock's connections
+  // The trusted channel (its node end), and what its connections may use: a
+  // budget of their own, which nothing the agent does can spend.
+  std::shared_ptr<conn> channel;
+  chronus_rate_limiter trusted_limiter;
+  size_t trusted_conns = 0;
   uint64_t seq = 0;
   event_fn on_event;
   bool closed = false;
@@ -93,6 +99,106 @@ struct chronus_endpoint::impl : std::enable_shared_from_this<impl> {
     });
   }
 
+  void arm_channel(const std::shared_ptr<box>& b) {
+    auto self = shared_from_this();
+    auto ch = b->channel;
+    ch->watch = io.watch(ch->fd.get(), POLLIN, [self, b, ch](int result) {
+      ch->watch = 0;
+      self->on_channel(b, ch, result);
+    });
+  }
+
+  // Packets on the trusted channel: each one opens a trusted connection
+  // (chronus_channel_hello and one SOCK_SEQPACKET descriptor attached).
+  void on_channel(const std::shared_ptr<box>& b, const std::shared_ptr<conn>& ch, int result) {
+    if (b->closed || ch->closed)
+      return;
+    if (result < 0 || (result & (POLLERR | POLLNVAL))) {
+      ch->closed = true;
+      return;
+    }
+    for (int i = 0; i < frames_per_wakeup; ++i) {
+      char data[64];
+      alignas(cmsghdr) char control[CMSG_SPACE(4 * sizeof(int))];
+      iovec iov{data, sizeof data};
+      msghdr msg{};
+      msg.msg_iov = &iov;
+      msg.msg_iovlen = 1;
+      msg.msg_control = control;
+      msg.msg_controllen = sizeof control;
+      auto got = ::recvmsg(ch->fd.get(), &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+      if (got < 0) {
+        if (errno == EINTR)
+          continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK)
+          break;
+        ch->closed = true; // the sandbox is going
+        return;
+      }
+      if (got == 0 && !(msg.msg_flags & MSG_CTRUNC) && msg.msg_controllen == 0) {
+        // The end of the channel (the helper and every trusted command are
+        // gone: so is the sandbox), or an empty packet.
+        pollfd p{ch->fd.get(), POLLRDHUP, 0};
+        if (::poll(&p, 1, 0) == 1 && (p.revents & (POLLHUP | POLLRDHUP))) {
+          ch->closed = true;
+          return;
+        }
+      }
+      std::vector<unique_fd> fds;
+      for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c))
+        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+          size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+          for (size_t k = 0; k < n; ++k) {
+            int fd;
+            std::memcpy(&fd, CMSG_DATA(c) + k * sizeof(int), sizeof fd);
+            fds.emplace_back(fd);
+          }
+        }
+      on_channel_packet(b, std::string_view{data, static_cast<size_t>(got)},
+                        (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) != 0, std::move(fds));
+      if (b->closed)
+        return;
+    }
+    arm_channel(b);
+  }
+
+  void on_channel_packet(const std::shared_ptr<box>& b, std::string_view data, bool truncated,
+                         std::vector<unique_fd> fds) {
+    n.frames.fetch_add(1, std::memory_order_relaxed);
+    if (!b->trusted_limiter.admit(monotonic_ns())) {
+      n.flooding.fetch_add(1, std::memory_order_relaxed);
+      if (fds.size() == 1)
+        send_frame(fds[0].get(), encode_reply_rejected("rate limit: too many connections "
+                                                       "opened over the trusted channel"));
+      return;
+    }
+    int type = 0, domain = 0;
+    socklen_t len = sizeof type;
+    bool ok = !truncated && data == chronus_channel_hello && fds.size() == 1
+              && ::getsockopt(fds[0].get(), SOL_SOCKET, SO_TYPE, &type, &len) == 0
+              && type == SOCK_SEQPACKET;
+    len = sizeof domain;
+    ok = ok && ::getsockopt(fds[0].get(), SOL_SOCKET, SO_DOMAIN, &domain, &len) == 0
+         && domain == AF_UNIX;
+    if (!ok) {
+      n.malformed.fetch_add(1, std::memory_order_relaxed);
+      return; // the descriptors close here
+    }
+    if (b->trusted_conns >= cfg.max_trusted_connections) {
+      n.refused_connections.fetch_add(1, std::memory_order_relaxed);
+      send_frame(fds[0].get(), encode_reply_rejected("too many trusted Chronus connections "
+                                                     "from this sandbox"));
+      return;
+    }
+    n.connections.fetch_add(1, std::memory_order_relaxed);
+    auto c = std::make_shared<conn>();
+    c->fd = std::move(fds[0]);
+    c->trusted = true;
+    ++b->trusted_conns;
+    b->conns.emplace(c.get(), c);
+    arm_conn(b, c);
+  }
+
   void on_accept(const std::shared_ptr<box>& b, int result) {
     if (b->closed || result < 0)
       return;
@@ -118,7 +224,7 @@ struct chronus_endpoint::impl : std::enable_shared_from_this<impl> {
         break; // EAGAIN (or no timer: try on the next wakeup)
       }
       unique_fd cfd(fd);
-      if (b->conns.size() >= cfg.max_connections) {
+      if (b->conns.size() - b->trusted_conns >= cfg.max_connections) {
         n.refused_connections.fetch_add(1, std::memory_order_relaxed);
         send_frame(cfd.get(), encode_reply_rejected("too many Chronus connections from this sandbox"));
         continue; // closed here
@@ -176,12 +282,14 @@ struct chronus_endpoint::impl : std::enable_shared_from_this<impl> {
                std::to_string(chronus_max_frame));
       return;
     }
-    // Before decoding: a flood costs the node as little as possible.
-    if (!b.limiter.admit(now)) {
+    // Before decoding: a flood costs the node as little as possible. Trusted
+    // connections have a budget of their own.
+    if (!(c->trusted ? b.trusted_limiter : b.limiter).admit(now)) {
       reject(*c, n.flooding, "rate limit: too many frames from this sandbox");
       return;
     }
-    auto req = decode_request({buf.get(), size}, b.token);
+    auto req = c->trusted ? decode_trusted_request({buf.get(), size})
+                          : decode_request({buf.get(), size}, b.token);
     if (!req) {
       const auto& e = req.error_value();
       switch (e.code) {
@@ -257,6 +365,8 @@ struct chronus_endpoint::impl : std::enable_shared_from_this<impl> {
     c->closed = true;
     if (c->watch != 0)
       io.cancel(c->watch); // the callback keeps the fd open until it ran
+    if (c->trusted)
+      --b.trusted_conns;
     b.conns.erase(c.get());
     // Its feedback requests go with it: nobody would read their answers.
     for (auto it = b.pending.begin(); it != b.pending.end();) {
@@ -283,6 +393,11 @@ struct chronus_endpoint::impl : std::enable_shared_from_this<impl> {
     b->closed = true;
     if (b->listen_watch != 0)
       io.cancel(b->listen_watch);
+    if (b->channel) {
+      b->channel->closed = true;
+      if (b->channel->watch != 0)
+        io.cancel(b->channel->watch);
+    }
     std::vector<std::shared_ptr<conn>> all;
     for (auto& [p, c] : b->conns)
       all.push_back(c);
@@ -304,13 +419,18 @@ chronus_endpoint::~chronus_endpoint() {
   });
 }
 
-void chronus_endpoint::add(std::string sandbox_id, unique_fd listener, chronus_token token,
-                           event_fn on_event) {
+void chronus_endpoint::add(std::string sandbox_id, unique_fd listener, unique_fd channel,
+                           chronus_token token, event_fn on_event) {
   auto b = std::make_shared<box>();
   b->id = std::move(sandbox_id);
   b->listener = std::move(listener);
   b->token = token;
   b->limiter = chronus_rate_limiter(impl_->cfg.rate, monotonic_ns());
+  b->trusted_limiter = chronus_rate_limiter(impl_->cfg.rate, monotonic_ns());
+  if (channel) {
+    b->channel = std::make_shared<conn>();
+    b->channel->fd = std::move(channel);
+  }
   b->on_event = std::move(on_event);
   impl_->served.fetch_add(1, std::memory_order_relaxed);
   auto i = impl_;
@@ -319,7 +439,10 @@ void chronus_endpoint::add(std::string sandbox_id, unique_fd listener, chronus_t
     if (slot)
       i->close_box(slot, false);
     slot = b;
-    i->arm_listener(b);
+    if (b->listener)
+      i->arm_listener(b);
+    if (b->channel)
+      i->arm_channel(b);
   });
 }
 

@@ -1,10 +1,15 @@
 // chronus_endpoint: the node's end of every sandbox's /run/chronus.sock.
 //
 // One per node. Each sandbox created with Chronus has a listening
-// SOCK_SEQPACKET socket (container::release_chronus_fd); add() hands it here,
-// with the sandbox's token and where its events go. Everything runs on the
-// reactor's io_uring thread: it accepts connections, reads one frame per
-// packet, and for each frame
+// SOCK_SEQPACKET socket (container::release_chronus_fd), which the agent can
+// reach, and the node's end of its trusted channel (release_channel_fd), which
+// only trusted commands hold; add() hands both here, with the sandbox's token
+// and where its events go. Everything runs on the reactor's io_uring thread: it
+// accepts connections on the socket (frames must carry the token); on the
+// channel it takes each packet's descriptor as a trusted connection
+// (chronus_channel_hello: no token, a rate limit and a connection cap of their
+// own, so nothing the agent does on the socket can starve it); it reads one
+// frame per packet, and for each frame
 //   - refuses it when the sandbox's rate limit is spent (counted as flooding),
 //   - checks and decodes it (runtime/chronus.hpp: size, framing, token, fields;
 //     each refusal is counted under its reason and answered with a Reply
@@ -39,9 +44,13 @@ class reactor;
 /// Limits of a chronus_endpoint.
 struct chronus_endpoint_config {
   chronus_rate_limiter::config rate; ///< per sandbox, over all its connections
-  /// Open connections per sandbox. Each `chronus` call is one; a grader rarely
-  /// needs more than a few at once, and every one is a descriptor of the node's.
+  /// Open connections per sandbox on /run/chronus.sock. Each is a descriptor of
+  /// the node's.
   uint32_t max_connections = 32;
+  /// Open trusted connections per sandbox (over its trusted channel), counted
+  /// apart. Each `chronus` call of a trusted command is one; a grader rarely
+  /// needs more than a few at once.
+  uint32_t max_trusted_connections = 32;
 };
 
 class chronus_endpoint {
@@ -58,7 +67,7 @@ public:
     uint64_t invalid = 0;         ///< a field broke a limit
     uint64_t flooding = 0;        ///< over the sandbox's rate limit
     uint64_t connections = 0;     ///< accepted since start
-    uint64_t refused_connections = 0; ///< over max_connections, or no descriptor left
+    uint64_t refused_connections = 0; ///< over a connection cap, or no descriptor left
     uint64_t answered = 0;        ///< feedback replies delivered
     [[nodiscard]] uint64_t rejected() const {
       return too_large + malformed + unauthenticated + invalid + flooding;
@@ -78,9 +87,10 @@ public:
   chronus_endpoint(const chronus_endpoint&) = delete;
   chronus_endpoint& operator=(const chronus_endpoint&) = delete;
 
-  /// Serves a sandbox's listening socket from now on. A second add() with the
-  /// same id replaces the first.
-  void add(std::string sandbox_id, unique_fd listener, chronus_token token, event_fn on_event);
+  /// Serves a sandbox's listening socket and trusted channel (either may be
+  /// empty) from now on. A second add() with the same id replaces the first.
+  void add(std::string sandbox_id, unique_fd listener, unique_fd channel, chronus_token token,
+           event_fn on_event);
 
   /// Stops serving a sandbox: its listener and connections are closed. With
   /// `session_gone`, pending feedback requests are first answered `sessionGone`.

@@ -91,8 +91,8 @@ int limit_bounding_set() {
   return 0;
 }
 
-int drop_capabilities() {
-  uint64_t keep = kept_mask();
+int drop_capabilities(uint64_t extra) {
+  uint64_t keep = kept_mask() | extra;
   if (::prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) < 0 && errno != EINVAL)
     return -errno;
   __user_cap_header_struct hdr{_LINUX_CAPABILITY_VERSION_3, 0};

@@ -7,6 +7,7 @@
 #include <signal.h>
 #include <sys/random.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -57,10 +58,13 @@ const char* signal_name(int sig) {
 
 } // namespace
 
+namespace {
+constexpr const char* default_path = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+} // namespace
+
 std::vector<std::string> command::default_env() {
-  std::vector<std::string> env = {
-    "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root",
-    "LANG=C.UTF-8"};
+  std::vector<std::string> env = {std::string{"PATH="} + default_path, "HOME=/root",
+                                  "LANG=C.UTF-8"};
   if (const char* term = std::getenv("TERM"); term && *term)
     env.push_back(std::string{"TERM="} + term);
   return env;
@@ -93,6 +97,8 @@ struct container::create_ctx {
   upper_layer upper;
   unique_fd overlay;
   unique_fd child_ctl;
+  // A Chronus sandbox's, for the zygote (spawner::chronus_fds).
+  unique_fd pristine_root, pristine_tmp, child_channel;
 };
 
 struct create_steps {
@@ -106,6 +112,11 @@ struct create_steps {
     if (!x.opts.seed_pack.empty()) {
       auto r = restore_pack(x.opts.seed_pack, x.opts.seed_blobs, x.upper.upper.get(),
                             x.sp.ids().base);
+      if (!r)
+        return std::move(r).error_value();
+    } else if (!x.opts.seed_manifest.empty()) {
+      auto r = restore_manifest(x.opts.seed_manifest, "the pack kept in the trajectory log",
+                                x.opts.seed_blobs, x.upper.upper.get(), x.sp.ids().base);
       if (!r)
         return std::move(r).error_value();
     }
@@ -132,6 +143,28 @@ struct create_steps {
                           + (abi == 0 ? std::string{"no Landlock"} : "ABI " + std::to_string(abi)));
     DSEC_TRY(sock, make_chronus_socket(x.overlay.get(), x.sp.ids().base));
     x.c.chronus_ = std::move(sock);
+    // The pristine root is the layers alone; the sandbox mounts its /.dsec
+    // (dsec's own files, from the top layer, which must be dsec's system layer)
+    // over its own root's too.
+    struct stat st{};
+    if (::fstatat(x.lowers.front(), ".dsec/bin/chronus", &st, AT_SYMLINK_NOFOLLOW) < 0
+        || !S_ISREG(st.st_mode))
+      return make_error(errc::not_found,
+                        "the top layer has no .dsec/bin/chronus: a Chronus sandbox needs dsec's "
+                        "system layer (version 3 or later) on top of its layers");
+    DSEC_TRY(view, make_lower_view(x.lowers));
+    x.pristine_root = std::move(view);
+    DSEC_TRY(tmp, make_scratch_tmpfs(x.opts.disk_bytes, x.sp.ids().base));
+    x.pristine_tmp = std::move(tmp);
+    // The trusted channel: the node's end stays non-blocking here, the
+    // sandbox's goes to the trusted helper.
+    int sv[2];
+    if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) < 0)
+      return sys_error("socketpair for the trusted Chronus channel");
+    x.c.channel_.reset(sv[0]);
+    x.child_channel.reset(sv[1]);
+    if (::fcntl(sv[0], F_SETFL, O_NONBLOCK) < 0)
+      return sys_error("making the trusted Chronus channel non-blocking");
     x.c.chronus_enabled_ = true;
     return {};
   }
@@ -164,8 +197,14 @@ struct create_steps {
     if (x.c.cgroup_)
       cg_fds = x.c.cgroup_->join_fds();
     const auto& hostname = x.opts.hostname.empty() ? x.c.id_ : x.opts.hostname;
+    spawner::chronus_fds cf;
+    if (x.opts.chronus) {
+      cf.pristine_root = x.pristine_root.get();
+      cf.pristine_tmp = x.pristine_tmp.get();
+      cf.channel = x.child_channel.get();
+    }
     DSEC_TRY(s, x.sp.spawn(x.overlay.get(), x.child_ctl.get(), cg_fds, hostname, x.opts.net,
-                           x.opts.chronus));
+                           x.opts.chronus ? &cf : nullptr));
     x.c.pid_ = s.pid;
     x.c.pidfd_ = std::move(s.pidfd);
     if (x.c.cgroup_)
@@ -173,6 +212,9 @@ struct create_steps {
     // The sandbox holds its root and its end of the socket now.
     x.overlay.reset();
     x.child_ctl.reset();
+    x.pristine_root.reset();
+    x.pristine_tmp.reset();
+    x.child_channel.reset();
     return {};
   }
 
@@ -205,7 +247,7 @@ container::start(spawner& sp, std::span<const int> lowers, const container_optio
     return make_error(errc::invalid_argument, "a sandbox needs at least one layer");
   std::unique_ptr<container> c{new container};
   c->id_ = opts.id.empty() ? new_sandbox_id() : opts.id;
-  create_ctx x{sp, lowers, opts, cgroups, *c, {}, {}, {}};
+  create_ctx x{sp, lowers, opts, cgroups, *c, {}, {}, {}, {}, {}, {}};
   for (const auto& step : host_steps) {
     if (step.chronus_only && !opts.chronus)
       continue;
@@ -248,10 +290,11 @@ expected<void> container::wait_until_ready() {
 
 void container::add_timings(const proto::ready& r) {
   constexpr auto helper_step = static_cast<uint32_t>(proto::child_step::trusted_helper);
+  constexpr auto mounts_step = static_cast<uint32_t>(proto::child_step::chronus_mounts);
   for (uint32_t i = 0; i < r.steps && i < static_cast<uint32_t>(proto::child_step::count)
                        && ntimings_ < timings_.size();
        ++i)
-    if (i != helper_step || chronus_enabled_) // a Chronus sandbox's step only
+    if ((i != helper_step && i != mounts_step) || chronus_enabled_) // Chronus steps
       timings_[ntimings_++] = {proto::child_step_name(i), r.step_ns[i]};
 }
 
@@ -333,9 +376,15 @@ error container::init_died() {
                         ? "exited with status " + std::to_string(info.si_status)
                         : std::string{"was killed by signal SIG"} + signal_name(info.si_status);
     if (oom_killed())
-      how += " (out of memory)";
+      how += " (out of memory: the sandbox reached its memory limit, which its writable "
+             "layer's files count against too)";
     return make_error(errc::sandbox_failed, "the sandbox's init " + how);
   }
+  // Its control socket closes as it exits, maybe before it can be reaped.
+  if (oom_killed())
+    return make_error(errc::sandbox_failed,
+                      "the sandbox's init was killed: out of memory (the sandbox reached its "
+                      "memory limit, which its writable layer's files count against too)");
   return make_error(errc::sandbox_failed, "the sandbox's init closed its control socket");
 }
 
@@ -403,11 +452,39 @@ expected<uint64_t> container::send_exec(const command& cmd, const stdio& io) {
     return make_error(errc::invalid_argument,
                       "a trusted command needs a sandbox made with Chronus "
                       "(container_options::chronus); sandbox " + id_ + " was not");
+  if (cmd.pristine && !cmd.trusted)
+    return make_error(errc::invalid_argument,
+                      "a pristine command must be a trusted one (--pristine needs --trusted)");
+  // A trusted command: its PATH starts with dsec's own bin dir, and it finds its
+  // channel at fd 3. A token or channel the caller passed is not kept.
+  const std::vector<std::string>* env = &cmd.env;
+  std::vector<std::string> trusted_env;
+  if (cmd.trusted) {
+    const std::string bin = std::string{proto::dsec_bin_dir} + ":";
+    bool path = false;
+    for (const auto& e : cmd.env) {
+      if (e.starts_with("CHRONUS_FD=") || e.starts_with("DSEC_CHRONUS_TOKEN=")
+          || e.starts_with("CHRONUS_SOCKET="))
+        continue;
+      if (e.starts_with("PATH=")) {
+        if (path)
+          continue; // the first one counts, as getenv(3) sees it
+        path = true;
+        trusted_env.push_back(e.compare(5, bin.size(), bin) == 0 ? e : "PATH=" + bin + e.substr(5));
+        continue;
+      }
+      trusted_env.push_back(e);
+    }
+    if (!path)
+      trusted_env.push_back("PATH=" + bin + default_path);
+    trusted_env.push_back("CHRONUS_FD=" + std::to_string(proto::trusted_channel_fd));
+    env = &trusted_env;
+  }
   // Build the message in a reused buffer: header, cwd, argv, env.
   proto::exec m;
   m.id = next_id_++;
   m.argc = static_cast<uint32_t>(cmd.argv.size());
-  m.envc = static_cast<uint32_t>(cmd.env.size());
+  m.envc = static_cast<uint32_t>(env->size());
   if (cmd.uid || cmd.gid) {
     m.flags |= proto::exec_set_ids;
     m.uid = cmd.uid.value_or(0);
@@ -415,10 +492,12 @@ expected<uint64_t> container::send_exec(const command& cmd, const stdio& io) {
   }
   if (cmd.trusted)
     m.flags |= proto::exec_trusted;
+  if (cmd.pristine)
+    m.flags |= proto::exec_pristine;
   size_t need = sizeof m + cmd.cwd.size() + 1;
   for (const auto& s : cmd.argv)
     need += s.size() + 1;
-  for (const auto& s : cmd.env)
+  for (const auto& s : *env)
     need += s.size() + 1;
   if (need > proto::max_exec_message)
     return make_error(errc::invalid_argument,
@@ -440,7 +519,7 @@ expected<uint64_t> container::send_exec(const command& cmd, const stdio& io) {
   put(cmd.cwd);
   for (const auto& s : cmd.argv)
     put(s);
-  for (const auto& s : cmd.env)
+  for (const auto& s : *env)
     put(s);
   unique_fd devnull;
   auto fd_or_null = [&](int fd) {
@@ -537,6 +616,7 @@ expected<bool> container::reap() {
   destroyed_ = true;
   ctl_.reset();
   chronus_.reset();
+  channel_.reset();
   upper_.reset();
   if (cgroup_)
     DSEC_TRY_VOID(cgroup_->destroy());
@@ -568,6 +648,7 @@ expected<void> container::destroy() {
   }
   ctl_.reset();
   chronus_.reset();
+  channel_.reset();
   upper_.reset();
   if (cgroup_) {
     auto r = cgroup_->destroy();

@@ -6,7 +6,9 @@
 //   make_overlay  a detached overlay of the layers under it
 //   make_chronus  (options.chronus only; not even listed otherwise) the Chronus
 //                 socket, bound in the overlay (it lands in the upper dir):
-//                 /run/chronus.sock
+//                 /run/chronus.sock; the trusted channel (a socketpair); a clone
+//                 of the system layer's .dsec for /.dsec; the pristine root (a
+//                 read-only overlay of the layers) and its /tmp
 //   make_cgroup   a cgroup with the limits (only when limits are set)
 //   spawn         the zygote clones the sandbox init into fresh namespaces
 //   wait_ready    init reports its own steps (proto::child_step) done
@@ -45,16 +47,21 @@ struct container_options {
   uint64_t disk_bytes = 0; ///< size of the writable layer; 0: tmpfs default (half of RAM)
   limits lim;              ///< cgroup limits; none set: no cgroup of its own
   /// A Chronus sandbox: a listening SOCK_SEQPACKET socket at /run/chronus.sock
-  /// (container::chronus_fd()), and trusted commands (command::trusted) that the
-  /// agent's processes can neither ptrace, read nor signal. Needs Landlock ABI 6
+  /// (container::chronus_fd()), the trusted channel (container::channel_fd()),
+  /// dsec's own files read-only at /.dsec, and trusted commands
+  /// (command::trusted) that the agent's processes can neither ptrace, read nor
+  /// signal, optionally in the pristine root (command::pristine). The topmost
+  /// layer must be dsec's system layer (it has .dsec). Needs Landlock ABI 6
   /// (Linux 6.12): creation fails with errc::unsupported below that.
   bool chronus = false;
   /// Keep a descriptor of the writable layer's upper dir (container::upper_fd())
   /// so that packs of it can be taken (runtime/pack.hpp, the trajectory log).
   bool keep_upper = false;
   /// A pack (runtime/pack.hpp) to restore into the writable layer before the
-  /// overlay is mounted, and the blob directory its contents are in.
+  /// overlay is mounted: the file seed_pack, or the manifest seed_manifest
+  /// itself; and the blob directory its contents are in.
   std::string seed_pack;
+  std::string seed_manifest;
   std::string seed_blobs;
 };
 
@@ -71,8 +78,15 @@ struct command {
   /// see and trace theirs. Otherwise it runs and is reported like any command.
   /// Only in a sandbox made with container_options::chronus (else
   /// errc::invalid_argument). Its argv stays readable (/proc/PID/cmdline):
-  /// secrets go in `env`.
+  /// secrets go in `env`. Its environment gets PATH=/.dsec/bin:... (dsec's own
+  /// `chronus` first, from a mount the agent cannot touch) and CHRONUS_FD=3:
+  /// fd 3 is the trusted channel to Chronus (docs/chronus.md); CHRONUS_FD,
+  /// CHRONUS_SOCKET and DSEC_CHRONUS_TOKEN in `env` are dropped.
   bool trusted = false;
+  /// A trusted command whose root is the pristine root: the sandbox's layers
+  /// without its writable layer (nothing the agent wrote), a private /tmp, and
+  /// the agent's root read-only at /.dsec/agent. Needs `trusted`.
+  bool pristine = false;
 
   /// PATH, HOME=/root, TERM (from the host if set), LANG=C.UTF-8.
   static std::vector<std::string> default_env();
@@ -160,6 +174,12 @@ public:
   /// Like any bound socket it holds its file system, here the sandbox's
   /// overlay (its upper tmpfs and its layers): close it once the sandbox is gone.
   unique_fd release_chronus_fd() { return std::move(chronus_); }
+  /// The node's end of the trusted channel (SOCK_SEQPACKET, non-blocking,
+  /// close-on-exec) in a Chronus sandbox, else -1: each packet from a trusted
+  /// command is a connection to serve (chronus_endpoint). Closed like
+  /// chronus_fd().
+  [[nodiscard]] int channel_fd() const { return channel_.get(); }
+  unique_fd release_channel_fd() { return std::move(channel_); }
   /// The writable layer's upper dir (O_DIRECTORY; read it, never write it while
   /// the sandbox lives): with options.keep_upper, else -1. Closed on destroy.
   [[nodiscard]] int upper_fd() const { return upper_.get(); }
@@ -223,6 +243,7 @@ private:
   unique_fd ctl_;
   std::optional<sandbox_cgroup> cgroup_;
   unique_fd chronus_;
+  unique_fd channel_;
   bool chronus_enabled_ = false;
   unique_fd upper_;
   uint32_t uid_base_ = 0;

@@ -17,6 +17,7 @@ expected<std::unique_ptr<engine>> engine::start(const engine_options& opts) {
   DSEC_TRY(r, reactor::start(4096));
   e->reactor_ = std::move(r);
   e->chronus_ = std::make_unique<chronus_endpoint>(*e->reactor_, opts.chronus);
+  e->cgroup_pool_ = opts.cgroup_pool;
   return e;
 }
 
@@ -36,7 +37,14 @@ expected<const cgroup_root*> engine::cgroups() {
     return std::move(root).error_value();
   }
   cgroups_.emplace(std::move(*root));
+  if (cgroup_pool_ > 0)
+    cgroups_->enable_pool(cgroup_pool_);
   return &*cgroups_;
+}
+
+dsec::cgroup_pool_stats engine::cgroup_pool_stats() {
+  std::lock_guard<std::mutex> guard{cgroups_mu_};
+  return cgroups_ ? cgroups_->pool_stats() : dsec::cgroup_pool_stats{};
 }
 
 std::vector<std::string> engine::collect_garbage() {

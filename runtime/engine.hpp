@@ -25,6 +25,9 @@ struct engine_options {
   unsigned spawners = 2;      ///< zygotes; one per core is about right
   unsigned netns_prewarm = 4; ///< empty network namespaces each zygote makes at start
   chronus_endpoint::config chronus; ///< rate limit and connections per sandbox
+  /// Released sandbox cgroups kept for the next sandboxes (cgroup_root's
+  /// pool); 0: a fresh cgroup per sandbox.
+  size_t cgroup_pool = 256;
 };
 
 class engine {
@@ -44,8 +47,12 @@ public:
   /// The user namespace the layer mounts are idmapped into.
   [[nodiscard]] int userns_fd() const { return spawners_.front()->userns_fd(); }
 
-  /// The cgroup root, detected on first use (only sandboxes with limits need it).
+  /// The cgroup root, detected on first use (only sandboxes with limits need
+  /// it), with a pool of options.cgroup_pool cgroups.
   expected<const cgroup_root*> cgroups();
+
+  /// The cgroup pool's counters (all 0 before the root is detected).
+  dsec::cgroup_pool_stats cgroup_pool_stats();
 
   /// Removes what a crashed predecessor left (cgroups of dead dsec processes,
   /// stale temporary files of the store); returns what was removed.
@@ -63,6 +70,7 @@ private:
   std::mutex cgroups_mu_;
   std::optional<cgroup_root> cgroups_;
   std::optional<error> cgroups_error_;
+  size_t cgroup_pool_ = 0;
 };
 
 } // namespace dsec

@@ -15,6 +15,7 @@ const char* to_string(errc code) noexcept {
     case errc::malformed: return "malformed";
     case errc::too_large: return "too_large";
     case errc::unauthenticated: return "unauthenticated";
+    case errc::unauthorized: return "unauthorized";
     case errc::closed: return "closed";
     case errc::overloaded: return "overloaded";
     case errc::system_error: return "system_error";

@@ -25,7 +25,8 @@ enum class errc : uint8_t {
   malformed = 6,        ///< bytes that do not parse as the expected message (a wire frame)
   too_large = 7,        ///< over a size limit (a frame, a message)
   unauthenticated = 8,  ///< a missing or wrong credential (e.g. a Chronus token)
-  closed = 9,           ///< it was closed (a session, a sandbox): make a new one
+  unauthorized = 9,     ///< an internal verb without the daemon's or cluster's key
+  closed = 10,          ///< it was closed (a session, a sandbox): make a new one
   // 20..39: the request is fine but cannot be served now. Back off and retry.
   overloaded = 20,      ///< out of slots, pids, memory or another capacity
   // 40..59: something failed while serving the request. Report it.

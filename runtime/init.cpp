@@ -16,10 +16,13 @@
 #include <cstring>
 
 #include "runtime/proto.hpp"
+#include "runtime/security.hpp"
 #include "runtime/sys.hpp"
 #include "runtime/unix_socket.hpp"
 
 namespace dsec {
+
+bool init_resets_oom_score_adj = false;
 
 namespace {
 
@@ -61,6 +64,19 @@ void send_or_exit(int ctl, const void* msg, size_t len) {
     ::_exit(0); // dsec is gone: leaving tears the sandbox down
 }
 
+// The trusted helper's: the sandbox's end of the trusted channel, and an O_PATH
+// descriptor of the pristine root. -1 in init.
+int helper_channel = -1;
+int helper_pristine = -1;
+
+// What a command gets besides its stdio: for a trusted one, the trusted channel
+// (at proto::trusted_channel_fd) and, for a pristine one, the root to enter.
+struct exec_extras {
+  int channel = -1;
+  int root = -1;
+  bool trusted = false; // drop the helper's CAP_SYS_CHROOT before execve
+};
+
 // Shared with the vfork child, which writes here before it _exits.
 struct vfork_result {
   volatile int err;
@@ -69,7 +85,8 @@ struct vfork_result {
 
 // Runs in the vfork child: only async-signal-safe calls, no allocation.
 [[noreturn]] void exec_child(const proto::exec& m, const char* cwd, char* const* argv,
-                             char* const* envp, const int* fds, vfork_result* out) {
+                             char* const* envp, const int* fds, const exec_extras& x,
+                             vfork_result* out) {
   auto fail = [&](proto::exec_stage st) {
     out->err = errno;
     out->stage = static_cast<uint32_t>(st);
@@ -81,17 +98,35 @@ struct vfork_result {
   // Its own session and process group: no controlling terminal (so TIOCSTI on
   // a terminal passed in from the host fails), and signals reach the whole job.
   ::setsid();
-  // Move the three descriptors into place without clobbering one another.
-  int tmp[3];
-  for (int i = 0; i < 3; ++i) {
-    tmp[i] = ::fcntl(fds[i], F_DUPFD_CLOEXEC, 3);
+  // The OOM killer's usual candidate again (init keeps -999 from the zygote).
+  if (init_resets_oom_score_adj) {
+    if (int fd = ::open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC); fd >= 0) {
+      (void) !::write(fd, "0", 1);
+      ::close(fd);
+    }
+  }
+  // A pristine command's root: entered with the helper's CAP_SYS_CHROOT, through
+  // its descriptor (the pristine root is reachable by no path of the sandbox).
+  if (x.root >= 0 && (::fchdir(x.root) < 0 || ::chroot(".") < 0))
+    fail(proto::exec_stage::root);
+  // Move the descriptors into place (stdio, then the trusted channel at 3)
+  // without clobbering one another: first all above the targets.
+  const int src[4] = {fds[0], fds[1], fds[2], x.channel};
+  int n = x.channel >= 0 ? 4 : 3;
+  int tmp[4];
+  for (int i = 0; i < n; ++i) {
+    tmp[i] = ::fcntl(src[i], F_DUPFD_CLOEXEC, 10);
     if (tmp[i] < 0)
       fail(proto::exec_stage::fork);
   }
-  for (int i = 0; i < 3; ++i)
-    if (::dup2(tmp[i], i) < 0)
+  for (int i = 0; i < n; ++i)
+    if (::dup2(tmp[i], i) < 0) // the copy at i is not close-on-exec
       fail(proto::exec_stage::fork);
-  sys::close_range(3, ~0U, 0);
+  static_assert(proto::trusted_channel_fd == 3);
+  sys::close_range(static_cast<unsigned>(n), ~0U, 0);
+  // The helper keeps CAP_SYS_CHROOT for the line above; its commands do not.
+  if (x.trusted && security::drop_capabilities() < 0)
+    fail(proto::exec_stage::fork);
   if (::chdir(cwd) < 0)
     fail(proto::exec_stage::chdir);
   if (m.flags & proto::exec_set_ids) {
@@ -250,10 +285,16 @@ void handle_exec(init_state& s, size_t len, const int* fds, size_t nfds) {
     start_trusted(s, m, len, fds);
     return;
   }
+  if (m.flags & proto::exec_pristine) {
+    fail.stage = static_cast<uint32_t>(proto::exec_stage::fork);
+    fail.err = EPERM; // only trusted commands run in the pristine root
+    send_or_exit(s.ctl, &fail, sizeof fail);
+    return;
+  }
   vfork_result r{0, 0};
   pid_t pid = ::vfork();
   if (pid == 0)
-    exec_child(m, cwd, argv_buf, envp_buf, fds, &r);
+    exec_child(m, cwd, argv_buf, envp_buf, fds, exec_extras{}, &r);
   if (pid < 0) {
     fail.stage = static_cast<uint32_t>(proto::exec_stage::fork);
     fail.err = errno;
@@ -318,12 +359,13 @@ struct trusted_start {
   const proto::exec* m;
   const char* cwd;
   const int* fds;
+  exec_extras x;
   vfork_result* out;
 };
 
 int trusted_child(void* arg) {
   auto* a = static_cast<trusted_start*>(arg);
-  exec_child(*a->m, a->cwd, argv_buf, envp_buf, a->fds, a->out);
+  exec_child(*a->m, a->cwd, argv_buf, envp_buf, a->fds, a->x, a->out);
 }
 
 void helper_reply(int sock, const void* msg, size_t len) {
@@ -345,8 +387,17 @@ void helper_exec(int sock, size_t len, const int* fds, size_t nfds) {
     helper_reply(sock, &fail, sizeof fail);
     return;
   }
+  if ((m.flags & proto::exec_pristine) && helper_pristine < 0) {
+    fail.err = EPERM; // dsec sends pristine commands only to Chronus sandboxes
+    helper_reply(sock, &fail, sizeof fail);
+    return;
+  }
+  exec_extras x;
+  x.channel = helper_channel;
+  x.root = (m.flags & proto::exec_pristine) ? helper_pristine : -1;
+  x.trusted = true;
   vfork_result r{0, 0};
-  trusted_start a{&m, cwd, fds, &r};
+  trusted_start a{&m, cwd, fds, x, &r};
   // The seccomp filter answers clone3 with ENOSYS; glibc's clone() is clone(2).
   pid_t pid = ::clone(trusted_child, helper_stack + sizeof helper_stack,
                       CLONE_PARENT | CLONE_VM | CLONE_VFORK | SIGCHLD, &a);
@@ -405,7 +456,8 @@ void helper_signal(int pidfd, int sig) {
 
 } // namespace
 
-int start_trusted_helper(int ctl, char* argv_begin, size_t argv_len) {
+int start_trusted_helper(int ctl, char* argv_begin, size_t argv_len, int channel,
+                         int pristine) {
   int sv[2];
   if (unix_socket::pair(sv) < 0)
     return -errno;
@@ -420,6 +472,8 @@ int start_trusted_helper(int ctl, char* argv_begin, size_t argv_len) {
   if (pid == 0) {
     ::close(ctl);
     ::close(sv[0]);
+    helper_channel = channel;
+    helper_pristine = pristine;
     // It dies with init: init is pid 1 of the sandbox's pid namespace, so its
     // end kills every process in it. (A PR_SET_PDEATHSIG would not do: init
     // is about to enter the nested domain, which may not signal this one.)
@@ -438,6 +492,9 @@ int start_trusted_helper(int ctl, char* argv_begin, size_t argv_len) {
     helper_main(sv[1]);
   }
   ::close(sv[1]);
+  // Init holds neither: the agent's commands are its children.
+  ::close(channel);
+  ::close(pristine);
   return sv[0];
 }
 

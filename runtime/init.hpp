@@ -17,8 +17,10 @@
 // the outer domain, where Landlock keeps every process of the agent's domain
 // from ptracing it (so from /proc/PID/environ, /proc/PID/mem, pidfd_getfd) and
 // from signalling it. The helper is not dumpable, holds nothing but its socket
-// to init, and dies with init (the end of a pid namespace's init kills every
-// process in it).
+// to init, the trusted channel (each trusted command gets it at fd 3: its way to
+// Chronus, docs/chronus.md) and the pristine root (what `exec_pristine`
+// commands are chrooted into), and dies with init (the end of a pid
+// namespace's init kills every process in it).
 #pragma once
 
 #include <cstddef>
@@ -26,11 +28,21 @@
 namespace dsec {
 
 /// Forks the trusted helper (see above). The caller must still be in the
-/// sandbox's own Landlock domain and hold no descriptor but `ctl`, which the
-/// helper closes. `argv_begin`/`argv_len`: the process's argv strings, which
-/// the helper overwrites with its name (what `ps` shows). Returns init's end of
-/// the helper's socket, or -errno.
-int start_trusted_helper(int ctl, char* argv_begin, size_t argv_len);
+/// sandbox's own Landlock domain, hold CAP_SYS_CHROOT, and hold no descriptor
+/// but `ctl` (which the helper closes), `channel` and `pristine` (which init
+/// closes: only the helper keeps them). `channel`: the sandbox's end of the
+/// trusted channel, which every trusted command gets at fd 3. `pristine`: an
+/// O_PATH descriptor of the pristine root, which pristine commands enter with
+/// chroot (the helper keeps CAP_SYS_CHROOT for that; its commands drop it).
+/// `argv_begin`/`argv_len`: the process's argv strings, which the helper
+/// overwrites with its name (what `ps` shows). Returns init's end of the
+/// helper's socket, or -errno.
+int start_trusted_helper(int ctl, char* argv_begin, size_t argv_len, int channel, int pristine);
+
+/// Set by the zygote when it could lower its oom_score_adj (to -999, so that
+/// the memory cgroup's OOM killer takes the sandbox's commands before its
+/// init): init inherits the value and then gives each command 0 again.
+extern bool init_resets_oom_score_adj;
 
 /// Serves `ctl` until it closes; never returns. `helper`: the trusted helper's
 /// socket (start_trusted_helper), or -1 when there is none: trusted commands

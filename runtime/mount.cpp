@@ -123,4 +123,54 @@ expected<unique_fd> make_overlay(std::span<const int> lowers, const upper_layer&
   return mnt;
 }
 
+expected<unique_fd> make_lower_view(std::span<const int> lowers) {
+  if (lowers.empty())
+    return make_error(errc::invalid_argument, "a view of the layers needs at least one layer");
+  if (lowers.size() == 1) {
+    // An overlay without an upper dir needs two lower layers.
+    unique_fd t{sys::open_tree(lowers[0], "", OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_EMPTY_PATH)};
+    if (!t)
+      return sys_error("cloning the mount of the one layer");
+    mount_attr ro{};
+    ro.attr_set = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID;
+    if (sys::mount_setattr(t.get(), "", AT_EMPTY_PATH, &ro) < 0)
+      return sys_error("making the view of the layers read-only");
+    return t;
+  }
+  unique_fd fs{sys::fsopen("overlay", FSOPEN_CLOEXEC)};
+  if (!fs)
+    return sys_error("fsopen(overlay)");
+  for (int fd : lowers)
+    if (sys::fsconfig(fs.get(), FSCONFIG_SET_FD, "lowerdir+", nullptr, fd) < 0)
+      return sys::fs_error(fs.get(), "adding a lower layer to the view of the layers", "");
+  if (sys::fsconfig(fs.get(), FSCONFIG_CMD_CREATE, nullptr, nullptr, 0) < 0)
+    return sys::fs_error(fs.get(), "creating the view of the layers", "");
+  unique_fd mnt{sys::fsmount(fs.get(), FSMOUNT_CLOEXEC, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID)};
+  if (!mnt)
+    return sys::fs_error(fs.get(), "fsmount of the view of the layers", "");
+  return mnt;
+}
+
+expected<unique_fd> make_scratch_tmpfs(uint64_t size_bytes, uint32_t owner) {
+  unique_fd fs{sys::fsopen("tmpfs", FSOPEN_CLOEXEC)};
+  if (!fs)
+    return sys_error("fsopen(tmpfs)");
+  char buf[32];
+  if (size_bytes > 0) {
+    std::snprintf(buf, sizeof buf, "%llu", static_cast<unsigned long long>(size_bytes));
+    if (sys::fsconfig(fs.get(), FSCONFIG_SET_STRING, "size", buf, 0) < 0)
+      return sys::fs_error(fs.get(), "tmpfs size", buf);
+  }
+  std::snprintf(buf, sizeof buf, "%u", owner);
+  if (sys::fsconfig(fs.get(), FSCONFIG_SET_STRING, "mode", "1777", 0) < 0
+      || sys::fsconfig(fs.get(), FSCONFIG_SET_STRING, "uid", buf, 0) < 0
+      || sys::fsconfig(fs.get(), FSCONFIG_SET_STRING, "gid", buf, 0) < 0
+      || sys::fsconfig(fs.get(), FSCONFIG_CMD_CREATE, nullptr, nullptr, 0) < 0)
+    return sys::fs_error(fs.get(), "creating a scratch tmpfs", "");
+  unique_fd mnt{sys::fsmount(fs.get(), FSMOUNT_CLOEXEC, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV)};
+  if (!mnt)
+    return sys::fs_error(fs.get(), "fsmount of a scratch tmpfs", "");
+  return mnt;
+}
+
 } // namespace dsec

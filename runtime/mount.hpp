@@ -8,6 +8,8 @@
 //   make_overlay  the overlay of the lower layers under that upper dir.
 //   make_chronus_socket  a listening unix socket bound in that overlay, which
 //                 the sandbox sees at /run/chronus.sock.
+//   make_lower_view, make_scratch_tmpfs  what a Chronus sandbox's pristine
+//                 root is made of (its /.dsec comes from that root).
 #pragma once
 
 #include <cstdint>
@@ -67,5 +69,14 @@ expected<unique_fd> make_chronus_socket(int overlay, uint32_t owner, int backlog
 /// Builds a detached overlay of `lowers` (directory fds, topmost first) under
 /// `upper`, and returns its mount fd, ready for move_mount(2) in the sandbox.
 expected<unique_fd> make_overlay(std::span<const int> lowers, const upper_layer& upper);
+
+/// The layers alone, read-only and detached: an overlay of `lowers` without an
+/// upper dir (a clone of the one layer's mount when there is just one). Nothing
+/// written in a sandbox ever shows in it. The root of a pristine command.
+expected<unique_fd> make_lower_view(std::span<const int> lowers);
+
+/// A detached private tmpfs, mode 1777, owned by `owner` (the host uid of the
+/// sandbox's root), nosuid and nodev; `size_bytes` 0: the kernel default.
+expected<unique_fd> make_scratch_tmpfs(uint64_t size_bytes, uint32_t owner);
 
 } // namespace dsec

@@ -3,17 +3,22 @@
 // uid base), unchanged files are not stored again, and a pack cannot make
 // restore_pack write outside its destination.
 #include "runtime/pack.hpp"
+#include "runtime/sha256.hpp"
 
 #include <fcntl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
+#include <sys/un.h>
 #include <sys/xattr.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 
 #include <doctest/doctest.h>
 
@@ -217,4 +222,198 @@ TEST_CASE("a pack cannot make restore write outside its destination") {
     CHECK(r2.error_value().message.find("../escape") != std::string::npos);
     CHECK_FALSE(fs::exists(t.path + "/escape"));
   }
+}
+
+namespace {
+
+// A unix socket bound at `path` (the file stays after the descriptor closes).
+void make_socket_file(const std::string& path) {
+  int s = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  REQUIRE(s >= 0);
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  REQUIRE(path.size() < sizeof a.sun_path);
+  std::strcpy(a.sun_path, path.c_str());
+  REQUIRE(::bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  ::close(s);
+}
+
+bool skipped(const dsec::pack_stats& st, const std::string& path, const std::string& why) {
+  for (const auto& s : st.skipped)
+    if (s.path == path && s.why.find(why) != std::string::npos)
+      return true;
+  return false;
+}
+
+} // namespace
+
+TEST_CASE("a pack skips and records sockets and devices, keeps fifos without opening them") {
+  temp_dir t;
+  auto up = t.path + "/upper";
+  fs::create_directories(up + "/run");
+  write_file(up + "/keep", "kept");
+  REQUIRE(::mkfifo((up + "/fifo").c_str(), 0600) == 0); // nobody ever writes it
+  make_socket_file(up + "/run/sock");
+  REQUIRE(::mknod((up + "/null").c_str(), S_IFCHR | 0666, makedev(1, 3)) == 0);
+  auto blobs = t.path + "/blobs";
+  dsec::pack_cache cache;
+  int ufd = open_dir(up);
+  std::string manifest;
+  auto st = dsec::write_pack(ufd, t.path + "/p", blobs, cache, 0, &manifest, 1 << 16);
+  ::close(ufd);
+  REQUIRE_MESSAGE(st, st.error_value().to_string());
+  CHECK(st->files == 1);
+  CHECK(st->skipped.size() == 2);
+  CHECK(skipped(*st, "/run/sock", "a socket"));
+  CHECK(skipped(*st, "/null", "a character device"));
+  // The manifest says so too: what the trajectory log keeps.
+  auto d = dsec::describe_pack(manifest, "inline");
+  REQUIRE(d);
+  CHECK(d->skipped.size() == 2);
+  CHECK(skipped(*d, "/run/sock", "a socket"));
+  CHECK(d->entries == st->entries);
+  write_file(t.path + "/p", manifest);
+  auto dest = t.path + "/dest";
+  fs::create_directories(dest);
+  int dfd = open_dir(dest);
+  auto rs = dsec::restore_pack(t.path + "/p", blobs, dfd, 0);
+  ::close(dfd);
+  REQUIRE(rs);
+  CHECK(rs->skipped.size() == 2);
+  CHECK(read_file(dest + "/keep") == "kept");
+  CHECK(S_ISFIFO(lstat_of(dest + "/fifo").st_mode));
+  CHECK(fs::exists(dest + "/run"));
+  CHECK_FALSE(fs::exists(fs::symlink_status(dest + "/run/sock")));
+  CHECK_FALSE(fs::exists(fs::symlink_status(dest + "/null")));
+}
+
+// The attack of issue 12 §3, at the source: the sandbox swaps a file for a
+// fifo in a loop while it is packed. A pack that opened the name it had seen
+// as a file without O_NONBLOCK would block in fifo_open for good (this test
+// would then hang until meson's timeout fails it); each pack must end, with
+// the name as a file, as a fifo, or recorded as skipped.
+TEST_CASE("a file swapped for a fifo while it is packed: every pack ends, the swap is recorded") {
+  temp_dir t;
+  auto up = t.path + "/upper";
+  fs::create_directories(up);
+  write_file(up + "/x", "data");
+  std::atomic<bool> stop{false};
+  std::atomic<uint64_t> swaps{0};
+  std::thread swapper([&] {
+    auto fifo = up + "/.f", file = up + "/.r";
+    while (!stop.load()) {
+      (void) ::mkfifo(fifo.c_str(), 0600);
+      (void) ::rename(fifo.c_str(), (up + "/x").c_str());
+      write_file(file, "data");
+      (void) ::rename(file.c_str(), (up + "/x").c_str());
+      swaps.fetch_add(1);
+    }
+  });
+  auto blobs = t.path + "/blobs";
+  dsec::pack_cache cache;
+  int ufd = open_dir(up);
+  size_t as_file = 0, as_fifo = 0, as_skipped = 0, failed = 0, packs = 0;
+  for (; packs < 300 || swaps.load() < 1000; ++packs) {
+    std::string manifest;
+    auto st = dsec::write_pack(ufd, t.path + "/p", blobs, cache, 0, &manifest, 1 << 16);
+    if (!st) {
+      ++failed;
+      MESSAGE(st.error_value().to_string());
+      continue;
+    }
+    if (skipped(*st, "/x", "changed while packed"))
+      ++as_skipped;
+    else if (st->files >= 1)
+      ++as_file;
+    else
+      ++as_fifo;
+  }
+  stop = true;
+  swapper.join();
+  ::close(ufd);
+  MESSAGE(swaps.load() << " swaps; x packed as a file " << as_file << ", as a fifo " << as_fifo
+                       << ", skipped " << as_skipped << " times");
+  CHECK(failed == 0);
+  CHECK(as_file + as_fifo + as_skipped == packs);
+  // Every blob holds the bytes its name says.
+  for (auto& e : fs::directory_iterator(blobs)) {
+    auto bytes = read_file(e.path().string());
+    dsec::sha256 h;
+    h.update(bytes.data(), bytes.size());
+    CHECK(dsec::to_hex(h.finish()) == e.path().filename().string());
+  }
+}
+
+TEST_CASE("a pack is bounded: too deep is skipped, too many names or a cancel fail it") {
+  temp_dir t;
+  auto up = t.path + "/upper";
+  fs::create_directories(up + "/a/b/c/d");
+  write_file(up + "/a/b/c/d/deep", "deep");
+  write_file(up + "/a/top", "top");
+  auto blobs = t.path + "/blobs";
+  int ufd = open_dir(up);
+  {
+    dsec::pack_cache cache;
+    dsec::pack_limits lim;
+    lim.max_depth = 2; // a and a/b are listed; a/b/c is not
+    auto st = dsec::write_pack(ufd, t.path + "/p", blobs, cache, 0, nullptr, 0, lim);
+    REQUIRE_MESSAGE(st, st.error_value().to_string());
+    CHECK(skipped(*st, "/a/b/c", "deeper than 2 levels"));
+    CHECK(st->files == 1);
+  }
+  {
+    dsec::pack_cache cache;
+    dsec::pack_limits lim;
+    lim.max_entries = 3;
+    auto st = dsec::write_pack(ufd, t.path + "/p", blobs, cache, 0, nullptr, 0, lim);
+    REQUIRE_FALSE(st);
+    CHECK(st.error_value().code == dsec::errc::too_large);
+    CHECK(st.error_value().message.find("more than 3 names") != std::string::npos);
+  }
+  {
+    dsec::pack_cache cache;
+    dsec::pack_limits lim;
+    std::atomic<bool> cancel{true};
+    lim.cancel = &cancel;
+    auto st = dsec::write_pack(ufd, t.path + "/p", blobs, cache, 0, nullptr, 0, lim);
+    REQUIRE_FALSE(st);
+    CHECK(st.error_value().code == dsec::errc::timeout);
+    CHECK(st.error_value().message.find("cancelled") != std::string::npos);
+  }
+  ::close(ufd);
+}
+
+TEST_CASE("restore opens only regular files: a fifo as the pack or as a blob is an error, not a wait") {
+  temp_dir t;
+  auto up = t.path + "/upper";
+  fs::create_directories(up);
+  write_file(up + "/f", "content");
+  auto blobs = t.path + "/blobs";
+  dsec::pack_cache cache;
+  int ufd = open_dir(up);
+  REQUIRE(dsec::write_pack(ufd, t.path + "/p", blobs, cache, 0));
+  ::close(ufd);
+  auto dest = t.path + "/dest";
+  fs::create_directories(dest);
+  REQUIRE(::mkfifo((t.path + "/fifo-pack").c_str(), 0600) == 0);
+  int dfd = open_dir(dest);
+  auto r = dsec::restore_pack(t.path + "/fifo-pack", blobs, dfd, 0);
+  REQUIRE_FALSE(r);
+  CHECK(r.error_value().message.find("a fifo, not a regular file") != std::string::npos);
+  // The blob of "content" replaced by a fifo, then by a file of another size.
+  REQUIRE(count_files(blobs) == 1);
+  auto blob = fs::directory_iterator(blobs)->path().string();
+  fs::remove(blob);
+  REQUIRE(::mkfifo(blob.c_str(), 0600) == 0);
+  r = dsec::restore_pack(t.path + "/p", blobs, dfd, 0);
+  REQUIRE_FALSE(r);
+  CHECK(r.error_value().message.find("is a fifo") != std::string::npos);
+  fs::remove(blob);
+  write_file(blob, "other size");
+  fs::remove_all(dest + "/f");
+  r = dsec::restore_pack(t.path + "/p", blobs, dfd, 0);
+  ::close(dfd);
+  REQUIRE_FALSE(r);
+  CHECK(r.error_value().code == dsec::errc::malformed);
+  CHECK(r.error_value().message.find("the pack says 7") != std::string::npos);
 }

@@ -8,6 +8,10 @@
 // command's `exec` (the same bytes, stdin/stdout/stderr attached) and the
 // helper answers `started` or `exec_failed`; init forwards `signal` with the
 // command's pidfd attached, and the helper does not answer.
+//
+// The trusted channel (docs/chronus.md) is not a message of this protocol: it is
+// a descriptor the helper holds from the start and puts at fd 3 of each trusted
+// command (trusted_channel_fd).
 #pragma once
 
 #include <cstddef>
@@ -45,6 +49,7 @@ enum class child_step : uint32_t {
   mount_proc,
   protect_proc,
   mount_devpts,
+  chronus_mounts, ///< spawn_chronus only: /.dsec, and the pristine root
   enter_root,
   set_hostname,
   setup_network,
@@ -56,11 +61,11 @@ enum class child_step : uint32_t {
 };
 
 inline const char* child_step_name(uint32_t s) {
-  static const char* names[] = {"join_cgroup",   "enter_cgroup_ns",   "attach_root",
-                                "mount_proc",    "protect_proc",      "mount_devpts",
-                                "enter_root",    "set_hostname",      "setup_network",
-                                "landlock",      "drop_capabilities", "seccomp",
-                                "trusted_helper"};
+  static const char* names[] = {"join_cgroup",    "enter_cgroup_ns",   "attach_root",
+                                "mount_proc",     "protect_proc",      "mount_devpts",
+                                "chronus_mounts", "enter_root",        "set_hostname",
+                                "setup_network",  "landlock",          "drop_capabilities",
+                                "seccomp",        "trusted_helper"};
   return s < static_cast<uint32_t>(child_step::count) ? names[s] : "unknown";
 }
 
@@ -83,10 +88,34 @@ constexpr uint32_t spawn_net = 1;
 /// (the agent's) that scopes signals and abstract sockets. Trusted commands are
 /// started by the helper, so no process of the agent's domain can ptrace,
 /// signal or read them. Needs Landlock ABI 6.
+///
+/// It also gets dsec's own files, read-only, at /.dsec (a mount the agent can
+/// neither write, remove nor rename: the `chronus` client of trusted commands),
+/// and the pristine root that `exec_pristine` commands run in: the sandbox's
+/// layers without its writable layer, a private /tmp, /proc and /dev/pts, and
+/// the agent's root read-only at /.dsec/agent (pristine_agent_dir).
 constexpr uint32_t spawn_chronus = 2;
 
+/// Where dsec's own files are, in every root of a Chronus sandbox; trusted
+/// commands' PATH starts with its bin/.
+inline constexpr const char* dsec_dir = "/.dsec";
+inline constexpr const char* dsec_bin_dir = "/.dsec/bin";
+/// The agent's root (its writable layer over the layers), read-only, in the
+/// pristine root.
+inline constexpr const char* pristine_agent_dir = "/.dsec/agent";
+/// The descriptor of a trusted command that is its Chronus channel ($CHRONUS_FD).
+inline constexpr int trusted_channel_fd = 3;
+
 /// Descriptors attached, in order: the overlay mount, init's end of the control
-/// socket, then `cgroup_fds` cgroup.procs files to join.
+/// socket, `cgroup_fds` cgroup.procs files to join, then with spawn_chronus the
+/// chronus_fd::count below.
+/// With spawn_chronus, after the cgroup files: the pristine root (a read-only
+/// overlay of the layers; its /.dsec is also mounted over the sandbox's own),
+/// its /tmp (a tmpfs), and the sandbox's end of the trusted channel.
+struct chronus_fd {
+  enum : uint32_t { pristine_root, pristine_tmp, channel, count };
+};
+
 struct spawn {
   header h{magic, type::spawn};
   uint32_t flags = 0;
@@ -123,6 +152,8 @@ struct ready {
 
 constexpr uint32_t exec_set_ids = 1; ///< uid/gid are set: switch to them
 constexpr uint32_t exec_trusted = 2; ///< started by the trusted helper (spawn_chronus)
+/// With exec_trusted: the command's root is the pristine root, not the agent's.
+constexpr uint32_t exec_pristine = 4;
 
 /// Followed by `data_len` bytes: cwd NUL, argc args each NUL-terminated, then
 /// envc "K=V" strings each NUL-terminated. stdin, stdout, stderr attached.
@@ -153,10 +184,11 @@ struct started {
   int32_t pid = 0; ///< in the sandbox's pid namespace
 };
 
-enum class exec_stage : uint32_t { fork, chdir, set_ids, execve };
+enum class exec_stage : uint32_t { fork, chdir, set_ids, execve, root };
 
 inline const char* exec_stage_name(uint32_t s) {
   switch (static_cast<exec_stage>(s)) {
+    case exec_stage::root: return "chroot";
     case exec_stage::fork: return "fork";
     case exec_stage::chdir: return "chdir";
     case exec_stage::set_ids: return "setuid";

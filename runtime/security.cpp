@@ -9,6 +9,7 @@
 #include <sys/syscall.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -85,6 +86,26 @@ expected<seccomp_program> build_seccomp_filter() {
                                   SCMP_A0(SCMP_CMP_MASKED_EQ, flag, flag));
         rc < 0)
       return fail("clone", rc);
+  }
+  // Socket families: only those a network namespace scopes, and that a "no
+  // network" sandbox (an empty namespace of its own) therefore cannot use to
+  // leave the machine or reach the host: unix, IPv4, IPv6 and netlink. Every
+  // other family answers as if the kernel had none: AF_VSOCK above all (it
+  // reaches the hypervisor and its services from any namespace), and the
+  // rarely needed, often buggy rest (AF_ALG, AF_PACKET, AF_XDP, AF_TIPC,
+  // AF_RDS, AF_BLUETOOTH...). The family is an int; a0 is compared as 64
+  // bits, so garbage in the high bits lands in the ">= 17" rule.
+  for (int nr : {SCMP_SYS(socket), SCMP_SYS(socketpair)}) {
+    auto deny = [&](scmp_compare op, scmp_datum_t v) {
+      return seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EAFNOSUPPORT), nr, 1, SCMP_A0(op, v));
+    };
+    static_assert(AF_UNIX == 1 && AF_INET == 2 && AF_INET6 == 10 && AF_NETLINK == 16);
+    int rc = deny(SCMP_CMP_GE, AF_NETLINK + 1);
+    for (scmp_datum_t f = 0; rc == 0 && f < AF_NETLINK; ++f)
+      if (f != AF_UNIX && f != AF_INET && f != AF_INET6)
+        rc = deny(SCMP_CMP_EQ, f);
+    if (rc < 0)
+      return fail("socket families", rc);
   }
   // Injecting input into a terminal handed in from the host (CVE-2017-5226).
   for (unsigned long req : {static_cast<unsigned long>(TIOCSTI),

@@ -24,7 +24,8 @@ struct seccomp_program {
 /// CLONE_NEW*; clone3 answers ENOSYS so libc falls back to clone), no kernel
 /// modules, kexec, bpf, perf_event_open, keyrings, io_uring, clock or swap
 /// changes, reboot, open_by_handle_at, userfaultfd, TIOCSTI/TIOCLINUX terminal
-/// injection; syscalls of other ABIs (i386, x32) kill the process. ptrace,
+/// injection; sockets of any family but unix, IPv4, IPv6 and netlink (the ones
+/// a network namespace scopes: AF_VSOCK is not) answer EAFNOSUPPORT; syscalls of other ABIs (i386, x32) kill the process. ptrace,
 /// process_vm_* and kcmp stay: gdb and strace work on the sandbox's own
 /// processes (the pid namespace is the boundary).
 expected<seccomp_program> build_seccomp_filter();
@@ -58,7 +59,9 @@ const std::vector<int>& kept_capabilities();
 int limit_bounding_set();
 
 /// Drops every capability not kept from the permitted, effective, inheritable
-/// and ambient sets of the caller (one capset). 0 or -errno.
-int drop_capabilities();
+/// and ambient sets of the caller (one capset), except those in `extra` (a mask
+/// of 1 << CAP_X; a Chronus sandbox's init keeps CAP_SYS_CHROOT for its trusted
+/// helper until it has forked it). Only async-signal-safe calls. 0 or -errno.
+int drop_capabilities(uint64_t extra = 0);
 
 } // namespace dsec::security

@@ -118,7 +118,7 @@ expected<void> spawner::ready() {
 expected<spawner::spawned> spawner::spawn(int overlay, int ctl,
                                           std::span<const int> cgroup_fds,
                                           const std::string& hostname, bool net,
-                                          bool chronus) {
+                                          const chronus_fds* chronus) {
   proto::spawn req;
   req.flags = (net ? proto::spawn_net : 0) | (chronus ? proto::spawn_chronus : 0);
   if (hostname.size() >= sizeof req.hostname)
@@ -126,16 +126,26 @@ expected<spawner::spawned> spawner::spawn(int overlay, int ctl,
                       "hostname '" + hostname + "' is longer than 63 characters");
   std::memcpy(req.hostname, hostname.data(), hostname.size());
   int fds[unix_socket::max_fds];
-  if (2 + cgroup_fds.size() > unix_socket::max_fds)
+  size_t nsend = 2 + cgroup_fds.size() + (chronus ? size_t{proto::chronus_fd::count} : 0);
+  if (nsend > unix_socket::max_fds)
     return make_error(errc::invalid_argument, "too many cgroups");
   fds[0] = overlay;
   fds[1] = ctl;
   for (size_t i = 0; i < cgroup_fds.size(); ++i)
     fds[2 + i] = cgroup_fds[i];
   req.cgroup_fds = static_cast<uint32_t>(cgroup_fds.size());
+  if (chronus) {
+    int* at = fds + 2 + cgroup_fds.size();
+    at[proto::chronus_fd::pristine_root] = chronus->pristine_root;
+    at[proto::chronus_fd::pristine_tmp] = chronus->pristine_tmp;
+    at[proto::chronus_fd::channel] = chronus->channel;
+    for (size_t i = 0; i < proto::chronus_fd::count; ++i)
+      if (at[i] < 0)
+        return make_error(errc::invalid_argument, "a Chronus sandbox is missing a descriptor");
+  }
   std::lock_guard<std::mutex> guard{mu_};
   DSEC_TRY_VOID(ready());
-  if (unix_socket::send(sock_.get(), &req, sizeof req, fds, 2 + cgroup_fds.size()) < 0)
+  if (unix_socket::send(sock_.get(), &req, sizeof req, fds, nsend) < 0)
     return make_error(errc::disconnected,
                       std::string{"the sandbox spawner is gone: "} + std::strerror(errno));
   proto::spawn_reply reply;

@@ -47,11 +47,20 @@ public:
   /// installed copy in the libexec dir.
   static expected<std::string> find_binary();
 
+  /// What a Chronus sandbox gets besides its root (proto::chronus_fd).
+  struct chronus_fds {
+    int pristine_root = -1; ///< make_lower_view: the pristine root
+    int pristine_tmp = -1;  ///< make_scratch_tmpfs: its /tmp
+    int channel = -1;       ///< the sandbox's end of the trusted channel
+  };
+
   /// Creates a sandbox init whose root is `overlay` (a detached mount), which
-  /// talks over `ctl` and joins the cgroups behind `cgroup_fds`. `chronus`:
-  /// init starts the trusted helper (proto::spawn_chronus). Thread-safe.
+  /// talks over `ctl` and joins the cgroups behind `cgroup_fds`. With
+  /// `chronus`: init starts the trusted helper (proto::spawn_chronus), with
+  /// these descriptors. Thread-safe.
   expected<spawned> spawn(int overlay, int ctl, std::span<const int> cgroup_fds,
-                          const std::string& hostname, bool net, bool chronus = false);
+                          const std::string& hostname, bool net,
+                          const chronus_fds* chronus = nullptr);
 
   /// The sandbox user namespace (to idmap layer mounts with).
   [[nodiscard]] int userns_fd() const { return userns_.get(); }

@@ -241,9 +241,11 @@ std::string tidy_output(std::string_view out) {
 }
 
 // Runs argv[0] (looked up in PATH) without a shell, stdin from /dev/null, stdout
-// and stderr captured, SOURCE_DATE_EPOCH set. `subject` (the layer source) goes
-// into the error so the user knows which input the tool choked on.
-expected<void> run_tool(const std::vector<std::string>& argv, const std::string& subject) {
+// and stderr captured, SOURCE_DATE_EPOCH set; `input_fd`, when not -1, is its
+// descriptor 3. `subject` (the layer source) goes into the error so the user
+// knows which input the tool choked on.
+expected<void> run_tool(const std::vector<std::string>& argv, const std::string& subject,
+                        int input_fd = -1) {
   const std::string& tool = argv.front();
 
   std::vector<char*> cargv;
@@ -269,6 +271,8 @@ expected<void> run_tool(const std::vector<std::string>& argv, const std::string&
   posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
   posix_spawn_file_actions_adddup2(&actions, write_end.get(), 1);
   posix_spawn_file_actions_adddup2(&actions, write_end.get(), 2);
+  if (input_fd >= 0)
+    posix_spawn_file_actions_adddup2(&actions, input_fd, 3);
   // A daemon may ignore SIGPIPE or block signals; the tool should not inherit that.
   posix_spawnattr_t attr;
   posix_spawnattr_init(&attr);
@@ -320,11 +324,78 @@ expected<void> run_tool(const std::vector<std::string>& argv, const std::string&
   return e;
 }
 
+// What a layer leaves out of its source tree: device nodes (the system layer
+// makes /dev; a node in an image would be a door to the host's devices
+// wherever the layer is mounted without nodev) other than overlayfs whiteouts
+// (0/0 character devices, which only hide a lower layer's name), and sockets
+// (nothing listens on them in an image). Fifos, files, directories and links
+// are kept; nothing is opened but directories (O_DIRECTORY|O_NOFOLLOW, which
+// never waits on a fifo). Returns the paths relative to `tree` and, in
+// `shown`, "/PATH (a socket)" for each.
+constexpr size_t max_left_out = 4096;
+
+expected<std::vector<std::string>> left_out(const std::string& tree,
+                                            std::vector<std::string>& shown) {
+  std::vector<std::string> rel;
+  struct frame {
+    unique_fd fd;
+    std::string path;
+  };
+  std::vector<frame> todo;
+  todo.push_back({unique_fd{::open(tree.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)}, ""});
+  if (!todo.back().fd)
+    return sys_error("cannot open the layer source", tree);
+  while (!todo.empty()) {
+    auto f = std::move(todo.back());
+    todo.pop_back();
+    DIR* d = ::fdopendir(f.fd.release());
+    if (!d)
+      return sys_error("cannot list", tree + "/" + f.path);
+    while (auto* e = ::readdir(d)) {
+      if (std::strcmp(e->d_name, ".") == 0 || std::strcmp(e->d_name, "..") == 0)
+        continue;
+      std::string path = f.path.empty() ? e->d_name : f.path + "/" + e->d_name;
+      struct stat st{};
+      if (::fstatat(::dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0)
+        continue; // gone: mkfs.erofs will not see it either
+      if (S_ISDIR(st.st_mode)) {
+        unique_fd sub{::openat(::dirfd(d), e->d_name,
+                               O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)};
+        if (sub)
+          todo.push_back({std::move(sub), path});
+        continue;
+      }
+      const char* what = S_ISSOCK(st.st_mode)                        ? "a socket"
+                         : S_ISBLK(st.st_mode)                        ? "a block device"
+                         : S_ISCHR(st.st_mode) && st.st_rdev != 0     ? "a character device"
+                                                                      : nullptr;
+      if (!what)
+        continue;
+      if (rel.size() >= max_left_out) {
+        ::closedir(d);
+        return make_error(errc::invalid_argument,
+                          "layer source " + tree + " holds more than "
+                            + std::to_string(max_left_out)
+                            + " device nodes and sockets, which a layer leaves out");
+      }
+      rel.push_back(path);
+      shown.push_back("/" + path + " (" + what + ")");
+    }
+    ::closedir(d);
+  }
+  std::sort(rel.begin(), rel.end());
+  std::sort(shown.begin(), shown.end());
+  return rel;
+}
+
 std::vector<std::string> mkfs_argv(const std::string& compress, const std::string& out,
-                                   const std::string& dir) {
+                                   const std::string& dir,
+                                   const std::vector<std::string>& exclude = {}) {
   std::vector<std::string> argv{"mkfs.erofs", "--quiet", fixed_uuid};
   if (!compress.empty())
     argv.push_back("-z" + compress);
+  for (const auto& rel : exclude)
+    argv.push_back("--exclude-path=" + rel);
   argv.push_back(out);
   argv.push_back(dir);
   return argv;
@@ -513,6 +584,11 @@ const system_entry system_entries[] = {
   {system_entry::dir, "sys", 0555},
   {system_entry::dir, "tmp", 01777},
   {system_entry::dir, "run", 0755},
+  // dsec's own files (docs/chronus.md): bin/chronus, and agent/, where a pristine
+  // command sees the agent's root. Mounted read-only over /.dsec in Chronus sandboxes.
+  {system_entry::dir, ".dsec", 0755},
+  {system_entry::dir, ".dsec/bin", 0755},
+  {system_entry::dir, ".dsec/agent", 0755},
   {system_entry::chardev, "dev/null", 0666, 1, 3},
   {system_entry::chardev, "dev/zero", 0666, 1, 5},
   {system_entry::chardev, "dev/full", 0666, 1, 7},
@@ -526,14 +602,15 @@ const system_entry system_entries[] = {
   {system_entry::symlink, "dev/stderr", 0, 0, 0, "/proc/self/fd/2"},
 };
 
-// Copies the chronus client (from `fd`) to usr/local/bin/chronus, mode 0755.
+// Copies the chronus client (from `fd`) to .dsec/bin/chronus, mode 0755, with a
+// hard link at usr/local/bin/chronus (one file in the image).
 expected<void> add_chronus(const std::string& root, int fd) {
   for (auto d : {"usr", "usr/local", "usr/local/bin"}) {
     auto path = join(root, d);
     if (::mkdir(path.c_str(), 0755) != 0 || ::chmod(path.c_str(), 0755) != 0)
       return sys_error("cannot create directory", path);
   }
-  auto path = join(root, "usr/local/bin/chronus");
+  auto path = join(root, ".dsec/bin/chronus");
   unique_fd out{::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0755)};
   if (!out)
     return sys_error("cannot create", path);
@@ -551,6 +628,9 @@ expected<void> add_chronus(const std::string& root, int fd) {
   }
   if (::fchmod(out.get(), 0755) != 0)
     return sys_error("cannot set the mode of", path);
+  auto link = join(root, "usr/local/bin/chronus");
+  if (::link(path.c_str(), link.c_str()) != 0)
+    return sys_error("cannot link", link);
   return {};
 }
 
@@ -592,7 +672,8 @@ expected<void> make_system_tree(const std::string& root, int chronus_fd) {
     if (::utimensat(AT_FDCWD, path.c_str(), epoch, AT_SYMLINK_NOFOLLOW) != 0)
       return sys_error("cannot set the mtime of", path);
   }
-  for (auto e : {"usr/local/bin/chronus", "usr/local/bin", "usr/local", "usr"}) {
+  for (auto e : {".dsec/bin/chronus", "usr/local/bin", "usr/local", "usr", ".dsec/bin",
+                 ".dsec"}) {
     auto path = join(root, e);
     if (::utimensat(AT_FDCWD, path.c_str(), epoch, AT_SYMLINK_NOFOLLOW) != 0)
       return sys_error("cannot set the mtime of", path);
@@ -809,9 +890,26 @@ expected<build_result> store::build(layer_kind kind, const layer_ref& ref,
     // GNU tar detects compression itself, refuses member names with "..", and
     // creates symlinks that could lead outside the tree only after every other
     // member, so a hostile archive cannot write outside `tree`.
+    // The archive is opened here, once, and tar reads that open file (its
+    // descriptor 3): never waits on a fifo put in its place, and reads
+    // exactly the regular file checked.
+    unique_fd archive{
+      sys::retry([&] { return ::open(source.c_str(), O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC); })};
+    if (!archive)
+      return sys_error("cannot open layer source", source);
+    struct stat ast{};
+    if (::fstat(archive.get(), &ast) != 0)
+      return sys_error("cannot stat layer source", source);
+    if (!S_ISREG(ast.st_mode)) {
+      auto e = make_error(errc::invalid_argument,
+                          "layer source " + src + " is no longer a regular file (it changed)");
+      e.path = src;
+      return e;
+    }
     DSEC_TRY_VOID(run_tool({"tar", "--numeric-owner", "--same-owner", "--same-permissions",
-                            "--xattrs", "--xattrs-include=*", "-xf", source, "-C", tree},
-                           source));
+                            "--xattrs", "--xattrs-include=*", "-xf", "/proc/self/fd/3", "-C",
+                            tree},
+                           source, archive.get()));
     // An archive without a "./" member (docker export has none) leaves the root's
     // mtime at extraction time, which would make every build of it a new digest.
     // Such a root is pinned to the epoch; a "./" member's own mtime is kept.
@@ -827,8 +925,10 @@ expected<build_result> store::build(layer_kind kind, const layer_ref& ref,
     }
   }
 
+  std::vector<std::string> skipped;
+  DSEC_TRY(exclude, left_out(tree, skipped));
   auto image = join(staging.path(), "image.erofs");
-  DSEC_TRY_VOID(run_tool(mkfs_argv(options.compress, image, tree), source));
+  DSEC_TRY_VOID(run_tool(mkfs_argv(options.compress, image, tree, exclude), source));
 
   unique_fd image_fd{sys::retry([&] { return ::open(image.c_str(), O_RDONLY | O_CLOEXEC); })};
   if (!image_fd)
@@ -850,6 +950,7 @@ expected<build_result> store::build(layer_kind kind, const layer_ref& ref,
   result.info.size = static_cast<uint64_t>(image_st.st_size);
   result.info.source = source;
   result.info.blob_path = blob_path_of(dir_, result.info.digest);
+  result.skipped = std::move(skipped);
 
   // Commit: blob, then ref, under LOCK_EX.
   DSEC_TRY(lock, lock_store(dir_, LOCK_EX));

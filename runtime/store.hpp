@@ -49,6 +49,9 @@ struct build_result {
   layer_info info;
   bool deduplicated = false; ///< the same image was already stored; no new blob
   double seconds = 0;        ///< wall time of the whole build
+  /// What the image leaves out of the source, sorted: "/dev/sda (a block
+  /// device)". Device nodes (but overlayfs whiteouts) and sockets.
+  std::vector<std::string> skipped;
 };
 
 /// A shared hold on one layer while a sandbox uses it: an O_RDONLY descriptor of
@@ -132,7 +135,10 @@ public:
 
   /// Builds layer `ref` of `kind` from `src`: a directory (used as is) or a regular
   /// file holding a tar archive (plain or compressed; extracted with owners,
-  /// permissions and xattrs kept, so `docker export` output works). Errors:
+  /// permissions and xattrs kept, so `docker export` output works). Device
+  /// nodes and sockets of the tree are left out (build_result::skipped): the
+  /// system layer provides /dev; fifos are kept; nothing but directories and
+  /// the archive is opened, so a fifo in the source never blocks a build. Errors:
   /// not_found (no SRC), invalid_argument (SRC is another file type, bad ref or
   /// options), already_exists (the ref exists: versions are immutable),
   /// tool_failed (tar or mkfs.erofs failed; the message carries its stderr).
@@ -183,7 +189,8 @@ public:
 
   /// The path of the dsec system layer image (device nodes, /proc, /sys, /tmp
   /// mount points, /dev symlinks, and the Chronus client at
-  /// /usr/local/bin/chronus) that goes on top of every sandbox's layers.
+  /// /.dsec/bin/chronus, linked at /usr/local/bin/chronus) that goes on top of
+  /// every sandbox's layers.
   /// Built on first use (needs CAP_MKNOD), then reused; named
   /// system-vN-<digest of the chronus binary>.erofs.
   expected<std::string> system_layer();
@@ -198,7 +205,7 @@ public:
 
   /// Bumped whenever the system layer's contents change, so a new dsec builds a
   /// new image next to the old one instead of using a stale one.
-  static constexpr int system_layer_version = 2;
+  static constexpr int system_layer_version = 3;
 
 private:
   explicit store(std::string dir) : dir_(std::move(dir)) {}

@@ -20,6 +20,8 @@
 
 #include <doctest/doctest.h>
 
+#include "test/support/skip.hpp"
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -500,11 +502,17 @@ TEST_CASE("store: the system layer has the device nodes and is built once") {
   auto path = f.st.system_layer();
   REQUIRE_MESSAGE(path, path.error_value().to_string());
   // Named after the version and the chronus client it carries.
-  CHECK(path->rfind(f.state + "/system/system-v2-", 0) == 0);
-  CHECK(path->size() == (f.state + "/system/system-v2-").size() + 16 + 6);
-  auto chronus = dump(*path, "/usr/local/bin/chronus");
+  CHECK(path->rfind(f.state + "/system/system-v3-", 0) == 0);
+  CHECK(path->size() == (f.state + "/system/system-v3-").size() + 16 + 6);
+  // dsec's own copy, which Chronus sandboxes mount read-only at /.dsec, and the
+  // usual place, one file in the image.
+  auto chronus = dump(*path, "/.dsec/bin/chronus");
   CHECK(chronus.find("regular file") != std::string::npos);
   CHECK(chronus.find("0755") != std::string::npos);
+  CHECK(chronus.find("Links: 2") != std::string::npos);
+  auto linked = dump(*path, "/usr/local/bin/chronus");
+  CHECK(linked.find("regular file") != std::string::npos);
+  CHECK(dump(*path, "/.dsec/agent").find("directory") != std::string::npos);
 
   auto null = dump(*path, "/dev/null");
   CHECK(null.find("char dev") != std::string::npos);
@@ -514,32 +522,6 @@ TEST_CASE("store: the system layer has the device nodes and is built once") {
   CHECK(dump(*path, "/proc").find("0555") != std::string::npos);
   CHECK(dump(*path, "/dev/fd").find("symlink") != std::string::npos);
   CHECK(dump(*path, "/dev/tty").find("char dev") != std::string::npos);
-  // dump.erofs 1.5 prints only the low 9 mode bits, so the sticky bit of /tmp
-  // and /dev/shm is checked on a mount, where the machine allows loop mounts.
-  {
-    auto mnt = f.scratch / "mnt";
-    fs::create_directories(mnt);
-    if (run({"mount", "-t", "erofs", "-o", "loop,ro", *path, mnt}).status == 0) {
-      struct unmount_at_exit {
-        std::string dir;
-        ~unmount_at_exit() { (void) run({"umount", dir}); }
-      } unmount{mnt};
-      struct stat s{};
-      REQUIRE(::stat((mnt + "/tmp").c_str(), &s) == 0);
-      CHECK((s.st_mode & 07777) == 01777);
-      REQUIRE(::stat((mnt + "/dev/shm").c_str(), &s) == 0);
-      CHECK((s.st_mode & 07777) == 01777);
-      REQUIRE(::stat((mnt + "/dev/zero").c_str(), &s) == 0);
-      CHECK(S_ISCHR(s.st_mode));
-      CHECK(s.st_rdev == makedev(1, 5));
-      char target[64] = {};
-      REQUIRE(::readlink((mnt + "/dev/stderr").c_str(), target, sizeof target - 1) > 0);
-      CHECK(std::string{target} == "/proc/self/fd/2");
-    } else {
-      MESSAGE("loop mount unavailable: sticky bits not checked");
-    }
-  }
-
   struct stat before{}, after{};
   REQUIRE(::stat(path->c_str(), &before) == 0);
   CHECK((before.st_mode & 07777) == 0444);
@@ -559,6 +541,36 @@ TEST_CASE("store: the system layer has the device nodes and is built once") {
 }
 
 // ---- import: layers whose image was made elsewhere ----------------------------
+
+// dump.erofs 1.5 prints only the low 9 mode bits, so the sticky bit of /tmp
+// and /dev/shm (and the device nodes) are checked on a loop mount.
+TEST_CASE("store: the system layer's /tmp and /dev/shm are sticky, its nodes real, on a mount"
+          * dsec::test::skip_unless(dsec::test::loop_erofs_mounts(),
+                                    "the system layer on a loop mount: no loop devices or no "
+                                    "EROFS on this machine")) {
+  fixture f;
+  auto path = f.st.system_layer();
+  REQUIRE_MESSAGE(path, path.error_value().to_string());
+  auto mnt = f.scratch / "mnt";
+  fs::create_directories(mnt);
+  auto m = run({"mount", "-t", "erofs", "-o", "loop,ro", *path, mnt});
+  REQUIRE_MESSAGE(m.status == 0, m.output);
+  struct unmount_at_exit {
+    std::string dir;
+    ~unmount_at_exit() { (void) run({"umount", dir}); }
+  } unmount{mnt};
+  struct stat s{};
+  REQUIRE(::stat((mnt + "/tmp").c_str(), &s) == 0);
+  CHECK((s.st_mode & 07777) == 01777);
+  REQUIRE(::stat((mnt + "/dev/shm").c_str(), &s) == 0);
+  CHECK((s.st_mode & 07777) == 01777);
+  REQUIRE(::stat((mnt + "/dev/zero").c_str(), &s) == 0);
+  CHECK(S_ISCHR(s.st_mode));
+  CHECK(s.st_rdev == makedev(1, 5));
+  char target[64] = {};
+  REQUIRE(::readlink((mnt + "/dev/stderr").c_str(), target, sizeof target - 1) > 0);
+  CHECK(std::string{target} == "/proc/self/fd/2");
+}
 
 namespace {
 

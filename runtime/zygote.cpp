@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <linux/capability.h>
 #include <linux/sched.h>
 #include <net/if.h>
 #include <poll.h>
@@ -18,13 +19,16 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <vector>
 
 #include "runtime/init.hpp"
+#include "runtime/proc_mask.hpp"
 #include "runtime/proto.hpp"
 #include "runtime/seccomp_filter.hpp" // generated at build time
 #include "runtime/security.hpp"
@@ -61,6 +65,7 @@ struct zygote_state {
   size_t argv_len = 0;
   int host_pidfd = -1;
   uint32_t landlock_abi = 0;
+  uint32_t proc_masks = 0;    // which of proc_masks each sandbox applies
   rlimit nofile{};            // RLIMIT_NOFILE as we got it; sandboxes get it back
   netns_pool pool;
 };
@@ -142,14 +147,32 @@ void set_up(zygote_state& z, pid_t host, unsigned prewarm) {
   if (::mount("dsec-zygote", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
               "size=64k,mode=0755") < 0)
     startup_failed("minimal_root", "/tmp", errno);
-  if (::mkdir("/tmp/mnt", 0755) < 0 || ::mkdir("/tmp/proc", 0555) < 0)
+  // /pristine: where a Chronus sandbox's pristine root is attached, beneath its
+  // own root once it has entered that (chronus_mounts).
+  if (::mkdir("/tmp/mnt", 0755) < 0 || ::mkdir("/tmp/proc", 0555) < 0
+      || ::mkdir("/tmp/mask", 0555) < 0 || ::mkdir("/tmp/pristine", 0755) < 0)
     startup_failed("minimal_root", "/tmp/mnt", errno);
+  // What every sandbox binds over the /proc files it must not see (/mask).
+  if (int rc = prepare_proc_masks("/tmp/mask"); rc < 0)
+    startup_failed("minimal_root", "/tmp/mask", -rc);
   if (::mount("proc", "/tmp/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr) < 0)
     startup_failed("minimal_root", "/tmp/proc", errno);
+  z.proc_masks = proc_masks_to_apply("/tmp/proc");
   if (::chdir("/tmp") < 0 || ::syscall(SYS_pivot_root, ".", ".") < 0)
     startup_failed("minimal_root", "pivot_root", errno);
   if (::umount2(".", MNT_DETACH) < 0 || ::chdir("/") < 0)
     startup_failed("minimal_root", "umount old root", errno);
+  // The memory cgroup's OOM killer should kill the sandbox's processes, not
+  // its init (whose end ends the sandbox): init inherits this from us, and
+  // sets 0 for every command it starts (init.cpp). Only while we are the
+  // host's root, with CAP_SYS_RESOURCE, can we lower it (without, the OOM
+  // killer may take init, and the whole sandbox ends: it is still bounded);
+  // -999, not -1000, so that nothing is immune: a command may go back down to
+  // -999 (the floor this sets), never below.
+  if (int fd = ::open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC); fd >= 0) {
+    init_resets_oom_score_adj = ::write(fd, "-999", 4) == 4;
+    ::close(fd);
+  }
   // Become the sandbox user namespace's root.
   if (::setns(userns_fd, CLONE_NEWUSER) < 0)
     startup_failed("enter_userns", "setns", errno);
@@ -220,6 +243,68 @@ bool loopback_up() {
   return ok;
 }
 
+// A Chronus sandbox's mounts, made before it enters its root (docs/chronus.md):
+//  - dsec's own files over the overlay's /.dsec (a bind of the pristine root's,
+//    which is the system layer's): a read-only mount point, which the agent
+//    can neither write, remove, rename nor cover (it cannot mount); the only
+//    parent is "/", so no rename of a parent moves it either;
+//  - the pristine root at the zygote's /pristine: the layers without the
+//    writable layer, with /proc and /dev/pts (the sandbox's own), a private
+//    /tmp, and the agent's root (the overlay alone, without its submounts)
+//    read-only at /.dsec/agent. The sandbox's root covers /pristine once it is
+//    entered: only the trusted helper's descriptor of it reaches it.
+// Returns the descriptors the helper keeps: the trusted channel and the
+// pristine root (O_PATH).
+void chronus_mounts(child_ctx& c, int& channel, int& pristine) {
+  using S = proto::child_step;
+  int* at = c.fds + 2 + c.req->cgroup_fds;
+  auto attach = [&](int fd, const char* where) {
+    if (sys::move_mount(fd, "", AT_FDCWD, where, MOVE_MOUNT_F_EMPTY_PATH) < 0)
+      child_fail(c, S::chronus_mounts, where, errno);
+    ::close(fd);
+  };
+  auto bind = [&](const char* from, const char* to, unsigned recursive, uint64_t attrs) {
+    int t = sys::open_tree(AT_FDCWD, from, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | recursive);
+    if (t < 0)
+      child_fail(c, S::chronus_mounts, from, errno);
+    if (attrs != 0) {
+      mount_attr a{};
+      a.attr_set = attrs;
+      if (sys::mount_setattr(t, "", AT_EMPTY_PATH | recursive, &a) < 0)
+        child_fail(c, S::chronus_mounts, to, errno);
+    }
+    attach(t, to);
+  };
+  // Every mount here is made from an attached one (the kernels before 6.15
+  // clone no detached mount): dsec's files from the pristine root, which
+  // nothing in the sandbox can write.
+  attach(at[proto::chronus_fd::pristine_root], "/pristine");
+  bind("/pristine/.dsec", "/mnt/.dsec", 0, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV);
+  bind("/mnt/proc", "/pristine/proc", AT_RECURSIVE, 0);
+  bind("/mnt/dev/pts", "/pristine/dev/pts", 0, 0);
+  attach(at[proto::chronus_fd::pristine_tmp], "/pristine/tmp");
+  bind("/mnt", "/pristine/.dsec/agent", 0,
+       MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV);
+  pristine = ::open("/pristine", O_PATH | O_DIRECTORY | O_CLOEXEC);
+  if (pristine < 0)
+    child_fail(c, S::chronus_mounts, "/pristine", errno);
+  channel = at[proto::chronus_fd::channel];
+}
+
+// Closes every descriptor but the `n` in `keep`.
+void close_all_but(int* keep, size_t n) {
+  std::sort(keep, keep + n);
+  unsigned next = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (keep[i] < 0)
+      continue;
+    if (static_cast<unsigned>(keep[i]) > next)
+      sys::close_range(next, static_cast<unsigned>(keep[i]) - 1, 0);
+    next = static_cast<unsigned>(keep[i]) + 1;
+  }
+  sys::close_range(next, ~0U, 0);
+}
+
 // The creation steps inside the sandbox, in order (proto::child_step).
 [[noreturn]] void child_main(child_ctx& c) {
   using S = proto::child_step;
@@ -256,22 +341,28 @@ bool loopback_up() {
   if (::mount("proc", "/mnt/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr) < 0)
     child_fail(c, S::mount_proc, "/proc", errno);
   mark(c, S::mount_proc);
-  // /proc/sys read-only: the sandbox's root owns its network namespace's
-  // sysctls, and that namespace goes to another sandbox afterwards.
+  // /proc/sys read-only (the sandbox's root owns its network namespace's
+  // sysctls, and that namespace goes to another sandbox afterwards), and the
+  // host's files masked as container runtimes do (runtime/proc_mask.hpp).
   {
-    int t = sys::open_tree(AT_FDCWD, "/mnt/proc/sys", OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
-    mount_attr ro{};
-    ro.attr_set = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC;
-    if (t < 0 || sys::mount_setattr(t, "", AT_EMPTY_PATH, &ro) < 0
-        || sys::move_mount(t, "", AT_FDCWD, "/mnt/proc/sys", MOVE_MOUNT_F_EMPTY_PATH) < 0)
-      child_fail(c, S::protect_proc, "/proc/sys", errno);
-    ::close(t);
+    const char* failed = "";
+    if (int rc = mask_proc("/mnt/proc", "/mask", c.z->proc_masks, &failed); rc < 0) {
+      char path[64];
+      std::snprintf(path, sizeof path, "/proc/%s", failed);
+      child_fail(c, S::protect_proc, path, -rc);
+    }
   }
   mark(c, S::protect_proc);
   if (::mount("devpts", "/mnt/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC,
               "newinstance,ptmxmode=0666,mode=0620,gid=5") < 0)
     child_fail(c, S::mount_devpts, "/dev/pts", errno);
   mark(c, S::mount_devpts);
+  bool chronus = (req.flags & proto::spawn_chronus) != 0;
+  int channel = -1, pristine = -1;
+  if (chronus) {
+    chronus_mounts(c, channel, pristine);
+    mark(c, S::chronus_mounts);
+  }
   // MS_MOVE + chroot instead of pivot_root: pivot_root walks every task on the
   // host. What lies beneath is the zygote's empty tmpfs, and the sandbox keeps
   // neither CAP_SYS_CHROOT nor CAP_SYS_ADMIN to climb out.
@@ -292,7 +383,9 @@ bool loopback_up() {
   if (int rc = security::restrict_landlock(c.z->landlock_abi); rc < 0)
     child_fail(c, S::landlock, "landlock_restrict_self", -rc);
   mark(c, S::landlock);
-  if (int rc = security::drop_capabilities(); rc < 0)
+  // A Chronus sandbox's init keeps CAP_SYS_CHROOT until it has forked the
+  // trusted helper, the one process that keeps it (for pristine commands).
+  if (int rc = security::drop_capabilities(chronus ? 1ULL << CAP_SYS_CHROOT : 0); rc < 0)
     child_fail(c, S::drop_capabilities, "capset", -rc);
   if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
     child_fail(c, S::drop_capabilities, "no_new_privs", errno);
@@ -307,21 +400,24 @@ bool loopback_up() {
   mark(c, S::seccomp);
   ::setrlimit(RLIMIT_NOFILE, &c.z->nofile);
   // Of the zygote's descriptors (its pool, its epoll, our parent's stdio) only
-  // the control socket stays.
-  if (c.ctl > 0)
-    sys::close_range(0, static_cast<unsigned>(c.ctl) - 1, 0);
-  sys::close_range(static_cast<unsigned>(c.ctl) + 1, ~0U, 0);
+  // the control socket stays, and in a Chronus sandbox the helper's two.
+  {
+    int keep[3] = {c.ctl, channel, pristine};
+    close_all_but(keep, 3);
+  }
   // A Chronus sandbox: the trusted helper stays in the sandbox's Landlock
   // domain, init (and every untrusted command it starts) enters a nested one.
   // Confined like init (it is a fork of it now) and holding only its socket.
   int helper = -1;
-  if (req.flags & proto::spawn_chronus) {
+  if (chronus) {
     c.last = now_ns();
     if (c.z->landlock_abi < 6) // dsec checks this first; never run with less
       child_fail(c, S::trusted_helper, "Landlock ABI 6", ENOTSUP);
-    helper = start_trusted_helper(c.ctl, c.z->argv_begin, c.z->argv_len);
+    helper = start_trusted_helper(c.ctl, c.z->argv_begin, c.z->argv_len, channel, pristine);
     if (helper < 0)
       child_fail(c, S::trusted_helper, "fork", -helper);
+    if (int rc = security::drop_capabilities(); rc < 0)
+      child_fail(c, S::trusted_helper, "capset", -rc);
     if (int rc = security::restrict_landlock(c.z->landlock_abi); rc < 0)
       child_fail(c, S::trusted_helper, "landlock_restrict_self", -rc);
     mark(c, S::trusted_helper);
@@ -368,7 +464,8 @@ void serve(zygote_state& z) {
       reply.err = errno;
     } else if (static_cast<size_t>(n) != sizeof req || req.h.magic != proto::magic
                || req.h.kind != proto::type::spawn || nfds < 2
-               || nfds != 2 + static_cast<size_t>(req.cgroup_fds)) {
+               || nfds != 2 + static_cast<size_t>(req.cgroup_fds)
+                            + ((req.flags & proto::spawn_chronus) ? size_t{proto::chronus_fd::count} : 0)) {
       reply.err = EPROTO;
     }
     int pidfd = -1;

@@ -100,7 +100,7 @@ What:
                          (default 1; 0: create and destroy only)
   --events E             E Chronus reports per episode: the sandboxes get
                          Chronus, and after the commands a trusted
-                         `/bin/sh -c '... /usr/local/bin/chronus report step=I'`
+                         `/bin/sh -c '... /.dsec/bin/chronus report step=I'`
                          sends them (the base needs /bin/sh). Latency: arrival
                          at this process's watch minus the node's
                          CLOCK_MONOTONIC stamp on the event (same host only)
@@ -557,7 +557,7 @@ public:
     if (o.events > 0) {
       chronus_.argv = {"/bin/sh", "-c",
                        "i=1; while [ $i -le " + std::to_string(o.events)
-                         + " ]; do /usr/local/bin/chronus report step=$i || exit $?; "
+                         + " ]; do /.dsec/bin/chronus report step=$i || exit $?; "
                            "i=$((i+1)); done"};
       chronus_.trusted = true;
     }

@@ -9,18 +9,23 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 
 #include "actors/daemon.hpp"
+#include "actors/door.hpp"
 #include "actors/transport.hpp"
 #include "actors/types.hpp"
+#include "runtime/defaults.hpp"
 #include "runtime/units.hpp"
 #include "tools/dsec/cli.hpp"
 
@@ -36,7 +41,12 @@ Options:
                          picks a free one, printed at start). HOST is an IPv4 or
                          IPv6 address ([::1]:7070); 0.0.0.0 is every IPv4 one.
                          Without --tls only loopback addresses are accepted, and
-                         every local user can use the daemon.
+                         only processes of root and of the --group's members
+                         get in: the kernel tells whose socket connected, before
+                         its first message (others are refused and counted in
+                         `node stats`; docs/security.md)
+  --group NAME           the group whose members may use a daemon without --tls
+                         besides root (default dsec; a missing group: root only)
   --tls DIR              speak only TLS, with the CA, certificate and key in
                          DIR/ca.pem, DIR/cert.pem, DIR/key.pem (tools/tls-certs
                          makes them): a peer must present a certificate signed
@@ -48,6 +58,12 @@ Options:
   --slots N              sandboxes this node is sized for (default 3200; 0, for
                          a --coordinator only: it places but runs none)
   --oversubscribe R      admit up to slots * R sandboxes (default 1.0)
+  --default-memory SIZE|none
+                         the memory limit of a sandbox that asks for none; it
+                         also bounds the writable layer (a tmpfs, whose pages
+                         are charged to the sandbox). Default: below
+  --default-pids N|none  the pids limit of a sandbox that asks for none
+  --default-disk SIZE    the writable layer of a sandbox that asks for none
   --cache-bytes SIZE     unmount unused layers beyond this many mounted bytes
                          (default: no limit), e.g. 20g
   --spawners N           zygotes creating sandboxes in parallel (default 2)
@@ -61,11 +77,29 @@ Options:
                          missing layers from its store; sessions are opened
                          at the coordinator, not here. With --tls the link is
                          TLS both ways (both need certificates of one CA)
+  --cluster-key FILE     (with --coordinator or --join) the key every message
+                         between the cluster's daemons carries: a node without
+                         it cannot join, nor send the coordinator or a node
+                         anything but a client's requests (docs/security.md).
+                         64 hex digits in a file owned by dsecd's user and open
+                         to neither group nor others (0600). Default
+                         STATE/cluster.key; a coordinator makes it when it is
+                         missing, a node must be given a copy
+  --trajectories DIR     where sessions keep trajectory logs and sandboxes the
+                         packs of their writable layers (docs/trajectory.md),
+                         default STATE/trajectories. Give the daemons of a
+                         cluster one shared DIR (tools/cluster does): a sandbox
+                         is rebuilt from a pack on whichever node it is placed
   --beat-interval DUR    between two heartbeats of a node (default 500ms)
   --beat-timeout DUR     a coordinator counts a node without a heartbeat for
                          this long as lost (default 1500ms)
   --orphan-grace DUR     a node that lost its coordinator destroys the
                          sandboxes it made for it after this (default 5s)
+  --client-timeout DUR   drop a connection (a client's, a node's) that sent
+                         nothing, not even CAF's heartbeat, for this long
+                         (default 30s). dsec's clients send a heartbeat every
+                         second however long their commands run or they idle,
+                         so only a dead, hung or cut-off client is dropped
   --trajectory-keep DUR  remove a trajectory log (docs/trajectory.md) that no
                          session wrote to for DUR, checked at start and hourly
                          (default 168h, a week; 0: keep logs until their
@@ -88,9 +122,16 @@ Options:
   --sim-node-memory SIZE modelled memory of a simulated node (default 0: no limit)
   -h, --help             this text
 
-A node's connection to its coordinator is also watched by CAF's middleman
-heartbeat (every --beat-interval, dropped after --beat-timeout of silence),
-so that a dead or hung node is lost within --beat-timeout plus one interval.
+A node is lost when its connection drops (the process died) or after
+--beat-timeout without one of its heartbeats (it hangs). A connection itself
+is dropped only after --client-timeout of silence.
+
+Every sandbox has a memory and a pids limit and a bounded writable layer. The
+defaults give each of the slots * oversubscribe sandboxes a node admits its
+share of the machine, within bounds (runtime/defaults.hpp): memory is the
+memory's share (at least 256 MiB, at most half), pids the share of 3/4 of
+kernel.pid_max (at least 512, at most half), disk half the memory limit (so a
+full disk answers ENOSPC before the memory limit). `node stats` shows them.
 
 At start dsecd removes what a crashed predecessor left (cgroups of dead dsec
 processes) and says what it removed. SIGINT or SIGTERM: every sandbox is
@@ -103,6 +144,8 @@ struct options {
   dsec::tls_options tls;
   dsec::daemon_options d;
   unsigned threads = 2;
+  std::string group = "dsec";
+  std::chrono::milliseconds client_timeout{30000};
 };
 
 // 127.0.0.0/8 or ::1: only this machine's processes can connect.
@@ -127,10 +170,22 @@ int main(int argc, char** argv) {
   bool backend_sim = false;
   const char* sim_flag = nullptr; // the last --sim-* option given
   dsec::sim_model model;
+  // --default-*: unset means derived; 0 for memory and pids means none.
+  std::optional<uint64_t> default_memory, default_pids, default_disk;
   dsec::cli::args a{argc, argv, 1};
   while (!a.empty()) {
     if (a.help()) {
       std::fputs(usage, stdout);
+      auto m = dsec::machine_resources::probe();
+      auto d = dsec::derive_defaults(m, dsec::default_slots, dsec::default_oversubscribe);
+      std::printf("\nOn this machine (%s of memory, pid_max %llu), with the default --slots\n"
+                  "and --oversubscribe: --default-memory %s, --default-pids %llu,\n"
+                  "--default-disk %s.\n",
+                  dsec::format_size(m.memory_bytes).c_str(),
+                  static_cast<unsigned long long>(m.pid_max),
+                  dsec::format_size(*d.memory_bytes).c_str(),
+                  static_cast<unsigned long long>(*d.pids),
+                  dsec::format_size(d.disk_bytes).c_str());
       return 0;
     }
     std::string v;
@@ -163,8 +218,27 @@ int main(int argc, char** argv) {
       if (v.empty())
         return bad("--tls: expected a directory (with ca.pem, cert.pem and key.pem)");
       o.tls.dir = v;
+    } else if (opt("--group")) {
+      if (v.empty())
+        return bad("--group: expected a group name");
+      o.group = v;
+    } else if (opt("--client-timeout")) {
+      auto dur = dsec::parse_duration(v, "--client-timeout");
+      if (!dur)
+        return bad(dur.error_value().message);
+      if (*dur < std::chrono::seconds(3) || *dur > std::chrono::hours(24))
+        return bad("--client-timeout: expected a duration from 3s to 24h, got '" + v + "'");
+      o.client_timeout = *dur;
     } else if (opt("--state")) {
       o.d.state_dir = v;
+    } else if (opt("--cluster-key")) {
+      if (v.empty())
+        return bad("--cluster-key: expected a file");
+      o.d.cluster_key_file = v;
+    } else if (opt("--trajectories")) {
+      if (v.empty() || v.front() != '/')
+        return bad("--trajectories: expected an absolute directory, got '" + v + "'");
+      o.d.trajectories = v;
     } else if (opt("--slots")) {
       if (!dsec::cli::parse_uint(v, 1'000'000, n))
         return bad("--slots: expected a whole number from 1 to 1000000 (0: a coordinator "
@@ -176,6 +250,32 @@ int main(int argc, char** argv) {
       if (v.empty() || *end != '\0' || !(r >= 0.1 && r <= 100))
         return bad("--oversubscribe: expected a ratio from 0.1 to 100, got '" + v + "'");
       o.d.oversubscribe = r;
+    } else if (opt("--default-memory")) {
+      if (v == "none") {
+        default_memory = 0;
+      } else {
+        auto sz = dsec::parse_size(v, "--default-memory");
+        if (!sz)
+          return bad(sz.error_value().message);
+        if (*sz < (4ull << 20))
+          return bad("--default-memory: a sandbox needs at least 4 MiB, got '" + v + "'");
+        default_memory = *sz;
+      }
+    } else if (opt("--default-pids")) {
+      if (v == "none")
+        default_pids = 0;
+      else if (!dsec::cli::parse_uint(v, 4'194'304, n) || n == 0)
+        return bad("--default-pids: expected a whole number from 1 to 4194304 or 'none', got '"
+                   + v + "'");
+      else
+        default_pids = n;
+    } else if (opt("--default-disk")) {
+      auto sz = dsec::parse_size(v, "--default-disk");
+      if (!sz)
+        return bad(sz.error_value().message);
+      if (*sz < (1ull << 20))
+        return bad("--default-disk: must be at least 1m, got '" + v + "'");
+      default_disk = *sz;
     } else if (opt("--cache-bytes")) {
       auto s = dsec::parse_size(v, "--cache-bytes");
       if (!s)
@@ -270,6 +370,19 @@ int main(int argc, char** argv) {
     return bad(std::string{sim_flag} + " is for --backend sim");
   if (backend_sim)
     o.d.sim = model;
+  {
+    auto d = dsec::derive_defaults(dsec::machine_resources::probe(), o.d.slots,
+                                   o.d.oversubscribe);
+    if (default_memory)
+      d.memory_bytes = *default_memory ? std::optional<uint64_t>{*default_memory} : std::nullopt;
+    if (default_pids)
+      d.pids = *default_pids ? std::optional<uint64_t>{*default_pids} : std::nullopt;
+    if (default_disk)
+      d.disk_bytes = *default_disk;
+    else if (default_memory && *default_memory)
+      d.disk_bytes = std::max<uint64_t>(*default_memory / 2 >> 20 << 20, 1ull << 20);
+    o.d.defaults = d;
+  }
   if (o.d.slots == 0 && !o.d.coordinator)
     return bad("--slots 0 is for a --coordinator that runs no sandboxes itself; a node needs "
                "at least 1");
@@ -278,6 +391,34 @@ int main(int argc, char** argv) {
                "joins it already");
   if ((o.d.coordinator || !o.d.join_host.empty()) && o.d.beat_timeout <= o.d.beat_interval)
     return bad("--beat-timeout must be longer than --beat-interval");
+  if (!o.d.cluster_key_file.empty() && !o.d.coordinator && o.d.join_host.empty())
+    return bad("--cluster-key is for a --coordinator or a node that joins one (--join)");
+  if (o.d.coordinator || !o.d.join_host.empty()) {
+    // The key of the cluster: made by a coordinator that has none yet, needed
+    // by every node (a simulated cluster's members are in this process: a
+    // random key of its own does, unless one is given).
+    if (o.d.sim && o.d.cluster_key_file.empty()) {
+      o.d.cluster_key = dsec::internal_key::random();
+    } else {
+      if (o.d.cluster_key_file.empty()) {
+        if (o.d.state_dir.empty())
+          return bad("a cluster's daemons need --cluster-key FILE (or --state DIR, for "
+                     "DIR/cluster.key)");
+        o.d.cluster_key_file = o.d.state_dir + "/cluster.key";
+        if (o.d.coordinator)
+          (void) ::mkdir(o.d.state_dir.c_str(), 0700); // a fresh state dir: the key goes first
+      }
+      auto key = dsec::load_cluster_key(o.d.cluster_key_file, o.d.coordinator);
+      if (!key) {
+        std::fprintf(stderr, "dsecd: %s%s\n", key.error_value().to_string().c_str(),
+                     o.d.coordinator ? ""
+                                     : " (a node cannot join its cluster without the "
+                                       "coordinator's key)");
+        return 1;
+      }
+      o.d.cluster_key = *key;
+    }
+  }
   if (!o.tls.enabled() && !is_loopback(o.host))
     return bad("--listen: " + o.host
                + " is not a loopback address; listening there needs --tls DIR, so that "
@@ -307,12 +448,13 @@ int main(int argc, char** argv) {
   cfg.set("scheduler.policy", caf::atom("sharing"));
   cfg.set("scheduler.max-threads", static_cast<size_t>(o.threads));
   cfg.set("logger.console", caf::atom("none"));
-  if (o.d.coordinator || !o.d.join_host.empty()) {
-    // A node that stops answering is dropped by CAF too (its proxies die,
-    // monitors fire), not only by the coordinator's heartbeat check.
-    cfg.set("middleman.heartbeat-interval", caf::timespan{o.d.beat_interval});
-    cfg.set("middleman.connection-timeout", caf::timespan{o.d.beat_timeout});
-  }
+  // CAF's heartbeat keeps every link alive while its peer lives and drops it
+  // after --client-timeout of silence. That timeout is CAF's one setting for
+  // all links, so it suits clients (whose commands run for minutes): a hung
+  // node is found sooner by its missed node heartbeats (--beat-timeout), a
+  // dead one when its connection drops.
+  cfg.set("middleman.heartbeat-interval", caf::timespan{std::chrono::seconds(1)});
+  cfg.set("middleman.connection-timeout", caf::timespan{o.client_timeout});
   caf::actor_system sys{cfg};
 
   if (o.port == 0) {
@@ -343,6 +485,10 @@ int main(int argc, char** argv) {
   o.d.name = shown + ":" + std::to_string(o.port);
   // A node joins its coordinator through the same transport (TLS with --tls).
   o.d.connector = caf::actor_cast<caf::actor>(dsec::middleman_of(sys));
+  dsec::door_policy door;
+  door.group = o.group;
+  if (!o.tls.enabled())
+    o.d.door = door.counts;
   auto d = dsec::daemon::start(sys, o.d);
   // No handle on the middleman may outlive the actor system: it waits for them.
   o.d.connector = nullptr;
@@ -353,8 +499,13 @@ int main(int argc, char** argv) {
   for (const auto& what : (*d)->collected())
     std::printf("dsecd: removed %s (left by a dsec that is gone)\n", what.c_str());
   const auto& sched = (*d)->scheduler();
-  auto port = dsec::publish(sys, caf::actor_cast<caf::strong_actor_ptr>(sched),
-                            sys.message_types(sched), o.port, o.host);
+  // Without TLS, the door admits root and the group's members only.
+  auto port = o.tls.enabled()
+                ? dsec::publish(sys, caf::actor_cast<caf::strong_actor_ptr>(sched),
+                                sys.message_types(sched), o.port, o.host)
+                : dsec::publish_behind_door(sys, caf::actor_cast<caf::strong_actor_ptr>(sched),
+                                            sys.message_types(sched), o.port, o.host,
+                                            door);
   if (!port) {
     std::fprintf(stderr, "dsecd: %s\n", port.error_value().message.c_str());
     (void) (*d)->shutdown();
@@ -362,7 +513,7 @@ int main(int argc, char** argv) {
   }
   std::string tls = o.tls.enabled() ? " with TLS: peers need a certificate signed by "
                                         + o.tls.dir + "/ca.pem"
-                                     : " without TLS";
+                                     : " without TLS: root and group " + o.group + " only";
   std::string role = o.d.coordinator ? ", coordinator"
                      : o.d.join_host.empty()
                        ? ""
@@ -373,9 +524,10 @@ int main(int argc, char** argv) {
                 shown.c_str(), *port, tls.c_str(), o.d.sim_nodes, o.d.sim_slots, o.threads);
   else
     std::printf("dsecd: listening on %s:%u%s (state %s, %u slots x %.2g, %u spawners, "
-                "%u threads%s)\n",
+                "%u threads%s; sandbox defaults: %s)\n",
                 shown.c_str(), *port, tls.c_str(), o.d.state_dir.c_str(), o.d.slots,
-                o.d.oversubscribe, o.d.spawners, o.threads, role.c_str());
+                o.d.oversubscribe, o.d.spawners, o.threads, role.c_str(),
+                o.d.defaults->describe().c_str());
   std::fflush(stdout);
   int sig = 0;
   ::sigwait(&stop, &sig);

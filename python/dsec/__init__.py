@@ -24,7 +24,7 @@ import weakref
 from . import _dsec
 from . import _files
 from .errors import (Error, InvalidArgument, NotFound, AlreadyExists, WrongKind, InUse,
-                     Malformed, TooLarge, Unauthenticated, Overloaded, SystemFailure,
+                     Malformed, TooLarge, Unauthenticated, Unauthorized, Overloaded, SystemFailure,
                      ToolFailed, Timeout, SandboxFailed, Disconnected, Lost, Unsupported,
                      Closed, CommandFailed, from_native as _from_native)
 
@@ -38,8 +38,8 @@ __all__ = [
     "connect", "Client", "Session", "Sandbox", "Batch", "Event", "ExecResult", "ExecStream",
     "AsyncExecStream", "SandboxInfo", "NodeStats",
     "Error", "InvalidArgument", "NotFound", "AlreadyExists", "WrongKind", "InUse", "Malformed",
-    "TooLarge", "Unauthenticated", "Overloaded", "SystemFailure", "ToolFailed", "Timeout",
-    "SandboxFailed", "Disconnected", "Lost", "Unsupported", "Closed", "CommandFailed",
+    "TooLarge", "Unauthenticated", "Unauthorized", "Overloaded", "SystemFailure", "ToolFailed",
+    "Timeout", "SandboxFailed", "Disconnected", "Lost", "Unsupported", "Closed", "CommandFailed",
     "Answer",
 ]
 
@@ -150,7 +150,8 @@ def _environment(base, workdir, tools, memory, pids, cpus, disk, net, chronus, t
     return env
 
 
-def _request(cmd, timeout, env, cwd, user, input, trusted, idempotent, max_output):
+def _request(cmd, timeout, env, cwd, user, input, trusted, idempotent, max_output,
+             pristine=False):
     req = _dsec.ExecRequest()
     if isinstance(cmd, str):
         req.argv = ["/bin/sh", "-c", cmd]
@@ -189,6 +190,10 @@ def _request(cmd, timeout, env, cwd, user, input, trusted, idempotent, max_outpu
     if input is not None:
         req.input = _bytes("input", input)
     req.trusted = bool(trusted)
+    req.pristine = bool(pristine)
+    if req.pristine and not req.trusted:
+        raise ValueError("pristine=True needs trusted=True (only a trusted command runs in "
+                         "the pristine root)")
     req.idempotent = bool(idempotent)
     if max_output is not None:
         req.max_output = _int("max_output", max_output, lo=1)
@@ -412,9 +417,10 @@ class Session:
         each; the last tool on top) and returns them as a Batch (a list).
 
         memory, disk: bytes (int) or a size such as "512m"; pids: most
-        processes; cpus: CPU bandwidth (1.5 = one and a half CPUs); net: a
-        private network with loopback; chronus: a Chronus socket (events(),
-        trusted commands); ttl: seconds (default: the session's).
+        processes (memory, pids and disk default to the node's defaults,
+        NodeStats.default_*); cpus: CPU bandwidth (1.5 = one and a half CPUs);
+        net: a private network with loopback; chronus: a Chronus socket
+        (events(), trusted commands); ttl: seconds (default: the session's).
 
         key: the trainer's name for this create, e.g. its episode id (a str
         without '#'; at most one live create per key). A resumed session gives
@@ -763,29 +769,34 @@ class Sandbox:
     # ---- commands ------------------------------------------------------------------------
 
     def exec(self, cmd, *, timeout=None, env=None, cwd=None, user=None, input=None,
-             trusted=False, idempotent=False, max_output=None, check=False):
+             trusted=False, idempotent=False, max_output=None, pristine=False, check=False):
         """Runs a command and collects its output; returns an ExecResult.
 
         cmd: a str runs under /bin/sh -c; a list is the argv. timeout: seconds,
         then the command's process group is killed (result.timed_out). env:
         {NAME: VALUE} added to the defaults; cwd: the directory (default /);
         user: a uid, or (uid, gid) (default: the sandbox's root); input: bytes
-        (or str) for stdin; trusted: a grader in a Chronus sandbox (it may talk
-        to Chronus); idempotent: safe to run again on resume; max_output: bytes
-        kept per stream (default 16 MiB; beyond, result.truncated).
+        (or str) for stdin; trusted: a grader in a Chronus sandbox (it talks
+        to Chronus over its own channel, and dsec's `chronus` comes first in its
+        PATH); pristine (with trusted): its root is the sandbox's layers without
+        anything the agent wrote, the agent's files read-only at /.dsec/agent
+        (docs/chronus.md); idempotent: safe to run again on resume; max_output:
+        bytes kept per stream (default 16 MiB; beyond, result.truncated).
 
         result.exit_code is the command's exit status, or 128+N when a signal
         N killed it (a timeout kills with SIGKILL: 137, timed_out True), as
         shells and the command line say; result.ok is exit code 0.
         check=True raises dsec.CommandFailed (with the result) unless it is.
         """
-        req = _request(cmd, timeout, env, cwd, user, input, trusted, idempotent, max_output)
+        req = _request(cmd, timeout, env, cwd, user, input, trusted, idempotent, max_output,
+                       pristine)
         return self._checked(req, self.session._s.exec(self.id, req), check)
 
     async def exec_async(self, cmd, *, timeout=None, env=None, cwd=None, user=None,
                          input=None, trusted=False, idempotent=False, max_output=None,
-                         check=False):
-        req = _request(cmd, timeout, env, cwd, user, input, trusted, idempotent, max_output)
+                         pristine=False, check=False):
+        req = _request(cmd, timeout, env, cwd, user, input, trusted, idempotent, max_output,
+                       pristine)
         fut, done = _future()
         self.session._s.exec_async(self.id, req, done)
         return self._checked(req, await fut, check)
@@ -796,16 +807,18 @@ class Sandbox:
         return result
 
     def exec_stream(self, cmd, *, timeout=None, env=None, cwd=None, user=None, input=None,
-                    trusted=False, idempotent=False):
+                    trusted=False, idempotent=False, pristine=False):
         """Runs a command, its output streamed: an ExecStream of (stream, chunk)."""
-        req = _request(cmd, timeout, env, cwd, user, input, trusted, idempotent, None)
+        req = _request(cmd, timeout, env, cwd, user, input, trusted, idempotent, None,
+                       pristine)
         return ExecStream(self.session._s.exec_stream(self.id, req))
 
     def exec_stream_async(self, cmd, *, timeout=None, env=None, cwd=None, user=None,
-                          input=None, trusted=False, idempotent=False):
+                          input=None, trusted=False, idempotent=False, pristine=False):
         """The asyncio exec_stream: an AsyncExecStream (the command starts when
         the iteration does)."""
-        req = _request(cmd, timeout, env, cwd, user, input, trusted, idempotent, None)
+        req = _request(cmd, timeout, env, cwd, user, input, trusted, idempotent, None,
+                       pristine)
         s = self.session._s
         return AsyncExecStream(lambda on_output, done: s.exec_stream_async(self.id, req,
                                                                           on_output, done))

@@ -105,7 +105,12 @@ def read_one(tar_bytes, path):
 
 
 def read_tree(tar_bytes, path):
-    """The regular files of the archive of directory `path`, as {relative path: bytes}."""
+    """The regular files of the archive of directory `path`, as {relative path: bytes}.
+
+    The archive comes from the sandbox (its own tar made it): every key is
+    checked to be a plain relative path below `path` (no "..", not absolute,
+    no empty or "." component), so that joining it to a local directory stays
+    inside that directory. A member that is not raises ValueError naming it."""
     out = {}
     with _open(tar_bytes, path) as t:
         members = t.getmembers()
@@ -118,6 +123,13 @@ def read_tree(tar_bytes, path):
         for m in members[1:]:
             if not m.isreg():
                 continue
-            rel = m.name[len(top):].lstrip("/") if m.name.startswith(top) else m.name
+            if m.name != top and not m.name.startswith(top + "/"):
+                raise ValueError(f"get_tree {path}: the sandbox's archive has {m.name!r}, "
+                                 f"which is not below {top!r}")
+            rel = m.name[len(top):].lstrip("/")
+            parts = rel.split("/")
+            if not rel or any(p in ("", ".", "..") for p in parts):
+                raise ValueError(f"get_tree {path}: the sandbox's archive has {m.name!r}, "
+                                 "which is not a plain relative path")
             out[rel] = t.extractfile(m).read()
     return out

@@ -23,7 +23,7 @@ count) raise ``TypeError`` or ``ValueError`` naming the argument instead.
 
 __all__ = [
     "Error", "InvalidArgument", "NotFound", "AlreadyExists", "WrongKind", "InUse",
-    "Malformed", "TooLarge", "Unauthenticated", "Overloaded", "SystemFailure",
+    "Malformed", "TooLarge", "Unauthenticated", "Unauthorized", "Overloaded", "SystemFailure",
     "ToolFailed", "Timeout", "SandboxFailed", "Disconnected", "Lost", "Unsupported",
     "Closed", "CommandFailed",
 ]
@@ -74,9 +74,11 @@ Malformed = _define("Malformed", 6, "malformed", "Bytes that do not parse as the
 TooLarge = _define("TooLarge", 7, "too_large", "Over a size limit.")
 Unauthenticated = _define("Unauthenticated", 8, "unauthenticated",
                           "A missing or wrong credential.")
+Unauthorized = _define("Unauthorized", 9, "unauthorized",
+                       "An internal verb of dsec, sent without the daemon's or cluster's key.")
 # A NotFound too (what was closed is not there any more), with its own code.
 Closed = type("Closed", (NotFound,), {
-    "code": 9, "code_name": "closed", "__module__": "dsec",
+    "code": 10, "code_name": "closed", "__module__": "dsec",
     "__doc__": "It was closed: the session (by close()), or the sandbox (destroyed, its TTL "
                "ran out, or closed before the session was resumed). Make a new one."})
 # 20..39: fine, but cannot be served now. Back off and retry.
@@ -100,7 +102,8 @@ Unsupported = _define("Unsupported", 80, "unsupported", "Not available on this n
 
 _BY_CODE = {cls.code: cls for cls in (
     InvalidArgument, NotFound, AlreadyExists, WrongKind, InUse, Malformed, TooLarge,
-    Unauthenticated, Closed, Overloaded, SystemFailure, ToolFailed, Timeout, SandboxFailed,
+    Unauthenticated, Unauthorized, Closed, Overloaded, SystemFailure, ToolFailed, Timeout,
+    SandboxFailed,
     Disconnected, Lost, Unsupported)}
 
 

@@ -657,7 +657,8 @@ void bind_values(py::module_& m) {
       [](exec_request& r, const py::bytes& b) { r.input = std::string(b); })
     .def_readwrite("max_output", &exec_request::max_output)
     .def_readwrite("trusted", &exec_request::trusted)
-    .def_readwrite("idempotent", &exec_request::idempotent);
+    .def_readwrite("idempotent", &exec_request::idempotent)
+    .def_readwrite("pristine", &exec_request::pristine);
 
   py::class_<exec_result>(m, "ExecResult", "How a command ended, and its output.")
     .def_readonly("exit_code", &exec_result::exit_code)
@@ -709,6 +710,10 @@ void bind_values(py::module_& m) {
   DSEC_STAT(chronus_answered); DSEC_STAT(chronus_too_large); DSEC_STAT(chronus_malformed);
   DSEC_STAT(chronus_unauthenticated); DSEC_STAT(chronus_invalid);
   DSEC_STAT(chronus_flooding); DSEC_STAT(chronus_refused_connections);
+  DSEC_STAT(refused_clients);
+  DSEC_STAT(refused_internal);
+  DSEC_STAT(default_memory); DSEC_STAT(default_pids); DSEC_STAT(default_disk);
+  DSEC_STAT(cgroups_reused); DSEC_STAT(cgroups_made);
 #undef DSEC_STAT
   stats.def("__repr__", [](const node_stats& s) {
     return "<dsec NodeStats node=" + s.node + " live=" + std::to_string(s.live)

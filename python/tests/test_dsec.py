@@ -166,6 +166,30 @@ class Files(Base):
                 sb.put("/tmp/x", 42)
 
 
+    def test_get_tree_refuses_names_that_leave_the_tree(self):
+        # The sandbox controls the archive get returns: here its tar is
+        # replaced by one that returns a crafted archive with "..".
+        import io
+        import tarfile
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as t:
+            d = tarfile.TarInfo("work")
+            d.type = tarfile.DIRTYPE
+            t.addfile(d)
+            data = b"owned\n"
+            f = tarfile.TarInfo("work/../../etc/cron.d/x")
+            f.size = len(data)
+            t.addfile(f, io.BytesIO(data))
+        with self.c.session(quota=1, ttl=120) as s:
+            sb = s.create("py@1")[0]
+            sb.put("/tmp/evil.tar", buf.getvalue())
+            sb.exec("mkdir -p /usr/local/bin && printf '#!/bin/sh\\ncat /tmp/evil.tar\\n'"
+                    " > /usr/local/bin/tar && chmod 755 /usr/local/bin/tar")
+            with self.assertRaises(ValueError) as cm:
+                sb.get_tree("/work")
+            self.assertIn("work/../../etc/cron.d/x", str(cm.exception))
+
+
 class Errors(Base):
     def test_errors_map_to_their_classes_and_name_the_input(self):
         with self.assertRaises(ValueError) as cm:
@@ -256,6 +280,11 @@ class Lifecycle(Base):
         st = self.c.stats()
         self.assertEqual(st.node, D.address)
         self.assertGreaterEqual(st.created, 5)
+        # Every sandbox has limits: the node's defaults for what it leaves out.
+        self.assertGreaterEqual(st.default_memory, 4 << 20)
+        self.assertGreater(st.default_pids, 0)
+        self.assertGreater(st.default_disk, 0)
+        self.assertGreater(st.cgroups_reused + st.cgroups_made, 0)
 
     def test_close_fails_calls_in_flight(self):
         c2 = dsec.connect(D.address)
@@ -529,6 +558,28 @@ class Chronus(Base):
                 self.assertGreaterEqual((await self.c.stats_async()).chronus_answered, len(sbs))
 
         asyncio.run(main())
+
+    def test_a_pristine_grader_runs_the_layers_own_sh_over_the_agents_files(self):
+        with self.c.session(quota=1, ttl=120) as s:
+            sb = s.create("py@1", chronus=True)[0]
+            # The agent writes its answer and replaces /bin/sh with a wrapper.
+            r = sb.exec(["/bin/busybox", "sh", "-c",
+                         "echo 42 > /tmp/answer; cp /bin/busybox /tmp/busybox; rm /bin/sh;"
+                         " echo '#!/tmp/busybox sh' > /bin/sh; echo 'echo wrapped >> /tmp/log' >> /bin/sh;"
+                         " echo 'exec /tmp/busybox sh \"$@\"' >> /bin/sh; chmod 755 /bin/sh"])
+            self.assertEqual(r.exit_code, 0, r.stderr)
+            g = sb.exec("cat /.dsec/agent/tmp/answer; echo no > /.dsec/agent/tmp/answer"
+                        " || echo read-only; chronus stage graded",
+                        trusted=True, pristine=True, timeout=60)
+            self.assertEqual(g.exit_code, 0, g.stderr)
+            self.assertEqual(g.stdout, b"42\nread-only\n")
+            self.assertEqual(sb.exec(["/tmp/busybox", "cat", "/tmp/answer", "/tmp/log"]).stdout,
+                             b"42\n")  # untouched, and the wrapper never ran
+            ev = next(s.events(timeout=30))
+            self.assertEqual((ev.kind, ev.text), ("stage", "graded"))
+            with self.assertRaises(ValueError) as cm:
+                sb.exec("true", pristine=True)
+            self.assertIn("trusted", str(cm.exception))
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <set>
@@ -56,8 +57,12 @@ struct cluster {
   }
 
   std::unique_ptr<dsecd_proc> start_node(size_t i, uint16_t port) {
+    // The coordinator's key (it made it in its state dir), and its trajectory
+    // dir: the daemons of one machine share it, as tools/cluster's do.
     std::vector<std::string> argv{"--join", "127.0.0.1:" + std::to_string(coord->port),
-                                  "--state", states[i], "--slots", "200"};
+                                  "--state", states[i], "--slots", "200",
+                                  "--cluster-key", actor_layers() + "/cluster.key",
+                                  "--trajectories", actor_layers() + "/trajectories"};
     if (port)
       argv = argv + std::vector<std::string>{"--listen", "127.0.0.1:" + std::to_string(port)};
     return std::make_unique<dsecd_proc>(argv + node_extra_);
@@ -116,6 +121,37 @@ std::string spread_text(const std::map<std::string, std::vector<std::string>>& m
 }
 
 } // namespace
+
+TEST_CASE("cluster: links of idle trainers and of commands longer than --beat-timeout live") {
+  // The node heartbeat's --beat-timeout (1.5 s) once dropped every quiet
+  // client link too (issue 19). Now a trainer that idles, and commands that
+  // run past it, through the coordinator and directly on a node, all live.
+  cluster cl(1);
+  auto s = cl.c->open_session();
+  REQUIRE(s);
+  auto ids = (*s)->create(env_of(), 2); // one on each node
+  REQUIRE(ids);
+  REQUIRE(by_node(**s).size() == 2);
+  std::this_thread::sleep_for(5s); // idle: over three --beat-timeouts
+  for (const auto& id : *ids) {
+    auto r = (*s)->exec(id, cmd({"sh", "-c", "sleep 5; echo done"}));
+    REQUIRE_MESSAGE(r, id << ": " << describe(r.error_value()));
+    CHECK(r->out == "done\n");
+  }
+  // By id, straight to the node that runs it (the command line's way).
+  auto direct = connect(cl.sys, cl.nodes[0]->port);
+  for (const auto& id : *ids) {
+    auto info = by_node(**s);
+    if (info[cl.node_name(0)].empty() || info[cl.node_name(0)].front() != id)
+      continue;
+    auto r = direct->exec(id, cmd({"sh", "-c", "sleep 5; echo direct"}));
+    REQUIRE_MESSAGE(r, describe(r.error_value()));
+    CHECK(r->out == "direct\n");
+  }
+  auto st = cl.c->stats();
+  REQUIRE(st);
+  CHECK(cl.up() == 2);
+}
 
 TEST_CASE("cluster_map: pieces, spread over every node, locality, full nodes") {
   cluster_map m{42};
@@ -408,6 +444,69 @@ TEST_CASE("kill -9 of a node: its sandboxes are reported lost, new creates land 
   check_nothing_left(before);
 }
 
+TEST_CASE("a trajectory log in a cluster: packs taken on a node that is gone; its sandboxes are "
+          "rebuilt on the others from the shared trajectory dir") {
+  auto before = settled_snapshot();
+  {
+    cluster cl(2);
+    auto victim = cl.node_name(0);
+    std::string sid;
+    std::vector<std::string> ids, on_victim;
+    auto step = cmd({"sh", "-c",
+                     "mkdir -p /work && echo one >> /work/runs && i=0; "
+                     "while [ $i -lt 1200 ]; do : > /work/f$i; i=$((i+1)); done; "
+                     "wc -l < /work/runs"});
+    {
+      // The first trainer: a command in each sandbox on the victim node, with
+      // enough files that its pack is a file of the dir, not inline in the log.
+      auto c = connect(cl.sys, cl.coord->port);
+      auto s = c->open_session({.quota = 30, .trajectory = true});
+      REQUIRE(s);
+      sid = (*s)->id();
+      auto made = (*s)->create(env_of(), 30);
+      REQUIRE(made);
+      ids = *made;
+      on_victim = by_node(**s)[victim];
+      REQUIRE_MESSAGE(!on_victim.empty(), spread_text(by_node(**s)));
+      for (const auto& id : on_victim) {
+        auto r = (*s)->exec(id, step);
+        REQUIRE_MESSAGE(r, describe(r.error_value()));
+        CHECK(r->out == "1\n");
+      }
+    } // the trainer goes: its sandboxes go, its log stays
+    REQUIRE(eventually_gone(*cl.c, ids));
+    size_t packs = 0;
+    for (const auto& e : std::filesystem::directory_iterator(actor_layers() + "/trajectories/"
+                                                              + sid + "/packs"))
+      (void) e, ++packs;
+    CHECK(packs >= on_victim.size());
+    // The node that took the packs goes too.
+    cl.nodes[0]->stop(SIGTERM);
+    REQUIRE(eventually([&] { return !cl.member(victim).has_value(); }, 60s));
+    auto s = cl.c->resume_session(sid);
+    REQUIRE_MESSAGE(s, describe(s.error_value()));
+    // The trainer again: the same create and step are answered from the log,
+    // then a new command rebuilds each sandbox from its pack.
+    auto again = (*s)->create(env_of(), 30);
+    REQUIRE(again);
+    CHECK(*again == ids);
+    for (const auto& id : on_victim) {
+      auto logged = (*s)->exec(id, step);
+      REQUIRE_MESSAGE(logged, describe(logged.error_value()));
+      CHECK(logged->out == "1\n");
+      auto r = (*s)->exec(id, cmd({"sh", "-c", "cat /work/runs; ls /work | wc -l"}));
+      REQUIRE_MESSAGE(r, describe(r.error_value()));
+      CHECK(r->out == "one\n1201\n");
+    }
+    auto where = by_node(**s);
+    CHECK(where.count(victim) == 0);
+    MESSAGE(on_victim.size() << " sandboxes packed on " << victim << ", rebuilt on: "
+                             << spread_text(where));
+    REQUIRE((*s)->close());
+  }
+  check_nothing_left(before);
+}
+
 TEST_CASE("a hung node is lost by its missing heartbeats, then destroys its sandboxes and rejoins") {
   cluster cl(2);
   auto s = cl.c->open_session({.quota = 100});
@@ -434,6 +533,20 @@ TEST_CASE("a hung node is lost by its missing heartbeats, then destroys its sand
     return m && m->last.live == 0;
   }, 60s), cl.nodes[1]->bg.out());
   CHECK(cl.nodes[1]->bg.wait_for_output("declared lost", 10s));
+  // `cluster status` shows it once, up.
+  size_t rows = 0;
+  for (const auto& x : cl.members())
+    rows += x.name == victim;
+  CHECK(rows == 1);
+  // The session that lived through it uses it again.
+  auto more = (*s)->create(env_of(), 40);
+  REQUIRE_MESSAGE(more, describe(more.error_value()));
+  CHECK(more->size() == 40);
+  CHECK_MESSAGE(by_node(**s).count(victim) == 1, spread_text(by_node(**s)));
+  auto there = by_node(**s)[victim];
+  REQUIRE(!there.empty());
+  auto e = (*s)->exec(there.front(), cmd({"/bin/true"}));
+  CHECK_MESSAGE(e, describe(e.error_value()));
   REQUIRE((*s)->close());
 }
 
@@ -553,8 +666,10 @@ TEST_CASE("with --tls a node holding a certificate of the CA joins; one without 
   REQUIRE(::mkdir((dir / "b").c_str(), 0700) == 0);
   dsecd_proc coord({"--coordinator", "--tls", dir / "tls"});
   auto where = "127.0.0.1:" + std::to_string(coord.port);
-  dsecd_proc good({"--join", where, "--tls", dir / "tls", "--state", dir / "a"});
-  dsecd_proc bad({"--join", where, "--state", dir / "b"});
+  auto key = actor_layers() + "/cluster.key"; // the coordinator's: made in its state dir
+  dsecd_proc good(
+    {"--join", where, "--tls", dir / "tls", "--state", dir / "a", "--cluster-key", key});
+  dsecd_proc bad({"--join", where, "--state", dir / "b", "--cluster-key", key});
   CHECK(good.bg.wait_for_output("joined the cluster of " + where, 60s));
   CHECK(bad.bg.wait_for_output("cannot join the coordinator " + where, 60s));
   auto status = run_process({suite::get().dsec_bin(), "--connect", where, "--tls", dir / "tls",
@@ -563,6 +678,35 @@ TEST_CASE("with --tls a node holding a certificate of the CA joins; one without 
   CHECK(status.out.find("127.0.0.1:" + std::to_string(good.port)) != std::string::npos);
   CHECK(status.out.find("127.0.0.1:" + std::to_string(bad.port)) == std::string::npos);
   CHECK(status.out.find("2 nodes up") != std::string::npos);
+}
+
+TEST_CASE("tools/cluster up -- --tls DIR: waits with TLS, its hints say --tls, status and down work") {
+  temp_dir dir{"/tmp", "dsec-tools-cluster-tls"};
+  auto script = env_path("DSEC_CLUSTER_SCRIPT");
+  auto certs = script.substr(0, script.rfind('/')) + "/tls-certs";
+  auto made = run_process({certs, dir / "tls"});
+  REQUIRE_MESSAGE(made.status == 0, made.describe());
+  auto cdir = dir / "c";
+  int base = 40000 + static_cast<int>(::getpid() % 20000);
+  ::setenv("DSECD", env_path("DSECD_BIN").c_str(), 1);
+  ::setenv("DSEC", suite::get().dsec_bin().c_str(), 1);
+  ::unsetenv("DSEC_TLS");
+  spawn_options o;
+  o.kill_after = std::chrono::seconds(180);
+  auto up = run_process({script, "up", "1", "--dir", cdir, "--port", std::to_string(base),
+                         "--slots", "10", "--", "--tls", dir / "tls"},
+                        o);
+  REQUIRE_MESSAGE(up.status == 0, up.describe());
+  CHECK(up.out.find("joined 2 of 2 nodes") != std::string::npos);
+  CHECK(up.out.find("--tls " + (dir / "tls") + " run --base NAME@VERSION -- echo hello")
+        != std::string::npos);
+  auto status = run_process({script, "status", "--dir", cdir});
+  CHECK_MESSAGE(status.status == 0, status.describe());
+  CHECK(status.out.find("2 nodes up") != std::string::npos);
+  auto help = run_process({script, "--help"});
+  CHECK(help.out.find("set -euo") == std::string::npos);
+  auto down = run_process({script, "down", "--dir", cdir});
+  CHECK_MESSAGE(down.status == 0, down.describe());
 }
 
 TEST_CASE("--backend sim: 8 simulated nodes in the coordinator take 2,000 sandboxes in batches, "

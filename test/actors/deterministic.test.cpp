@@ -195,6 +195,14 @@ T& value_of(answer<T>& a) {
   return std::get<0>(*a.value);
 }
 
+/// The value of a keyed answer (an internal verb's reply: the key, then the value).
+template <class T>
+T& value_of(answer<internal_key, T>& a) {
+  REQUIRE_MESSAGE(a.done, "no answer yet");
+  REQUIRE_MESSAGE(a.value.has_value(), "an error instead of a value: " << describe_caf(a.err));
+  return std::get<1>(*a.value);
+}
+
 /// Checks that `a` failed with `code`, its message naming `names`.
 template <class... Ts>
 void check_refused(const answer<Ts...>& a, errc code, std::string_view names) {
@@ -268,7 +276,7 @@ private:
     auto sl = eng_->layers().system_layer();
     REQUIRE_MESSAGE(sl, describe(sl.error_value()));
     gate_.close(eng_->io());
-    cache = spawn_layer_cache(*sys_, *eng_, o.cache_bytes);
+    cache = spawn_layer_cache(*sys_, *eng_, o.cache_bytes, key);
     node_config nc;
     nc.name = "det";
     nc.slots = o.slots;
@@ -276,10 +284,13 @@ private:
     nc.max_starting = o.max_starting;
     nc.cache = cache;
     nc.eng = eng_.get();
+    nc.trajectories = actor_layers() + "/trajectories";
+    nc.key = key;
     node = spawn_node(*sys_, std::move(nc));
     scheduler_config sc;
     sc.node = node;
     sc.name = "det";
+    sc.key = key;
     entry = spawn_scheduler(*sys_, std::move(sc));
     step();
     // The scheduler's own session, to end it at teardown whatever happens.
@@ -404,10 +415,10 @@ public:
     return h->ready;
   }
 
-  node_stats stats() { return value_of(*now<node_stats>(node, stats_atom::value)); }
+  node_stats stats() { return value_of(*now<internal_key, node_stats>(node, stats_atom::value, key)); }
 
   std::vector<sandbox_info> node_list() {
-    return value_of(*now<std::vector<sandbox_info>>(node, list_atom::value));
+    return value_of(*now<internal_key, std::vector<sandbox_info>>(node, list_atom::value, key));
   }
 
   /// The node's list as id -> state.
@@ -419,11 +430,11 @@ public:
   }
 
   sandbox_actor lookup(const std::string& id) {
-    return value_of(*now<sandbox_actor>(node, lookup_atom::value, id));
+    return value_of(*now<internal_key, sandbox_actor>(node, lookup_atom::value, key, id));
   }
 
   sandbox_info info(const sandbox_actor& sb) {
-    return value_of(*now<sandbox_info>(sb, list_atom::value));
+    return value_of(*now<sandbox_info>(sb, list_atom::value, key));
   }
 
   /// Ends the node actor (its scheduler's requests fail from now on); teardown
@@ -434,6 +445,8 @@ public:
     node_killed_ = true;
   }
 
+  /// The member key of this world's actors (the test is one of dsec's own).
+  internal_key key = internal_key::random();
   layer_cache_actor cache;
   node_actor node;
   scheduler_actor entry;
@@ -452,7 +465,7 @@ private:
         FAIL_CHECK("teardown: " << what);
     };
     if (eng_ && entry) {
-      auto down = ask<uint32_t>(entry, shutdown_atom::value);
+      auto down = ask<uint32_t>(entry, shutdown_atom::value, process_key());
       if (!settle_quietly([&] { return down->done; }))
         complain("the node's shutdown never answered");
       else if (!down->value && !node_killed_)
@@ -524,7 +537,7 @@ TEST_CASE("sandbox: creating, ready, running, ready, destroying, gone; each step
     CHECK(st.live == 1);
     CHECK(st.creating == 1);
     CHECK(st.created == 0);
-    check_refused(*w.now<exec_result>(sb, exec_atom::value, cmd({"true"})),
+    check_refused(*w.now<exec_result>(sb, exec_atom::value, w.key, cmd({"true"})),
                   errc::invalid_argument, "not ready");
 
     w.settle([&] { return created->done; }, "the sandbox is ready");
@@ -540,7 +553,7 @@ TEST_CASE("sandbox: creating, ready, running, ready, destroying, gone; each step
     CHECK(st.created == 1);
 
     // running while a command is in flight: its end is the reactor's to report
-    auto ex = w.ask<exec_result>(sb, exec_atom::value,
+    auto ex = w.ask<exec_result>(sb, exec_atom::value, w.key,
                                  cmd({"sh", "-c", "echo out; echo err >&2; exit 3"}));
     w.step();
     CHECK_FALSE(ex->done);
@@ -559,11 +572,11 @@ TEST_CASE("sandbox: creating, ready, running, ready, destroying, gone; each step
     CHECK(i.running == 0);
 
     // destroy: init is killed now; the reap waits for the reactor
-    auto d = w.ask<bool>(sb, destroy_atom::value);
+    auto d = w.ask<bool>(sb, destroy_atom::value, w.key);
     w.step();
     CHECK_FALSE(d->done);
     CHECK(w.info(sb).state == "destroying");
-    check_refused(*w.now<exec_result>(sb, exec_atom::value, cmd({"true"})), errc::not_found,
+    check_refused(*w.now<exec_result>(sb, exec_atom::value, w.key, cmd({"true"})), errc::not_found,
                   "being destroyed");
     w.settle([&] { return d->done; }, "the sandbox is destroyed");
     CHECK(value_of(*d));
@@ -575,9 +588,10 @@ TEST_CASE("sandbox: creating, ready, running, ready, destroying, gone; each step
     check_refused(*w.now<exec_result>(w.entry, exec_atom::value, id, cmd({"true"})),
                   errc::not_found, id);
     check_refused(*w.now<bool>(sess, destroy_atom::value, id), errc::closed, id);
-    check_refused(*w.now<sandbox_actor>(w.node, lookup_atom::value, id), errc::not_found, id);
+    check_refused(*w.now<internal_key, sandbox_actor>(w.node, lookup_atom::value, w.key, id),
+                  errc::not_found, id);
     // Its actor has ended: a request to the stale handle is CAF's failure.
-    check_refused(*w.now<exec_result>(sb, exec_atom::value, cmd({"true"})), errc::disconnected,
+    check_refused(*w.now<exec_result>(sb, exec_atom::value, w.key, cmd({"true"})), errc::disconnected,
                   "");
     CHECK(value_of(*w.now<std::vector<sandbox_info>>(sess, list_atom::value)).empty());
     st = w.stats();
@@ -604,7 +618,7 @@ TEST_CASE("sandbox: an exec's timeout fires on the test clock: the command is ki
     auto req = cmd({"sh", "-c", "echo before; exec sleep 1000"});
     req.timeout_ms = 30'000;
     req.stream = true;
-    auto ex = w.ask<exec_result>(sb, exec_atom::value, req);
+    auto ex = w.ask<exec_result>(sb, exec_atom::value, w.key, req);
     w.settle([&] { return ex->streamed() == "before\n"; }, "the command runs");
     CHECK(w.info(sb).state == "running");
 
@@ -625,12 +639,12 @@ TEST_CASE("sandbox: an exec's timeout fires on the test clock: the command is ki
     // One that ends by itself is not marked, and its stale timer does nothing.
     auto quick = cmd({"echo", "quick"});
     quick.timeout_ms = 30'000;
-    auto q = w.wait<exec_result>(sb, exec_atom::value, quick);
+    auto q = w.wait<exec_result>(sb, exec_atom::value, w.key, quick);
     CHECK(value_of(*q).out == "quick\n");
     CHECK_FALSE(value_of(*q).timed_out);
     w.advance(30'000ms);
     CHECK(w.info(sb).state == "ready");
-    auto again = w.wait<exec_result>(sb, exec_atom::value, cmd({"echo", "still-here"}));
+    auto again = w.wait<exec_result>(sb, exec_atom::value, w.key, cmd({"echo", "still-here"}));
     CHECK(value_of(*again).out == "still-here\n");
     CHECK(w.stats().live == 1);
   }
@@ -686,7 +700,7 @@ TEST_CASE("sandbox: its init dying ends it and fails the command in flight") {
     auto sb = w.lookup(id);
     auto req = cmd({"sh", "-c", "echo up; exec sleep 1000"});
     req.stream = true;
-    auto ex = w.ask<exec_result>(sb, exec_atom::value, req);
+    auto ex = w.ask<exec_result>(sb, exec_atom::value, w.key, req);
     w.settle([&] { return ex->streamed() == "up\n"; }, "the command runs");
     auto inits = our_inits();
     REQUIRE(inits.size() == 1);
@@ -971,45 +985,45 @@ TEST_CASE("layer_cache: a layer is leased while in use (refcounted), released af
   REQUIRE(ref);
   world w;
   auto stats = [&] {
-    auto a = w.now<uint32_t, uint64_t, uint64_t, uint64_t>(w.cache, stats_atom::value);
+    auto a = w.now<uint32_t, uint64_t, uint64_t, uint64_t>(w.cache, stats_atom::value, process_key());
     REQUIRE(a->value);
     return *a->value;
   };
   auto env = env_of({}, {"detrm@1"});
 
-  auto l1 = value_of(*w.now<layer_set>(w.cache, acquire_atom::value, env));
+  auto l1 = value_of(*w.now<internal_key, layer_set>(w.cache, acquire_atom::value, process_key(), env));
   CHECK(l1.lease != 0);
   CHECK(l1.fds.size() == 3); // the system layer, the tool, the base (topmost first)
   auto s = stats();
   CHECK(std::get<0>(s) == 2); // the system layer is not the cache's to count
   CHECK(std::get<1>(s) == layer_size(tar_base) + layer_size("detrm@1"));
   CHECK(std::get<2>(s) == 0);
-  auto l2 = value_of(*w.now<layer_set>(w.cache, acquire_atom::value, env));
+  auto l2 = value_of(*w.now<internal_key, layer_set>(w.cache, acquire_atom::value, process_key(), env));
   CHECK(l2.lease != l1.lease);
   CHECK(l2.fds == l1.fds); // the same mounts
   CHECK(std::get<0>(stats()) == 2);
   check_error(st->remove(*ref), errc::in_use, "detrm@1");
 
-  caf::anon_send(w.cache, release_atom::value, l1.lease);
+  caf::anon_send(w.cache, release_atom::value, process_key(), l1.lease);
   w.step();
   check_error(st->remove(*ref), errc::in_use, "detrm@1"); // l2 still uses it
-  caf::anon_send(w.cache, release_atom::value, l1.lease); // twice: nothing more
-  caf::anon_send(w.cache, release_atom::value, uint64_t{999'999}); // unknown: nothing
+  caf::anon_send(w.cache, release_atom::value, process_key(), l1.lease); // twice: nothing more
+  caf::anon_send(w.cache, release_atom::value, process_key(), uint64_t{999'999}); // unknown: nothing
   w.step();
   check_error(st->remove(*ref), errc::in_use, "detrm@1");
-  caf::anon_send(w.cache, release_atom::value, l2.lease);
+  caf::anon_send(w.cache, release_atom::value, process_key(), l2.lease);
   w.step();
   auto removed = st->remove(*ref);
   CHECK_MESSAGE(removed, describe(removed.error_value()));
   // Unused mounts stay cached (no budget): asking again checks the ref.
   CHECK(std::get<0>(stats()) == 2);
-  check_refused(*w.now<layer_set>(w.cache, acquire_atom::value, env), errc::not_found, "detrm@1");
+  check_refused(*w.now<internal_key, layer_set>(w.cache, acquire_atom::value, process_key(), env), errc::not_found, "detrm@1");
 
   // A wrong kind is refused and leaves no lease behind.
   fx.build_layer("tool", "detwk@1", fx.make_tree("detwk", {{"opt/detwk/marker", "wk\n"}}));
   auto bad = env_of();
   bad.base = "detwk@1";
-  check_refused(*w.now<layer_set>(w.cache, acquire_atom::value, bad), errc::wrong_kind, "detwk@1");
+  check_refused(*w.now<internal_key, layer_set>(w.cache, acquire_atom::value, process_key(), bad), errc::wrong_kind, "detwk@1");
   auto wk = parse_layer_ref("detwk@1");
   REQUIRE(wk);
   auto freed = st->remove(*wk);
@@ -1054,16 +1068,16 @@ TEST_CASE("layer_cache: over its byte budget it evicts unused mounts, least rece
     uint64_t bytes, budget, evicted;
   };
   auto stats = [&] {
-    auto a = w.now<uint32_t, uint64_t, uint64_t, uint64_t>(w.cache, stats_atom::value);
+    auto a = w.now<uint32_t, uint64_t, uint64_t, uint64_t>(w.cache, stats_atom::value, process_key());
     REQUIRE(a->value);
     auto [n, b, bu, e] = *a->value;
     return cache_stats{n, b, bu, e};
   };
   auto acquire = [&](const std::string& tool) {
-    return value_of(*w.now<layer_set>(w.cache, acquire_atom::value, env_of({}, {tool})));
+    return value_of(*w.now<internal_key, layer_set>(w.cache, acquire_atom::value, process_key(), env_of({}, {tool})));
   };
   auto release = [&](const layer_set& ls) {
-    caf::anon_send(w.cache, release_atom::value, ls.lease);
+    caf::anon_send(w.cache, release_atom::value, process_key(), ls.lease);
     w.step();
   };
 
@@ -1149,7 +1163,7 @@ TEST_CASE("a sandbox destroyed while it is being created is reported to its sess
   w.step();
   REQUIRE(w.states().size() == 1); // creating
   // The node shuts down (dsecd stopping) during the batch; `dsec rm ID` does the same.
-  auto down = w.wait<uint32_t>(w.node, shutdown_atom::value);
+  auto down = w.wait<uint32_t>(w.node, shutdown_atom::value, process_key());
   CHECK(value_of(*down) == 1);
   w.settle_quietly([&] { return c->done; }, 5s);
   CHECK(c->done);                  // the batch should answer (0 created) ...

@@ -260,7 +260,8 @@ TEST_CASE("dsecd: after a SIGKILL its sandboxes die and the next dsecd collects 
       auto limited = env_of();
       limited.memory = 64ull << 20;
       limited.pids = 32;
-      // 100 live sandboxes: 50 with limits (cgroups), 50 without.
+      // 100 live sandboxes: 50 with limits of their own, 50 with the node's
+      // defaults (cgroups for all).
       auto ids = make(*s, limited, 50);
       make(*s, env_of(), 50);
       auto req = cmd({"sh", "-c", "sleep 1000 & sleep 1000"});

@@ -10,6 +10,8 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <chrono>
+#include <future>
 #include <map>
 #include <mutex>
 #include <random>
@@ -23,6 +25,7 @@
 #include "test/actors/common.hpp"
 #include "test/support/fixture.hpp"
 #include "test/support/host.hpp"
+#include "test/support/process.hpp"
 
 using namespace dsec;
 using namespace dsec::test;
@@ -293,6 +296,66 @@ TEST_CASE("put then get round-trips a directory") {
     check_error(s->get(id, "tmp/in"), errc::invalid_argument, "tmp/in");
     CHECK(run(*s, id, cmd({"echo", "ok"})).out == "ok\n");
   }
+}
+
+// Issue 12 §3 for put and get: they run the sandbox's own tar, in the
+// sandbox; the daemon only feeds it a memfd and reads its pipes from the
+// reactor. Fifos, sockets and device nodes where they read or write change
+// nothing, and a tar that never ends (the agent's own, reading a fifo) holds
+// only its request: the node answers meanwhile, and destroying the sandbox
+// ends the request with an error.
+TEST_CASE("put and get never wait on the sandbox's files: fifos, sockets, devices, a tar that never ends") {
+  embedded n;
+  auto s = open(*n.c);
+  auto ids = make(*s, env_of(), 2);
+  auto id = ids[0];
+  auto bg = cmd({"probe", "seqpacket-listen", "/work/d/sock"});
+  REQUIRE(run(*s, id, cmd({"sh", "-c",
+                           "mkdir -p /work/d && cd /work/d && echo hi > f && mkfifo fifo"
+                           " && busybox ln /dev/null null"})).exit_code == 0);
+  bg.detach = true;
+  run(*s, id, bg);
+  REQUIRE(run(*s, id, cmd({"sh", "-c", "while [ ! -S /work/d/sock ]; do sleep 0.05; done"}))
+            .exit_code == 0);
+  auto got = s->get(id, "/work/d");
+  REQUIRE_MESSAGE(got, describe(got.error_value()));
+  auto listed = run_process({"/usr/bin/tar", "-tvf", "-"}, [&] {
+    spawn_options o;
+    o.input = *got;
+    return o;
+  }());
+  REQUIRE_MESSAGE(listed.status == 0, listed.describe());
+  CHECK_MESSAGE(listed.out.find("d/f\n") != std::string::npos, listed.out);
+  CHECK_MESSAGE(listed.out.find("\np") != std::string::npos, listed.out); // the fifo, as a fifo
+  CHECK_MESSAGE(listed.out.find("d/sock") == std::string::npos, listed.out);
+
+  // A put whose names are a fifo and a device node in the sandbox: replaced.
+  auto src = suite::get().scratch();
+  write_file(src / "fifo", "was a fifo\n");
+  write_file(src / "null", "was a device\n");
+  auto put = s->put(id, "/work/d", host_tar(src.path()));
+  REQUIRE_MESSAGE(put, describe(put.error_value()));
+  CHECK(run(*s, id, cmd({"cat", "/work/d/fifo", "/work/d/null"})).out
+        == "was a fifo\nwas a device\n");
+
+  // The agent's tar now reads a fifo nobody writes: the get never ends by itself.
+  REQUIRE(run(*s, id, cmd({"sh", "-c",
+                           "mkfifo /tmp/block && mkdir -p /usr/local/bin && printf"
+                           " '#!/bin/sh\\ncat /tmp/block\\n' > /usr/local/bin/tar"
+                           " && chmod 755 /usr/local/bin/tar"})).exit_code == 0);
+  auto stuck = std::async(std::launch::async, [&] { return n.c->get(id, "/work/d"); });
+  auto puts = std::async(std::launch::async, [&] { return n.c->put(id, "/work", host_tar(src.path())); });
+  // Meanwhile: the node, the same sandbox and the other one all answer.
+  CHECK(node_stats_of(*n.c).live == 2);
+  CHECK(run(*s, id, cmd({"echo", "same"})).out == "same\n");
+  CHECK(run(*s, ids[1], cmd({"echo", "other"})).out == "other\n");
+  CHECK(stuck.wait_for(std::chrono::milliseconds(0)) == std::future_status::timeout);
+  auto d = s->destroy(id);
+  REQUIRE_MESSAGE(d, describe(d.error_value()));
+  auto end = stuck.get();
+  CHECK_FALSE(end.has_value());
+  CHECK_FALSE(puts.get().has_value());
+  CHECK(run(*s, ids[1], cmd({"echo", "other"})).out == "other\n");
 }
 
 TEST_CASE("list shows each sandbox's state: ready or running") {

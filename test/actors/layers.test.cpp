@@ -66,6 +66,13 @@ std::string base_tree() {
   return suite::get().root() + "/src/base-tar";
 }
 
+// What nodes A and B share as their cluster's key (a store refuses requests
+// without it; docs/security.md).
+const internal_key& cluster_key() {
+  static const internal_key k = internal_key::random();
+  return k;
+}
+
 // Node A: a store of its own and a layer_store over it, in an actor system of
 // its own, published on 127.0.0.1 (a port the kernel picks).
 struct origin : test_system {
@@ -73,7 +80,7 @@ struct origin : test_system {
     auto s = store::open(dir.path() + "/state");
     REQUIRE_MESSAGE(s, describe(s.error_value()));
     st.emplace(std::move(*s));
-    actor = spawn_layer_store(sys, *st);
+    actor = spawn_layer_store(sys, *st, cluster_key());
     auto p = sys.middleman().publish(actor, 0, "127.0.0.1");
     REQUIRE_MESSAGE(p, "publish: " << caf::to_string(p.error()));
     port = *p;
@@ -112,6 +119,7 @@ struct node_b {
       prepare(*s);
     daemon_options o;
     o.state_dir = state();
+    o.cluster_key = cluster_key();
     n.emplace(o);
     connect(from.port);
   }
@@ -122,7 +130,7 @@ struct node_b {
     REQUIRE_MESSAGE(src, "remote_actor: " << caf::to_string(src.error()));
     // A proxy: the messages to it go through the middleman's connection.
     REQUIRE(src->node() != n->sys.node());
-    caf::anon_send(n->d->layer_cache(), source_atom::value, *src);
+    caf::anon_send(n->d->layer_cache(), source_atom::value, process_key(), *src);
     list(); // processed: the source is set
   }
 
@@ -131,7 +139,7 @@ struct node_b {
     caf::scoped_actor self{n->sys};
     std::tuple<std::vector<std::string>, uint64_t, uint64_t> out;
     bool ok = false;
-    self->request(n->d->layer_cache(), std::chrono::seconds(60), list_atom::value)
+    self->request(n->d->layer_cache(), std::chrono::seconds(60), list_atom::value, process_key())
       .receive(
         [&](std::vector<std::string>& refs, uint64_t fetched, uint64_t bytes) {
           out = {std::move(refs), fetched, bytes};
@@ -210,15 +218,17 @@ layer_store_actor::behavior_type killer(layer_store_actor::pointer self, layer_s
                                         int after) {
   auto seen = std::make_shared<int>(0);
   return {
-    [=](describe_atom a, const std::string& ref) { return self->delegate(real, a, ref); },
-    [=](fetch_atom a, const std::string& digest, uint64_t offset,
-        uint32_t length) -> caf::result<std::string> {
+    [=](describe_atom a, const internal_key& k, const std::string& ref) {
+      return self->delegate(real, a, k, ref);
+    },
+    [=](fetch_atom a, const internal_key& k, const std::string& digest, uint64_t offset,
+        uint32_t length) -> caf::result<internal_key, std::string> {
       if (++*seen == after) {
         self->send_exit(real, caf::exit_reason::kill);
         self->quit(caf::exit_reason::kill);
-        return self->make_response_promise<std::string>(); // never answered
+        return self->make_response_promise<internal_key, std::string>(); // never answered
       }
-      return self->delegate(real, a, digest, offset, length);
+      return self->delegate(real, a, k, digest, offset, length);
     },
   };
 }
@@ -356,7 +366,7 @@ TEST_CASE("layers: a layer neither here nor at the source is not_found, naming i
     MESSAGE("what the trainer sees: " << describe(r.error_value()));
     CHECK(r.error_value().message.find("layer source") != std::string::npos);
     // Without a source it is the single node's message, as before.
-    caf::anon_send(b.n->d->layer_cache(), source_atom::value, layer_store_actor{});
+    caf::anon_send(b.n->d->layer_cache(), source_atom::value, process_key(), layer_store_actor{});
     b.list();
     auto plain = s->create(env("lbase@1", {"lnope2@1"}), 1);
     check_error(plain, errc::not_found, "unknown layer lnope2@1 (see 'dsec layer ls')");

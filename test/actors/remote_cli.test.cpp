@@ -13,6 +13,7 @@
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -28,6 +29,7 @@
 #include "test/support/fixture.hpp"
 #include "test/support/host.hpp"
 #include "test/support/process.hpp"
+#include "test/support/tar_builder.hpp"
 
 using namespace dsec;
 using namespace dsec::test;
@@ -43,9 +45,15 @@ bool contains(const std::string& s, const std::string& part) {
 // A dsecd started by this test on a free port, and `dsec --connect` against it.
 // Unless finish() stopped it, the destructor stops it with SIGTERM (every
 // sandbox destroyed) and waits for it, whatever the test's outcome.
+std::vector<std::string> dsecd_argv(const std::vector<std::string>& extra) {
+  std::vector<std::string> v{env_path("DSECD_BIN"), "--listen", "127.0.0.1:0", "--state",
+                             actor_layers()};
+  v.insert(v.end(), extra.begin(), extra.end());
+  return v;
+}
+
 struct daemon_proc {
-  daemon_proc()
-    : bg({env_path("DSECD_BIN"), "--listen", "127.0.0.1:0", "--state", actor_layers()}) {
+  explicit daemon_proc(const std::vector<std::string>& extra = {}) : bg(dsecd_argv(extra)) {
     const std::string mark = "listening on 127.0.0.1:";
     if (!bg.wait_for_output(" (state ")) {
       auto end = stop();
@@ -735,6 +743,35 @@ TEST_CASE("remote node stats: the node's name and counts that follow its sandbox
   d.finish();
 }
 
+TEST_CASE("remote default limits: a sandbox that asks for none gets the node's, which node stats "
+          "shows") {
+  // Small defaults, so that the attack is quick: the pids a fork bomb gets,
+  // the files a sandbox can write.
+  daemon_proc d({"--default-pids", "100", "--default-disk", "8m", "--default-memory", "512m"});
+  CHECK_MESSAGE(contains(d.bg.out(), "sandbox defaults: memory 512 MiB, pids 100, disk 8 MiB"),
+                d.bg.out());
+  auto st = stats(d);
+  CHECK(st["defaults"] == "memory 512 MiB, pids 100, disk 8 MiB (a sandbox that asks for none)");
+  auto r = d.run({}, {"sh", "-c", "probe fork-max 1000; probe fill /tmp/x 4; probe fill /tmp/y 8"});
+  CHECK_MESSAGE(r.status == 0, r.describe());
+  // init, sh and the probe count too.
+  CHECK(r.out == "forked=97 stopped=EAGAIN\nok\nENOSPC\n");
+  // What the sandbox asks for wins over the defaults.
+  r = d.run({"--pids", "200", "--disk", "64m"},
+            {"sh", "-c", "probe fork-max 150; probe fill /tmp/x 16"});
+  CHECK_MESSAGE(r.out == "forked=150 stopped=none\nok\n", r.describe());
+  // A daemon's sandbox cannot opt out.
+  r = d.run({"--pids", "none"}, {"true"});
+  CHECK(r.status == 2);
+  CHECK_MESSAGE(contains(r.err, "--pids none is for a local `dsec run`"), r.describe());
+  // The node's cgroups come from its pool after the first ones.
+  st = stats(d);
+  CHECK_MESSAGE(contains(st["cgroups"], " from the pool, "), st["cgroups"]);
+  CHECK(count(st, "cgroups") >= 1);
+  check_serving(d);
+  d.finish();
+}
+
 TEST_CASE("remote errors: status, message, and the daemon serves on") {
   daemon_proc d;
   auto created = count(stats(d), "created");
@@ -913,6 +950,125 @@ TEST_CASE("remote cp out of a sandbox: device nodes and fifos are skipped, the r
   d.finish();
 }
 
+namespace {
+
+// Every file below `dir` with its content, to show that nothing changed there.
+std::string snapshot(const std::string& dir) {
+  std::string out;
+  for (auto& e : fs::recursive_directory_iterator(dir))
+    out += e.path().string() + (e.is_regular_file() ? " " + read_file(e.path().string()) : "\n");
+  return out;
+}
+
+} // namespace
+
+// Issue 12 §4, the attack itself: the sandbox controls the archive `cp` out of
+// it unpacks on the host, as root. A first cp leaves x -> HOSTDIR in DST; a
+// second returns x/planted (its tar replaced by one that returns a crafted
+// archive). Then archives made on the host with absolute names, "..", and
+// hard links to host files, returned the same way. Nothing is ever written
+// outside DST, and HOSTDIR stays as it was.
+TEST_CASE("remote cp out of a sandbox never writes through a link or outside the destination") {
+  daemon_proc d;
+  auto id = d.detached();
+  auto host = suite::get().scratch();
+  write_file(host / "precious", "the host's\n");
+  auto before = snapshot(host.path());
+  auto dst = suite::get().scratch();
+
+  // 1. A symbolic link to the host dir: copied as it is (a link, not followed).
+  auto r = d.dsec({"exec", id, "--", "sh", "-c", "ln -s " + host.path() + " /tmp/x"});
+  REQUIRE_MESSAGE(r.status == 0, r.describe());
+  r = d.dsec({"cp", id + ":/tmp/x", dst.path()});
+  REQUIRE_MESSAGE(r.status == 0, r.describe());
+  REQUIRE(fs::is_symlink(dst / "x"));
+  CHECK(fs::read_symlink(dst / "x") == host.path());
+
+  // 2. The sandbox's tar now returns whatever archive is at /tmp/evil.tar.
+  r = d.dsec({"exec", id, "--", "sh", "-c",
+              "mkdir -p /usr/local/bin /tmp/stage/x && echo owned > /tmp/stage/x/planted"
+              " && cd /tmp/stage && tar -cf /tmp/evil.tar x/planted"
+              " && printf '#!/bin/sh\\ncase \"$1\" in -c) cat /tmp/evil.tar;;"
+              " *) exec /bin/tar \"$@\";; esac\\n' > /usr/local/bin/tar"
+              " && chmod 755 /usr/local/bin/tar && tar -tvf /tmp/evil.tar"});
+  REQUIRE_MESSAGE(r.status == 0, r.describe());
+  CHECK_MESSAGE(r.out.find("x/planted") != std::string::npos, r.describe());
+  CHECK_MESSAGE(r.out.find("x/\n") == std::string::npos, "the archive has no x/: " << r.out);
+  r = d.dsec({"cp", id + ":/tmp/x", dst.path()});
+  CHECK_MESSAGE(r.status != 0, r.describe());
+  CHECK_MESSAGE(contains(r.err, "'x/planted' goes through 'x'"), r.describe());
+  CHECK_FALSE(fs::exists(host / "planted"));
+  CHECK(snapshot(host.path()) == before);
+
+  // 3. Archives made here, returned by the sandbox's tar.
+  std::string suid_mode;
+  auto returned = [&](const std::string& tar) {
+    auto local = suite::get().scratch();
+    write_file(local / "evil.tar", tar);
+    auto put = d.dsec({"cp", local / "evil.tar", id + ":/tmp"});
+    REQUIRE_MESSAGE(put.status == 0, put.describe());
+    auto fresh = suite::get().scratch();
+    auto got = d.dsec({"cp", id + ":/tmp/x", fresh.path()});
+    CHECK(snapshot(host.path()) == before);
+    struct stat st {};
+    if (::lstat((fresh / "x/suid").c_str(), &st) == 0)
+      suid_mode = std::to_string(st.st_mode & 07777);
+    return std::pair{got, snapshot(fresh.path())};
+  };
+  {
+    tar_builder b; // an absolute name lands below DST, not at the host's /
+    b.file("/x/abs-" + std::to_string(::getpid()), "absolute\n");
+    auto [got, tree] = returned(b.finish());
+    CHECK_MESSAGE(got.status == 0, got.describe());
+    CHECK_MESSAGE(contains(tree, "/x/abs-" + std::to_string(::getpid()) + " absolute"), tree);
+    CHECK_FALSE(fs::exists("/x/abs-" + std::to_string(::getpid())));
+  }
+  {
+    tar_builder b; // up and out with ".."
+    b.file("x/../../" + fs::path(host.path()).filename().string() + "/dots", "owned\n");
+    auto [got, tree] = returned(b.finish());
+    CHECK_MESSAGE(got.status != 0, got.describe());
+    CHECK_MESSAGE(contains(got.err, "'..'"), got.describe());
+    CHECK(tree.empty());
+  }
+  {
+    tar_builder b; // a hard link to a host file, then data written "into" it
+    b.hardlink("x/h", host / "precious");
+    b.file("x/h", "owned\n");
+    auto [got, tree] = returned(b.finish());
+    CHECK_MESSAGE(got.status != 0, got.describe());
+    CHECK_MESSAGE(contains(got.err, "not a regular file of this archive"), got.describe());
+    struct stat st {};
+    REQUIRE(::stat((host / "precious").c_str(), &st) == 0);
+    CHECK(st.st_nlink == 1);
+  }
+  {
+    tar_builder b; // a link and an entry through it in one archive
+    b.dir("x");
+    b.symlink("x/out", host.path());
+    b.file("x/out/planted", "owned\n");
+    auto [got, tree] = returned(b.finish());
+    CHECK_MESSAGE(got.status != 0, got.describe());
+    CHECK_MESSAGE(contains(got.err, "goes through 'x/out'"), got.describe());
+  }
+  {
+    tar_builder b; // set-uid root, a device node: dropped, skipped
+    b.dir("x");
+    b.file("x/suid", "#!/bin/sh\n", 04755);
+    b.add("x/disk", AE_IFBLK, 0666, {}, {}, false, makedev(8, 0));
+    auto [got, tree] = returned(b.finish());
+    CHECK_MESSAGE(got.status == 0, got.describe());
+    CHECK_MESSAGE(contains(got.err, "dsec: cp: skipped x/disk (a device node)"), got.describe());
+    CHECK_MESSAGE(contains(tree, "/x/suid #!/bin/sh"), tree);
+    CHECK(suid_mode == std::to_string(0755 & ~0022)); // the test runs with umask 022
+  }
+  CHECK(snapshot(host.path()) == before);
+  r = d.dsec({"rm", id});
+  CHECK_MESSAGE(r.status == 0, r.describe());
+  check_serving(d);
+  d.finish();
+}
+
 // Chronus from the command line: run --chronus, exec --trusted, session watch
 // (JSON lines), feedback; and the errors of each.
 TEST_CASE("remote Chronus: session watch shows a grader's events, feedback answers it") {
@@ -955,10 +1111,21 @@ TEST_CASE("remote Chronus: session watch shows a grader's events, feedback answe
   CHECK_MESSAGE(contains(g.out, "\"reward\":0.75"), g.out);
   CHECK_MESSAGE(contains(g.out, "\"text\":\"yes\""), g.out);
   CHECK_MESSAGE(contains(g.out, "\"done\":true"), g.out);
-  // The agent's side: no token, and a trusted exec on a sandbox without Chronus.
+  // The agent's side: no channel, and a trusted exec on a sandbox without Chronus.
   r = d.dsec({"exec", id, "--", "chronus", "stage", "fake"});
   CHECK_MESSAGE(r.status == 1, r.describe());
-  CHECK_MESSAGE(contains(r.err, "DSEC_CHRONUS_TOKEN"), r.describe());
+  CHECK_MESSAGE(contains(r.err, "CHRONUS_FD is not set"), r.describe());
+  // --pristine: only with --trusted; with it, the command sees the agent's
+  // files read-only at /.dsec/agent.
+  r = d.dsec({"exec", "--pristine", id, "--", "true"});
+  CHECK_MESSAGE(r.status == 2, r.describe());
+  CHECK_MESSAGE(contains(r.err, "--pristine needs --trusted"), r.describe());
+  r = d.dsec({"exec", id, "--", "sh", "-c", "echo mine > /tmp/agent-file"});
+  CHECK_MESSAGE(r.status == 0, r.describe());
+  r = d.dsec({"exec", "--trusted", "--pristine", id, "--", "sh", "-c",
+              "cat /.dsec/agent/tmp/agent-file; test ! -e /tmp/agent-file && echo clean"});
+  CHECK_MESSAGE(r.status == 0, r.describe());
+  CHECK_MESSAGE(r.out == "mine\nclean\n", r.describe());
   auto plain = d.detached();
   r = d.dsec({"exec", "--trusted", plain, "--", "true"});
   CHECK_MESSAGE(r.status == 1, r.describe());

@@ -26,6 +26,7 @@
 
 #include "actors/trajectory.hpp"
 #include "runtime/chronus.hpp"
+#include "runtime/pack.hpp"
 #include "runtime/trajectory.hpp"
 #include "test/actors/common.hpp"
 #include "test/support/host.hpp"
@@ -523,6 +524,25 @@ std::map<std::string, std::string> create_concurrently(session& s, const std::ve
   return o->ids;
 }
 
+// What the pack after step `r` (inline in the record, or its file) says it skipped.
+std::vector<pack_skip> skipped_by(const std::string& sid, const trajectory_record& r) {
+  std::string data = r.pack_inline;
+  if (data.empty()) {
+    std::ifstream in(log_dir(sid) + "/packs/" + r.pack, std::ios::binary);
+    data.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  auto d = describe_pack(data, r.pack.empty() ? "inline" : r.pack);
+  REQUIRE_MESSAGE(d, describe(d.error_value()));
+  return d->skipped;
+}
+
+bool has_skip(const std::vector<pack_skip>& v, const std::string& path, const std::string& why) {
+  for (const auto& s : v)
+    if (s.path == path && s.why.find(why) != std::string::npos)
+      return true;
+  return false;
+}
+
 } // namespace
 
 TEST_CASE("trajectory: concurrent creates resume by key, never by position; closed ones answer "
@@ -693,4 +713,115 @@ TEST_CASE("trajectory: a killed command's exit code is 128+N, in the log too") {
   // A quota that can never fit is a wrong request; one full now is retryable.
   check_error(s->create(env_of(), 17, create_labels{}), errc::invalid_argument, "never fit");
   REQUIRE(s->close());
+}
+
+// Issue 12 §3, the attack itself: a sandbox of a session with a log swaps a
+// file for a fifo in a loop while the session packs its writable layer after
+// every command. A pack that opened the name lstat had called a file would
+// block in fifo_open on a CAF thread; after a few dozen commands both were
+// stuck and the node stopped answering, SIGTERM included. Now every command
+// returns, another session's sandbox works throughout, the node's stats
+// answer, the packs record what they left out (the socket the sandbox bound,
+// and the swapped name when a pack caught it mid-swap), and SIGTERM stops
+// dsecd as usual with the attack still running.
+TEST_CASE("trajectory: a sandbox swapping a file for a fifo while it is packed cannot freeze the daemon") {
+  actor_layers();
+  auto before = settled_snapshot();
+  std::string sid;
+  {
+    test_system ts;
+    caf::actor_system sys{ts.cfg};
+    dsecd_proc d;
+    auto c = connect(sys, d.port);
+    auto s = open_logged(*c);
+    sid = s->id();
+    auto made = s->create(env_of(), 1);
+    REQUIRE_MESSAGE(made, describe(made.error_value()));
+    auto id = made->front();
+    auto other = c->open_session();
+    REQUIRE_MESSAGE(other, describe(other.error_value()));
+    auto theirs = (*other)->create(env_of(), 1);
+    REQUIRE_MESSAGE(theirs, describe(theirs.error_value()));
+
+    auto background = [&](std::vector<std::string> argv) {
+      auto r = cmd(std::move(argv));
+      r.detach = true;
+      r.idempotent = true; // as a log requires of a detached command
+      run(*s, id, r);
+    };
+    run(*s, id, cmd({"sh", "-c", "mkdir -p /work && mkfifo /work/still"}));
+    background({"probe", "seqpacket-listen", "/work/sock"}); // a socket file, held open
+    for (const char* name : {"/work/x", "/work/y", "/work/z"})
+      background({"probe", "swap-fifo", name});
+    run(*s, id, cmd({"sh", "-c", "while [ ! -S /work/sock ]; do sleep 0.05; done"}));
+    constexpr int commands = 150;
+    for (int i = 0; i < commands; ++i) {
+      auto r = run(*s, id, cmd({"sh", "-c", "echo " + std::to_string(i) + " >> /work/steps"}));
+      CHECK(r.exit_code == 0);
+      if (i % 20 == 0) {
+        auto o = (*other)->exec(theirs->front(), cmd({"echo", "still here"}));
+        REQUIRE_MESSAGE(o, "the other session's exec: " << describe(o.error_value()));
+        CHECK(o->out == "still here\n");
+        node_stats_of(*c);
+      }
+    }
+    auto o = (*other)->exec(theirs->front(), cmd({"echo", "still here"}));
+    REQUIRE_MESSAGE(o, describe(o.error_value()));
+    node_stats_of(*c);
+
+    // Every step has its pack, and each says what it left out.
+    auto plan = load_trajectory(actor_layers() + "/trajectories", sid);
+    REQUIRE_MESSAGE(plan, describe(plan.error_value()));
+    REQUIRE(plan->boxes.size() == 1);
+    const auto& steps = plan->boxes[0].steps;
+    REQUIRE(steps.size() >= static_cast<size_t>(commands));
+    size_t swapped = 0, with_pack = 0;
+    for (const auto& st : steps) {
+      if (!has_pack(st))
+        continue; // the detached ones
+      ++with_pack;
+      auto sk = skipped_by(sid, st);
+      if (st.req.argv.back().find("/work/steps") != std::string::npos)
+        CHECK_MESSAGE(has_skip(sk, "/work/sock", "a socket"), st.req.argv.back());
+      CHECK_FALSE(has_skip(sk, "/work/still", "")); // a fifo is kept, never opened
+      for (const auto& k : sk)
+        swapped += k.why.find("changed while packed") != std::string::npos ? 1 : 0;
+    }
+    CHECK(with_pack >= static_cast<size_t>(commands));
+    MESSAGE(with_pack << " packs; " << swapped << " names caught mid-swap and recorded");
+
+    // SIGTERM with the attack still running: dsecd destroys both sandboxes and exits.
+    auto end = d.stop(SIGTERM);
+    CHECK_MESSAGE(end.status == 0, end.describe());
+    CHECK_MESSAGE(end.out.find("dsecd: 2 sandboxes destroyed") != std::string::npos,
+                  end.describe());
+  }
+  {
+    // The last pack seeds a rebuilt sandbox: its fifos come back as fifos
+    // (made, never opened).
+    test_system ts;
+    caf::actor_system sys{ts.cfg};
+    dsecd_proc d;
+    auto c = connect(sys, d.port);
+    auto plan = load_trajectory(actor_layers() + "/trajectories", sid);
+    REQUIRE_MESSAGE(plan, describe(plan.error_value()));
+    auto s = resume(*c, sid);
+    auto again = s->create(env_of(), 1);
+    REQUIRE_MESSAGE(again, describe(again.error_value()));
+    auto id = again->front();
+    for (const auto& st : plan->boxes[0].steps)
+      run(*s, id, st.req); // answered from the log
+    // (The detached commands run again in the rebuilt sandbox, as a log's
+    // detached commands do: the attack goes on there too.)
+    auto ls = run(*s, id, cmd({"sh", "-c", "ls -l /work/still | cut -c1; wc -l < /work/steps"}));
+    CHECK(ls.out == "p\n150\n");
+    auto n = s->close();
+    REQUIRE_MESSAGE(n, describe(n.error_value()));
+    c.reset();
+    auto end = d.stop(SIGTERM);
+    CHECK_MESSAGE(end.status == 0, end.describe());
+  }
+  fs::remove_all(log_dir(sid)); // an owned session's log stays for a resume: not here
+  auto left = lasting_diff(before);
+  CHECK_MESSAGE(left.empty(), left);
 }

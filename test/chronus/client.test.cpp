@@ -32,6 +32,8 @@
 #include <doctest/doctest.h>
 
 #include "runtime/chronus.hpp"
+#include "runtime/chronus_endpoint.hpp"
+#include "runtime/reactor.hpp"
 #include "runtime/fd.hpp"
 #include "test/support/process.hpp"
 
@@ -601,7 +603,7 @@ TEST_CASE("the chronus command") {
     auto res = run_chronus({"--help"}, "", "");
     CHECK(res.status == 0);
     for (const char* part : {"stage NAME", "report KEY=VALUE", "log TEXT", "feedback",
-                             "--timeout DUR", "CHRONUS_SOCKET", "DSEC_CHRONUS_TOKEN",
+                             "--timeout DUR", "CHRONUS_FD", "CHRONUS_SOCKET", "DSEC_CHRONUS_TOKEN",
                              "/run/chronus.sock", "0  ", "1  ", "2  ", "3  ", "4  ", "5  "})
       CHECK_MESSAGE(contains(res.out, part), part);
     CHECK(run_chronus({"feedback", "--help"}, "", "").status == 0);
@@ -617,14 +619,14 @@ TEST_CASE("the chronus command") {
       CHECK(res.status == 2);
     }
   }
-  SUBCASE("no socket or no token exits 1") {
+  SUBCASE("no channel, no socket or no token exits 1") {
     auto res = run_chronus({"stage", "x"}, "/nonexistent/chronus.sock", tok);
     CHECK(res.status == 1);
     CHECK(contains(res.err, "/nonexistent/chronus.sock"));
     fake_node node(usual);
     res = run_chronus({"stage", "x"}, node.path(), "");
     CHECK(res.status == 1);
-    CHECK(contains(res.err, "DSEC_CHRONUS_TOKEN"));
+    CHECK(contains(res.err, "CHRONUS_FD is not set"));
   }
   SUBCASE("the verbs reach the node") {
     fake_node node(usual);
@@ -752,6 +754,323 @@ std::string read_file(const std::string& path) {
 }
 
 } // namespace
+
+// ---- the trusted channel ---------------------------------------------------------
+
+namespace {
+
+// A node's end of a trusted channel: takes each packet's descriptor as a
+// connection (as runtime/chronus_endpoint does) and answers its frames, which
+// carry no token, with the real encoder. Every connection is served at once.
+class fake_channel {
+public:
+  fake_channel() {
+    int sv[2];
+    REQUIRE(::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) == 0);
+    node_.reset(sv[0]);
+    client_.reset(sv[1]);
+    int p[2];
+    REQUIRE(::pipe2(p, O_CLOEXEC) == 0);
+    stop_read_.reset(p[0]);
+    stop_write_.reset(p[1]);
+    thread_ = std::thread([this] { serve(); });
+  }
+  ~fake_channel() {
+    char x = 0;
+    (void)!::write(stop_write_.get(), &x, 1);
+    thread_.join();
+  }
+  fake_channel(const fake_channel&) = delete;
+  fake_channel& operator=(const fake_channel&) = delete;
+
+  /// The end a trusted command holds (its fd 3).
+  [[nodiscard]] int client() const { return client_.get(); }
+
+  std::vector<dsec::expected<chronus_request>> received() {
+    std::lock_guard lock(mu_);
+    return received_;
+  }
+  size_t bad_packets() {
+    std::lock_guard lock(mu_);
+    return bad_;
+  }
+
+private:
+  void serve() {
+    std::vector<unique_fd> conns;
+    std::vector<std::byte> buf(dsec::chronus_max_frame + 1);
+    for (;;) {
+      std::vector<pollfd> fds = {{stop_read_.get(), POLLIN, 0}, {node_.get(), POLLIN, 0}};
+      for (auto& c : conns)
+        fds.push_back({c.get(), POLLIN, 0});
+      if (::poll(fds.data(), fds.size(), -1) < 0)
+        continue;
+      if (fds[0].revents)
+        return;
+      if (fds[1].revents & POLLIN) {
+        char data[64];
+        alignas(cmsghdr) char control[CMSG_SPACE(4 * sizeof(int))];
+        iovec iov{data, sizeof data};
+        msghdr msg{};
+        msg.msg_iov = &iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = control;
+        msg.msg_controllen = sizeof control;
+        auto n = ::recvmsg(node_.get(), &msg, MSG_CMSG_CLOEXEC);
+        std::vector<unique_fd> got;
+        for (cmsghdr* c = CMSG_FIRSTHDR(&msg); n >= 0 && c; c = CMSG_NXTHDR(&msg, c))
+          for (size_t k = 0; k < (c->cmsg_len - CMSG_LEN(0)) / sizeof(int); ++k) {
+            int fd;
+            std::memcpy(&fd, CMSG_DATA(c) + k * sizeof(int), sizeof fd);
+            got.emplace_back(fd);
+          }
+        if (n >= 0 && std::string_view(data, static_cast<size_t>(n)) ==
+                          dsec::chronus_channel_hello && got.size() == 1)
+          conns.push_back(std::move(got[0]));
+        else {
+          std::lock_guard lock(mu_);
+          ++bad_;
+        }
+      }
+      for (size_t i = 2; i < fds.size(); ++i) {
+        if (!fds[i].revents)
+          continue;
+        auto& c = conns[i - 2];
+        ssize_t n = ::recv(c.get(), buf.data(), buf.size(), MSG_DONTWAIT);
+        if (n <= 0) {
+          c.reset();
+          continue;
+        }
+        auto r = dsec::decode_trusted_request(std::span{buf}.first(static_cast<size_t>(n)));
+        {
+          std::lock_guard lock(mu_);
+          received_.push_back(r);
+        }
+        auto reply = usual(r);
+        if (r && r->kind == chronus_kind::log)
+          reply = dsec::encode_reply_rejected("for " + r->text); // whose reply is whose
+        (void) ::send(c.get(), reply.data(), reply.size(), MSG_NOSIGNAL);
+      }
+      std::erase_if(conns, [](const unique_fd& c) { return !c; });
+    }
+  }
+
+  unique_fd node_, client_, stop_read_, stop_write_;
+  std::mutex mu_;
+  std::vector<dsec::expected<chronus_request>> received_;
+  size_t bad_ = 0;
+  std::thread thread_;
+};
+
+} // namespace
+
+TEST_CASE("the C calls open connections over a trusted channel") {
+  CHECK(std::string_view{CHRONUS_CHANNEL_HELLO} == dsec::chronus_channel_hello);
+  fake_channel ch;
+  // Two connections at once over the one channel: each gets its own replies.
+  struct chronus a, b;
+  REQUIRE_MESSAGE(chronus_open_channel(&a, ch.client()) == CHRONUS_OK, a.error);
+  REQUIRE_MESSAGE(chronus_open_channel(&b, ch.client()) == CHRONUS_OK, b.error);
+  CHECK(a.fd != b.fd);
+  CHECK(chronus_log(&b, "b", 1) == CHRONUS_REJECTED);
+  CHECK(contains(b.error, "for b"));
+  CHECK(chronus_log(&a, "a", 1) == CHRONUS_REJECTED);
+  CHECK(contains(a.error, "for a"));
+  CHECK(chronus_stage(&a, "plan") == CHRONUS_OK);
+  struct chronus_reply r;
+  REQUIRE(chronus_feedback(&b, "answer", 6, 0, &r) == CHRONUS_OK);
+  CHECK(std::string(reinterpret_cast<const char*>(r.data), r.data_len) == "answer!");
+  chronus_reply_free(&r);
+  chronus_close(&a);
+  chronus_close(&b);
+  auto got = ch.received();
+  REQUIRE(got.size() == 4);
+  for (const auto& g : got)
+    REQUIRE(g);
+  CHECK(got[2]->text == "plan");
+  CHECK(ch.bad_packets() == 0);
+  // Not a channel: a pipe, a closed descriptor.
+  int p[2];
+  REQUIRE(::pipe2(p, O_CLOEXEC) == 0);
+  CHECK(chronus_open_channel(&a, p[0]) == CHRONUS_ERROR);
+  CHECK(contains(a.error, "is not a Chronus channel"));
+  ::close(p[0]);
+  ::close(p[1]);
+  CHECK(chronus_open_channel(&a, p[0]) == CHRONUS_ERROR);
+  CHECK(a.fd == -1);
+}
+
+TEST_CASE("the chronus command uses $CHRONUS_FD before any socket or token") {
+  fake_channel ch;
+  fake_node node(usual); // not used: the channel is
+  auto run_with_channel = [&](std::vector<std::string> args, const char* fd_var) {
+    args.insert(args.begin(), chronus_bin());
+    dsec::test::spawn_options opts;
+    opts.kill_after = std::chrono::seconds{60};
+    int channel = ch.client();
+    opts.in_child = [channel] { ::dup2(channel, 3); }; // not close-on-exec at 3
+    ::setenv("CHRONUS_SOCKET", node.path().c_str(), 1);
+    ::setenv("DSEC_CHRONUS_TOKEN", token().to_hex().c_str(), 1);
+    ::setenv("CHRONUS_FD", fd_var, 1);
+    auto res = dsec::test::run_process(args, opts);
+    ::unsetenv("CHRONUS_SOCKET");
+    ::unsetenv("DSEC_CHRONUS_TOKEN");
+    ::unsetenv("CHRONUS_FD");
+    return res;
+  };
+  auto res = run_with_channel({"stage", "graded"}, "3");
+  CHECK_MESSAGE(res.status == 0, res.describe());
+  res = run_with_channel({"feedback", "done?"}, "3");
+  CHECK_MESSAGE(res.status == 0, res.describe());
+  CHECK(contains(res.out, "\"data\":\"done?!\""));
+  auto got = ch.received();
+  REQUIRE(got.size() == 2);
+  REQUIRE(got[0]);
+  CHECK(got[0]->text == "graded");
+  CHECK(node.received().empty());
+  // A CHRONUS_FD that is not one: exit 1, saying so.
+  res = run_with_channel({"stage", "x"}, "9");
+  CHECK(res.status == 1);
+  CHECK_MESSAGE(contains(res.err, "CHRONUS_FD=9 is not a Chronus channel"), res.describe());
+  res = run_with_channel({"stage", "x"}, "three");
+  CHECK(res.status == 1);
+  CHECK_MESSAGE(contains(res.err, "is not a descriptor number"), res.describe());
+}
+
+// ---- the node's end of a trusted channel (runtime/chronus_endpoint) ---------------
+
+namespace {
+
+// Sends `bytes` over `channel` with the descriptors `fds` attached.
+bool send_with_fds(int channel, std::string_view bytes, std::vector<int> fds) {
+  iovec iov{const_cast<char*>(bytes.data()), bytes.size()};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  std::vector<char> control(CMSG_SPACE(sizeof(int) * (fds.empty() ? 1 : fds.size())));
+  if (!fds.empty()) {
+    msg.msg_control = control.data();
+    msg.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+    std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
+  }
+  return ::sendmsg(channel, &msg, MSG_NOSIGNAL) == static_cast<ssize_t>(bytes.size());
+}
+
+// The one reply on `conn` (waits a generous while: a hang guard), or "".
+std::string reply_on(int conn) {
+  pollfd p{conn, POLLIN, 0};
+  if (::poll(&p, 1, 30'000) != 1)
+    return "";
+  std::string buf(dsec::chronus_max_frame, '\0');
+  auto n = ::recv(conn, buf.data(), buf.size(), MSG_DONTWAIT);
+  buf.resize(n > 0 ? static_cast<size_t>(n) : 0);
+  return buf;
+}
+
+// A fresh socketpair: [0] ours, [1] the end we hand over.
+std::pair<unique_fd, unique_fd> seqpacket_pair() {
+  int sv[2];
+  REQUIRE(::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) == 0);
+  return {unique_fd{sv[0]}, unique_fd{sv[1]}};
+}
+
+} // namespace
+
+TEST_CASE("the endpoint serves each connection a trusted channel carries, and refuses the rest") {
+  auto io = dsec::reactor::start();
+  REQUIRE_MESSAGE(io, io.error_value().to_string());
+  dsec::chronus_endpoint::config cfg;
+  cfg.max_trusted_connections = 4;
+  dsec::chronus_endpoint ep(**io, cfg);
+  auto [node_end, channel] = seqpacket_pair();
+  std::mutex mu;
+  std::vector<dsec::chronus_event> events;
+  ep.add("box", unique_fd{}, std::move(node_end), token(), [&](std::string ev) {
+    auto e = dsec::decode_event(dsec::as_bytes(ev));
+    REQUIRE(e);
+    std::lock_guard lock(mu);
+    events.push_back(*e);
+  });
+  auto stage = [](const std::string& name) {
+    chronus_request r;
+    r.kind = chronus_kind::stage;
+    r.text = name;
+    return dsec::encode_request(chronus_token{}, r); // any token: not looked at
+  };
+  auto kind_of = [](const std::string& reply) {
+    auto r = dsec::decode_reply(dsec::as_bytes(reply));
+    REQUIRE_MESSAGE(r, "reply of " << reply.size() << " bytes");
+    return r->kind;
+  };
+
+  // A connection opened the proper way: its frames need no token.
+  auto [a, a_node] = seqpacket_pair();
+  REQUIRE(send_with_fds(channel.get(), dsec::chronus_channel_hello, {a_node.get()}));
+  a_node.reset();
+  auto frame = stage("over the channel");
+  REQUIRE(::send(a.get(), frame.data(), frame.size(), MSG_NOSIGNAL) > 0);
+  CHECK(kind_of(reply_on(a.get())) == dsec::chronus_reply_kind::ack);
+
+  // What else may come on the channel is refused and its descriptors closed:
+  // other bytes, no descriptor, two, one that is not a SOCK_SEQPACKET socket.
+  auto before = ep.stats();
+  auto [b, b_node] = seqpacket_pair();
+  REQUIRE(send_with_fds(channel.get(), "hello", {b_node.get()}));
+  REQUIRE(send_with_fds(channel.get(), dsec::chronus_channel_hello, {}));
+  auto [c1, c1_node] = seqpacket_pair();
+  auto [c2, c2_node] = seqpacket_pair();
+  REQUIRE(send_with_fds(channel.get(), dsec::chronus_channel_hello,
+                        {c1_node.get(), c2_node.get()}));
+  int p[2];
+  REQUIRE(::pipe2(p, O_CLOEXEC) == 0);
+  unique_fd pipe_r{p[0]}, pipe_w{p[1]};
+  REQUIRE(send_with_fds(channel.get(), dsec::chronus_channel_hello, {pipe_r.get()}));
+  b_node.reset();
+  c1_node.reset();
+  c2_node.reset();
+  pipe_r.reset();
+  // Refused ones hang up: our ends read EOF (the node kept nothing of them).
+  for (int fd : {b.get(), c1.get(), c2.get()}) {
+    pollfd q{fd, POLLIN, 0};
+    REQUIRE(::poll(&q, 1, 30'000) == 1);
+    char x;
+    CHECK(::recv(fd, &x, 1, MSG_DONTWAIT) == 0);
+  }
+  pollfd q{pipe_w.get(), POLLOUT, 0};
+  REQUIRE(::poll(&q, 1, 30'000) == 1);
+  CHECK((q.revents & POLLERR) != 0); // no reader left
+  auto after = ep.stats();
+  CHECK(after.malformed == before.malformed + 4);
+
+  // Its own cap: 4 open trusted connections here; the next one hears why.
+  std::vector<unique_fd> held;
+  for (int i = 0; i < 3; ++i) { // with a: 4
+    auto [mine, theirs] = seqpacket_pair();
+    REQUIRE(send_with_fds(channel.get(), dsec::chronus_channel_hello, {theirs.get()}));
+    held.push_back(std::move(mine));
+  }
+  auto [x, x_node] = seqpacket_pair();
+  REQUIRE(send_with_fds(channel.get(), dsec::chronus_channel_hello, {x_node.get()}));
+  x_node.reset();
+  auto refusal = reply_on(x.get());
+  auto r = dsec::decode_reply(dsec::as_bytes(refusal));
+  REQUIRE(r);
+  CHECK(r->kind == dsec::chronus_reply_kind::rejected);
+  CHECK(contains(r->reason, "too many trusted"));
+  // The first connection still works, and nothing refused made an event.
+  frame = stage("still here");
+  REQUIRE(::send(a.get(), frame.data(), frame.size(), MSG_NOSIGNAL) > 0);
+  CHECK(kind_of(reply_on(a.get())) == dsec::chronus_reply_kind::ack);
+  std::lock_guard lock(mu);
+  REQUIRE(events.size() == 2);
+  CHECK(events[0].text == "over the channel");
+  CHECK(events[1].text == "still here");
+  CHECK(events[0].sandbox_id == "box");
+}
 
 TEST_CASE("the fuzz seed corpus holds what its names say") {
   if (const char* out = std::getenv("DSEC_FUZZ_CORPUS_OUT")) {

@@ -12,6 +12,7 @@
 #include "runtime/security.hpp"
 #include "test/support/fixture.hpp"
 #include "test/support/sandbox.hpp"
+#include "test/support/skip.hpp"
 
 using namespace dsec::test;
 
@@ -80,11 +81,9 @@ TEST_CASE("gdb runs a program to a breakpoint and attaches to a running process"
   CHECK_MESSAGE(r.out.substr(r.out.size() - 2) == "1\n", r.out);
 }
 
-TEST_CASE("in a Chronus sandbox gdb attaches to the agent's processes, not to trusted ones") {
-  if (dsec::security::landlock_abi() < 6) {
-    MESSAGE("no Landlock ABI 6: no Chronus sandbox to test (test/security checks the refusal)");
-    return;
-  }
+TEST_CASE("in a Chronus sandbox gdb attaches to the agent's processes, not to trusted ones"
+          * skip_unless(landlock_scoping(),
+                        "gdb in a Chronus sandbox: no Landlock ABI 6, so no Chronus sandbox")) {
   build_debugger_layer();
   api_env env({"dbg@1", base_layer});
   dsec::container_options opts;

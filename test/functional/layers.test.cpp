@@ -2,11 +2,19 @@
 // writes go, and what a tool update changes.
 #include <doctest/doctest.h>
 
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cstring>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "test/support/fixture.hpp"
+#include "test/support/process.hpp"
 
 using namespace dsec::test;
 
@@ -132,4 +140,50 @@ TEST_CASE("a tool update changes only that tool's files") {
   s.build_layer("tool", "upd@3", s.root() + "/src/upd-2");
   CHECK(s.digest_of("upd@3") == s.digest_of("upd@2"));
   CHECK(blobs() == n + 2); // one more ref line in `layer ls` and one ref file, no blob
+}
+
+// Issue 12 §3 for layer import: a fifo in the source (which nothing ever
+// writes) must not hang `dsec layer build`, whether the source is a directory
+// or a tar archive of one; it is kept as a fifo. Device nodes (a door to the
+// host's devices wherever an image is mounted) and sockets are left out, each
+// named on stderr.
+TEST_CASE("layer build: a fifo in the source is kept and never opened; devices and sockets are left out") {
+  auto& s = suite::get();
+  auto src = s.make_tree("specials", {{"opt/sp/file", "regular\n"}});
+  REQUIRE(::mkfifo((src + "/opt/sp/fifo").c_str(), 0644) == 0);
+  REQUIRE(::mknod((src + "/opt/sp/null").c_str(), S_IFCHR | 0666, makedev(1, 3)) == 0);
+  REQUIRE(::mknod((src + "/opt/sp/disk").c_str(), S_IFBLK | 0666, makedev(8, 0)) == 0);
+  {
+    int sock = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    REQUIRE(sock >= 0);
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    auto path = src + "/opt/sp/sock";
+    REQUIRE(path.size() < sizeof a.sun_path);
+    std::strcpy(a.sun_path, path.c_str());
+    REQUIRE(::bind(sock, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    ::close(sock);
+  }
+  auto tar = s.root() + "/src/specials.tar";
+  auto packed = run_process({"/usr/bin/tar", "-cf", tar, "-C", src, "."});
+  REQUIRE_MESSAGE(packed.status == 0, packed.describe());
+  for (const auto& [ref, from] : std::vector<std::pair<std::string, std::string>>{
+         {"specials@dir", src}, {"specials@tar", tar}}) {
+    CAPTURE(ref);
+    auto r = s.dsec({"layer", "build", "--kind", "tool", ref, from});
+    CHECK_FALSE_MESSAGE(r.safety_killed, "the build hung: " << r.describe());
+    REQUIRE_MESSAGE(r.status == 0, r.describe());
+    CHECK_MESSAGE(r.err.find("left out /opt/sp/null (a character device)") != std::string::npos,
+                  r.describe());
+    CHECK_MESSAGE(r.err.find("left out /opt/sp/disk (a block device)") != std::string::npos,
+                  r.describe());
+    if (from == src) // GNU tar does not archive sockets
+      CHECK_MESSAGE(r.err.find("left out /opt/sp/sock (a socket)") != std::string::npos,
+                    r.describe());
+    auto in = s.run({"--tool", ref}, {"sh", "-c", "ls /opt/sp; ls -l /opt/sp/fifo | cut -c1"});
+    REQUIRE_MESSAGE(in.status == 0, in.describe());
+    CHECK(in.out == "fifo\nfile\np\n");
+  }
+  for (const auto& ref : {"specials@dir", "specials@tar"})
+    CHECK(s.dsec({"layer", "rm", ref}).status == 0);
 }

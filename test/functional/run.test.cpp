@@ -18,6 +18,7 @@
 #include "test/support/fixture.hpp"
 #include "test/support/host.hpp"
 #include "test/support/sandbox.hpp"
+#include "test/support/skip.hpp"
 
 using namespace dsec::test;
 
@@ -260,21 +261,7 @@ dsec::command make_command(std::vector<std::string> argv, bool trusted = false) 
   return cmd;
 }
 
-// Whether this kernel can make Chronus sandboxes (Landlock ABI 6). If not, it
-// checks that creating one is refused as unsupported, and the caller stops.
-bool chronus_supported(api_env& env) {
-  if (dsec::security::landlock_abi() >= 6)
-    return true;
-  dsec::container_options o;
-  o.chronus = true;
-  auto c = dsec::container::create(env.sp(), env.lowers(), o, nullptr);
-  REQUIRE_FALSE(c);
-  CHECK(c.error_value().code == dsec::errc::unsupported);
-  CHECK(c.error_value().step == "make_chronus");
-  CHECK(c.error_value().message.find("Landlock ABI 6") != std::string::npos);
-  MESSAGE("this kernel has no Landlock ABI 6: only the refusal was tested");
-  return false;
-}
+constexpr const char* no_chronus = "Chronus sandboxes: no Landlock ABI 6 on this kernel";
 
 dsec::container_options chronus_options() {
   dsec::container_options o;
@@ -311,14 +298,14 @@ bool has_step(const dsec::container& c, const char* name) {
 
 } // namespace
 
-TEST_CASE("Chronus: the sandbox connects to /run/chronus.sock and the host reads its packets") {
+TEST_CASE("Chronus: the sandbox connects to /run/chronus.sock and the host reads its packets"
+          * skip_unless(landlock_scoping(), no_chronus)) {
   api_env env({base_layer});
-  if (!chronus_supported(env))
-    return;
   auto c = env.create(chronus_options());
   CHECK(c->chronus());
   REQUIRE(c->chronus_fd() >= 0);
   CHECK(has_step(*c, "make_chronus"));
+  CHECK(has_step(*c, "chronus_mounts"));
   CHECK(has_step(*c, "trusted_helper"));
 
   // Any uid may connect: the socket is 0666, /run the sandbox root's.
@@ -350,16 +337,16 @@ TEST_CASE("Chronus: the sandbox connects to /run/chronus.sock and the host reads
   CHECK(plain->chronus_fd() == -1);
   CHECK_FALSE(has_step(*plain, "make_chronus")); // its steps are as they were
   CHECK_FALSE(has_step(*plain, "trusted_helper"));
+  CHECK_FALSE(has_step(*plain, "chronus_mounts"));
   CHECK(has_step(*plain, "make_cgroup"));
   r = run_command(*plain, make_command({"sh", "-c",
                                         "probe seqpacket-send /run/chronus.sock x; probe pids"}));
   CHECK(r.out == "ENOENT\n1 dsec-init\n2 probe\n"); // sh execs its last command
 }
 
-TEST_CASE("Chronus: the trusted helper is init's child and dies with the sandbox") {
+TEST_CASE("Chronus: the trusted helper is init's child and dies with the sandbox"
+          * skip_unless(landlock_scoping(), no_chronus)) {
   api_env env({base_layer});
-  if (!chronus_supported(env))
-    return;
   REQUIRE(env.sp().ready()); // its start-up helper is gone: not our doing below
   auto before = host_snapshot::take();
   for (bool by_kill : {false, true}) {
@@ -392,7 +379,8 @@ TEST_CASE("Chronus: the trusted helper is init's child and dies with the sandbox
   check_nothing_left(before);
 }
 
-TEST_CASE("Chronus: a Chronus sandbox has the layers' /run under the socket") {
+TEST_CASE("Chronus: a Chronus sandbox has the layers' /run under the socket"
+          * skip_unless(landlock_scoping(), no_chronus)) {
   // A base layer with a /run of its own: the overlay merges it with ours.
   auto& s = suite::get();
   static bool built = false;
@@ -402,28 +390,78 @@ TEST_CASE("Chronus: a Chronus sandbox has the layers' /run under the socket") {
     built = true;
   }
   api_env env({"runwd@1", base_layer});
-  if (!chronus_supported(env))
-    return;
   auto c = env.create(chronus_options());
   auto r = run_command(*c, make_command({"sh", "-c", "ls /run; cat /run/existing; "
                                                      "echo x > /run/new && echo written"}));
   CHECK(r.out == "chronus.sock\nexisting\nfrom the layer\nwritten\n");
 }
 
-TEST_CASE("Chronus: trusted commands run, end and fail like any other command") {
+TEST_CASE("Chronus: /.dsec and the pristine root, and the system layer they need"
+          * skip_unless(landlock_scoping(), no_chronus)) {
   api_env env({base_layer});
+  // Without dsec's system layer on top there is no /.dsec to mount: refused,
+  // saying so, before anything is spawned.
+  auto bare = dsec::container::create(env.sp(), env.lowers_without_system(), chronus_options(),
+                                      nullptr);
+  REQUIRE_FALSE(bare);
+  CHECK(bare.error_value().code == dsec::errc::not_found);
+  CHECK(bare.error_value().step == "make_chronus");
+  CHECK_MESSAGE(bare.error_value().message.find("system layer") != std::string::npos,
+                bare.error_value().message);
+  auto c = env.create(chronus_options());
+  // Every command sees dsec's client at /.dsec/bin, on a read-only mount.
+  auto r = run_command(*c, make_command({"sh", "-c", "cmp /.dsec/bin/chronus "
+                                                     "/usr/local/bin/chronus && echo same;"
+                                                     " touch /.dsec/x || echo read-only"}));
+  CHECK(r.out.find("same\n") == 0);
+  CHECK(r.out.find("read-only\n") != std::string::npos);
+  // A pristine command: the layers' root, read-only, with /tmp, /proc and the
+  // agent's root; an untrusted one cannot ask for it.
+  REQUIRE(run_command(*c, make_command({"sh", "-c", "echo agent > /agent-file"})).status.code
+          == 0);
+  auto p = make_command({"sh", "-c", "ls /agent-file 2>/dev/null; cat /.dsec/agent/agent-file;"
+                                     " touch /x 2>/dev/null || echo ro; touch /tmp/x && echo tmp;"
+                                     " test -e /proc/self/status && echo proc"},
+                        true);
+  p.pristine = true;
+  r = run_command(*c, p);
+  CHECK(r.status.code == 0);
+  CHECK(r.out == "agent\nro\ntmp\nproc\n");
+  auto untrusted = make_command({"true"});
+  untrusted.pristine = true;
+  auto id = c->exec(untrusted, dsec::stdio{});
+  REQUIRE_FALSE(id);
+  CHECK(id.error_value().code == dsec::errc::invalid_argument);
+  // The pristine /tmp is not the agent's.
+  r = run_command(*c, make_command({"sh", "-c", "ls /tmp/x 2>/dev/null || echo none"}));
+  CHECK(r.out == "none\n");
+}
 
-  SUBCASE("refused without Chronus") {
-    auto plain = env.create();
-    auto id = plain->exec(make_command({"true"}, true), dsec::stdio{});
-    REQUIRE_FALSE(id);
-    CHECK(id.error_value().code == dsec::errc::invalid_argument);
-    CHECK(id.error_value().message.find("Chronus") != std::string::npos);
-    // The sandbox is unharmed.
-    CHECK(run_command(*plain, make_command({"probe", "exit", "0"})).status.code == 0);
-  }
-  if (!chronus_supported(env))
-    return;
+TEST_CASE("Chronus: a trusted command is refused in a sandbox made without Chronus") {
+  api_env env({base_layer});
+  auto plain = env.create();
+  auto id = plain->exec(make_command({"true"}, true), dsec::stdio{});
+  REQUIRE_FALSE(id);
+  CHECK(id.error_value().code == dsec::errc::invalid_argument);
+  CHECK(id.error_value().message.find("Chronus") != std::string::npos);
+  // The sandbox is unharmed.
+  CHECK(run_command(*plain, make_command({"probe", "exit", "0"})).status.code == 0);
+}
+
+TEST_CASE("Chronus: without Landlock ABI 6 a Chronus sandbox is refused as unsupported"
+          * skip_unless(!landlock_scoping(), "the refusal of Chronus without Landlock ABI 6: "
+                                             "this kernel has it")) {
+  api_env env({base_layer});
+  auto c = dsec::container::create(env.sp(), env.lowers(), chronus_options(), nullptr);
+  REQUIRE_FALSE(c);
+  CHECK(c.error_value().code == dsec::errc::unsupported);
+  CHECK(c.error_value().step == "make_chronus");
+  CHECK(c.error_value().message.find("Landlock ABI 6") != std::string::npos);
+}
+
+TEST_CASE("Chronus: trusted commands run, end and fail like any other command"
+          * skip_unless(landlock_scoping(), no_chronus)) {
+  api_env env({base_layer});
   auto c = env.create(chronus_options());
 
   SUBCASE("uid, gid, cwd, environment and stdio are the command's") {

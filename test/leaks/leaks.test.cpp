@@ -19,6 +19,7 @@
 #include "test/support/host.hpp"
 #include "test/support/process.hpp"
 #include "test/support/sandbox.hpp"
+#include "test/support/skip.hpp"
 
 using namespace dsec::test;
 using dsec::container_options;
@@ -99,6 +100,48 @@ TEST_CASE("1,000 create/run/destroy cycles leave nothing behind") {
   check_nothing_left(before);
 }
 
+TEST_CASE("300 sandboxes with cgroups from a pool leave nothing once their root goes") {
+  // dsecd's way: every sandbox has limits, and its cgroups go back to a pool.
+  // Some write files (their tmpfs, and its charges, go with the sandbox's
+  // mount namespace before the cgroup comes back), some are OOM-killed, some
+  // leave processes behind.
+  auto before = settled_snapshot();
+  {
+    api_env env({base_layer});
+    auto cg = detect_cgroups();
+    dsec::limits lim;
+    lim.memory_bytes = 64ULL << 20;
+    lim.pids = 32;
+    cg.enable_pool(8);
+    REQUIRE(cg.prewarm(lim, 4));
+    for (int i = 0; i < 300; ++i) {
+      CAPTURE(i);
+      container_options o;
+      o.lim = lim;
+      o.net = i % 5 == 4;
+      auto c = env.create(o, &cg);
+      std::vector<std::string> cmd = {"probe", "exit", "0"};
+      if (i % 3 == 1)
+        cmd = {"probe", "fill", "/tmp/x", "1"};
+      else if (i % 7 == 2)
+        cmd = {"probe", "hog", "256"};
+      else if (i % 11 == 3)
+        cmd = {"sh", "-c", "probe sleep >/dev/null 2>&1 & exit 0"};
+      (void) exec_capture(*c, cmd);
+      auto d = c->destroy();
+      REQUIRE_MESSAGE(d, d.error_value().to_string());
+    }
+    auto st = cg.pool_stats();
+    CHECK(st.reused + st.made == 300 + 4);
+    CHECK(st.reused > 290); // a fresh one only when all idle ones are in use
+    CHECK(st.idle <= 8);
+    // The control: the pool's idle cgroups are there until the root goes.
+    auto during = host_snapshot::take();
+    CHECK(during.cgroup_dirs.size() > before.cgroup_dirs.size());
+  }
+  check_nothing_left(before);
+}
+
 TEST_CASE("processes a command leaves in the background go with the sandbox") {
   auto before = settled_snapshot();
   {
@@ -163,38 +206,6 @@ TEST_CASE("failed creations and failed commands leave nothing behind") {
       c = dsec::container::create(env.sp(), env.lowers(), o, nullptr);
       REQUIRE_FALSE(c);
     }
-    SUBCASE("a limit the kernel rejects") {
-      // cgroup v1 refuses a cpu quota above the parent's: give this process's
-      // dsec owner dir (which dsec made below our own cgroup) a small quota.
-      if (cg.version(dsec::cgroup_controller::cpu) != dsec::cgroup_version::v1) {
-        MESSAGE("cpu is not on cgroup v1 here; skipped");
-      } else {
-        auto quota = cg.owner_dir(dsec::cgroup_controller::cpu) + "/cpu.cfs_quota_us";
-        auto set_quota = [&](const char* v) {
-          int fd = ::open(quota.c_str(), O_WRONLY | O_CLOEXEC);
-          REQUIRE(fd >= 0);
-          CHECK(::write(fd, v, std::strlen(v)) == static_cast<ssize_t>(std::strlen(v)));
-          ::close(fd);
-        };
-        container_options o;
-        o.lim.cpus = 2;
-        o.lim.pids = 10; // other hierarchies, made before the cpu one fails
-        o.lim.memory_bytes = 64ULL << 20;
-        set_quota("10000");
-        auto c = dsec::container::create(env.sp(), env.lowers(), o, &cg);
-        set_quota("-1");
-        REQUIRE_FALSE(c);
-        CHECK(c.error_value().step == "make_cgroup");
-        CHECK(c.error_value().sys_errno == EINVAL);
-        // The control: within the parent's quota it works.
-        o.lim.cpus = 0.05;
-        set_quota("10000");
-        auto ok = dsec::container::create(env.sp(), env.lowers(), o, &cg);
-        set_quota("-1");
-        REQUIRE_MESSAGE(ok, ok.error_value().to_string());
-        CHECK(exec_capture(**ok, {"probe", "exit", "0"}).status.code == 0);
-      }
-    }
     SUBCASE("a hostname the sandbox cannot take") {
       container_options o;
       o.hostname = std::string(100, 'h');
@@ -229,6 +240,45 @@ TEST_CASE("failed creations and failed commands leave nothing behind") {
     // The spawner still serves after all that.
     auto c = env.create(options_for(2), &cg);
     CHECK(exec_capture(*c, {"probe", "exit", "0"}).status.code == 0);
+  }
+  check_nothing_left(before);
+}
+
+TEST_CASE("a limit the kernel rejects fails make_cgroup and leaves nothing behind"
+          * skip_unless(cgroup_version_of(dsec::cgroup_controller::cpu) == dsec::cgroup_version::v1,
+                        "a cpu quota the kernel rejects: the cpu controller is not on cgroup v1 "
+                        "here (v1 refuses a child quota above its parent's)")) {
+  auto before = settled_snapshot();
+  {
+    api_env env({base_layer});
+    auto cg = detect_cgroups();
+    REQUIRE(cg.version(dsec::cgroup_controller::cpu) == dsec::cgroup_version::v1);
+    // cgroup v1 refuses a cpu quota above the parent's: give this process's
+    // dsec owner dir (which dsec made below our own cgroup) a small quota.
+    auto quota = cg.owner_dir(dsec::cgroup_controller::cpu) + "/cpu.cfs_quota_us";
+    auto set_quota = [&](const char* v) {
+      int fd = ::open(quota.c_str(), O_WRONLY | O_CLOEXEC);
+      REQUIRE(fd >= 0);
+      CHECK(::write(fd, v, std::strlen(v)) == static_cast<ssize_t>(std::strlen(v)));
+      ::close(fd);
+    };
+    container_options o;
+    o.lim.cpus = 2;
+    o.lim.pids = 10; // other hierarchies, made before the cpu one fails
+    o.lim.memory_bytes = 64ULL << 20;
+    set_quota("10000");
+    auto c = dsec::container::create(env.sp(), env.lowers(), o, &cg);
+    set_quota("-1");
+    REQUIRE_FALSE(c);
+    CHECK(c.error_value().step == "make_cgroup");
+    CHECK(c.error_value().sys_errno == EINVAL);
+    // The control: within the parent's quota it works.
+    o.lim.cpus = 0.05;
+    set_quota("10000");
+    auto ok = dsec::container::create(env.sp(), env.lowers(), o, &cg);
+    set_quota("-1");
+    REQUIRE_MESSAGE(ok, ok.error_value().to_string());
+    CHECK(exec_capture(**ok, {"probe", "exit", "0"}).status.code == 0);
   }
   check_nothing_left(before);
 }

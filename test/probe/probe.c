@@ -19,6 +19,8 @@
 #include <linux/io_uring.h>
 #include <linux/keyctl.h>
 #include <linux/perf_event.h>
+#include <linux/reboot.h>
+#include <linux/userfaultfd.h>
 #include <netinet/in.h>
 #include <sched.h>
 #include <signal.h>
@@ -34,8 +36,12 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/swap.h>
 #include <sys/sysmacros.h>
+#include <sys/time.h>
+#include <sys/timex.h>
 #include <sys/un.h>
+#include <time.h>
 #include <sys/utsname.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -125,6 +131,27 @@ static int cmd_fill(const char *path, const char *mb_s) {
   close(fd);
   errno = err;
   return outcome(rc);
+}
+
+/* Swaps `path` between a regular file and a fifo for ever, each put in place
+ * by rename(2) (so the name always exists): what a sandbox does to make a
+ * host process that stats the name as a file then opens it block in
+ * fifo_open. Prints "swapping" once it started; never returns. */
+static int cmd_swap_fifo(const char *path) {
+  char fifo[4096], file[4096];
+  snprintf(fifo, sizeof fifo, "%s.fifo-tmp", path);
+  snprintf(file, sizeof file, "%s.file-tmp", path);
+  printf("swapping\n");
+  for (;;) {
+    if (mkfifo(fifo, 0644) == 0)
+      (void)rename(fifo, path);
+    int fd = open(file, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd >= 0) {
+      (void)!write(fd, "data\n", 5);
+      close(fd);
+      (void)rename(file, path);
+    }
+  }
 }
 
 static int cmp_str(const void *a, const void *b) {
@@ -403,6 +430,148 @@ static int cmd_tiocsti(void) {
   return outcome(ioctl(0, TIOCSTI, &c));
 }
 
+/* ---- kernel interfaces that are not namespaced ---------------------------
+ * Arguments are chosen so that where the kernel checks them before the
+ * capability, an unfiltered call fails with EINVAL (or succeeds harmlessly),
+ * so that only the seccomp filter answers EPERM, and so that the probe can do
+ * no harm even when run as the host's root. */
+
+/* A syscall of the i386 ABI (int 0x80, getpid = 20) from this 64-bit process:
+ * "survived RET" if it came back. */
+static int cmd_abi_i386(void) {
+#if defined(__x86_64__)
+  long ret;
+  __asm__ volatile("int $0x80" : "=a"(ret) : "a"(20L) : "memory");
+  printf("survived %ld\n", ret);
+  return 0;
+#else
+  printf("not x86_64\n");
+  return 2;
+#endif
+}
+
+/* A syscall of the x32 ABI (getpid with __X32_SYSCALL_BIT). */
+static int cmd_abi_x32(void) {
+#if defined(__x86_64__)
+  long ret = syscall(0x40000000L | SYS_getpid);
+  printf("survived %ld %s\n", ret, ret < 0 ? err_name(errno) : "");
+  return 0;
+#else
+  printf("not x86_64\n");
+  return 2;
+#endif
+}
+
+/* kexec_load with flags no kernel accepts (EINVAL after the capability). */
+static int cmd_kexec(void) {
+  return outcome(syscall(SYS_kexec_load, 0UL, 0UL, NULL, 0xfff0000UL));
+}
+
+static int cmd_kexec_file(void) {
+  return outcome(syscall(SYS_kexec_file_load, -1, -1, 0UL, NULL, 0xfff0UL));
+}
+
+/* A user-mode-only userfaultfd needs no privilege at all. */
+static int cmd_userfaultfd(void) {
+  long fd = syscall(SYS_userfaultfd, O_CLOEXEC | UFFD_USER_MODE_ONLY);
+  if (fd >= 0)
+    close((int)fd);
+  return outcome(fd);
+}
+
+/* name_to_handle_at of "/" needs no privilege. */
+static int cmd_name_to_handle(void) {
+  struct { struct file_handle fh; unsigned char data[128]; } h;
+  memset(&h, 0, sizeof h);
+  h.fh.handle_bytes = 128;
+  int mount_id;
+  return outcome(name_to_handle_at(AT_FDCWD, "/", &h.fh, &mount_id, 0));
+}
+
+/* open_by_handle_at with a made-up handle of the root's file system. */
+static int cmd_open_by_handle(void) {
+  struct { struct file_handle fh; unsigned char data[8]; } h;
+  memset(&h, 0, sizeof h);
+  h.fh.handle_bytes = 8;
+  h.fh.handle_type = 1;
+  int root = open("/", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  long fd = open_by_handle_at(root, &h.fh, O_RDONLY | O_CLOEXEC);
+  int err = errno;
+  if (fd >= 0)
+    close((int)fd);
+  close(root);
+  errno = err;
+  return outcome(fd);
+}
+
+/* reboot with wrong magic numbers: EINVAL once past the capability check. */
+static int cmd_reboot(void) {
+  return outcome(syscall(SYS_reboot, 0, 0, LINUX_REBOOT_CMD_CAD_OFF, NULL));
+}
+
+/* An invalid time (EINVAL before the capability check). */
+static int cmd_clock_settime(void) {
+  struct timespec ts = {0, -1};
+  return outcome(syscall(SYS_clock_settime, CLOCK_REALTIME, &ts));
+}
+
+static int cmd_settimeofday(void) {
+  struct timeval tv = {0, -1};
+  return outcome(syscall(SYS_settimeofday, &tv, NULL));
+}
+
+/* A read-only adjtimex (modes 0) needs no privilege. */
+static int cmd_adjtimex(void) {
+  struct timex tx;
+  memset(&tx, 0, sizeof tx);
+  return outcome(syscall(SYS_adjtimex, &tx));
+}
+
+static int cmd_clock_adjtime(void) {
+  struct timex tx;
+  memset(&tx, 0, sizeof tx);
+  return outcome(syscall(SYS_clock_adjtime, CLOCK_REALTIME, &tx));
+}
+
+/* swapon with flags no kernel accepts (EINVAL before the capability). */
+static int cmd_swapon(void) {
+  return outcome(syscall(SYS_swapon, "/nonexistent-swap", 0x7fffffff));
+}
+
+static int cmd_swapoff(void) {
+  return outcome(syscall(SYS_swapoff, "/nonexistent-swap"));
+}
+
+/* socket(FAMILY, a type that family supports): "ok" or the errno name. */
+static int cmd_socket(const char *name) {
+  static const struct { const char *name; int family, type, proto; } fams[] = {
+    {"unix", AF_UNIX, SOCK_STREAM, 0},       {"inet", AF_INET, SOCK_DGRAM, 0},
+    {"inet6", AF_INET6, SOCK_DGRAM, 0},      {"netlink", AF_NETLINK, SOCK_RAW, 0},
+    {"vsock", AF_VSOCK, SOCK_STREAM, 0},     {"vsock-dgram", AF_VSOCK, SOCK_DGRAM, 0},
+    {"alg", AF_ALG, SOCK_SEQPACKET, 0},      {"packet", AF_PACKET, SOCK_DGRAM, 0},
+    {"bluetooth", AF_BLUETOOTH, SOCK_RAW, 0}, {"tipc", AF_TIPC, SOCK_RDM, 0},
+    {"rds", AF_RDS, SOCK_SEQPACKET, 0},      {"xdp", AF_XDP, SOCK_RAW, 0},
+    {"key", AF_KEY, SOCK_RAW, 2},            {"can", AF_CAN, SOCK_RAW, 1},
+  };
+  for (size_t i = 0; i < sizeof fams / sizeof fams[0]; ++i)
+    if (strcmp(name, fams[i].name) == 0) {
+      int s = socket(fams[i].family, fams[i].type | SOCK_CLOEXEC, fams[i].proto);
+      int err = errno;
+      if (s >= 0)
+        close(s);
+      errno = err;
+      return outcome(s);
+    }
+  /* A raw family number, with the high bits as given (e.g. 0x100000028). */
+  unsigned long long fam = strtoull(name, NULL, 0);
+  long s = syscall(SYS_socket, fam, (unsigned long)(SOCK_STREAM | SOCK_CLOEXEC), 0UL);
+  int err = errno;
+  if (s >= 0)
+    close((int)s);
+  errno = err;
+  return outcome(s);
+}
+
 /* ---- resources ----------------------------------------------------------- */
 
 static int cmd_forkbomb(void) {
@@ -454,6 +623,25 @@ static int cmd_hog(const char *mb_s) {
 static int cmd_spin(void) {
   for (volatile unsigned long i = 0;; ++i) {
   }
+  return 0;
+}
+
+static double seconds_of(clockid_t c) {
+  struct timespec ts;
+  clock_gettime(c, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* Spins until `ms` milliseconds of wall-clock time passed; prints the CPU time
+ * it got: "cpu_ms=C wall_ms=W". */
+static int cmd_spin_for(const char *ms_s) {
+  double want = atof(ms_s) / 1000.0;
+  double w0 = seconds_of(CLOCK_MONOTONIC), c0 = seconds_of(CLOCK_PROCESS_CPUTIME_ID);
+  double w = w0;
+  while (w - w0 < want)
+    w = seconds_of(CLOCK_MONOTONIC);
+  double c = seconds_of(CLOCK_PROCESS_CPUTIME_ID);
+  printf("cpu_ms=%.0f wall_ms=%.0f\n", (c - c0) * 1000.0, (w - w0) * 1000.0);
   return 0;
 }
 
@@ -666,8 +854,9 @@ static int cmd_seqpacket_frames(const char *path, int nspec, char **specs) {
 
 /* Opens N SOCK_SEQPACKET connections to `path` and keeps them all open; a
  * connection the other side refuses gets a reply at once and is closed. After
- * 2 s: "held H refused R" (R: connections that got a reply or were closed). */
-static int cmd_seqpacket_hold(const char *path, const char *count) {
+ * 2 s: "held H refused R" (R: connections that got a reply or were closed).
+ * With `forever`, it then keeps holding them until it is killed. */
+static int cmd_seqpacket_hold(const char *path, const char *count, int forever) {
   int n = atoi(count), refused = 0, held = 0;
   int *fds = calloc((size_t)(n > 0 ? n : 1), sizeof(int));
   struct sockaddr_un a;
@@ -688,6 +877,8 @@ static int cmd_seqpacket_hold(const char *path, const char *count) {
       ++held;
   }
   printf("held %d refused %d\n", held, refused);
+  while (forever)
+    pause();
   return 0;
 }
 
@@ -725,6 +916,7 @@ int main(int argc, char **argv) {
   if (IS("ls", 1)) return cmd_ls(a1);
   if (IS("tree", 1)) return tree(a1), 0;
   if (IS("mknod", 1)) return outcome(mknod(a1, S_IFCHR | 0666, makedev(1, 3)));
+  if (IS("swap-fifo", 1)) return cmd_swap_fifo(a1);
   /* identity and /proc */
   if (IS("hostname", 0)) return cmd_hostname();
   if (IS("pid", 0)) return printf("%d\n", getpid()), 0;
@@ -752,11 +944,27 @@ int main(int argc, char **argv) {
   if (IS("perf", 0)) return cmd_perf();
   if (IS("io-uring", 0)) return cmd_io_uring();
   if (IS("tiocsti", 0)) return cmd_tiocsti();
+  if (IS("abi-i386", 0)) return cmd_abi_i386();
+  if (IS("abi-x32", 0)) return cmd_abi_x32();
+  if (IS("kexec", 0)) return cmd_kexec();
+  if (IS("kexec-file", 0)) return cmd_kexec_file();
+  if (IS("userfaultfd", 0)) return cmd_userfaultfd();
+  if (IS("name-to-handle", 0)) return cmd_name_to_handle();
+  if (IS("open-by-handle", 0)) return cmd_open_by_handle();
+  if (IS("reboot", 0)) return cmd_reboot();
+  if (IS("clock-settime", 0)) return cmd_clock_settime();
+  if (IS("settimeofday", 0)) return cmd_settimeofday();
+  if (IS("adjtimex", 0)) return cmd_adjtimex();
+  if (IS("clock-adjtime", 0)) return cmd_clock_adjtime();
+  if (IS("swapon", 0)) return cmd_swapon();
+  if (IS("swapoff", 0)) return cmd_swapoff();
+  if (IS("socket", 1)) return cmd_socket(a1);
   /* resources */
   if (IS("forkbomb", 0)) return cmd_forkbomb();
   if (IS("fork-max", 1)) return cmd_fork_max(a1);
   if (IS("hog", 1)) return cmd_hog(a1);
   if (IS("spin", 0)) return cmd_spin();
+  if (IS("spin-for", 1)) return cmd_spin_for(a1);
   if (IS("sleep", 0)) for (;;) pause();
   /* sockets */
   if (IS("abstract-listen", 1)) return cmd_abstract_listen(a1);
@@ -765,7 +973,9 @@ int main(int argc, char **argv) {
   if (IS("tcp-connect", 1)) return cmd_tcp_connect(a1);
   if (IS("seqpacket-send", 2)) return cmd_seqpacket_send(a1, a2);
   if (IS("seqpacket-listen", 1)) return cmd_seqpacket_listen(a1);
-  if (IS("seqpacket-hold", 2)) return cmd_seqpacket_hold(a1, a2);
+  if (IS("seqpacket-hold", 2)) return cmd_seqpacket_hold(a1, a2, 0);
+  if (IS("seqpacket-hold", 3) && strcmp(argv[4], "forever") == 0)
+    return cmd_seqpacket_hold(a1, a2, 1);
   if (strcmp(c, "seqpacket-frames") == 0 && argc >= 4)
     return cmd_seqpacket_frames(a1, argc - 3, argv + 3);
   /* endings */

@@ -12,9 +12,11 @@
 #include <string>
 #include <vector>
 
+#include "runtime/proc_mask.hpp"
 #include "runtime/security.hpp"
 #include "test/support/fixture.hpp"
 #include "test/support/sandbox.hpp"
+#include "test/support/skip.hpp"
 
 using namespace dsec::test;
 
@@ -290,18 +292,25 @@ std::string reach(const std::string& pid, const char* sig) {
 
 } // namespace
 
-TEST_CASE("Chronus: the agent's commands cannot ptrace, read or signal trusted ones") {
+TEST_CASE("Chronus: without Landlock ABI 6 a Chronus sandbox is refused, not weakened"
+          * skip_unless(!landlock_scoping(), "the refusal of Chronus without Landlock ABI 6: "
+                                             "this kernel has it")) {
+  // Without Landlock's scoping there would be no wall between the agent and
+  // trusted commands: refused.
   api_env env({base_layer});
   dsec::container_options opts;
   opts.chronus = true;
-  if (dsec::security::landlock_abi() < 6) {
-    // Without Landlock's scoping there would be no such wall: refused.
-    auto c = dsec::container::create(env.sp(), env.lowers(), opts, nullptr);
-    REQUIRE_FALSE(c);
-    CHECK(c.error_value().code == dsec::errc::unsupported);
-    MESSAGE("this kernel has no Landlock ABI 6: only the refusal was tested");
-    return;
-  }
+  auto c = dsec::container::create(env.sp(), env.lowers(), opts, nullptr);
+  REQUIRE_FALSE(c);
+  CHECK(c.error_value().code == dsec::errc::unsupported);
+}
+
+TEST_CASE("Chronus: the agent's commands cannot ptrace, read or signal trusted ones"
+          * skip_unless(landlock_scoping(), "the Chronus wall between agent and trusted "
+                                            "commands: no Landlock ABI 6 on this kernel")) {
+  api_env env({base_layer});
+  dsec::container_options opts;
+  opts.chronus = true;
   auto c = env.create(opts);
   const std::string secret = "DSEC_TEST_SECRET=s3cr3t-" + std::to_string(::getpid());
   auto trusted = start_holder(*c, true, secret);
@@ -351,4 +360,63 @@ TEST_CASE("Chronus: a sandbox without it is unchanged (no helper, no nested doma
   CHECK(ps.find("1 dsec-init\n2 probe\n") == 0);
   CHECK(ps.find("dsec-trusted") == std::string::npos);
   CHECK(shell(*c, reach(a.pid, "CONT")) == secret + "\nopened\nEIO\nok\nok\nok\nok\n");
+}
+
+TEST_CASE("the host's /proc files are masked and its kernel knobs read-only") {
+  auto& s = suite::get();
+  // The host's kernel command line names its boot setup (here the VM's vsock
+  // ports, for one): the control that there is something to hide.
+  auto host_cmdline = read_file("/proc/cmdline");
+  REQUIRE_FALSE(host_cmdline.empty());
+  auto r = s.run({}, {"sh", "-c",
+                      "probe cat /proc/cmdline; echo \"cmdline $?\"; probe cat /proc/keys; "
+                      "echo \"keys $?\"; probe ls /proc/acpi; echo \"acpi $?\"; "
+                      "probe write /proc/cmdline x; probe write /proc/irq/default_smp_affinity 1; "
+                      "probe write /proc/sys/kernel/hostname x; probe write /proc/keys x; "
+                      "probe umount /proc/cmdline; probe umount /proc/sys"});
+  REQUIRE_MESSAGE(r.status == 0, r.describe());
+  CHECK(r.out.find(host_cmdline.substr(0, host_cmdline.find(' '))) == std::string::npos);
+  auto l = lines_of(r.out);
+  REQUIRE(l.size() == 9);
+  CHECK(l[0] == "cmdline 0"); // readable, and empty
+  CHECK(l[1] == "keys 0");
+  CHECK(l[2] == "acpi 0");
+  CHECK(l[3] == "EROFS"); // the shared empty file cannot carry anything across sandboxes
+  CHECK(l[4] == "EROFS");
+  CHECK(l[5] == "EROFS");
+  CHECK(l[6] == "EROFS");
+  CHECK(l[7] == "EPERM");
+  CHECK(l[8] == "EPERM");
+
+  // Each path of the list that this kernel has is a mount of its own: the
+  // masks from dsec's read-only tmpfs, the rest read-only binds of /proc.
+  auto mi = s.run({}, {"probe", "cat", "/proc/self/mountinfo"});
+  REQUIRE(mi.status == 0);
+  auto mounts = lines_of(mi.out);
+  auto mount_at = [&](const std::string& where) -> std::string {
+    for (const auto& m : mounts)
+      if (m.find(" " + where + " ") != std::string::npos)
+        return m;
+    return {};
+  };
+  for (const auto& m : dsec::proc_masks) {
+    std::string name = m.name;
+    CAPTURE(name);
+    auto line = mount_at("/proc/" + name);
+    if (!std::filesystem::exists("/proc/" + name)) {
+      CHECK(line.empty());
+      continue;
+    }
+    REQUIRE_FALSE(line.empty());
+    CHECK(line.find(" ro,") != std::string::npos);
+    if (m.kind == dsec::proc_mask_kind::read_only)
+      CHECK(line.find(" - proc ") != std::string::npos);
+    else
+      CHECK(line.find(" - tmpfs dsec-mask ro,") != std::string::npos);
+  }
+  CHECK_FALSE(mount_at("/proc/cmdline").empty());
+  CHECK_FALSE(mount_at("/proc/sys").empty());
+  // What a sandbox needs from /proc still works.
+  r = s.run({}, {"sh", "-c", "probe write /proc/self/comm renamed && head -1 /proc/meminfo"});
+  CHECK_MESSAGE(r.out.rfind("ok\nMemTotal:", 0) == 0, r.describe());
 }

@@ -16,12 +16,20 @@
  *   chronus_reply_free(&r);
  *   chronus_close(&c);
  *
- * The socket is $CHRONUS_SOCKET (default /run/chronus.sock), SOCK_SEQPACKET: one
- * Request per packet, answered by one Reply. The token is $DSEC_CHRONUS_TOKEN (64
- * hex characters); it goes into every Request. The node checks every field (see
- * runtime/chronus.hpp for the limits) and answers a bad one with `rejected` and a
- * reason, which these functions return as CHRONUS_REJECTED with the reason in
- * c.error. One call at a time per connection (each waits for its reply).
+ * A trusted command (dsec exec --trusted) has its trusted channel at fd
+ * $CHRONUS_FD (3): chronus_open() makes a fresh connection over it (a
+ * socketpair, one end sent to the node with the bytes CHRONUS_CHANNEL_HELLO), so
+ * that each call has its own and concurrent `chronus` processes never read each
+ * other's replies. Nothing secret is involved: the channel is the credential,
+ * and only trusted commands hold it. Without $CHRONUS_FD, chronus_open() uses
+ * $CHRONUS_SOCKET (default /run/chronus.sock) with the token in
+ * $DSEC_CHRONUS_TOKEN (64 hex characters); dsec gives no process that token, so
+ * the node refuses every such frame (the way the agent's own attempts end).
+ * Either way, SOCK_SEQPACKET: one Request per packet, answered by one Reply. The
+ * node checks every field (see runtime/chronus.hpp for the limits) and answers a
+ * bad one with `rejected` and a reason, which these functions return as
+ * CHRONUS_REJECTED with the reason in c.error. One call at a time per connection
+ * (each waits for its reply).
  *
  * The frame layouts below follow the schema's field numbers, which are frozen; the
  * test suite checks them against the real Cap'n Proto decoder and encoder
@@ -47,6 +55,10 @@ extern "C" {
 #define CHRONUS_MAX_FRAME 65536 /* bytes, either direction */
 #define CHRONUS_TOKEN_SIZE 32   /* bytes; 64 hex characters */
 #define CHRONUS_DEFAULT_SOCKET "/run/chronus.sock"
+/* What opens a connection over the trusted channel (runtime/chronus.hpp's
+ * chronus_channel_hello): these bytes, without the NUL, one end of a socketpair
+ * attached. */
+#define CHRONUS_CHANNEL_HELLO "dsec-chronus-connect"
 
 /* What the calls return. The positive values are also the exit statuses of the
  * `chronus` command. */
@@ -499,25 +511,102 @@ static inline int chronus_check_peer_(struct chronus *c, const char *socket_path
   return CHRONUS_OK;
 }
 
-/* Connects as the environment says: $CHRONUS_SOCKET (default /run/chronus.sock)
- * and $DSEC_CHRONUS_TOKEN. On the default socket it checks that the listener is
- * dsec's, outside the sandbox (see chronus_check_peer_). */
+/* Opens a connection over the trusted channel `channel` (a trusted command's
+ * fd 3): a fresh socketpair, whose one end goes to the node with
+ * CHRONUS_CHANNEL_HELLO. The node serves it as a trusted connection: no token. */
+static inline int chronus_open_channel(struct chronus *c, int channel) {
+  int sv[2], type = 0, err;
+  socklen_t len = sizeof type;
+  struct msghdr msg;
+  struct iovec iov;
+  union {
+    struct cmsghdr align;
+    char buf[CMSG_SPACE(sizeof(int))];
+  } control;
+  struct cmsghdr *cm;
+  ssize_t n;
+  c->fd = -1;
+  c->error[0] = 0;
+  memset(c->token, 0, sizeof c->token);
+  if (getsockopt(channel, SOL_SOCKET, SO_TYPE, &type, &len) != 0 || type != SOCK_SEQPACKET) {
+    err = errno;
+    snprintf(c->error, sizeof c->error,
+             "CHRONUS_FD=%d is not a Chronus channel (%s): is this a trusted command of a dsec "
+             "sandbox with Chronus, and was its fd %d left open?", channel,
+             type ? "not a SOCK_SEQPACKET socket" : strerror(err), channel);
+    errno = EBADF;
+    return CHRONUS_ERROR;
+  }
+  if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) {
+    err = errno;
+    snprintf(c->error, sizeof c->error, "socketpair: %s", strerror(err));
+    errno = err;
+    return CHRONUS_ERROR;
+  }
+  memset(&msg, 0, sizeof msg);
+  memset(&control, 0, sizeof control);
+  iov.iov_base = (void *)CHRONUS_CHANNEL_HELLO;
+  iov.iov_len = sizeof CHRONUS_CHANNEL_HELLO - 1;
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control.buf;
+  msg.msg_controllen = sizeof control.buf;
+  cm = CMSG_FIRSTHDR(&msg);
+  cm->cmsg_level = SOL_SOCKET;
+  cm->cmsg_type = SCM_RIGHTS;
+  cm->cmsg_len = CMSG_LEN(sizeof(int));
+  memcpy(CMSG_DATA(cm), &sv[1], sizeof(int));
+  while ((n = sendmsg(channel, &msg, MSG_NOSIGNAL)) < 0 && errno == EINTR) {
+  }
+  err = errno;
+  close(sv[1]);
+  if (n < 0) {
+    close(sv[0]);
+    snprintf(c->error, sizeof c->error, "cannot open a connection over the Chronus channel: %s",
+             err == EPIPE || err == ECONNRESET ? "the node closed it" : strerror(err));
+    errno = err;
+    return CHRONUS_ERROR;
+  }
+  c->fd = sv[0];
+  return CHRONUS_OK;
+}
+
+/* Connects as the environment says: over the trusted channel at fd $CHRONUS_FD
+ * when it is set (a trusted command), else to $CHRONUS_SOCKET (default
+ * /run/chronus.sock) with $DSEC_CHRONUS_TOKEN. On the default socket it checks
+ * that the listener is dsec's, outside the sandbox (see chronus_check_peer_). */
 static inline int chronus_open(struct chronus *c) {
+  const char *channel = getenv("CHRONUS_FD");
   const char *path = getenv("CHRONUS_SOCKET");
   const char *token = getenv("DSEC_CHRONUS_TOKEN");
+  if (channel && *channel) {
+    char *end;
+    long fd;
+    errno = 0;
+    fd = strtol(channel, &end, 10);
+    if (errno || *end || fd < 0 || fd > 1 << 20) {
+      c->fd = -1;
+      snprintf(c->error, sizeof c->error, "CHRONUS_FD '%.32s' is not a descriptor number",
+               channel);
+      errno = EINVAL;
+      return CHRONUS_ERROR;
+    }
+    return chronus_open_channel(c, (int)fd);
+  }
   if (!path || !*path)
     path = CHRONUS_DEFAULT_SOCKET;
   if (!token || !*token) {
     c->fd = -1;
     if (access(path, F_OK) != 0)
       snprintf(c->error, sizeof c->error,
-               "no Chronus socket at %.100s: this sandbox was created without Chronus "
-               "(create it with chronus=True, --chronus)", path);
+               "no Chronus channel: CHRONUS_FD is not set, and there is no Chronus socket at "
+               "%.100s: this sandbox was created without Chronus (chronus=True, --chronus)",
+               path);
     else
       snprintf(c->error, sizeof c->error,
-               "this command is not trusted, so it has no DSEC_CHRONUS_TOKEN: only a command "
-               "run as trusted (trusted=True, `dsec exec --trusted`) may talk to Chronus");
-    errno = EACCES;
+               "no Chronus channel: CHRONUS_FD is not set: this command is not trusted; only a "
+               "command run as trusted (trusted=True, `dsec exec --trusted`) may talk to Chronus");
+    errno = EINVAL;
     return CHRONUS_ERROR;
   }
   if (chronus_connect(c, path, token) != CHRONUS_OK)

@@ -57,7 +57,9 @@ void print_build_help() {
     "  SRC             a directory, used as is, or a tar archive (plain, gzip, xz, zstd,\n"
     "                  ...; e.g. the output of 'docker export'). Owners, modes, mtimes and\n"
     "                  xattrs are kept. The same content always gives the same digest and\n"
-    "                  is stored once.\n"
+    "                  is stored once. Device nodes and sockets are left out (each named\n"
+    "                  on stderr): sandboxes get /dev from dsec's system layer. Fifos are\n"
+    "                  kept.\n"
     "\n"
     "The store is the state directory: --state DIR before the verb, else $DSEC_STATE,\n"
     "else /var/lib/dsec.\n");
@@ -173,6 +175,8 @@ int build_verb(const global_options& g, args& a) {
               info.ref.to_string().c_str(), short_digest(info.digest).c_str(),
               format_size(info.size).c_str(), res->seconds,
               res->deduplicated ? ", content already stored" : "");
+  for (const auto& s : res->skipped)
+    std::fprintf(stderr, "dsec: layer build: left out %s\n", s.c_str());
   return 0;
 }
 

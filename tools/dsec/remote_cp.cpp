@@ -1,7 +1,10 @@
 // dsec --connect HOST:PORT cp: files into and out of a daemon's sandbox, as tar
-// archives made and unpacked by the host's tar. An archive that comes out of a
-// sandbox is untrusted (the sandbox's own tar made it): it is checked and
-// rewritten before the host's tar, running as root, sees it.
+// archives. Into a sandbox, the host's tar packs the local files (the
+// sandbox's tar unpacks them there). Out of one, the archive is untrusted (the
+// sandbox's own tar, or whatever the agent put in its place, made it): it is
+// read with libarchive and unpacked by runtime/untar.hpp, which never writes
+// outside DST nor through a symbolic link, whatever the archive holds and
+// whatever DST held before; no host tar sees it.
 #include <fcntl.h>
 #include <spawn.h>
 #include <sys/stat.h>
@@ -12,11 +15,11 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <optional>
-#include <set>
 #include <string>
 #include <vector>
 
+#include "runtime/fd.hpp"
+#include "runtime/untar.hpp"
 #include "tools/dsec/remote.hpp"
 
 extern char** environ;
@@ -38,12 +41,16 @@ path.
                                     /work/out into the local directory ./res
                                     (it must exist): ./res/out
 
-Both directions go through tar archives: this machine's tar packs and unpacks
-here, the sandbox's tar (its image must have one, e.g. busybox) there. What
-comes out of a sandbox is not trusted: files land owned by the user running
-dsec, with its umask and without set-user-ID or set-group-ID bits; device
-nodes and fifos are skipped (with a warning); existing local directories keep
-their owners and modes; names with '..' or a leading '/' stay inside DST.
+Both directions go through tar archives: this machine's tar packs here, the
+sandbox's tar (its image must have one, e.g. busybox) packs and unpacks there.
+What comes out of a sandbox is not trusted, and dsec unpacks it itself: files
+land owned by the user running dsec, with its umask and without set-user-ID,
+set-group-ID or sticky bits; device nodes and fifos are skipped (with a
+warning); nothing is written through a symbolic link, neither one the archive
+made nor one DST had (such an entry stops the copy with an error); a leading
+'/' is dropped, a name with '..', outside the copied name, or a hard link to
+anything but a file of the same archive stops the copy; existing local
+directories keep their owners and modes, other existing names are replaced.
 
 Options:
   -h, --help   this text
@@ -125,221 +132,6 @@ expected<int> run_tool(const std::vector<std::string>& argv, const std::string* 
   if (WIFSIGNALED(status))
     return 128 + WTERMSIG(status);
   return WEXITSTATUS(status);
-}
-
-// ---- checking an untrusted tar archive --------------------------------------------
-
-constexpr size_t block = 512;
-
-size_t padded(uint64_t n) {
-  return static_cast<size_t>((n + block - 1) / block * block);
-}
-
-// A numeric field: octal (ustar) or base-256 (GNU, first byte 0x80).
-std::optional<uint64_t> number(const unsigned char* f, size_t len) {
-  uint64_t v = 0;
-  if (f[0] & 0x80) {
-    if (f[0] != 0x80)
-      return std::nullopt; // negative, or too large for us
-    for (size_t i = 1; i < len; ++i) {
-      if (v >> 56)
-        return std::nullopt;
-      v = v << 8 | f[i];
-    }
-    return v;
-  }
-  size_t i = 0;
-  while (i < len && f[i] == ' ')
-    ++i;
-  for (; i < len && f[i] >= '0' && f[i] <= '7'; ++i) {
-    if (v >> 60)
-      return std::nullopt;
-    v = v * 8 + (f[i] - '0');
-  }
-  for (; i < len; ++i)
-    if (f[i] != ' ' && f[i] != '\0')
-      return std::nullopt;
-  return v;
-}
-
-bool checksum_ok(const unsigned char* h) {
-  auto stored = number(h + 148, 8);
-  if (!stored)
-    return false;
-  uint64_t u = 0;
-  int64_t s = 0;
-  for (size_t i = 0; i < block; ++i) {
-    unsigned char c = i >= 148 && i < 156 ? ' ' : h[i];
-    u += c;
-    s += static_cast<signed char>(c);
-  }
-  return u == *stored || static_cast<uint64_t>(s) == *stored;
-}
-
-std::string field(const unsigned char* f, size_t len) {
-  size_t n = 0;
-  while (n < len && f[n])
-    ++n;
-  return std::string{reinterpret_cast<const char*>(f), n};
-}
-
-std::string name_of(const unsigned char* h) {
-  std::string name = field(h, 100);
-  if (std::memcmp(h + 257, "ustar", 5) == 0) {
-    std::string prefix = field(h + 345, 155);
-    if (!prefix.empty())
-      name = prefix + "/" + name;
-  }
-  return name;
-}
-
-struct checked_tar {
-  std::string archive;              ///< what the host's tar may unpack
-  std::vector<std::string> skipped; ///< members left out, described
-};
-
-// Walks the archive the way GNU tar reads it, and rebuilds it from what it
-// understood: regular files, directories, symbolic and hard links (with GNU
-// long names or pax headers). Device nodes and fifos are left out, and so are
-// hard links to them (the host's tar could not make those links). Anything
-// that GNU tar might read differently from us is refused: bad checksums, global
-// or sparse headers, unknown member types, data on members that have none.
-expected<checked_tar> check_tar(const std::string& in) {
-  auto refuse = [](const std::string& why) {
-    return make_error(errc::invalid_argument, "refused the archive from the sandbox: " + why);
-  };
-  checked_tar out;
-  std::string pending; // extended headers of the next member
-  bool has_pax_size = false;
-  uint64_t pax_size = 0;
-  std::string long_name, pax_path, long_link, pax_link;
-  std::set<std::string> dropped; // names of the devices and fifos left out
-  bool had_pax = false, had_gnu = false;
-  size_t pos = 0;
-  auto at = [&](size_t p) { return reinterpret_cast<const unsigned char*>(in.data()) + p; };
-  for (;;) {
-    if (pos == in.size())
-      break; // no end-of-archive blocks: tolerated
-    if (pos + block > in.size())
-      return refuse("it is truncated");
-    const unsigned char* h = at(pos);
-    bool zero = true;
-    for (size_t i = 0; i < block && zero; ++i)
-      zero = h[i] == 0;
-    if (zero)
-      break; // the end (GNU tar stops here too; whatever follows is dropped)
-    if (!checksum_ok(h))
-      return refuse("a header's checksum is wrong at offset " + std::to_string(pos));
-    char type = static_cast<char>(h[156]);
-    auto size = number(h + 124, 12);
-    if (!size)
-      return refuse("a header's size is malformed at offset " + std::to_string(pos));
-    std::string name = !long_name.empty() ? long_name : !pax_path.empty() ? pax_path : name_of(h);
-    if (type == 'x' || type == 'L' || type == 'K') {
-      if (pos + block + *size > in.size())
-        return refuse("it is truncated");
-      std::string data = in.substr(pos + block, static_cast<size_t>(*size));
-      if (type == 'x') {
-        had_pax = true;
-        // Records: "LEN key=value\n".
-        size_t p = 0;
-        while (p < data.size()) {
-          size_t sp = data.find(' ', p);
-          if (sp == std::string::npos)
-            return refuse("a malformed pax header");
-          size_t len = std::strtoull(data.c_str() + p, nullptr, 10);
-          if (len <= sp - p || p + len > data.size() || data[p + len - 1] != '\n')
-            return refuse("a malformed pax header");
-          std::string rec = data.substr(sp + 1, p + len - 1 - (sp + 1));
-          auto eq = rec.find('=');
-          if (eq == std::string::npos)
-            return refuse("a malformed pax header");
-          std::string key = rec.substr(0, eq), value = rec.substr(eq + 1);
-          if (key == "size") {
-            char* end = nullptr;
-            unsigned long long v = std::strtoull(value.c_str(), &end, 10);
-            if (value.empty() || *end != '\0' || value[0] < '0' || value[0] > '9')
-              return refuse("a malformed pax size");
-            pax_size = v;
-            has_pax_size = true;
-          } else if (key == "path") {
-            pax_path = value;
-          } else if (key == "linkpath") {
-            pax_link = value;
-          } else if (key.rfind("GNU.sparse", 0) == 0) {
-            return refuse("sparse files are not supported");
-          }
-          p += len;
-        }
-      } else {
-        had_gnu = true;
-        if (type == 'L')
-          long_name = field(reinterpret_cast<const unsigned char*>(data.data()), data.size());
-        else if (type == 'K')
-          long_link = field(reinterpret_cast<const unsigned char*>(data.data()), data.size());
-      }
-      if (had_pax && had_gnu)
-        return refuse("both pax and GNU extended headers for '" + name + "'");
-      pending.append(in, pos, block + padded(*size));
-      pos += block + padded(*size);
-      continue;
-    }
-    uint64_t data_size = has_pax_size ? pax_size : *size;
-    bool keep = true;
-    switch (type) {
-      case '0':
-      case '\0':
-      case '7':
-        if (!name.empty() && name.back() == '/' && data_size != 0)
-          return refuse("'" + name + "' has data but is named like a directory");
-        break;
-      case '1':
-      case '2':
-      case '5':
-        if (data_size != 0)
-          return refuse("'" + name + "' is a link or directory with data");
-        if (type == '1'
-            && dropped.count(!long_link.empty() ? long_link
-                             : !pax_link.empty() ? pax_link
-                                                 : field(h + 157, 100))) {
-          out.skipped.push_back(name + " (a hard link to a device node or fifo)");
-          dropped.insert(name);
-          keep = false;
-        }
-        break;
-      case '3':
-      case '4':
-      case '6':
-        if (data_size != 0)
-          return refuse("'" + name + "' is a device or fifo with data");
-        out.skipped.push_back(name + (type == '6' ? " (a fifo)" : " (a device node)"));
-        dropped.insert(name);
-        keep = false;
-        break;
-      default:
-        return refuse("'" + name + "' has a member type ('" + std::string(1, type)
-                      + "') dsec does not copy out");
-    }
-    size_t total = block + padded(data_size);
-    if (pos + total > in.size())
-      return refuse("it is truncated");
-    if (keep) {
-      out.archive += pending;
-      out.archive.append(in, pos, total);
-    }
-    pending.clear();
-    has_pax_size = false;
-    long_name.clear();
-    pax_path.clear();
-    long_link.clear();
-    pax_link.clear();
-    had_pax = had_gnu = false;
-    pos += total;
-  }
-  if (!pending.empty())
-    return refuse("it ends inside an extended header");
-  out.archive.append(2 * block, '\0');
-  return out;
 }
 
 // The daemon's error about one side of the copy, named "cp: source|destination X".
@@ -433,22 +225,20 @@ int cp_main(context& ctx, args& a) {
   auto got = (*c)->get(src_id, src_path);
   if (!got)
     return side_failed("source", src, std::move(got).error_value());
-  auto checked = check_tar(*got);
-  if (!checked)
-    return side_failed("source", src, std::move(checked).error_value());
-  for (const auto& s : checked->skipped)
+  // The copied name: every entry must be it or below it.
+  auto top = src_path.substr(src_path.rfind('/') + 1);
+  unique_fd dest{::open(dst.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)};
+  if (!dest)
+    return fail(sys_error("cp: destination", dst));
+  mode_t mask = ::umask(0);
+  ::umask(mask);
+  auto unpacked = untar_beneath(dest.get(), dst, *got, mask, top);
+  if (!unpacked)
+    return side_failed("source", src, std::move(unpacked).error_value());
+  for (const auto& w : unpacked->warnings)
+    std::fprintf(stderr, "dsec: cp: warning: %s\n", w.c_str());
+  for (const auto& s : unpacked->skipped)
     std::fprintf(stderr, "dsec: cp: skipped %s\n", s.c_str());
-  auto rc = run_tool({"tar", "-x", "-f", "-", "-C", dst, "--no-same-owner",
-                      "--no-same-permissions", "--no-overwrite-dir"},
-                     &checked->archive, nullptr);
-  if (!rc)
-    return fail(make_error(rc.error_value().code, "cp: destination " + dst
-                                                    + ": cannot unpack into it: "
-                                                    + rc.error_value().to_string()));
-  if (*rc != 0)
-    return fail(make_error(errc::tool_failed, "cp: destination " + dst
-                                                + ": unpacking into it failed (tar exited with "
-                                                + std::to_string(*rc) + ")"));
   return 0;
 }
 

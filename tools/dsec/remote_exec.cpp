@@ -39,10 +39,16 @@ Options:
                          sandbox's root)
   --timeout DUR          kill CMD (and its process group) after DUR, e.g. 30s,
                          500ms, 2m; then the exit status is 124
-  --trusted              run CMD as a trusted command (a grader): it gets the
-                         sandbox's Chronus token in $DSEC_CHRONUS_TOKEN, and the
+  --trusted              run CMD as a trusted command (a grader): it reaches
+                         Chronus over a channel of its own at fd 3
+                         ($CHRONUS_FD), its PATH starts with /.dsec/bin (dsec's
+                         `chronus`, which the agent cannot replace), and the
                          sandbox's other commands cannot trace, signal or read
                          it. The sandbox must have been made with `run --chronus`
+  --pristine             with --trusted: CMD's root is the sandbox's layers
+                         without anything the agent wrote (a private /tmp), and
+                         the agent's files are read-only at /.dsec/agent; so
+                         CMD runs the image's own interpreters (docs/chronus.md)
   --detach               leave CMD running in the background; dsec exits 0 once
                          it runs (its output is discarded)
   --idempotent           CMD is safe to run again: in a session with a
@@ -82,10 +88,14 @@ Sandbox and session:
                            (docs/trajectory.md); at most one live per session
   --tag NAME=VALUE         a tag for the sandbox (repeatable), shown by the
                            session's list
-  --chronus                give the sandbox Chronus: /run/chronus.sock and the
-                           `chronus` client, for trusted commands (`exec
-                           --trusted`) to report stages and ask for feedback;
-                           see `session watch` and `feedback`
+  --chronus                give the sandbox Chronus: the `chronus` client, for
+                           trusted commands (`exec --trusted`) to report stages
+                           and ask for feedback; see `session watch` and
+                           `feedback`
+  --trusted                run CMD as a trusted command (needs --chronus; see
+                           `exec --help`)
+  --pristine               with --trusted: CMD runs in the pristine root, the
+                           agent's files read-only at /.dsec/agent
 
 Layers (in the daemon's store):
   --base NAME@VERSION      the base image (required)
@@ -104,10 +114,15 @@ Environment of the command:
 Isolation and limits:
   --net                    a private network namespace with a working loopback;
                            without it the sandbox has no network, not even loopback
-  --memory SIZE            memory limit (e.g. 512m, 2g); OOM kills inside
-  --pids N                 most processes and threads at once
-  --cpus N                 CPU bandwidth, in CPUs (e.g. 0.5, 2)
-  --disk SIZE              size of the writable layer (default: half of RAM)
+  --memory SIZE            memory limit (e.g. 512m, 2g); OOM kills inside. It
+                           also bounds the writable layer (a tmpfs: its pages are
+                           charged to the sandbox). Default: the node's
+                           --default-memory (`node stats` shows it)
+  --pids N                 most processes and threads at once (default: the
+                           node's --default-pids)
+  --cpus N                 CPU bandwidth, in CPUs (e.g. 0.5, 2; default: none)
+  --disk SIZE              size of the writable layer (default: the node's
+                           --default-disk)
   --timeout DUR            kill CMD after DUR (e.g. 30s, 500ms, 2m); then dsec
                            exits with 124 (with --detach: CMD is killed, the
                            sandbox stays)
@@ -243,7 +258,7 @@ private:
 int exec_main(context& ctx, args& a) {
   auto verb = ctx.verb("exec");
   command_spec cs;
-  bool input = false, trusted = false, idempotent = false, detach = false;
+  bool input = false, trusted = false, idempotent = false, detach = false, pristine = false;
   std::string id;
   std::vector<std::string> argv;
   while (!a.empty()) {
@@ -263,6 +278,10 @@ int exec_main(context& ctx, args& a) {
     }
     if (a.flag("--trusted")) {
       trusted = true;
+      continue;
+    }
+    if (a.flag("--pristine")) {
+      pristine = true;
       continue;
     }
     if (a.flag("--idempotent")) {
@@ -289,8 +308,11 @@ int exec_main(context& ctx, args& a) {
     return usage_error(verb, "no sandbox id given (exec [OPTIONS] ID -- CMD [ARGS...])");
   if (argv.empty())
     return usage_error(verb, "no command given (exec [OPTIONS] ID -- CMD [ARGS...])");
+  if (pristine && !trusted)
+    return usage_error(verb, "--pristine needs --trusted");
   auto req = make_request(cs, std::move(argv));
   req.trusted = trusted;
+  req.pristine = pristine;
   req.idempotent = idempotent;
   if (input) {
     auto in = read_all(0);
@@ -321,7 +343,8 @@ int run_main(context& ctx, args& a) {
   constexpr int dsec_failed = 125;
   sandbox_spec sb;
   command_spec cs;
-  bool detach = false, input = false, chronus = false, idempotent = false;
+  bool detach = false, input = false, chronus = false, idempotent = false, trusted = false,
+       pristine = false;
   std::string session_id;
   std::optional<std::chrono::milliseconds> ttl;
   create_labels labels;
@@ -348,6 +371,14 @@ int run_main(context& ctx, args& a) {
     }
     if (a.flag("--chronus")) {
       chronus = true;
+      continue;
+    }
+    if (a.flag("--trusted")) {
+      trusted = true;
+      continue;
+    }
+    if (a.flag("--pristine")) {
+      pristine = true;
       continue;
     }
     if (a.flag("--idempotent")) {
@@ -410,9 +441,18 @@ int run_main(context& ctx, args& a) {
   }
   if (argv.empty())
     return usage_error(verb, "no command given (run [OPTIONS] -- CMD [ARGS...])");
+  if (trusted && !chronus)
+    return usage_error(verb, "--trusted needs --chronus (a trusted command needs a sandbox "
+                             "with Chronus)");
+  if (pristine && !trusted)
+    return usage_error(verb, "--pristine needs --trusted");
   if (auto rc = check_sandbox_spec(verb, sb))
     return *rc;
-
+  if (sb.no_memory || sb.no_pids)
+    return usage_error(verb, std::string{sb.no_memory ? "--memory" : "--pids"}
+                               + " none is for a local `dsec run`: a daemon's sandboxes get its "
+                                 "--default-memory and --default-pids unless they ask for a "
+                                 "size");
   environment env;
   env.base = sb.base->to_string();
   if (sb.workdir)
@@ -429,6 +469,8 @@ int run_main(context& ctx, args& a) {
     env.ttl_ms = static_cast<uint64_t>(ttl->count());
   auto req = make_request(cs, std::move(argv));
   req.idempotent = idempotent;
+  req.trusted = trusted;
+  req.pristine = pristine;
   if (input) {
     auto in = read_all(0);
     if (!in)

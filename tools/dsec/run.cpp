@@ -11,6 +11,7 @@
 
 #include "runtime/cgroup.hpp"
 #include "runtime/container.hpp"
+#include "runtime/defaults.hpp"
 #include "runtime/layer.hpp"
 #include "runtime/mount.hpp"
 #include "runtime/spawner.hpp"
@@ -47,14 +48,19 @@ Environment of the command:
                            sandbox's root, which has no privileges on the host)
   --hostname NAME          the sandbox's hostname (default: its id)
 
-Isolation and limits:
+Isolation and limits (every sandbox has a memory and a pids limit and a
+bounded writable layer; the defaults are what a dsecd with its default
+--slots gives each sandbox on this machine, see below):
   --net                    a private network namespace with a working loopback
                            (127.0.0.1); without it the sandbox has no network at
                            all, not even loopback. No route leads outside.
-  --memory SIZE            memory limit (e.g. 512m, 2g); OOM kills inside
-  --pids N                 most processes and threads at once
-  --cpus N                 CPU bandwidth, in CPUs (e.g. 0.5, 2)
-  --disk SIZE              size of the writable layer (default: half of RAM)
+  --memory SIZE|none       memory limit (e.g. 512m, 2g); OOM kills inside. It
+                           also bounds the writable layer: a tmpfs, whose pages
+                           are charged to the sandbox
+  --pids N|none            most processes and threads at once
+  --cpus N                 CPU bandwidth, in CPUs (e.g. 0.5, 2; default: none)
+  --disk SIZE              size of the writable layer; writes past it fail with
+                           ENOSPC
   --timeout DUR            wall-clock limit (e.g. 30s, 500ms, 2m): then the whole
                            sandbox is killed and dsec exits with 124
 
@@ -62,7 +68,8 @@ Other:
   --timings                print each creation step's duration on stderr
   -h, --help               this text
 
-Exit status: CMD's own status; 128+N if a signal N killed it; 124 on timeout;
+Exit status: CMD's own status; 128+N if a signal N killed it (137 also when the
+sandbox ran out of memory and the kernel killed all of it); 124 on timeout;
 126 if CMD cannot be executed (or --cwd, --user do not work), 127 if it is
 not found; 125 if dsec itself failed (the message says which step and which
 path).
@@ -87,6 +94,14 @@ std::optional<int> parse(args& a, run_args& r) {
   while (!a.empty()) {
     if (a.help()) {
       std::fputs(run_usage, stdout);
+      auto m = machine_resources::probe();
+      auto d = derive_defaults(m, default_slots, default_oversubscribe);
+      std::printf("\nDefaults on this machine (%s of memory, pid_max %llu): --memory %s,\n"
+                  "--pids %llu, --disk %s (runtime/defaults.hpp has the rule).\n",
+                  format_size(m.memory_bytes).c_str(),
+                  static_cast<unsigned long long>(m.pid_max),
+                  format_size(*d.memory_bytes).c_str(),
+                  static_cast<unsigned long long>(*d.pids), format_size(d.disk_bytes).c_str());
       return 0;
     }
     if (a.peek() == "--") {
@@ -172,6 +187,18 @@ int run_main(const global_options& g, args& a) {
   auto sp = spawner::start(sp_opts);
   if (!sp)
     return fail(sp.error_value(), dsec_failed);
+
+  // The default limits (runtime/defaults.hpp) for what the options leave out.
+  {
+    auto d = derive_defaults(machine_resources::probe(), default_slots, default_oversubscribe);
+    if (r.sb.no_memory)
+      d.memory_bytes.reset();
+    if (r.sb.no_pids)
+      d.pids.reset();
+    d.apply(r.opts.lim);
+    if (r.opts.disk_bytes == 0)
+      r.opts.disk_bytes = d.disk_bytes;
+  }
 
   auto st = store::open(g.state_dir);
   if (!st)
@@ -269,9 +296,11 @@ int run_main(const global_options& g, args& a) {
       return status.shell_code();
     }
     if (res.error_value().code != errc::timeout) {
+      bool oom = (*c)->oom_killed();
       fail(res.error_value());
       (void) (*c)->destroy();
-      return dsec_failed;
+      // Out of memory, the whole sandbox with it: the command was SIGKILLed.
+      return oom ? 128 + SIGKILL : dsec_failed;
     }
     if (deadline && std::chrono::steady_clock::now() >= *deadline) {
       (void) (*c)->destroy();

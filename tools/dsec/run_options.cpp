@@ -52,6 +52,12 @@ parsed parse_sandbox_option(args& a, std::string_view verb, sandbox_spec& s) {
   DSEC_OPT("--workdir") return layer(verb, "--workdir", v, &s.workdir, nullptr);
   DSEC_OPT("--tool") return layer(verb, "--tool", v, nullptr, &s.tools);
   DSEC_OPT("--memory") {
+    if (v == "none") {
+      s.no_memory = true;
+      s.lim.memory_bytes.reset();
+      return parsed::yes;
+    }
+    s.no_memory = false;
     auto n = parse_size(v, "--memory");
     if (!n)
       return bad(verb, n.error_value().message);
@@ -68,6 +74,12 @@ parsed parse_sandbox_option(args& a, std::string_view verb, sandbox_spec& s) {
     return parsed::yes;
   }
   DSEC_OPT("--pids") {
+    if (v == "none") {
+      s.no_pids = true;
+      s.lim.pids.reset();
+      return parsed::yes;
+    }
+    s.no_pids = false;
     char* end = nullptr;
     long n = std::strtol(v.c_str(), &end, 10);
     if (v.empty() || *end != '\0' || n < 1 || n > 4'194'304)

@@ -24,6 +24,9 @@ struct sandbox_spec {
   limits lim;
   uint64_t disk_bytes = 0;      ///< 0: the default
   bool net = false;
+  /// `--memory none`, `--pids none`: no such limit (a local `dsec run` only;
+  /// a daemon applies its own defaults and takes no "none").
+  bool no_memory = false, no_pids = false;
 };
 
 /// --env --cwd --user --timeout
