@@ -1145,7 +1145,7 @@ caf::result<sandbox_info> find_by_key(self_ptr self, const std::string& key) {
     return info;
   }
   auto rp = self->make_response_promise<sandbox_info>();
-  self->request(sb->second, std::chrono::seconds(10), list_atom::value)
+  self->request(sb->second, std::chrono::seconds(10), list_atom::value, s.cfg.key)
     .then(
       [=](sandbox_info& live) mutable {
         live.key = info.key;
@@ -1319,6 +1319,21 @@ caf::result<uint32_t> create_call(self_ptr self, environment env, uint32_t count
 
 // A resumed session's start: every sandbox of its log is replaying (or
 // closed, if the trainer destroyed it), claimed by the creates with its key.
+// N of a pack named "<sandbox>-<N>.pack", or 0.
+uint64_t pack_number(const std::string& pack, const std::string& sandbox) {
+  const std::string suffix = ".pack";
+  if (pack.size() <= sandbox.size() + 1 + suffix.size() || pack.compare(0, sandbox.size(), sandbox)
+      || pack[sandbox.size()] != '-' || pack.compare(pack.size() - suffix.size(), suffix.size(), suffix))
+    return 0;
+  uint64_t n = 0;
+  for (size_t i = sandbox.size() + 1; i < pack.size() - suffix.size(); ++i) {
+    if (pack[i] < '0' || pack[i] > '9' || n > (UINT64_MAX - 9) / 10)
+      return 0;
+    n = n * 10 + static_cast<uint64_t>(pack[i] - '0');
+  }
+  return n;
+}
+
 void arrange_resume(self_ptr self, const trajectory_plan& plan) {
   auto& st = self->state;
   st.next_group = plan.next_group;
@@ -1331,6 +1346,12 @@ void arrange_resume(self_ptr self, const trajectory_plan& plan) {
                                  b.env.ttl_ms ? b.env.ttl_ms : st.cfg.options.default_ttl_ms};
     if (!b.key.empty())
       st.by_key[b.key] = b.id;
+    // Packs are named <sandbox>-<N>.pack, N counting up over the whole run: the
+    // resumed session goes on after the highest N its log names, so that it
+    // never overwrites a pack the log still points to.
+    for (const auto& step : b.steps)
+      if (auto n = pack_number(step.pack, b.id); n >= st.next_pack)
+        st.next_pack = n + 1;
     st.replay.emplace(b.id, std::move(rb));
   }
   for (size_t i = 0; i < st.groups.size(); ++i)

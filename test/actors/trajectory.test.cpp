@@ -19,6 +19,7 @@
 #include <filesystem>
 #include <map>
 #include <mutex>
+#include <set>
 #include <thread>
 #include <fstream>
 #include <string>
@@ -245,6 +246,58 @@ TEST_CASE("trajectory: a resumed trainer gets its logged results and carries on 
     check_error(s->exec(ids[1], d), errc::invalid_argument, "idempotent");
     REQUIRE(s->close());
   }
+}
+
+// Step `tag` of an episode whose writable layer has 1,200 files: its pack's
+// manifest is too large to keep in the log, so it is a file of the session's
+// packs/ directory.
+exec_request many_run(const std::string& tag) {
+  return cmd({"sh", "-c",
+              "mkdir -p /work/many && i=0 && while [ $i -lt 1200 ]; do : > /work/many/f$i; "
+              "i=$((i+1)); done && echo " + tag + " >> /work/runs && wc -l < /work/runs"});
+}
+
+TEST_CASE("trajectory: packs made after a resume never overwrite the ones the log names") {
+  embedded e;
+  std::string sid, id;
+  {
+    auto c = client::attach(e.sys, e.d->scheduler());
+    auto s = open_logged(*c);
+    sid = s->id();
+    id = create_keyed(*s, "k", 1).at(0);
+    CHECK(run(*s, id, many_run("a")).out == "1\n"); // the pack after step 0: a file
+  }
+  REQUIRE(eventually_gone(*e.c, {id}));
+  auto packs_now = [&] {
+    std::set<std::string> names;
+    for (const auto& f : fs::directory_iterator(log_dir(sid) + "/packs"))
+      names.insert(f.path().filename().string());
+    return names;
+  };
+  auto first_packs = packs_now();
+  REQUIRE_MESSAGE(first_packs.size() == 1, "packs: " << first_packs.size());
+  {
+    // Resumed: step 0 from the log, then a new step on the state it left.
+    auto c = client::attach(e.sys, e.d->scheduler());
+    auto s = resume(*c, sid);
+    REQUIRE(create_keyed(*s, "k", 1).at(0) == id);
+    CHECK(run(*s, id, many_run("a")).out == "1\n");
+    CHECK(run(*s, id, many_run("b")).out == "2\n"); // rebuilt, run, packed anew
+  }
+  REQUIRE(eventually_gone(*e.c, {id}));
+  auto second_packs = packs_now();
+  CHECK(second_packs.size() == 2); // a new name, not step 0's again
+  for (const auto& p : first_packs)
+    CHECK(second_packs.count(p) == 1);
+  // Resumed again, the trainer goes another way after step 0: the sandbox is
+  // the state after step 0, which only step 0's own pack still holds.
+  auto c = client::attach(e.sys, e.d->scheduler());
+  auto s = resume(*c, sid);
+  REQUIRE(create_keyed(*s, "k", 1).at(0) == id);
+  CHECK(run(*s, id, many_run("a")).out == "1\n");
+  auto r = run(*s, id, cmd({"cat", "/work/runs"}));
+  CHECK(r.out == "a\n");
+  REQUIRE(s->close());
 }
 
 TEST_CASE("trajectory: a put is recognised by its files, whatever their times") {
