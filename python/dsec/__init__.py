@@ -421,6 +421,15 @@ def _batch(session: Session, made: list[tuple[str, str]], failures: list[BaseExc
     return Batch(boxes, errors, key)
 
 
+def _one(batch: Batch) -> Sandbox:
+    """The sandbox of a create of one, or the error that kept it from being made."""
+    if batch:
+        return batch[0]
+    if batch.failures:  # dsec raises the failure itself for a create of one; just in case
+        raise batch.failures[0]
+    raise SandboxFailed("the create of one sandbox made none and said nothing about why")
+
+
 class Session:
     """A training run's sandboxes, their quota and lifetime. A context manager
     (sync or async) that closes it: every sandbox destroyed."""
@@ -507,6 +516,30 @@ class Session:
         failures: list[BaseException]
         made, failures = await fut
         return _batch(self, made, failures, count)
+
+    def create_one(self, base: str, workdir: str | None = None, tools: Sequence[str] = (), *,
+                   memory: Size | None = None, pids: int | None = None,
+                   cpus: float | None = None, disk: Size | None = None, net: bool = False,
+                   chronus: bool = False, ttl: Seconds | None = None, key: str | None = None,
+                   tags: Mapping[str, str] | None = None) -> Sandbox:
+        """Creates one sandbox (create()'s arguments, without count) and returns
+        it: a Sandbox, not a Batch. If it could not be made, raises why (a
+        dsec.Error) rather than returning an empty Batch with a failure.
+        ``Sandbox.key`` is `key`, or the one dsec picked ("#N")."""
+        return _one(self.create(base, workdir, tools, 1, memory=memory, pids=pids, cpus=cpus,
+                                disk=disk, net=net, chronus=chronus, ttl=ttl, key=key,
+                                tags=tags))
+
+    async def create_one_async(self, base: str, workdir: str | None = None,
+                               tools: Sequence[str] = (), *, memory: Size | None = None,
+                               pids: int | None = None, cpus: float | None = None,
+                               disk: Size | None = None, net: bool = False,
+                               chronus: bool = False, ttl: Seconds | None = None,
+                               key: str | None = None,
+                               tags: Mapping[str, str] | None = None) -> Sandbox:
+        return _one(await self.create_async(base, workdir, tools, 1, memory=memory, pids=pids,
+                                            cpus=cpus, disk=disk, net=net, chronus=chronus,
+                                            ttl=ttl, key=key, tags=tags))
 
     def find(self, key: str) -> Sandbox | None:
         """The Sandbox with this key (a create's key=, or KEY#i of a batch), or
@@ -816,7 +849,7 @@ class AsyncExecStream:
 
 
 class Sandbox:
-    """One sandbox of a session. ``close()`` (or ``with``) destroys it.
+    """One sandbox of a session. ``close()`` (or ``with``, ``async with``) destroys it.
     ``key`` is its key (None for a handle made by ``session.sandbox(id)``);
     ``info`` the SandboxInfo that ``find()`` got, else None."""
 
@@ -842,6 +875,15 @@ class Sandbox:
     def __exit__(self, *exc: object) -> None:
         try:
             self.close()
+        except (NotFound, Disconnected):
+            pass
+
+    async def __aenter__(self) -> Sandbox:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        try:
+            await self.close_async()
         except (NotFound, Disconnected):
             pass
 
