@@ -41,14 +41,15 @@ def _import_extension() -> Any:
                 f"({sys.executable}), which loads extensions named _dsec{mine}")
         built = sorted(os.path.basename(p) for p in glob.glob(os.path.join(here, "_dsec*.so")))
         if not built:
-            why = f"dsec's extension _dsec is not in {here} (build it: python/README.md)"
+            why = (f"dsec's extension _dsec is not in {here}; {this}. Build it "
+                   "(python/README.md)")
         elif f"_dsec{mine}" not in built:
             why = (f"dsec's extension was built for another Python: {', '.join(built)} in "
                    f"{here}; {this}. Build and install dsec with this Python, or run it "
                    "with the Python it was built for")
-        else:
-            why = f"dsec's extension {here}/_dsec{mine} (built for this Python) did not load"
-        raise ImportError(f"{why}: {e}", name=e.name, path=e.path) from e
+        else:  # the loader's own words say why (a missing shared library, ...)
+            why = f"dsec's extension {here}/_dsec{mine} (built for this Python) did not load: {e}"
+        raise ImportError(why, name="dsec._dsec", path=here) from e
 
 
 if TYPE_CHECKING:  # the extension's types (dsec/_dsec.pyi)
