@@ -56,6 +56,7 @@ if TYPE_CHECKING:  # the extension's types (dsec/_dsec.pyi)
     from . import _dsec
 else:
     _dsec = _import_extension()
+
 from . import _files
 from .errors import (Error, InvalidArgument, NotFound, AlreadyExists, WrongKind, InUse,
                      Malformed, TooLarge, Unauthenticated, Unauthorized, Overloaded, SystemFailure,
@@ -75,7 +76,7 @@ Size = Union[int, str]
 Seconds = Union[int, float]
 Command = Union[str, Sequence[str]]
 Env = Union[Mapping[str, str], Sequence[str]]
-User = Union[int, "tuple[int, int]"]
+User = Union[int, tuple[int, int]]
 _Done = Callable[[Any, Optional[BaseException]], None]
 
 __all__ = [
@@ -84,7 +85,7 @@ __all__ = [
     "Error", "InvalidArgument", "NotFound", "AlreadyExists", "WrongKind", "InUse", "Malformed",
     "TooLarge", "Unauthenticated", "Unauthorized", "Overloaded", "SystemFailure", "ToolFailed",
     "Timeout", "SandboxFailed", "Disconnected", "Lost", "Unsupported", "Closed", "CommandFailed",
-    "Answer",
+    "Answer", "Data", "Size", "Seconds", "Command", "Env", "User",
 ]
 
 # ---- clients still open at exit are closed before the interpreter goes ---------------
@@ -172,8 +173,8 @@ def _parse_address(address: object) -> tuple[str, int]:
     return host, int(port)
 
 
-def _environment(base: object, workdir: object, tools: Iterable[str] | None, memory: object, pids: object,
-                 cpus: object, disk: object, net: object, chronus: object,
+def _environment(base: object, workdir: object, tools: Iterable[str] | None, memory: object,
+                 pids: object, cpus: object, disk: object, net: object, chronus: object,
                  ttl: object) -> _dsec.Environment:
     env = _dsec.Environment()
     env.base = _str("base", base, allow_empty=False)
@@ -1002,9 +1003,9 @@ class Sandbox:
         path = _files.check_path(path)
         for _ in range(9):
             one = _files.read_one(self.session._s.get(self.id, path), path)
-            path, done = self._follow(path, one)
             if one[0] == "file":
                 return one[1]
+            path = self._follow(path, one)
         raise ValueError(f"get {path}: more than 8 symbolic links")
 
     async def get_async(self, path: str) -> bytes:
@@ -1013,23 +1014,21 @@ class Sandbox:
             fut, done = _future()
             self.session._s.get_async(self.id, path, done)
             one = _files.read_one(await fut, path)
-            path, finished = self._follow(path, one)
             if one[0] == "file":
                 return one[1]
+            path = self._follow(path, one)
         raise ValueError(f"get {path}: more than 8 symbolic links")
 
     @staticmethod
-    def _follow(path: str, one: _files.One) -> tuple[str, bool]:
-        """Where to read next: (path, True) for a file, the link's target for a symlink."""
-        if one[0] == "file":
-            return path, True
-        if one[0] == "dir":
+    def _follow(path: str, one: _files.One) -> str:
+        """Where to read next after what is not a file: a symlink's target."""
+        if one[0] != "symlink":
             raise IsADirectoryError(f"get: {path} is a directory in the sandbox "
                                     "(get_tree() reads one as {path: bytes})")
         value = one[1]
         target = value if value.startswith("/") else posixpath.join(posixpath.dirname(path),
                                                                     value)
-        return _files.check_path(target), False
+        return _files.check_path(target)
 
     def get_tree(self, path: str) -> dict[str, bytes]:
         """The regular files below the sandbox's directory `path`, as
