@@ -12,6 +12,8 @@ in flight from one thread, as no thread waits for any of them. Errors are
 ``dsec.Error`` subclasses (``dsec.errors``).
 """
 
+from __future__ import annotations
+
 import asyncio
 import atexit
 import math
@@ -20,8 +22,41 @@ import os
 import posixpath
 import threading
 import weakref
+from typing import (TYPE_CHECKING, Any, AsyncIterator, Callable, Iterable, Iterator, List,
+                    Mapping, NamedTuple, Optional, Sequence, Union)
 
-from . import _dsec
+
+def _import_extension() -> Any:
+    """dsec._dsec, or an ImportError that says which Python it was built for."""
+    try:
+        from . import _dsec as ext
+        return ext
+    except ImportError as e:
+        import glob
+        import sys
+        import sysconfig
+        here = os.path.dirname(os.path.abspath(__file__))
+        mine = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
+        this = (f"this is {sys.implementation.name} {sys.version.split()[0]} "
+                f"({sys.executable}), which loads extensions named _dsec{mine}")
+        built = sorted(os.path.basename(p) for p in glob.glob(os.path.join(here, "_dsec*.so")))
+        if not built:
+            why = (f"dsec's extension _dsec is not in {here}; {this}. Build it "
+                   "(python/README.md)")
+        elif f"_dsec{mine}" not in built:
+            why = (f"dsec's extension was built for another Python: {', '.join(built)} in "
+                   f"{here}; {this}. Build and install dsec with this Python, or run it "
+                   "with the Python it was built for")
+        else:  # the loader's own words say why (a missing shared library, ...)
+            why = f"dsec's extension {here}/_dsec{mine} (built for this Python) did not load: {e}"
+        raise ImportError(why, name="dsec._dsec", path=here) from e
+
+
+if TYPE_CHECKING:  # the extension's types (dsec/_dsec.pyi)
+    from . import _dsec
+else:
+    _dsec = _import_extension()
+
 from . import _files
 from .errors import (Error, InvalidArgument, NotFound, AlreadyExists, WrongKind, InUse,
                      Malformed, TooLarge, Unauthenticated, Unauthorized, Overloaded, SystemFailure,
@@ -34,23 +69,33 @@ ExecResult = _dsec.ExecResult
 SandboxInfo = _dsec.SandboxInfo
 NodeStats = _dsec.NodeStats
 
+# What the calls accept (each is checked at run time, with a TypeError or a
+# ValueError naming the argument).
+Data = Union[bytes, bytearray, memoryview, str]
+Size = Union[int, str]
+Seconds = Union[int, float]
+Command = Union[str, Sequence[str]]
+Env = Union[Mapping[str, str], Sequence[str]]
+User = Union[int, tuple[int, int]]
+_Done = Callable[[Any, Optional[BaseException]], None]
+
 __all__ = [
     "connect", "Client", "Session", "Sandbox", "Batch", "Event", "ExecResult", "ExecStream",
     "AsyncExecStream", "SandboxInfo", "NodeStats",
     "Error", "InvalidArgument", "NotFound", "AlreadyExists", "WrongKind", "InUse", "Malformed",
     "TooLarge", "Unauthenticated", "Unauthorized", "Overloaded", "SystemFailure", "ToolFailed",
     "Timeout", "SandboxFailed", "Disconnected", "Lost", "Unsupported", "Closed", "CommandFailed",
-    "Answer",
+    "Answer", "Data", "Size", "Seconds", "Command", "Env", "User",
 ]
 
 # ---- clients still open at exit are closed before the interpreter goes ---------------
 
-_open_clients = weakref.WeakSet()
+_open_clients: weakref.WeakSet[Client] = weakref.WeakSet()
 _open_lock = threading.Lock()
 
 
 @atexit.register
-def _close_all():
+def _close_all() -> None:
     with _open_lock:
         clients = list(_open_clients)
     for c in clients:
@@ -59,7 +104,7 @@ def _close_all():
 
 # ---- arguments ---------------------------------------------------------------------------
 
-def _labels(key, tags):
+def _labels(key: object, tags: object) -> tuple[str, dict[str, str]]:
     if key is None:
         key = ""
     else:
@@ -72,16 +117,17 @@ def _labels(key, tags):
                  for k, v in tags.items()}
 
 
-def _int(name, value, lo=0, hi=None):
+def _int(name: str, value: object, lo: int = 0, hi: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
+    value = int(value)
     if value < lo or (hi is not None and value > hi):
         bound = f"from {lo} to {hi}" if hi is not None else f"of at least {lo}"
         raise ValueError(f"{name}: expected a whole number {bound}, got {value}")
-    return int(value)
+    return value
 
 
-def _seconds_ms(name, value, allow_zero=False):
+def _seconds_ms(name: str, value: object, allow_zero: bool = False) -> int:
     """Seconds (int or float) as whole milliseconds, at least 1 ms."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name}: expected seconds as a number, got {type(value).__name__}")
@@ -90,7 +136,7 @@ def _seconds_ms(name, value, allow_zero=False):
     return max(1, int(round(value * 1000))) if value else 0
 
 
-def _size(name, value):
+def _size(name: str, value: object) -> int:
     """Bytes from an int or a string such as '512m' or '2g'."""
     if value is None:
         return 0
@@ -99,7 +145,7 @@ def _size(name, value):
     return _int(name, value)
 
 
-def _str(name, value, allow_empty=True):
+def _str(name: str, value: object, allow_empty: bool = True) -> str:
     if not isinstance(value, str):
         raise TypeError(f"{name}: expected a str, got {type(value).__name__}")
     if not allow_empty and not value:
@@ -107,7 +153,7 @@ def _str(name, value, allow_empty=True):
     return value
 
 
-def _bytes(name, value):
+def _bytes(name: str, value: object) -> bytes:
     if isinstance(value, str):
         return value.encode()
     if isinstance(value, (bytes, bytearray, memoryview)):
@@ -115,7 +161,7 @@ def _bytes(name, value):
     raise TypeError(f"{name}: expected bytes or str, got {type(value).__name__}")
 
 
-def _parse_address(address):
+def _parse_address(address: object) -> tuple[str, int]:
     if not isinstance(address, str):
         raise TypeError(f"address: expected 'HOST:PORT' as a str, got {type(address).__name__}")
     host, sep, port = address.rpartition(":")
@@ -127,7 +173,9 @@ def _parse_address(address):
     return host, int(port)
 
 
-def _environment(base, workdir, tools, memory, pids, cpus, disk, net, chronus, ttl):
+def _environment(base: object, workdir: object, tools: Iterable[str] | None, memory: object,
+                 pids: object, cpus: object, disk: object, net: object, chronus: object,
+                 ttl: object) -> _dsec.Environment:
     env = _dsec.Environment()
     env.base = _str("base", base, allow_empty=False)
     env.workdir = "" if workdir is None else _str("workdir", workdir)
@@ -150,8 +198,9 @@ def _environment(base, workdir, tools, memory, pids, cpus, disk, net, chronus, t
     return env
 
 
-def _request(cmd, timeout, env, cwd, user, input, trusted, idempotent, max_output,
-             pristine=False):
+def _request(cmd: object, timeout: object, env: object, cwd: object, user: object,
+             input: object, trusted: object, idempotent: object, max_output: object,
+             pristine: object = False) -> _dsec.ExecRequest:
     req = _dsec.ExecRequest()
     if isinstance(cmd, str):
         req.argv = ["/bin/sh", "-c", cmd]
@@ -202,7 +251,7 @@ def _request(cmd, timeout, env, cwd, user, input, trusted, idempotent, max_outpu
 
 # ---- asyncio: a completion from one of CAF's threads settles a future on the loop --------
 
-def _settle(fut, value, exc):
+def _settle(fut: asyncio.Future[Any], value: object, exc: BaseException | None) -> None:
     if fut.done():  # cancelled meanwhile: the call itself ran to its end anyway
         return
     if exc is not None:
@@ -211,7 +260,7 @@ def _settle(fut, value, exc):
         fut.set_result(value)
 
 
-def _future():
+def _future() -> tuple[asyncio.Future[Any], _Done]:
     """A future of the running loop, and the `done(value, exc)` that settles it.
 
     `done` runs on one of CAF's threads (with the GIL); it only schedules the
@@ -219,9 +268,9 @@ def _future():
     await the result any more and it is dropped.
     """
     loop = asyncio.get_running_loop()
-    fut = loop.create_future()
+    fut: asyncio.Future[Any] = loop.create_future()
 
-    def done(value, exc):
+    def done(value: object, exc: BaseException | None) -> None:
         try:
             loop.call_soon_threadsafe(_settle, fut, value, exc)
         except RuntimeError:
@@ -232,7 +281,8 @@ def _future():
 
 # ---- the client ----------------------------------------------------------------------------
 
-def connect(address, *, threads=2, tls=None):
+def connect(address: str, *, threads: int = 2,
+            tls: str | os.PathLike[str] | None = None) -> Client:
     """Connects to the dsecd at "HOST:PORT"; returns a Client (a context manager).
 
     ValueError for a malformed address; dsec.Disconnected, saying why, when no
@@ -254,20 +304,20 @@ class Client:
     opened are closed with it, and their sandboxes destroyed. Open clients are
     closed at interpreter exit."""
 
-    def __init__(self, native):
+    def __init__(self, native: _dsec.Client) -> None:
         self._c = native
         with _open_lock:
             _open_clients.add(self)
 
     @property
-    def address(self):
+    def address(self) -> str:
         return self._c.address
 
     @property
-    def closed(self):
+    def closed(self) -> bool:
         return self._c.closed
 
-    def close(self):
+    def close(self) -> None:
         """Closes the sessions this client opened and disconnects. Calls still
         in flight (in other threads or tasks) fail with dsec.Disconnected.
         Idempotent."""
@@ -275,27 +325,29 @@ class Client:
         with _open_lock:
             _open_clients.discard(self)
 
-    def __enter__(self):
+    def __enter__(self) -> Client:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
-    async def __aenter__(self):
+    async def __aenter__(self) -> Client:
         return self
 
-    async def __aexit__(self, *exc):
+    async def __aexit__(self, *exc: object) -> None:
         self.close()
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<dsec.Client {self.address}{' closed' if self.closed else ''}>"
 
     @staticmethod
-    def _options(quota, ttl, name, trajectory):
+    def _options(quota: object, ttl: object, name: object,
+                 trajectory: object) -> tuple[int, int, str, bool]:
         return (_int("quota", quota, lo=1, hi=1_000_000), _seconds_ms("ttl", ttl),
                 _str("name", name), bool(trajectory))
 
-    def session(self, *, quota=1024, ttl=3600, name="", trajectory=True):
+    def session(self, *, quota: int = 1024, ttl: Seconds = 3600, name: str = "",
+                trajectory: bool = True) -> Session:
         """Opens a session: at most `quota` live sandboxes, each living `ttl`
         seconds unless its create says otherwise; `name` shows in `dsec ps`.
 
@@ -305,93 +357,108 @@ class Client:
         """
         return Session(self, self._c.open_session(*self._options(quota, ttl, name, trajectory)))
 
-    async def session_async(self, *, quota=1024, ttl=3600, name="", trajectory=True):
+    async def session_async(self, *, quota: int = 1024, ttl: Seconds = 3600, name: str = "",
+                            trajectory: bool = True) -> Session:
         fut, done = _future()
         self._c.open_session_async(*self._options(quota, ttl, name, trajectory), done)
         key, sid = await fut
         return Session(self, self._c.adopt_session(key, sid))
 
-    def resume(self, session_id):
+    def resume(self, session_id: str) -> Session:
         """Reopens a session from its trajectory log (after its trainer or its
         daemon died); owned by this client like a new one."""
         return Session(self, self._c.resume_session(_str("session_id", session_id, False)))
 
-    async def resume_async(self, session_id):
+    async def resume_async(self, session_id: str) -> Session:
         fut, done = _future()
         self._c.resume_session_async(_str("session_id", session_id, False), done)
         key, sid = await fut
         return Session(self, self._c.adopt_session(key, sid))
 
-    def list(self):
+    def list(self) -> List[SandboxInfo]:
         """Every sandbox on the node (all sessions), as SandboxInfo."""
         return self._c.list()
 
-    async def list_async(self):
+    async def list_async(self) -> List[SandboxInfo]:
         fut, done = _future()
         self._c.list_async(done)
-        return await fut
+        infos: List[SandboxInfo] = await fut
+        return infos
 
-    def stats(self):
+    def stats(self) -> NodeStats:
         """The node's counters, as NodeStats."""
         return self._c.stats()
 
-    async def stats_async(self):
+    async def stats_async(self) -> NodeStats:
         fut, done = _future()
         self._c.stats_async(done)
-        return await fut
+        stats: NodeStats = await fut
+        return stats
 
 
 # ---- sessions ------------------------------------------------------------------------------
 
-class Batch(list):
+class Batch(list["Sandbox"]):
     """The sandboxes a create made, in the order they became ready.
     ``failures`` holds a dsec.Error per sandbox that could not be made (the
     create raises instead when none could). ``key`` is the create's key: the
     one given, or the one dsec picked ("#N"); each sandbox has its own
     (``Sandbox.key``: the create's key for a create of one, KEY#i else)."""
 
-    def __init__(self, sandboxes, failures, key=None):
+    def __init__(self, sandboxes: Sequence[Sandbox], failures: list[Error],
+                 key: str | None = None) -> None:
         super().__init__(sandboxes)
         self.failures = failures
         self.key = key
 
 
-def _batch(session, made, failures, count):
+def _batch(session: Session, made: list[tuple[str, str]], failures: list[BaseException],
+           count: int) -> Batch:
     boxes = [Sandbox(session, i, k) for i, k in made]
     key = None
-    if boxes:
+    if boxes and boxes[0].key is not None:
         k = boxes[0].key
         key = k if count == 1 else k.rsplit("#", 1)[0]
-    return Batch(boxes, failures, key)
+    errors = [e if isinstance(e, Error) else Error(str(e)) for e in failures]
+    return Batch(boxes, errors, key)
+
+
+def _one(batch: Batch) -> Sandbox:
+    """The sandbox of a create of one, or the error that kept it from being made."""
+    if batch:
+        return batch[0]
+    if batch.failures:  # dsec raises the failure itself for a create of one; just in case
+        raise batch.failures[0]
+    raise SandboxFailed("the create of one sandbox made none and said nothing about why")
 
 
 class Session:
     """A training run's sandboxes, their quota and lifetime. A context manager
     (sync or async) that closes it: every sandbox destroyed."""
 
-    def __init__(self, client, native):
+    def __init__(self, client: Client, native: _dsec.Session) -> None:
         self.client = client
         self._s = native
-        self._events = None
+        self._events: _dsec.EventStream | None = None
         self._events_lock = threading.Lock()
 
     @property
-    def id(self):
+    def id(self) -> str:
         return self._s.id
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<dsec.Session {self.id}>"
 
-    def __enter__(self):
+    def __enter__(self) -> Session:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self._close_quietly()
 
-    async def __aenter__(self):
+    async def __aenter__(self) -> Session:
         return self
 
-    async def __aexit__(self, *exc):
+    async def __aexit__(self, *exc: object) -> None:
         if self.client.closed:
             return
         try:
@@ -399,7 +466,7 @@ class Session:
         except (Disconnected, Closed):
             pass
 
-    def _close_quietly(self):
+    def _close_quietly(self) -> None:
         if self.client.closed:
             return
         try:
@@ -407,12 +474,15 @@ class Session:
         except (Disconnected, Closed):  # closed already, or the daemon is gone
             pass
 
-    def sandbox(self, sandbox_id):
+    def sandbox(self, sandbox_id: str) -> Sandbox:
         """A handle on a sandbox of this session, by id (nothing is checked)."""
         return Sandbox(self, _str("sandbox_id", sandbox_id, False))
 
-    def create(self, base, workdir=None, tools=(), count=1, *, memory=None, pids=None,
-               cpus=None, disk=None, net=False, chronus=False, ttl=None, key=None, tags=None):
+    def create(self, base: str, workdir: str | None = None, tools: Sequence[str] = (),
+               count: int = 1, *, memory: Size | None = None, pids: int | None = None,
+               cpus: float | None = None, disk: Size | None = None, net: bool = False,
+               chronus: bool = False, ttl: Seconds | None = None, key: str | None = None,
+               tags: Mapping[str, str] | None = None) -> Batch:
         """Creates `count` sandboxes of base + workdir + tools (NAME@VERSION
         each; the last tool on top) and returns them as a Batch (a list).
 
@@ -433,17 +503,47 @@ class Session:
         made, failures = self._s.create(env, count, *_labels(key, tags))
         return _batch(self, made, failures, count)
 
-    async def create_async(self, base, workdir=None, tools=(), count=1, *, memory=None,
-                           pids=None, cpus=None, disk=None, net=False, chronus=False, ttl=None,
-                           key=None, tags=None):
+    async def create_async(self, base: str, workdir: str | None = None,
+                           tools: Sequence[str] = (), count: int = 1, *,
+                           memory: Size | None = None, pids: int | None = None,
+                           cpus: float | None = None, disk: Size | None = None,
+                           net: bool = False, chronus: bool = False, ttl: Seconds | None = None,
+                           key: str | None = None,
+                           tags: Mapping[str, str] | None = None) -> Batch:
         env = _environment(base, workdir, tools, memory, pids, cpus, disk, net, chronus, ttl)
         count = _int("count", count, hi=1_000_000)
         fut, done = _future()
         self._s.create_async(env, count, *_labels(key, tags), done)
+        made: list[tuple[str, str]]
+        failures: list[BaseException]
         made, failures = await fut
         return _batch(self, made, failures, count)
 
-    def find(self, key):
+    def create_one(self, base: str, workdir: str | None = None, tools: Sequence[str] = (), *,
+                   memory: Size | None = None, pids: int | None = None,
+                   cpus: float | None = None, disk: Size | None = None, net: bool = False,
+                   chronus: bool = False, ttl: Seconds | None = None, key: str | None = None,
+                   tags: Mapping[str, str] | None = None) -> Sandbox:
+        """Creates one sandbox (create()'s arguments, without count) and returns
+        it: a Sandbox, not a Batch. If it could not be made, raises why (a
+        dsec.Error) rather than returning an empty Batch with a failure.
+        ``Sandbox.key`` is `key`, or the one dsec picked ("#N")."""
+        return _one(self.create(base, workdir, tools, 1, memory=memory, pids=pids, cpus=cpus,
+                                disk=disk, net=net, chronus=chronus, ttl=ttl, key=key,
+                                tags=tags))
+
+    async def create_one_async(self, base: str, workdir: str | None = None,
+                               tools: Sequence[str] = (), *, memory: Size | None = None,
+                               pids: int | None = None, cpus: float | None = None,
+                               disk: Size | None = None, net: bool = False,
+                               chronus: bool = False, ttl: Seconds | None = None,
+                               key: str | None = None,
+                               tags: Mapping[str, str] | None = None) -> Sandbox:
+        return _one(await self.create_async(base, workdir, tools, 1, memory=memory, pids=pids,
+                                            cpus=cpus, disk=disk, net=net, chronus=chronus,
+                                            ttl=ttl, key=key, tags=tags))
+
+    def find(self, key: str) -> Sandbox | None:
         """The Sandbox with this key (a create's key=, or KEY#i of a batch), or
         None if no create gave it. Its info (state, tags) is in
         ``sandbox.info``. Raises dsec.Closed, saying why, if it is gone."""
@@ -455,46 +555,48 @@ class Session:
             return None
         return Sandbox(self, info.id, info.key, info)
 
-    async def find_async(self, key):
+    async def find_async(self, key: str) -> Sandbox | None:
         fut, done = _future()
         self._s.find_async(_str("key", key, allow_empty=False), done)
         try:
-            info = await fut
+            info: SandboxInfo = await fut
         except Closed:
             raise
         except NotFound:
             return None
         return Sandbox(self, info.id, info.key, info)
 
-    def list(self):
+    def list(self) -> List[SandboxInfo]:
         """This session's sandboxes, as SandboxInfo."""
         return self._s.list()
 
-    async def list_async(self):
+    async def list_async(self) -> List[SandboxInfo]:
         fut, done = _future()
         self._s.list_async(done)
-        return await fut
+        infos: List[SandboxInfo] = await fut
+        return infos
 
-    def close(self):
+    def close(self) -> int:
         """Destroys every sandbox of the session and ends it; returns how many."""
         self._stop_events()
         return self._s.close()
 
-    async def close_async(self):
+    async def close_async(self) -> int:
         self._stop_events()
         fut, done = _future()
         self._s.close_async(done)
-        return await fut
+        n: int = await fut
+        return n
 
     # ---- Chronus ----------------------------------------------------------------------
 
-    def _stop_events(self):
+    def _stop_events(self) -> None:
         with self._events_lock:
             ev, self._events = self._events, None
         if ev is not None:
             ev.close()
 
-    def events(self, timeout=None):
+    def events(self, timeout: Seconds | None = None) -> Iterator[Event]:
         """Chronus events of this session's sandboxes (created with
         chronus=True), as Event, in the order they came.
 
@@ -504,31 +606,33 @@ class Session:
         session (a bounded backlog) and come first. All calls of events() share
         one subscription, so an event is yielded once.
         """
+        wait = None
         if timeout is not None:
-            timeout = _seconds_ms("timeout", timeout, allow_zero=True) / 1000.0
+            wait = _seconds_ms("timeout", timeout, allow_zero=True) / 1000.0
         while True:
             with self._events_lock:
                 if self._events is None:
                     self._events = self._s.watch()
                 stream = self._events
-            raw = stream.next(timeout)
+            raw = stream.next(wait)
             if raw is None:
                 return
             yield Event(self, raw)
 
-    async def events_async(self, timeout=None):
+    async def events_async(self, timeout: Seconds | None = None) -> AsyncIterator[Event]:
         """An async iterator of events: ``async for ev in s.events_async(): ...``.
 
         Each call subscribes anew, apart from events(): every subscriber gets
         every event, so use one of the two. Ends after `timeout` seconds without
         an event (None: never); raises dsec.Disconnected once the session is gone.
         """
+        wait = None
         if timeout is not None:
-            timeout = _seconds_ms("timeout", timeout, allow_zero=True) / 1000.0
+            wait = _seconds_ms("timeout", timeout, allow_zero=True) / 1000.0
         loop = asyncio.get_running_loop()
-        queue = asyncio.Queue()
+        queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
 
-        def put(item):
+        def put(item: tuple[str, Any]) -> None:
             try:
                 loop.call_soon_threadsafe(queue.put_nowait, item)
             except RuntimeError:  # the loop is closed
@@ -539,7 +643,7 @@ class Session:
         try:
             while True:
                 try:
-                    kind, item = await asyncio.wait_for(queue.get(), timeout)
+                    kind, item = await asyncio.wait_for(queue.get(), wait)
                 except asyncio.TimeoutError:
                     return
                 if kind == "end":
@@ -548,30 +652,33 @@ class Session:
         finally:
             watch.stop()
 
-    def answer(self, sandbox_id, request_id, reward=0.0, text="", data=b"", done=False):
+    def answer(self, sandbox_id: str, request_id: int, reward: float = 0.0, text: str = "",
+               data: Data = b"", done: bool = False) -> None:
         """Answers feedback request `request_id` (the event's seq) of a sandbox."""
         self._s.answer(*_feedback(sandbox_id, request_id, reward, text, data, done))
 
-    async def answer_async(self, sandbox_id, request_id, reward=0.0, text="", data=b"",
-                           done=False):
+    async def answer_async(self, sandbox_id: str, request_id: int, reward: float = 0.0,
+                           text: str = "", data: Data = b"", done: bool = False) -> None:
         fut, on_done = _future()
         self._s.answer_async(*_feedback(sandbox_id, request_id, reward, text, data, done),
                              on_done)
         await fut
 
 
-def _put_tar(path, data, mode, mtime):
+def _put_tar(path: object, data: object, mode: object, mtime: object) -> bytes:
     path = _files.check_path(path)
     if mtime is not None:
         if isinstance(mtime, bool) or not isinstance(mtime, numbers.Real):
             raise TypeError(f"mtime: expected seconds since the epoch, got "
                             f"{type(mtime).__name__}")
-        if not math.isfinite(mtime) or not 0 <= mtime < 8**11:
+        if not math.isfinite(mtime) or not 0 <= float(mtime) < 8**11:
             raise ValueError(f"mtime: expected seconds since the epoch, got {mtime}")
-    return _files.file_tar(path, _bytes("data", data), _int("mode", mode, hi=0o7777), mtime)
+    return _files.file_tar(path, _bytes("data", data), _int("mode", mode, hi=0o7777),
+                           None if mtime is None else float(mtime))
 
 
-def _feedback(sandbox_id, request_id, reward, text, data, done):
+def _feedback(sandbox_id: object, request_id: object, reward: object, text: object,
+              data: object, done: object) -> tuple[str, int, float, str, bytes, bool]:
     if isinstance(reward, bool) or not isinstance(reward, numbers.Real):
         raise TypeError(f"reward: expected a number, got {type(reward).__name__}")
     if not math.isfinite(reward):
@@ -580,22 +687,13 @@ def _feedback(sandbox_id, request_id, reward, text, data, done):
             float(reward), _str("text", text), _bytes("data", data), bool(done))
 
 
-class Answer(tuple):
+class Answer(NamedTuple):
     """A logged answer to a feedback request: (reward, text, data, done)."""
 
-    __slots__ = ()
-
-    def __new__(cls, reward, text, data, done):
-        return super().__new__(cls, (reward, text, data, done))
-
-    reward = property(lambda self: self[0])
-    text = property(lambda self: self[1])
-    data = property(lambda self: self[2])
-    done = property(lambda self: self[3])
-
-    def __repr__(self):
-        return (f"Answer(reward={self.reward!r}, text={self.text!r}, data={self.data!r}, "
-                f"done={self.done!r})")
+    reward: float
+    text: str
+    data: bytes
+    done: bool
 
 
 class Event:
@@ -622,7 +720,18 @@ class Event:
     __slots__ = ("session", "sandbox", "seq", "kind", "text", "metrics", "payload",
                  "monotonic_ns", "replayed", "logged_answer")
 
-    def __init__(self, session, raw):
+    session: Session
+    sandbox: str
+    seq: int
+    kind: str
+    text: str
+    metrics: dict[str, float]
+    payload: bytes
+    monotonic_ns: int
+    replayed: bool
+    logged_answer: Answer | None
+
+    def __init__(self, session: Session, raw: _dsec.RawEvent) -> None:
         self.session = session
         self.sandbox = raw.sandbox_id
         self.seq = raw.seq
@@ -636,36 +745,38 @@ class Event:
         self.logged_answer = Answer(*a) if a is not None else None
 
     @property
-    def sandbox_id(self):
+    def sandbox_id(self) -> str:
         return self.sandbox
 
     @property
-    def stage(self):
+    def stage(self) -> str | None:
         return self.text if self.kind == "stage" else None
 
     @property
-    def log(self):
+    def log(self) -> str | None:
         return self.text if self.kind == "log" else None
 
     @property
-    def request_id(self):
+    def request_id(self) -> int | None:
         return self.seq if self.kind == "feedback" else None
 
-    def _request(self):
+    def _request(self) -> int:
         if self.kind != "feedback":
             raise ValueError(f"answer: event {self.seq} of {self.sandbox} is a {self.kind} "
                              "event, not a feedback request")
         return self.seq
 
-    def answer(self, reward=0.0, text="", data=b"", done=False):
+    def answer(self, reward: float = 0.0, text: str = "", data: Data = b"",
+               done: bool = False) -> None:
         """Answers this feedback request: the waiting `chronus feedback` gets it."""
         self.session.answer(self.sandbox, self._request(), reward, text, data, done)
 
-    async def answer_async(self, reward=0.0, text="", data=b"", done=False):
+    async def answer_async(self, reward: float = 0.0, text: str = "", data: Data = b"",
+                           done: bool = False) -> None:
         await self.session.answer_async(self.sandbox, self._request(), reward, text, data, done)
 
-    def __repr__(self):
-        what = {"report": self.metrics, "feedback": self.payload}.get(self.kind, self.text)
+    def __repr__(self) -> str:
+        what: object = {"report": self.metrics, "feedback": self.payload}.get(self.kind, self.text)
         again = " replayed" if self.replayed else ""
         return f"<dsec.Event {self.sandbox}#{self.seq}{again} {self.kind} {what!r}>"
 
@@ -679,17 +790,17 @@ class ExecStream:
     stderr are empty: the output was streamed). A failed call raises from the
     iteration."""
 
-    def __init__(self, native):
+    def __init__(self, native: _dsec.ExecStream) -> None:
         self._n = native
 
-    def __iter__(self):
+    def __iter__(self) -> ExecStream:
         return self
 
-    def __next__(self):
+    def __next__(self) -> tuple[str, bytes]:
         return next(self._n)
 
     @property
-    def result(self):
+    def result(self) -> ExecResult | None:
         return self._n.result
 
 
@@ -697,24 +808,24 @@ class AsyncExecStream:
     """The asyncio ExecStream: ``async for stream, chunk in sb.exec_stream_async(...)``,
     then ``result``."""
 
-    def __init__(self, start):
+    def __init__(self, start: Callable[[Callable[[str, bytes], None], _Done], None]) -> None:
         self._start = start
-        self._queue = None
-        self.result = None
+        self._queue: asyncio.Queue[tuple[str, Any]] | None = None
+        self.result: ExecResult | None = None
 
-    def __aiter__(self):
+    def __aiter__(self) -> AsyncExecStream:
         if self._queue is None:
             loop = asyncio.get_running_loop()
-            self._queue = asyncio.Queue()
-            q = self._queue
+            q: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+            self._queue = q
 
-            def on_output(stream, chunk):
+            def on_output(stream: str, chunk: bytes) -> None:
                 try:
                     loop.call_soon_threadsafe(q.put_nowait, ("out", (stream, chunk)))
                 except RuntimeError:
                     pass
 
-            def done(value, exc):
+            def done(value: object, exc: BaseException | None) -> None:
                 try:
                     loop.call_soon_threadsafe(q.put_nowait, ("end", (value, exc)))
                 except RuntimeError:
@@ -723,12 +834,14 @@ class AsyncExecStream:
             self._start(on_output, done)
         return self
 
-    async def __anext__(self):
+    async def __anext__(self) -> tuple[str, bytes]:
         if self._queue is None:
             self.__aiter__()
+        assert self._queue is not None
         kind, item = await self._queue.get()
         if kind == "out":
-            return item
+            chunk: tuple[str, bytes] = item
+            return chunk
         self._queue.put_nowait((kind, item))  # the end stays the end
         value, exc = item
         if exc is not None:
@@ -738,38 +851,50 @@ class AsyncExecStream:
 
 
 class Sandbox:
-    """One sandbox of a session. ``close()`` (or ``with``) destroys it.
+    """One sandbox of a session. ``close()`` (or ``with``, ``async with``) destroys it.
     ``key`` is its key (None for a handle made by ``session.sandbox(id)``);
     ``info`` the SandboxInfo that ``find()`` got, else None."""
 
-    def __init__(self, session, sandbox_id, key=None, info=None):
+    def __init__(self, session: Session, sandbox_id: str, key: str | None = None,
+                 info: SandboxInfo | None = None) -> None:
         self.session = session
         self.id = sandbox_id
         self.key = key or None
         self.info = info
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<dsec.Sandbox {self.id}{' key=' + self.key if self.key else ''}>"
 
-    def __eq__(self, other):
+    def __eq__(self, other: object) -> bool:
         return isinstance(other, Sandbox) and other.id == self.id
 
-    def __hash__(self):
+    def __hash__(self) -> int:
         return hash(self.id)
 
-    def __enter__(self):
+    def __enter__(self) -> Sandbox:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         try:
             self.close()
         except (NotFound, Disconnected):
             pass
 
+    async def __aenter__(self) -> Sandbox:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        try:
+            await self.close_async()
+        except (NotFound, Disconnected):
+            pass
+
     # ---- commands ------------------------------------------------------------------------
 
-    def exec(self, cmd, *, timeout=None, env=None, cwd=None, user=None, input=None,
-             trusted=False, idempotent=False, max_output=None, pristine=False, check=False):
+    def exec(self, cmd: Command, *, timeout: Seconds | None = None, env: Env | None = None,
+             cwd: str | None = None, user: User | None = None, input: Data | None = None,
+             trusted: bool = False, idempotent: bool = False, max_output: int | None = None,
+             pristine: bool = False, check: bool = False) -> ExecResult:
         """Runs a command and collects its output; returns an ExecResult.
 
         cmd: a str runs under /bin/sh -c; a list is the argv. timeout: seconds,
@@ -792,40 +917,52 @@ class Sandbox:
                        pristine)
         return self._checked(req, self.session._s.exec(self.id, req), check)
 
-    async def exec_async(self, cmd, *, timeout=None, env=None, cwd=None, user=None,
-                         input=None, trusted=False, idempotent=False, max_output=None,
-                         pristine=False, check=False):
+    async def exec_async(self, cmd: Command, *, timeout: Seconds | None = None,
+                         env: Env | None = None, cwd: str | None = None,
+                         user: User | None = None, input: Data | None = None,
+                         trusted: bool = False, idempotent: bool = False,
+                         max_output: int | None = None, pristine: bool = False,
+                         check: bool = False) -> ExecResult:
         req = _request(cmd, timeout, env, cwd, user, input, trusted, idempotent, max_output,
                        pristine)
         fut, done = _future()
         self.session._s.exec_async(self.id, req, done)
-        return self._checked(req, await fut, check)
+        result: ExecResult = await fut
+        return self._checked(req, result, check)
 
-    def _checked(self, req, result, check):
+    def _checked(self, req: _dsec.ExecRequest, result: ExecResult, check: bool) -> ExecResult:
         if check and not result.ok:
             raise CommandFailed(self.id, list(req.argv), result)
         return result
 
-    def exec_stream(self, cmd, *, timeout=None, env=None, cwd=None, user=None, input=None,
-                    trusted=False, idempotent=False, pristine=False):
+    def exec_stream(self, cmd: Command, *, timeout: Seconds | None = None,
+                    env: Env | None = None, cwd: str | None = None, user: User | None = None,
+                    input: Data | None = None, trusted: bool = False,
+                    idempotent: bool = False, pristine: bool = False) -> ExecStream:
         """Runs a command, its output streamed: an ExecStream of (stream, chunk)."""
         req = _request(cmd, timeout, env, cwd, user, input, trusted, idempotent, None,
                        pristine)
         return ExecStream(self.session._s.exec_stream(self.id, req))
 
-    def exec_stream_async(self, cmd, *, timeout=None, env=None, cwd=None, user=None,
-                          input=None, trusted=False, idempotent=False, pristine=False):
+    def exec_stream_async(self, cmd: Command, *, timeout: Seconds | None = None,
+                          env: Env | None = None, cwd: str | None = None,
+                          user: User | None = None, input: Data | None = None,
+                          trusted: bool = False, idempotent: bool = False,
+                          pristine: bool = False) -> AsyncExecStream:
         """The asyncio exec_stream: an AsyncExecStream (the command starts when
         the iteration does)."""
         req = _request(cmd, timeout, env, cwd, user, input, trusted, idempotent, None,
                        pristine)
         s = self.session._s
-        return AsyncExecStream(lambda on_output, done: s.exec_stream_async(self.id, req,
-                                                                          on_output, done))
+
+        def start(on_output: Callable[[str, bytes], None], done: _Done) -> None:
+            s.exec_stream_async(self.id, req, on_output, done)
+        return AsyncExecStream(start)
 
     # ---- files ---------------------------------------------------------------------------
 
-    def put(self, path, data, *, mode=0o644, mtime=None):
+    def put(self, path: str, data: Data, *, mode: int = 0o644,
+            mtime: float | None = None) -> None:
         """Writes bytes (or a str, as UTF-8) to the file `path` of the sandbox,
         owned by its root, with `mode`; missing parent directories are made.
 
@@ -837,62 +974,63 @@ class Sandbox:
         tar = _put_tar(path, data, mode, mtime)
         self.session._s.put(self.id, "/", tar)
 
-    async def put_async(self, path, data, *, mode=0o644, mtime=None):
+    async def put_async(self, path: str, data: Data, *, mode: int = 0o644,
+                        mtime: float | None = None) -> None:
         tar = _put_tar(path, data, mode, mtime)
         fut, done = _future()
         self.session._s.put_async(self.id, "/", tar, done)
         await fut
 
-    def put_tree(self, local_dir, dest):
+    def put_tree(self, local_dir: str | os.PathLike[str], dest: str) -> int:
         """Copies the contents of the local directory `local_dir` into the
         sandbox's directory `dest` (made if missing); returns the tar's size."""
         dest = _files.check_path(dest, "dest")
         return self.session._s.put(self.id, "/", _files.tree_tar(local_dir, dest))
 
-    def put_tar(self, dest, tar):
+    def put_tar(self, dest: str, tar: Data) -> int:
         """Unpacks a tar archive (bytes) into the sandbox's directory `dest`."""
         dest = _files.check_path(dest, "dest")
         return self.session._s.put(self.id, dest, _bytes("tar", tar))
 
-    def get_tar(self, path):
+    def get_tar(self, path: str) -> bytes:
         """The sandbox's file or directory `path` as a tar archive (bytes)."""
         return self.session._s.get(self.id, _files.check_path(path))
 
-    def get(self, path):
+    def get(self, path: str) -> bytes:
         """The bytes of the file `path` of the sandbox. A symlink is followed
         (up to 8 links); a directory raises IsADirectoryError (get_tree reads
         one); a missing file raises dsec.NotFound."""
         path = _files.check_path(path)
         for _ in range(9):
-            kind, value = _files.read_one(self.session._s.get(self.id, path), path)
-            path, done = self._follow(path, kind, value)
-            if done:
-                return value
+            one = _files.read_one(self.session._s.get(self.id, path), path)
+            if one[0] == "file":
+                return one[1]
+            path = self._follow(path, one)
         raise ValueError(f"get {path}: more than 8 symbolic links")
 
-    async def get_async(self, path):
+    async def get_async(self, path: str) -> bytes:
         path = _files.check_path(path)
         for _ in range(9):
             fut, done = _future()
             self.session._s.get_async(self.id, path, done)
-            kind, value = _files.read_one(await fut, path)
-            path, finished = self._follow(path, kind, value)
-            if finished:
-                return value
+            one = _files.read_one(await fut, path)
+            if one[0] == "file":
+                return one[1]
+            path = self._follow(path, one)
         raise ValueError(f"get {path}: more than 8 symbolic links")
 
     @staticmethod
-    def _follow(path, kind, value):
-        if kind == "file":
-            return path, True
-        if kind == "dir":
+    def _follow(path: str, one: _files.One) -> str:
+        """Where to read next after what is not a file: a symlink's target."""
+        if one[0] != "symlink":
             raise IsADirectoryError(f"get: {path} is a directory in the sandbox "
                                     "(get_tree() reads one as {path: bytes})")
+        value = one[1]
         target = value if value.startswith("/") else posixpath.join(posixpath.dirname(path),
                                                                     value)
-        return _files.check_path(target), False
+        return _files.check_path(target)
 
-    def get_tree(self, path):
+    def get_tree(self, path: str) -> dict[str, bytes]:
         """The regular files below the sandbox's directory `path`, as
         {path relative to it: bytes} (directories, links and others skipped)."""
         path = _files.check_path(path)
@@ -900,11 +1038,11 @@ class Sandbox:
 
     # ---- lifetime ------------------------------------------------------------------------
 
-    def close(self):
+    def close(self) -> None:
         """Destroys the sandbox."""
         self.session._s.destroy(self.id)
 
-    async def close_async(self):
+    async def close_async(self) -> None:
         fut, done = _future()
         self.session._s.destroy_async(self.id, done)
         await fut
@@ -912,6 +1050,7 @@ class Sandbox:
     destroy = close
     destroy_async = close_async
 
-    def answer(self, request_id, reward=0.0, text="", data=b"", done=False):
+    def answer(self, request_id: int, reward: float = 0.0, text: str = "", data: Data = b"",
+               done: bool = False) -> None:
         """Answers this sandbox's Chronus feedback request `request_id`."""
         self.session.answer(self.id, request_id, reward, text, data, done)

@@ -5,15 +5,22 @@ directory of the sandbox with the sandbox's own ``tar`` (busybox tar creates
 missing parent directories), ``get`` packs a path of the sandbox.
 """
 
+from __future__ import annotations
+
 import io
 import os
 import posixpath
 import stat
 import tarfile
 import time
+from typing import Literal, Union
+
+# What the top of a get's archive holds (read_one).
+One = Union[tuple[Literal["file"], bytes], tuple[Literal["dir"], None],
+            tuple[Literal["symlink"], str]]
 
 
-def check_path(path, what="path"):
+def check_path(path: object, what: str = "path") -> str:
     """An absolute, normalised sandbox path; ValueError/TypeError naming `what`."""
     if not isinstance(path, str):
         raise TypeError(f"{what}: expected a str, got {type(path).__name__}")
@@ -27,7 +34,7 @@ def check_path(path, what="path"):
     return norm
 
 
-def _owned_by_root(info, mode=None):
+def _owned_by_root(info: tarfile.TarInfo, mode: int | None = None) -> tarfile.TarInfo:
     info.uid = info.gid = 0
     info.uname = info.gname = "root"
     if mode is not None:
@@ -37,7 +44,7 @@ def _owned_by_root(info, mode=None):
 
 
 
-def file_tar(path, data, mode, mtime=None):
+def file_tar(path: str, data: bytes, mode: int, mtime: float | None = None) -> bytes:
     """A tar that, unpacked into /, writes `data` to `path` (parents created),
     modified at `mtime` (seconds since the epoch; None: now). A resumed
     session recognises the same put again whatever its times (the daemon's
@@ -54,7 +61,7 @@ def file_tar(path, data, mode, mtime=None):
     return buf.getvalue()
 
 
-def tree_tar(local_dir, dest):
+def tree_tar(local_dir: str | os.PathLike[str], dest: str) -> bytes:
     """A tar that, unpacked into /, copies the contents of `local_dir` into `dest`.
 
     `dest` itself gets no entry (an existing directory keeps its mode); files
@@ -81,14 +88,21 @@ def tree_tar(local_dir, dest):
     return buf.getvalue()
 
 
-def _open(tar_bytes, path):
+def _open(tar_bytes: bytes, path: str) -> tarfile.TarFile:
     try:
         return tarfile.open(fileobj=io.BytesIO(tar_bytes), mode="r:")
     except tarfile.TarError as e:
         raise ValueError(f"get {path}: the daemon's archive does not read as tar: {e}") from None
 
 
-def read_one(tar_bytes, path):
+def _read(t: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:
+    f = t.extractfile(member)
+    if f is None:  # only for members that are not regular files, which callers skip
+        raise ValueError(f"{member.name!r} is not a regular file in the archive")
+    return f.read()
+
+
+def read_one(tar_bytes: bytes, path: str) -> One:
     """What the archive of `path` (from get) holds at its top: ("file", bytes),
     ("dir", None) or ("symlink", target)."""
     with _open(tar_bytes, path) as t:
@@ -101,17 +115,17 @@ def read_one(tar_bytes, path):
             return "symlink", first.linkname
         if first.islnk() or not first.isreg():
             raise ValueError(f"get {path}: not a regular file (tar type {first.type!r})")
-        return "file", t.extractfile(first).read()
+        return "file", _read(t, first)
 
 
-def read_tree(tar_bytes, path):
+def read_tree(tar_bytes: bytes, path: str) -> dict[str, bytes]:
     """The regular files of the archive of directory `path`, as {relative path: bytes}.
 
     The archive comes from the sandbox (its own tar made it): every key is
     checked to be a plain relative path below `path` (no "..", not absolute,
     no empty or "." component), so that joining it to a local directory stays
     inside that directory. A member that is not raises ValueError naming it."""
-    out = {}
+    out: dict[str, bytes] = {}
     with _open(tar_bytes, path) as t:
         members = t.getmembers()
         if not members:
@@ -131,5 +145,5 @@ def read_tree(tar_bytes, path):
             if not rel or any(p in ("", ".", "..") for p in parts):
                 raise ValueError(f"get_tree {path}: the sandbox's archive has {m.name!r}, "
                                  "which is not a plain relative path")
-            out[rel] = t.extractfile(m).read()
+            out[rel] = _read(t, m)
     return out

@@ -21,6 +21,13 @@ Mistakes caught in Python before anything is sent (a wrong type, a negative
 count) raise ``TypeError`` or ``ValueError`` naming the argument instead.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ._dsec import ExecResult
+
 __all__ = [
     "Error", "InvalidArgument", "NotFound", "AlreadyExists", "WrongKind", "InUse",
     "Malformed", "TooLarge", "Unauthenticated", "Unauthorized", "Overloaded", "SystemFailure",
@@ -32,10 +39,11 @@ __all__ = [
 class Error(Exception):
     """A dsec error: see the module's documentation for its attributes."""
 
-    code = None
-    code_name = None
+    code: int | None = None
+    code_name: str | None = None
 
-    def __init__(self, message, *, code=None, code_name=None, step="", path="", errno=0):
+    def __init__(self, message: str, *, code: int | None = None, code_name: str | None = None,
+                 step: str = "", path: str = "", errno: int = 0) -> None:
         super().__init__(message)
         self.message = message
         if code is not None:
@@ -47,64 +55,156 @@ class Error(Exception):
         self.errno = errno
 
     @property
-    def retryable(self):
+    def retryable(self) -> bool:
         return self.code is not None and (20 <= self.code < 40 or self.code == 60)
 
-    def __str__(self):
+    def __str__(self) -> str:
         if self.step and f"'{self.step}'" not in self.message:
             return f"step '{self.step}' failed: {self.message}"
         return self.message
 
 
-def _define(name, code, code_name, doc):
-    cls = type(name, (Error,), {"code": code, "code_name": code_name, "__doc__": doc})
-    cls.__module__ = "dsec"
-    return cls
-
+# One class per code, written out (not made by type()) so that type checkers
+# see them; each shows as dsec.NAME.
 
 # 1..19: the request is wrong. Fix it; retrying it unchanged fails again.
-InvalidArgument = _define("InvalidArgument", 1, "invalid_argument",
-                          "Malformed input: a name, a size, a flag.")
-NotFound = _define("NotFound", 2, "not_found", "An unknown layer, sandbox, session or file.")
-AlreadyExists = _define("AlreadyExists", 3, "already_exists", "The name is taken.")
-WrongKind = _define("WrongKind", 4, "wrong_kind",
-                    "A layer of the wrong kind, e.g. a tool given as the base.")
-InUse = _define("InUse", 5, "in_use", "Refused while something still uses it.")
-Malformed = _define("Malformed", 6, "malformed", "Bytes that do not parse as the expected message.")
-TooLarge = _define("TooLarge", 7, "too_large", "Over a size limit.")
-Unauthenticated = _define("Unauthenticated", 8, "unauthenticated",
-                          "A missing or wrong credential.")
-Unauthorized = _define("Unauthorized", 9, "unauthorized",
-                       "An internal verb of dsec, sent without the daemon's or cluster's key.")
-# A NotFound too (what was closed is not there any more), with its own code.
-Closed = type("Closed", (NotFound,), {
-    "code": 10, "code_name": "closed", "__module__": "dsec",
-    "__doc__": "It was closed: the session (by close()), or the sandbox (destroyed, its TTL "
-               "ran out, or closed before the session was resumed). Make a new one."})
-# 20..39: fine, but cannot be served now. Back off and retry.
-Overloaded = _define("Overloaded", 20, "overloaded",
-                     "Out of slots, quota, pids, memory or another capacity.")
-# 40..59: something failed while serving the request.
-SystemFailure = _define("SystemFailure", 40, "system_error",
-                        "A system call failed on the node (see .errno).")
-ToolFailed = _define("ToolFailed", 41, "tool_failed", "An external tool failed.")
-Timeout = _define("Timeout", 42, "timeout", "A deadline passed.")
-SandboxFailed = _define("SandboxFailed", 43, "sandbox_failed",
-                        "The sandbox broke its contract with dsec.")
-# 60..79: the other side went away. Reconnect.
-Disconnected = _define("Disconnected", 60, "disconnected",
-                       "The daemon, the session or this client is gone (or was never reached).")
-Lost = _define("Lost", 61, "lost",
-               "The node running the sandbox was lost (it died or stopped answering); "
-               "the sandbox and its state are gone.")
-# 80..99: not available on this machine or build.
-Unsupported = _define("Unsupported", 80, "unsupported", "Not available on this node.")
+class InvalidArgument(Error):
+    """Malformed input: a name, a size, a flag."""
+    __module__ = "dsec"
+    code = 1
+    code_name = "invalid_argument"
 
-_BY_CODE = {cls.code: cls for cls in (
+
+class NotFound(Error):
+    """An unknown layer, sandbox, session or file."""
+    __module__ = "dsec"
+    code = 2
+    code_name = "not_found"
+
+
+class AlreadyExists(Error):
+    """The name is taken."""
+    __module__ = "dsec"
+    code = 3
+    code_name = "already_exists"
+
+
+class WrongKind(Error):
+    """A layer of the wrong kind, e.g. a tool given as the base."""
+    __module__ = "dsec"
+    code = 4
+    code_name = "wrong_kind"
+
+
+class InUse(Error):
+    """Refused while something still uses it."""
+    __module__ = "dsec"
+    code = 5
+    code_name = "in_use"
+
+
+class Malformed(Error):
+    """Bytes that do not parse as the expected message."""
+    __module__ = "dsec"
+    code = 6
+    code_name = "malformed"
+
+
+class TooLarge(Error):
+    """Over a size limit."""
+    __module__ = "dsec"
+    code = 7
+    code_name = "too_large"
+
+
+class Unauthenticated(Error):
+    """A missing or wrong credential."""
+    __module__ = "dsec"
+    code = 8
+    code_name = "unauthenticated"
+
+
+class Unauthorized(Error):
+    """An internal verb of dsec, sent without the daemon's or cluster's key."""
+    __module__ = "dsec"
+    code = 9
+    code_name = "unauthorized"
+
+
+# A NotFound too (what was closed is not there any more), with its own code.
+class Closed(NotFound):
+    """It was closed: the session (by close()), or the sandbox (destroyed, its TTL
+    ran out, or closed before the session was resumed). Make a new one."""
+    __module__ = "dsec"
+    code = 10
+    code_name = "closed"
+
+
+# 20..39: fine, but cannot be served now. Back off and retry.
+class Overloaded(Error):
+    """Out of slots, quota, pids, memory or another capacity."""
+    __module__ = "dsec"
+    code = 20
+    code_name = "overloaded"
+
+
+# 40..59: something failed while serving the request.
+class SystemFailure(Error):
+    """A system call failed on the node (see .errno)."""
+    __module__ = "dsec"
+    code = 40
+    code_name = "system_error"
+
+
+class ToolFailed(Error):
+    """An external tool failed."""
+    __module__ = "dsec"
+    code = 41
+    code_name = "tool_failed"
+
+
+class Timeout(Error):
+    """A deadline passed."""
+    __module__ = "dsec"
+    code = 42
+    code_name = "timeout"
+
+
+class SandboxFailed(Error):
+    """The sandbox broke its contract with dsec."""
+    __module__ = "dsec"
+    code = 43
+    code_name = "sandbox_failed"
+
+
+# 60..79: the other side went away. Reconnect.
+class Disconnected(Error):
+    """The daemon, the session or this client is gone (or was never reached)."""
+    __module__ = "dsec"
+    code = 60
+    code_name = "disconnected"
+
+
+class Lost(Error):
+    """The node running the sandbox was lost (it died or stopped answering);
+    the sandbox and its state are gone."""
+    __module__ = "dsec"
+    code = 61
+    code_name = "lost"
+
+
+# 80..99: not available on this machine or build.
+class Unsupported(Error):
+    """Not available on this node."""
+    __module__ = "dsec"
+    code = 80
+    code_name = "unsupported"
+
+
+_BY_CODE: dict[int, type[Error]] = {cls.code: cls for cls in (
     InvalidArgument, NotFound, AlreadyExists, WrongKind, InUse, Malformed, TooLarge,
     Unauthenticated, Unauthorized, Closed, Overloaded, SystemFailure, ToolFailed, Timeout,
-    SandboxFailed,
-    Disconnected, Lost, Unsupported)}
+    SandboxFailed, Disconnected, Lost, Unsupported) if cls.code is not None}
 
 
 class CommandFailed(Error):
@@ -118,7 +218,7 @@ class CommandFailed(Error):
     code = None
     code_name = "command_failed"
 
-    def __init__(self, sandbox_id, argv, result):
+    def __init__(self, sandbox_id: str, argv: list[str], result: ExecResult) -> None:
         if result.timed_out:
             how = f"timed out and was killed (exit code {result.exit_code})"
         elif result.signal:
@@ -128,7 +228,7 @@ class CommandFailed(Error):
         else:
             how = f"exited with code {result.exit_code}"
         err = result.stderr[-400:].decode(errors="replace").strip()
-        cmd = argv[2] if len(argv) == 3 and argv[:2] == ["/bin/sh", "-c"] else argv
+        cmd: str | list[str] = argv[2] if len(argv) == 3 and argv[:2] == ["/bin/sh", "-c"] else argv
         super().__init__(f"command {cmd!r} in sandbox {sandbox_id} {how}"
                          + (f": {err}" if err else ""))
         self.result = result
@@ -137,7 +237,8 @@ class CommandFailed(Error):
         self.exit_code = result.exit_code
 
 
-def from_native(code, code_name, message, step, path, sys_errno):
+def from_native(code: int, code_name: str, message: str, step: str, path: str,
+                sys_errno: int) -> Error:
     """The exception for a dsec::error (called by the _dsec extension)."""
     cls = _BY_CODE.get(code, Error)
     return cls(message or code_name, code=code, code_name=code_name, step=step, path=path,

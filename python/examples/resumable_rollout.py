@@ -24,14 +24,19 @@ nothing behind). --kill-after also works with --resume, to be killed again.
 The base layer needs a POSIX shell with sleep, wc and cat (busybox is enough).
 """
 
+from __future__ import annotations
+
 import argparse
 import asyncio
 import os
 import signal
 import sys
 import time
+from typing import Awaitable, TypeVar
 
 import dsec
+
+T = TypeVar("T")
 
 STEP_SLEEP = 0.2
 # Not idempotent: it appends. Its stdout is the step number the sandbox counted.
@@ -43,11 +48,11 @@ OBSERVE = "cat /work/task.txt; cat /work/steps 2>/dev/null | wc -l"
 
 
 class Progress:
-    def __init__(self, kill_after):
+    def __init__(self, kill_after: int | None) -> None:
         self.kill_after = kill_after
         self.done = 0
 
-    def step_done(self):
+    def step_done(self) -> None:
         self.done += 1
         if self.kill_after is not None and self.done >= self.kill_after:
             print(f"--kill-after {self.kill_after}: killing myself (SIGKILL) mid-rollout",
@@ -55,16 +60,17 @@ class Progress:
             os.kill(os.getpid(), signal.SIGKILL)
 
 
-async def timed(coro):
+async def timed(coro: Awaitable[T]) -> tuple[T, float]:
     t0 = time.monotonic()
     r = await coro
     return r, time.monotonic() - t0
 
 
-async def episode(sb, n, steps, progress):
+async def episode(sb: dsec.Sandbox, n: int, steps: int,
+                  progress: Progress) -> list[tuple[str, int, int]]:
     """One episode: a task file, then `steps` x (observe, act). Returns
     per-call (what, came from the log?) and whether the acts counted right."""
-    seen = []
+    seen: list[tuple[str, int, int]] = []
     await sb.put_async("/work/task.txt", f"episode {n}: reach {steps}\n")
     for s in range(1, steps + 1):
         obs, _ = await timed(sb.exec_async(OBSERVE, idempotent=True, timeout=30))
@@ -82,7 +88,7 @@ async def episode(sb, n, steps, progress):
     return seen
 
 
-def resume(c, sid):
+def resume(c: dsec.Client, sid: str) -> dsec.Session:
     # Right after a trainer's death the daemon may still be closing the
     # session: it is in use until then.
     deadline = time.time() + 30
@@ -95,7 +101,7 @@ def resume(c, sid):
             time.sleep(0.1)
 
 
-async def main(args):
+async def main(args: argparse.Namespace) -> int:
     progress = Progress(args.kill_after)
     with dsec.connect(args.connect) as c:
         if args.resume:
@@ -134,7 +140,7 @@ async def main(args):
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("--connect", required=True, metavar="HOST:PORT")
     ap.add_argument("--resume", metavar="SESSION_ID",
                     help="resume this session (same --episodes, --steps, --base) from its log")

@@ -14,6 +14,8 @@ runs from one thread with asyncio; no thread waits for a sandbox.
 The base layer needs a POSIX shell (busybox is enough) and tar.
 """
 
+from __future__ import annotations
+
 import argparse
 import asyncio
 import random
@@ -29,7 +31,7 @@ GRADER = ('set -e; chronus stage grading; g=$(cat /tmp/answer);'
           ' chronus feedback "$s"; chronus stage done')
 
 
-async def episode(sb, rng):
+async def episode(sb: dsec.Sandbox, rng: random.Random) -> tuple[bool, str]:
     target, guess = rng.randint(0, 3), rng.randint(0, 3)
     r = await sb.exec_async(AGENT, env={"GUESS": str(guess)}, timeout=30)
     if r.exit_code != 0:
@@ -41,7 +43,7 @@ async def episode(sb, rng):
     return guess == target, r.stdout.decode().strip()
 
 
-async def trainer(session, expected, stats):
+async def trainer(session: dsec.Session, expected: int, stats: dict[str, float]) -> None:
     """Answers each feedback request with a reward: the grader's own verdict."""
     async for ev in session.events_async(timeout=60):
         stats[ev.kind] = stats.get(ev.kind, 0) + 1
@@ -55,7 +57,7 @@ async def trainer(session, expected, stats):
                 return
 
 
-async def main(args):
+async def main(args: argparse.Namespace) -> int:
     rng = random.Random(args.seed)
     t0 = time.monotonic()
     with dsec.connect(args.connect) as c:
@@ -66,7 +68,7 @@ async def main(args):
             for f in sbs.failures:
                 print(f"create failed: {f.code_name}: {f}", file=sys.stderr)
             t_ready = time.monotonic()
-            stats = {}
+            stats: dict[str, float] = {}
             watcher = asyncio.ensure_future(trainer(s, len(sbs), stats))
             results = await asyncio.gather(*(episode(sb, rng) for sb in sbs))
             await asyncio.wait_for(watcher, 60)
@@ -88,7 +90,7 @@ async def main(args):
 
 
 if __name__ == "__main__":
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--connect", required=True, metavar="HOST:PORT", help="the dsecd")
     p.add_argument("--base", default="py@1", help="base layer NAME@VERSION (default py@1)")
     p.add_argument("--episodes", type=int, default=64, help="sandboxes, one episode each")

@@ -582,5 +582,103 @@ class Chronus(Base):
             self.assertIn("trusted", str(cm.exception))
 
 
+class Conveniences(Base):
+    """create_one() and async with, as E2B's and Modal's users expect them."""
+
+    def live_in(self, s):
+        return {i.id for i in s.list()}
+
+    def test_create_one_returns_the_sandbox_or_raises(self):
+        with self.c.session(quota=2, ttl=120) as s:
+            sb = s.create_one("py@1", workdir="task@1", key="episode-1", tags={"task": "17"})
+            self.assertIsInstance(sb, dsec.Sandbox)
+            self.assertNotIsInstance(sb, list)
+            self.assertEqual(sb.key, "episode-1")
+            self.assertEqual(sb.exec(["cat", "/work/README"]).stdout, b"task 17\n")
+            found = s.find("episode-1")
+            self.assertEqual(found, sb)
+            self.assertEqual(found.info.tags, {"task": "17"})
+            other = s.create_one("py@1")
+            self.assertTrue(other.key.startswith("#"), other.key)
+            self.assertNotEqual(other, sb)
+            # What keeps the sandbox from being made is raised, never an empty result.
+            with self.assertRaises(dsec.Overloaded) as cm:
+                s.create_one("py@1")  # the quota is full now
+            self.assertIn("quota", str(cm.exception))
+            other.close()
+            with self.assertRaises(dsec.NotFound) as cm:
+                s.create_one("nope@1")
+            self.assertIn("nope@1", str(cm.exception))
+            with self.assertRaises(dsec.AlreadyExists):
+                s.create_one("py@1", key="episode-1")  # one live create per key
+            with self.assertRaises(TypeError):
+                s.create_one("py@1", count=1)  # no count: it is one
+            self.assertEqual(self.live_in(s), {sb.id})
+
+            async def main():
+                with self.assertRaises(dsec.NotFound):
+                    await s.create_one_async("nope@1")
+                a = await s.create_one_async("py@1", key="episode-2")
+                self.assertIsInstance(a, dsec.Sandbox)
+                self.assertEqual(a.key, "episode-2")
+                self.assertEqual((await a.exec_async("echo hi")).stdout, b"hi\n")
+                with self.assertRaises(dsec.Overloaded):
+                    await s.create_one_async("py@1")
+                return a
+
+            a = asyncio.run(main())
+            self.assertEqual(self.live_in(s), {sb.id, a.id})
+        self.assertGone([sb.id, a.id])
+
+    def test_a_batch_of_one_with_only_a_failure_raises_it(self):
+        # The daemon raises a create of one's failure itself; _one() keeps that
+        # promise for a Batch that came back empty with a failure all the same.
+        s = self.c.session(quota=1, ttl=60)
+        self.addCleanup(s.close)
+        err = dsec.SandboxFailed("sandbox x: init died", code=43, code_name="sandbox_failed")
+        with self.assertRaises(dsec.SandboxFailed) as cm:
+            dsec._one(dsec.Batch([], [err], "k"))
+        self.assertIs(cm.exception, err)
+        with self.assertRaises(dsec.SandboxFailed):
+            dsec._one(dsec.Batch([], [], "k"))
+        sb = dsec.Sandbox(s, "sb-1", "k")
+        self.assertIs(dsec._one(dsec.Batch([sb], [], "k")), sb)
+
+    def test_async_with_closes_sandboxes_sessions_and_clients(self):
+        ids = []
+
+        async def main():
+            async with dsec.connect(D.address) as c:
+                async with await c.session_async(quota=3, ttl=120) as s:
+                    async with await s.create_one_async("py@1") as sb:
+                        ids.append(sb.id)
+                        self.assertEqual((await sb.exec_async("echo in")).stdout, b"in\n")
+                    # Gone once the block is left (close_async awaited the destroy).
+                    self.assertNotIn(sb.id, {i.id for i in await s.list_async()})
+                    with self.assertRaises(dsec.Closed):
+                        await sb.exec_async("true")
+                    # A sandbox closed inside its block, or left by an exception:
+                    # the exit stays quiet, the exception goes on.
+                    async with await s.create_one_async("py@1") as sb2:
+                        ids.append(sb2.id)
+                        await sb2.close_async()
+                    with self.assertRaises(ZeroDivisionError):
+                        async with (await s.create_async("py@1"))[0] as sb3:
+                            ids.append(sb3.id)
+                            1 / 0
+                    self.assertEqual(await s.list_async(), [])
+                    kept = await s.create_one_async("py@1")
+                    ids.append(kept.id)
+                # The session's exit closed it, and its last sandbox.
+                with self.assertRaises(dsec.Closed):
+                    await s.list_async()
+                self.assertNotIn(kept.id, {i.id for i in await c.list_async()})
+            self.assertTrue(c.closed)
+
+        asyncio.run(main())
+        self.assertEqual(len(ids), 4)
+        self.assertGone(ids)
+
+
 if __name__ == "__main__":
     unittest.main()
