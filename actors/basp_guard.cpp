@@ -67,8 +67,9 @@ public:
     return caf::message_handler{[this, inner](caf::io::new_data_msg& msg) mutable {
                                   if (!screen(msg))
                                     return;
-                                  auto m = caf::make_message(std::move(msg));
-                                  inner(m);
+                                  // CAF's handler, on the same message (its
+                                  // scribe reuses the buffer).
+                                  inner(current_mailbox_element()->content());
                                 }}
       .or_else(inner);
   }

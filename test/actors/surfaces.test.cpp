@@ -709,10 +709,15 @@ TEST_CASE("surfaces: a client's actor linked to the scheduler, a session, a sand
     caf::scoped_actor self{a.sys};
     self->request(doomed, 30s, int32_t{1}).receive([](int32_t) {}, [](caf::error&) {});
   }
-  // Handled before this answer (one connection, in order).
+  // Handled before this answer (one connection, in order). A handle to an id
+  // with no actor behind it ends as soon as the daemon's BASP says so, so CAF
+  // sends a link request only for the live ones (the three, and any other).
   auto linked = refused_of(*a.c);
-  CHECK(linked >= before + targets.size());
-  MESSAGE(targets.size() << " link requests; refused: " << linked - before);
+  CHECK(linked >= before + v.all.size());
+  MESSAGE("links to " << targets.size() << " handles; requests refused: " << linked - before);
+  // The ended handles may have ended it already (an exit for reason unknown,
+  // which is not normal: the daemon's linked actors would end with it too);
+  // if not, it is killed now.
   {
     caf::scoped_actor self{a.sys};
     self->monitor(doomed);
@@ -723,7 +728,7 @@ TEST_CASE("surfaces: a client's actor linked to the scheduler, a session, a sand
   // (refused) and as BASP's report of its end (taken: the daemon's proxy of
   // it ends, linked to nothing). Two round trips let both take effect first.
   (void) refused_of(*a.c);
-  CHECK(refused_of(*a.c) > linked);
+  CHECK(refused_of(*a.c) >= before + 2 * v.all.size());
   still_works(a, *v.s, v.id, v.sandbox);
   REQUIRE(v.s->close());
 }
