@@ -339,7 +339,9 @@ TEST_CASE("over TLS too, a client's exit messages and links end none of dsecd's 
   dsecd_proc d({"--tls", k.good});
   tls_trainer t{k.good};
   auto c = connect(t.sys, d.port);
-  auto s = c->open_session({.quota = 3});
+  session_options opts;
+  opts.quota = 3;
+  auto s = c->open_session(opts);
   REQUIRE(s);
   auto ids = (*s)->create(env_of(), 1);
   REQUIRE(ids);
@@ -372,7 +374,7 @@ TEST_CASE("over TLS too, a client's exit messages and links end none of dsecd's 
   CHECK(r->out == "still\n");
   auto more = (*s)->create(env_of(), 1);
   CHECK_MESSAGE(more, describe(more.error_value()));
-  auto other = c->open_session({});
+  auto other = c->open_session(session_options{});
   REQUIRE_MESSAGE(other, describe(other.error_value()));
   REQUIRE((*other)->close());
   REQUIRE((*s)->close());
