@@ -104,9 +104,11 @@ private:
         return false;
       }
       case basp::message_type::down_message: {
+        // Also when CAF would forward it: the next node would take this
+        // process's connection for the route to `source`.
         caf::node_id source, dest;
-        if (in(source, dest) || dest != this_node())
-          return true; // malformed, or CAF forwards it
+        if (in(source, dest))
+          return true; // CAF closes the connection
         if (!reports_for(msg.handle, source)) {
           count_refusal("a BASP down message for an actor of another node than the "
                         "connection's");

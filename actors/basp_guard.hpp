@@ -17,8 +17,9 @@
 // connections all pass it). For every message a connection delivers to this
 // process, before CAF deserializes it:
 //   - one of the messages above is dropped, and counted (refused_internal);
-//   - a BASP down operation is taken only from the peer whose actor it names,
-//     or from the connection this process routes to that peer through;
+//   - a BASP down operation (for this process, or to be forwarded) is taken
+//     only from the peer whose actor it names, or from the connection this
+//     process routes to that peer through;
 //   - a client handshake naming a node that is connected already, this
 //     process itself, or another node than the connection's first handshake
 //     said, closes the connection (CAF would route that node's traffic, the
