@@ -47,13 +47,12 @@ int hex_value(char c) {
   return -1;
 }
 
-void note_refusal(const char* what) {
+void note_refusal(const char* what, bool keyed) {
   auto n = refused.fetch_add(1, std::memory_order_relaxed) + 1;
   if ((n & (n - 1)) == 0) { // 1, 2, 4, 8, ...: an attacker cannot flood the log
-    std::fprintf(stdout,
-                 "dsecd: refused %s: an internal message without this daemon's key (%llu so "
-                 "far; docs/security.md)\n",
-                 what, static_cast<unsigned long long>(n));
+    std::fprintf(stdout, "dsecd: refused %s%s (%llu so far; docs/security.md)\n", what,
+                 keyed ? ": an internal message without this daemon's key" : "",
+                 static_cast<unsigned long long>(n));
     std::fflush(stdout);
   }
 }
@@ -100,7 +99,7 @@ bool genuine(const internal_key& got, const internal_key& want, const char* what
                            | (got.d ^ want.d);
   if (diff == 0)
     return true;
-  note_refusal(what);
+  note_refusal(what, true);
   return false;
 }
 
@@ -109,7 +108,7 @@ uint64_t refused_internal() noexcept {
 }
 
 void count_refusal(const char* what) {
-  note_refusal(what);
+  note_refusal(what, false);
 }
 
 error unauthorized(const char* what) {

@@ -60,10 +60,12 @@ const internal_key& process_key();
 bool genuine(const internal_key& got, const internal_key& want, const char* what);
 
 /// Internal messages refused in this process since it started: wrong keys,
-/// and down messages naming an actor that had not ended.
+/// down messages naming an actor that had not ended, and what a connection may
+/// not make CAF do (actors/basp_guard.hpp).
 uint64_t refused_internal() noexcept;
 
-/// Counts a refusal that genuine() did not see (a forged down message).
+/// Counts a refusal that genuine() did not see (a forged down message, one of
+/// CAF's own messages from a connection), said on stdout like genuine()'s.
 void count_refusal(const char* what);
 
 /// The error an internal verb without the right key is refused with.

@@ -21,6 +21,7 @@
 #include <optional>
 #include <string>
 
+#include "actors/basp_guard.hpp"
 #include "actors/daemon.hpp"
 #include "actors/door.hpp"
 #include "actors/transport.hpp"
@@ -439,7 +440,9 @@ int main(int argc, char** argv) {
 
   caf::actor_system_config cfg;
   dsec::register_types(cfg);
-  cfg.load<caf::io::middleman>();
+  // CAF's middleman, whose BASP broker keeps CAF's own messages from a
+  // connection off dsec's actors (actors/basp_guard.hpp).
+  dsec::load_guarded_middleman(cfg);
   if (auto ok = dsec::configure_tls(cfg, o.tls); !ok) {
     std::fprintf(stderr, "dsecd: --tls %s: %s\n", o.tls.dir.c_str(),
                  ok.error_value().to_string().c_str());

@@ -8,13 +8,19 @@
 // nothing; a node without the cluster's key cannot join.
 #include <doctest/doctest.h>
 
+#include <caf/binary_deserializer.hpp>
+#include <caf/binary_serializer.hpp>
+#include <caf/io/basp/header.hpp>
 #include <caf/io/basp_broker.hpp>
 #include <caf/io/middleman.hpp>
 #include <caf/event_based_actor.hpp>
 #include <caf/scoped_actor.hpp>
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <sys/inotify.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -184,6 +190,146 @@ struct attacker {
   std::unique_ptr<client> c;
   caf::actor sched;
 };
+
+// ---- CAF's own messages (docs/security.md, "CAF's own messages") ---------------
+
+namespace basp = caf::io::basp;
+
+/// What still works after an attack on the daemon's actors: the scheduler
+/// opens sessions, the session creates and runs commands, the sandbox answers
+/// (by id, through the scheduler: it names itself in the reply).
+void still_works(attacker& a, session& s, const std::string& id, const caf::actor& sandbox) {
+  auto fresh = a.c->open_session({.quota = 1});
+  REQUIRE_MESSAGE(fresh, "the scheduler: " << describe(fresh.error_value()));
+  REQUIRE((*fresh)->close());
+  auto more = s.create(env_of(), 1);
+  REQUIRE_MESSAGE(more, "the session: " << describe(more.error_value()));
+  auto r = s.exec(more->front(), cmd({"/bin/sh", "-c", "echo made"}));
+  REQUIRE_MESSAGE(r, describe(r.error_value()));
+  CHECK(r->out == "made\n");
+  auto old = s.exec(id, cmd({"/bin/sh", "-c", "echo alive"}));
+  REQUIRE_MESSAGE(old, "the first sandbox: " << describe(old.error_value()));
+  CHECK(old->out == "alive\n");
+  auto again = ask_raw<std::string>(a.sys, a.sched, get_atom::value, id, std::string{"/tmp"});
+  REQUIRE_MESSAGE(again.ok, describe(again.err));
+  CHECK(again.from == sandbox);
+}
+
+/// A session with one sandbox, and the sandbox's handle (a by-id get hands it
+/// out: a reply names its sender).
+struct victims {
+  explicit victims(attacker& a) {
+    auto opened = a.c->open_session({.quota = 3});
+    REQUIRE(opened);
+    s = std::move(*opened);
+    auto ids = s->create(env_of(), 1);
+    REQUIRE(ids);
+    id = ids->front();
+    auto leak = ask_raw<std::string>(a.sys, a.sched, get_atom::value, id, std::string{"/tmp"});
+    REQUIRE_MESSAGE(leak.ok, describe(leak.err));
+    REQUIRE(leak.from);
+    sandbox = leak.from;
+    sess = caf::actor_cast<caf::actor>(s->handle());
+    all = {a.sched, sess, sandbox};
+  }
+  std::unique_ptr<session> s;
+  std::string id;
+  caf::actor sandbox, sess;
+  std::vector<caf::actor> all; // the scheduler, the session, the sandbox
+};
+
+/// A connection that speaks BASP by hand, with CAF's own header and
+/// serializers, as an attacker's program would: it says what CAF would not.
+struct raw_peer {
+  raw_peer(caf::actor_system& sys, uint16_t port) : sys(sys) {
+    fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    REQUIRE(fd >= 0);
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons(port);
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0);
+    timeval tv{30, 0}; // a safety net only: the daemon talks at once
+    REQUIRE(::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) == 0);
+    // The daemon's server handshake comes first; its node id leads it.
+    auto head = read_exactly(basp::header_size);
+    basp::header hdr;
+    caf::binary_deserializer h{sys, head};
+    REQUIRE_FALSE(h(hdr));
+    REQUIRE(hdr.operation == basp::message_type::server_handshake);
+    auto payload = read_exactly(hdr.payload_len);
+    caf::binary_deserializer p{sys, payload};
+    REQUIRE_FALSE(p(daemon));
+  }
+  ~raw_peer() { ::close(fd); }
+
+  std::vector<char> read_exactly(size_t n) {
+    std::vector<char> buf(n);
+    size_t got = 0;
+    while (got < n) {
+      auto r = ::read(fd, buf.data() + got, n - got);
+      if (r < 0 && errno == EINTR)
+        continue;
+      REQUIRE_MESSAGE(r > 0, "the daemon's handshake ended after " << got << " bytes");
+      got += static_cast<size_t>(r);
+    }
+    return buf;
+  }
+
+  /// Sends a header and its payload; false when the daemon closed the connection.
+  template <class... Ts>
+  bool send(basp::header hdr, Ts... xs) {
+    std::vector<char> payload;
+    caf::binary_serializer ps{sys, payload};
+    REQUIRE_FALSE(ps(xs...));
+    hdr.payload_len = static_cast<uint32_t>(payload.size());
+    std::vector<char> out;
+    caf::binary_serializer hs{sys, out};
+    REQUIRE_FALSE(hs(hdr));
+    out.insert(out.end(), payload.begin(), payload.end());
+    size_t done = 0;
+    while (done < out.size()) {
+      auto r = ::send(fd, out.data() + done, out.size() - done, MSG_NOSIGNAL);
+      if (r < 0 && errno == EINTR)
+        continue;
+      if (r <= 0)
+        return false;
+      done += static_cast<size_t>(r);
+    }
+    return true;
+  }
+
+  /// The client handshake: "I am node `as`".
+  bool hello(const caf::node_id& as, uint8_t flags = 0) {
+    return send(basp::header{basp::message_type::client_handshake, flags, 0, 0, 0, 0}, as);
+  }
+
+  /// Reads and drops what the daemon sends until it closes the connection
+  /// (true), or until the safety net's 30 s pass without a byte (false).
+  bool closed_by_daemon() {
+    char buf[4096];
+    for (;;) {
+      auto r = ::read(fd, buf, sizeof buf);
+      if (r == 0)
+        return true;
+      if (r < 0 && errno == EINTR)
+        continue;
+      if (r < 0)
+        return errno == ECONNRESET;
+    }
+  }
+
+  caf::actor_system& sys;
+  int fd = -1;
+  caf::node_id daemon;
+};
+
+/// A node id nobody has: what a raw peer may call itself.
+caf::node_id made_up_node() {
+  caf::node_id::default_data::host_id_type host;
+  host.fill(0x5a);
+  return caf::make_node_id(4242, host);
+}
 
 } // namespace
 
@@ -504,6 +650,164 @@ TEST_CASE("surfaces: a node with a wrong cluster key cannot join; keys must be p
   struct stat st {};
   REQUIRE(::stat((actor_layers() + "/cluster.key").c_str(), &st) == 0);
   CHECK((st.st_mode & 0777) == 0600);
+}
+
+TEST_CASE("surfaces: exit messages (kill, and other reasons) and unanswered errors sent to the "
+          "scheduler, a session, a sandbox and every guessed id end none of them; counted") {
+  dsecd_proc d;
+  attacker a(d.port);
+  victims v(a);
+  auto before = refused_of(*a.c);
+  uint64_t sent = 0;
+  for (const auto& target : v.all) {
+    // kill cannot be trapped; any other reason but normal ends an actor that
+    // sets no exit handler; an error that answers no request ends it too.
+    for (auto reason : {caf::exit_reason::kill, caf::exit_reason::user_shutdown,
+                        caf::exit_reason::unhandled_exception}) {
+      caf::anon_send_exit(target, reason);
+      ++sent;
+    }
+    caf::anon_send(target, caf::make_error(caf::sec::runtime_error));
+    ++sent;
+  }
+  // And every actor the daemon ever named over a connection, by guessed id.
+  auto where = a.c->scheduler().node();
+  for (caf::actor_id id = 1; id <= 200; ++id) {
+    caf::anon_send_exit(forge(a.sys, where, id), caf::exit_reason::kill);
+    ++sent;
+  }
+  // One connection, in order: all of the above was handled before this.
+  auto after = refused_of(*a.c);
+  CHECK(after >= before + sent);
+  MESSAGE(sent << " exit and error messages sent; refused: " << after - before);
+  still_works(a, *v.s, v.id, v.sandbox);
+  CHECK(d.bg.wait_for_output("refused an exit message from a connection", 10s));
+  REQUIRE(v.s->close());
+}
+
+TEST_CASE("surfaces: a client's actor linked to the scheduler, a session, a sandbox and every "
+          "guessed id takes none of them with it when it is killed; counted") {
+  dsecd_proc d;
+  attacker a(d.port);
+  victims v(a);
+  auto targets = v.all;
+  auto where = a.c->scheduler().node();
+  for (caf::actor_id id = 1; id <= 200; ++id)
+    targets.push_back(forge(a.sys, where, id));
+  auto before = refused_of(*a.c);
+  // The actor links itself to every target when asked, then answers: CAF
+  // sends a link request (link_atom) for each, which the daemon's BASP broker
+  // would turn into a link of its own, ahead of the answer.
+  auto doomed = a.sys.spawn([targets](caf::event_based_actor* self) -> caf::behavior {
+    return {[=](int32_t x) {
+      for (const auto& t : targets)
+        self->link_to(t);
+      return x;
+    }};
+  });
+  {
+    caf::scoped_actor self{a.sys};
+    self->request(doomed, 30s, int32_t{1}).receive([](int32_t) {}, [](caf::error&) {});
+  }
+  // Handled before this answer (one connection, in order). A handle to an id
+  // with no actor behind it ends as soon as the daemon's BASP says so, so CAF
+  // sends a link request only for the live ones (the three, and any other).
+  auto linked = refused_of(*a.c);
+  CHECK(linked >= before + v.all.size());
+  MESSAGE("links to " << targets.size() << " handles; requests refused: " << linked - before);
+  // The ended handles may have ended it already (an exit for reason unknown,
+  // which is not normal: the daemon's linked actors would end with it too);
+  // if not, it is killed now.
+  {
+    caf::scoped_actor self{a.sys};
+    self->monitor(doomed);
+    caf::anon_send_exit(doomed, caf::exit_reason::kill);
+    self->receive([](caf::down_msg&) {});
+  }
+  // Its end travels to the daemon as an exit message for each linked handle
+  // (refused) and as BASP's report of its end (taken: the daemon's proxy of
+  // it ends, linked to nothing). Two round trips let both take effect first.
+  (void) refused_of(*a.c);
+  CHECK(refused_of(*a.c) >= before + 2 * v.all.size());
+  still_works(a, *v.s, v.id, v.sandbox);
+  REQUIRE(v.s->close());
+}
+
+TEST_CASE("surfaces: a raw BASP peer that says it is another connected client's node is cut "
+          "off; the traffic for that node still goes to it") {
+  dsecd_proc d;
+  attacker a(d.port);
+  victims v(a);
+  auto before = refused_of(*a.c);
+  test_system ts;
+  caf::actor_system sys{ts.cfg};
+  {
+    raw_peer raw(sys, d.port);
+    // CAF takes a second connection from a node it knows as an alternative
+    // route, and with select_connection_flag as the route: the daemon's
+    // messages to the victim (for a member: the cluster key) would come here.
+    raw.hello(a.sys.node());
+    raw.hello(a.sys.node(), basp::header::select_connection_flag);
+    CHECK(raw.closed_by_daemon());
+  }
+  {
+    raw_peer raw(sys, d.port); // as the daemon itself
+    raw.hello(raw.daemon);
+    CHECK(raw.closed_by_daemon());
+  }
+  {
+    raw_peer raw(sys, d.port); // a node of its own first, then another one
+    raw.hello(made_up_node());
+    raw.hello(a.sys.node(), basp::header::select_connection_flag);
+    CHECK(raw.closed_by_daemon());
+  }
+  // The victim's replies still come to the victim.
+  auto l = ask_raw<std::vector<sandbox_info>>(a.sys, v.sess, list_atom::value);
+  CHECK_MESSAGE(l.ok, describe(l.err));
+  CHECK(refused_of(*a.c) >= before + 3);
+  still_works(a, *v.s, v.id, v.sandbox);
+  REQUIRE(v.s->close());
+}
+
+TEST_CASE("surfaces: a BASP down report for another client's actor (its trainer) from a raw "
+          "peer does not close that client's session") {
+  dsecd_proc d;
+  attacker a(d.port);
+  auto trainer = a.sys.spawn([](caf::event_based_actor*) -> caf::behavior {
+    return {[](int32_t) {}};
+  });
+  caf::actor owned;
+  std::string owned_id;
+  {
+    caf::scoped_actor self{a.sys};
+    self->request(a.sched, 30s, open_atom::value, session_options{}, trainer)
+      .receive(
+        [&](session_actor& h, std::string& sid) {
+          owned = caf::actor_cast<caf::actor>(h);
+          owned_id = sid;
+        },
+        [&](caf::error& e) { FAIL(describe(from_caf(e))); });
+  }
+  auto before = refused_of(*a.c);
+  test_system ts;
+  caf::actor_system sys{ts.cfg};
+  raw_peer raw(sys, d.port);
+  REQUIRE(raw.hello(made_up_node()));
+  // "The trainer's actor has ended": BASP's down operation, naming the
+  // victim's node and actor. CAF would end its proxy there, and the session,
+  // which monitors it, would see its trainer gone and close.
+  REQUIRE(raw.send(basp::header{basp::message_type::down_message, 0, 0, 0, trainer.id(), 0},
+                   a.sys.node(), raw.daemon, caf::make_error(caf::exit_reason::kill)));
+  // Handled by now: two round trips on the victim's connection.
+  (void) refused_of(*a.c);
+  CHECK(refused_of(*a.c) >= before + 1);
+  auto alive = ask_raw<std::vector<sandbox_info>>(a.sys, owned, list_atom::value);
+  CHECK_MESSAGE(alive.ok, describe(alive.err));
+  auto still = a.c->find_session(owned_id);
+  CHECK_MESSAGE(still, describe(still.error_value()));
+  // The trainer really ends: now the session does close (the test could fail).
+  caf::anon_send_exit(trainer, caf::exit_reason::kill);
+  CHECK(eventually([&] { return !a.c->find_session(owned_id); }));
 }
 
 } // namespace dsec::test

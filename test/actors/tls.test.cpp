@@ -25,6 +25,7 @@
 
 #include <caf/event_based_actor.hpp>
 #include <caf/openssl/manager.hpp>
+#include <caf/scoped_actor.hpp>
 
 #include "actors/transport.hpp"
 #include "test/actors/common.hpp"
@@ -328,6 +329,55 @@ std::string async_connect(caf::actor_system& sys, uint16_t port) {
         });
   });
   return f.get();
+}
+
+TEST_CASE("over TLS too, a client's exit messages and links end none of dsecd's actors") {
+  // The TLS path has doormen and scribes of its own (CAF's OpenSSL module);
+  // the screen sits in the BASP broker they all hand their bytes to
+  // (actors/basp_guard.hpp). The surfaces suite has the rest of the attacks.
+  const auto& k = the_certs();
+  dsecd_proc d({"--tls", k.good});
+  tls_trainer t{k.good};
+  auto c = connect(t.sys, d.port);
+  session_options opts;
+  opts.quota = 3;
+  auto s = c->open_session(opts);
+  REQUIRE(s);
+  auto ids = (*s)->create(env_of(), 1);
+  REQUIRE(ids);
+  auto sched = caf::actor_cast<caf::actor>(c->scheduler());
+  auto sess = caf::actor_cast<caf::actor>((*s)->handle());
+  auto before = node_stats_of(*c).refused_internal;
+  for (const auto& target : {sched, sess}) {
+    caf::anon_send_exit(target, caf::exit_reason::kill);
+    caf::anon_send_exit(target, caf::exit_reason::user_shutdown);
+  }
+  auto doomed = t.sys.spawn([=](caf::event_based_actor* self) -> caf::behavior {
+    return {[=](int32_t x) {
+      self->link_to(sched);
+      self->link_to(sess);
+      return x;
+    }};
+  });
+  {
+    caf::scoped_actor self{t.sys};
+    self->request(doomed, std::chrono::seconds(30), int32_t{1})
+      .receive([](int32_t) {}, [](caf::error&) {});
+    self->monitor(doomed);
+    caf::anon_send_exit(doomed, caf::exit_reason::kill);
+    self->receive([](caf::down_msg&) {});
+  }
+  (void) node_stats_of(*c); // a round trip: the end of `doomed` has arrived
+  CHECK(node_stats_of(*c).refused_internal >= before + 6); // 4 exits, 2 links
+  auto r = (*s)->exec(ids->front(), cmd({"sh", "-c", "echo still"}));
+  REQUIRE_MESSAGE(r, describe(r.error_value()));
+  CHECK(r->out == "still\n");
+  auto more = (*s)->create(env_of(), 1);
+  CHECK_MESSAGE(more, describe(more.error_value()));
+  auto other = c->open_session(session_options{});
+  REQUIRE_MESSAGE(other, describe(other.error_value()));
+  REQUIRE((*other)->close());
+  REQUIRE((*s)->close());
 }
 
 TEST_CASE("an actor connects asynchronously through middleman_of, over TLS when configured") {

@@ -599,8 +599,8 @@ int node_main(context& ctx, args& a) {
               u(s.chronus_too_large), u(s.chronus_malformed), u(s.chronus_unauthenticated),
               u(s.chronus_invalid), u(s.chronus_flooding), u(s.chronus_refused_connections));
   std::printf("clients refused %llu (before their first message)\n", u(s.refused_clients));
-  std::printf("refused internal %llu (internal messages without the cluster's key: "
-              "docs/security.md)\n",
+  std::printf("refused internal %llu (internal messages without the cluster's key, and "
+              "CAF's own messages from a connection: docs/security.md)\n",
               u(s.refused_internal));
   if (s.gc.empty()) {
     std::printf("start-up gc     nothing to remove\n");
