@@ -57,9 +57,9 @@ void watch_dest(caf::event_based_actor* self, const Handle& dest,
     if (dm.source != addr)
       return;
     // (An empty reason, a normal exit, has no category to look at.)
-    auto why = dm.reason ? self->system().render(dm.reason) : std::string{"it ended"};
+    auto why = dm.reason ? in_words(dm.reason) : std::string{"it ended"};
     on_lost(make_error(errc::disconnected,
-                       "no answer: the daemon or the session is gone (" + why + ")"));
+                       "no answer: the daemon or the session is gone: " + why));
     self->quit();
   });
   self->monitor(dest);
@@ -201,9 +201,9 @@ void watch_lost(caf::event_based_actor* self, const Handle& dest, const caf::act
     }
     if (dm.source != addr)
       return;
-    auto why = dm.reason ? self->system().render(dm.reason) : std::string{"it ended"};
+    auto why = dm.reason ? in_words(dm.reason) : std::string{"it ended"};
     on_lost(make_error(errc::disconnected,
-                       "no answer: the daemon or the session is gone (" + why + ")"));
+                       "no answer: the daemon or the session is gone: " + why));
     self->quit();
   });
   if (!owner) {

@@ -5,10 +5,13 @@
 namespace dsec {
 
 uint32_t cluster_map::add(std::string name, uint32_t slots, uint32_t live,
-                          const std::vector<std::string>& layers) {
+                          const std::vector<std::string>& layers, bool fill_last) {
   uint32_t id = next_id_++;
   auto& n = nodes_[id];
   n.id = id;
+  n.fill_last = fill_last;
+  if (fill_last)
+    source_ = id;
   n.name = std::move(name);
   n.slots = slots;
   n.live = live;
@@ -24,6 +27,8 @@ void cluster_map::remove(uint32_t id) {
   if (it == nodes_.end())
     return;
   unindex(it->second);
+  if (source_ == id)
+    source_ = 0;
   size_t pos = it->second.pos;
   up_[pos] = up_.back();
   nodes_[up_[pos]].pos = pos;
@@ -82,6 +87,18 @@ uint32_t cluster_map::piece_size(uint32_t count) const {
   return std::clamp<uint32_t>((count + n - 1) / n, 1, 64);
 }
 
+bool cluster_map::can_run(const cluster_node& n, const batch& b) const {
+  if (!source_ || n.id == source_)
+    return true; // (the source's own store is what it has)
+  auto src = nodes_.find(source_);
+  if (src == nodes_.end())
+    return true;
+  for (const auto& r : b.refs)
+    if (!n.layers.count(r) && !src->second.layers.count(r))
+      return false;
+  return true;
+}
+
 double cluster_map::score(const cluster_node& n, const batch& b) const {
   if (n.slots == 0)
     return 0;
@@ -94,9 +111,12 @@ double cluster_map::score(const cluster_node& n, const batch& b) const {
   double locality = b.refs.empty() ? 0 : static_cast<double>(held) / (b.refs.size() + 1);
   auto p = b.pieces.find(n.id);
   double pieces = p == b.pieces.end() ? 0 : p->second;
-  // A piece of this batch already there weighs more than the layers: a batch
-  // is spread first (a node fetches a missing layer once, at the start).
-  return free_frac * (1 + locality) / (1 + 2 * pieces);
+  // A piece of this batch already there weighs more than anything: a batch
+  // is spread first. Then free capacity; locality and the coordinator's own
+  // node only tip the balance between nodes about as free (a node fetches a
+  // missing layer once, then holds it).
+  return free_frac / (1 + 2 * pieces) + locality_bonus * locality
+         - (n.fill_last ? fill_last_penalty : 0);
 }
 
 uint32_t cluster_map::pick(batch& b, unsigned tries) {
@@ -118,7 +138,7 @@ uint32_t cluster_map::pick(batch& b, unsigned tries) {
   double best_score = -1;
   auto consider = [&](uint32_t id) {
     auto* n = find(id);
-    if (!n || n->free() == 0)
+    if (!n || n->free() == 0 || !can_run(*n, b))
       return;
     double s = score(*n, b);
     if (s > best_score) {

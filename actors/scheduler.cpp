@@ -311,12 +311,27 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
     self->set_down_handler([=](caf::down_msg& dm) {
       auto& s = self->state;
       auto it = s.by_addr.find(dm.source);
-      if (it != s.by_addr.end()
-          && really_down(s.members.at(it->second).node, "a down message of a cluster's node"))
-        lose(self, it->second,
-             dm.reason == caf::exit_reason::remote_link_unreachable
-               ? std::string{"its connection dropped (the process died, or the network failed)"}
-               : "its node actor ended (" + self->system().render(dm.reason) + ")");
+      if (it == s.by_addr.end()
+          || !really_down(s.members.at(it->second).node, "a down message of a cluster's node"))
+        return;
+      // A process that died closes its connection at once, a heartbeat or
+      // two after its last; a hung one (or a cut network) goes quiet first,
+      // and its connection is dropped only after --client-timeout of silence
+      // (when that is shorter than --beat-timeout). Say which.
+      int64_t quiet = -1;
+      if (auto* n = s.map.find(it->second))
+        quiet = std::chrono::duration_cast<std::chrono::milliseconds>(
+                  std::chrono::steady_clock::now() - n->last_report)
+                  .count();
+      std::string why;
+      if (dm.reason != caf::exit_reason::remote_link_unreachable)
+        why = "its node actor ended (" + in_words(dm.reason) + ")";
+      else if (quiet >= 0 && quiet > std::max<int64_t>(1000, s.cfg.beat_timeout.count() / 2))
+        why = "no heartbeat for " + std::to_string(quiet)
+              + " ms, then its connection timed out (the node hung, or the network failed)";
+      else
+        why = "its connection dropped (the process died, or the network failed)";
+      lose(self, it->second, why);
     });
   }
   return {
@@ -532,7 +547,10 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
         return to_caf(make_error(errc::invalid_argument, "a joining node needs a name and a node actor"));
       if (auto it = s.by_name.find(rep.name); it != s.by_name.end())
         lose(self, it->second, "it joined again (a new process under the same name)");
-      auto id = s.map.add(rep.name, rep.slots, rep.live, rep.layers);
+      // The coordinator's own node (not a simulated one, which lives in this
+      // process too): its store is the layers' source; it fills last.
+      bool own = node.node() == self->node() && rep.name == s.cfg.name;
+      auto id = s.map.add(rep.name, rep.slots, rep.live, rep.layers, own);
       auto& m = s.members[id];
       m.name = rep.name;
       m.where = node.node();
@@ -590,7 +608,10 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
           dead.emplace_back(id, quiet.count());
       }
       for (auto [id, ms] : dead)
-        lose(self, id, "no heartbeat for " + std::to_string(ms) + " ms");
+        lose(self, id,
+             "no heartbeat for " + std::to_string(ms) + " ms (--beat-timeout "
+               + std::to_string(s.cfg.beat_timeout.count())
+               + " ms): the node hung, or the network failed; its connection is still open");
       self->delayed_send(self, std::max(std::chrono::milliseconds(50), s.cfg.beat_timeout / 6),
                          timeout_atom::value, process_key());
     },
