@@ -22,6 +22,25 @@ namespace dsec {
 
 namespace {
 
+// What a reply is to the caller: one value as it is; the scheduler's list,
+// two values (the sandboxes, the nodes that did not answer), as one.
+template <class Result>
+struct reply_of {
+  template <class Self, class F>
+  static auto on(Self*, F f) {
+    return [f](Result& r) mutable { f(std::move(r)); };
+  }
+};
+template <>
+struct reply_of<sandbox_list> {
+  template <class Self, class F>
+  static auto on(Self*, F f) {
+    return [f](std::vector<sandbox_info>& xs, std::vector<std::string>& missing) mutable {
+      f(sandbox_list{std::move(xs), std::move(missing)});
+    };
+  }
+};
+
 // The outcome of one call, handed from a helper actor to the calling thread.
 template <class T>
 struct outcome {
@@ -75,11 +94,11 @@ expected<Result> call(caf::actor_system& sys, const Handle& dest, Ts... xs) {
     watch_dest(self, dest, [out](error e) { out->set(std::move(e)); });
     self->request(dest, caf::infinite, std::move(xs)...)
       .then(
-        [=](Result& r) {
+        reply_of<Result>::on(self, [=](Result r) {
           self->demonitor(dest.address());
           out->set(std::move(r));
           self->quit();
-        },
+        }),
         [=](caf::error& e) {
           self->demonitor(dest.address());
           out->set(from_caf(e));
@@ -297,11 +316,11 @@ void async_request(caf::actor_system& sys, const caf::actor& owner, const Handle
     watch_lost(self, dest, owner, [fin](error e) { (*fin)(std::move(e)); });
     self->request(dest, caf::infinite, std::move(xs)...)
       .then(
-        [=](Result& r) {
+        reply_of<Result>::on(self, [=](Result r) {
           unwatch(self, dest, owner);
           (*fin)(std::move(r));
           self->quit();
-        },
+        }),
         [=](caf::error& e) {
           unwatch(self, dest, owner);
           (*fin)(from_caf(e));
@@ -461,7 +480,12 @@ expected<void> client::destroy(const std::string& id) {
 }
 
 expected<std::vector<sandbox_info>> client::list() {
-  return call<std::vector<sandbox_info>>(*sys_, scheduler_, list_atom::value);
+  DSEC_TRY(all, list_all());
+  return std::move(all.sandboxes);
+}
+
+expected<sandbox_list> client::list_all() {
+  return call<sandbox_list>(*sys_, scheduler_, list_atom::value);
 }
 
 expected<node_stats> client::stats() {
@@ -558,8 +582,16 @@ void client::destroy_async(const std::string& id, completion<void> done) {
 }
 
 void client::list_async(completion<std::vector<sandbox_info>> done) {
-  async_call<std::vector<sandbox_info>>(*sys_, identity_, scheduler_, std::move(done),
-                                        list_atom::value);
+  list_all_async([done = std::move(done)](expected<sandbox_list> r) {
+    if (!r)
+      done(std::move(r).error_value());
+    else
+      done(std::move(r->sandboxes));
+  });
+}
+
+void client::list_all_async(completion<sandbox_list> done) {
+  async_call<sandbox_list>(*sys_, identity_, scheduler_, std::move(done), list_atom::value);
 }
 
 void client::stats_async(completion<node_stats> done) {

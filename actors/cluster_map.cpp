@@ -93,8 +93,11 @@ bool cluster_map::can_run(const cluster_node& n, const batch& b) const {
   auto src = nodes_.find(source_);
   if (src == nodes_.end())
     return true;
+  // A layer that some node holds and the source lacks stays where it is; one
+  // that no node is known to hold yet (built on the source since its last
+  // report, or unknown) is left to the node to fetch or refuse.
   for (const auto& r : b.refs)
-    if (!n.layers.count(r) && !src->second.layers.count(r))
+    if (!n.layers.count(r) && !src->second.layers.count(r) && holders_.count(r))
       return false;
   return true;
 }
@@ -150,6 +153,17 @@ uint32_t cluster_map::pick(batch& b, unsigned tries) {
   for (auto id : {cand[1], cand[0], cand[2]})
     if (id)
       consider(id);
+  // The coordinator's own node is chosen last: when it came out best, the
+  // next two nodes in round-robin order get a look too (the three candidates
+  // may all have been it).
+  if (best && best == source_ && up_.size() > 1)
+    for (size_t i = 0, seen = 0; seen < 2 && i < std::min<size_t>(8, up_.size()); ++i) {
+      auto id = up_[cursor_++ % up_.size()];
+      if (id == source_)
+        continue;
+      ++seen;
+      consider(id);
+    }
   // All three full: a few more random draws, then (a nearly full cluster)
   // the first node with a free slot from the round-robin cursor on.
   for (unsigned i = 0; best == 0 && i < tries; ++i)

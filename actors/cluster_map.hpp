@@ -17,8 +17,9 @@
 // it fills only once the others are 5% fuller than it. Free capacity
 // dominates: a node missing a layer fetches it once, then holds it. A node
 // never gets an environment with a layer it lacks that the source lacks too
-// (it could not fetch it); without a source (a simulated cluster) any layer is
-// taken to be fetchable. The best candidate with a free slot takes the piece;
+// while another node holds it (it could not fetch it); a layer nobody is known
+// to hold yet, or a cluster without a source (a simulated one), is taken to be
+// fetchable. The best candidate with a free slot takes the piece;
 // only when all three are full (or cannot run the environment) are more nodes
 // looked at. A batch is cut into pieces of ceil(count / nodes), at most 64, so
 // that it is spread rather than piled onto one node.

@@ -159,7 +159,9 @@ using scheduler_actor = caf::typed_actor<
   caf::replies_to<get_atom, std::string, std::string>::with<std::string>,
   caf::replies_to<destroy_atom, std::string>::with<bool>,
   caf::replies_to<feedback_atom, std::string, chronus_feedback_msg>::with<bool>,
-  caf::replies_to<list_atom>::with<std::vector<sandbox_info>>,
+  /// Every node's sandboxes, and the names of the nodes that did not answer
+  /// within 3 s (their sandboxes are not in the list).
+  caf::replies_to<list_atom>::with<std::vector<sandbox_info>, std::vector<std::string>>,
   caf::replies_to<stats_atom>::with<node_stats>,
   /// Every node, up or lately lost (a scheduler that is not a coordinator
   /// refuses it with errc::unsupported).

@@ -124,6 +124,10 @@ struct place_job {
   caf::typed_response_promise<internal_key, uint32_t> rp;
 };
 
+// How long `list` waits for each node: one that does not answer in time is
+// named in the reply instead of holding up the others' sandboxes.
+constexpr auto list_wait = std::chrono::seconds(3);
+
 // Refusals (a node full after all, or unreachable) a request may meet before
 // what is left of it fails.
 constexpr uint32_t max_refusals = 16;
@@ -465,37 +469,46 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
     [=](destroy_atom, const std::string& id) {
       return by_id<bool>(self, id, destroy_atom::value);
     },
-    [=](list_atom) -> caf::result<std::vector<sandbox_info>> {
+    [=](list_atom) -> caf::result<std::vector<sandbox_info>, std::vector<std::string>> {
       auto& s = self->state;
-      // Every node's, together (a node that does not answer is left out).
+      // Every node's, together. A node that does not answer within
+      // list_wait (hung, or cut off but not yet lost) is named instead.
       struct gather {
         std::vector<sandbox_info> all;
+        std::vector<std::string> missing;
         size_t left = 0;
       };
       auto g = std::make_shared<gather>();
-      auto rp = self->make_response_promise<std::vector<sandbox_info>>();
-      std::vector<node_actor> nodes;
+      auto rp = self->make_response_promise<std::vector<sandbox_info>, std::vector<std::string>>();
+      std::vector<std::pair<node_actor, std::string>> nodes;
       if (!s.cfg.coordinator)
-        nodes.push_back(s.cfg.node);
+        nodes.emplace_back(s.cfg.node, s.cfg.name);
       for (auto& [id, m] : s.members)
-        nodes.push_back(m.node);
+        nodes.emplace_back(m.node, m.name);
       g->left = nodes.size();
       if (g->left == 0)
-        rp.deliver(std::vector<sandbox_info>{});
-      for (auto& node : nodes)
-        self->request(node, std::chrono::seconds(10), list_atom::value, s.cfg.key)
+        rp.deliver(std::vector<sandbox_info>{}, std::vector<std::string>{});
+      auto finish = [=]() mutable {
+        if (--g->left > 0)
+          return;
+        std::sort(g->missing.begin(), g->missing.end());
+        rp.deliver(std::move(g->all), std::move(g->missing));
+      };
+      for (auto& [node, name] : nodes)
+        self->request(node, list_wait, list_atom::value, s.cfg.key)
           .then(
-            [=](const internal_key& k, std::vector<sandbox_info>& xs) mutable {
+            [=, name = name](const internal_key& k, std::vector<sandbox_info>& xs) mutable {
               // (with the key checked: the list goes to a client, the key does not)
               if (genuine(k, self->state.cfg.key, "a reply to list"))
                 for (auto& x : xs)
                   g->all.push_back(std::move(x));
-              if (--g->left == 0)
-                rp.deliver(std::move(g->all));
+              else
+                g->missing.push_back(name);
+              finish();
             },
-            [=](caf::error&) mutable {
-              if (--g->left == 0)
-                rp.deliver(std::move(g->all));
+            [=, name = name](caf::error&) mutable {
+              g->missing.push_back(name);
+              finish();
             });
       return rp;
     },

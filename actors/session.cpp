@@ -967,9 +967,9 @@ session_actor::behavior_type session_impl(self_ptr self, session_config cfg) {
     },
     [=](list_atom) -> caf::result<std::vector<sandbox_info>> {
       auto& s = self->state;
-      std::vector<sandbox_actor> boxes;
+      std::vector<std::pair<std::string, sandbox_actor>> boxes;
       for (auto& [id, sb] : s.sandboxes)
-        boxes.push_back(sb);
+        boxes.emplace_back(id, sb);
       std::vector<sandbox_info> known;
       for (auto& [id, rb] : s.replay) {
         if (rb.materializing)
@@ -982,8 +982,11 @@ session_actor::behavior_type session_impl(self_ptr self, session_config cfg) {
         known.push_back(std::move(info));
       }
       auto rp = self->make_response_promise<std::vector<sandbox_info>>();
-      gather_infos(self, s.cfg.key, std::move(known), boxes,
-                   [rp](std::vector<sandbox_info> all) mutable { rp.deliver(std::move(all)); });
+      // 3 s for each: a sandbox on a hung node shows as "no answer" rather
+      // than holding up the list.
+      gather_infos_or_silent(
+        self, s.cfg.key, std::move(known), boxes, s.cfg.id, std::chrono::seconds(3),
+        [rp](std::vector<sandbox_info> all) mutable { rp.deliver(std::move(all)); });
       return rp;
     },
     [=](watch_atom, const caf::actor& watcher) -> caf::result<uint64_t> {
