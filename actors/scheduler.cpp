@@ -1,6 +1,8 @@
 #include "actors/scheduler.hpp"
 
 #include <caf/actor_system.hpp>
+#include <caf/actor_system_config.hpp>
+#include <caf/config_value.hpp>
 #include <caf/send.hpp>
 #include <caf/stateful_actor.hpp>
 #include <caf/typed_event_based_actor.hpp>
@@ -319,18 +321,23 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
           || !really_down(s.members.at(it->second).node, "a down message of a cluster's node"))
         return;
       // A process that died closes its connection at once, a heartbeat or
-      // two after its last; a hung one (or a cut network) goes quiet first,
+      // so after its last; a hung one (or a cut network) goes quiet first,
       // and its connection is dropped only after --client-timeout of silence
-      // (when that is shorter than --beat-timeout). Say which.
+      // (the middleman's connection-timeout; when that is shorter than
+      // --beat-timeout). Say which.
       int64_t quiet = -1;
       if (auto* n = s.map.find(it->second))
         quiet = std::chrono::duration_cast<std::chrono::milliseconds>(
                   std::chrono::steady_clock::now() - n->last_report)
                   .count();
+      auto drop_after = std::chrono::duration_cast<std::chrono::milliseconds>(
+                          caf::get_or(self->system().config(), "middleman.connection-timeout",
+                                      caf::timespan{s.cfg.beat_timeout}))
+                          .count();
       std::string why;
       if (dm.reason != caf::exit_reason::remote_link_unreachable)
         why = "its node actor ended (" + in_words(dm.reason) + ")";
-      else if (quiet >= 0 && quiet > std::max<int64_t>(1000, s.cfg.beat_timeout.count() / 2))
+      else if (quiet >= 0 && quiet >= drop_after * 9 / 10)
         why = "no heartbeat for " + std::to_string(quiet)
               + " ms, then its connection timed out (the node hung, or the network failed)";
       else

@@ -17,6 +17,7 @@
 #include <set>
 #include <memory>
 #include <mutex>
+#include <regex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -118,6 +119,16 @@ std::string spread_text(const std::map<std::string, std::vector<std::string>>& m
   for (const auto& [node, ids] : m)
     out += node + ": " + std::to_string(ids.size()) + "  ";
   return out;
+}
+
+// Whether a message for people shows CAF's internals: an actor or node id
+// ("actor 7 on node BFFADF3...#6727", "7@BFFADF3...#6727") or an enum name
+// ("exit_reason(remote_link_unreachable)").
+bool shows_caf_internals(const std::string& msg) {
+  static const std::regex ids{"[0-9A-Fa-f]{16,}#[0-9]+"};
+  return std::regex_search(msg, ids) || msg.find("exit_reason(") != std::string::npos
+         || msg.find("actor system:") != std::string::npos
+         || msg.find(" on node ") != std::string::npos;
 }
 
 } // namespace
@@ -612,6 +623,116 @@ TEST_CASE("a hung node is lost by its missing heartbeats, then destroys its sand
   REQUIRE((*s)->close());
 }
 
+TEST_CASE("ps through the coordinator while a node hangs: the others' sandboxes within 3 s each, "
+          "the hung node named; errors in words") {
+  // A long --beat-timeout: the hung node stays a member (not yet lost) while
+  // it is asked.
+  cluster cl(2, {"--beat-timeout", "60s"}, {"--beat-timeout", "60s"});
+  auto s = cl.c->open_session({.quota = 100});
+  REQUIRE(s);
+  auto ids = (*s)->create(env_of(), 30);
+  REQUIRE(ids);
+  auto spread = by_node(**s);
+  auto victim = cl.node_name(1);
+  auto doomed = spread[victim];
+  REQUIRE_MESSAGE(!doomed.empty(), spread_text(spread));
+  REQUIRE(!spread[cl.node_name(0)].empty());
+  cl.nodes[1]->bg.kill(SIGSTOP);
+  struct resume_node {
+    dsecd_proc& p;
+    ~resume_node() { p.bg.kill(SIGCONT); }
+  } resume{*cl.nodes[1]};
+
+  auto all = cl.c->list_all();
+  REQUIRE_MESSAGE(all, describe(all.error_value()));
+  CHECK(all->missing == std::vector<std::string>{victim});
+  std::set<std::string> listed;
+  for (const auto& i : all->sandboxes)
+    listed.insert(i.id);
+  for (const auto& id : spread[cl.node_name(0)])
+    CHECK(listed.count(id) == 1);
+  for (const auto& id : doomed)
+    CHECK(listed.count(id) == 0);
+  // The command line prints the others' rows, names the node, exits 1.
+  auto coord = "127.0.0.1:" + std::to_string(cl.coord->port);
+  auto ps = run_process({suite::get().dsec_bin(), "--connect", coord, "ps"});
+  CHECK_MESSAGE(ps.status == 1, ps.describe());
+  CHECK(ps.out.find(spread[cl.node_name(0)].front()) != std::string::npos);
+  CHECK(ps.out.find(doomed.front()) == std::string::npos);
+  CHECK_MESSAGE(ps.err.find("node " + victim + " did not answer within 3 s")
+                  != std::string::npos, ps.describe());
+  // The session's list: its sandboxes there are rows of "no answer".
+  auto mine = (*s)->list();
+  REQUIRE(mine);
+  size_t silent = 0;
+  for (const auto& i : *mine)
+    if (i.state == "no answer") {
+      ++silent;
+      CHECK(std::find(doomed.begin(), doomed.end(), i.id) != doomed.end());
+    }
+  CHECK(silent == doomed.size());
+  auto sps = run_process({suite::get().dsec_bin(), "--connect", coord, "ps", "--session",
+                          (*s)->id()});
+  CHECK_MESSAGE(sps.status == 1, sps.describe());
+  CHECK(sps.err.find("did not answer within 3 s") != std::string::npos);
+  cl.nodes[1]->bg.kill(SIGCONT);
+  auto back = cl.c->list_all();
+  REQUIRE(back);
+  CHECK(back->missing.empty());
+
+  // A layer no store holds: the nodes' errors name their layer source by its
+  // address, never by CAF's ids.
+  std::vector<error> failures;
+  (void) (*s)->create(env_of("nolayer@1"), 3, {},
+                      [&](const error& e) { failures.push_back(e); });
+  REQUIRE(!failures.empty());
+  bool named = false;
+  for (const auto& e : failures) {
+    CHECK_MESSAGE(!shows_caf_internals(e.message), e.message);
+    named = named || e.message.find("the coordinator " + cl.coord_name()) != std::string::npos;
+  }
+  CHECK_MESSAGE(named, describe(failures.front()));
+  MESSAGE("a create of an unknown layer: " << describe(failures.front()));
+}
+
+TEST_CASE("a hung node whose connection times out first (--client-timeout < --beat-timeout) is "
+          "reported as hung, a killed one as dropped") {
+  cluster cl(2, {"--beat-timeout", "60s", "--client-timeout", "3s"}, {"--beat-timeout", "60s"});
+  auto hung = cl.node_name(1);
+  cl.nodes[1]->bg.kill(SIGSTOP);
+  std::string why;
+  bool lost = eventually([&] {
+    for (const auto& x : cl.members())
+      if (x.name == hung && x.state == "lost") {
+        why = x.why;
+        return true;
+      }
+    return false;
+  }, 60s);
+  cl.nodes[1]->bg.kill(SIGCONT);
+  REQUIRE(lost);
+  MESSAGE("the hung node: " << why);
+  CHECK(why.find("no heartbeat for") != std::string::npos);
+  CHECK(why.find("connection timed out") != std::string::npos);
+  CHECK(why.find("died") == std::string::npos);
+  CHECK(!shows_caf_internals(why));
+  auto killed = cl.node_name(0);
+  cl.nodes[0]->stop(SIGKILL);
+  REQUIRE(eventually([&] {
+    for (const auto& x : cl.members())
+      if (x.name == killed && x.state == "lost") {
+        why = x.why;
+        return true;
+      }
+    return false;
+  }, 60s));
+  MESSAGE("the killed node: " << why);
+  CHECK(why.find("connection dropped (the process died") != std::string::npos);
+  // Restarted on its state dir, it collects what the killed process left.
+  cl.nodes[0] = cl.start_node(0, 0);
+  CHECK(eventually([&] { return cl.up() == 3; }, 60s));
+}
+
 TEST_CASE("the coordinator dies: after the grace period each node destroys its sandboxes; nodes "
           "rejoin a restarted coordinator") {
   auto before = settled_snapshot();
@@ -906,6 +1027,7 @@ TEST_CASE("--backend sim: calls in flight get disconnected when the client close
   for (const auto& e : r->errs) {
     CHECK(e.code == errc::disconnected);
     CHECK_MESSAGE(e.message.find("gone") != std::string::npos, describe(e));
+    CHECK_MESSAGE(!shows_caf_internals(e.message), describe(e));
   }
 }
 
