@@ -88,16 +88,16 @@ uint32_t cluster_map::piece_size(uint32_t count) const {
 }
 
 bool cluster_map::can_run(const cluster_node& n, const batch& b) const {
-  if (!source_ || n.id == source_)
-    return true; // (the source's own store is what it has)
+  if (!source_)
+    return true;
   auto src = nodes_.find(source_);
   if (src == nodes_.end())
     return true;
-  // A layer that some node holds and the source lacks stays where it is; one
-  // that no node is known to hold yet (built on the source since its last
+  // A layer that some node's store has and the source's lacks stays where it
+  // is; one that no report lists yet (built on the source since its last
   // report, or unknown) is left to the node to fetch or refuse.
   for (const auto& r : b.refs)
-    if (!n.layers.count(r) && !src->second.layers.count(r) && holders_.count(r))
+    if (!n.layers.count(r) && !src->second.reported.count(r) && reporters_.count(r))
       return false;
   return true;
 }
@@ -181,9 +181,12 @@ size_t cluster_map::holders(const std::string& ref) const {
 }
 
 void cluster_map::index_layers(cluster_node& n, const std::vector<std::string>& layers) {
-  for (const auto& r : layers)
+  for (const auto& r : layers) {
     if (n.layers.insert(r).second)
       holders_[r].push_back(n.id);
+    if (n.reported.insert(r).second)
+      ++reporters_[r];
+  }
 }
 
 void cluster_map::unindex(cluster_node& n) {
@@ -196,6 +199,10 @@ void cluster_map::unindex(cluster_node& n) {
       holders_.erase(it);
   }
   n.layers.clear();
+  for (const auto& r : n.reported)
+    if (auto it = reporters_.find(r); it != reporters_.end() && --it->second == 0)
+      reporters_.erase(it);
+  n.reported.clear();
 }
 
 } // namespace dsec

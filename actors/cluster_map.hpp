@@ -16,10 +16,10 @@
 // `fill_last_penalty` (0.05): among nodes equally free it is chosen last, and
 // it fills only once the others are 5% fuller than it. Free capacity
 // dominates: a node missing a layer fetches it once, then holds it. A node
-// never gets an environment with a layer it lacks that the source lacks too
-// while another node holds it (it could not fetch it); a layer nobody is known
-// to hold yet, or a cluster without a source (a simulated one), is taken to be
-// fetchable. The best candidate with a free slot takes the piece;
+// never gets an environment with a layer it lacks that the source's reports
+// do not list while another node's do (it could not fetch it); a layer no
+// report lists yet (built on the source since its last report), or a cluster
+// without a source (a simulated one), is taken to be fetchable. The best candidate with a free slot takes the piece;
 // only when all three are full (or cannot run the environment) are more nodes
 // looked at. A batch is cut into pieces of ceil(count / nodes), at most 64, so
 // that it is spread rather than piled onto one node.
@@ -42,6 +42,7 @@ struct cluster_node {
   uint32_t live = 0;       ///< reported live sandboxes
   uint32_t placed = 0;     ///< placed since its last report
   std::unordered_set<std::string> layers; ///< NAME@VERSION it holds (or will: placed there)
+  std::unordered_set<std::string> reported; ///< those its reports listed (in its store)
   std::chrono::steady_clock::time_point last_report;
   size_t pos = 0;          ///< its index in the map's dense list
   /// The coordinator's own node: its store is where the others fetch
@@ -112,6 +113,7 @@ private:
   std::unordered_map<uint32_t, cluster_node> nodes_;
   std::vector<uint32_t> up_; // dense, for drawing at random
   std::unordered_map<std::string, std::vector<uint32_t>> holders_;
+  std::unordered_map<std::string, uint32_t> reporters_; // how many nodes' reports list a layer
   uint32_t next_id_ = 1;
   uint32_t source_ = 0; // the fill_last node's id, 0: none
   size_t cursor_ = 0;
