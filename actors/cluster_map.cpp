@@ -153,17 +153,21 @@ uint32_t cluster_map::pick(batch& b, unsigned tries) {
   for (auto id : {cand[1], cand[0], cand[2]})
     if (id)
       consider(id);
-  // The coordinator's own node is chosen last: when it came out best, the
-  // next two nodes in round-robin order get a look too (the three candidates
-  // may all have been it).
-  if (best && best == source_ && up_.size() > 1)
+  // The three candidates may all have been one node. When the best is the
+  // coordinator's own node (chosen last) or one that already has a piece of
+  // this batch (spread first), the next two other nodes in round-robin order
+  // get a look too.
+  if (best && up_.size() > 1 && (best == source_ || b.pieces.count(best))) {
+    auto first = best;
     for (size_t i = 0, seen = 0; seen < 2 && i < std::min<size_t>(8, up_.size()); ++i) {
-      auto id = up_[cursor_++ % up_.size()];
-      if (id == source_)
+      // (the cursor stays: the next pick's round-robin candidate is the next node)
+      auto id = up_[(cursor_ + i) % up_.size()];
+      if (id == first)
         continue;
       ++seen;
       consider(id);
     }
+  }
   // All three full: a few more random draws, then (a nearly full cluster)
   // the first node with a free slot from the round-robin cursor on.
   for (unsigned i = 0; best == 0 && i < tries; ++i)

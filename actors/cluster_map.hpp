@@ -19,9 +19,13 @@
 // never gets an environment with a layer it lacks that the source's reports
 // do not list while another node's do (it could not fetch it); a layer no
 // report lists yet (built on the source since its last report), or a cluster
-// without a source (a simulated one), is taken to be fetchable. The best candidate with a free slot takes the piece;
-// only when all three are full (or cannot run the environment) are more nodes
-// looked at. A batch is cut into pieces of ceil(count / nodes), at most 64, so
+// without a source (a simulated one), is taken to be fetchable.
+//
+// The best candidate with a free slot takes the piece; when it is the
+// coordinator's own node or already has a piece of this batch, the next two
+// other nodes in round-robin order are looked at too (the three candidates may
+// all have been the same node); only when all are full (or cannot run the
+// environment) are more nodes looked at. A batch is cut into pieces of ceil(count / nodes), at most 64, so
 // that it is spread rather than piled onto one node.
 #pragma once
 
