@@ -22,6 +22,25 @@ namespace dsec {
 
 namespace {
 
+// What a reply is to the caller: one value as it is; the scheduler's list,
+// two values (the sandboxes, the nodes that did not answer), as one.
+template <class Result>
+struct reply_of {
+  template <class Self, class F>
+  static auto on(Self*, F f) {
+    return [f](Result& r) mutable { f(std::move(r)); };
+  }
+};
+template <>
+struct reply_of<sandbox_list> {
+  template <class Self, class F>
+  static auto on(Self*, F f) {
+    return [f](std::vector<sandbox_info>& xs, std::vector<std::string>& missing) mutable {
+      f(sandbox_list{std::move(xs), std::move(missing)});
+    };
+  }
+};
+
 // The outcome of one call, handed from a helper actor to the calling thread.
 template <class T>
 struct outcome {
@@ -59,9 +78,10 @@ error gone_error(caf::event_based_actor* self, const caf::error& reason) {
                         "the session ended without being closed (its daemon stopped, or its"
                         " trainer went away): resume it once a daemon serves its state dir");
   }
-  auto why = reason ? self->system().render(reason) : std::string{"it ended"};
-  return make_error(errc::disconnected,
-                    "no answer: the daemon or the session is gone (" + why + ")");
+  (void) self;
+  // (An empty reason, a normal exit, has no category to look at.)
+  auto why = reason ? in_words(reason) : std::string{"it ended"};
+  return make_error(errc::disconnected, "no answer: the daemon or the session is gone: " + why);
 }
 
 // Makes the helper `self` report `dest` going away (its daemon's connection
@@ -91,11 +111,11 @@ expected<Result> call(caf::actor_system& sys, const Handle& dest, Ts... xs) {
     watch_dest(self, dest, [out](error e) { out->set(std::move(e)); });
     self->request(dest, caf::infinite, std::move(xs)...)
       .then(
-        [=](Result& r) {
+        reply_of<Result>::on(self, [=](Result r) {
           self->demonitor(dest.address());
           out->set(std::move(r));
           self->quit();
-        },
+        }),
         [=](caf::error& e) {
           self->demonitor(dest.address());
           out->set(from_caf(e));
@@ -312,11 +332,11 @@ void async_request(caf::actor_system& sys, const caf::actor& owner, const Handle
     watch_lost(self, dest, owner, [fin](error e) { (*fin)(std::move(e)); });
     self->request(dest, caf::infinite, std::move(xs)...)
       .then(
-        [=](Result& r) {
+        reply_of<Result>::on(self, [=](Result r) {
           unwatch(self, dest, owner);
           (*fin)(std::move(r));
           self->quit();
-        },
+        }),
         [=](caf::error& e) {
           unwatch(self, dest, owner);
           (*fin)(from_caf(e));
@@ -476,7 +496,12 @@ expected<void> client::destroy(const std::string& id) {
 }
 
 expected<std::vector<sandbox_info>> client::list() {
-  return call<std::vector<sandbox_info>>(*sys_, scheduler_, list_atom::value);
+  DSEC_TRY(all, list_all());
+  return std::move(all.sandboxes);
+}
+
+expected<sandbox_list> client::list_all() {
+  return call<sandbox_list>(*sys_, scheduler_, list_atom::value);
 }
 
 expected<node_stats> client::stats() {
@@ -573,8 +598,16 @@ void client::destroy_async(const std::string& id, completion<void> done) {
 }
 
 void client::list_async(completion<std::vector<sandbox_info>> done) {
-  async_call<std::vector<sandbox_info>>(*sys_, identity_, scheduler_, std::move(done),
-                                        list_atom::value);
+  list_all_async([done = std::move(done)](expected<sandbox_list> r) {
+    if (!r)
+      done(std::move(r).error_value());
+    else
+      done(std::move(r->sandboxes));
+  });
+}
+
+void client::list_all_async(completion<sandbox_list> done) {
+  async_call<sandbox_list>(*sys_, identity_, scheduler_, std::move(done), list_atom::value);
 }
 
 void client::stats_async(completion<node_stats> done) {

@@ -84,6 +84,14 @@ private:
   uint64_t backlog_ = 0;
 };
 
+/// What client::list_all found: the sandboxes, and the names of the nodes
+/// of a cluster that did not answer within 3 s (hung, or cut off and not yet
+/// lost): their sandboxes are not among them.
+struct sandbox_list {
+  std::vector<sandbox_info> sandboxes;
+  std::vector<std::string> missing;
+};
+
 class client {
 public:
   /// Prepares an actor system config for a client (middleman, message types).
@@ -123,7 +131,12 @@ public:
   expected<uint64_t> put(const std::string& id, const std::string& dir, std::string tar);
   expected<std::string> get(const std::string& id, const std::string& path);
   expected<void> destroy(const std::string& id);
+  /// Every sandbox of the daemon (of every node, through a coordinator);
+  /// the sandboxes of a node that did not answer within 3 s are left out:
+  /// list_all names those nodes.
   expected<std::vector<sandbox_info>> list();
+  /// The same, with the names of the nodes that did not answer.
+  expected<sandbox_list> list_all();
   expected<node_stats> stats();
   /// The cluster's nodes (a coordinator's; docs/cluster.md): up ones first,
   /// the coordinator's own node first of them, then those lately lost.
@@ -152,6 +165,7 @@ public:
                  completion<std::string> done);
   void destroy_async(const std::string& id, completion<void> done);
   void list_async(completion<std::vector<sandbox_info>> done);
+  void list_all_async(completion<sandbox_list> done);
   void stats_async(completion<node_stats> done);
   void answer_async(const std::string& id, const chronus_feedback& fb, completion<void> done);
 

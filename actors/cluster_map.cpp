@@ -5,10 +5,13 @@
 namespace dsec {
 
 uint32_t cluster_map::add(std::string name, uint32_t slots, uint32_t live,
-                          const std::vector<std::string>& layers) {
+                          const std::vector<std::string>& layers, bool fill_last) {
   uint32_t id = next_id_++;
   auto& n = nodes_[id];
   n.id = id;
+  n.fill_last = fill_last;
+  if (fill_last)
+    source_ = id;
   n.name = std::move(name);
   n.slots = slots;
   n.live = live;
@@ -24,6 +27,8 @@ void cluster_map::remove(uint32_t id) {
   if (it == nodes_.end())
     return;
   unindex(it->second);
+  if (source_ == id)
+    source_ = 0;
   size_t pos = it->second.pos;
   up_[pos] = up_.back();
   nodes_[up_[pos]].pos = pos;
@@ -82,6 +87,21 @@ uint32_t cluster_map::piece_size(uint32_t count) const {
   return std::clamp<uint32_t>((count + n - 1) / n, 1, 64);
 }
 
+bool cluster_map::can_run(const cluster_node& n, const batch& b) const {
+  if (!source_)
+    return true;
+  auto src = nodes_.find(source_);
+  if (src == nodes_.end())
+    return true;
+  // A layer that some node's store has and the source's lacks stays where it
+  // is; one that no report lists yet (built on the source since its last
+  // report, or unknown) is left to the node to fetch or refuse.
+  for (const auto& r : b.refs)
+    if (!n.layers.count(r) && !src->second.reported.count(r) && reporters_.count(r))
+      return false;
+  return true;
+}
+
 double cluster_map::score(const cluster_node& n, const batch& b) const {
   if (n.slots == 0)
     return 0;
@@ -94,9 +114,12 @@ double cluster_map::score(const cluster_node& n, const batch& b) const {
   double locality = b.refs.empty() ? 0 : static_cast<double>(held) / (b.refs.size() + 1);
   auto p = b.pieces.find(n.id);
   double pieces = p == b.pieces.end() ? 0 : p->second;
-  // A piece of this batch already there weighs more than the layers: a batch
-  // is spread first (a node fetches a missing layer once, at the start).
-  return free_frac * (1 + locality) / (1 + 2 * pieces);
+  // A piece of this batch already there weighs more than anything: a batch
+  // is spread first. Then free capacity; locality and the coordinator's own
+  // node only tip the balance between nodes about as free (a node fetches a
+  // missing layer once, then holds it).
+  return free_frac / (1 + 2 * pieces) + locality_bonus * locality
+         - (n.fill_last ? fill_last_penalty : 0);
 }
 
 uint32_t cluster_map::pick(batch& b, unsigned tries) {
@@ -118,7 +141,7 @@ uint32_t cluster_map::pick(batch& b, unsigned tries) {
   double best_score = -1;
   auto consider = [&](uint32_t id) {
     auto* n = find(id);
-    if (!n || n->free() == 0)
+    if (!n || n->free() == 0 || !can_run(*n, b))
       return;
     double s = score(*n, b);
     if (s > best_score) {
@@ -130,6 +153,21 @@ uint32_t cluster_map::pick(batch& b, unsigned tries) {
   for (auto id : {cand[1], cand[0], cand[2]})
     if (id)
       consider(id);
+  // The three candidates may all have been one node. When the best is the
+  // coordinator's own node (chosen last) or one that already has a piece of
+  // this batch (spread first), the next two other nodes in round-robin order
+  // get a look too.
+  if (best && up_.size() > 1 && (best == source_ || b.pieces.count(best))) {
+    auto first = best;
+    for (size_t i = 0, seen = 0; seen < 2 && i < std::min<size_t>(8, up_.size()); ++i) {
+      // (the cursor stays: the next pick's round-robin candidate is the next node)
+      auto id = up_[(cursor_ + i) % up_.size()];
+      if (id == first)
+        continue;
+      ++seen;
+      consider(id);
+    }
+  }
   // All three full: a few more random draws, then (a nearly full cluster)
   // the first node with a free slot from the round-robin cursor on.
   for (unsigned i = 0; best == 0 && i < tries; ++i)
@@ -147,9 +185,12 @@ size_t cluster_map::holders(const std::string& ref) const {
 }
 
 void cluster_map::index_layers(cluster_node& n, const std::vector<std::string>& layers) {
-  for (const auto& r : layers)
+  for (const auto& r : layers) {
     if (n.layers.insert(r).second)
       holders_[r].push_back(n.id);
+    if (n.reported.insert(r).second)
+      ++reporters_[r];
+  }
 }
 
 void cluster_map::unindex(cluster_node& n) {
@@ -162,6 +203,10 @@ void cluster_map::unindex(cluster_node& n) {
       holders_.erase(it);
   }
   n.layers.clear();
+  for (const auto& r : n.reported)
+    if (auto it = reporters_.find(r); it != reporters_.end() && --it->second == 0)
+      reporters_.erase(it);
+  n.reported.clear();
 }
 
 } // namespace dsec

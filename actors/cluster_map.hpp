@@ -7,13 +7,26 @@
 //     its base), drawn from the index of holders, for locality;
 //   - the next node in round-robin order, so that a batch reaches every node;
 //   - a node drawn at random.
-// Each candidate's score is its free fraction (free slots / slots, counting
-// what was placed since its last heartbeat) times (1 + the fraction of the
-// environment's layers it holds, the most specific one counting twice),
-// divided by (1 + 2 x pieces of this batch it already got). The best candidate
-// with a free slot takes the piece; only when all three are full are more
-// nodes looked at. A batch is cut into pieces of ceil(count / nodes), at most
-// 64, so that it is spread rather than piled onto one node.
+// Each candidate's score is led by its free fraction (free slots / slots,
+// counting what was placed since its last heartbeat) divided by (1 + 2 x
+// pieces of this batch it already got); locality only breaks near ties: a node
+// holding the environment's layers (the most specific one counting twice)
+// gains up to `locality_bonus` (0.03, i.e. 3% of its slots), and the
+// coordinator's own node (the source of the layers, `fill_last`) loses
+// `fill_last_penalty` (0.05): among nodes equally free it is chosen last, and
+// it fills only once the others are 5% fuller than it. Free capacity
+// dominates: a node missing a layer fetches it once, then holds it. A node
+// never gets an environment with a layer it lacks that the source's reports
+// do not list while another node's do (it could not fetch it); a layer no
+// report lists yet (built on the source since its last report), or a cluster
+// without a source (a simulated one), is taken to be fetchable.
+//
+// The best candidate with a free slot takes the piece; when it is the
+// coordinator's own node or already has a piece of this batch, the next two
+// other nodes in round-robin order are looked at too (the three candidates may
+// all have been the same node); only when all are full (or cannot run the
+// environment) are more nodes looked at. A batch is cut into pieces of ceil(count / nodes), at most 64, so
+// that it is spread rather than piled onto one node.
 #pragma once
 
 #include <chrono>
@@ -33,8 +46,12 @@ struct cluster_node {
   uint32_t live = 0;       ///< reported live sandboxes
   uint32_t placed = 0;     ///< placed since its last report
   std::unordered_set<std::string> layers; ///< NAME@VERSION it holds (or will: placed there)
+  std::unordered_set<std::string> reported; ///< those its reports listed (in its store)
   std::chrono::steady_clock::time_point last_report;
   size_t pos = 0;          ///< its index in the map's dense list
+  /// The coordinator's own node: its store is where the others fetch
+  /// layers from; among equals it is chosen last.
+  bool fill_last = false;
 
   [[nodiscard]] uint32_t free() const {
     uint64_t used = uint64_t{live} + placed;
@@ -46,9 +63,10 @@ class cluster_map {
 public:
   explicit cluster_map(uint64_t seed = std::random_device{}()) : rng_(seed) {}
 
-  /// Adds a node; returns its id.
+  /// Adds a node; returns its id. `fill_last`: the coordinator's own node
+  /// (the layers' source; chosen last among equals).
   uint32_t add(std::string name, uint32_t slots, uint32_t live,
-               const std::vector<std::string>& layers);
+               const std::vector<std::string>& layers, bool fill_last = false);
   /// Removes a node (lost or gone); its id is not reused.
   void remove(uint32_t id);
   /// A heartbeat: capacity, and the layers it holds when `layers` is given.
@@ -84,7 +102,14 @@ public:
   /// The nodes holding a layer (for tests and `cluster status`).
   [[nodiscard]] size_t holders(const std::string& ref) const;
 
+  /// What locality and being the coordinator's own node weigh against the
+  /// free fraction (see the top of this file).
+  static constexpr double locality_bonus = 0.03;
+  static constexpr double fill_last_penalty = 0.05;
+
 private:
+  /// Whether node `n` holds, or can fetch from the source, every layer of `b`.
+  bool can_run(const cluster_node& n, const batch& b) const;
   double score(const cluster_node& n, const batch& b) const;
   void index_layers(cluster_node& n, const std::vector<std::string>& layers);
   void unindex(cluster_node& n);
@@ -92,7 +117,9 @@ private:
   std::unordered_map<uint32_t, cluster_node> nodes_;
   std::vector<uint32_t> up_; // dense, for drawing at random
   std::unordered_map<std::string, std::vector<uint32_t>> holders_;
+  std::unordered_map<std::string, uint32_t> reporters_; // how many nodes' reports list a layer
   uint32_t next_id_ = 1;
+  uint32_t source_ = 0; // the fill_last node's id, 0: none
   size_t cursor_ = 0;
   std::mt19937_64 rng_;
 };

@@ -12,6 +12,7 @@
 
 #include <cstdio>
 
+#include "actors/types.hpp"
 #include "runtime/peer.hpp"
 
 namespace dsec {
@@ -107,7 +108,7 @@ expected<uint16_t> publish_behind_door(caf::actor_system& sys, const caf::strong
                [&](caf::error& e) {
                  out = make_error(errc::system_error,
                                   "cannot listen on " + host + ":" + std::to_string(port) + ": "
-                                    + sys.render(e));
+                                    + in_words(e));
                });
   }
   caf::anon_send_exit(mm, caf::exit_reason::user_shutdown);

@@ -48,8 +48,9 @@ using layer_cache_actor = caf::typed_actor<
   /// Mounts (or finds) the environment's layers; one reference each until release.
   caf::replies_to<acquire_atom, internal_key, environment>::with<internal_key, layer_set>,
   caf::reacts_to<release_atom, internal_key, uint64_t>,
-  /// Fetch missing layers from here from now on (a node that joined a cluster).
-  caf::reacts_to<source_atom, internal_key, layer_store_actor>,
+  /// Fetch missing layers from here from now on (a node that joined a
+  /// cluster); the name is how errors call it ("the coordinator HOST:PORT").
+  caf::reacts_to<source_atom, internal_key, layer_store_actor, std::string>,
   /// The NAME@VERSION layers in the node's store; layers fetched so far and
   /// their bytes.
   caf::replies_to<list_atom, internal_key>::with<std::vector<std::string>, uint64_t, uint64_t>,
@@ -165,7 +166,9 @@ using scheduler_actor = caf::typed_actor<
   caf::replies_to<get_atom, std::string, std::string>::with<std::string>,
   caf::replies_to<destroy_atom, std::string>::with<bool>,
   caf::replies_to<feedback_atom, std::string, chronus_feedback_msg>::with<bool>,
-  caf::replies_to<list_atom>::with<std::vector<sandbox_info>>,
+  /// Every node's sandboxes, and the names of the nodes that did not answer
+  /// within 3 s (their sandboxes are not in the list).
+  caf::replies_to<list_atom>::with<std::vector<sandbox_info>, std::vector<std::string>>,
   caf::replies_to<stats_atom>::with<node_stats>,
   /// Every node, up or lately lost (a scheduler that is not a coordinator
   /// refuses it with errc::unsupported).

@@ -29,11 +29,12 @@ constexpr uint32_t fetch_chunk = max_fetch_chunk;
 constexpr uint32_t fetches_in_flight = 4;
 constexpr auto fetch_timeout = std::chrono::seconds(30);
 
-// How a layer source is named in errors: its actor and node.
-std::string name_of(const layer_store_actor& src) {
+// How a layer source is named in errors: by whom it was given as (the
+// coordinator's address), never by CAF's ids of its actor and process.
+std::string name_of(const layer_store_actor& src, const std::string& name) {
   if (!src)
-    return "(none)";
-  return "actor " + std::to_string(src.id()) + " on node " + caf::to_string(src.node());
+    return "none";
+  return name.empty() ? std::string{"a peer's layer store"} : name;
 }
 
 struct layer_cache_state {
@@ -72,12 +73,14 @@ struct layer_cache_state {
   uint64_t evicted = 0;
   // layer distribution: where missing layers come from (none: a single node)
   layer_store_actor source;
+  std::string source_name; // e.g. "the coordinator 10.0.0.1:7070"
   uint64_t fetched = 0, fetched_bytes = 0;
 
   // A layer being fetched from a source, once however many acquires wait for it.
   struct fetch_job {
     uint64_t id = 0;               // tells a live job's replies from a dead one's
     layer_store_actor from;
+    std::string from_name;
     layer_meta meta;               // as the source described it
     layer_kind kind = layer_kind::base;
     std::optional<staged_file> file; // in the store's tmp/, hashed as it is written
@@ -294,7 +297,7 @@ void fail_fetch(cache_ptr self, const std::string& ref, errc code, const std::st
     return;
   end_fetch(self, ref,
             make_error(code, "cannot fetch layer " + ref + " from its layer source ("
-                               + name_of(it->second.from) + "): " + why));
+                               + name_of(it->second.from, it->second.from_name) + "): " + why));
 }
 
 // A request to the source failed (an error reply, a timeout, the source gone).
@@ -436,6 +439,7 @@ void join_fetch(cache_ptr self, const std::string& ref, uint64_t id) {
   auto& job = s.fetches[ref];
   job.id = s.next_job++;
   job.from = s.source;
+  job.from_name = s.source_name;
   job.waiters.push_back(id);
   self->request(job.from, fetch_timeout, describe_atom::value, s.key, ref)
     .then([=, id = job.id](const internal_key& k, layer_meta& meta) {
@@ -460,7 +464,7 @@ void join_fetch(cache_ptr self, const std::string& ref, uint64_t id) {
                                           "unknown layer " + ref
                                             + ": neither this node's store nor its layer "
                                               "source ("
-                                            + name_of(it->second.from) + ") has it"));
+                                            + name_of(it->second.from, it->second.from_name) + ") has it"));
             fail_request(self, ref, e);
           });
 }
@@ -488,7 +492,7 @@ layer_cache_actor::behavior_type layer_cache_impl(cache_ptr self, engine* eng,
         gone.push_back(ref);
     for (auto& ref : gone)
       fail_fetch(self, ref, errc::disconnected,
-                 "the source is gone (" + caf::to_string(dm.reason) + ")");
+                 "the source is gone: " + in_words(dm.reason));
   });
   self->set_exit_handler([=](caf::exit_msg& em) {
     fail_waiting(self, "the node's layer cache stopped while the layers were fetched");
@@ -523,13 +527,14 @@ layer_cache_actor::behavior_type layer_cache_impl(cache_ptr self, engine* eng,
       if (genuine(k, process_key(), "release (layer cache)"))
         self->state.release(lease);
     },
-    [=](source_atom, const internal_key& k, layer_store_actor& src) {
+    [=](source_atom, const internal_key& k, layer_store_actor& src, std::string& name) {
       auto& s = self->state;
       if (!genuine(k, process_key(), "source (layer cache)"))
         return;
       if (src && src != s.source)
         self->monitor(src);
       s.source = std::move(src);
+      s.source_name = std::move(name);
     },
     [=](list_atom,
         const internal_key& k) -> caf::result<std::vector<std::string>, uint64_t, uint64_t> {

@@ -118,7 +118,8 @@ void join(self_ptr self, scheduler_actor coord) {
           if (coord.node() != self->node()) {
             self->monitor(coord);
             if (src && s.cfg.cache)
-              self->send(s.cfg.cache, source_atom::value, process_key(), std::move(src));
+              self->send(s.cfg.cache, source_atom::value, process_key(), std::move(src),
+                         "the coordinator " + s.where);
             say("joined the cluster of " + s.where + " as " + s.cfg.name);
           }
         },
@@ -166,7 +167,7 @@ member_actor::behavior_type member_impl(self_ptr self, member_config cfg) {
     if (!s.coordinator || dm.source != s.coordinator.address()
         || !really_down(s.coordinator, "a down message of the coordinator"))
       return;
-    say("lost the coordinator " + s.where + " (" + self->system().render(dm.reason)
+    say("lost the coordinator " + s.where + " (" + in_words(dm.reason)
         + "): its sandboxes here end with their sessions; whatever is left goes in "
         + std::to_string(s.cfg.grace.count()) + " ms, then this node joins again");
     leave(self, s.cfg.grace, "grace period over: destroyed {} sandboxes left of the lost coordinator");

@@ -12,6 +12,8 @@
 // sees to this actor (event_atom, output_atom, reaped_atom).
 #pragma once
 
+#include <map>
+
 #include <chrono>
 #include <memory>
 #include <string>
@@ -94,6 +96,57 @@ void gather_infos(Self* self, const internal_key& key, std::vector<sandbox_info>
         [=](caf::error&) mutable {
           if (--g->left == 0)
             done(std::move(g->infos));
+        });
+}
+
+/// Like gather_infos, for a session's list: each of `boxes` (id, actor) gets
+/// `wait` to answer; one that does not (its node hung, or cut off and not yet
+/// lost) is listed as state "no answer", with its node's name when another
+/// sandbox of that node answered.
+template <class Self, class Done>
+void gather_infos_or_silent(Self* self, const internal_key& key, std::vector<sandbox_info> known,
+                            const std::vector<std::pair<std::string, sandbox_actor>>& boxes,
+                            const std::string& session, std::chrono::milliseconds wait,
+                            Done done) {
+  if (boxes.empty()) {
+    done(std::move(known));
+    return;
+  }
+  struct gather {
+    std::vector<sandbox_info> infos;
+    std::vector<std::pair<std::string, caf::node_id>> silent;
+    std::map<caf::node_id, std::string> names;
+    size_t left;
+  };
+  auto g = std::make_shared<gather>();
+  g->infos = std::move(known);
+  g->left = boxes.size();
+  auto finish = [=]() mutable {
+    if (--g->left > 0)
+      return;
+    for (auto& [id, where] : g->silent) {
+      sandbox_info info;
+      info.id = id;
+      info.session = session;
+      info.state = "no answer";
+      if (auto n = g->names.find(where); n != g->names.end())
+        info.node = n->second;
+      g->infos.push_back(std::move(info));
+    }
+    done(std::move(g->infos));
+  };
+  for (const auto& [id, sb] : boxes)
+    self->request(sb, wait, list_atom::value, key)
+      .then(
+        [=, where = sb.node()](sandbox_info& info) mutable {
+          if (!info.node.empty())
+            g->names.emplace(where, info.node);
+          g->infos.push_back(std::move(info));
+          finish();
+        },
+        [=, id = id, where = sb.node()](caf::error&) mutable {
+          g->silent.emplace_back(id, where);
+          finish();
         });
 }
 

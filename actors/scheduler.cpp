@@ -1,6 +1,8 @@
 #include "actors/scheduler.hpp"
 
 #include <caf/actor_system.hpp>
+#include <caf/actor_system_config.hpp>
+#include <caf/config_value.hpp>
 #include <caf/send.hpp>
 #include <caf/stateful_actor.hpp>
 #include <caf/typed_event_based_actor.hpp>
@@ -123,6 +125,10 @@ struct place_job {
   std::string why; // the last refusal
   caf::typed_response_promise<internal_key, uint32_t> rp;
 };
+
+// How long `list` waits for each node: one that does not answer in time is
+// named in the reply instead of holding up the others' sandboxes.
+constexpr auto list_wait = std::chrono::seconds(3);
 
 // Refusals (a node full after all, or unreachable) a request may meet before
 // what is left of it fails.
@@ -311,12 +317,32 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
     self->set_down_handler([=](caf::down_msg& dm) {
       auto& s = self->state;
       auto it = s.by_addr.find(dm.source);
-      if (it != s.by_addr.end()
-          && really_down(s.members.at(it->second).node, "a down message of a cluster's node"))
-        lose(self, it->second,
-             dm.reason == caf::exit_reason::remote_link_unreachable
-               ? std::string{"its connection dropped (the process died, or the network failed)"}
-               : "its node actor ended (" + self->system().render(dm.reason) + ")");
+      if (it == s.by_addr.end()
+          || !really_down(s.members.at(it->second).node, "a down message of a cluster's node"))
+        return;
+      // A process that died closes its connection at once, a heartbeat or
+      // so after its last; a hung one (or a cut network) goes quiet first,
+      // and its connection is dropped only after --client-timeout of silence
+      // (the middleman's connection-timeout; when that is shorter than
+      // --beat-timeout). Say which.
+      int64_t quiet = -1;
+      if (auto* n = s.map.find(it->second))
+        quiet = std::chrono::duration_cast<std::chrono::milliseconds>(
+                  std::chrono::steady_clock::now() - n->last_report)
+                  .count();
+      auto drop_after = std::chrono::duration_cast<std::chrono::milliseconds>(
+                          caf::get_or(self->system().config(), "middleman.connection-timeout",
+                                      caf::timespan{s.cfg.beat_timeout}))
+                          .count();
+      std::string why;
+      if (dm.reason != caf::exit_reason::remote_link_unreachable)
+        why = "its node actor ended (" + in_words(dm.reason) + ")";
+      else if (quiet >= 0 && quiet >= drop_after * 9 / 10)
+        why = "no heartbeat for " + std::to_string(quiet)
+              + " ms, then its connection timed out (the node hung, or the network failed)";
+      else
+        why = "its connection dropped (the process died, or the network failed)";
+      lose(self, it->second, why);
     });
   }
   return {
@@ -450,37 +476,46 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
     [=](destroy_atom, const std::string& id) {
       return by_id<bool>(self, id, destroy_atom::value);
     },
-    [=](list_atom) -> caf::result<std::vector<sandbox_info>> {
+    [=](list_atom) -> caf::result<std::vector<sandbox_info>, std::vector<std::string>> {
       auto& s = self->state;
-      // Every node's, together (a node that does not answer is left out).
+      // Every node's, together. A node that does not answer within
+      // list_wait (hung, or cut off but not yet lost) is named instead.
       struct gather {
         std::vector<sandbox_info> all;
+        std::vector<std::string> missing;
         size_t left = 0;
       };
       auto g = std::make_shared<gather>();
-      auto rp = self->make_response_promise<std::vector<sandbox_info>>();
-      std::vector<node_actor> nodes;
+      auto rp = self->make_response_promise<std::vector<sandbox_info>, std::vector<std::string>>();
+      std::vector<std::pair<node_actor, std::string>> nodes;
       if (!s.cfg.coordinator)
-        nodes.push_back(s.cfg.node);
+        nodes.emplace_back(s.cfg.node, s.cfg.name);
       for (auto& [id, m] : s.members)
-        nodes.push_back(m.node);
+        nodes.emplace_back(m.node, m.name);
       g->left = nodes.size();
       if (g->left == 0)
-        rp.deliver(std::vector<sandbox_info>{});
-      for (auto& node : nodes)
-        self->request(node, std::chrono::seconds(10), list_atom::value, s.cfg.key)
+        rp.deliver(std::vector<sandbox_info>{}, std::vector<std::string>{});
+      auto finish = [=]() mutable {
+        if (--g->left > 0)
+          return;
+        std::sort(g->missing.begin(), g->missing.end());
+        rp.deliver(std::move(g->all), std::move(g->missing));
+      };
+      for (auto& [node, name] : nodes)
+        self->request(node, list_wait, list_atom::value, s.cfg.key)
           .then(
-            [=](const internal_key& k, std::vector<sandbox_info>& xs) mutable {
+            [=, name = name](const internal_key& k, std::vector<sandbox_info>& xs) mutable {
               // (with the key checked: the list goes to a client, the key does not)
               if (genuine(k, self->state.cfg.key, "a reply to list"))
                 for (auto& x : xs)
                   g->all.push_back(std::move(x));
-              if (--g->left == 0)
-                rp.deliver(std::move(g->all));
+              else
+                g->missing.push_back(name);
+              finish();
             },
-            [=](caf::error&) mutable {
-              if (--g->left == 0)
-                rp.deliver(std::move(g->all));
+            [=, name = name](caf::error&) mutable {
+              g->missing.push_back(name);
+              finish();
             });
       return rp;
     },
@@ -532,7 +567,10 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
         return to_caf(make_error(errc::invalid_argument, "a joining node needs a name and a node actor"));
       if (auto it = s.by_name.find(rep.name); it != s.by_name.end())
         lose(self, it->second, "it joined again (a new process under the same name)");
-      auto id = s.map.add(rep.name, rep.slots, rep.live, rep.layers);
+      // The coordinator's own node (not a simulated one, which lives in this
+      // process too): its store is the layers' source; it fills last.
+      bool own = node.node() == self->node() && rep.name == s.cfg.name;
+      auto id = s.map.add(rep.name, rep.slots, rep.live, rep.layers, own);
       auto& m = s.members[id];
       m.name = rep.name;
       m.where = node.node();
@@ -590,7 +628,10 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
           dead.emplace_back(id, quiet.count());
       }
       for (auto [id, ms] : dead)
-        lose(self, id, "no heartbeat for " + std::to_string(ms) + " ms");
+        lose(self, id,
+             "no heartbeat for " + std::to_string(ms) + " ms (--beat-timeout "
+               + std::to_string(s.cfg.beat_timeout.count())
+               + " ms): the node hung, or the network failed; its connection is still open");
       self->delayed_send(self, std::max(std::chrono::milliseconds(50), s.cfg.beat_timeout / 6),
                          timeout_atom::value, process_key());
     },

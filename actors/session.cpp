@@ -1097,8 +1097,10 @@ caf::typed_response_promise<std::vector<sandbox_info>> list_sandboxes(self_ptr s
     rp.deliver(std::move(g->infos));
     return rp;
   }
+  // 3 s for each: a sandbox on a hung node shows as "no answer" rather than
+  // holding up the list.
   for (const auto& [id, sb] : s.sandboxes)
-    self->request(sb, std::chrono::seconds(10), list_atom::value, s.cfg.key)
+    self->request(sb, std::chrono::seconds(3), list_atom::value, s.cfg.key)
       .then(
         [=](sandbox_info& info) mutable {
           fill(info);
@@ -1106,7 +1108,16 @@ caf::typed_response_promise<std::vector<sandbox_info>> list_sandboxes(self_ptr s
           if (--g->left == 0)
             rp.deliver(std::move(g->infos));
         },
-        [=](caf::error&) mutable { // gone meanwhile, or not answering: left out
+        [=, id = id](caf::error& e) mutable {
+          // Gone meanwhile: left out; not answering: said so.
+          if (e != caf::sec::request_receiver_down) {
+            sandbox_info info;
+            info.id = id;
+            info.session = self->state.cfg.id;
+            info.state = "no answer";
+            fill(info);
+            g->infos.push_back(std::move(info));
+          }
           if (--g->left == 0)
             rp.deliver(std::move(g->infos));
         });

@@ -1,4 +1,5 @@
 #include "actors/trajectory.hpp"
+#include "actors/types.hpp"
 
 #include <caf/binary_deserializer.hpp>
 #include <caf/binary_serializer.hpp>
@@ -28,7 +29,7 @@ expected<trajectory_record> decode_record(std::string_view bytes) {
   caf::binary_deserializer source{nullptr, bytes.data(), bytes.size()};
   if (auto err = source(r))
     return make_error(errc::malformed, "a trajectory record does not parse: "
-                                         + caf::to_string(err));
+                                         + in_words(err));
   if (source.remaining() != 0)
     return make_error(errc::malformed, "a trajectory record has "
                                          + std::to_string(source.remaining())

@@ -340,7 +340,7 @@ expected<uint16_t> publish(caf::actor_system& sys, const caf::strong_actor_ptr& 
     .receive([&](uint16_t actual) { out = actual; },
              [&](caf::error& e) {
                out = make_error(errc::system_error, "cannot listen on " + where_of(host, port)
-                                                      + ": " + sys.render(e));
+                                                      + ": " + in_words(e));
              });
   return out;
 }
@@ -353,7 +353,7 @@ expected<void> unpublish(caf::actor_system& sys, const caf::actor_addr& whom, ui
              [&](caf::error& e) {
                out = make_error(errc::system_error, "cannot stop listening on port "
                                                       + std::to_string(port) + ": "
-                                                      + sys.render(e));
+                                                      + in_words(e));
              });
   return out;
 }
@@ -396,7 +396,7 @@ error connect_error(caf::actor_system& sys, const caf::error& e, const std::stri
           "handshake (is it a dsecd?"
           + std::string{tls ? " one with --tls?)" : " one without --tls?)"};
   } else
-    why = sys.render(e);
+    why = in_words(e);
   return make_error(code, "cannot reach " + where_of(host, port) + ": " + why);
 }
 

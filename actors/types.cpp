@@ -3,6 +3,7 @@
 
 #include <caf/actor_system_config.hpp>
 #include <caf/message.hpp>
+#include <caf/exit_reason.hpp>
 #include <caf/sec.hpp>
 
 #include "actors/interfaces.hpp"
@@ -43,8 +44,84 @@ error from_caf(const caf::error& e) {
       default: break;
     }
   }
-  out.message = "actor system: " + caf::to_string(e);
+  out.message = in_words(e);
   return out;
+}
+
+std::string in_words(const caf::error& e) {
+  if (!e)
+    return "it ended";
+  if (e.category() == error_category)
+    return from_caf(e).message;
+  using caf::exit_reason;
+  using caf::sec;
+  if (e.category() == caf::atom("exit")) {
+    switch (static_cast<exit_reason>(e.code())) {
+      case exit_reason::normal: return "it ended";
+      case exit_reason::unhandled_exception: return "it failed (an unhandled exception)";
+      case exit_reason::user_shutdown: return "it was shut down";
+      case exit_reason::kill: return "it was stopped";
+      case exit_reason::remote_link_unreachable:
+        return "the connection to its process dropped (the process died or hung, or the "
+               "network failed)";
+      case exit_reason::unreachable: return "it cannot be reached any more";
+      default: return "it ended (for a reason the actor system does not know)";
+    }
+  }
+  std::string words;
+  if (e.category() == caf::atom("system")) {
+    switch (static_cast<sec>(e.code())) {
+      case sec::unexpected_message:
+        words = "the other side does not understand the message (another version of dsec?)";
+        break;
+      case sec::unexpected_response: words = "an unexpected answer came"; break;
+      case sec::request_receiver_down:
+        words = "what was asked ended before it answered";
+        break;
+      case sec::request_timeout: words = "no answer in time"; break;
+      case sec::no_actor_published_at_port: words = "nothing is published on that port"; break;
+      case sec::unexpected_actor_messaging_interface:
+        words = "what listens there is not the expected service of this version";
+        break;
+      case sec::disconnect_during_handshake:
+        words = "the other side closed the connection during the handshake";
+        break;
+      case sec::cannot_forward_to_invalid_actor:
+      case sec::no_route_to_receiving_node:
+        words = "no connection to the process that holds it";
+        break;
+      case sec::cannot_connect_to_node: words = "cannot connect"; break;
+      case sec::cannot_open_port: words = "cannot open the port"; break;
+      case sec::network_syscall_failed: words = "a network call failed"; break;
+      case sec::invalid_argument: words = "an invalid argument"; break;
+      case sec::remote_linking_failed: words = "cannot watch the other side"; break;
+      case sec::incompatible_versions:
+      case sec::incompatible_application_ids:
+        words = "the other side runs another version";
+        break;
+      case sec::malformed_basp_message: words = "the other side sent a malformed message"; break;
+      case sec::connection_timeout: words = "the connection timed out"; break;
+      case sec::socket_disconnected: words = "the connection dropped"; break;
+      case sec::redundant_connection: words = "a second connection to the same process"; break;
+      default:
+        words = "an error of the actor system (" + caf::to_string(static_cast<sec>(e.code()))
+                + ")";
+        break;
+    }
+  } else {
+    words = "an error of the actor system (" + caf::to_string(e.category()) + " "
+            + std::to_string(e.code()) + ")";
+  }
+  // What the system said about it, as far as it is text (a path, a port, the
+  // errno's words): never its actor or node ids.
+  const auto& ctx = e.context();
+  for (size_t i = 0; i < ctx.size(); ++i)
+    if (ctx.match_element<std::string>(i)) {
+      const auto& x = ctx.get_as<std::string>(i);
+      if (!x.empty() && x.find("node") == std::string::npos)
+        words += ": " + x;
+    }
+  return words;
 }
 
 void register_types(caf::actor_system_config& cfg) {

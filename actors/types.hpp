@@ -25,6 +25,12 @@ caf::error to_caf(const error& e);
 /// CAF's own (a lost connection, a dead actor) become disconnected.
 error from_caf(const caf::error& e);
 
+/// A caf::error in words, for people: what happened, never CAF's ids of
+/// actors and processes (`actor 7 on node BFFA...`) or its enum names
+/// (`exit_reason(remote_link_unreachable)`). dsec's own errors give their
+/// message.
+std::string in_words(const caf::error& e);
+
 /// An internal verb refused for want of the right key (actors/surface.hpp).
 inline caf::error refuse(const char* what) {
   return to_caf(unauthorized(what));

@@ -196,7 +196,8 @@ int main(int argc, char** argv) {
     auto src = sys_b.middleman().remote_actor<dsec::layer_store_actor>("127.0.0.1", *port);
     if (!src)
       die("remote_actor: " + caf::to_string(src.error()));
-    caf::anon_send(d->layer_cache(), dsec::source_atom::value, dsec::process_key(), *src);
+    caf::anon_send(d->layer_cache(), dsec::source_atom::value, dsec::process_key(), *src,
+                   std::string{"daemon A"});
     auto store_b = must(dsec::store::open(o.state_dir), "store B");
 
     dsec::environment env;

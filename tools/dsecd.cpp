@@ -71,8 +71,9 @@ Options:
   --threads N            CAF scheduler threads (default 2; the 'sharing' policy)
   --coordinator          be a cluster's coordinator: nodes join it (--join), it
                          holds the sessions and places every sandbox over the
-                         nodes (this one among them) with power-of-k choices
-                         by free slots and layer locality (docs/cluster.md)
+                         nodes (this one among them, filled last) with
+                         power-of-k choices led by free slots, layer locality
+                         breaking near ties (docs/cluster.md)
   --join HOST:PORT       join the coordinator at HOST:PORT as a node: send it
                          heartbeats, make the sandboxes it places here, fetch
                          missing layers from its store; sessions are opened

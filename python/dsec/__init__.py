@@ -67,6 +67,7 @@ _dsec._set_error_factory(_from_native)
 
 ExecResult = _dsec.ExecResult
 SandboxInfo = _dsec.SandboxInfo
+SandboxList = _dsec.SandboxList
 NodeStats = _dsec.NodeStats
 
 # What the calls accept (each is checked at run time, with a TypeError or a
@@ -81,7 +82,7 @@ _Done = Callable[[Any, Optional[BaseException]], None]
 
 __all__ = [
     "connect", "Client", "Session", "Sandbox", "Batch", "Event", "ExecResult", "ExecStream",
-    "AsyncExecStream", "SandboxInfo", "NodeStats",
+    "AsyncExecStream", "SandboxInfo", "SandboxList", "NodeStats",
     "Error", "InvalidArgument", "NotFound", "AlreadyExists", "WrongKind", "InUse", "Malformed",
     "TooLarge", "Unauthenticated", "Unauthorized", "Overloaded", "SystemFailure", "ToolFailed",
     "Timeout", "SandboxFailed", "Disconnected", "Lost", "Unsupported", "Closed", "CommandFailed",
@@ -376,8 +377,15 @@ class Client:
         return Session(self, self._c.adopt_session(key, sid))
 
     def list(self) -> List[SandboxInfo]:
-        """Every sandbox on the node (all sessions), as SandboxInfo."""
+        """Every sandbox on the node (all sessions), as SandboxInfo; through a
+        coordinator, those of every node that answered within 3 s."""
         return self._c.list()
+
+    def list_all(self) -> SandboxList:
+        """Like list(), as a SandboxList: `sandboxes`, and `missing`, the names
+        of the cluster's nodes that did not answer within 3 s (hung, or cut
+        off and not yet lost); their sandboxes are not in `sandboxes`."""
+        return self._c.list_all()
 
     async def list_async(self) -> List[SandboxInfo]:
         fut, done = _future()

@@ -701,6 +701,16 @@ void bind_values(py::module_& m) {
              + " session=" + i.session + " state=" + i.state + ">";
     });
 
+  py::class_<sandbox_list>(m, "SandboxList",
+                           "What `list_all()` found: `sandboxes` (SandboxInfo), and `missing`, "
+                           "the names of the nodes that did not answer within 3 s.")
+    .def_readonly("sandboxes", &sandbox_list::sandboxes)
+    .def_readonly("missing", &sandbox_list::missing)
+    .def("__repr__", [](const sandbox_list& l) {
+      return "<dsec SandboxList " + std::to_string(l.sandboxes.size()) + " sandboxes, "
+             + std::to_string(l.missing.size()) + " nodes missing>";
+    });
+
   auto stats = py::class_<node_stats>(m, "NodeStats", "The node's counters (`node stats`).");
 #define DSEC_STAT(f) stats.def_readonly(#f, &node_stats::f)
   DSEC_STAT(node); DSEC_STAT(slots); DSEC_STAT(live); DSEC_STAT(creating);
@@ -827,6 +837,15 @@ void bind_client(py::module_& m) {
            {
              auto s = c->start();
              c->cl().list_async(to_outcome(out, s.tok));
+           }
+           return value_or_raise(await_outcome(out));
+         })
+    .def("list_all",
+         [](const core_ptr& c) {
+           auto out = std::make_shared<outcome<sandbox_list>>();
+           {
+             auto s = c->start();
+             c->cl().list_all_async(to_outcome(out, s.tok));
            }
            return value_or_raise(await_outcome(out));
          })

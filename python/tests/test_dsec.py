@@ -92,6 +92,11 @@ class Commands(Base):
                 sb.exec(["no-such-program"])
             self.assertIn("no-such-program", str(cm.exception))
             self.assertEqual({i.id for i in s.list()}, {b.id for b in sbs})
+            # A single daemon: every node (itself) answers.
+            everything = self.c.list_all()
+            self.assertIsInstance(everything, dsec.SandboxList)
+            self.assertEqual(everything.missing, [])
+            self.assertTrue({b.id for b in sbs} <= {i.id for i in everything.sandboxes})
             sbs[1].close()
             self.assertEqual({i.id for i in s.list()}, {sb.id})
             with self.assertRaises(dsec.NotFound) as cm:

@@ -17,6 +17,7 @@
 #include <set>
 #include <memory>
 #include <mutex>
+#include <regex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -120,6 +121,16 @@ std::string spread_text(const std::map<std::string, std::vector<std::string>>& m
   return out;
 }
 
+// Whether a message for people shows CAF's internals: an actor or node id
+// ("actor 7 on node BFFADF3...#6727", "7@BFFADF3...#6727") or an enum name
+// ("exit_reason(remote_link_unreachable)").
+bool shows_caf_internals(const std::string& msg) {
+  static const std::regex ids{"[0-9A-Fa-f]{16,}#[0-9]+"};
+  return std::regex_search(msg, ids) || msg.find("exit_reason(") != std::string::npos
+         || msg.find("actor system:") != std::string::npos
+         || msg.find(" on node ") != std::string::npos;
+}
+
 } // namespace
 
 TEST_CASE("cluster: links of idle trainers and of commands longer than --beat-timeout live") {
@@ -193,19 +204,73 @@ TEST_CASE("cluster_map: pieces, spread over every node, locality, full nodes") {
     }
   }
 
-  // Single creates of an environment go where its layers are.
+  // Free capacity leads; locality breaks near ties: among empty nodes the
+  // one that holds the layers gets the first single create, then they spread
+  // (a node that got one holds the layers too).
   cluster_map l{7};
   auto la = l.add("a", 100, 0, {"base@1"});
-  l.add("b", 100, 0, {});
-  l.add("c", 100, 0, {});
-  for (int i = 0; i < 20; ++i) {
+  auto lb = l.add("b", 100, 0, {});
+  auto lc = l.add("c", 100, 0, {});
+  std::map<uint32_t, int> singles;
+  for (int i = 0; i < 30; ++i) {
     auto one = cluster_map::make_batch("base@1", "", {});
     auto id = l.pick(one);
-    CHECK(id == la);
+    REQUIRE(id != 0);
+    if (i == 0)
+      CHECK(id == la);
     l.placed(id, 1, one.refs);
+    ++singles[id];
+  }
+  for (auto id : {la, lb, lc})
+    CHECK_MESSAGE(singles[id] >= 7, "node " << id << " got " << singles[id] << " of 30");
+  // The coordinator's own node (fill_last, the layers' source) is chosen
+  // last: single creates go to the other nodes, though only it holds the
+  // layer, until they are 5% fuller than it.
+  {
+    cluster_map f{5};
+    auto co = f.add("coordinator", 100, 0, {"base@1"}, true);
+    auto n1 = f.add("n1", 100, 0, {});
+    auto n2 = f.add("n2", 100, 0, {});
+    std::map<uint32_t, int> got1;
+    for (int i = 0; i < 10; ++i) {
+      auto one = cluster_map::make_batch("base@1", "", {});
+      auto id = f.pick(one);
+      REQUIRE(id != 0);
+      f.placed(id, 1, one.refs);
+      ++got1[id];
+    }
+    CHECK(got1[co] == 0);
+    CHECK(got1[n1] + got1[n2] == 10);
+    // Then it takes its share, staying the emptiest.
+    for (int i = 0; i < 60; ++i) {
+      auto one = cluster_map::make_batch("base@1", "", {});
+      auto id = f.pick(one);
+      REQUIRE(id != 0);
+      f.placed(id, 1, one.refs);
+      ++got1[id];
+    }
+    CHECK(got1[co] > 10);
+    CHECK(got1[co] < got1[n1]);
+    CHECK(got1[co] < got1[n2]);
+  }
+  // A layer that only one node holds and the source lacks cannot be fetched
+  // by the others: that node gets it, however full it is.
+  {
+    cluster_map u{11};
+    u.add("coordinator", 100, 0, {"base@1"}, true);
+    auto only = u.add("n1", 100, 80, {"base@1", "wd@1"});
+    u.add("n2", 100, 0, {"base@1"});
+    for (int i = 0; i < 15; ++i) {
+      auto one = cluster_map::make_batch("base@1", "wd@1", {});
+      auto id = u.pick(one);
+      CHECK(id == only);
+      u.placed(id, 1, one.refs);
+    }
+    auto one = cluster_map::make_batch("base@1", "wd@1", {});
+    u.placed(only, 5, one.refs); // full now: nobody else can run it
+    CHECK(u.pick(one) == 0);
   }
   // The most specific layer weighs more than the base.
-  l.report(la, 100, 20, nullptr);
   cluster_map w{9};
   w.add("has-base", 100, 0, {"base@1"});
   auto wb = w.add("has-workdir", 100, 0, {"wd@1"});
@@ -319,21 +384,26 @@ TEST_CASE("a node that refuses (full, unknown to the coordinator) gets its share
   }
 }
 
-TEST_CASE("locality: creates go to the node that holds the environment's layers") {
+TEST_CASE("placement: free capacity leads, the coordinator's own node fills last, locality breaks "
+          "ties; a layer only one node has goes there") {
   cluster cl(2);
   auto s = cl.c->open_session({.quota = 100});
   REQUIRE(s);
-  // Only the coordinator's store holds bbt@1: one at a time, they all go there.
-  for (int i = 0; i < 10; ++i) {
+  // Only the coordinator's store holds bbt@1: one at a time, they still go
+  // to the other nodes (each fetches it once), the coordinator's filling last.
+  for (int i = 0; i < 20; ++i) {
     auto ids = (*s)->create(env_of(), 1);
     REQUIRE_MESSAGE(ids, describe(ids.error_value()));
   }
   auto spread = by_node(**s);
-  MESSAGE("10 single creates of bbt@1: " << spread_text(spread));
-  CHECK(spread.size() == 1);
-  CHECK(spread[cl.coord_name()].size() == 10);
+  MESSAGE("20 single creates of bbt@1: " << spread_text(spread));
+  CHECK(spread[cl.node_name(0)].size() >= 5);
+  CHECK(spread[cl.node_name(1)].size() >= 5);
+  CHECK(spread[cl.coord_name()].size() < spread[cl.node_name(0)].size());
+  CHECK(spread[cl.coord_name()].size() < spread[cl.node_name(1)].size());
 
-  // A workdir layer that only node 1 has (built in its store).
+  // A workdir layer that only node 1 has (built in its store): the
+  // coordinator's store, where the others fetch from, lacks it.
   temp_dir src;
   {
     std::ofstream f(src / "only-here.txt");
@@ -347,19 +417,22 @@ TEST_CASE("locality: creates go to the node that holds the environment's layers"
     return m && std::find(m->last.layers.begin(), m->last.layers.end(), "onlyone@1")
                   != m->last.layers.end();
   }, 30s), "node 1's heartbeat did not report onlyone@1");
+  std::set<std::string> mine;
   for (int i = 0; i < 10; ++i) {
     auto ids = (*s)->create(env_of("onlyone@1"), 1);
     REQUIRE_MESSAGE(ids, describe(ids.error_value()));
     REQUIRE(ids->size() == 1);
+    mine.insert(ids->front());
     auto r = (*s)->exec(ids->front(), cmd({"/bin/cat", "/only-here.txt"}));
     REQUIRE_MESSAGE(r, describe(r.error_value()));
     CHECK(r->out == "node one's layer\n");
   }
   spread = by_node(**s);
   MESSAGE("then 10 of bbt@1 + onlyone@1: " << spread_text(spread));
-  CHECK(spread[cl.node_name(0)].size() == 10);
-  CHECK(spread[cl.coord_name()].size() == 10);
-  CHECK(spread.count(cl.node_name(1)) == 0);
+  size_t on_one = 0;
+  for (const auto& id : spread[cl.node_name(0)])
+    on_one += mine.count(id);
+  CHECK(on_one == 10);
 }
 
 TEST_CASE("kill -9 of a node: its sandboxes are reported lost, new creates land elsewhere, it "
@@ -548,6 +621,116 @@ TEST_CASE("a hung node is lost by its missing heartbeats, then destroys its sand
   auto e = (*s)->exec(there.front(), cmd({"/bin/true"}));
   CHECK_MESSAGE(e, describe(e.error_value()));
   REQUIRE((*s)->close());
+}
+
+TEST_CASE("ps through the coordinator while a node hangs: the others' sandboxes within 3 s each, "
+          "the hung node named; errors in words") {
+  // A long --beat-timeout: the hung node stays a member (not yet lost) while
+  // it is asked.
+  cluster cl(2, {"--beat-timeout", "60s"}, {"--beat-timeout", "60s"});
+  auto s = cl.c->open_session({.quota = 100});
+  REQUIRE(s);
+  auto ids = (*s)->create(env_of(), 30);
+  REQUIRE(ids);
+  auto spread = by_node(**s);
+  auto victim = cl.node_name(1);
+  auto doomed = spread[victim];
+  REQUIRE_MESSAGE(!doomed.empty(), spread_text(spread));
+  REQUIRE(!spread[cl.node_name(0)].empty());
+  cl.nodes[1]->bg.kill(SIGSTOP);
+  struct resume_node {
+    dsecd_proc& p;
+    ~resume_node() { p.bg.kill(SIGCONT); }
+  } resume{*cl.nodes[1]};
+
+  auto all = cl.c->list_all();
+  REQUIRE_MESSAGE(all, describe(all.error_value()));
+  CHECK(all->missing == std::vector<std::string>{victim});
+  std::set<std::string> listed;
+  for (const auto& i : all->sandboxes)
+    listed.insert(i.id);
+  for (const auto& id : spread[cl.node_name(0)])
+    CHECK(listed.count(id) == 1);
+  for (const auto& id : doomed)
+    CHECK(listed.count(id) == 0);
+  // The command line prints the others' rows, names the node, exits 1.
+  auto coord = "127.0.0.1:" + std::to_string(cl.coord->port);
+  auto ps = run_process({suite::get().dsec_bin(), "--connect", coord, "ps"});
+  CHECK_MESSAGE(ps.status == 1, ps.describe());
+  CHECK(ps.out.find(spread[cl.node_name(0)].front()) != std::string::npos);
+  CHECK(ps.out.find(doomed.front()) == std::string::npos);
+  CHECK_MESSAGE(ps.err.find("node " + victim + " did not answer within 3 s")
+                  != std::string::npos, ps.describe());
+  // The session's list: its sandboxes there are rows of "no answer".
+  auto mine = (*s)->list();
+  REQUIRE(mine);
+  size_t silent = 0;
+  for (const auto& i : *mine)
+    if (i.state == "no answer") {
+      ++silent;
+      CHECK(std::find(doomed.begin(), doomed.end(), i.id) != doomed.end());
+    }
+  CHECK(silent == doomed.size());
+  auto sps = run_process({suite::get().dsec_bin(), "--connect", coord, "ps", "--session",
+                          (*s)->id()});
+  CHECK_MESSAGE(sps.status == 1, sps.describe());
+  CHECK(sps.err.find("did not answer within 3 s") != std::string::npos);
+  cl.nodes[1]->bg.kill(SIGCONT);
+  auto back = cl.c->list_all();
+  REQUIRE(back);
+  CHECK(back->missing.empty());
+
+  // A layer no store holds: the nodes' errors name their layer source by its
+  // address, never by CAF's ids.
+  std::vector<error> failures;
+  (void) (*s)->create(env_of("nolayer@1"), 3, {},
+                      [&](const error& e) { failures.push_back(e); });
+  REQUIRE(!failures.empty());
+  bool named = false;
+  for (const auto& e : failures) {
+    CHECK_MESSAGE(!shows_caf_internals(e.message), e.message);
+    named = named || e.message.find("the coordinator " + cl.coord_name()) != std::string::npos;
+  }
+  CHECK_MESSAGE(named, describe(failures.front()));
+  MESSAGE("a create of an unknown layer: " << describe(failures.front()));
+}
+
+TEST_CASE("a hung node whose connection times out first (--client-timeout < --beat-timeout) is "
+          "reported as hung, a killed one as dropped") {
+  cluster cl(2, {"--beat-timeout", "60s", "--client-timeout", "3s"}, {"--beat-timeout", "60s"});
+  auto hung = cl.node_name(1);
+  cl.nodes[1]->bg.kill(SIGSTOP);
+  std::string why;
+  bool lost = eventually([&] {
+    for (const auto& x : cl.members())
+      if (x.name == hung && x.state == "lost") {
+        why = x.why;
+        return true;
+      }
+    return false;
+  }, 60s);
+  cl.nodes[1]->bg.kill(SIGCONT);
+  REQUIRE(lost);
+  MESSAGE("the hung node: " << why);
+  CHECK(why.find("no heartbeat for") != std::string::npos);
+  CHECK(why.find("connection timed out") != std::string::npos);
+  CHECK(why.find("died") == std::string::npos);
+  CHECK(!shows_caf_internals(why));
+  auto killed = cl.node_name(0);
+  cl.nodes[0]->stop(SIGKILL);
+  REQUIRE(eventually([&] {
+    for (const auto& x : cl.members())
+      if (x.name == killed && x.state == "lost") {
+        why = x.why;
+        return true;
+      }
+    return false;
+  }, 60s));
+  MESSAGE("the killed node: " << why);
+  CHECK(why.find("connection dropped (the process died") != std::string::npos);
+  // Restarted on its state dir, it collects what the killed process left.
+  cl.nodes[0] = cl.start_node(0, 0);
+  CHECK(eventually([&] { return cl.up() == 3; }, 60s));
 }
 
 TEST_CASE("the coordinator dies: after the grace period each node destroys its sandboxes; nodes "
@@ -844,6 +1027,7 @@ TEST_CASE("--backend sim: calls in flight get disconnected when the client close
   for (const auto& e : r->errs) {
     CHECK(e.code == errc::disconnected);
     CHECK_MESSAGE(e.message.find("gone") != std::string::npos, describe(e));
+    CHECK_MESSAGE(!shows_caf_internals(e.message), describe(e));
   }
 }
 

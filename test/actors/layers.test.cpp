@@ -130,7 +130,8 @@ struct node_b {
     REQUIRE_MESSAGE(src, "remote_actor: " << caf::to_string(src.error()));
     // A proxy: the messages to it go through the middleman's connection.
     REQUIRE(src->node() != n->sys.node());
-    caf::anon_send(n->d->layer_cache(), source_atom::value, process_key(), *src);
+    caf::anon_send(n->d->layer_cache(), source_atom::value, process_key(), *src,
+                   std::string{"the origin"});
     list(); // processed: the source is set
   }
 
@@ -366,7 +367,8 @@ TEST_CASE("layers: a layer neither here nor at the source is not_found, naming i
     MESSAGE("what the trainer sees: " << describe(r.error_value()));
     CHECK(r.error_value().message.find("layer source") != std::string::npos);
     // Without a source it is the single node's message, as before.
-    caf::anon_send(b.n->d->layer_cache(), source_atom::value, process_key(), layer_store_actor{});
+    caf::anon_send(b.n->d->layer_cache(), source_atom::value, process_key(), layer_store_actor{},
+                   std::string{});
     b.list();
     auto plain = s->create(env("lbase@1", {"lnope2@1"}), 1);
     check_error(plain, errc::not_found, "unknown layer lnope2@1 (see 'dsec layer ls')");
