@@ -189,6 +189,20 @@ struct attacker {
   caf::actor_system sys{ts.cfg};
   std::unique_ptr<client> c;
   caf::actor sched;
+
+  /// A session opened for `trainer`, an actor of the attacker's: its handle
+  /// and id.
+  std::pair<caf::actor, std::string> open_for(const caf::actor& trainer) {
+    std::pair<caf::actor, std::string> out;
+    caf::scoped_actor self{sys};
+    self->request(sched, std::chrono::seconds(30), open_atom::value, session_options{}, trainer)
+      .receive(
+        [&](session_actor& h, std::string& sid) {
+          out = {caf::actor_cast<caf::actor>(h), std::move(sid)};
+        },
+        [&](caf::error& e) { FAIL(describe(from_caf(e))); });
+    return out;
+  }
 };
 
 // ---- CAF's own messages (docs/security.md, "CAF's own messages") ---------------
@@ -516,18 +530,7 @@ TEST_CASE("surfaces: forged session-internal messages (ready, failed, gone, plac
   auto trainer = a.sys.spawn([](caf::event_based_actor*) -> caf::behavior {
     return {[](int32_t) {}};
   });
-  caf::actor owned;
-  std::string owned_id;
-  {
-    caf::scoped_actor self{a.sys};
-    self->request(a.sched, 30s, open_atom::value, session_options{}, trainer)
-      .receive(
-        [&](session_actor& h, std::string& sid) {
-          owned = caf::actor_cast<caf::actor>(h);
-          owned_id = sid;
-        },
-        [&](caf::error& e) { FAIL(describe(from_caf(e))); });
-  }
+  auto [owned, owned_id] = a.open_for(trainer);
   auto refused = refused_of(*a.c);
   tell_raw(owned, caf::down_msg{trainer.address(), caf::exit_reason::kill});
   auto alive = ask_raw<std::vector<sandbox_info>>(a.sys, owned, list_atom::value);
@@ -776,18 +779,7 @@ TEST_CASE("surfaces: a BASP down report for another client's actor (its trainer)
   auto trainer = a.sys.spawn([](caf::event_based_actor*) -> caf::behavior {
     return {[](int32_t) {}};
   });
-  caf::actor owned;
-  std::string owned_id;
-  {
-    caf::scoped_actor self{a.sys};
-    self->request(a.sched, 30s, open_atom::value, session_options{}, trainer)
-      .receive(
-        [&](session_actor& h, std::string& sid) {
-          owned = caf::actor_cast<caf::actor>(h);
-          owned_id = sid;
-        },
-        [&](caf::error& e) { FAIL(describe(from_caf(e))); });
-  }
+  auto [owned, owned_id] = a.open_for(trainer);
   auto before = refused_of(*a.c);
   test_system ts;
   caf::actor_system sys{ts.cfg};
