@@ -781,6 +781,15 @@ expected<void> session::destroy(const std::string& id) {
   return {};
 }
 
+expected<uint64_t> session::set_ttl(const std::string& id, std::chrono::milliseconds ttl) {
+  if (auto e = closed_error())
+    return *e;
+  if (ttl.count() <= 0)
+    return make_error(errc::invalid_argument, "set_ttl " + id + ": the TTL must be positive");
+  return call<uint64_t>(*client_->sys_, handle_, lifetime_atom::value, id,
+                        static_cast<uint64_t>(ttl.count()));
+}
+
 expected<std::vector<sandbox_info>> session::list() {
   if (auto e = closed_error())
     return *e;
@@ -932,6 +941,17 @@ void session::destroy_async(const std::string& id, completion<void> done) {
     return done(*e);
   async_call<bool>(*client_->sys_, client_->identity_, handle_, as_void(std::move(done)),
                    destroy_atom::value, id);
+}
+
+void session::set_ttl_async(const std::string& id, std::chrono::milliseconds ttl,
+                            completion<uint64_t> done) {
+  if (auto e = closed_error())
+    return done(*e);
+  if (ttl.count() <= 0)
+    return done(make_error(errc::invalid_argument,
+                           "set_ttl " + id + ": the TTL must be positive"));
+  async_call<uint64_t>(*client_->sys_, client_->identity_, handle_, std::move(done),
+                       lifetime_atom::value, id, static_cast<uint64_t>(ttl.count()));
 }
 
 void session::list_async(completion<std::vector<sandbox_info>> done) {

@@ -222,6 +222,9 @@ public:
   expected<uint64_t> put(const std::string& id, const std::string& dir, std::string tar);
   expected<std::string> get(const std::string& id, const std::string& path);
   expected<void> destroy(const std::string& id);
+  /// Sets a sandbox's TTL: it is destroyed `ttl` (1 s to 30 days) from now,
+  /// whatever it had before; returns the milliseconds left (as list() shows).
+  expected<uint64_t> set_ttl(const std::string& id, std::chrono::milliseconds ttl);
   expected<std::vector<sandbox_info>> list();
 
   /// Destroys every sandbox of the session and ends it; returns how many.
@@ -266,6 +269,8 @@ public:
   void get_async(const std::string& id, const std::string& path,
                  completion<std::string> done);
   void destroy_async(const std::string& id, completion<void> done);
+  void set_ttl_async(const std::string& id, std::chrono::milliseconds ttl,
+                     completion<uint64_t> done);
   void list_async(completion<std::vector<sandbox_info>> done);
   void close_async(completion<uint32_t> done);
   void answer_async(const std::string& id, const chronus_feedback& fb, completion<void> done);

@@ -78,13 +78,16 @@ using sandbox_actor = caf::typed_actor<
   /// record), else empty once it is durable in the pack file. Sandboxes made
   /// with placement.keep_upper only. No path comes from the message.
   caf::replies_to<pack_atom, internal_key, std::string>::with<internal_key, std::string>,
+  /// Its TTL from now on: it is destroyed `ms` milliseconds from now (as if
+  /// created with that TTL now); replies the milliseconds left.
+  caf::replies_to<lifetime_atom, internal_key, uint64_t>::with<uint64_t>,
   // process surface: from the reactor thread and timers
   caf::reacts_to<event_atom, internal_key>,                  ///< init has something to say
   caf::reacts_to<output_atom, internal_key, uint64_t, uint8_t, std::string,
                  bool>,                                      ///< exec, stream, data, eof
   caf::reacts_to<reaped_atom, internal_key>,                 ///< init's pidfd is readable
   caf::reacts_to<timeout_atom, internal_key, uint64_t>,      ///< a command's deadline
-  caf::reacts_to<ttl_atom, internal_key>>;
+  caf::reacts_to<ttl_atom, internal_key, uint64_t>>;         ///< its TTL ran out (of this setting)
 
 /// One per training run: the trainer's sandboxes, their quota and lifetime.
 using session_actor = caf::typed_actor<
@@ -103,6 +106,9 @@ using session_actor = caf::typed_actor<
   caf::replies_to<put_atom, std::string, std::string, std::string>::with<uint64_t>,
   caf::replies_to<get_atom, std::string, std::string>::with<std::string>,
   caf::replies_to<destroy_atom, std::string>::with<bool>,
+  /// Sets the TTL of one of its sandboxes: destroyed `ms` (1 s to 30 days)
+  /// from now; replies the milliseconds left.
+  caf::replies_to<lifetime_atom, std::string, uint64_t>::with<uint64_t>,
   caf::replies_to<list_atom>::with<std::vector<sandbox_info>>,
   /// Destroys every sandbox of the session and ends it; replies how many.
   caf::replies_to<close_atom>::with<uint32_t>,

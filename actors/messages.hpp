@@ -36,6 +36,7 @@ using event_atom = caf::atom_constant<caf::atom("event")>;
 using reaped_atom = caf::atom_constant<caf::atom("reaped")>;
 using timeout_atom = caf::atom_constant<caf::atom("timeout")>;
 using ttl_atom = caf::atom_constant<caf::atom("ttl")>;
+using lifetime_atom = caf::atom_constant<caf::atom("lifetime")>;
 using signal_atom = caf::atom_constant<caf::atom("signal")>;
 using shutdown_atom = caf::atom_constant<caf::atom("shutdown")>;
 using done_atom = caf::atom_constant<caf::atom("done")>;

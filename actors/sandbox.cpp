@@ -110,6 +110,7 @@ struct sandbox_state {
   uint64_t lease = 0; // of the layer cache
   uint64_t created_ms = 0;
   clock_type::time_point expires;
+  uint64_t ttl_setting = 0; // the TTL timer that counts (lifetime_atom makes a new one)
   std::map<uint64_t, exec_state> execs; // by our exec id
   uint64_t next_exec = 1;
   std::vector<caf::typed_response_promise<bool>> destroy_waiters;
@@ -331,7 +332,7 @@ void on_event(self_ptr self, const container_event& ev) {
       if (s.cfg.env.ttl_ms > 0) {
         s.expires = clock_type::now() + std::chrono::milliseconds(s.cfg.env.ttl_ms);
         self->delayed_send(self, std::chrono::milliseconds(s.cfg.env.ttl_ms), ttl_atom::value,
-                           process_key());
+                           process_key(), s.ttl_setting);
       }
       break;
     }
@@ -897,10 +898,30 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
         (void) s.box->signal(it->second.id, SIGKILL);
       }
     },
-    [=](ttl_atom, const internal_key& k) {
+    [=](lifetime_atom, const internal_key& k, uint64_t ms) -> caf::result<uint64_t> {
+      if (!genuine(k, self->state.cfg.key, "lifetime (sandbox)"))
+        return refuse("lifetime");
+      auto& s = self->state;
+      if (s.ph != phase::ready)
+        return to_caf(make_error(errc::invalid_argument,
+                                 "sandbox " + s.cfg.id + " is "
+                                   + (s.ph == phase::creating ? "still being created"
+                                                              : "being destroyed")
+                                   + ": its TTL can be set once it is ready"));
+      // A new timer; the one before it finds its setting gone and does nothing.
+      ++s.ttl_setting;
+      s.cfg.env.ttl_ms = ms;
+      s.expires = clock_type::now() + std::chrono::milliseconds(ms);
+      self->delayed_send(self, std::chrono::milliseconds(ms), ttl_atom::value, process_key(),
+                         s.ttl_setting);
+      return ms;
+    },
+    [=](ttl_atom, const internal_key& k, uint64_t setting) {
       if (!genuine(k, process_key(), "ttl (sandbox)"))
         return;
       auto& s = self->state;
+      if (setting != s.ttl_setting)
+        return; // a TTL set again since
       s.end_why = "reached its TTL and was destroyed";
       s.end_code = errc::closed;
       self->send(s.cfg.session, ttl_atom::value, s.cfg.key, s.cfg.id); // before its gone_atom

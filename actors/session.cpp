@@ -1511,6 +1511,27 @@ session_actor::behavior_type session_impl(self_ptr self, session_config cfg) {
         [=](const error& e) mutable { rp.deliver(to_caf(e)); });
       return {};
     },
+    [=](lifetime_atom, const std::string& id, uint64_t ms) -> caf::delegated<uint64_t> {
+      constexpr uint64_t min_ms = 1000, max_ms = 30ull * 24 * 3600 * 1000;
+      auto rp = self->make_response_promise<uint64_t>();
+      if (ms < min_ms || ms > max_ms) {
+        rp.deliver(to_caf(make_error(errc::invalid_argument,
+                                     "set_ttl " + id + ": a TTL of " + std::to_string(ms)
+                                       + " ms is out of range (1 s to 30 days)")));
+        return {};
+      }
+      // A sandbox of the log not rebuilt yet has no timer to set: it is
+      // rebuilt first, like for any other call on it.
+      with_sandbox(
+        self, id,
+        [=](sandbox_actor sb) mutable {
+          if (auto l = self->state.labels.find(id); l != self->state.labels.end())
+            l->second.ttl_ms = ms; // said when it runs out
+          forward_to<uint64_t>(self, sb, rp, lifetime_atom::value, ms);
+        },
+        [=](const error& e) mutable { rp.deliver(to_caf(e)); });
+      return {};
+    },
     [=](list_atom) -> caf::result<std::vector<sandbox_info>> { return list_sandboxes(self); },
     [=](watch_atom, const caf::actor& watcher) -> caf::result<uint64_t> {
       auto& s = self->state;

@@ -33,6 +33,8 @@ struct sim_state {
   std::string id;
   uint64_t request = 0;
   uint64_t created_ms = 0;
+  uint64_t ttl_end_ms = 0;  // when its TTL runs out (unix ms), 0: never
+  uint64_t ttl_setting = 0; // the TTL timer that counts (lifetime_atom makes a new one)
   phase ph = phase::creating;
   uint32_t running = 0; // commands waiting for their modelled latency
   uint64_t next_exec = 1;
@@ -60,9 +62,11 @@ void become_ready(self_ptr self) {
   s.created_ms = unix_ms();
   self->send(s.c->session, ready_atom::value, s.c->key, s.id, sandbox_actor{self}, s.request);
   self->send(s.c->node, ready_atom::value, process_key(), s.id);
-  if (s.c->env.ttl_ms > 0)
+  if (s.c->env.ttl_ms > 0) {
+    s.ttl_end_ms = s.created_ms + s.c->env.ttl_ms;
     self->delayed_send(self, std::chrono::milliseconds(s.c->env.ttl_ms), ttl_atom::value,
-                       process_key());
+                       process_key(), s.ttl_setting);
+  }
 }
 
 void finish_destroy(self_ptr self) {
@@ -216,8 +220,8 @@ sandbox_actor::behavior_type sim_impl(self_ptr self, std::shared_ptr<const sim_c
       info.state = phase_name(s);
       info.env = s.c->env;
       info.created_ms = s.created_ms;
-      if (s.c->env.ttl_ms > 0 && s.created_ms != 0) {
-        auto end = s.created_ms + s.c->env.ttl_ms;
+      if (s.ttl_end_ms != 0) {
+        auto end = s.ttl_end_ms;
         auto now = unix_ms();
         info.ttl_left_ms = end > now ? end - now : 0;
       }
@@ -233,8 +237,21 @@ sandbox_actor::behavior_type sim_impl(self_ptr self, std::shared_ptr<const sim_c
       if (genuine(k, process_key(), "reaped (sandbox)") && self->state.ph == phase::destroying)
         finish_destroy(self);
     },
-    [=](ttl_atom, const internal_key& k) {
-      if (genuine(k, process_key(), "ttl (sandbox)"))
+    [=](lifetime_atom, const internal_key& k, uint64_t ms) -> caf::result<uint64_t> {
+      if (!genuine(k, self->state.c->key, "lifetime (sandbox)"))
+        return refuse("lifetime");
+      auto& s = self->state;
+      if (s.ph != phase::ready)
+        return to_caf(make_error(errc::invalid_argument,
+                                 "sandbox " + s.id + " is not ready: its TTL can be set once it is"));
+      ++s.ttl_setting;
+      s.ttl_end_ms = unix_ms() + ms;
+      self->delayed_send(self, std::chrono::milliseconds(ms), ttl_atom::value, process_key(),
+                         s.ttl_setting);
+      return ms;
+    },
+    [=](ttl_atom, const internal_key& k, uint64_t setting) {
+      if (genuine(k, process_key(), "ttl (sandbox)") && setting == self->state.ttl_setting)
         begin_destroy(self);
     },
   };

@@ -1058,6 +1058,19 @@ class Sandbox:
     destroy = close
     destroy_async = close_async
 
+    def set_ttl(self, ttl: Seconds) -> float:
+        """Sets the sandbox's TTL: it is destroyed `ttl` seconds (1 s to 30
+        days) from now, whatever its TTL was; returns the seconds left. Its
+        end then says "reached its TTL" (dsec.Closed) like any TTL's."""
+        left = self.session._s.set_ttl(self.id, _seconds_ms("ttl", ttl))
+        return float(left) / 1000.0
+
+    async def set_ttl_async(self, ttl: Seconds) -> float:
+        fut, done = _future()
+        self.session._s.set_ttl_async(self.id, _seconds_ms("ttl", ttl), done)
+        left = await fut
+        return float(left) / 1000.0
+
     def answer(self, request_id: int, reward: float = 0.0, text: str = "", data: Data = b"",
                done: bool = False) -> None:
         """Answers this sandbox's Chronus feedback request `request_id`."""

@@ -1044,6 +1044,21 @@ void bind_session(py::module_& m) {
            auto s = ps.co().start();
            ps.get()->destroy_async(id, to_python<void>(std::move(done), s.tok, identity{}));
          })
+    .def("set_ttl",
+         [](py_session& ps, const std::string& id, uint64_t ms) {
+           auto out = std::make_shared<outcome<uint64_t>>();
+           {
+             auto s = ps.co().start();
+             ps.get()->set_ttl_async(id, std::chrono::milliseconds(ms), to_outcome(out, s.tok));
+           }
+           return value_or_raise(await_outcome(out));
+         })
+    .def("set_ttl_async",
+         [](py_session& ps, const std::string& id, uint64_t ms, py::object done) {
+           auto s = ps.co().start();
+           ps.get()->set_ttl_async(id, std::chrono::milliseconds(ms),
+                                   to_python<uint64_t>(std::move(done), s.tok, identity{}));
+         })
     .def("list",
          [](py_session& ps) {
            auto out = std::make_shared<outcome<std::vector<sandbox_info>>>();

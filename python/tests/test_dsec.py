@@ -593,6 +593,49 @@ class Conveniences(Base):
     def live_in(self, s):
         return {i.id for i in s.list()}
 
+    def test_set_ttl_extends_and_shortens_a_sandboxs_life(self):
+        with self.c.session(quota=2, ttl=60) as s:
+            # Created to live 1 s, given an hour: the first timer, when it
+            # fires, no longer counts; it is alive well after it.
+            keep = s.create_one("py@1", ttl=1)
+            left = keep.set_ttl(3600)
+            self.assertGreater(left, 3500)
+            self.assertLessEqual(left, 3600)
+            info = {i.id: i for i in s.list()}[keep.id]
+            self.assertGreater(info.ttl_left_ms, 3_500_000)
+            time.sleep(1.5)
+            self.assertEqual(keep.exec("echo alive").stdout, b"alive\n")
+            # Shortened: it goes by itself and says so.
+            short = s.create_one("py@1")
+            self.assertAlmostEqual(short.set_ttl(1), 1.0, delta=0.01)
+            while short.id in self.live_in(s):
+                time.sleep(0.05)
+            with self.assertRaises(dsec.Closed) as cm:
+                short.exec("true")
+            self.assertIn("reached its TTL of 1.0 s", str(cm.exception))
+            # Bad values are named before anything is sent, or by the session.
+            with self.assertRaises(ValueError):
+                keep.set_ttl(0)
+            with self.assertRaises(dsec.InvalidArgument) as cm:
+                keep.set_ttl(0.5)
+            self.assertIn("out of range", str(cm.exception))
+            with self.assertRaises(dsec.InvalidArgument):
+                keep.set_ttl(31 * 24 * 3600)
+            with self.assertRaises(dsec.Closed):
+                short.set_ttl(10)
+            with self.assertRaises(dsec.NotFound):
+                s.sandbox("nosuch000000").set_ttl(10)
+
+    def test_set_ttl_async(self):
+        async def main():
+            async with self.c.session(quota=1, ttl=60) as s:
+                sb = await s.create_one_async("py@1", ttl=1)
+                left = await sb.set_ttl_async(120)
+                self.assertGreater(left, 100)
+                await asyncio.sleep(1.5)
+                self.assertTrue((await sb.exec_async("true")).ok)
+        asyncio.run(main())
+
     def test_create_one_returns_the_sandbox_or_raises(self):
         with self.c.session(quota=2, ttl=120) as s:
             sb = s.create_one("py@1", workdir="task@1", key="episode-1", tags={"task": "17"})
