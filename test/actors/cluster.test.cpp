@@ -10,9 +10,11 @@
 #include <unistd.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <set>
 #include <memory>
@@ -841,6 +843,141 @@ TEST_CASE("tools/cluster up 2 | status | down: joined, usable, then nothing left
   CHECK_MESSAGE(down.status == 0, down.describe());
   CHECK(down.out.find("stopped coordinator") != std::string::npos);
   CHECK(down.out.find("removed " + cdir) != std::string::npos);
+  CHECK(::stat(cdir.c_str(), &st) != 0);
+  check_nothing_left(before);
+}
+
+TEST_CASE("tools/cluster restart: a node killed with kill -9 comes back with its arguments and "
+          "rejoins; a running or stopped one is refused; an unknown name exits 2") {
+  auto before = settled_snapshot();
+  temp_dir dir{"/tmp", "dsec-tools-cluster-restart"};
+  auto cdir = dir / "c";
+  int base = 25000 + static_cast<int>(::getpid() % 20000);
+  spawn_options o;
+  o.kill_after = std::chrono::seconds(180);
+  auto script = env_path("DSEC_CLUSTER_SCRIPT");
+  ::setenv("DSECD", env_path("DSECD_BIN").c_str(), 1);
+  ::setenv("DSEC", suite::get().dsec_bin().c_str(), 1);
+  ::unsetenv("DSEC_TLS");
+  auto up = run_process({script, "up", "2", "--dir", cdir, "--port", std::to_string(base),
+                         "--slots", "50", "--", "--orphan-grace", "30s"},
+                        o);
+  REQUIRE_MESSAGE(up.status == 0, up.describe());
+  auto pid_of = [&](const std::string& name) {
+    std::ifstream f(cdir + "/" + name + "/pid");
+    pid_t pid = 0;
+    f >> pid;
+    return pid;
+  };
+  auto restart = [&](const std::string& name) {
+    return run_process({script, "restart", name, "--dir", cdir}, o);
+  };
+  {
+    auto r = restart("node-1");
+    CHECK(r.status == 1);
+    CHECK_MESSAGE(r.err.find("node-1 (pid " + std::to_string(pid_of("node-1")) + ") is running")
+                    != std::string::npos,
+                  r.describe());
+    r = restart("node-9");
+    CHECK(r.status == 2);
+    CHECK_MESSAGE(r.err.find("known: coordinator, node-1, node-2") != std::string::npos,
+                  r.describe());
+    r = restart("coordinator-2");
+    CHECK(r.status == 2);
+    CHECK(r.err.find("this script starts one coordinator") != std::string::npos);
+    // A stopped (hung) daemon is not dead: refused too, with what to do.
+    pid_t two = pid_of("node-2");
+    REQUIRE(two > 0);
+    REQUIRE(::kill(two, SIGSTOP) == 0);
+    r = restart("node-2");
+    ::kill(two, SIGCONT);
+    CHECK(r.status == 1);
+    CHECK_MESSAGE(r.err.find("is stopped (SIGSTOP)") != std::string::npos, r.describe());
+    CHECK(r.err.find("kill -CONT " + std::to_string(two)) != std::string::npos);
+  }
+  {
+    test_system ts;
+    caf::actor_system sys{ts.cfg};
+    auto c = connect(sys, static_cast<uint16_t>(base));
+    auto victim = "127.0.0.1:" + std::to_string(base + 1);
+    auto state_of = [&](const std::string& name) {
+      auto m = c->cluster();
+      std::string st;
+      if (m)
+        for (const auto& x : *m)
+          if (x.name == name)
+            st = x.state;
+      return st;
+    };
+    auto all_up = [&] {
+      auto m = c->cluster();
+      size_t k = 0;
+      if (m)
+        for (const auto& x : *m)
+          k += x.state == "up";
+      return k == 3;
+    };
+    REQUIRE(eventually(all_up, 60s)); // node-2 may have been lost while it was stopped
+    pid_t old = pid_of("node-1");
+    REQUIRE(old > 0);
+    REQUIRE(::kill(old, SIGKILL) == 0);
+    CHECK(eventually([&] { return state_of(victim) == "lost"; }, 60s));
+    auto r = restart("node-1");
+    REQUIRE_MESSAGE(r.status == 0, r.describe());
+    CHECK(r.out.find("restarted node-1") != std::string::npos);
+    pid_t now = pid_of("node-1");
+    CHECK(now != old);
+    // The same command line, `-- EXTRA` arguments and the cluster key included.
+    std::ifstream f("/proc/" + std::to_string(now) + "/cmdline");
+    std::string line((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    std::replace(line.begin(), line.end(), '\0', ' ');
+    CHECK_MESSAGE(line.find("--listen " + victim) != std::string::npos, line);
+    CHECK(line.find("--state " + cdir + "/node-1/state") != std::string::npos);
+    CHECK(line.find("--cluster-key " + cdir + "/coordinator/state/cluster.key")
+          != std::string::npos);
+    CHECK(line.find("--trajectories " + cdir + "/trajectories") != std::string::npos);
+    CHECK(line.find("--orphan-grace 30s") != std::string::npos);
+    // restart waited until the coordinator lists it up again.
+    CHECK(state_of(victim) == "up");
+    auto status = run_process({script, "status", "--dir", cdir});
+    CHECK(status.out.find("3 nodes up") != std::string::npos);
+    // Once it is back, a create through the coordinator lands there too (a
+    // layer built on the coordinator's store, fetched by the nodes).
+    temp_dir src;
+    REQUIRE(::mkdir((src / "bin").c_str(), 0755) == 0);
+    auto cp = run_process({"/bin/cp", "/bin/busybox", src / "bin/busybox"});
+    REQUIRE(cp.status == 0);
+    auto built = run_process({suite::get().dsec_bin(), "--state", cdir + "/coordinator/state",
+                              "layer", "build", "--kind", "base", "rsbase@1", src.path()});
+    REQUIRE_MESSAGE(built.status == 0, built.describe());
+    environment env;
+    env.base = "rsbase@1";
+    auto s = c->open_session({.quota = 30});
+    REQUIRE(s);
+    auto ids = (*s)->create(env, 30);
+    REQUIRE_MESSAGE(ids, describe(ids.error_value()));
+    auto spread = by_node(**s);
+    REQUIRE_MESSAGE(spread.count(victim) == 1, spread_text(spread));
+    auto e = (*s)->exec(spread[victim].front(), cmd({"/bin/busybox", "true"}));
+    CHECK_MESSAGE(e, describe(e.error_value()));
+    REQUIRE((*s)->close());
+    // Killed and restarted at once (the coordinator may not have noticed yet,
+    // the old process may still be exiting): it comes back all the same.
+    old = now;
+    REQUIRE(::kill(old, SIGKILL) == 0);
+    r = restart("node-1");
+    REQUIRE_MESSAGE(r.status == 0, r.describe());
+    CHECK(pid_of("node-1") != old);
+    CHECK(eventually([&] { return state_of(victim) == "up"; }, 60s));
+    // Now it runs: a second restart is refused.
+    r = restart("node-1");
+    CHECK(r.status == 1);
+    CHECK(r.err.find("is running") != std::string::npos);
+  }
+  auto down = run_process({script, "down", "--dir", cdir}, o);
+  CHECK_MESSAGE(down.status == 0, down.describe());
+  CHECK(down.out.find("stopped node-1") != std::string::npos);
+  struct stat st {};
   CHECK(::stat(cdir.c_str(), &st) != 0);
   check_nothing_left(before);
 }
