@@ -194,13 +194,19 @@ expected<std::string> self_owner() {
   return std::to_string(::getpid()) + '-' + std::to_string(*start);
 }
 
-// True when `pid` runs and started at `start` (it is the same process).
+// True when `pid` runs and started at `start` (it is the same process). A
+// zombie (killed, not reaped yet by its parent) runs no more: its cgroups are
+// garbage already, and a dsecd started right after a kill -9 takes them.
 bool owner_alive(pid_t pid, uint64_t start) {
   std::string stat;
   if (read_all("/proc/" + std::to_string(pid) + "/stat", stat) != 0)
     return false;
   auto s = stat_starttime(stat);
-  return s && *s == start;
+  if (!s || *s != start)
+    return false;
+  auto close = stat.rfind(')'); // "pid (comm) S ...": the state follows the name
+  char state = close != std::string::npos && close + 2 < stat.size() ? stat[close + 2] : '?';
+  return state != 'Z' && state != 'X';
 }
 
 // Owner dirs are shared by all roots of this process (same owner, same paths):

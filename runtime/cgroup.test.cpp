@@ -674,6 +674,40 @@ TEST_CASE("collect_garbage() removes a dead owner's cgroups and nothing else") {
   CHECK(leftovers().empty());
 }
 
+TEST_CASE("collect_garbage() takes a killed owner's cgroups while it is still a zombie") {
+  cleanup_guard guard;
+  {
+    auto root = cgroup_root::detect();
+    REQUIRE(root);
+    // A child that has ended but that we have not reaped: what a dsecd killed
+    // with -9 is until its parent reaps it.
+    pid_t z = ::fork();
+    REQUIRE(z >= 0);
+    if (z == 0)
+      ::_exit(0);
+    std::string stat;
+    for (int i = 0; i < 2000; ++i) { // until it shows as a zombie (a bound against a hang)
+      std::ifstream in("/proc/" + std::to_string(z) + "/stat");
+      std::getline(in, stat);
+      if (stat.find(") Z ") != std::string::npos)
+        break;
+      ::usleep(1000);
+    }
+    REQUIRE_MESSAGE(stat.find(") Z ") != std::string::npos, stat);
+    auto dead = own_v1("pids") + "/dsec/" + owner_of(z);
+    dir_guard dirs{{dead, dead + "/pool-1"}};
+    for (auto& d : dirs.dirs)
+      REQUIRE_MESSAGE(::mkdir(d.c_str(), 0755) == 0, d, ": ", std::strerror(errno));
+    auto removed = root->collect_garbage();
+    REQUIRE_MESSAGE(removed, removed.error_value().to_string());
+    CHECK(std::find(removed->begin(), removed->end(), dead) != removed->end());
+    CHECK_FALSE(exists(dead));
+    int status = 0;
+    CHECK(::waitpid(z, &status, 0) == z);
+  }
+  CHECK(leftovers().empty());
+}
+
 TEST_CASE("open(): a controller that v2 lists but cannot enable falls back to v1") {
   cleanup_guard guard;
   {
