@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "runtime/hex.hpp"
 #include "runtime/fd.hpp"
 #include "runtime/sys.hpp"
 
@@ -35,16 +36,6 @@ uint64_t random_word() {
     got += static_cast<size_t>(n);
   }
   return x;
-}
-
-int hex_value(char c) {
-  if (c >= '0' && c <= '9')
-    return c - '0';
-  if (c >= 'a' && c <= 'f')
-    return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F')
-    return c - 'A' + 10;
-  return -1;
 }
 
 void note_refusal(const char* what, bool keyed) {

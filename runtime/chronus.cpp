@@ -16,6 +16,7 @@
 #include <kj/exception.h>
 
 #include "capnp/chronus.capnp.h"
+#include "runtime/hex.hpp"
 
 namespace dsec {
 
@@ -423,18 +424,9 @@ expected<chronus_token> chronus_token::from_hex(std::string_view hex) {
   if (hex.size() != 2 * chronus_token_size)
     return make_error(errc::invalid_argument,
                       "a Chronus token is 64 hex characters, not " + std::to_string(hex.size()));
-  auto nibble = [](char c) -> int {
-    if (c >= '0' && c <= '9')
-      return c - '0';
-    if (c >= 'a' && c <= 'f')
-      return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-      return c - 'A' + 10;
-    return -1;
-  };
   std::array<std::byte, chronus_token_size> b;
   for (size_t i = 0; i < b.size(); ++i) {
-    int hi = nibble(hex[2 * i]), lo = nibble(hex[2 * i + 1]);
+    int hi = hex_value(hex[2 * i]), lo = hex_value(hex[2 * i + 1]);
     if (hi < 0 || lo < 0)
       return make_error(errc::invalid_argument,
                         "a Chronus token has a character that is not hex at offset " +

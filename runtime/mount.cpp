@@ -39,16 +39,22 @@ expected<layer_mount> layer_mount::open(const std::string& image, int userns_fd)
   return m;
 }
 
-expected<upper_layer> make_upper(uint64_t size_bytes, uint32_t owner) {
+// A tmpfs being configured (fsopen), of at most `size_bytes` (0: tmpfs's default).
+static expected<unique_fd> open_tmpfs(uint64_t size_bytes) {
   unique_fd fs{sys::fsopen("tmpfs", FSOPEN_CLOEXEC)};
   if (!fs)
     return sys_error("fsopen(tmpfs)");
-  char buf[32];
   if (size_bytes > 0) {
+    char buf[32];
     std::snprintf(buf, sizeof buf, "%llu", static_cast<unsigned long long>(size_bytes));
     if (sys::fsconfig(fs.get(), FSCONFIG_SET_STRING, "size", buf, 0) < 0)
       return sys::fs_error(fs.get(), "tmpfs size", buf);
   }
+  return fs;
+}
+
+expected<upper_layer> make_upper(uint64_t size_bytes, uint32_t owner) {
+  DSEC_TRY(fs, open_tmpfs(size_bytes));
   if (sys::fsconfig(fs.get(), FSCONFIG_SET_STRING, "mode", "0755", 0) < 0
       || sys::fsconfig(fs.get(), FSCONFIG_CMD_CREATE, nullptr, nullptr, 0) < 0)
     return sys::fs_error(fs.get(), "creating the upper tmpfs", "");
@@ -152,15 +158,8 @@ expected<unique_fd> make_lower_view(std::span<const int> lowers) {
 }
 
 expected<unique_fd> make_scratch_tmpfs(uint64_t size_bytes, uint32_t owner) {
-  unique_fd fs{sys::fsopen("tmpfs", FSOPEN_CLOEXEC)};
-  if (!fs)
-    return sys_error("fsopen(tmpfs)");
+  DSEC_TRY(fs, open_tmpfs(size_bytes));
   char buf[32];
-  if (size_bytes > 0) {
-    std::snprintf(buf, sizeof buf, "%llu", static_cast<unsigned long long>(size_bytes));
-    if (sys::fsconfig(fs.get(), FSCONFIG_SET_STRING, "size", buf, 0) < 0)
-      return sys::fs_error(fs.get(), "tmpfs size", buf);
-  }
   std::snprintf(buf, sizeof buf, "%u", owner);
   if (sys::fsconfig(fs.get(), FSCONFIG_SET_STRING, "mode", "1777", 0) < 0
       || sys::fsconfig(fs.get(), FSCONFIG_SET_STRING, "uid", buf, 0) < 0

@@ -120,6 +120,13 @@ void host_untar(const std::string& tar, const std::string& dir) {
   REQUIRE_MESSAGE(r.status == 0, "host untar: " << r.describe());
 }
 
+std::string self_exe() {
+  char buf[4096];
+  auto n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
+  REQUIRE(n > 0);
+  return std::string(buf, static_cast<size_t>(n));
+}
+
 std::string describe(const error& e) {
   return std::string{to_string(e.code)} + ": " + e.to_string();
 }

@@ -78,6 +78,10 @@ void host_untar(const std::string& tar, const std::string& dir);
 /// "code: message" for failure messages.
 std::string describe(const error& e);
 
+/// The path of the running test binary (for tests that start it again in
+/// another mode, e.g. as a trainer or an intruder).
+std::string self_exe();
+
 /// A dsecd process started by a test ($DSECD_BIN --listen 127.0.0.1:0 --state
 /// actor_layers()). Unless the test stopped it, the destructor ends it with
 /// SIGTERM (every sandbox destroyed) and waits; the background's safety net

@@ -19,13 +19,6 @@ using namespace dsec::test;
 
 namespace {
 
-std::string self_exe() {
-  char buf[4096];
-  auto n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
-  REQUIRE(n > 0);
-  return std::string(buf, static_cast<size_t>(n));
-}
-
 // The intruder's output (dsecd_main.cpp, --intruder) as uid:gid.
 std::string intrude(uint16_t port, uid_t uid, gid_t gid) {
   auto r = run_process({self_exe(), "--intruder", std::to_string(port), std::to_string(uid),

@@ -42,13 +42,6 @@ std::vector<std::string> make(session& s, const environment& env, uint32_t count
   return std::move(*ids);
 }
 
-std::string self_exe() {
-  char buf[4096];
-  auto n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
-  REQUIRE(n > 0);
-  return std::string(buf, static_cast<size_t>(n));
-}
-
 // The ids a trainer process printed ("id X" lines).
 std::vector<std::string> trainer_ids(const std::string& out) {
   std::vector<std::string> ids;
