@@ -66,14 +66,28 @@ void cluster_map::full(uint32_t id) {
     n->placed = n->slots;
 }
 
+void cluster_map::offers(uint32_t id, std::vector<std::string> backends) {
+  if (auto* n = find(id))
+    n->backends = std::move(backends);
+}
+
+bool cluster_map::offered(const std::string& backend) const {
+  for (const auto& [id, n] : nodes_)
+    if (n.offers(backend))
+      return true;
+  return false;
+}
+
 cluster_node* cluster_map::find(uint32_t id) {
   auto it = nodes_.find(id);
   return it == nodes_.end() ? nullptr : &it->second;
 }
 
 cluster_map::batch cluster_map::make_batch(const std::string& base, const std::string& workdir,
-                                           const std::vector<std::string>& tools) {
+                                           const std::vector<std::string>& tools,
+                                           std::string backend) {
   batch b;
+  b.backend = std::move(backend);
   b.refs.push_back(base);
   if (!workdir.empty())
     b.refs.push_back(workdir);
@@ -88,6 +102,8 @@ uint32_t cluster_map::piece_size(uint32_t count) const {
 }
 
 bool cluster_map::can_run(const cluster_node& n, const batch& b) const {
+  if (!n.offers(b.backend))
+    return false;
   if (!source_)
     return true;
   auto src = nodes_.find(source_);

@@ -52,6 +52,17 @@ struct cluster_node {
   /// The coordinator's own node: its store is where the others fetch
   /// layers from; among equals it is chosen last.
   bool fill_last = false;
+  /// The backends it offers (actors/backend.hpp): a sandbox goes only to a
+  /// node that offers its environment's backend. Until its first report
+  /// says otherwise, a node offers "container".
+  std::vector<std::string> backends{"container"};
+
+  [[nodiscard]] bool offers(const std::string& backend) const {
+    for (const auto& b : backends)
+      if (b == backend)
+        return true;
+    return false;
+  }
 
   [[nodiscard]] uint32_t free() const {
     uint64_t used = uint64_t{live} + placed;
@@ -77,6 +88,10 @@ public:
   void placed(uint32_t id, uint32_t n, const std::vector<std::string>& refs);
   /// Marks a node as full until its next report (it refused sandboxes).
   void full(uint32_t id);
+  /// The backends node `id` offers (from its join and its reports).
+  void offers(uint32_t id, std::vector<std::string> backends);
+  /// Whether any node up offers `backend`.
+  [[nodiscard]] bool offered(const std::string& backend) const;
 
   [[nodiscard]] cluster_node* find(uint32_t id);
   [[nodiscard]] size_t size() const { return up_.size(); }
@@ -86,10 +101,12 @@ public:
   struct batch {
     std::vector<std::string> refs; ///< the environment's layers
     std::string key;               ///< its most specific layer
+    std::string backend = "container"; ///< only nodes offering it are picked
     std::unordered_map<uint32_t, uint32_t> pieces;
   };
   static batch make_batch(const std::string& base, const std::string& workdir,
-                          const std::vector<std::string>& tools);
+                          const std::vector<std::string>& tools,
+                          std::string backend = "container");
 
   /// The size of each piece of a batch of `count`.
   [[nodiscard]] uint32_t piece_size(uint32_t count) const;
@@ -108,7 +125,8 @@ public:
   static constexpr double fill_last_penalty = 0.05;
 
 private:
-  /// Whether node `n` holds, or can fetch from the source, every layer of `b`.
+  /// Whether node `n` offers the backend of `b` and holds, or can fetch from
+  /// the source, every layer of it.
   bool can_run(const cluster_node& n, const batch& b) const;
   double score(const cluster_node& n, const batch& b) const;
   void index_layers(cluster_node& n, const std::vector<std::string>& layers);

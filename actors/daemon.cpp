@@ -96,6 +96,10 @@ expected<std::unique_ptr<daemon>> daemon::start(caf::actor_system& sys,
   nc.name = opts.name;
   nc.slots = opts.slots;
   nc.oversubscribe = opts.oversubscribe;
+  nc.memory = static_cast<uint64_t>(
+    static_cast<double>(opts.node_memory ? *opts.node_memory
+                                         : machine_resources::probe().memory_bytes)
+    * opts.oversubscribe);
   nc.max_starting = 4 * std::max(1u, opts.spawners);
   nc.cache = d->cache_;
   nc.eng = d->engine_.get();

@@ -27,6 +27,10 @@ struct daemon_options {
   std::string state_dir;          ///< the layer store
   uint32_t slots = 3200;
   double oversubscribe = 1.0;
+  /// The memory its sandboxes may ask for in all is this x oversubscribe
+  /// (node_config::memory); nullopt: the machine's (machine_resources), 0:
+  /// no memory admission (slots only).
+  std::optional<uint64_t> node_memory;
   uint64_t cache_bytes = 0;       ///< layer cache budget; 0: unlimited
   unsigned spawners = 2;
   unsigned netns_prewarm = 8;

@@ -137,12 +137,10 @@ struct layer_cache_state {
       it = refs.find(text);
     }
     auto& e = it->second;
-    if (e.kind != want) {
+    if (auto k = check_layer_kind(slot, text, e.kind, want); !k) {
       if (e.users == 0)
         e.lease.reset();
-      return dsec::make_error(errc::wrong_kind, std::string{slot} + " " + text + " is a "
-                                                  + to_string(e.kind) + " layer, not a "
-                                                  + to_string(want) + " layer");
+      return std::move(k).error_value();
     }
     ++e.users;
     return &e;
@@ -203,13 +201,6 @@ struct layer_cache_state {
     }
     if (env.base.empty())
       return dsec::make_error(errc::invalid_argument, "an environment needs a base layer");
-    // Topmost first: the last tool, ..., the first tool, the workdir, the base.
-    std::vector<std::pair<std::string, std::pair<layer_kind, const char*>>> wanted;
-    for (auto it = env.tools.rbegin(); it != env.tools.rend(); ++it)
-      wanted.push_back({*it, {layer_kind::tool, "tool"}});
-    if (!env.workdir.empty())
-      wanted.push_back({env.workdir, {layer_kind::workdir, "workdir"}});
-    wanted.push_back({env.base, {layer_kind::base, "base"}});
     lease_entry le;
     layer_set out;
     out.fds.push_back(system->dir_fd());
@@ -219,8 +210,9 @@ struct layer_cache_state {
       for (auto& r : le.refs)
         drop_ref(r);
     };
-    for (auto& [text, slot] : wanted) {
-      auto e = use_ref(text, slot.first, slot.second);
+    for (const auto& sl : env.layer_slots()) { // topmost first
+      std::string text{sl.ref};
+      auto e = use_ref(text, sl.kind, sl.slot);
       if (!e) {
         undo();
         return std::move(e).error_value();

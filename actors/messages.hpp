@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "runtime/environment.hpp"
+
 namespace dsec {
 
 // ---- atoms (CAF 0.17: at most 10 characters) ---------------------------------
@@ -60,24 +62,8 @@ using source_atom = caf::atom_constant<caf::atom("source")>;
 
 // ---- what a sandbox is made of --------------------------------------------------
 
-/// An environment: the layers and limits of a sandbox. The value trainers send.
-struct environment {
-  std::string base;               ///< NAME@VERSION of a base layer (required)
-  std::string workdir;            ///< NAME@VERSION of a workdir layer, or empty
-  std::vector<std::string> tools; ///< NAME@VERSION of tool layers, the last on top
-  uint64_t memory = 0;            ///< bytes; 0: the node's default (node_stats)
-  uint64_t pids = 0;              ///< most processes; 0: the node's default
-  double cpus = 0;                ///< CPU bandwidth; 0: no limit
-  uint64_t disk = 0;              ///< size of the writable layer; 0: the node's default
-  bool net = false;               ///< a private network with loopback up
-  uint64_t ttl_ms = 0;            ///< lifetime; 0: the session's default
-  std::string backend = "container"; ///< only "container" so far
-  /// Chronus (docs/chronus.md): trusted commands that report to the session over
-  /// a channel of their own, kept apart from the agent's commands; dsec's
-  /// `chronus` at /.dsec/bin; pristine commands; /run/chronus.sock
-  bool chronus = false;
-};
-
+/// An environment (runtime/environment.hpp): the one spec of a sandbox, the
+/// value trainers send.
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, environment& x) {
   return f(caf::meta::type_name("dsec.environment"), x.base, x.workdir, x.tools, x.memory,
@@ -268,6 +254,20 @@ typename Inspector::result_type inspect(Inspector& f, sandbox_info& x) {
            x.created_ms, x.ttl_left_ms, x.running, x.node, x.key, x.tags);
 }
 
+/// A backend a node offers (actors/backend.hpp) and its capacity: sandboxes
+/// of that backend it admits at most, and has now. Backends share the node's
+/// slots, so each one's `slots` is the node's admission limit.
+struct backend_offer {
+  std::string name; ///< environment::backend
+  uint32_t slots = 0;
+  uint32_t live = 0;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, backend_offer& x) {
+  return f(caf::meta::type_name("dsec.backend_offer"), x.name, x.slots, x.live);
+}
+
 struct node_stats {
   std::string node;          ///< its name (host:port or "embedded")
   uint32_t slots = 0;        ///< admission limit (after oversubscription)
@@ -309,6 +309,12 @@ struct node_stats {
   // Sandbox cgroups since start: taken from the node's pool, made for it
   uint64_t cgroups_reused = 0;
   uint64_t cgroups_made = 0;
+  /// The backends it offers, each with its capacity.
+  std::vector<backend_offer> backends;
+  /// Memory admission (actors/node.hpp node_config::memory): the bound, 0
+  /// for none, and what the live sandboxes count against it.
+  uint64_t memory_capacity = 0;
+  uint64_t memory_admitted = 0;
 };
 
 template <class Inspector>
@@ -320,7 +326,7 @@ typename Inspector::result_type inspect(Inspector& f, node_stats& x) {
            x.chronus_unauthenticated, x.chronus_invalid, x.chronus_flooding,
            x.chronus_refused_connections, x.refused_clients, x.refused_internal,
            x.default_memory, x.default_pids, x.default_disk, x.cgroups_reused,
-           x.cgroups_made);
+           x.cgroups_made, x.backends, x.memory_capacity, x.memory_admitted);
 }
 
 /// The layers of one sandbox, mounted by the node's layer_cache: directory fds
@@ -369,13 +375,16 @@ struct node_report {
   std::vector<std::string> layers;
   uint64_t fetched_layers = 0; ///< layers fetched from peers since start
   uint64_t fetched_bytes = 0;
+  /// The backends it offers (actors/backend.hpp); the scheduler places a
+  /// sandbox only where its backend is offered.
+  std::vector<backend_offer> backends;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, node_report& x) {
   return f(caf::meta::type_name("dsec.node_report"), x.name, x.slots, x.live, x.creating,
            x.created, x.failed, x.destroyed, x.layers_sent, x.layers, x.fetched_layers,
-           x.fetched_bytes);
+           x.fetched_bytes, x.backends);
 }
 
 /// One node as `dsec cluster status` shows it.

@@ -8,13 +8,17 @@
 #include <sys/random.h>
 
 #include <deque>
+#include <map>
+#include <optional>
 #include <memory>
 #include <unordered_map>
 
+#include "actors/backend.hpp"
 #include "actors/sandbox.hpp"
 #include "actors/types.hpp"
 #include "runtime/engine.hpp"
 #include "runtime/container.hpp"
+#include "runtime/units.hpp"
 
 namespace dsec {
 
@@ -31,13 +35,17 @@ struct node_state {
     uint64_t memory = 0; // modelled (a sim node's)
   };
   std::unordered_map<std::string, entry> live;
+  // The backends it offers (actors/backend.hpp), by name. A simulated node
+  // has none: it models the container backend itself (sim_sandbox).
+  std::map<std::string, std::unique_ptr<backend>, std::less<>> backends;
   // Admitted sandboxes wait here for their turn: creating a few at a time lets
   // the first of a big batch be ready at once instead of all at the end.
   std::deque<sandbox_config> queued;
   uint32_t starting = 0;
   uint32_t creating = 0;
   uint64_t created = 0, failed = 0, destroyed = 0;
-  uint64_t sim_memory = 0; // modelled bytes of the live sandboxes (a sim node)
+  // Memory admitted: the charges (charge_of) of the live sandboxes.
+  uint64_t memory_admitted = 0;
   uint64_t sim_rng = 0;    // a sim node's ids: splitmix64, seeded once
 
   std::vector<caf::typed_response_promise<uint32_t>> shutdown_waiters;
@@ -58,7 +66,8 @@ void pump(self_ptr self) {
     auto it = s.live.find(sc.id);
     if (it == s.live.end())
       continue; // shut down meanwhile
-    it->second.handle = spawn_sandbox(self->system(), std::move(sc));
+    auto& b = *s.backends.at(sc.env.backend); // checked at admission
+    it->second.handle = b.spawn(self->system(), std::move(sc));
     ++s.starting;
   }
 }
@@ -82,6 +91,46 @@ std::string sim_id(node_state& s) {
   }
 }
 
+// The memory a node admits sandboxes up to (node_config::memory): a
+// simulated node's model, else the configured capacity; 0: no such bound.
+uint64_t memory_capacity(const node_state& s) {
+  return s.cfg.sim ? s.cfg.sim->node_memory : s.cfg.memory;
+}
+
+// What one sandbox of `env` counts against that: the memory it asks for, else
+// (a sandbox that takes the node's default limit) the node's memory per slot,
+// so that sandboxes of the default size fill the slots before the memory.
+uint64_t charge_of(const node_state& s, const environment& env) {
+  if (env.memory)
+    return env.memory;
+  if (s.cfg.sim)
+    return s.cfg.sim->memory;
+  return s.admit_limit ? s.cfg.memory / s.admit_limit : 0;
+}
+
+// The backends it offers with their capacity (node_stats, node_report).
+std::vector<backend_offer> offers(const node_state& s) {
+  std::vector<backend_offer> out;
+  auto live = static_cast<uint32_t>(s.live.size());
+  if (s.cfg.sim)
+    out.push_back({std::string{backend_container}, s.admit_limit, live});
+  for (const auto& [name, b] : s.backends)
+    out.push_back({name, s.admit_limit, live});
+  return out;
+}
+
+// Whether it offers `name`; else the error naming the ones it does.
+std::optional<error> check_backend(const node_state& s, const std::string& name) {
+  if (s.cfg.sim ? name == backend_container : s.backends.count(name) > 0)
+    return std::nullopt;
+  std::string have;
+  for (const auto& o : offers(s))
+    have += (have.empty() ? "" : ", ") + o.name;
+  return make_error(errc::unsupported, "node " + s.cfg.name + " offers no backend '" + name
+                                         + "' (it offers: " + (have.empty() ? "none" : have)
+                                         + ")");
+}
+
 void check_shutdown(self_ptr self) {
   auto& s = self->state;
   if (s.live.empty()) {
@@ -101,6 +150,10 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
   auto& st = self->state;
   st.admit_limit = static_cast<uint32_t>(static_cast<double>(st.cfg.slots)
                                          * std::max(0.0, st.cfg.oversubscribe));
+  if (!st.cfg.sim) {
+    auto c = make_container_backend();
+    st.backends.emplace(std::string{c->name()}, std::move(c));
+  }
   return {
     [=](spawn_atom, const internal_key& k, const environment& env, uint32_t count,
         const session_actor& session, const placement& pl) -> caf::result<internal_key, uint32_t> {
@@ -119,6 +172,8 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
           return to_caf(v.error_value());
       if (!session)
         return to_caf(make_error(errc::invalid_argument, "spawn: no session given"));
+      if (auto e = check_backend(s, env.backend))
+        return to_caf(*e);
       if (!pl.id.empty()) {
         // A sandbox rebuilt under its old id (a resumed session).
         if (count != 1)
@@ -133,14 +188,15 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
       uint32_t room = s.shutting_down || s.live.size() >= s.admit_limit
                         ? 0
                         : s.admit_limit - static_cast<uint32_t>(s.live.size());
-      if (s.cfg.sim && s.cfg.sim->node_memory > 0) {
-        // The modelled memory: a node admits what fits.
-        uint64_t each = env.memory ? env.memory : s.cfg.sim->memory;
-        if (each > 0) {
-          uint64_t used = s.sim_memory;
-          uint64_t fit = used >= s.cfg.sim->node_memory ? 0
-                                                        : (s.cfg.sim->node_memory - used) / each;
-          room = static_cast<uint32_t>(std::min<uint64_t>(room, fit));
+      // Memory: a node admits what its memory capacity holds (actors/node.hpp).
+      uint64_t each = charge_of(s, env);
+      uint64_t capacity = memory_capacity(s);
+      bool memory_bound = false;
+      if (capacity > 0 && each > 0) {
+        uint64_t fit = s.memory_admitted >= capacity ? 0 : (capacity - s.memory_admitted) / each;
+        if (fit < room) {
+          room = static_cast<uint32_t>(fit);
+          memory_bound = true;
         }
       }
       uint32_t admitted = std::min(count, room);
@@ -156,13 +212,12 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
         c->node_name = s.cfg.name;
         c->model = *s.cfg.sim;
         c->key = s.cfg.key;
-        uint64_t each = env.memory ? env.memory : s.cfg.sim->memory;
         std::shared_ptr<const sim_common> shared = std::move(c);
         for (uint32_t i = 0; i < admitted; ++i) {
           auto id = pl.id.empty() ? sim_id(s) : pl.id;
           auto h = spawn_sim_sandbox(self->system(), shared, id, request);
           s.live.emplace(std::move(id), node_state::entry{std::move(h), false, each});
-          s.sim_memory += each;
+          s.memory_admitted += each;
           ++s.creating;
           ++s.starting;
         }
@@ -175,12 +230,7 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
         if (sc.env.ttl_ms == 0)
           sc.env.ttl_ms = pl.ttl_ms;
         // Every sandbox has limits: the node's defaults where it asks for none.
-        if (sc.env.memory == 0)
-          sc.env.memory = s.cfg.defaults.memory_bytes.value_or(0);
-        if (sc.env.pids == 0)
-          sc.env.pids = s.cfg.defaults.pids.value_or(0);
-        if (sc.env.disk == 0)
-          sc.env.disk = s.cfg.defaults.disk_bytes;
+        s.cfg.defaults.apply(sc.env);
         sc.session = session;
         sc.request = request;
         sc.node = self;
@@ -192,24 +242,31 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
         sc.seed_manifest = pl.seed_manifest;
         sc.trajectories = s.cfg.trajectories;
         sc.key = s.cfg.key;
-        s.live.emplace(sc.id, node_state::entry{});
+        s.live.emplace(sc.id, node_state::entry{{}, false, each});
+        s.memory_admitted += each;
         s.queued.push_back(std::move(sc));
         ++s.creating;
       }
       pump(self);
       if (!pl.report_refusals)
         return {s.cfg.key, admitted}; // the cluster's scheduler places them elsewhere
-      // Every sandbox asked for gets an answer; the ones without a slot now.
-      for (uint32_t i = admitted; i < count; ++i)
-        self->send(session, failed_atom::value, s.cfg.key,
-                   to_caf(make_error(errc::overloaded,
-                                     s.shutting_down
-                                       ? "node " + s.cfg.name + " is shutting down"
-                                       : "node " + s.cfg.name + " is full: "
-                                           + std::to_string(s.live.size()) + " of "
-                                           + std::to_string(s.admit_limit)
-                                           + " slots in use")),
-                   request);
+      // Every sandbox asked for gets an answer; the ones without room now,
+      // naming the resource that ran out.
+      if (admitted < count) {
+        std::string why;
+        if (s.shutting_down)
+          why = "node " + s.cfg.name + " is shutting down";
+        else if (memory_bound)
+          why = "node " + s.cfg.name + " is full: memory: " + format_size(s.memory_admitted)
+                + " of " + format_size(capacity) + " admitted, a sandbox takes "
+                + format_size(each);
+        else
+          why = "node " + s.cfg.name + " is full: " + std::to_string(s.live.size()) + " of "
+                + std::to_string(s.admit_limit) + " slots in use";
+        auto e = to_caf(make_error(errc::overloaded, why));
+        for (uint32_t i = admitted; i < count; ++i)
+          self->send(session, failed_atom::value, s.cfg.key, e, request);
+      }
       s.failed += count - admitted;
       return {s.cfg.key, admitted};
     },
@@ -266,6 +323,9 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
       ns.default_memory = s.cfg.defaults.memory_bytes.value_or(0);
       ns.default_pids = s.cfg.defaults.pids.value_or(0);
       ns.default_disk = s.cfg.defaults.disk_bytes;
+      ns.backends = offers(s);
+      ns.memory_capacity = memory_capacity(s);
+      ns.memory_admitted = s.memory_admitted;
       if (s.cfg.eng) {
         auto pool = s.cfg.eng->cgroup_pool_stats();
         ns.cgroups_reused = pool.reused;
@@ -322,7 +382,7 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
         --s.creating;
         --s.starting;
       }
-      s.sim_memory -= it->second.memory;
+      s.memory_admitted -= it->second.memory;
       s.live.erase(it);
       pump(self);
       if (was_created)

@@ -21,6 +21,13 @@ struct node_config {
   std::string name = "embedded";
   uint32_t slots = 3200;       ///< sandboxes the machine is sized for
   double oversubscribe = 1.0;  ///< admit up to slots * oversubscribe
+  /// Memory admission: the sandboxes a node admits ask for this many bytes
+  /// at most in all (dsecd: the machine's memory x oversubscribe); 0: no
+  /// such bound. A sandbox counts with its environment's memory, or, when
+  /// it takes the default limit, with memory / (slots x oversubscribe): the
+  /// default-sized fill the slots first, large ones the memory. A simulated
+  /// node uses its model instead (sim_model::node_memory, ::memory).
+  uint64_t memory = 0;
   uint32_t max_starting = 8;   ///< sandboxes being created at once; more wait
   layer_cache_actor cache;
   engine* eng = nullptr;

@@ -21,8 +21,10 @@
 #include <memory>
 #include <optional>
 
+#include "actors/backend.hpp"
 #include "actors/trajectory.hpp"
 #include "actors/types.hpp"
+#include "runtime/builder.hpp"
 #include "runtime/container.hpp"
 #include "runtime/pack.hpp"
 #include "runtime/engine.hpp"
@@ -614,37 +616,21 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
           finish_destroy(self);
           return;
         }
-        container_options o;
-        o.id = s.cfg.id;
-        o.net = s.cfg.env.net;
-        o.chronus = s.cfg.env.chronus;
-        o.disk_bytes = s.cfg.env.disk;
-        o.keep_upper = s.cfg.keep_upper;
+        build_extras x;
+        x.id = s.cfg.id;
+        x.keep_upper = s.cfg.keep_upper;
         if (!s.cfg.seed_pack.empty() || !s.cfg.seed_manifest.empty()) {
           auto dir = session_data(s.cfg);
           if (!dir)
             return fail_creation(self, std::move(dir).error_value().in_step("restore_pack"));
           if (!s.cfg.seed_pack.empty())
-            o.seed_pack = *dir + "/packs/" + s.cfg.seed_pack;
-          o.seed_manifest = s.cfg.seed_manifest;
-          o.seed_blobs = *dir + "/blobs";
+            x.seed_pack = *dir + "/packs/" + s.cfg.seed_pack;
+          x.seed_manifest = s.cfg.seed_manifest;
+          x.seed_blobs = *dir + "/blobs";
         }
-        if (s.cfg.env.memory)
-          o.lim.memory_bytes = s.cfg.env.memory;
-        if (s.cfg.env.pids)
-          o.lim.pids = s.cfg.env.pids;
-        if (s.cfg.env.cpus > 0)
-          o.lim.cpus = s.cfg.env.cpus;
-        const cgroup_root* cg = nullptr;
-        if (o.lim.any()) {
-          if (auto v = o.lim.validate(); !v)
-            return fail_creation(self, v.error_value());
-          auto root = s.cfg.eng->cgroups();
-          if (!root)
-            return fail_creation(self, std::move(root).error_value().in_step("make_cgroup"));
-          cg = *root;
-        }
-        auto box = container::start(s.cfg.eng->pick(), ls.fds, o, cg);
+        auto* eng = s.cfg.eng;
+        auto box = build_sandbox(eng->pick(), s.cfg.env, ls.fds, std::move(x),
+                                 [eng] { return eng->cgroups(); }, build_until::started);
         if (!box)
           return fail_creation(self, box.error_value());
         s.box = std::move(*box);
@@ -934,6 +920,22 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
 
 sandbox_actor spawn_sandbox(caf::actor_system& sys, sandbox_config cfg) {
   return sys.spawn(sandbox_impl, std::move(cfg));
+}
+
+namespace {
+
+class container_backend final : public backend {
+public:
+  [[nodiscard]] std::string_view name() const override { return backend_container; }
+  sandbox_actor spawn(caf::actor_system& sys, sandbox_config cfg) override {
+    return spawn_sandbox(sys, std::move(cfg));
+  }
+};
+
+} // namespace
+
+std::unique_ptr<backend> make_container_backend() {
+  return std::make_unique<container_backend>();
 }
 
 } // namespace dsec

@@ -64,6 +64,15 @@ uint64_t unix_ms() {
                                  .count());
 }
 
+// The names of the backends a node's report offers.
+std::vector<std::string> offer_names(const node_report& rep) {
+  std::vector<std::string> out;
+  out.reserve(rep.backends.size());
+  for (const auto& b : rep.backends)
+    out.push_back(b.name);
+  return out;
+}
+
 caf::error not_coordinator(self_ptr self) {
   return to_caf(make_error(errc::unsupported,
                            "dsecd " + self->state.cfg.name
@@ -448,8 +457,11 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
         return self->delegate(s.cfg.node, spawn_atom::value, s.cfg.key, std::move(env), count,
                               std::move(session), std::move(pl));
       }
+      if (!s.map.offered(env.backend) && s.map.size() > 0)
+        return to_caf(make_error(errc::unsupported,
+                                 "no node of the cluster offers backend '" + env.backend + "'"));
       auto job = std::make_shared<place_job>();
-      job->batch = cluster_map::make_batch(env.base, env.workdir, env.tools);
+      job->batch = cluster_map::make_batch(env.base, env.workdir, env.tools, env.backend);
       job->env = std::move(env);
       job->session = std::move(session);
       job->pl = std::move(pl);
@@ -571,6 +583,7 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
       // process too): its store is the layers' source; it fills last.
       bool own = node.node() == self->node() && rep.name == s.cfg.name;
       auto id = s.map.add(rep.name, rep.slots, rep.live, rep.layers, own);
+      s.map.offers(id, offer_names(rep));
       auto& m = s.members[id];
       m.name = rep.name;
       m.where = node.node();
@@ -607,6 +620,7 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
       if (auto sender = self->current_sender(); sender && sender->node() != m.where)
         return {s.cfg.key, false}; // an older process under the same name
       s.map.report(it->second, rep.slots, rep.live, rep.layers_sent ? &rep.layers : nullptr);
+      s.map.offers(it->second, offer_names(rep));
       if (rep.layers_sent)
         m.layers = std::move(rep.layers);
       rep.layers.clear();

@@ -400,35 +400,6 @@ expected<void> check_labels(self_ptr self, const create_labels& l) {
   return {};
 }
 
-// What differs between two environments, for a resumed create that does not
-// match its key's logged one.
-std::string env_difference(const environment& logged, const environment& now) {
-  std::string d;
-  auto add = [&](const char* what, const std::string& a, const std::string& b) {
-    if (a != b)
-      d += std::string{d.empty() ? "" : ", "} + what + " " + (a.empty() ? "(none)" : a)
-           + " in the log, " + (b.empty() ? "(none)" : b) + " now";
-  };
-  auto join = [](const std::vector<std::string>& v) {
-    std::string out;
-    for (const auto& x : v)
-      out += (out.empty() ? "" : ",") + x;
-    return out;
-  };
-  add("base", logged.base, now.base);
-  add("workdir", logged.workdir, now.workdir);
-  add("tools", join(logged.tools), join(now.tools));
-  add("memory", std::to_string(logged.memory), std::to_string(now.memory));
-  add("pids", std::to_string(logged.pids), std::to_string(now.pids));
-  add("cpus", std::to_string(logged.cpus), std::to_string(now.cpus));
-  add("disk", std::to_string(logged.disk), std::to_string(now.disk));
-  add("net", logged.net ? "on" : "off", now.net ? "on" : "off");
-  add("ttl_ms", std::to_string(logged.ttl_ms), std::to_string(now.ttl_ms));
-  add("chronus", logged.chronus ? "on" : "off", now.chronus ? "on" : "off");
-  add("backend", logged.backend, now.backend);
-  return d.empty() ? "the same environment" : d;
-}
-
 // Asks `to` (sandbox `sb`, or a relay in front of it) and hands the answer
 // to `ok` or `err`. A request to a sandbox on another node is kept in
 // `calls`: if that node is lost first, `lost` runs instead, at once, and the
@@ -1282,11 +1253,10 @@ caf::result<uint32_t> create_call(self_ptr self, environment env, uint32_t count
     return to_caf(make_error(errc::closed, "session " + s.cfg.id + " is closing"));
   if (count == 0)
     return uint32_t{0};
-  if (env.base.empty())
-    return to_caf(make_error(errc::invalid_argument, "an environment needs a base layer"));
-  if (env.backend != "container")
-    return to_caf(make_error(errc::unsupported, "backend '" + env.backend
-                                                  + "' is not available (only container)"));
+  // The one validation of an environment (runtime/environment.hpp), before
+  // anything is placed: layer names, limits, the backend.
+  if (auto v = env.validate(); !v)
+    return to_caf(v.error_value());
   if (count > s.cfg.options.quota)
     return to_caf(make_error(errc::invalid_argument,
                              "session " + s.cfg.id + ": a create of " + std::to_string(count)
@@ -1309,12 +1279,12 @@ caf::result<uint32_t> create_call(self_ptr self, environment env, uint32_t count
     if (auto lk = s.logged_keys.find(key); lk != s.logged_keys.end() && !lk->second.empty()) {
       size_t gi = lk->second.front();
       const auto& g = s.groups[gi];
-      if (!same_environment(g.env, env) || g.count != count)
+      if (g.env != env || g.count != count)
         return to_caf(make_error(
           errc::invalid_argument,
           "create key '" + key + "' of session " + s.cfg.id + " was a create of "
             + std::to_string(g.count) + " before the resume, this one asks for "
-            + std::to_string(count) + " (" + env_difference(g.env, env)
+            + std::to_string(count) + " (" + g.env.difference(env, "in the log", "now")
             + "): give it the same environment and count to resume it, or another key"));
       lk->second.pop_front();
       if (lk->second.empty())

@@ -163,13 +163,6 @@ std::string put_digest(const std::string& tar) {
   return to_hex(h.finish());
 }
 
-bool same_environment(const environment& a, const environment& b) {
-  return a.base == b.base && a.workdir == b.workdir && a.tools == b.tools
-         && a.memory == b.memory && a.pids == b.pids && a.cpus == b.cpus && a.disk == b.disk
-         && a.net == b.net && a.ttl_ms == b.ttl_ms && a.backend == b.backend
-         && a.chronus == b.chronus;
-}
-
 expected<trajectory_plan> load_trajectory(const std::string& root, const std::string& id) {
   auto path = trajectory_dir(root, id) + "/log";
   uint64_t torn = 0;

@@ -142,7 +142,4 @@ bool same_command(const exec_request& a, const exec_request& b);
 /// as tar is taken whole.
 std::string put_digest(const std::string& tar);
 
-/// Whether two environments are the same (ttl included).
-bool same_environment(const environment& a, const environment& b);
-
 } // namespace dsec

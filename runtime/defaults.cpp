@@ -83,6 +83,15 @@ void sandbox_defaults::apply(limits& lim) const {
     lim.pids = pids;
 }
 
+void sandbox_defaults::apply(environment& env) const {
+  if (env.memory == 0)
+    env.memory = memory_bytes.value_or(0);
+  if (env.pids == 0)
+    env.pids = pids.value_or(0);
+  if (env.disk == 0)
+    env.disk = disk_bytes;
+}
+
 std::string sandbox_defaults::describe() const {
   return "memory " + (memory_bytes ? format_size(*memory_bytes) : std::string{"none"})
          + ", pids " + (pids ? std::to_string(*pids) : std::string{"none"}) + ", disk "

@@ -24,6 +24,7 @@
 #include <string>
 
 #include "runtime/cgroup.hpp"
+#include "runtime/environment.hpp"
 
 namespace dsec {
 
@@ -47,6 +48,9 @@ struct sandbox_defaults {
   [[nodiscard]] limits as_limits() const;
   /// Fills what `lim` leaves unset (memory, pids) from these defaults.
   void apply(limits& lim) const;
+  /// Fills what `env` leaves at 0 (memory, pids, disk) from these defaults: a
+  /// node does it before it builds a sandbox, so that `ps` shows the limits.
+  void apply(environment& env) const;
   /// "memory 256 MiB, pids 512, disk 128 MiB" ("none" for what is unset).
   [[nodiscard]] std::string describe() const;
 };

@@ -58,7 +58,16 @@ Options:
   --state DIR            the layer store (default $DSEC_STATE, else /var/lib/dsec)
   --slots N              sandboxes this node is sized for (default 3200; 0, for
                          a --coordinator only: it places but runs none)
-  --oversubscribe R      admit up to slots * R sandboxes (default 1.0)
+  --oversubscribe R      admit up to slots * R sandboxes (default 1.0), asking
+                         for up to node memory * R bytes of memory in all
+  --node-memory SIZE|none
+                         the memory sandboxes are admitted against (default:
+                         the machine's; none: admit by slots only). A sandbox
+                         counts with the memory it asks for; one that takes
+                         the default limit counts with the node memory * R
+                         per admitted slot, so default-sized sandboxes fill
+                         the slots first and large ones the memory. A node
+                         out of either refuses with `overloaded`, naming it
   --default-memory SIZE|none
                          the memory limit of a sandbox that asks for none; it
                          also bounds the writable layer (a tmpfs, whose pages
@@ -252,6 +261,17 @@ int main(int argc, char** argv) {
       if (v.empty() || *end != '\0' || !(r >= 0.1 && r <= 100))
         return bad("--oversubscribe: expected a ratio from 0.1 to 100, got '" + v + "'");
       o.d.oversubscribe = r;
+    } else if (opt("--node-memory")) {
+      if (v == "none") {
+        o.d.node_memory = 0;
+      } else {
+        auto sz = dsec::parse_size(v, "--node-memory");
+        if (!sz)
+          return bad(sz.error_value().message);
+        if (*sz < (4ull << 20))
+          return bad("--node-memory: expected at least 4m (or none), got '" + v + "'");
+        o.d.node_memory = *sz;
+      }
     } else if (opt("--default-memory")) {
       if (v == "none") {
         default_memory = 0;

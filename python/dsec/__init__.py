@@ -69,6 +69,7 @@ ExecResult = _dsec.ExecResult
 SandboxInfo = _dsec.SandboxInfo
 SandboxList = _dsec.SandboxList
 NodeStats = _dsec.NodeStats
+BackendOffer = _dsec.BackendOffer
 
 # What the calls accept (each is checked at run time, with a TypeError or a
 # ValueError naming the argument).
@@ -82,7 +83,7 @@ _Done = Callable[[Any, Optional[BaseException]], None]
 
 __all__ = [
     "connect", "Client", "Session", "Sandbox", "Batch", "Event", "ExecResult", "ExecStream",
-    "AsyncExecStream", "SandboxInfo", "SandboxList", "NodeStats",
+    "AsyncExecStream", "SandboxInfo", "SandboxList", "NodeStats", "BackendOffer",
     "Error", "InvalidArgument", "NotFound", "AlreadyExists", "WrongKind", "InUse", "Malformed",
     "TooLarge", "Unauthenticated", "Unauthorized", "Overloaded", "SystemFailure", "ToolFailed",
     "Timeout", "SandboxFailed", "Disconnected", "Lost", "Unsupported", "Closed", "CommandFailed",

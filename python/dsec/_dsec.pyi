@@ -23,6 +23,7 @@ class Environment:
     net: bool
     ttl_ms: int
     chronus: bool
+    backend: str
     def __init__(self) -> None: ...
 
 class ExecRequest:
@@ -92,6 +93,15 @@ class SandboxList:
     @property
     def missing(self) -> list[str]: ...
 
+class BackendOffer:
+    """A backend a node offers and its capacity."""
+    @property
+    def name(self) -> str: ...
+    @property
+    def slots(self) -> int: ...
+    @property
+    def live(self) -> int: ...
+
 class NodeStats:
     """The node's counters (`node stats`)."""
     @property
@@ -152,6 +162,18 @@ class NodeStats:
     def cgroups_reused(self) -> int: ...
     @property
     def cgroups_made(self) -> int: ...
+    @property
+    def backends(self) -> list[BackendOffer]:
+        """The backends the node offers, each with its capacity."""
+        ...
+    @property
+    def memory_capacity(self) -> int:
+        """The memory its sandboxes may ask for in all (0: no bound)."""
+        ...
+    @property
+    def memory_admitted(self) -> int:
+        """What its live sandboxes count against memory_capacity."""
+        ...
 
 class RawEvent:
     """A Chronus event as decoded (runtime/chronus.hpp)."""

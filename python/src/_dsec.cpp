@@ -636,6 +636,7 @@ void bind_values(py::module_& m) {
     .def_readwrite("net", &environment::net)
     .def_readwrite("ttl_ms", &environment::ttl_ms)
     .def_readwrite("chronus", &environment::chronus)
+    .def_readwrite("backend", &environment::backend)
     .def("__repr__", [](const environment& e) {
       std::string tools;
       for (const auto& t : e.tools)
@@ -711,6 +712,17 @@ void bind_values(py::module_& m) {
              + std::to_string(l.missing.size()) + " nodes missing>";
     });
 
+  py::class_<backend_offer>(m, "BackendOffer",
+                            "A backend a node offers (`name`, e.g. \"container\") and its "
+                            "capacity: `slots` it admits at most, `live` sandboxes now.")
+    .def_readonly("name", &backend_offer::name)
+    .def_readonly("slots", &backend_offer::slots)
+    .def_readonly("live", &backend_offer::live)
+    .def("__repr__", [](const backend_offer& b) {
+      return "<dsec BackendOffer " + b.name + " slots=" + std::to_string(b.slots)
+             + " live=" + std::to_string(b.live) + ">";
+    });
+
   auto stats = py::class_<node_stats>(m, "NodeStats", "The node's counters (`node stats`).");
 #define DSEC_STAT(f) stats.def_readonly(#f, &node_stats::f)
   DSEC_STAT(node); DSEC_STAT(slots); DSEC_STAT(live); DSEC_STAT(creating);
@@ -723,7 +735,8 @@ void bind_values(py::module_& m) {
   DSEC_STAT(refused_clients);
   DSEC_STAT(refused_internal);
   DSEC_STAT(default_memory); DSEC_STAT(default_pids); DSEC_STAT(default_disk);
-  DSEC_STAT(cgroups_reused); DSEC_STAT(cgroups_made);
+  DSEC_STAT(cgroups_reused); DSEC_STAT(cgroups_made); DSEC_STAT(backends);
+  DSEC_STAT(memory_capacity); DSEC_STAT(memory_admitted);
 #undef DSEC_STAT
   stats.def("__repr__", [](const node_stats& s) {
     return "<dsec NodeStats node=" + s.node + " live=" + std::to_string(s.live)

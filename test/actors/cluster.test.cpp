@@ -166,6 +166,38 @@ TEST_CASE("cluster: links of idle trainers and of commands longer than --beat-ti
   CHECK(cl.up() == 2);
 }
 
+TEST_CASE("cluster_map: a sandbox goes only to a node that offers its backend") {
+  cluster_map m{11};
+  auto a = m.add("a", 100, 0, {"base@1"});
+  auto b = m.add("b", 100, 0, {});
+  CHECK(m.offered("container")); // what a node offers until it reports
+  CHECK_FALSE(m.offered("microvm"));
+  m.offers(a, {"container", "microvm"});
+  CHECK(m.offered("microvm"));
+  for (int i = 0; i < 20; ++i) {
+    auto vm = cluster_map::make_batch("base@1", "", {}, "microvm");
+    auto id = m.pick(vm);
+    CHECK(id == a);
+    m.placed(id, 1, vm.refs);
+  }
+  // Both offer containers: both get them.
+  std::set<uint32_t> got;
+  for (int i = 0; i < 20; ++i) {
+    auto c = cluster_map::make_batch("base@1", "", {});
+    auto id = m.pick(c);
+    REQUIRE(id != 0);
+    m.placed(id, 1, c.refs);
+    got.insert(id);
+  }
+  CHECK(got == std::set<uint32_t>{a, b});
+  // The only node offering it is full: nowhere to go, though b has room.
+  m.full(a);
+  auto vm = cluster_map::make_batch("base@1", "", {}, "microvm");
+  CHECK(m.pick(vm) == 0);
+  m.remove(a);
+  CHECK_FALSE(m.offered("microvm"));
+}
+
 TEST_CASE("cluster_map: pieces, spread over every node, locality, full nodes") {
   cluster_map m{42};
   auto a = m.add("a", 100, 0, {"base@1"});

@@ -505,8 +505,10 @@ TEST_CASE("bad requests give the right code and a message naming the bad thing")
     f(e);
     return e;
   };
-  // Sandboxes that failed one by one (layers, limits) are each reported through
-  // on_failed; a batch the session refuses as a whole (no base, a backend) is not.
+  // Sandboxes that failed one by one (missing layers, layers of the wrong kind)
+  // are each reported through on_failed; a batch the session refuses as a whole
+  // (environment::validate: no base, a malformed name, limits out of range, an
+  // unknown backend) is not: nothing of it was placed.
   size_t failed_sandboxes = 0;
   auto create_fails = [&](const environment& env, errc code, std::string_view names,
                           bool each = true) {
@@ -527,17 +529,23 @@ TEST_CASE("bad requests give the right code and a message naming the bad thing")
     create_fails(with([](auto& e) { e.workdir = tar_base; }), errc::wrong_kind, tar_base);
     create_fails(with([](auto& e) { e.tools = {workdir_layer}; }), errc::wrong_kind,
                  workdir_layer);
-    create_fails(with([](auto& e) { e.base = "bad ref"; }), errc::invalid_argument, "bad ref");
+    create_fails(with([](auto& e) { e.base = "bad ref"; }), errc::invalid_argument, "bad ref",
+                 false);
     create_fails(with([](auto& e) { e.tools = {"noversion"}; }), errc::invalid_argument,
-                 "noversion");
+                 "noversion", false);
     create_fails(with([](auto& e) { e.base = ""; }), errc::invalid_argument, "base", false);
     create_fails(with([](auto& e) { e.backend = "microvm"; }), errc::unsupported, "microvm",
                  false);
   }
   SUBCASE("limits") {
-    create_fails(with([](auto& e) { e.memory = 1024; }), errc::invalid_argument, "memory");
-    create_fails(with([](auto& e) { e.pids = 1ull << 40; }), errc::invalid_argument, "pids");
-    create_fails(with([](auto& e) { e.cpus = 5000; }), errc::invalid_argument, "cpus");
+    create_fails(with([](auto& e) { e.memory = 1024; }), errc::invalid_argument, "memory", false);
+    create_fails(with([](auto& e) { e.pids = 1ull << 40; }), errc::invalid_argument, "pids",
+                 false);
+    create_fails(with([](auto& e) { e.cpus = 5000; }), errc::invalid_argument, "cpus", false);
+    create_fails(with([](auto& e) { e.cpus = -1; }), errc::invalid_argument, "cpus", false);
+    create_fails(with([](auto& e) { e.disk = 4096; }), errc::invalid_argument, "disk", false);
+    create_fails(with([](auto& e) { e.tools.assign(environment::max_tools + 1, tool_a); }),
+                 errc::invalid_argument, "tool layers", false);
   }
   SUBCASE("ids") {
     check_error(n.c->exec("sb-nosuch", cmd({"true"})), errc::not_found, "sb-nosuch");
@@ -598,6 +606,51 @@ TEST_CASE("a full node fails the sandboxes beyond its slots with overloaded, cre
   REQUIRE(s->destroy(ids->front()));
   auto again = make(*s, env_of(), 1);
   CHECK(run(*s, again[0], cmd({"echo", "again"})).out == "again\n");
+}
+
+TEST_CASE("a node admits by memory too: large sandboxes fill its memory before its slots") {
+  constexpr uint64_t mib = 1ull << 20;
+  daemon_options o;
+  o.slots = 100;
+  o.node_memory = 1024 * mib; // x oversubscribe 1.0
+  embedded n(o);
+  auto s = open(*n.c);
+  auto st = node_stats_of(*n.c);
+  CHECK(st.memory_capacity == 1024 * mib);
+  CHECK(st.memory_admitted == 0);
+  REQUIRE(st.backends.size() == 1);
+  CHECK(st.backends[0].name == "container");
+  CHECK(st.backends[0].slots == 100);
+
+  // 300 MiB each: 3 fit in 1 GiB, the 4th and 5th are refused, naming memory.
+  auto big = env_of();
+  big.memory = 300 * mib;
+  std::vector<error> failed;
+  auto ids = s->create(big, 5, {}, [&](const error& e) { failed.push_back(e); });
+  REQUIRE_MESSAGE(ids, describe(ids.error_value()));
+  CHECK(ids->size() == 3);
+  REQUIRE(failed.size() == 2);
+  for (const auto& e : failed) {
+    CHECK_MESSAGE(e.code == errc::overloaded, describe(e));
+    CHECK_MESSAGE(e.message.find("memory") != std::string::npos, describe(e));
+  }
+  st = node_stats_of(*n.c);
+  CHECK(st.memory_admitted == 900 * mib);
+  CHECK(st.backends[0].live == 3);
+
+  // A default-sized sandbox counts with 1 GiB / 100 slots: 12 still fit in
+  // the remaining 124 MiB (10.24 MiB each), though a 300 MiB one does not.
+  check_error(s->create(big, 1), errc::overloaded, "memory");
+  auto small = s->create(env_of(), 20);
+  REQUIRE_MESSAGE(small, describe(small.error_value()));
+  CHECK(small->size() == 12);
+
+  // Memory comes back with the sandboxes that held it.
+  REQUIRE(s->destroy(ids->front()));
+  REQUIRE(eventually_gone(*n.c, {ids->front()}));
+  auto again = s->create(big, 1);
+  REQUIRE_MESSAGE(again, describe(again.error_value()));
+  CHECK(again->size() == 1);
 }
 
 TEST_CASE("the layer cache mounts each layer once, holds it against rm while used") {

@@ -629,6 +629,16 @@ int node_main(context& ctx, args& a) {
   std::printf("failed          %llu\n", u(s.failed));
   std::printf("destroyed       %llu\n", u(s.destroyed));
   std::printf("sessions        %u\n", s.sessions);
+  std::string offers;
+  for (const auto& b : s.backends)
+    offers += (offers.empty() ? "" : ", ") + b.name + " (" + std::to_string(b.slots) + " slots, "
+              + std::to_string(b.live) + " live)";
+  std::printf("backends        %s\n", offers.empty() ? "none" : offers.c_str());
+  if (s.memory_capacity)
+    std::printf("memory          %s of %s admitted (what its sandboxes ask for)\n",
+                format_size(s.memory_admitted).c_str(), format_size(s.memory_capacity).c_str());
+  else
+    std::printf("memory          no bound (--node-memory none: admitted by slots only)\n");
   std::printf("layers mounted  %u (%s; cache budget %s)\n", s.layers_mounted,
               format_size(s.layer_bytes).c_str(),
               s.cache_budget ? format_size(s.cache_budget).c_str() : "none");
@@ -743,6 +753,13 @@ int cluster_main(context& ctx, args& a) {
       out += ",\"destroyed\":" + std::to_string(m.last.destroyed);
       out += ",\"fetched_layers\":" + std::to_string(m.last.fetched_layers);
       out += ",\"fetched_bytes\":" + std::to_string(m.last.fetched_bytes);
+      out += ",\"backends\":[";
+      for (size_t i = 0; i < m.last.backends.size(); ++i) {
+        if (i)
+          out += ',';
+        json_str(out, m.last.backends[i].name);
+      }
+      out += "]";
       out += ",\"layers\":[";
       for (size_t i = 0; i < m.last.layers.size(); ++i) {
         if (i)

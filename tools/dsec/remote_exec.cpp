@@ -341,7 +341,7 @@ int exec_main(context& ctx, args& a) {
 int run_main(context& ctx, args& a) {
   auto verb = ctx.verb("run");
   constexpr int dsec_failed = 125;
-  sandbox_spec sb;
+  sandbox_options sb;
   command_spec cs;
   bool detach = false, input = false, chronus = false, idempotent = false, trusted = false,
        pristine = false;
@@ -446,24 +446,14 @@ int run_main(context& ctx, args& a) {
                              "with Chronus)");
   if (pristine && !trusted)
     return usage_error(verb, "--pristine needs --trusted");
-  if (auto rc = check_sandbox_spec(verb, sb))
+  if (auto rc = check_sandbox_options(verb, sb))
     return *rc;
   if (sb.no_memory || sb.no_pids)
     return usage_error(verb, std::string{sb.no_memory ? "--memory" : "--pids"}
                                + " none is for a local `dsec run`: a daemon's sandboxes get its "
                                  "--default-memory and --default-pids unless they ask for a "
                                  "size");
-  environment env;
-  env.base = sb.base->to_string();
-  if (sb.workdir)
-    env.workdir = sb.workdir->to_string();
-  for (const auto& t : sb.tools)
-    env.tools.push_back(t.to_string());
-  env.memory = sb.lim.memory_bytes.value_or(0);
-  env.pids = sb.lim.pids.value_or(0);
-  env.cpus = sb.lim.cpus.value_or(0);
-  env.disk = sb.disk_bytes;
-  env.net = sb.net;
+  environment env = sb.env;
   env.chronus = chronus;
   if (ttl)
     env.ttl_ms = static_cast<uint64_t>(ttl->count());

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/builder.hpp"
 #include "runtime/cgroup.hpp"
 #include "runtime/container.hpp"
 #include "runtime/defaults.hpp"
@@ -82,9 +83,9 @@ void on_signal(int sig) {
 }
 
 struct run_args {
-  sandbox_spec sb;
+  sandbox_options sb;
   command_spec cs;
-  container_options opts;
+  build_extras extras;
   command cmd;
   bool timings = false;
 };
@@ -122,7 +123,7 @@ std::optional<int> parse(args& a, run_args& r) {
     if (*got) {
       if (v.empty() || v.size() > 63)
         return usage_error("run", "--hostname: expected 1 to 63 characters");
-      r.opts.hostname = v;
+      r.extras.hostname = v;
       continue;
     }
     if (a.flag("--timings")) {
@@ -136,27 +137,13 @@ std::optional<int> parse(args& a, run_args& r) {
   }
   if (r.cmd.argv.empty())
     return usage_error("run", "no command given (dsec run [OPTIONS] -- CMD [ARGS...])");
-  if (auto rc = check_sandbox_spec("run", r.sb))
+  if (auto rc = check_sandbox_options("run", r.sb))
     return rc;
-  r.opts.lim = r.sb.lim;
-  r.opts.disk_bytes = r.sb.disk_bytes;
-  r.opts.net = r.sb.net;
   r.cmd.cwd = r.cs.cwd;
   r.cmd.uid = r.cs.uid;
   r.cmd.gid = r.cs.gid;
   r.cmd.env = merge_env(command::default_env(), r.cs.env);
   return std::nullopt;
-}
-
-// Looks a layer up and checks that it fits the slot it was given for.
-expected<layer_lease> lease_layer(const store& st, const layer_ref& ref, layer_kind want,
-                                  const char* option) {
-  DSEC_TRY(l, st.lease(ref));
-  if (l.info().kind != want)
-    return make_error(errc::wrong_kind, std::string{option} + " " + ref.to_string() + " is a "
-                                          + to_string(l.info().kind) + " layer, not a "
-                                          + to_string(want) + " layer");
-  return l;
 }
 
 void print_timings(const container& c, double total_ms) {
@@ -182,8 +169,9 @@ int run_main(const global_options& g, args& a) {
   auto t_start = std::chrono::steady_clock::now();
 
   // The zygote sets itself up (~1.5 ms) while we open the store and mount.
+  auto& env = r.sb.env;
   spawner::options sp_opts;
-  sp_opts.netns_prewarm = r.opts.net ? 0 : 1;
+  sp_opts.netns_prewarm = env.net ? 0 : 1;
   auto sp = spawner::start(sp_opts);
   if (!sp)
     return fail(sp.error_value(), dsec_failed);
@@ -195,39 +183,22 @@ int run_main(const global_options& g, args& a) {
       d.memory_bytes.reset();
     if (r.sb.no_pids)
       d.pids.reset();
-    d.apply(r.opts.lim);
-    if (r.opts.disk_bytes == 0)
-      r.opts.disk_bytes = d.disk_bytes;
+    d.apply(env);
   }
 
   auto st = store::open(g.state_dir);
   if (!st)
     return fail(st.error_value(), dsec_failed);
   // Leases keep `dsec layer rm` away from the layers while the sandbox runs.
-  std::vector<layer_lease> leases;
-  auto add = [&](const layer_ref& ref, layer_kind kind, const char* opt) -> bool {
-    auto l = lease_layer(*st, ref, kind, opt);
-    if (!l) {
-      fail(l.error_value(), dsec_failed);
-      return false;
-    }
-    leases.push_back(std::move(*l));
-    return true;
-  };
-  // Topmost first.
-  for (auto it = r.sb.tools.rbegin(); it != r.sb.tools.rend(); ++it)
-    if (!add(*it, layer_kind::tool, "--tool"))
-      return dsec_failed;
-  if (r.sb.workdir && !add(*r.sb.workdir, layer_kind::workdir, "--workdir"))
-    return dsec_failed;
-  if (!add(*r.sb.base, layer_kind::base, "--base"))
-    return dsec_failed;
+  auto leases = lease_layers(*st, env, "--"); // topmost first
+  if (!leases)
+    return fail(leases.error_value(), dsec_failed);
   auto sys_layer = st->system_layer();
   if (!sys_layer)
     return fail(sys_layer.error_value(), dsec_failed);
 
   std::vector<layer_mount> mounts;
-  mounts.reserve(leases.size() + 1);
+  mounts.reserve(leases->size() + 1);
   auto mount_one = [&](const std::string& path) -> bool {
     auto m = layer_mount::open(path, (*sp)->userns_fd());
     if (!m) {
@@ -239,7 +210,7 @@ int run_main(const global_options& g, args& a) {
   };
   if (!mount_one(*sys_layer))
     return dsec_failed;
-  for (const auto& l : leases)
+  for (const auto& l : *leases)
     if (!mount_one(l.blob_path()))
       return dsec_failed;
   std::vector<int> lowers;
@@ -247,13 +218,16 @@ int run_main(const global_options& g, args& a) {
     lowers.push_back(m.dir_fd());
 
   std::optional<cgroup_root> cgroups;
-  if (r.opts.lim.any()) {
-    auto root = cgroup_root::detect();
-    if (!root)
-      return fail(std::move(root).error_value().in_step("make_cgroup"), dsec_failed);
-    (void) root->collect_garbage(); // leftovers of a dsec that was killed
-    cgroups.emplace(std::move(*root));
-  }
+  auto cgroup_of = [&cgroups]() -> expected<const cgroup_root*> {
+    if (!cgroups) {
+      auto root = cgroup_root::detect();
+      if (!root)
+        return std::move(root).error_value();
+      (void) root->collect_garbage(); // leftovers of a dsec that was killed
+      cgroups.emplace(std::move(*root));
+    }
+    return &*cgroups;
+  };
 
   // Forward these to the command; it has no terminal of its own.
   struct sigaction sa{};
@@ -263,7 +237,7 @@ int run_main(const global_options& g, args& a) {
     ::sigaction(sig, &sa, nullptr);
 
   auto t_create = std::chrono::steady_clock::now();
-  auto c = container::create(**sp, lowers, r.opts, cgroups ? &*cgroups : nullptr);
+  auto c = build_sandbox(**sp, env, lowers, std::move(r.extras), cgroup_of, build_until::ready);
   if (!c)
     return fail(c.error_value(), dsec_failed);
   auto t_ready = std::chrono::steady_clock::now();

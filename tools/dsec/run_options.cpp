@@ -23,24 +23,25 @@ parsed bad(std::string_view verb, const std::string& message) {
   return parsed::bad;
 }
 
-parsed layer(std::string_view verb, const char* name, const std::string& v,
-             std::optional<layer_ref>* one, std::vector<layer_ref>* many) {
+parsed layer(std::string_view verb, const char* name, const std::string& v, std::string* one,
+             std::vector<std::string>* many) {
   auto ref = parse_layer_ref(v);
   if (!ref)
     return bad(verb, std::string{name} + ": " + ref.error_value().message);
   if (one) {
-    if (*one)
+    if (!one->empty())
       return bad(verb, std::string{name} + " given twice");
-    *one = *ref;
+    *one = ref->to_string();
   } else {
-    many->push_back(*ref);
+    many->push_back(ref->to_string());
   }
   return parsed::yes;
 }
 
 } // namespace
 
-parsed parse_sandbox_option(args& a, std::string_view verb, sandbox_spec& s) {
+parsed parse_sandbox_option(args& a, std::string_view verb, sandbox_options& s) {
+  auto& env = s.env;
   std::string v;
   parsed p;
 #define DSEC_OPT(name)                                                         \
@@ -48,20 +49,23 @@ parsed parse_sandbox_option(args& a, std::string_view verb, sandbox_spec& s) {
   if (p == parsed::bad)                                                        \
     return p;                                                                  \
   if (p == parsed::yes)
-  DSEC_OPT("--base") return layer(verb, "--base", v, &s.base, nullptr);
-  DSEC_OPT("--workdir") return layer(verb, "--workdir", v, &s.workdir, nullptr);
-  DSEC_OPT("--tool") return layer(verb, "--tool", v, nullptr, &s.tools);
+  DSEC_OPT("--base") return layer(verb, "--base", v, &env.base, nullptr);
+  DSEC_OPT("--workdir") return layer(verb, "--workdir", v, &env.workdir, nullptr);
+  DSEC_OPT("--tool") return layer(verb, "--tool", v, nullptr, &env.tools);
   DSEC_OPT("--memory") {
     if (v == "none") {
       s.no_memory = true;
-      s.lim.memory_bytes.reset();
+      env.memory = 0;
       return parsed::yes;
     }
     s.no_memory = false;
     auto n = parse_size(v, "--memory");
     if (!n)
       return bad(verb, n.error_value().message);
-    s.lim.memory_bytes = *n;
+    if (*n == 0) // 0 in an environment means "the default": say it is too small
+      return bad(verb, "--memory 0 is too small: a sandbox needs at least 4 MiB (4194304 "
+                       "bytes)");
+    env.memory = *n;
     return parsed::yes;
   }
   DSEC_OPT("--disk") {
@@ -70,13 +74,13 @@ parsed parse_sandbox_option(args& a, std::string_view verb, sandbox_spec& s) {
       return bad(verb, n.error_value().message);
     if (*n < 1024 * 1024)
       return bad(verb, "--disk: must be at least 1m, got '" + v + "'");
-    s.disk_bytes = *n;
+    env.disk = *n;
     return parsed::yes;
   }
   DSEC_OPT("--pids") {
     if (v == "none") {
       s.no_pids = true;
-      s.lim.pids.reset();
+      env.pids = 0;
       return parsed::yes;
     }
     s.no_pids = false;
@@ -84,7 +88,7 @@ parsed parse_sandbox_option(args& a, std::string_view verb, sandbox_spec& s) {
     long n = std::strtol(v.c_str(), &end, 10);
     if (v.empty() || *end != '\0' || n < 1 || n > 4'194'304)
       return bad(verb, "--pids: expected a whole number from 1 to 4194304, got '" + v + "'");
-    s.lim.pids = static_cast<uint64_t>(n);
+    env.pids = static_cast<uint64_t>(n);
     return parsed::yes;
   }
   DSEC_OPT("--cpus") {
@@ -92,11 +96,11 @@ parsed parse_sandbox_option(args& a, std::string_view verb, sandbox_spec& s) {
     double n = std::strtod(v.c_str(), &end);
     if (v.empty() || *end != '\0' || !(n > 0))
       return bad(verb, "--cpus: expected a positive number, got '" + v + "'");
-    s.lim.cpus = n;
+    env.cpus = n;
     return parsed::yes;
   }
   if (a.flag("--net")) {
-    s.net = true;
+    env.net = true;
     return parsed::yes;
   }
   return parsed::no;
@@ -152,10 +156,10 @@ parsed parse_command_option(args& a, std::string_view verb, command_spec& c) {
   return parsed::no;
 }
 
-std::optional<int> check_sandbox_spec(std::string_view verb, const sandbox_spec& s) {
-  if (!s.base)
+std::optional<int> check_sandbox_options(std::string_view verb, const sandbox_options& s) {
+  if (s.env.base.empty())
     return usage_error(verb, "--base NAME@VERSION is required");
-  if (auto ok = s.lim.validate(); !ok)
+  if (auto ok = s.env.validate(); !ok)
     return usage_error(verb, ok.error_value().message);
   return std::nullopt;
 }

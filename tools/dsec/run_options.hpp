@@ -11,19 +11,15 @@
 #include <string_view>
 #include <vector>
 
-#include "runtime/cgroup.hpp"
-#include "runtime/layer.hpp"
+#include "runtime/environment.hpp"
 #include "tools/dsec/cli.hpp"
 
 namespace dsec::cli {
 
-/// --base --workdir --tool --memory --pids --cpus --disk --net
-struct sandbox_spec {
-  std::optional<layer_ref> base, workdir;
-  std::vector<layer_ref> tools; ///< in the order given: the last one on top
-  limits lim;
-  uint64_t disk_bytes = 0;      ///< 0: the default
-  bool net = false;
+/// --base --workdir --tool --memory --pids --cpus --disk --net: the
+/// sandbox's environment (runtime/environment.hpp), as every verb sends it.
+struct sandbox_options {
+  environment env;
   /// `--memory none`, `--pids none`: no such limit (a local `dsec run` only;
   /// a daemon applies its own defaults and takes no "none").
   bool no_memory = false, no_pids = false;
@@ -46,14 +42,15 @@ enum class parsed {
 
 /// Offers the current argument to the sandbox options; errors are reported as
 /// `dsec VERB: ...`.
-parsed parse_sandbox_option(args& a, std::string_view verb, sandbox_spec& s);
+parsed parse_sandbox_option(args& a, std::string_view verb, sandbox_options& s);
 
 /// Offers the current argument to the command options.
 parsed parse_command_option(args& a, std::string_view verb, command_spec& c);
 
-/// The checks once all options are read: --base given, the limits valid.
-/// Prints the usage error and returns 2, or nothing when all is well.
-std::optional<int> check_sandbox_spec(std::string_view verb, const sandbox_spec& s);
+/// The checks once all options are read: --base given, then
+/// environment::validate(). Prints the usage error and returns 2, or nothing
+/// when all is well.
+std::optional<int> check_sandbox_options(std::string_view verb, const sandbox_options& s);
 
 /// The whole environment of a command: `defaults` with `overrides` added (a
 /// KEY= in overrides replaces the default of that KEY).

@@ -1,0 +1,127 @@
+#include "runtime/environment.hpp"
+
+#include <charconv>
+
+namespace dsec {
+
+std::vector<std::string_view> known_backends() {
+  return {backend_container};
+}
+
+namespace {
+
+expected<void> check_ref(const char* field, std::string_view text) {
+  if (auto r = parse_layer_ref(text); !r)
+    return make_error(errc::invalid_argument, std::string{field} + " '" + std::string{text}
+                                                + "': " + r.error_value().message);
+  return {};
+}
+
+std::string number(double v) {
+  char buf[64];
+  auto r = std::to_chars(buf, buf + sizeof buf, v);
+  return {buf, r.ptr};
+}
+
+} // namespace
+
+expected<void> environment::validate() const {
+  if (base.empty())
+    return make_error(errc::invalid_argument, "an environment needs a base layer");
+  if (auto r = check_ref("base", base); !r)
+    return r;
+  if (!workdir.empty())
+    if (auto r = check_ref("workdir", workdir); !r)
+      return r;
+  if (tools.size() > max_tools)
+    return make_error(errc::invalid_argument, "an environment stacks at most "
+                                                + std::to_string(max_tools)
+                                                + " tool layers, this one "
+                                                + std::to_string(tools.size()));
+  for (const auto& t : tools)
+    if (auto r = check_ref("tool", t); !r)
+      return r;
+  if (cpus < 0 || cpus != cpus)
+    return make_error(errc::invalid_argument,
+                      "--cpus " + number(cpus) + " is out of range: it must be between 0.01 and 1024");
+  if (auto r = cgroup_limits().validate(); !r)
+    return r;
+  if (disk != 0 && disk < min_disk)
+    return make_error(errc::invalid_argument, "--disk " + std::to_string(disk)
+                                                + " is too small: a writable layer needs at "
+                                                  "least 1 MiB (1048576 bytes)");
+  bool known = false;
+  for (auto b : known_backends())
+    known = known || b == backend;
+  if (!known) {
+    std::string names;
+    for (auto b : known_backends())
+      names += (names.empty() ? "" : ", ") + std::string{b};
+    return make_error(errc::unsupported,
+                      "backend '" + backend + "' is not available (only " + names + ")");
+  }
+  return {};
+}
+
+limits environment::cgroup_limits() const {
+  limits l;
+  if (memory)
+    l.memory_bytes = memory;
+  if (pids)
+    l.pids = pids;
+  if (cpus > 0)
+    l.cpus = cpus;
+  return l;
+}
+
+std::vector<environment::layer_slot> environment::layer_slots() const {
+  std::vector<layer_slot> out;
+  out.reserve(tools.size() + 2);
+  for (auto it = tools.rbegin(); it != tools.rend(); ++it)
+    out.push_back({*it, layer_kind::tool, "tool"});
+  if (!workdir.empty())
+    out.push_back({workdir, layer_kind::workdir, "workdir"});
+  out.push_back({base, layer_kind::base, "base"});
+  return out;
+}
+
+std::string environment::difference(const environment& other, std::string_view a,
+                                    std::string_view b) const {
+  std::string d;
+  auto add = [&](const char* what, const std::string& x, const std::string& y) {
+    if (x == y)
+      return;
+    d += std::string{d.empty() ? "" : ", "} + what + " " + (x.empty() ? "(none)" : x) + " "
+         + std::string{a} + ", " + (y.empty() ? "(none)" : y) + " " + std::string{b};
+  };
+  auto join = [](const std::vector<std::string>& v) {
+    std::string out;
+    for (const auto& x : v)
+      out += (out.empty() ? "" : ",") + x;
+    return out;
+  };
+  const auto& o = other;
+  add("base", base, o.base);
+  add("workdir", workdir, o.workdir);
+  add("tools", join(tools), join(o.tools));
+  add("memory", std::to_string(memory), std::to_string(o.memory));
+  add("pids", std::to_string(pids), std::to_string(o.pids));
+  add("cpus", std::to_string(cpus), std::to_string(o.cpus));
+  add("disk", std::to_string(disk), std::to_string(o.disk));
+  add("net", net ? "on" : "off", o.net ? "on" : "off");
+  add("ttl_ms", std::to_string(ttl_ms), std::to_string(o.ttl_ms));
+  add("chronus", chronus ? "on" : "off", o.chronus ? "on" : "off");
+  add("backend", backend, o.backend);
+  return d.empty() ? "the same environment" : d;
+}
+
+expected<void> check_layer_kind(std::string_view slot, std::string_view ref, layer_kind have,
+                                layer_kind want) {
+  if (have == want)
+    return {};
+  return make_error(errc::wrong_kind, std::string{slot} + " " + std::string{ref} + " is a "
+                                        + to_string(have) + " layer, not a " + to_string(want)
+                                        + " layer");
+}
+
+} // namespace dsec
