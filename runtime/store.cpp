@@ -23,6 +23,7 @@
 #include <system_error>
 #include <utility>
 
+#include "runtime/io.hpp"
 #include "runtime/sha256.hpp"
 #include "runtime/sys.hpp"
 
@@ -77,43 +78,6 @@ expected<void> check_ref(const layer_ref& ref) {
 error unknown_layer(const layer_ref& ref) {
   return make_error(errc::not_found,
                     "unknown layer " + ref.to_string() + " (see 'dsec layer ls')");
-}
-
-// Makes a rename or unlink durable: without it a crash can undo it.
-expected<void> fsync_dir(const std::string& path) {
-  unique_fd fd{sys::retry([&] {
-    return ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  })};
-  if (!fd)
-    return sys_error("cannot open directory", path);
-  if (::fsync(fd.get()) != 0)
-    return sys_error("cannot sync directory", path);
-  return {};
-}
-
-expected<std::string> read_all(int fd, const std::string& path) {
-  std::string out;
-  char buf[4096];
-  off_t offset = 0;
-  for (;;) {
-    auto n = sys::retry([&] { return ::pread(fd, buf, sizeof buf, offset); });
-    if (n < 0)
-      return sys_error("cannot read", path);
-    if (n == 0)
-      return out;
-    out.append(buf, static_cast<size_t>(n));
-    offset += n;
-  }
-}
-
-expected<void> write_all(int fd, std::string_view data, const std::string& path) {
-  while (!data.empty()) {
-    auto n = sys::retry([&] { return ::write(fd, data.data(), data.size()); });
-    if (n < 0)
-      return sys_error("cannot write", path);
-    data.remove_prefix(static_cast<size_t>(n));
-  }
-  return {};
 }
 
 // rename(2) that never replaces `to`: EEXIST tells the caller someone got there
