@@ -8,32 +8,19 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <filesystem>
 #include <string>
 #include <thread>
 
 #include <doctest/doctest.h>
 
 #include "runtime/fd.hpp"
+#include "test/support/fixture.hpp"
 
 using namespace dsec;
 
 namespace {
 
-namespace fs = std::filesystem;
-
-struct temp_dir {
-  std::string path;
-  temp_dir() {
-    char templ[] = "/tmp/dsec-io-test-XXXXXX";
-    REQUIRE(::mkdtemp(templ) != nullptr);
-    path = templ;
-  }
-  ~temp_dir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
+using dsec::test::temp_dir;
 
 std::string pattern(size_t n) {
   std::string s(n, '\0');
@@ -59,31 +46,31 @@ std::string read_path(const std::string& path) {
 } // namespace
 
 TEST_CASE("read_all: a file comes back byte for byte, whatever its size") {
-  temp_dir t;
+  temp_dir t{"/tmp", "dsec-io-test"};
   for (size_t n : {size_t{1}, size_t{100}, size_t{8191}, size_t{8192}, size_t{8193},
                    size_t{1} << 20}) {
     CAPTURE(n);
     auto data = pattern(n);
-    write_file(t.path + "/f", data);
-    CHECK(read_path(t.path + "/f") == data);
+    write_file(t.path() + "/f", data);
+    CHECK(read_path(t.path() + "/f") == data);
   }
   std::string binary("a\0b\xff", 4);
-  write_file(t.path + "/b", binary);
-  CHECK(read_path(t.path + "/b") == binary);
+  write_file(t.path() + "/b", binary);
+  CHECK(read_path(t.path() + "/b") == binary);
 }
 
 TEST_CASE("read_all: an empty file is an empty string") {
-  temp_dir t;
-  write_file(t.path + "/empty", "");
-  CHECK(read_path(t.path + "/empty").empty());
+  temp_dir t{"/tmp", "dsec-io-test"};
+  write_file(t.path() + "/empty", "");
+  CHECK(read_path(t.path() + "/empty").empty());
 }
 
 TEST_CASE("read_all: reads from the current position") {
-  temp_dir t;
-  write_file(t.path + "/f", "0123456789");
-  unique_fd fd{::open((t.path + "/f").c_str(), O_RDONLY | O_CLOEXEC)};
+  temp_dir t{"/tmp", "dsec-io-test"};
+  write_file(t.path() + "/f", "0123456789");
+  unique_fd fd{::open((t.path() + "/f").c_str(), O_RDONLY | O_CLOEXEC)};
   REQUIRE(::lseek(fd.get(), 4, SEEK_SET) == 4);
-  auto r = read_all(fd.get(), t.path + "/f");
+  auto r = read_all(fd.get(), t.path() + "/f");
   REQUIRE(r);
   CHECK(*r == "456789");
 }
@@ -125,48 +112,48 @@ TEST_CASE("read_all: an empty pipe is an empty string") {
 }
 
 TEST_CASE("read_all and read_file: failures name the path and keep errno") {
-  temp_dir t;
-  write_file(t.path + "/f", "x");
-  unique_fd wo{::open((t.path + "/f").c_str(), O_WRONLY | O_CLOEXEC)};
-  auto r = read_all(wo.get(), t.path + "/f", "reading the thing");
+  temp_dir t{"/tmp", "dsec-io-test"};
+  write_file(t.path() + "/f", "x");
+  unique_fd wo{::open((t.path() + "/f").c_str(), O_WRONLY | O_CLOEXEC)};
+  auto r = read_all(wo.get(), t.path() + "/f", "reading the thing");
   REQUIRE_FALSE(r);
   CHECK(r.error_value().code == errc::system_error);
   CHECK(r.error_value().sys_errno == EBADF);
-  CHECK(r.error_value().message.find("reading the thing " + t.path + "/f") == 0);
+  CHECK(r.error_value().message.find("reading the thing " + t.path() + "/f") == 0);
 
-  auto missing = read_file(AT_FDCWD, t.path + "/nothing");
+  auto missing = read_file(AT_FDCWD, t.path() + "/nothing");
   REQUIRE_FALSE(missing);
   CHECK(missing.error_value().code == errc::not_found);
   CHECK(missing.error_value().sys_errno == ENOENT);
-  CHECK(missing.error_value().message.find(t.path + "/nothing") != std::string::npos);
+  CHECK(missing.error_value().message.find(t.path() + "/nothing") != std::string::npos);
 
   // read_file relative to a directory descriptor.
-  unique_fd dir{::open(t.path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)};
+  unique_fd dir{::open(t.path().c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)};
   auto rel = read_file(dir.get(), "f");
   REQUIRE(rel);
   CHECK(*rel == "x");
 }
 
 TEST_CASE("write_all: a failed write names the path and keeps errno") {
-  temp_dir t;
-  write_file(t.path + "/f", "x");
-  unique_fd ro{::open((t.path + "/f").c_str(), O_RDONLY | O_CLOEXEC)};
-  auto r = write_all(ro.get(), "data", t.path + "/f", "writing the thing");
+  temp_dir t{"/tmp", "dsec-io-test"};
+  write_file(t.path() + "/f", "x");
+  unique_fd ro{::open((t.path() + "/f").c_str(), O_RDONLY | O_CLOEXEC)};
+  auto r = write_all(ro.get(), "data", t.path() + "/f", "writing the thing");
   REQUIRE_FALSE(r);
   CHECK(r.error_value().sys_errno == EBADF);
-  CHECK(r.error_value().message.find("writing the thing " + t.path + "/f") == 0);
-  CHECK(write_all(ro.get(), "", t.path + "/f")); // nothing to write: no write at all
+  CHECK(r.error_value().message.find("writing the thing " + t.path() + "/f") == 0);
+  CHECK(write_all(ro.get(), "", t.path() + "/f")); // nothing to write: no write at all
 }
 
 TEST_CASE("fsync_dir: a directory syncs; a file or a missing path is an error naming it") {
-  temp_dir t;
-  CHECK(fsync_dir(t.path));
-  write_file(t.path + "/f", "x");
-  auto file = fsync_dir(t.path + "/f", "syncing");
+  temp_dir t{"/tmp", "dsec-io-test"};
+  CHECK(fsync_dir(t.path()));
+  write_file(t.path() + "/f", "x");
+  auto file = fsync_dir(t.path() + "/f", "syncing");
   REQUIRE_FALSE(file);
   CHECK(file.error_value().sys_errno == ENOTDIR);
-  CHECK(file.error_value().message.find("syncing " + t.path + "/f") == 0);
-  auto missing = fsync_dir(t.path + "/gone");
+  CHECK(file.error_value().message.find("syncing " + t.path() + "/f") == 0);
+  auto missing = fsync_dir(t.path() + "/gone");
   REQUIRE_FALSE(missing);
   CHECK(missing.error_value().code == errc::not_found);
 }

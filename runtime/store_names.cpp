@@ -78,9 +78,17 @@ error unknown_layer(const layer_ref& ref) {
                     "unknown layer " + ref.to_string() + " (see 'dsec layer ls')");
 }
 
-// rename(2) that never replaces `to`: EEXIST tells the caller someone got there
-// first. Falls back to plain rename on file systems without RENAME_NOREPLACE; every
-// caller holds the store lock, so the existence check it already made still holds.
+namespace {
+
+// Opens the ref file `path` of `ref` read-only; not_found if there is no such layer.
+expected<unique_fd> open_ref(const std::string& path, const layer_ref& ref) {
+  unique_fd fd{sys::retry([&] { return ::open(path.c_str(), O_RDONLY | O_CLOEXEC); })};
+  if (!fd)
+    return errno == ENOENT ? unknown_layer(ref) : sys_error("cannot open", path);
+  return fd;
+}
+
+} // namespace
 
 bool valid_digest(std::string_view d) {
   if (d.size() != 7 + 64 || d.substr(0, 7) != "sha256:")
@@ -162,9 +170,7 @@ expected<layer_info> parse_ref(std::string_view text, const layer_ref& ref,
 
 expected<layer_info> read_ref(const std::string& dir, const layer_ref& ref) {
   auto path = ref_path(dir, ref);
-  unique_fd fd{sys::retry([&] { return ::open(path.c_str(), O_RDONLY | O_CLOEXEC); })};
-  if (!fd)
-    return errno == ENOENT ? unknown_layer(ref) : sys_error("cannot open", path);
+  DSEC_TRY(fd, open_ref(path, ref));
   DSEC_TRY(text, read_all(fd.get(), path));
   return parse_ref(text, ref, path, dir);
 }
@@ -236,9 +242,7 @@ expected<layer_lease> store::lease(const layer_ref& ref) const {
   // so it either finished before us (not_found) or sees our lease (in_use).
   DSEC_TRY(lock, lock_store(dir_, LOCK_SH));
   auto path = ref_path(dir_, ref);
-  unique_fd fd{sys::retry([&] { return ::open(path.c_str(), O_RDONLY | O_CLOEXEC); })};
-  if (!fd)
-    return errno == ENOENT ? unknown_layer(ref) : sys_error("cannot open", path);
+  DSEC_TRY(fd, open_ref(path, ref));
   // Never waits: only remove() takes LOCK_EX on a ref, and only under the store's
   // LOCK_EX, which our LOCK_SH excludes.
   if (sys::retry([&] { return ::flock(fd.get(), LOCK_SH); }) != 0)
@@ -260,9 +264,7 @@ expected<void> store::remove(const layer_ref& ref) {
   DSEC_TRY_VOID(check_ref(ref));
   DSEC_TRY(lock, lock_store(dir_, LOCK_EX));
   auto path = ref_path(dir_, ref);
-  unique_fd fd{sys::retry([&] { return ::open(path.c_str(), O_RDONLY | O_CLOEXEC); })};
-  if (!fd)
-    return errno == ENOENT ? unknown_layer(ref) : sys_error("cannot open", path);
+  DSEC_TRY(fd, open_ref(path, ref));
   if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
     if (errno == EWOULDBLOCK)
       return make_error(errc::in_use, "layer " + ref.to_string()
