@@ -25,6 +25,7 @@
 #include "actors/trajectory.hpp"
 #include "actors/types.hpp"
 #include "runtime/builder.hpp"
+#include "runtime/clock.hpp"
 #include "runtime/container.hpp"
 #include "runtime/pack.hpp"
 #include "runtime/engine.hpp"
@@ -40,12 +41,6 @@ using clock_type = std::chrono::steady_clock;
 // or may keep busy (a fifo it reads, a tree that never ends): bounded like
 // any command, in output and in time, so a request cannot wait for ever.
 constexpr uint64_t put_get_timeout_ms = 5 * 60 * 1000;
-
-uint64_t unix_ms() {
-  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                 std::chrono::system_clock::now().time_since_epoch())
-                                 .count());
-}
 
 // Reads a command's stdout or stderr on the reactor thread and posts what it
 // read to the sandbox. It owns the pipe's read end (shared between re-armed

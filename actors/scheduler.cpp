@@ -23,6 +23,7 @@
 #include "actors/session.hpp"
 #include "actors/trajectory.hpp"
 #include "actors/types.hpp"
+#include "runtime/clock.hpp"
 
 namespace dsec {
 
@@ -57,12 +58,6 @@ struct scheduler_state {
 };
 
 using self_ptr = scheduler_actor::stateful_pointer<scheduler_state>;
-
-uint64_t unix_ms() {
-  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                 std::chrono::system_clock::now().time_since_epoch())
-                                 .count());
-}
 
 // The names of the backends a node's report offers.
 std::vector<std::string> offer_names(const node_report& rep) {

@@ -10,18 +10,13 @@
 
 #include "actors/sandbox.hpp"
 #include "actors/types.hpp"
+#include "runtime/clock.hpp"
 
 namespace dsec {
 
 namespace {
 
 using clock_type = std::chrono::steady_clock;
-
-uint64_t unix_ms() {
-  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                 std::chrono::system_clock::now().time_since_epoch())
-                                 .count());
-}
 
 enum class phase : uint8_t { creating, ready, destroying };
 

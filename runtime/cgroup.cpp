@@ -16,6 +16,7 @@
 #include <mutex>
 #include <thread>
 
+#include "runtime/io.hpp"
 #include "runtime/sys.hpp"
 
 namespace dsec {
@@ -34,24 +35,14 @@ constexpr uint8_t bit(size_t c) { return static_cast<uint8_t>(1u << c); }
 constexpr auto busy_wait = 1s;
 
 // Reads a whole (small, procfs or cgroupfs) file. Returns 0 or an errno.
-int read_all(int dirfd, const char* path, std::string& out) {
-  out.clear();
-  unique_fd fd(sys::retry([&] { return ::openat(dirfd, path, O_RDONLY | O_CLOEXEC); }));
-  if (!fd)
-    return errno;
-  char buf[4096];
-  for (;;) {
-    auto n = sys::retry([&] { return ::read(fd.get(), buf, sizeof(buf)); });
-    if (n < 0)
-      return errno;
-    if (n == 0)
-      return 0;
-    out.append(buf, static_cast<size_t>(n));
+int read_small(const std::string& path, std::string& out) {
+  auto r = read_file(AT_FDCWD, path);
+  if (!r) {
+    out.clear();
+    return r.error_value().sys_errno;
   }
-}
-
-int read_all(const std::string& path, std::string& out) {
-  return read_all(AT_FDCWD, path.c_str(), out);
+  out = std::move(*r);
+  return 0;
 }
 
 // Writes `data` to a cgroup file with one write(2), as cgroupfs expects.
@@ -186,7 +177,7 @@ std::optional<uint64_t> stat_starttime(std::string_view stat) {
 
 expected<std::string> self_owner() {
   std::string stat;
-  if (int err = read_all(std::string("/proc/self/stat"), stat))
+  if (int err = read_small(std::string("/proc/self/stat"), stat))
     return sys_error("cannot read", "/proc/self/stat", err);
   auto start = stat_starttime(stat);
   if (!start)
@@ -199,7 +190,7 @@ expected<std::string> self_owner() {
 // garbage already, and a dsecd started right after a kill -9 takes them.
 bool owner_alive(pid_t pid, uint64_t start) {
   std::string stat;
-  if (read_all("/proc/" + std::to_string(pid) + "/stat", stat) != 0)
+  if (read_small("/proc/" + std::to_string(pid) + "/stat", stat) != 0)
     return false;
   auto s = stat_starttime(stat);
   if (!s || *s != start)
@@ -246,7 +237,7 @@ std::string enable_line(uint8_t mask) {
 int enable_subtree(const std::string& dir, uint8_t mask) {
   std::string cur;
   auto file = dir + "/cgroup.subtree_control";
-  if (int err = read_all(file, cur))
+  if (int err = read_small(file, cur))
     return err;
   uint8_t missing = 0;
   for (size_t c = 0; c < cgroup_controller_count; ++c)
@@ -272,7 +263,7 @@ std::string mask_names(uint8_t mask) {
 std::vector<pid_t> read_procs(const std::string& dir) {
   std::vector<pid_t> out;
   std::string s;
-  if (read_all(dir + "/cgroup.procs", s) != 0)
+  if (read_small(dir + "/cgroup.procs", s) != 0)
     return out;
   for_each_token(s, "\n", [&](std::string_view t) {
     int v = 0;
@@ -555,7 +546,7 @@ expected<void> put_limits(int dirfd, std::string_view prefix, const std::string&
 // "oom_kill N" of memory.events (v2) or memory.oom_control (v1); 0 if unknown.
 uint64_t oom_kills(const std::string& dir, cgroup_version v) {
   std::string s;
-  if (read_all(dir + (v == cgroup_version::v2 ? "/memory.events" : "/memory.oom_control"), s))
+  if (read_small(dir + (v == cgroup_version::v2 ? "/memory.events" : "/memory.oom_control"), s))
     return 0;
   uint64_t n = 0;
   for_each_token(s, "\n", [&](std::string_view line) {
@@ -572,7 +563,7 @@ uint64_t oom_kills(const std::string& dir, cgroup_version v) {
 // memory.stat ("shmem N", v1 and v2); nothing if it cannot be read.
 std::optional<uint64_t> shmem_bytes(const std::string& dir) {
   std::string s;
-  if (read_all(dir + "/memory.stat", s))
+  if (read_small(dir + "/memory.stat", s))
     return std::nullopt;
   std::optional<uint64_t> n;
   for_each_token(s, "\n", [&](std::string_view line) {
@@ -646,13 +637,13 @@ struct cgroup_pool {
 
 expected<cgroup_root> cgroup_root::detect() {
   std::string self, mountinfo, controllers;
-  if (int err = read_all(std::string("/proc/self/cgroup"), self))
+  if (int err = read_small(std::string("/proc/self/cgroup"), self))
     return sys_error("cannot read", "/proc/self/cgroup", err);
-  if (int err = read_all(std::string("/proc/self/mountinfo"), mountinfo))
+  if (int err = read_small(std::string("/proc/self/mountinfo"), mountinfo))
     return sys_error("cannot read", "/proc/self/mountinfo", err);
   DSEC_TRY(layout, cgroup_layout::parse(self, mountinfo, {}));
   if (!layout.v2_dir.empty() &&
-      read_all(layout.v2_dir + "/cgroup.controllers", controllers) == 0) {
+      read_small(layout.v2_dir + "/cgroup.controllers", controllers) == 0) {
     DSEC_TRY(full, cgroup_layout::parse(self, mountinfo, controllers));
     return open(full);
   }

@@ -1,12 +1,11 @@
+// Chronus frames (see chronus.hpp): the Cap'n Proto framing checks and the
+// encoders and decoders of requests, replies, events and feedback. The checks of
+// the decoded values are chronus_values.cpp, the token and rate limit
+// chronus_token.cpp.
 #include "runtime/chronus.hpp"
 
-#include <sys/random.h>
-
 #include <bit>
-#include <cerrno>
 #include <algorithm>
-#include <charconv>
-#include <cmath>
 #include <cstring>
 #include <memory>
 #include <utility>
@@ -16,13 +15,15 @@
 #include <kj/exception.h>
 
 #include "capnp/chronus.capnp.h"
-#include "runtime/hex.hpp"
+#include "runtime/chronus_detail.hpp"
 
 namespace dsec {
 
 // The framing and tools/chronus/chronus.h assume little-endian words, as Cap'n
 // Proto's own fast path does.
 static_assert(std::endian::native == std::endian::little);
+
+using namespace chronus_detail;
 
 namespace {
 
@@ -31,128 +32,6 @@ namespace {
 constexpr uint32_t max_segments = 16;
 // Request -> List(Metric) -> Metric -> Text is three levels deep.
 constexpr int nesting_limit = 8;
-
-std::string quoted(std::string_view s) {
-  std::string out = "'";
-  out += s;
-  out += "'";
-  return out;
-}
-
-// ---- UTF-8 ---------------------------------------------------------------------
-
-// The length of the valid UTF-8 sequence at p (1..4), or 0 when the bytes there
-// are not one (overlong forms, surrogates, code points above U+10FFFF, truncation).
-size_t utf8_sequence(const unsigned char* p, size_t n) noexcept {
-  unsigned char c = p[0];
-  if (c < 0x80)
-    return 1;
-  size_t len;
-  unsigned char lo = 0x80, hi = 0xbf; // the range of the second byte
-  if (c >= 0xc2 && c <= 0xdf) {
-    len = 2;
-  } else if (c >= 0xe0 && c <= 0xef) {
-    len = 3;
-    if (c == 0xe0)
-      lo = 0xa0; // overlong
-    else if (c == 0xed)
-      hi = 0x9f; // surrogates
-  } else if (c >= 0xf0 && c <= 0xf4) {
-    len = 4;
-    if (c == 0xf0)
-      lo = 0x90; // overlong
-    else if (c == 0xf4)
-      hi = 0x8f; // above U+10FFFF
-  } else {
-    return 0;
-  }
-  if (n < len || p[1] < lo || p[1] > hi)
-    return 0;
-  for (size_t i = 2; i < len; ++i)
-    if (p[i] < 0x80 || p[i] > 0xbf)
-      return 0;
-  return len;
-}
-
-// ---- field checks ----------------------------------------------------------------
-
-error invalid(std::string message) {
-  return make_error(errc::invalid_argument, std::move(message));
-}
-
-expected<void> check_printable(std::string_view s, std::string_view what, size_t limit) {
-  if (s.empty())
-    return invalid(std::string{what} + " is empty");
-  if (s.size() > limit)
-    return invalid(std::string{what} + " of " + std::to_string(s.size()) +
-                   " bytes is over the limit of " + std::to_string(limit));
-  for (size_t i = 0; i < s.size(); ++i) {
-    auto c = static_cast<unsigned char>(s[i]);
-    if (c < 0x20 || c > 0x7e) {
-      static const char hex[] = "0123456789abcdef";
-      return invalid(std::string{what} + " has byte 0x" + hex[c >> 4] + hex[c & 15] +
-                     " at offset " + std::to_string(i) +
-                     ", which is not printable ASCII");
-    }
-  }
-  return {};
-}
-
-expected<void> check_text(std::string_view s, std::string_view what, size_t limit) {
-  if (s.size() > limit)
-    return invalid(std::string{what} + " of " + std::to_string(s.size()) +
-                   " bytes is over the limit of " + std::to_string(limit));
-  auto p = reinterpret_cast<const unsigned char*>(s.data());
-  for (size_t i = 0; i < s.size();) {
-    if (p[i] == 0)
-      return invalid(std::string{what} + " has a NUL byte at offset " + std::to_string(i));
-    size_t len = utf8_sequence(p + i, s.size() - i);
-    if (len == 0)
-      return invalid(std::string{what} + " is not valid UTF-8 at offset " + std::to_string(i));
-    i += len;
-  }
-  return {};
-}
-
-expected<void> check_bytes(std::string_view s, std::string_view what, size_t limit) {
-  if (s.size() > limit)
-    return invalid(std::string{what} + " of " + std::to_string(s.size()) +
-                   " bytes is over the limit of " + std::to_string(limit));
-  return {};
-}
-
-expected<void> check_metrics(const std::vector<chronus_metric>& metrics) {
-  if (metrics.empty())
-    return invalid("report has no metrics");
-  if (metrics.size() > chronus_max_metrics)
-    return invalid("report has " + std::to_string(metrics.size()) +
-                   " metrics; the limit is " + std::to_string(chronus_max_metrics));
-  for (size_t i = 0; i < metrics.size(); ++i) {
-    const auto& m = metrics[i];
-    DSEC_TRY_VOID(check_printable(m.key, "report metric " + std::to_string(i) + "'s key",
-                                  chronus_max_key));
-    if (!std::isfinite(m.value))
-      return invalid("report metric " + quoted(m.key) + " is not a finite number");
-    for (size_t j = 0; j < i; ++j) // at most 64 * 63 / 2 short comparisons
-      if (metrics[j].key == m.key)
-        return invalid("report metric " + quoted(m.key) + " appears twice");
-  }
-  return {};
-}
-
-expected<void> check_body(chronus_kind kind, const std::string& text,
-                          const std::vector<chronus_metric>& metrics,
-                          const std::string& payload) {
-  switch (kind) {
-    case chronus_kind::stage: return check_printable(text, "stage name", chronus_max_stage);
-    case chronus_kind::report: return check_metrics(metrics);
-    case chronus_kind::log: return check_text(text, "log line", chronus_max_log);
-    case chronus_kind::feedback:
-      return check_bytes(payload, "feedback payload", chronus_max_payload);
-    case chronus_kind::lost: return check_text(text, "lost reason", chronus_max_log);
-  }
-  return invalid("unknown request kind");
-}
 
 // ---- framing ----------------------------------------------------------------------
 
@@ -329,159 +208,7 @@ chronus_feedback read_feedback(wire::Feedback::Reader r) {
   return f;
 }
 
-// ---- JSON -------------------------------------------------------------------------
-
-void json_string(std::string& out, std::string_view s) {
-  static const char hex[] = "0123456789abcdef";
-  out += '"';
-  auto p = reinterpret_cast<const unsigned char*>(s.data());
-  for (size_t i = 0; i < s.size();) {
-    unsigned char c = p[i];
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += static_cast<char>(c);
-      ++i;
-    } else if (c < 0x20 || c == 0x7f) {
-      switch (c) {
-        case '\n': out += "\\n"; break;
-        case '\r': out += "\\r"; break;
-        case '\t': out += "\\t"; break;
-        default:
-          out += "\\u00";
-          out += hex[c >> 4];
-          out += hex[c & 15];
-      }
-      ++i;
-    } else if (c < 0x80) {
-      out += static_cast<char>(c);
-      ++i;
-    } else if (size_t len = utf8_sequence(p + i, s.size() - i); len != 0) {
-      out.append(s.data() + i, len);
-      i += len;
-    } else {
-      out += "\\ufffd";
-      ++i;
-    }
-  }
-  out += '"';
-}
-
-void json_number(std::string& out, double v) {
-  if (!std::isfinite(v)) {
-    out += "null";
-    return;
-  }
-  char buf[32];
-  auto r = std::to_chars(buf, buf + sizeof buf, v);
-  out.append(buf, r.ptr);
-}
-
-void json_base64(std::string& out, std::string_view s) {
-  static const char table[] =
-      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-  out += '"';
-  auto p = reinterpret_cast<const unsigned char*>(s.data());
-  size_t i = 0;
-  for (; i + 3 <= s.size(); i += 3) {
-    uint32_t v = (uint32_t{p[i]} << 16) | (uint32_t{p[i + 1]} << 8) | p[i + 2];
-    out += table[v >> 18];
-    out += table[(v >> 12) & 63];
-    out += table[(v >> 6) & 63];
-    out += table[v & 63];
-  }
-  if (size_t rest = s.size() - i; rest != 0) {
-    uint32_t v = uint32_t{p[i]} << 16;
-    if (rest == 2)
-      v |= uint32_t{p[i + 1]} << 8;
-    out += table[v >> 18];
-    out += table[(v >> 12) & 63];
-    out += rest == 2 ? table[(v >> 6) & 63] : '=';
-    out += '=';
-  }
-  out += '"';
-}
-
 } // namespace
-
-// ---- token --------------------------------------------------------------------------
-
-expected<chronus_token> chronus_token::generate() {
-  std::array<std::byte, chronus_token_size> b;
-  size_t got = 0;
-  while (got < b.size()) {
-    ssize_t n = ::getrandom(b.data() + got, b.size() - got, 0);
-    if (n < 0) {
-      if (errno == EINTR)
-        continue;
-      return sys_error("getrandom");
-    }
-    got += static_cast<size_t>(n);
-  }
-  return chronus_token{b};
-}
-
-expected<chronus_token> chronus_token::from_hex(std::string_view hex) {
-  if (hex.size() != 2 * chronus_token_size)
-    return make_error(errc::invalid_argument,
-                      "a Chronus token is 64 hex characters, not " + std::to_string(hex.size()));
-  std::array<std::byte, chronus_token_size> b;
-  for (size_t i = 0; i < b.size(); ++i) {
-    int hi = hex_value(hex[2 * i]), lo = hex_value(hex[2 * i + 1]);
-    if (hi < 0 || lo < 0)
-      return make_error(errc::invalid_argument,
-                        "a Chronus token has a character that is not hex at offset " +
-                            std::to_string(hi < 0 ? 2 * i : 2 * i + 1));
-    b[i] = static_cast<std::byte>(hi << 4 | lo);
-  }
-  return chronus_token{b};
-}
-
-std::string chronus_token::to_hex() const {
-  static const char hex[] = "0123456789abcdef";
-  std::string s(2 * chronus_token_size, '0');
-  for (size_t i = 0; i < bytes_.size(); ++i) {
-    auto v = std::to_integer<unsigned>(bytes_[i]);
-    s[2 * i] = hex[v >> 4];
-    s[2 * i + 1] = hex[v & 15];
-  }
-  return s;
-}
-
-bool chronus_token::matches(std::span<const std::byte> other) const noexcept {
-  if (other.size() != bytes_.size())
-    return false;
-  // No early exit: the time taken does not tell how many leading bytes matched.
-  volatile unsigned diff = 0;
-  for (size_t i = 0; i < bytes_.size(); ++i)
-    diff = diff | std::to_integer<unsigned>(bytes_[i] ^ other[i]);
-  return diff == 0;
-}
-
-// ---- plain values -------------------------------------------------------------------
-
-const char* to_string(chronus_kind kind) noexcept {
-  switch (kind) {
-    case chronus_kind::stage: return "stage";
-    case chronus_kind::report: return "report";
-    case chronus_kind::log: return "log";
-    case chronus_kind::feedback: return "feedback";
-    case chronus_kind::lost: return "lost";
-  }
-  return "unknown";
-}
-
-expected<void> check_request(const chronus_request& r) {
-  if (r.kind == chronus_kind::lost)
-    return invalid("'lost' is an event of the coordinator, not a request");
-  return check_body(r.kind, r.text, r.metrics, r.payload);
-}
-
-expected<void> check_feedback(const chronus_feedback& f) {
-  if (!std::isfinite(f.reward))
-    return invalid("feedback reward is not a finite number");
-  DSEC_TRY_VOID(check_text(f.text, "feedback text", chronus_max_feedback_text));
-  return check_bytes(f.data, "feedback data", chronus_max_feedback_data);
-}
 
 // ---- requests -----------------------------------------------------------------------
 
@@ -744,83 +471,6 @@ expected<chronus_feedback> decode_feedback(std::span<const std::byte> bytes) {
   }
   DSEC_TRY_VOID(check_feedback(out));
   return out;
-}
-
-// ---- JSON ---------------------------------------------------------------------------
-
-std::string event_to_json(const chronus_event& e) {
-  std::string out = "{\"sandbox\":";
-  json_string(out, e.sandbox_id);
-  out += ",\"seq\":" + std::to_string(e.seq);
-  out += ",\"monotonic_ns\":" + std::to_string(e.monotonic_ns);
-  out += ",\"kind\":\"";
-  out += to_string(e.kind);
-  out += '"';
-  switch (e.kind) {
-    case chronus_kind::stage:
-      out += ",\"stage\":";
-      json_string(out, e.text);
-      break;
-    case chronus_kind::report:
-      out += ",\"metrics\":{";
-      for (size_t i = 0; i < e.metrics.size(); ++i) {
-        if (i)
-          out += ',';
-        json_string(out, e.metrics[i].key);
-        out += ':';
-        json_number(out, e.metrics[i].value);
-      }
-      out += '}';
-      break;
-    case chronus_kind::log:
-      out += ",\"log\":";
-      json_string(out, e.text);
-      break;
-    case chronus_kind::feedback:
-      out += ",\"id\":" + std::to_string(e.seq);
-      out += ",\"payload_base64\":";
-      json_base64(out, e.payload);
-      break;
-    case chronus_kind::lost:
-      out += ",\"why\":";
-      json_string(out, e.text);
-      break;
-  }
-  out += '}';
-  return out;
-}
-
-// ---- rate limit ---------------------------------------------------------------------
-
-namespace {
-constexpr uint64_t nano = 1'000'000'000;
-}
-
-chronus_rate_limiter::chronus_rate_limiter(config cfg, uint64_t now_ns) noexcept
-    : cfg_(cfg), level_(uint64_t{cfg.burst} * nano), last_ns_(now_ns) {}
-
-uint64_t chronus_rate_limiter::level_at(uint64_t now_ns) const noexcept {
-  uint64_t cap = uint64_t{cfg_.burst} * nano; // <= 2^32 * 1e9 < 2^64
-  if (now_ns <= last_ns_ || cfg_.rate == 0 || level_ >= cap)
-    return std::min(level_, cap);
-  // `rate` tokens a second is `rate` units of 1e-9 token a nanosecond. Clamp the
-  // elapsed time first so that the product cannot overflow.
-  uint64_t elapsed = std::min(now_ns - last_ns_, cap / cfg_.rate + 1);
-  return std::min(cap, level_ + elapsed * cfg_.rate);
-}
-
-bool chronus_rate_limiter::admit(uint64_t now_ns) noexcept {
-  level_ = level_at(now_ns);
-  if (now_ns > last_ns_)
-    last_ns_ = now_ns;
-  if (level_ < nano)
-    return false;
-  level_ -= nano;
-  return true;
-}
-
-uint64_t chronus_rate_limiter::available(uint64_t now_ns) const noexcept {
-  return level_at(now_ns) / nano;
 }
 
 } // namespace dsec

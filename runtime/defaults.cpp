@@ -6,20 +6,18 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
-#include <fstream>
-#include <sstream>
 
+#include "runtime/io.hpp"
 #include "runtime/units.hpp"
 
 namespace dsec {
 
 namespace {
 
+// A whole procfs or cgroupfs file; empty if it cannot be read.
 std::string slurp(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  auto text = read_file(AT_FDCWD, path);
+  return text ? std::move(*text) : std::string{};
 }
 
 std::optional<uint64_t> number_in(std::string_view s) {

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "runtime/fd.hpp"
+#include "runtime/io.hpp"
 #include "runtime/sha256.hpp"
 
 namespace dsec {
@@ -69,13 +70,6 @@ std::string xattr_of(int fd, const char* name) {
   return n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string{};
 }
 
-expected<void> fsync_dir(const std::string& dir) {
-  unique_fd d{::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)};
-  if (!d || ::fsync(d.get()) < 0)
-    return sys_error("fsync of", dir);
-  return {};
-}
-
 const char* kind_name(mode_t m) {
   switch (m & S_IFMT) {
     case S_IFREG: return "a regular file";
@@ -115,19 +109,6 @@ ssize_t read_some(int fd, char* buf, size_t n) {
       continue;
     return r;
   }
-}
-
-bool write_all_fd(int fd, const char* p, size_t n) {
-  while (n > 0) {
-    ssize_t w = ::write(fd, p, n);
-    if (w < 0 && errno == EINTR)
-      continue;
-    if (w <= 0)
-      return false;
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
-  return true;
 }
 
 struct writer {
@@ -200,8 +181,9 @@ struct writer {
       if (n == 0)
         break; // it shrank: the pack keeps what there was
       h.update(buf.data(), static_cast<size_t>(n));
-      if (copy_fd >= 0 && !write_all_fd(copy_fd, buf.data(), static_cast<size_t>(n)))
-        return sys_error("copying into a blob of", "/" + path);
+      if (copy_fd >= 0)
+        DSEC_TRY_VOID(write_all(copy_fd, {buf.data(), static_cast<size_t>(n)}, "/" + path,
+                                "copying into a blob of"));
       total += static_cast<uint64_t>(n);
     }
     return std::pair{h.finish(), total};
@@ -575,7 +557,7 @@ expected<pack_stats> write_pack(int upper_fd, const std::string& pack_path,
   put_str(w.out, "");
   DSEC_TRY_VOID(w.walk(upper_fd, "", 0));
   if (w.wrote_blob)
-    DSEC_TRY_VOID(fsync_dir(blob_dir));
+    DSEC_TRY_VOID(fsync_dir(blob_dir, "fsync of"));
   if (inline_manifest) {
     inline_manifest->clear();
     if (w.out.size() <= inline_limit) {
@@ -589,10 +571,9 @@ expected<pack_stats> write_pack(int upper_fd, const std::string& pack_path,
     unique_fd f{::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600)};
     if (!f)
       return sys_error("creating the pack", tmp);
-    if (!write_all_fd(f.get(), w.out.data(), w.out.size())) {
-      int err = errno;
+    if (auto r = write_all(f.get(), w.out, tmp, "writing the pack"); !r) {
       (void) ::unlink(tmp.c_str());
-      return sys_error("writing the pack", tmp, err);
+      return std::move(r).error_value();
     }
     if (::fsync(f.get()) < 0) {
       int err = errno;
@@ -606,7 +587,8 @@ expected<pack_stats> write_pack(int upper_fd, const std::string& pack_path,
     return sys_error("renaming the pack to", pack_path, err);
   }
   auto slash = pack_path.rfind('/');
-  DSEC_TRY_VOID(fsync_dir(slash == std::string::npos ? "." : pack_path.substr(0, slash)));
+  DSEC_TRY_VOID(
+    fsync_dir(slash == std::string::npos ? "." : pack_path.substr(0, slash), "fsync of"));
   cache = std::move(w.next);
   return std::move(w.st);
 }

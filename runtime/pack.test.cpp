@@ -22,22 +22,13 @@
 
 #include <doctest/doctest.h>
 
+#include "test/support/fixture.hpp"
+
 namespace {
 
 namespace fs = std::filesystem;
 
-struct temp_dir {
-  std::string path;
-  temp_dir() {
-    char templ[] = "/tmp/dsec-pack-test-XXXXXX";
-    REQUIRE(::mkdtemp(templ) != nullptr);
-    path = templ;
-  }
-  ~temp_dir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
+using dsec::test::temp_dir;
 
 void write_file(const std::string& p, const std::string& data) {
   std::ofstream(p, std::ios::binary) << data;
@@ -70,9 +61,9 @@ size_t count_files(const std::string& dir) {
 } // namespace
 
 TEST_CASE("a pack restores every kind of entry of an upper dir") {
-  temp_dir t;
+  temp_dir t{"/tmp", "dsec-pack-test"};
   const uint32_t base = 200000, base2 = 300000;
-  auto up = t.path + "/upper";
+  auto up = t.path() + "/upper";
   fs::create_directories(up + "/work/src");
   fs::create_directories(up + "/etc/opaque");
   write_file(up + "/work/src/main.c", "int main() { return 0; }\n");
@@ -91,19 +82,19 @@ TEST_CASE("a pack restores every kind of entry of an upper dir") {
   REQUIRE(::utimensat(AT_FDCWD, (up + "/work/big").c_str(), old, 0) == 0);
   REQUIRE(::utimensat(AT_FDCWD, (up + "/work/src").c_str(), old, 0) == 0);
 
-  auto blobs = t.path + "/blobs";
+  auto blobs = t.path() + "/blobs";
   dsec::pack_cache cache;
   int ufd = open_dir(up);
-  auto st = dsec::write_pack(ufd, t.path + "/p1", blobs, cache, base);
+  auto st = dsec::write_pack(ufd, t.path() + "/p1", blobs, cache, base);
   REQUIRE(st);
   CHECK(st->files == 4);
   CHECK(st->new_blobs == 3); // same1 and same2 share one
   CHECK(count_files(blobs) == 3);
 
-  auto dest = t.path + "/dest";
+  auto dest = t.path() + "/dest";
   fs::create_directories(dest);
   int dfd = open_dir(dest);
-  auto rs = dsec::restore_pack(t.path + "/p1", blobs, dfd, base2);
+  auto rs = dsec::restore_pack(t.path() + "/p1", blobs, dfd, base2);
   ::close(dfd);
   REQUIRE(rs);
   CHECK(rs->files == 4);
@@ -132,29 +123,29 @@ TEST_CASE("a pack restores every kind of entry of an upper dir") {
 
   SUBCASE("a small manifest comes back instead of a file; a big one goes to the file") {
     std::string manifest;
-    auto small = dsec::write_pack(ufd, t.path + "/inline", blobs, cache, base, &manifest, 1 << 16);
+    auto small = dsec::write_pack(ufd, t.path() + "/inline", blobs, cache, base, &manifest, 1 << 16);
     REQUIRE(small);
-    CHECK_FALSE(fs::exists(t.path + "/inline"));
+    CHECK_FALSE(fs::exists(t.path() + "/inline"));
     REQUIRE_FALSE(manifest.empty());
     CHECK(manifest.substr(0, 8) == "DSECPK1\n");
-    write_file(t.path + "/from-inline", manifest);
-    auto d3 = t.path + "/dest3";
+    write_file(t.path() + "/from-inline", manifest);
+    auto d3 = t.path() + "/dest3";
     fs::create_directories(d3);
     int fd3 = open_dir(d3);
-    REQUIRE(dsec::restore_pack(t.path + "/from-inline", blobs, fd3, base2));
+    REQUIRE(dsec::restore_pack(t.path() + "/from-inline", blobs, fd3, base2));
     ::close(fd3);
     CHECK(read_file(d3 + "/work/src/main.c") == "int main() { return 0; }\n");
-    auto big = dsec::write_pack(ufd, t.path + "/file", blobs, cache, base, &manifest, 16);
+    auto big = dsec::write_pack(ufd, t.path() + "/file", blobs, cache, base, &manifest, 16);
     REQUIRE(big);
     CHECK(manifest.empty());
-    CHECK(fs::exists(t.path + "/file"));
+    CHECK(fs::exists(t.path() + "/file"));
   }
   SUBCASE("unchanged files are neither read nor stored again") {
-    auto again = dsec::write_pack(ufd, t.path + "/p2", blobs, cache, base);
+    auto again = dsec::write_pack(ufd, t.path() + "/p2", blobs, cache, base);
     REQUIRE(again);
     CHECK(again->new_blobs == 0);
     write_file(up + "/work/same1", "changed");
-    auto third = dsec::write_pack(ufd, t.path + "/p3", blobs, cache, base);
+    auto third = dsec::write_pack(ufd, t.path() + "/p3", blobs, cache, base);
     REQUIRE(third);
     CHECK(third->new_blobs == 1);
     CHECK(third->new_bytes == 7);
@@ -162,13 +153,13 @@ TEST_CASE("a pack restores every kind of entry of an upper dir") {
   }
   SUBCASE("a file removed since the last pack is not in the next one") {
     fs::remove(up + "/work/big");
-    auto p = dsec::write_pack(ufd, t.path + "/p4", blobs, cache, base);
+    auto p = dsec::write_pack(ufd, t.path() + "/p4", blobs, cache, base);
     REQUIRE(p);
     CHECK(p->files == 3);
-    auto d2 = t.path + "/dest2";
+    auto d2 = t.path() + "/dest2";
     fs::create_directories(d2);
     int fd2 = open_dir(d2);
-    REQUIRE(dsec::restore_pack(t.path + "/p4", blobs, fd2, base2));
+    REQUIRE(dsec::restore_pack(t.path() + "/p4", blobs, fd2, base2));
     ::close(fd2);
     CHECK_FALSE(fs::exists(d2 + "/work/big"));
     CHECK(fs::exists(d2 + "/work/same1"));
@@ -177,10 +168,10 @@ TEST_CASE("a pack restores every kind of entry of an upper dir") {
 }
 
 TEST_CASE("a pack cannot make restore write outside its destination") {
-  temp_dir t;
-  auto outside = t.path + "/outside";
+  temp_dir t{"/tmp", "dsec-pack-test"};
+  auto outside = t.path() + "/outside";
   fs::create_directories(outside);
-  auto blobs = t.path + "/blobs";
+  auto blobs = t.path() + "/blobs";
   fs::create_directories(blobs);
   // A hand-made pack: a symbolic link "a" to the outside dir, then a file
   // "a/owned" (which write_pack would never produce).
@@ -198,11 +189,11 @@ TEST_CASE("a pack cannot make restore write outside its destination") {
   entry(3, "a"); put32(static_cast<uint32_t>(outside.size())); p += outside;
   entry(2, "a/owned"); put64(0); p.append(32, '\0');
   write_file(blobs + "/" + std::string(64, '0'), "");
-  write_file(t.path + "/evil", p);
-  auto dest = t.path + "/dest";
+  write_file(t.path() + "/evil", p);
+  auto dest = t.path() + "/dest";
   fs::create_directories(dest);
   int dfd = open_dir(dest);
-  auto r = dsec::restore_pack(t.path + "/evil", blobs, dfd, 0);
+  auto r = dsec::restore_pack(t.path() + "/evil", blobs, dfd, 0);
   ::close(dfd);
   REQUIRE_FALSE(r);
   CHECK(r.error_value().message.find("/a") != std::string::npos);
@@ -213,14 +204,14 @@ TEST_CASE("a pack cannot make restore write outside its destination") {
     p.swap(q);
     entry(1, ""); put32(0);
     entry(1, "../escape"); put32(0);
-    write_file(t.path + "/evil2", p);
+    write_file(t.path() + "/evil2", p);
     int fd = open_dir(dest);
-    auto r2 = dsec::restore_pack(t.path + "/evil2", blobs, fd, 0);
+    auto r2 = dsec::restore_pack(t.path() + "/evil2", blobs, fd, 0);
     ::close(fd);
     REQUIRE_FALSE(r2);
     CHECK(r2.error_value().code == dsec::errc::malformed);
     CHECK(r2.error_value().message.find("../escape") != std::string::npos);
-    CHECK_FALSE(fs::exists(t.path + "/escape"));
+    CHECK_FALSE(fs::exists(t.path() + "/escape"));
   }
 }
 
@@ -248,18 +239,18 @@ bool skipped(const dsec::pack_stats& st, const std::string& path, const std::str
 } // namespace
 
 TEST_CASE("a pack skips and records sockets and devices, keeps fifos without opening them") {
-  temp_dir t;
-  auto up = t.path + "/upper";
+  temp_dir t{"/tmp", "dsec-pack-test"};
+  auto up = t.path() + "/upper";
   fs::create_directories(up + "/run");
   write_file(up + "/keep", "kept");
   REQUIRE(::mkfifo((up + "/fifo").c_str(), 0600) == 0); // nobody ever writes it
   make_socket_file(up + "/run/sock");
   REQUIRE(::mknod((up + "/null").c_str(), S_IFCHR | 0666, makedev(1, 3)) == 0);
-  auto blobs = t.path + "/blobs";
+  auto blobs = t.path() + "/blobs";
   dsec::pack_cache cache;
   int ufd = open_dir(up);
   std::string manifest;
-  auto st = dsec::write_pack(ufd, t.path + "/p", blobs, cache, 0, &manifest, 1 << 16);
+  auto st = dsec::write_pack(ufd, t.path() + "/p", blobs, cache, 0, &manifest, 1 << 16);
   ::close(ufd);
   REQUIRE_MESSAGE(st, st.error_value().to_string());
   CHECK(st->files == 1);
@@ -272,11 +263,11 @@ TEST_CASE("a pack skips and records sockets and devices, keeps fifos without ope
   CHECK(d->skipped.size() == 2);
   CHECK(skipped(*d, "/run/sock", "a socket"));
   CHECK(d->entries == st->entries);
-  write_file(t.path + "/p", manifest);
-  auto dest = t.path + "/dest";
+  write_file(t.path() + "/p", manifest);
+  auto dest = t.path() + "/dest";
   fs::create_directories(dest);
   int dfd = open_dir(dest);
-  auto rs = dsec::restore_pack(t.path + "/p", blobs, dfd, 0);
+  auto rs = dsec::restore_pack(t.path() + "/p", blobs, dfd, 0);
   ::close(dfd);
   REQUIRE(rs);
   CHECK(rs->skipped.size() == 2);
@@ -293,8 +284,8 @@ TEST_CASE("a pack skips and records sockets and devices, keeps fifos without ope
 // would then hang until meson's timeout fails it); each pack must end, with
 // the name as a file, as a fifo, or recorded as skipped.
 TEST_CASE("a file swapped for a fifo while it is packed: every pack ends, the swap is recorded") {
-  temp_dir t;
-  auto up = t.path + "/upper";
+  temp_dir t{"/tmp", "dsec-pack-test"};
+  auto up = t.path() + "/upper";
   fs::create_directories(up);
   write_file(up + "/x", "data");
   std::atomic<bool> stop{false};
@@ -309,13 +300,13 @@ TEST_CASE("a file swapped for a fifo while it is packed: every pack ends, the sw
       swaps.fetch_add(1);
     }
   });
-  auto blobs = t.path + "/blobs";
+  auto blobs = t.path() + "/blobs";
   dsec::pack_cache cache;
   int ufd = open_dir(up);
   size_t as_file = 0, as_fifo = 0, as_skipped = 0, failed = 0, packs = 0;
   for (; packs < 300 || swaps.load() < 1000; ++packs) {
     std::string manifest;
-    auto st = dsec::write_pack(ufd, t.path + "/p", blobs, cache, 0, &manifest, 1 << 16);
+    auto st = dsec::write_pack(ufd, t.path() + "/p", blobs, cache, 0, &manifest, 1 << 16);
     if (!st) {
       ++failed;
       MESSAGE(st.error_value().to_string());
@@ -345,18 +336,18 @@ TEST_CASE("a file swapped for a fifo while it is packed: every pack ends, the sw
 }
 
 TEST_CASE("a pack is bounded: too deep is skipped, too many names or a cancel fail it") {
-  temp_dir t;
-  auto up = t.path + "/upper";
+  temp_dir t{"/tmp", "dsec-pack-test"};
+  auto up = t.path() + "/upper";
   fs::create_directories(up + "/a/b/c/d");
   write_file(up + "/a/b/c/d/deep", "deep");
   write_file(up + "/a/top", "top");
-  auto blobs = t.path + "/blobs";
+  auto blobs = t.path() + "/blobs";
   int ufd = open_dir(up);
   {
     dsec::pack_cache cache;
     dsec::pack_limits lim;
     lim.max_depth = 2; // a and a/b are listed; a/b/c is not
-    auto st = dsec::write_pack(ufd, t.path + "/p", blobs, cache, 0, nullptr, 0, lim);
+    auto st = dsec::write_pack(ufd, t.path() + "/p", blobs, cache, 0, nullptr, 0, lim);
     REQUIRE_MESSAGE(st, st.error_value().to_string());
     CHECK(skipped(*st, "/a/b/c", "deeper than 2 levels"));
     CHECK(st->files == 1);
@@ -365,7 +356,7 @@ TEST_CASE("a pack is bounded: too deep is skipped, too many names or a cancel fa
     dsec::pack_cache cache;
     dsec::pack_limits lim;
     lim.max_entries = 3;
-    auto st = dsec::write_pack(ufd, t.path + "/p", blobs, cache, 0, nullptr, 0, lim);
+    auto st = dsec::write_pack(ufd, t.path() + "/p", blobs, cache, 0, nullptr, 0, lim);
     REQUIRE_FALSE(st);
     CHECK(st.error_value().code == dsec::errc::too_large);
     CHECK(st.error_value().message.find("more than 3 names") != std::string::npos);
@@ -375,7 +366,7 @@ TEST_CASE("a pack is bounded: too deep is skipped, too many names or a cancel fa
     dsec::pack_limits lim;
     std::atomic<bool> cancel{true};
     lim.cancel = &cancel;
-    auto st = dsec::write_pack(ufd, t.path + "/p", blobs, cache, 0, nullptr, 0, lim);
+    auto st = dsec::write_pack(ufd, t.path() + "/p", blobs, cache, 0, nullptr, 0, lim);
     REQUIRE_FALSE(st);
     CHECK(st.error_value().code == dsec::errc::timeout);
     CHECK(st.error_value().message.find("cancelled") != std::string::npos);
@@ -384,20 +375,20 @@ TEST_CASE("a pack is bounded: too deep is skipped, too many names or a cancel fa
 }
 
 TEST_CASE("restore opens only regular files: a fifo as the pack or as a blob is an error, not a wait") {
-  temp_dir t;
-  auto up = t.path + "/upper";
+  temp_dir t{"/tmp", "dsec-pack-test"};
+  auto up = t.path() + "/upper";
   fs::create_directories(up);
   write_file(up + "/f", "content");
-  auto blobs = t.path + "/blobs";
+  auto blobs = t.path() + "/blobs";
   dsec::pack_cache cache;
   int ufd = open_dir(up);
-  REQUIRE(dsec::write_pack(ufd, t.path + "/p", blobs, cache, 0));
+  REQUIRE(dsec::write_pack(ufd, t.path() + "/p", blobs, cache, 0));
   ::close(ufd);
-  auto dest = t.path + "/dest";
+  auto dest = t.path() + "/dest";
   fs::create_directories(dest);
-  REQUIRE(::mkfifo((t.path + "/fifo-pack").c_str(), 0600) == 0);
+  REQUIRE(::mkfifo((t.path() + "/fifo-pack").c_str(), 0600) == 0);
   int dfd = open_dir(dest);
-  auto r = dsec::restore_pack(t.path + "/fifo-pack", blobs, dfd, 0);
+  auto r = dsec::restore_pack(t.path() + "/fifo-pack", blobs, dfd, 0);
   REQUIRE_FALSE(r);
   CHECK(r.error_value().message.find("a fifo, not a regular file") != std::string::npos);
   // The blob of "content" replaced by a fifo, then by a file of another size.
@@ -405,13 +396,13 @@ TEST_CASE("restore opens only regular files: a fifo as the pack or as a blob is 
   auto blob = fs::directory_iterator(blobs)->path().string();
   fs::remove(blob);
   REQUIRE(::mkfifo(blob.c_str(), 0600) == 0);
-  r = dsec::restore_pack(t.path + "/p", blobs, dfd, 0);
+  r = dsec::restore_pack(t.path() + "/p", blobs, dfd, 0);
   REQUIRE_FALSE(r);
   CHECK(r.error_value().message.find("is a fifo") != std::string::npos);
   fs::remove(blob);
   write_file(blob, "other size");
   fs::remove_all(dest + "/f");
-  r = dsec::restore_pack(t.path + "/p", blobs, dfd, 0);
+  r = dsec::restore_pack(t.path() + "/p", blobs, dfd, 0);
   ::close(dfd);
   REQUIRE_FALSE(r);
   CHECK(r.error_value().code == dsec::errc::malformed);

@@ -20,39 +20,18 @@
 
 #include <doctest/doctest.h>
 
+#include "test/support/fixture.hpp"
 #include "test/support/skip.hpp"
 
 namespace {
 
 namespace fs = std::filesystem;
 
-// A temporary directory, removed with its contents on destruction.
-class temp_dir {
-public:
-  temp_dir() {
-    char templ[] = "/tmp/dsec-store-test-XXXXXX";
-    REQUIRE(::mkdtemp(templ) != nullptr);
-    path_ = templ;
-  }
-  ~temp_dir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  temp_dir(const temp_dir&) = delete;
-  temp_dir& operator=(const temp_dir&) = delete;
-
-  [[nodiscard]] const std::string& path() const { return path_; }
-  [[nodiscard]] std::string operator/(const std::string& sub) const {
-    return path_ + "/" + sub;
-  }
-
-private:
-  std::string path_;
-};
+using dsec::test::temp_dir;
 
 // A test fixture: a scratch dir for inputs and an opened store in it.
 struct fixture {
-  temp_dir scratch;
+  temp_dir scratch{"/tmp", "dsec-store-test"};
   std::string state = scratch / "state";
   dsec::store st = open_store(state);
 
@@ -533,7 +512,7 @@ TEST_CASE("store: the system layer has the device nodes and is built once") {
   CHECK(entries(f.state + "/tmp").empty());
 
   // Deterministic: a second store builds the same bytes.
-  temp_dir other;
+  temp_dir other{"/tmp", "dsec-store-test"};
   auto other_store = fixture::open_store(other / "state");
   auto other_path = other_store.system_layer();
   REQUIRE(other_path);
@@ -601,7 +580,7 @@ dsec::expected<dsec::import_result> import_as(dsec::store& to, const dsec::layer
 // Two stores: `from` with a layer built in it, `to` empty.
 struct two_stores {
   fixture from;
-  temp_dir other;
+  temp_dir other{"/tmp", "dsec-store-test"};
   std::string to_state = other / "state";
   dsec::store to = fixture::open_store(to_state);
   dsec::layer_info built;

@@ -7,6 +7,8 @@
 #include <array>
 #include <cstring>
 
+#include "runtime/io.hpp"
+
 namespace dsec {
 
 namespace {
@@ -36,26 +38,6 @@ void put_u32(std::string& out, uint32_t v) {
   char b[4];
   std::memcpy(b, &v, 4);
   out.append(b, 4);
-}
-
-expected<std::string> read_all(int fd, const std::string& path) {
-  struct stat st {};
-  if (::fstat(fd, &st) < 0)
-    return sys_error("stat of the trajectory log", path);
-  std::string data(static_cast<size_t>(st.st_size), '\0');
-  size_t got = 0;
-  while (got < data.size()) {
-    ssize_t n = ::pread(fd, data.data() + got, data.size() - got, static_cast<off_t>(got));
-    if (n < 0 && errno == EINTR)
-      continue;
-    if (n < 0)
-      return sys_error("reading the trajectory log", path);
-    if (n == 0)
-      break;
-    got += static_cast<size_t>(n);
-  }
-  data.resize(got);
-  return data;
 }
 
 // Splits `data` into records; returns the offset just past the last whole one.
@@ -100,7 +82,7 @@ expected<trajectory_file> trajectory_file::open(const std::string& path, bool cr
       return make_error(errc::not_found, "no trajectory log at " + path);
     return sys_error("opening the trajectory log", path);
   }
-  DSEC_TRY(data, read_all(f.fd_.get(), path));
+  DSEC_TRY(data, read_all(f.fd_.get(), path, "reading the trajectory log"));
   if (data.empty()) {
     if (::pwrite(f.fd_.get(), magic, sizeof magic, 0) != static_cast<ssize_t>(sizeof magic))
       return sys_error("writing the trajectory log's header", path);
@@ -109,9 +91,7 @@ expected<trajectory_file> trajectory_file::open(const std::string& path, bool cr
     // The new file's name must survive a crash as well as its bytes.
     auto slash = path.rfind('/');
     std::string dir = slash == std::string::npos ? "." : path.substr(0, slash);
-    unique_fd d{::open(dir.empty() ? "/" : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)};
-    if (!d || ::fsync(d.get()) < 0)
-      return sys_error("fsync of the trajectory log's directory", dir);
+    DSEC_TRY_VOID(fsync_dir(dir.empty() ? "/" : dir, "fsync of the trajectory log's directory"));
     return f;
   }
   DSEC_TRY(end, parse(data, path, existing));
@@ -135,7 +115,7 @@ expected<std::vector<std::string>> trajectory_file::read(const std::string& path
       return make_error(errc::not_found, "no trajectory log at " + path);
     return sys_error("opening the trajectory log", path);
   }
-  DSEC_TRY(data, read_all(fd.get(), path));
+  DSEC_TRY(data, read_all(fd.get(), path, "reading the trajectory log"));
   std::vector<std::string> out;
   DSEC_TRY(end, parse(data, path, &out));
   if (torn_bytes)

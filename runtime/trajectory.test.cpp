@@ -13,22 +13,13 @@
 
 #include <doctest/doctest.h>
 
+#include "test/support/fixture.hpp"
+
 namespace {
 
 namespace fs = std::filesystem;
 
-struct temp_dir {
-  std::string path;
-  temp_dir() {
-    char templ[] = "/tmp/dsec-trajectory-test-XXXXXX";
-    REQUIRE(::mkdtemp(templ) != nullptr);
-    path = templ;
-  }
-  ~temp_dir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
+using dsec::test::temp_dir;
 
 void append_raw(const std::string& path, const std::string& bytes) {
   int fd = ::open(path.c_str(), O_WRONLY | O_APPEND);
@@ -45,8 +36,8 @@ TEST_CASE("crc32c matches the standard check value") {
 }
 
 TEST_CASE("records come back in order, across reopening") {
-  temp_dir d;
-  auto path = d.path + "/log";
+  temp_dir d{"/tmp", "dsec-trajectory-test"};
+  auto path = d.path() + "/log";
   {
     auto f = dsec::trajectory_file::open(path, true);
     REQUIRE(f);
@@ -73,8 +64,8 @@ TEST_CASE("records come back in order, across reopening") {
 }
 
 TEST_CASE("a torn tail is dropped, reported and cut off") {
-  temp_dir d;
-  auto path = d.path + "/log";
+  temp_dir d{"/tmp", "dsec-trajectory-test"};
+  auto path = d.path() + "/log";
   {
     auto f = dsec::trajectory_file::open(path, true);
     REQUIRE(f);
@@ -122,14 +113,14 @@ TEST_CASE("a torn tail is dropped, reported and cut off") {
 }
 
 TEST_CASE("what is not a log is refused by name") {
-  temp_dir d;
-  auto path = d.path + "/notes.txt";
+  temp_dir d{"/tmp", "dsec-trajectory-test"};
+  auto path = d.path() + "/notes.txt";
   append_raw((::close(::open(path.c_str(), O_CREAT | O_WRONLY, 0600)), path), "hello, world");
   auto f = dsec::trajectory_file::open(path, false);
   REQUIRE_FALSE(f);
   CHECK(f.error_value().code == dsec::errc::malformed);
   CHECK(f.error_value().message.find(path) != std::string::npos);
-  auto missing = dsec::trajectory_file::read(d.path + "/none");
+  auto missing = dsec::trajectory_file::read(d.path() + "/none");
   REQUIRE_FALSE(missing);
   CHECK(missing.error_value().code == dsec::errc::not_found);
 }

@@ -16,6 +16,7 @@
 
 #include <doctest/doctest.h>
 
+#include "test/support/fixture.hpp"
 #include "test/support/tar_builder.hpp"
 
 namespace {
@@ -24,18 +25,7 @@ using dsec::test::tar_builder;
 
 namespace fs = std::filesystem;
 
-struct temp_dir {
-  std::string path;
-  temp_dir() {
-    char templ[] = "/tmp/dsec-untar-test-XXXXXX";
-    REQUIRE(::mkdtemp(templ) != nullptr);
-    path = templ;
-  }
-  ~temp_dir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
+using dsec::test::temp_dir;
 
 std::string read_file(const std::string& p) {
   std::ifstream in(p, std::ios::binary);
@@ -47,8 +37,8 @@ void write_file(const std::string& p, const std::string& data) {
 }
 
 struct fixture {
-  temp_dir t;
-  std::string dest = t.path + "/dest", outside = t.path + "/outside";
+  temp_dir t{"/tmp", "dsec-untar-test"};
+  std::string dest = t.path() + "/dest", outside = t.path() + "/outside";
   fixture() {
     fs::create_directories(dest);
     fs::create_directories(outside);

@@ -44,6 +44,7 @@
 #include "actors/client.hpp"
 #include "actors/daemon.hpp"
 #include "runtime/chronus.hpp"
+#include "runtime/json.hpp"
 #include "runtime/layer.hpp"
 #include "tools/dsec/cli.hpp"
 
@@ -491,23 +492,6 @@ summary summarize(std::vector<double> v) {
   s.p99 = at(0.99);
   s.max = v.back();
   return s;
-}
-
-std::string json_string(const std::string& s) {
-  std::string out = "\"";
-  for (unsigned char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += static_cast<char>(c);
-    } else if (c < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", c);
-      out += buf;
-    } else {
-      out += static_cast<char>(c);
-    }
-  }
-  return out + "\"";
 }
 
 std::string json_summary(const summary& s) {
@@ -1191,12 +1175,12 @@ int runner::report(int signal) {
       j << ",\n  \"chronus_ms\": " << json_summary(xs);
     j << ",\n  \"failures\": [";
     for (size_t i = 0; i < fails.size(); ++i)
-      j << (i ? ", " : "") << "{\"message\": " << json_string(fails[i].first)
+      j << (i ? ", " : "") << "{\"message\": " << dsec::json_quoted(fails[i].first)
         << ", \"count\": " << fails[i].second << "}";
     j << "],\n  \"environments\": [";
     for (size_t i = 0; i < o_.envs.size(); ++i)
-      j << (i ? ", " : "") << "{\"environment\": " << json_string(o_.envs[i].label)
-        << ", \"where\": " << json_string(o_.envs[i].where) << ", \"episodes\": "
+      j << (i ? ", " : "") << "{\"environment\": " << dsec::json_quoted(o_.envs[i].label)
+        << ", \"where\": " << dsec::json_quoted(o_.envs[i].where) << ", \"episodes\": "
         << env_episodes_[i] << ", \"created\": " << env_created_[i] << ", \"failed\": "
         << env_failed_[i] << "}";
     j << "],\n  \"exit_status\": " << status << "\n}\n";
