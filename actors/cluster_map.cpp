@@ -71,6 +71,11 @@ void cluster_map::offers(uint32_t id, std::vector<std::string> backends) {
     n->backends = std::move(backends);
 }
 
+void cluster_map::cordon(uint32_t id, bool on) {
+  if (auto* n = find(id))
+    n->cordoned = on;
+}
+
 bool cluster_map::offered(const std::string& backend) const {
   for (const auto& [id, n] : nodes_)
     if (n.offers(backend))
@@ -102,7 +107,7 @@ uint32_t cluster_map::piece_size(uint32_t count) const {
 }
 
 bool cluster_map::can_run(const cluster_node& n, const batch& b) const {
-  if (!n.offers(b.backend))
+  if (n.cordoned || !n.offers(b.backend))
     return false;
   if (!source_)
     return true;

@@ -56,6 +56,8 @@ struct cluster_node {
   /// node that offers its environment's backend. Until its first report
   /// says otherwise, a node offers "container".
   std::vector<std::string> backends{"container"};
+  /// Cordoned (`dsec node cordon`): nothing is placed there.
+  bool cordoned = false;
 
   [[nodiscard]] bool offers(const std::string& backend) const {
     for (const auto& b : backends)
@@ -90,6 +92,8 @@ public:
   void full(uint32_t id);
   /// The backends node `id` offers (from its join and its reports).
   void offers(uint32_t id, std::vector<std::string> backends);
+  /// Cordons (nothing is placed there) or uncordons node `id`.
+  void cordon(uint32_t id, bool on);
   /// Whether any node up offers `backend`.
   [[nodiscard]] bool offered(const std::string& backend) const;
 
@@ -125,8 +129,8 @@ public:
   static constexpr double fill_last_penalty = 0.05;
 
 private:
-  /// Whether node `n` offers the backend of `b` and holds, or can fetch from
-  /// the source, every layer of it.
+  /// Whether node `n` is not cordoned, offers the backend of `b`, and holds,
+  /// or can fetch from the source, every layer of it.
   bool can_run(const cluster_node& n, const batch& b) const;
   double score(const cluster_node& n, const batch& b) const;
   void index_layers(cluster_node& n, const std::vector<std::string>& layers);

@@ -151,8 +151,17 @@ using node_actor = caf::typed_actor<
   caf::replies_to<lookup_atom, internal_key, std::string>::with<internal_key, sandbox_actor>,
   caf::replies_to<list_atom, internal_key>::with<internal_key, std::vector<sandbox_info>>,
   caf::replies_to<stats_atom, internal_key>::with<internal_key, node_stats>,
+  /// Cordons (true) or uncordons (false) the node: a cordoned node admits no
+  /// new sandbox (spawn refuses with errc::overloaded, naming it). Replies its
+  /// live sandboxes.
+  caf::replies_to<cordon_atom, internal_key, bool>::with<internal_key, uint32_t>,
+  /// Cordons the node and replies once it has no sandbox left (how many
+  /// there were), or after `timeout_ms` with errc::timeout naming how many
+  /// are left (it stays cordoned).
+  caf::replies_to<drain_atom, internal_key, uint64_t>::with<internal_key, uint32_t>,
   // ---- process surface ----
   caf::reacts_to<gone_atom, internal_key, std::string, bool>, ///< from a sandbox: id, created ok
+  caf::reacts_to<timeout_atom, internal_key, uint64_t>,     ///< a drain's timeout ran out
   caf::reacts_to<ready_atom, internal_key, std::string>,      ///< from a sandbox: creation done
   /// Destroys every sandbox and stays up (a node whose coordinator was lost);
   /// replies how many, once they are gone.
@@ -179,6 +188,12 @@ using scheduler_actor = caf::typed_actor<
   /// Every node, up or lately lost (a scheduler that is not a coordinator
   /// refuses it with errc::unsupported).
   caf::replies_to<cluster_atom>::with<std::vector<member_info>>,
+  /// Operating a node by name (`dsec node cordon|uncordon|drain NODE`; on a
+  /// daemon that is not a coordinator, its own node): cordon (true) or
+  /// uncordon (false), replying its live sandboxes; drain: cordon, then reply
+  /// once it is empty (how many it had), or errc::timeout after `timeout_ms`.
+  caf::replies_to<cordon_atom, std::string, bool>::with<uint32_t>,
+  caf::replies_to<drain_atom, std::string, uint64_t>::with<uint32_t>,
   // ---- member surface: the cluster (docs/cluster.md); a scheduler that is
   // not a coordinator refuses these with errc::unsupported ----
   /// A node joins: its first report, its node actor and its layer store.

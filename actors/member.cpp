@@ -76,6 +76,7 @@ void make_report(self_ptr self, bool all_layers, std::function<void(node_report)
           r.fetched_layers = fetched;
           r.fetched_bytes = fetched_bytes;
           r.backends = ns.backends;
+          r.cordoned = ns.cordoned;
           if (all_layers || layers != s.sent_layers || s.beats % 20 == 0) {
             r.layers_sent = true;
             r.layers = layers;

@@ -59,6 +59,9 @@ using reset_atom = caf::atom_constant<caf::atom("reset")>;
 using describe_atom = caf::atom_constant<caf::atom("describe")>;
 using fetch_atom = caf::atom_constant<caf::atom("fetch")>;
 using source_atom = caf::atom_constant<caf::atom("source")>;
+// operating nodes
+using cordon_atom = caf::atom_constant<caf::atom("cordon")>;
+using drain_atom = caf::atom_constant<caf::atom("drain")>;
 
 // ---- what a sandbox is made of --------------------------------------------------
 
@@ -315,6 +318,8 @@ struct node_stats {
   /// for none, and what the live sandboxes count against it.
   uint64_t memory_capacity = 0;
   uint64_t memory_admitted = 0;
+  /// Cordoned (`dsec node cordon`): it admits no new sandbox; its own go on.
+  bool cordoned = false;
 };
 
 template <class Inspector>
@@ -326,7 +331,7 @@ typename Inspector::result_type inspect(Inspector& f, node_stats& x) {
            x.chronus_unauthenticated, x.chronus_invalid, x.chronus_flooding,
            x.chronus_refused_connections, x.refused_clients, x.refused_internal,
            x.default_memory, x.default_pids, x.default_disk, x.cgroups_reused,
-           x.cgroups_made, x.backends, x.memory_capacity, x.memory_admitted);
+           x.cgroups_made, x.backends, x.memory_capacity, x.memory_admitted, x.cordoned);
 }
 
 /// The layers of one sandbox, mounted by the node's layer_cache: directory fds
@@ -378,19 +383,21 @@ struct node_report {
   /// The backends it offers (actors/backend.hpp); the scheduler places a
   /// sandbox only where its backend is offered.
   std::vector<backend_offer> backends;
+  /// Cordoned: the scheduler places nothing there.
+  bool cordoned = false;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, node_report& x) {
   return f(caf::meta::type_name("dsec.node_report"), x.name, x.slots, x.live, x.creating,
            x.created, x.failed, x.destroyed, x.layers_sent, x.layers, x.fetched_layers,
-           x.fetched_bytes, x.backends);
+           x.fetched_bytes, x.backends, x.cordoned);
 }
 
 /// One node as `dsec cluster status` shows it.
 struct member_info {
   std::string name;
-  std::string state;          ///< "up", or "lost" (kept a while after) 
+  std::string state;          ///< "up", "cordoned" (up, admits nothing new), or "lost" (kept a while after)
   std::string why;            ///< for lost: what happened
   bool coordinator = false;   ///< the node in the coordinator's own process
   node_report last;           ///< its last heartbeat (layers: all it holds)

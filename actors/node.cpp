@@ -7,6 +7,8 @@
 
 #include <sys/random.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <deque>
 #include <map>
 #include <optional>
@@ -53,6 +55,17 @@ struct node_state {
   bool shutting_down = false;
   // reset_atom: answered once the node is empty, with how many there were
   std::vector<std::pair<caf::typed_response_promise<uint32_t>, uint32_t>> reset_waiters;
+  // Cordoned (cordon_atom, drain_atom): it admits nothing new.
+  bool cordoned = false;
+  // drain_atom: answered once the node is empty (how many there were), or
+  // when its timeout (timeout_atom with its number) runs out.
+  struct drain_waiter {
+    uint64_t number;
+    caf::typed_response_promise<internal_key, uint32_t> rp;
+    uint32_t had;
+  };
+  std::vector<drain_waiter> drain_waiters;
+  uint64_t next_drain = 1;
 };
 
 using self_ptr = node_actor::stateful_pointer<node_state>;
@@ -137,6 +150,9 @@ void check_shutdown(self_ptr self) {
     for (auto& [rp, n] : s.reset_waiters)
       rp.deliver(n);
     s.reset_waiters.clear();
+    for (auto& w : s.drain_waiters)
+      w.rp.deliver(s.cfg.key, w.had);
+    s.drain_waiters.clear();
   }
   if (s.shutting_down && s.live.empty()) {
     for (auto& rp : s.shutdown_waiters)
@@ -185,7 +201,7 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
                                                            + " already lives on node "
                                                            + s.cfg.name));
       }
-      uint32_t room = s.shutting_down || s.live.size() >= s.admit_limit
+      uint32_t room = s.shutting_down || s.cordoned || s.live.size() >= s.admit_limit
                         ? 0
                         : s.admit_limit - static_cast<uint32_t>(s.live.size());
       // Memory: a node admits what its memory capacity holds (actors/node.hpp).
@@ -256,6 +272,9 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
         std::string why;
         if (s.shutting_down)
           why = "node " + s.cfg.name + " is shutting down";
+        else if (s.cordoned)
+          why = "node " + s.cfg.name + " is cordoned: it admits no new sandbox (dsec node "
+                "uncordon " + s.cfg.name + ")";
         else if (memory_bound)
           why = "node " + s.cfg.name + " is full: memory: " + format_size(s.memory_admitted)
                 + " of " + format_size(capacity) + " admitted, a sandbox takes "
@@ -326,6 +345,7 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
       ns.backends = offers(s);
       ns.memory_capacity = memory_capacity(s);
       ns.memory_admitted = s.memory_admitted;
+      ns.cordoned = s.cordoned;
       if (s.cfg.eng) {
         auto pool = s.cfg.eng->cgroup_pool_stats();
         ns.cgroups_reused = pool.reused;
@@ -357,6 +377,60 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
           },
           [=](caf::error&) mutable { rp.deliver(key, ns); });
       return rp;
+    },
+    [=](cordon_atom, const internal_key& k,
+        bool on) -> caf::result<internal_key, uint32_t> {
+      auto& s = self->state;
+      if (!genuine(k, s.cfg.key, "cordon (node)"))
+        return refuse("cordon");
+      if (s.cordoned != on) {
+        std::printf("dsecd: node %s %s\n", s.cfg.name.c_str(),
+                    on ? "cordoned: it admits no new sandbox" : "uncordoned");
+        std::fflush(stdout);
+      }
+      s.cordoned = on;
+      if (!on) { // nothing to wait for any more: the drains end with what is left
+        for (auto& w : s.drain_waiters)
+          w.rp.deliver(to_caf(make_error(errc::closed, "node " + s.cfg.name
+                                                         + " was uncordoned while draining")));
+        s.drain_waiters.clear();
+      }
+      return {s.cfg.key, static_cast<uint32_t>(s.live.size())};
+    },
+    [=](drain_atom, const internal_key& k,
+        uint64_t timeout_ms) -> caf::result<internal_key, uint32_t> {
+      auto& s = self->state;
+      if (!genuine(k, s.cfg.key, "drain (node)"))
+        return refuse("drain");
+      if (!s.cordoned) {
+        std::printf("dsecd: node %s draining: it admits no new sandbox\n", s.cfg.name.c_str());
+        std::fflush(stdout);
+      }
+      s.cordoned = true;
+      auto had = static_cast<uint32_t>(s.live.size());
+      if (had == 0)
+        return {s.cfg.key, 0u};
+      auto rp = self->make_response_promise<internal_key, uint32_t>();
+      auto number = s.next_drain++;
+      s.drain_waiters.push_back({number, rp, had});
+      if (timeout_ms > 0)
+        self->delayed_send(self, std::chrono::milliseconds(timeout_ms), timeout_atom::value,
+                           process_key(), number);
+      return rp;
+    },
+    [=](timeout_atom, const internal_key& k, uint64_t number) {
+      auto& s = self->state;
+      if (!genuine(k, process_key(), "timeout (node)"))
+        return;
+      auto it = std::find_if(s.drain_waiters.begin(), s.drain_waiters.end(),
+                             [&](const auto& w) { return w.number == number; });
+      if (it == s.drain_waiters.end())
+        return; // drained meanwhile
+      it->rp.deliver(to_caf(make_error(
+        errc::timeout, "node " + s.cfg.name + " still has " + std::to_string(s.live.size())
+                         + " of its " + std::to_string(it->had)
+                         + " sandboxes; it stays cordoned (dsec node uncordon to undo)")));
+      s.drain_waiters.erase(it);
     },
     [=](ready_atom, const internal_key& k, const std::string& id) {
       auto& s = self->state;

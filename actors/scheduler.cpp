@@ -17,6 +17,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <type_traits>
 #include <unordered_map>
 
 #include "actors/cluster_map.hpp"
@@ -66,6 +67,52 @@ std::vector<std::string> offer_names(const node_report& rep) {
   for (const auto& b : rep.backends)
     out.push_back(b.name);
   return out;
+}
+
+// Sends an operator's verb (cordon, drain) to the node named `name`: one of
+// a coordinator's members, or a plain daemon's own node. A cordon takes
+// effect in the coordinator's placement at once (and from the node's
+// reports after).
+template <class Atom, class Arg>
+caf::result<uint32_t> operate(self_ptr self, const std::string& name, const char* verb,
+                              caf::duration timeout, Atom atom, Arg arg) {
+  auto& s = self->state;
+  node_actor node;
+  uint32_t id = 0;
+  if (s.cfg.coordinator) {
+    auto it = s.by_name.find(name);
+    if (it == s.by_name.end()) {
+      std::string names;
+      for (const auto& [n, i] : s.by_name)
+        names += (names.empty() ? "" : ", ") + n;
+      return to_caf(make_error(errc::not_found, std::string{verb} + ": no node " + name
+                                                  + " in the cluster (nodes up: "
+                                                  + (names.empty() ? "none" : names) + ")"));
+    }
+    id = it->second;
+    node = s.members.at(id).node;
+  } else {
+    if (name != s.cfg.name)
+      return to_caf(make_error(errc::not_found, std::string{verb} + ": this dsecd is node "
+                                                  + s.cfg.name + ", not " + name));
+    node = s.cfg.node;
+  }
+  bool cordon = true;
+  if constexpr (std::is_same_v<Atom, cordon_atom>)
+    cordon = arg;
+  if (id)
+    s.map.cordon(id, cordon);
+  auto rp = self->make_response_promise<uint32_t>();
+  self->request(node, timeout, atom, s.cfg.key, arg)
+    .then(
+      [=](const internal_key& k, uint32_t n) mutable {
+        if (!genuine(k, self->state.cfg.key, "a reply to cordon or drain"))
+          rp.deliver(to_caf(unauthorized("a reply to cordon or drain")));
+        else
+          rp.deliver(n);
+      },
+      [=](caf::error& e) mutable { rp.deliver(std::move(e)); });
+  return rp;
 }
 
 caf::error not_coordinator(self_ptr self) {
@@ -526,6 +573,13 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
             });
       return rp;
     },
+    [=](cordon_atom, const std::string& name, bool on) -> caf::result<uint32_t> {
+      return operate(self, name, on ? "cordon" : "uncordon", caf::infinite, cordon_atom::value,
+                     on);
+    },
+    [=](drain_atom, const std::string& name, uint64_t timeout_ms) -> caf::result<uint32_t> {
+      return operate(self, name, "drain", caf::infinite, drain_atom::value, timeout_ms);
+    },
     [=](cluster_atom) -> caf::result<std::vector<member_info>> {
       auto& s = self->state;
       if (!s.cfg.coordinator)
@@ -535,7 +589,8 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
       for (auto& [id, m] : s.members) {
         member_info info;
         info.name = m.name;
-        info.state = "up";
+        auto* placed_at = s.map.find(id);
+        info.state = placed_at && placed_at->cordoned ? "cordoned" : "up";
         // (simulated nodes live in this process too, but are not its own node)
         info.coordinator = m.local && m.name == s.cfg.name;
         info.last = m.last;
@@ -579,6 +634,7 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
       bool own = node.node() == self->node() && rep.name == s.cfg.name;
       auto id = s.map.add(rep.name, rep.slots, rep.live, rep.layers, own);
       s.map.offers(id, offer_names(rep));
+      s.map.cordon(id, rep.cordoned);
       auto& m = s.members[id];
       m.name = rep.name;
       m.where = node.node();
@@ -616,6 +672,7 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
         return {s.cfg.key, false}; // an older process under the same name
       s.map.report(it->second, rep.slots, rep.live, rep.layers_sent ? &rep.layers : nullptr);
       s.map.offers(it->second, offer_names(rep));
+      s.map.cordon(it->second, rep.cordoned);
       if (rep.layers_sent)
         m.layers = std::move(rep.layers);
       rep.layers.clear();

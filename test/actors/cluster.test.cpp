@@ -21,6 +21,7 @@
 #include <mutex>
 #include <regex>
 #include <string>
+#include <future>
 #include <thread>
 #include <vector>
 
@@ -467,6 +468,69 @@ TEST_CASE("placement: free capacity leads, the coordinator's own node fills last
   for (const auto& id : spread[cl.node_name(0)])
     on_one += mine.count(id);
   CHECK(on_one == 10);
+}
+
+TEST_CASE("node cordon, drain, uncordon: a cordoned node gets no new sandbox, its own go on; "
+          "drain answers once they are gone") {
+  cluster cl(2);
+  auto s = cl.c->open_session({.quota = 200});
+  REQUIRE(s);
+  auto n1 = cl.node_name(0);
+  REQUIRE((*s)->create(env_of(), 30));
+  auto mine = by_node(**s)[n1];
+  REQUIRE_MESSAGE(!mine.empty(), spread_text(by_node(**s)));
+
+  auto live = cl.c->cordon(n1, true);
+  REQUIRE_MESSAGE(live, describe(live.error_value()));
+  CHECK(*live == mine.size());
+  bool shown = false;
+  for (const auto& m : cl.members())
+    if (m.name == n1)
+      shown = m.state == "cordoned";
+  CHECK(shown);
+  // New creates go to the others; n1's own sandboxes still work.
+  REQUIRE((*s)->create(env_of(), 20));
+  CHECK(by_node(**s)[n1].size() == mine.size());
+  CHECK(run(**s, mine.front(), cmd({"echo", "still here"})).out == "still here\n");
+  // The node itself refuses, naming the cordon (its own default session).
+  auto direct = connect(cl.sys, cl.nodes[0]->port);
+  auto ds = direct->find_session("default");
+  REQUIRE(ds);
+  check_error((*ds)->create(env_of(), 1), errc::overloaded, "cordoned");
+
+  // A drain that runs out of time says how many are left; the node stays cordoned.
+  check_error(cl.c->drain(n1, 200ms), errc::timeout,
+              "still has " + std::to_string(mine.size()));
+  // A drain waits until the last one is gone, and says how many there were.
+  auto drained = std::async(std::launch::async, [&] { return cl.c->drain(n1, 60s); });
+  for (const auto& id : mine)
+    REQUIRE((*s)->destroy(id));
+  auto d = drained.get();
+  REQUIRE_MESSAGE(d, describe(d.error_value()));
+  CHECK(*d == mine.size());
+  CHECK(cl.c->drain(n1, 1s).value_or(99) == 0); // empty already
+
+  // Uncordoned, it takes sandboxes again (it is the emptiest node now).
+  REQUIRE(cl.c->cordon(n1, false));
+  REQUIRE((*s)->create(env_of(), 10));
+  CHECK_FALSE(by_node(**s)[n1].empty());
+  check_error(cl.c->cordon("127.0.0.1:1", true), errc::not_found, "no node 127.0.0.1:1");
+
+  // A daemon that is not a coordinator operates its own node.
+  dsecd_proc solo({"--slots", "4"});
+  auto sc = connect(cl.sys, solo.port);
+  auto me = "127.0.0.1:" + std::to_string(solo.port);
+  REQUIRE(sc->cordon(me, true));
+  auto ss = sc->open_session({});
+  REQUIRE(ss);
+  check_error((*ss)->create(env_of(), 1), errc::overloaded, "cordoned");
+  auto st = sc->stats();
+  REQUIRE(st);
+  CHECK(st->cordoned);
+  CHECK(sc->drain(me, 1s).value_or(99) == 0);
+  REQUIRE(sc->cordon(me, false));
+  CHECK((*ss)->create(env_of(), 1));
+  check_error(sc->cordon("127.0.0.1:2", true), errc::not_found, me);
 }
 
 TEST_CASE("kill -9 of a node: its sandboxes are reported lost, new creates land elsewhere, it "
