@@ -165,13 +165,7 @@ def _bytes(name: str, value: object) -> bytes:
 def _parse_address(address: object) -> tuple[str, int]:
     if not isinstance(address, str):
         raise TypeError(f"address: expected 'HOST:PORT' as a str, got {type(address).__name__}")
-    host, sep, port = address.rpartition(":")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"address: expected HOST:PORT with a port from 1 to 65535, "
-                         f"got {address!r}")
-    return host, int(port)
+    return _dsec.parse_endpoint(address, "address")
 
 
 def _environment(base: object, workdir: object, tools: Iterable[str] | None, memory: object,

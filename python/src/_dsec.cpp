@@ -44,6 +44,7 @@
 
 #include "actors/client.hpp"
 #include "runtime/chronus.hpp"
+#include "runtime/endpoint.hpp"
 #include "runtime/error.hpp"
 #include "runtime/units.hpp"
 
@@ -308,7 +309,7 @@ class core {
 public:
   core(const std::string& host, uint16_t port, size_t threads, const std::string& tls_dir)
     : st_(std::make_unique<core_state>()) {
-    st_->where = host + ":" + std::to_string(port);
+    st_->where = format_endpoint(host, port);
     st_->cfg = std::make_unique<caf::actor_system_config>();
     if (auto ok = client::configure(*st_->cfg, tls_options{tls_dir}); !ok) {
       auto e = std::move(ok).error_value();
@@ -1219,6 +1220,18 @@ PYBIND11_MODULE(_dsec, m) {
       return value_or_raise(dsec::parse_size(s, what));
     },
     py::arg("text"), py::arg("what"), "bytes from '512m', '2g', '1048576' (dsec's own parser)");
+
+  m.def(
+    "parse_endpoint",
+    [](const std::string& s, const std::string& what) {
+      auto ep = dsec::parse_endpoint(s, what);
+      if (!ep)
+        throw py::value_error(ep.error_value().message);
+      return py::make_tuple(ep->host, ep->port);
+    },
+    py::arg("text"), py::arg("what"),
+    "(host, port) from 'HOST:PORT' or '[IPV6]:PORT' (dsec's own parser); ValueError naming "
+    "the value and what is wrong");
 
   m.def("errc_names", [] {
     py::dict d;
