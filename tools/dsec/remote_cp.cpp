@@ -21,6 +21,7 @@
 #include "runtime/fd.hpp"
 #include "runtime/untar.hpp"
 #include "tools/dsec/remote.hpp"
+#include "tools/dsec/remote_common.hpp"
 
 extern char** environ;
 
