@@ -13,6 +13,11 @@
 // (or its process dies, or the connection drops) the daemon destroys the
 // session's sandboxes. Errors carry the project's codes (dsec::errc) and the
 // daemon's message.
+//
+// Every call takes one path: its asynchronous form (`*_async`: a small actor
+// per call, actors/client_request.hpp); the blocking form is that and a wait
+// on a dsec::waiter. client.cpp holds the connection and the verbs by sandbox
+// id, client_session.cpp the session's verbs, client_watch.cpp event streams.
 #pragma once
 
 #include <caf/actor.hpp>
@@ -20,12 +25,17 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
-#include <optional>
+#include <deque>
 #include <functional>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "actors/interfaces.hpp"
@@ -48,6 +58,106 @@ using output_fn = std::function<void(uint8_t stream, std::string_view data)>;
 /// first"). A session made by open_session_async must not outlive its client.
 template <class T>
 using completion = std::function<void(expected<T>)>;
+
+/// The outcome of one asynchronous call, waited for on the calling thread: every
+/// blocking call of client and session is its `*_async` call and a wait.
+///
+///   waiter<exec_result> w;
+///   s->exec_async(id, req, w.done());
+///   while (!w.wait_for(100ms)) { /* check for signals */ }
+///   auto r = w.get();
+///
+/// Callbacks wrapped by relay() run on the waiting thread, inside wait_for()
+/// and get(), in the order they came and before the outcome is returned.
+/// Only the first outcome handed to done() counts. A waiter is a handle:
+/// copies share the outcome.
+template <class T>
+class waiter {
+public:
+  waiter() : st_(std::make_shared<state>()) {}
+
+  /// The completion to give to the asynchronous call.
+  [[nodiscard]] completion<T> done() const {
+    return [st = st_](expected<T> r) {
+      {
+        std::lock_guard<std::mutex> g{st->mu};
+        if (st->value)
+          return; // the first outcome counts
+        st->value.emplace(std::move(r));
+      }
+      st->cv.notify_all();
+    };
+  }
+
+  /// `f`, to run on the waiting thread; its arguments are copied.
+  template <class... A>
+  [[nodiscard]] std::function<void(A...)> relay(std::function<void(A...)> f) const {
+    if (!f)
+      return {};
+    return [st = st_, f = std::move(f)](A... xs) {
+      st->post([f, args = std::make_tuple(std::decay_t<A>(xs)...)]() mutable {
+        std::apply(f, args);
+      });
+    };
+  }
+  /// Streamed output, to run on the waiting thread (the data copied).
+  [[nodiscard]] std::function<void(uint8_t, std::string_view)>
+  relay(std::function<void(uint8_t, std::string_view)> f) const {
+    if (!f)
+      return {};
+    return [st = st_, f = std::move(f)](uint8_t stream, std::string_view data) {
+      st->post([f, stream, d = std::string{data}] { f(stream, d); });
+    };
+  }
+
+  /// Waits at most `d`: true once the outcome is there (get() then returns at once).
+  template <class Rep, class Period>
+  bool wait_for(std::chrono::duration<Rep, Period> d) {
+    return st_->run_until(std::chrono::steady_clock::now() + d);
+  }
+
+  /// Waits for the outcome and takes it (once).
+  expected<T> get() {
+    st_->run_until(std::chrono::steady_clock::time_point::max());
+    return std::move(*st_->value);
+  }
+
+private:
+  struct state {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::deque<std::function<void()>> relayed;
+    std::optional<expected<T>> value;
+
+    void post(std::function<void()> f) {
+      {
+        std::lock_guard<std::mutex> g{mu};
+        relayed.push_back(std::move(f));
+      }
+      cv.notify_all();
+    }
+    // Runs what was relayed until the outcome is there (true) or `until` passed.
+    bool run_until(std::chrono::steady_clock::time_point until) {
+      std::unique_lock<std::mutex> lk{mu};
+      for (;;) {
+        while (!relayed.empty()) {
+          auto f = std::move(relayed.front());
+          relayed.pop_front();
+          lk.unlock();
+          f();
+          lk.lock();
+        }
+        if (value)
+          return true;
+        if (until == std::chrono::steady_clock::time_point::max())
+          cv.wait(lk);
+        else if (cv.wait_until(lk, until) == std::cv_status::timeout && relayed.empty())
+          return value.has_value();
+      }
+    }
+  };
+  std::shared_ptr<state> st_;
+};
 
 class session;
 
