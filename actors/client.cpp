@@ -208,7 +208,7 @@ template <class... Ts>
 void async_open(caf::actor_system& sys, const caf::actor& owner, const scheduler_actor& dest,
                 completion<opened_session> done, Ts... xs) {
   auto fin = std::make_shared<completion<opened_session>>(std::move(done));
-  sys.spawn([fin, owner, dest, xs...](caf::event_based_actor* self) {
+  sys.spawn([fin, owner = watch_owner(owner), dest, xs...](caf::event_based_actor* self) {
     watch_lost(self, dest, owner, [fin](error e) { (*fin)(std::move(e)); });
     self->request(dest, caf::infinite, xs...)
       .then(

@@ -112,6 +112,19 @@ void unwatch(caf::event_based_actor* self, const Handle& dest, const caf::actor&
 }
 
 
+// How a call's helper watches its destination. An asynchronous call: through
+// the client's identity (watch_lost's `owner`: one monitor per destination
+// however many calls are in flight). A blocking call (made inside blocking(),
+// on the calling thread): directly, as CAF then tells it of a destination
+// that is already gone before it bounces the request, so the error says who
+// went (the daemon, or the session and why) rather than that "what was asked
+// ended before it answered".
+inline thread_local bool t_blocking_call = false;
+
+inline caf::actor watch_owner(const caf::actor& identity) {
+  return t_blocking_call ? caf::actor{} : identity;
+}
+
 // The request path of every call, blocking or not: a helper actor makes the
 // request and hands the outcome to `done` on its CAF thread. `done` runs exactly once: with
 // the reply, the error, or `disconnected` when `dest` or `owner` goes away.
@@ -119,7 +132,7 @@ template <class Result, class Handle, class... Ts>
 void async_request(caf::actor_system& sys, const caf::actor& owner, const Handle& dest,
                    completion<Result> done, output_fn on_output, Ts... xs) {
   auto fin = std::make_shared<completion<Result>>(std::move(done));
-  sys.spawn([fin, owner, dest, on_output = std::move(on_output),
+  sys.spawn([fin, owner = watch_owner(owner), dest, on_output = std::move(on_output),
              ... xs = std::move(xs)](caf::event_based_actor* self) mutable -> caf::behavior {
     watch_lost(self, dest, owner, [fin](error e) { (*fin)(std::move(e)); });
     self->request(dest, caf::infinite, std::move(xs)...)
@@ -174,7 +187,14 @@ void async_streamed_exec(caf::actor_system& sys, const caf::actor& owner, const 
 template <class T, class Start>
 expected<T> blocking(Start&& start) {
   waiter<T> w;
-  start(w);
+  {
+    struct scope {
+      bool was = t_blocking_call;
+      scope() { t_blocking_call = true; }
+      ~scope() { t_blocking_call = was; }
+    } s;
+    start(w);
+  }
   return w.get();
 }
 

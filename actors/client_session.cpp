@@ -138,7 +138,7 @@ void session::create_async_impl(const environment& env, uint32_t count,
   b->on_ready = std::move(on_ready);
   b->on_failed = std::move(on_failed);
   auto h = handle_;
-  auto owner = client_->identity_;
+  auto owner = watch_owner(client_->identity_);
   client_->sys_->spawn([b, h, owner, env, count,
                         labels](caf::event_based_actor* self) -> caf::behavior {
     watch_lost(self, h, owner, [b](error e) { b->done(std::move(e)); });
