@@ -13,6 +13,11 @@
 // (or its process dies, or the connection drops) the daemon destroys the
 // session's sandboxes. Errors carry the project's codes (dsec::errc) and the
 // daemon's message.
+//
+// Every call takes one path: its asynchronous form (`*_async`: a small actor
+// per call, actors/client_request.hpp); the blocking form is that and a wait
+// on a dsec::waiter. client.cpp holds the connection and the verbs by sandbox
+// id, client_session.cpp the session's verbs, client_watch.cpp event streams.
 #pragma once
 
 #include <caf/actor.hpp>
@@ -20,12 +25,17 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
-#include <optional>
+#include <deque>
 #include <functional>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "actors/interfaces.hpp"
@@ -48,6 +58,106 @@ using output_fn = std::function<void(uint8_t stream, std::string_view data)>;
 /// first"). A session made by open_session_async must not outlive its client.
 template <class T>
 using completion = std::function<void(expected<T>)>;
+
+/// The outcome of one asynchronous call, waited for on the calling thread: every
+/// blocking call of client and session is its `*_async` call and a wait.
+///
+///   waiter<exec_result> w;
+///   s->exec_async(id, req, w.done());
+///   while (!w.wait_for(100ms)) { /* check for signals */ }
+///   auto r = w.get();
+///
+/// Callbacks wrapped by relay() run on the waiting thread, inside wait_for()
+/// and get(), in the order they came and before the outcome is returned.
+/// Only the first outcome handed to done() counts. A waiter is a handle:
+/// copies share the outcome.
+template <class T>
+class waiter {
+public:
+  waiter() : st_(std::make_shared<state>()) {}
+
+  /// The completion to give to the asynchronous call.
+  [[nodiscard]] completion<T> done() const {
+    return [st = st_](expected<T> r) {
+      {
+        std::lock_guard<std::mutex> g{st->mu};
+        if (st->value)
+          return; // the first outcome counts
+        st->value.emplace(std::move(r));
+      }
+      st->cv.notify_all();
+    };
+  }
+
+  /// `f`, to run on the waiting thread; its arguments are copied.
+  template <class... A>
+  [[nodiscard]] std::function<void(A...)> relay(std::function<void(A...)> f) const {
+    if (!f)
+      return {};
+    return [st = st_, f = std::move(f)](A... xs) {
+      st->post([f, args = std::make_tuple(std::decay_t<A>(xs)...)]() mutable {
+        std::apply(f, args);
+      });
+    };
+  }
+  /// Streamed output, to run on the waiting thread (the data copied).
+  [[nodiscard]] std::function<void(uint8_t, std::string_view)>
+  relay(std::function<void(uint8_t, std::string_view)> f) const {
+    if (!f)
+      return {};
+    return [st = st_, f = std::move(f)](uint8_t stream, std::string_view data) {
+      st->post([f, stream, d = std::string{data}] { f(stream, d); });
+    };
+  }
+
+  /// Waits at most `d`: true once the outcome is there (get() then returns at once).
+  template <class Rep, class Period>
+  bool wait_for(std::chrono::duration<Rep, Period> d) {
+    return st_->run_until(std::chrono::steady_clock::now() + d);
+  }
+
+  /// Waits for the outcome and takes it (once).
+  expected<T> get() {
+    st_->run_until(std::chrono::steady_clock::time_point::max());
+    return std::move(*st_->value);
+  }
+
+private:
+  struct state {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::deque<std::function<void()>> relayed;
+    std::optional<expected<T>> value;
+
+    void post(std::function<void()> f) {
+      {
+        std::lock_guard<std::mutex> g{mu};
+        relayed.push_back(std::move(f));
+      }
+      cv.notify_all();
+    }
+    // Runs what was relayed until the outcome is there (true) or `until` passed.
+    bool run_until(std::chrono::steady_clock::time_point until) {
+      std::unique_lock<std::mutex> lk{mu};
+      for (;;) {
+        while (!relayed.empty()) {
+          auto f = std::move(relayed.front());
+          relayed.pop_front();
+          lk.unlock();
+          f();
+          lk.lock();
+        }
+        if (value)
+          return true;
+        if (until == std::chrono::steady_clock::time_point::max())
+          cv.wait(lk);
+        else if (cv.wait_until(lk, until) == std::cv_status::timeout && relayed.empty())
+          return value.has_value();
+      }
+    }
+  };
+  std::shared_ptr<state> st_;
+};
 
 class session;
 
@@ -144,6 +254,14 @@ public:
   /// Answers a Chronus feedback request of a sandbox (the request id is the
   /// event's seq): the `chronus feedback` waiting in it gets `fb`.
   expected<void> answer(const std::string& id, const chronus_feedback& fb);
+  /// Operating a node by name (docs/cluster.md, "Cordon, drain, uncordon";
+  /// through a coordinator any of its nodes, else the daemon's own):
+  /// cordon(node, true) stops new sandboxes there, cordon(node, false) takes
+  /// it back; both return its live sandboxes. drain() cordons it and returns
+  /// once its last sandbox is gone (how many it had), or errc::timeout after
+  /// `timeout` (0: no limit) naming how many are left.
+  expected<uint32_t> cordon(const std::string& node, bool on);
+  expected<uint32_t> drain(const std::string& node, std::chrono::milliseconds timeout);
 
   // ---- asynchronous variants ------------------------------------------------------
   // Each returns at once and calls `done` exactly once, on one of CAF's threads
@@ -168,6 +286,9 @@ public:
   void list_all_async(completion<sandbox_list> done);
   void stats_async(completion<node_stats> done);
   void answer_async(const std::string& id, const chronus_feedback& fb, completion<void> done);
+  void cordon_async(const std::string& node, bool on, completion<uint32_t> done);
+  void drain_async(const std::string& node, std::chrono::milliseconds timeout,
+                   completion<uint32_t> done);
 
   [[nodiscard]] caf::actor_system& system() { return *sys_; }
   [[nodiscard]] const scheduler_actor& scheduler() const { return scheduler_; }
@@ -274,6 +395,9 @@ public:
   void list_async(completion<std::vector<sandbox_info>> done);
   void close_async(completion<uint32_t> done);
   void answer_async(const std::string& id, const chronus_feedback& fb, completion<void> done);
+  void cordon_async(const std::string& node, bool on, completion<uint32_t> done);
+  void drain_async(const std::string& node, std::chrono::milliseconds timeout,
+                   completion<uint32_t> done);
 
   [[nodiscard]] const session_actor& handle() const { return handle_; }
 

@@ -574,11 +574,16 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
       return rp;
     },
     [=](cordon_atom, const std::string& name, bool on) -> caf::result<uint32_t> {
-      return operate(self, name, on ? "cordon" : "uncordon", caf::infinite, cordon_atom::value,
-                     on);
+      return operate(self, name, on ? "cordon" : "uncordon",
+                     caf::duration{std::chrono::seconds(10)}, cordon_atom::value, on);
     },
     [=](drain_atom, const std::string& name, uint64_t timeout_ms) -> caf::result<uint32_t> {
-      return operate(self, name, "drain", caf::infinite, drain_atom::value, timeout_ms);
+      // (a node that hangs or dies meanwhile ends the drain with an error
+      // 10 s after its own timeout)
+      auto wait = timeout_ms == 0 ? caf::duration{caf::infinite}
+                                  : caf::duration{std::chrono::milliseconds(timeout_ms)
+                                                  + std::chrono::seconds(10)};
+      return operate(self, name, "drain", wait, drain_atom::value, timeout_ms);
     },
     [=](cluster_atom) -> caf::result<std::vector<member_info>> {
       auto& s = self->state;

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "actors/types.hpp"
+#include "runtime/endpoint.hpp"
 
 namespace dsec {
 
@@ -207,11 +208,6 @@ std::string sealed_copy(const std::string& data, const std::string& path) {
   return copy;
 }
 
-std::string where_of(const std::string& host, uint16_t port) {
-  return (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":"
-         + std::to_string(port);
-}
-
 } // namespace
 
 } // namespace dsec
@@ -339,8 +335,9 @@ expected<uint16_t> publish(caf::actor_system& sys, const caf::strong_actor_ptr& 
                 host, true)
     .receive([&](uint16_t actual) { out = actual; },
              [&](caf::error& e) {
-               out = make_error(errc::system_error, "cannot listen on " + where_of(host, port)
-                                                      + ": " + in_words(e));
+               out = make_error(errc::system_error, "cannot listen on "
+                                                      + format_endpoint(host, port) + ": "
+                                                      + in_words(e));
              });
   return out;
 }
@@ -397,7 +394,7 @@ error connect_error(caf::actor_system& sys, const caf::error& e, const std::stri
           + std::string{tls ? " one with --tls?)" : " one without --tls?)"};
   } else
     why = in_words(e);
-  return make_error(code, "cannot reach " + where_of(host, port) + ": " + why);
+  return make_error(code, "cannot reach " + format_endpoint(host, port) + ": " + why);
 }
 
 expected<caf::strong_actor_ptr> connect(caf::actor_system& sys, const std::string& host,

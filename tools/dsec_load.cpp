@@ -44,6 +44,7 @@
 #include "actors/client.hpp"
 #include "actors/daemon.hpp"
 #include "runtime/chronus.hpp"
+#include "runtime/endpoint.hpp"
 #include "runtime/json.hpp"
 #include "runtime/layer.hpp"
 #include "tools/dsec/cli.hpp"
@@ -339,15 +340,13 @@ std::optional<int> parse_options(int argc, char** argv, options& o) {
     };
     std::optional<int> r;
     if (opt("--connect")) {
-      auto colon = v.rfind(':');
-      uint64_t port = 0;
-      if (colon == std::string::npos || colon == 0 || !dsec::cli::parse_uint(v.substr(colon + 1), 65535, port)
-          || port == 0)
-        return bad("--connect: expected HOST:PORT (a port from 1 to 65535), got '" + v + "'");
+      auto ep = dsec::parse_endpoint(v, "--connect");
+      if (!ep)
+        return bad(ep.error_value().message);
       if (!o.connect_host.empty())
         return bad("--connect: given twice");
-      o.connect_host = v.substr(0, colon);
-      o.connect_port = static_cast<uint16_t>(port);
+      o.connect_host = ep->host;
+      o.connect_port = ep->port;
     } else if (opt("--tls")) {
       if (v.empty())
         return bad("--tls: expected a directory (with ca.pem, cert.pem and key.pem)");

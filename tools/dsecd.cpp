@@ -27,6 +27,7 @@
 #include "actors/transport.hpp"
 #include "actors/types.hpp"
 #include "runtime/defaults.hpp"
+#include "runtime/endpoint.hpp"
 #include "runtime/units.hpp"
 #include "tools/dsec/cli.hpp"
 
@@ -210,14 +211,11 @@ int main(int argc, char** argv) {
     };
     uint64_t n = 0;
     if (opt("--listen")) {
-      auto colon = v.rfind(':');
-      if (colon == std::string::npos || colon == 0
-          || !dsec::cli::parse_uint(v.substr(colon + 1), 65535, n))
-        return bad("--listen: expected HOST:PORT, got '" + v + "'");
-      o.host = v.substr(0, colon);
-      if (o.host.size() > 2 && o.host.front() == '[' && o.host.back() == ']')
-        o.host = o.host.substr(1, o.host.size() - 2);
-      o.port = static_cast<uint16_t>(n);
+      auto ep = dsec::parse_endpoint(v, "--listen", dsec::port_zero::allowed);
+      if (!ep)
+        return bad(ep.error_value().message);
+      o.host = ep->host;
+      o.port = ep->port;
       if (o.host == "localhost")
         o.host = "127.0.0.1";
       in_addr a4{};
@@ -359,12 +357,11 @@ int main(int argc, char** argv) {
     } else if (a.flag("--coordinator")) {
       o.d.coordinator = true;
     } else if (opt("--join")) {
-      auto colon = v.rfind(':');
-      if (colon == std::string::npos || colon == 0
-          || !dsec::cli::parse_uint(v.substr(colon + 1), 65535, n) || n == 0)
-        return bad("--join: expected HOST:PORT (a port from 1 to 65535), got '" + v + "'");
-      o.d.join_host = v.substr(0, colon);
-      o.d.join_port = static_cast<uint16_t>(n);
+      auto ep = dsec::parse_endpoint(v, "--join");
+      if (!ep)
+        return bad(ep.error_value().message);
+      o.d.join_host = ep->host;
+      o.d.join_port = ep->port;
     } else if (const char* name = opt("--beat-interval")  ? "--beat-interval"
                                   : opt("--beat-timeout") ? "--beat-timeout"
                                   : opt("--orphan-grace") ? "--orphan-grace"
@@ -505,8 +502,7 @@ int main(int argc, char** argv) {
       ::close(fd);
   }
   // IPv6 addresses in brackets, as --connect takes them.
-  const auto shown = o.host.find(':') != std::string::npos ? "[" + o.host + "]" : o.host;
-  o.d.name = shown + ":" + std::to_string(o.port);
+  o.d.name = dsec::format_endpoint(o.host, o.port);
   // A node joins its coordinator through the same transport (TLS with --tls).
   o.d.connector = caf::actor_cast<caf::actor>(dsec::middleman_of(sys));
   dsec::door_policy door;
@@ -541,17 +537,18 @@ int main(int argc, char** argv) {
   std::string role = o.d.coordinator ? ", coordinator"
                      : o.d.join_host.empty()
                        ? ""
-                       : ", joining " + o.d.join_host + ":" + std::to_string(o.d.join_port);
+                       : ", joining " + dsec::format_endpoint(o.d.join_host, o.d.join_port);
   if (o.d.sim)
-    std::printf("dsecd: listening on %s:%u%s (state none: simulated backend, %u nodes x %u "
+    std::printf("dsecd: listening on %s%s (state none: simulated backend, %u nodes x %u "
                 "slots, %u threads, coordinator)\n",
-                shown.c_str(), *port, tls.c_str(), o.d.sim_nodes, o.d.sim_slots, o.threads);
+                dsec::format_endpoint(o.host, *port).c_str(), tls.c_str(), o.d.sim_nodes,
+                o.d.sim_slots, o.threads);
   else
-    std::printf("dsecd: listening on %s:%u%s (state %s, %u slots x %.2g, %u spawners, "
+    std::printf("dsecd: listening on %s%s (state %s, %u slots x %.2g, %u spawners, "
                 "%u threads%s; sandbox defaults: %s)\n",
-                shown.c_str(), *port, tls.c_str(), o.d.state_dir.c_str(), o.d.slots,
-                o.d.oversubscribe, o.d.spawners, o.threads, role.c_str(),
-                o.d.defaults->describe().c_str());
+                dsec::format_endpoint(o.host, *port).c_str(), tls.c_str(),
+                o.d.state_dir.c_str(), o.d.slots, o.d.oversubscribe, o.d.spawners, o.threads,
+                role.c_str(), o.d.defaults->describe().c_str());
   std::fflush(stdout);
   int sig = 0;
   ::sigwait(&stop, &sig);

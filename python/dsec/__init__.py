@@ -166,13 +166,7 @@ def _bytes(name: str, value: object) -> bytes:
 def _parse_address(address: object) -> tuple[str, int]:
     if not isinstance(address, str):
         raise TypeError(f"address: expected 'HOST:PORT' as a str, got {type(address).__name__}")
-    host, sep, port = address.rpartition(":")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"address: expected HOST:PORT with a port from 1 to 65535, "
-                         f"got {address!r}")
-    return host, int(port)
+    return _dsec.parse_endpoint(address, "address")
 
 
 def _environment(base: object, workdir: object, tools: Iterable[str] | None, memory: object,
@@ -403,6 +397,27 @@ class Client:
         self._c.stats_async(done)
         stats: NodeStats = await fut
         return stats
+
+    def cordon(self, node: str) -> int:
+        """Stops new sandboxes on ``node`` (its name as ``cluster status`` shows
+        it; a daemon that is not a coordinator takes its own name): the
+        coordinator places nothing there and the node refuses. Its own
+        sandboxes go on. Returns how many it has."""
+        n: int = self._c.cordon(node, True)
+        return n
+
+    def uncordon(self, node: str) -> int:
+        """Takes a cordoned ``node`` back. Returns how many sandboxes it has."""
+        n: int = self._c.cordon(node, False)
+        return n
+
+    def drain(self, node: str, timeout: Optional[Seconds] = None) -> int:
+        """Cordons ``node`` and waits until its last sandbox is gone; returns
+        how many it had. After ``timeout`` seconds (None: no limit) raises
+        dsec.Timeout naming how many are left; the node stays cordoned."""
+        ms = 0 if timeout is None else max(1, int(float(timeout) * 1000))
+        n: int = self._c.drain(node, ms)
+        return n
 
 
 # ---- sessions ------------------------------------------------------------------------------

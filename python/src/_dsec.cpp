@@ -44,6 +44,7 @@
 
 #include "actors/client.hpp"
 #include "runtime/chronus.hpp"
+#include "runtime/endpoint.hpp"
 #include "runtime/error.hpp"
 #include "runtime/units.hpp"
 
@@ -177,43 +178,20 @@ void wait_interruptibly(Ready&& ready) {
   }
 }
 
-// The outcome of a blocking call, handed from a CAF thread to the caller.
+// A completion for a blocking call: it fills the waiter (no Python involved).
 template <class T>
-struct outcome {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::optional<expected<T>> value;
-
-  void set(expected<T> v) {
-    {
-      std::lock_guard<std::mutex> g{mu};
-      if (value)
-        return;
-      value.emplace(std::move(v));
-    }
-    cv.notify_all();
-  }
-  bool wait_for(std::chrono::milliseconds d) {
-    std::unique_lock<std::mutex> lk{mu};
-    return cv.wait_for(lk, d, [&] { return value.has_value(); });
-  }
-  expected<T> take() { return std::move(*value); }
-};
-
-// A completion for a blocking call: it fills `out` (no Python involved).
-template <class T>
-completion<T> to_outcome(std::shared_ptr<outcome<T>> out, std::shared_ptr<op_token> tok) {
-  return [out, tok](expected<T> r) {
-    out->set(std::move(r));
+completion<T> to_waiter(const waiter<T>& w, std::shared_ptr<op_token> tok) {
+  return [done = w.done(), tok](expected<T> r) {
+    done(std::move(r));
     tok->release();
   };
 }
 
-// Waits for a blocking call's outcome.
+// Waits for a blocking call's outcome (see wait_interruptibly).
 template <class T>
-expected<T> await_outcome(const std::shared_ptr<outcome<T>>& out) {
-  wait_interruptibly([&](std::chrono::milliseconds d) { return out->wait_for(d); });
-  return out->take();
+expected<T> await_outcome(waiter<T>& w) {
+  wait_interruptibly([&](std::chrono::milliseconds d) { return w.wait_for(d); });
+  return w.get();
 }
 
 // A completion for an asynchronous call: on a CAF thread, with the GIL, it
@@ -308,7 +286,7 @@ class core {
 public:
   core(const std::string& host, uint16_t port, size_t threads, const std::string& tls_dir)
     : st_(std::make_unique<core_state>()) {
-    st_->where = host + ":" + std::to_string(port);
+    st_->where = format_endpoint(host, port);
     st_->cfg = std::make_unique<caf::actor_system_config>();
     if (auto ok = client::configure(*st_->cfg, tls_options{tls_dir}); !ok) {
       auto e = std::move(ok).error_value();
@@ -736,7 +714,7 @@ void bind_values(py::module_& m) {
   DSEC_STAT(refused_internal);
   DSEC_STAT(default_memory); DSEC_STAT(default_pids); DSEC_STAT(default_disk);
   DSEC_STAT(cgroups_reused); DSEC_STAT(cgroups_made); DSEC_STAT(backends);
-  DSEC_STAT(memory_capacity); DSEC_STAT(memory_admitted);
+  DSEC_STAT(memory_capacity); DSEC_STAT(memory_admitted); DSEC_STAT(cordoned);
 #undef DSEC_STAT
   stats.def("__repr__", [](const node_stats& s) {
     return "<dsec NodeStats node=" + s.node + " live=" + std::to_string(s.live)
@@ -783,11 +761,11 @@ void bind_client(py::module_& m) {
     .def("close", &core::close)
     .def("open_session",
          [](const core_ptr& c, uint32_t quota, uint64_t ttl_ms, std::string name, bool trajectory) {
-           auto out = std::make_shared<outcome<std::unique_ptr<session>>>();
+           waiter<std::unique_ptr<session>> out;
            {
              auto s = c->start();
              c->cl().open_session_async(session_opts(quota, ttl_ms, std::move(name), trajectory),
-                                        to_outcome(out, s.tok));
+                                        to_waiter(out, s.tok));
            }
            auto sess = value_or_raise(await_outcome(out));
            auto id = sess->id();
@@ -815,10 +793,10 @@ void bind_client(py::module_& m) {
          })
     .def("resume_session",
          [](const core_ptr& c, const std::string& id) {
-           auto out = std::make_shared<outcome<std::unique_ptr<session>>>();
+           waiter<std::unique_ptr<session>> out;
            {
              auto s = c->start();
-             c->cl().resume_session_async(id, to_outcome(out, s.tok));
+             c->cl().resume_session_async(id, to_waiter(out, s.tok));
            }
            auto sess = value_or_raise(await_outcome(out));
            auto sid = sess->id();
@@ -846,19 +824,19 @@ void bind_client(py::module_& m) {
          })
     .def("list",
          [](const core_ptr& c) {
-           auto out = std::make_shared<outcome<std::vector<sandbox_info>>>();
+           waiter<std::vector<sandbox_info>> out;
            {
              auto s = c->start();
-             c->cl().list_async(to_outcome(out, s.tok));
+             c->cl().list_async(to_waiter(out, s.tok));
            }
            return value_or_raise(await_outcome(out));
          })
     .def("list_all",
          [](const core_ptr& c) {
-           auto out = std::make_shared<outcome<sandbox_list>>();
+           waiter<sandbox_list> out;
            {
              auto s = c->start();
-             c->cl().list_all_async(to_outcome(out, s.tok));
+             c->cl().list_all_async(to_waiter(out, s.tok));
            }
            return value_or_raise(await_outcome(out));
          })
@@ -870,16 +848,33 @@ void bind_client(py::module_& m) {
          })
     .def("stats",
          [](const core_ptr& c) {
-           auto out = std::make_shared<outcome<node_stats>>();
+           waiter<node_stats> out;
            {
              auto s = c->start();
-             c->cl().stats_async(to_outcome(out, s.tok));
+             c->cl().stats_async(to_waiter(out, s.tok));
            }
            return value_or_raise(await_outcome(out));
          })
     .def("stats_async", [](const core_ptr& c, py::object done) {
       auto s = c->start();
       c->cl().stats_async(to_python<node_stats>(std::move(done), s.tok, identity{}));
+    })
+    .def("cordon",
+         [](const core_ptr& c, const std::string& node, bool on) {
+           waiter<uint32_t> out;
+           {
+             auto s = c->start();
+             c->cl().cordon_async(node, on, to_waiter(out, s.tok));
+           }
+           return value_or_raise(await_outcome(out));
+         })
+    .def("drain", [](const core_ptr& c, const std::string& node, uint64_t timeout_ms) {
+      waiter<uint32_t> out;
+      {
+        auto s = c->start();
+        c->cl().drain_async(node, std::chrono::milliseconds(timeout_ms), to_waiter(out, s.tok));
+      }
+      return value_or_raise(await_outcome(out));
     });
 }
 
@@ -890,12 +885,12 @@ void bind_session(py::module_& m) {
          [](py_session& ps, const environment& env, int64_t count, std::string key,
             std::map<std::string, std::string> tags) {
            auto n = count_arg(count);
-           auto out = std::make_shared<outcome<std::vector<created_sandbox>>>();
+           waiter<std::vector<created_sandbox>> out;
            auto failures = std::make_shared<std::pair<std::mutex, std::vector<error>>>();
            {
              auto s = ps.co().start();
              ps.get()->create_async(env, n, create_labels{std::move(key), std::move(tags)},
-                                    to_outcome(out, s.tok), {},
+                                    to_waiter(out, s.tok), {},
                                     [failures](const error& e) {
                                       std::lock_guard<std::mutex> g{failures->first};
                                       failures->second.push_back(e);
@@ -925,10 +920,10 @@ void bind_session(py::module_& m) {
          })
     .def("find",
          [](py_session& ps, const std::string& key) {
-           auto out = std::make_shared<outcome<sandbox_info>>();
+           waiter<sandbox_info> out;
            {
              auto s = ps.co().start();
-             ps.get()->find_async(key, to_outcome(out, s.tok));
+             ps.get()->find_async(key, to_waiter(out, s.tok));
            }
            return value_or_raise(await_outcome(out));
          })
@@ -939,10 +934,10 @@ void bind_session(py::module_& m) {
          })
     .def("exec",
          [](py_session& ps, const std::string& id, const exec_request& req) {
-           auto out = std::make_shared<outcome<exec_result>>();
+           waiter<exec_result> out;
            {
              auto s = ps.co().start();
-             ps.get()->exec_async(id, req, to_outcome(out, s.tok));
+             ps.get()->exec_async(id, req, to_waiter(out, s.tok));
            }
            return value_or_raise(await_outcome(out));
          })
@@ -1011,11 +1006,11 @@ void bind_session(py::module_& m) {
          })
     .def("put",
          [](py_session& ps, const std::string& id, const std::string& dir, const py::bytes& tar) {
-           auto out = std::make_shared<outcome<uint64_t>>();
+           waiter<uint64_t> out;
            std::string t{tar};
            {
              auto s = ps.co().start();
-             ps.get()->put_async(id, dir, std::move(t), to_outcome(out, s.tok));
+             ps.get()->put_async(id, dir, std::move(t), to_waiter(out, s.tok));
            }
            return value_or_raise(await_outcome(out));
          })
@@ -1029,10 +1024,10 @@ void bind_session(py::module_& m) {
          })
     .def("get",
          [](py_session& ps, const std::string& id, const std::string& path) {
-           auto out = std::make_shared<outcome<std::string>>();
+           waiter<std::string> out;
            {
              auto s = ps.co().start();
-             ps.get()->get_async(id, path, to_outcome(out, s.tok));
+             ps.get()->get_async(id, path, to_waiter(out, s.tok));
            }
            return py::bytes(value_or_raise(await_outcome(out)));
          })
@@ -1043,10 +1038,10 @@ void bind_session(py::module_& m) {
          })
     .def("destroy",
          [](py_session& ps, const std::string& id) {
-           auto out = std::make_shared<outcome<void>>();
+           waiter<void> out;
            {
              auto s = ps.co().start();
-             ps.get()->destroy_async(id, to_outcome(out, s.tok));
+             ps.get()->destroy_async(id, to_waiter(out, s.tok));
            }
            auto r = await_outcome(out);
            if (!r)
@@ -1059,10 +1054,10 @@ void bind_session(py::module_& m) {
          })
     .def("set_ttl",
          [](py_session& ps, const std::string& id, uint64_t ms) {
-           auto out = std::make_shared<outcome<uint64_t>>();
+           waiter<uint64_t> out;
            {
              auto s = ps.co().start();
-             ps.get()->set_ttl_async(id, std::chrono::milliseconds(ms), to_outcome(out, s.tok));
+             ps.get()->set_ttl_async(id, std::chrono::milliseconds(ms), to_waiter(out, s.tok));
            }
            return value_or_raise(await_outcome(out));
          })
@@ -1074,10 +1069,10 @@ void bind_session(py::module_& m) {
          })
     .def("list",
          [](py_session& ps) {
-           auto out = std::make_shared<outcome<std::vector<sandbox_info>>>();
+           waiter<std::vector<sandbox_info>> out;
            {
              auto s = ps.co().start();
-             ps.get()->list_async(to_outcome(out, s.tok));
+             ps.get()->list_async(to_waiter(out, s.tok));
            }
            return value_or_raise(await_outcome(out));
          })
@@ -1089,10 +1084,10 @@ void bind_session(py::module_& m) {
          })
     .def("close",
          [](py_session& ps) {
-           auto out = std::make_shared<outcome<uint32_t>>();
+           waiter<uint32_t> out;
            {
              auto s = ps.co().start();
-             ps.get()->close_async(to_outcome(out, s.tok));
+             ps.get()->close_async(to_waiter(out, s.tok));
            }
            return value_or_raise(await_outcome(out));
          })
@@ -1105,10 +1100,10 @@ void bind_session(py::module_& m) {
          [](py_session& ps, const std::string& id, uint64_t request_id, double reward,
             std::string text, const py::bytes& data, bool done) {
            auto fb = feedback_of(request_id, reward, std::move(text), std::string(data), done);
-           auto out = std::make_shared<outcome<void>>();
+           waiter<void> out;
            {
              auto s = ps.co().start();
-             ps.get()->answer_async(id, fb, to_outcome(out, s.tok));
+             ps.get()->answer_async(id, fb, to_waiter(out, s.tok));
            }
            auto r = await_outcome(out);
            if (!r)
@@ -1232,6 +1227,18 @@ PYBIND11_MODULE(_dsec, m) {
       return value_or_raise(dsec::parse_size(s, what));
     },
     py::arg("text"), py::arg("what"), "bytes from '512m', '2g', '1048576' (dsec's own parser)");
+
+  m.def(
+    "parse_endpoint",
+    [](const std::string& s, const std::string& what) {
+      auto ep = dsec::parse_endpoint(s, what);
+      if (!ep)
+        throw py::value_error(ep.error_value().message);
+      return py::make_tuple(ep->host, ep->port);
+    },
+    py::arg("text"), py::arg("what"),
+    "(host, port) from 'HOST:PORT' or '[IPV6]:PORT' (dsec's own parser); ValueError naming "
+    "the value and what is wrong");
 
   m.def("errc_names", [] {
     py::dict d;

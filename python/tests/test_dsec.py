@@ -728,5 +728,32 @@ class Conveniences(Base):
         self.assertGone(ids)
 
 
+
+class Operating(Base):
+    """cordon, drain and uncordon a node (docs/cluster.md)."""
+
+    def test_cordon_drain_uncordon(self):
+        node = self.c.stats().node
+        with self.c.session(quota=4) as s:
+            sb = s.create_one("py@1")
+            self.addCleanup(self.c.uncordon, node)
+            self.assertGreaterEqual(self.c.cordon(node), 1)
+            self.assertTrue(self.c.stats().cordoned)
+            with self.assertRaises(dsec.Overloaded) as cm:
+                s.create_one("py@1")
+            self.assertIn("cordoned", str(cm.exception))
+            self.assertEqual(sb.exec("echo on").stdout, b"on\n")  # its own go on
+            with self.assertRaises(dsec.Timeout) as cm:
+                self.c.drain(node, timeout=0.2)
+            self.assertIn("still has", str(cm.exception))
+            sb.close()
+            self.assertGone([sb.id])
+            self.assertEqual(self.c.drain(node, timeout=30), 0)
+            self.assertEqual(self.c.uncordon(node), 0)
+            self.assertFalse(self.c.stats().cordoned)
+            s.create_one("py@1").close()
+        with self.assertRaises(dsec.NotFound):
+            self.c.cordon("127.0.0.1:1")
+
 if __name__ == "__main__":
     unittest.main()

@@ -1,5 +1,6 @@
-// Shared pieces of the dsec command line: global options, a small argument
-// cursor, and how errors are printed. Each verb lives in its own file.
+// Shared pieces of the dsec command line: a small argument cursor and how
+// errors are printed (the global options: global_options.hpp). Each verb lives
+// in its own file.
 #pragma once
 
 #include <cstdint>
@@ -8,13 +9,9 @@
 #include <vector>
 
 #include "runtime/error.hpp"
+#include "tools/dsec/global_options.hpp"
 
 namespace dsec::cli {
-
-/// Options that come before the verb: `dsec [--state DIR] VERB ...`.
-struct global_options {
-  std::string state_dir; ///< --state, else $DSEC_STATE, else /var/lib/dsec
-};
 
 /// Walks argv from a start index. Understands `--name VALUE`, `--name=VALUE`,
 /// boolean `--name`, and `--` (everything after it is left for rest()).

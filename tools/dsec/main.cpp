@@ -114,53 +114,21 @@ int main(int argc, char** argv) {
   global_options g;
   g.state_dir = default_state_dir();
   args a{argc, argv, 1};
-  bool connect = false, tls = false;
-  while (a.at_option()) {
-    if (a.help()) {
-      if (connect) // the daemon's verbs: dsec-client describes them
-        return hand_over(argv, false);
-      std::fputs(usage, stdout);
-      return 0;
-    }
-    if (a.flag("--version")) {
-      std::printf("dsec %s\n", DSEC_VERSION);
-      return 0;
-    }
-    std::string value;
-    auto r = a.option("--state", value);
-    if (!r)
-      return usage_error("", r.error_value().message);
-    if (*r) {
-      if (value.empty())
-        return usage_error("", "--state needs a directory");
-      g.state_dir = value;
-      continue;
-    }
-    r = a.option("--connect", value);
-    if (!r)
-      return usage_error("", r.error_value().message);
-    if (*r) {
-      if (value.empty())
-        return usage_error("", "--connect needs HOST:PORT");
-      connect = true;
-      continue;
-    }
-    r = a.option("--tls", value);
-    if (!r)
-      return usage_error("", r.error_value().message);
-    if (*r) {
-      if (value.empty())
-        return usage_error("", "--tls needs a directory");
-      tls = true;
-      continue;
-    }
-    std::fprintf(stderr, "dsec: unknown global option '%s'\nTry 'dsec --help'.\n",
-                 std::string{a.peek()}.c_str());
-    return 2;
+  if (auto rc = parse_global_options(a, g))
+    return *rc;
+  if (g.help) {
+    if (g.connect) // the daemon's verbs: dsec-client describes them
+      return hand_over(argv, false);
+    std::fputs(usage, stdout);
+    return 0;
   }
-  if (connect)
+  if (g.version) {
+    std::printf("dsec %s\n", DSEC_VERSION);
+    return 0;
+  }
+  if (g.connect)
     return hand_over(argv, a.peek() == "run");
-  if (tls)
+  if (!g.tls_dir.empty())
     return usage_error("", "--tls is for talking to a daemon: give --connect HOST:PORT too");
   if (a.empty()) {
     std::fputs(usage, stderr);

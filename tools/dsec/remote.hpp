@@ -1,14 +1,15 @@
 // dsec-client: the verbs of `dsec --connect HOST:PORT VERB`, which talk to a
-// dsecd through dsec::client. Each verb parses its arguments first (so --help
-// and usage errors need no daemon), then connects.
+// dsecd through dsec::client. Each verb lives in its own file (remote_VERB.cpp),
+// parses its arguments first (so --help and usage errors need no daemon), then
+// connects; remote.cpp is dsec-client's main, remote_common.* what they share.
 #pragma once
 
-#include <cstdint>
 #include <memory>
 #include <string>
 #include <string_view>
 
 #include "actors/client.hpp"
+#include "runtime/endpoint.hpp"
 #include "tools/dsec/cli.hpp"
 
 namespace dsec::cli::remote {
@@ -17,10 +18,10 @@ namespace dsec::cli::remote {
 class context {
 public:
   /// `tls`: --tls DIR (or $DSEC_TLS); empty for plain TCP.
-  context(std::string host, uint16_t port, tls_options tls = {});
+  context(endpoint where, tls_options tls = {});
   ~context();
 
-  /// HOST:PORT as given.
+  /// HOST:PORT (an IPv6 host in brackets).
   [[nodiscard]] const std::string& where() const { return where_; }
 
   /// `--connect HOST:PORT VERB`: how usage errors name the verb.
@@ -32,8 +33,8 @@ public:
   expected<client*> connect();
 
 private:
-  std::string host_, where_;
-  uint16_t port_;
+  endpoint endpoint_;
+  std::string where_;
   tls_options tls_;
   std::unique_ptr<caf::actor_system_config> cfg_;
   std::unique_ptr<caf::actor_system> sys_;
@@ -51,17 +52,5 @@ int run_main(context& c, args& a);
 int cp_main(context& c, args& a);
 int watch_main(context& c, args& a);    // session watch
 int feedback_main(context& c, args& a);
-
-/// Writes all of `data` to `fd`; false (errno set) if it cannot, e.g. EPIPE
-/// when the reader left (SIGPIPE is ignored).
-bool write_all(int fd, std::string_view data);
-
-/// Reads all of `fd` (our stdin for -i).
-expected<std::string> read_all(int fd);
-
-/// The exit status of a command that could not be started, from the daemon's
-/// error: 127 not found, 126 cannot be executed (or --cwd, --user failed);
-/// 0 when the error is about something else.
-int exec_failure_status(const error& e);
 
 } // namespace dsec::cli::remote

@@ -21,6 +21,7 @@
 #include "runtime/fd.hpp"
 #include "runtime/untar.hpp"
 #include "tools/dsec/remote.hpp"
+#include "tools/dsec/remote_common.hpp"
 
 extern char** environ;
 
@@ -119,7 +120,7 @@ expected<int> run_tool(const std::vector<std::string>& argv, const std::string* 
     in[1] = -1;
   }
   if (output) {
-    auto got = read_all(out[0]);
+    auto got = read_all(out[0], "the output of tar", "reading");
     ::close(out[0]);
     out[0] = -1;
     if (got)

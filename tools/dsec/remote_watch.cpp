@@ -1,19 +1,17 @@
-// dsec-client's Chronus verbs: `session watch ID` prints a session's events as
-// JSON lines; `feedback SANDBOX REQ ...` answers one feedback request.
+// dsec --connect HOST:PORT session watch: a session's Chronus events, printed as
+// JSON lines as they come.
 #include <signal.h>
 
 #include <atomic>
-#include <cerrno>
 #include <chrono>
-#include <cmath>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
+#include <optional>
 #include <string>
 
 #include "runtime/chronus.hpp"
 #include "runtime/units.hpp"
 #include "tools/dsec/remote.hpp"
+#include "tools/dsec/remote_common.hpp"
 
 namespace dsec::cli::remote {
 
@@ -38,40 +36,10 @@ Exit status: 0; 1 when the session is unknown or the daemon cannot be
 reached; 2 on a usage error.
 )";
 
-const char* feedback_usage = R"(usage: dsec --connect HOST:PORT feedback SANDBOX REQ [--reward X] [--text T] [--data D] [--done]
-
-Answers feedback request REQ of sandbox SANDBOX (REQ is the "id" of its
-feedback event in `session watch`): the `chronus feedback` waiting there
-prints this answer and returns.
-
-Options:
-  --reward X   a finite number (default 0)
-  --text T     text (UTF-8, at most 16 KiB)
-  --data D     bytes (at most 32 KiB)
-  --done       tell the sandbox's program that the episode is over
-  -h, --help   this text
-
-Exit status: 0 when delivered; 1 when no such request waits (answered
-already, its program gone), the sandbox is unknown or has no Chronus, or the
-daemon cannot be reached; 2 on a usage error.
-)";
-
 std::atomic<bool> stop_requested{false};
 
 void on_stop(int) {
   stop_requested = true;
-}
-
-bool parse_u64(const std::string& v, uint64_t& out) {
-  if (v.empty() || v.size() > 20)
-    return false;
-  char* end = nullptr;
-  errno = 0;
-  auto n = std::strtoull(v.c_str(), &end, 10);
-  if (errno != 0 || *end != '\0' || v.front() == '-')
-    return false;
-  out = n;
-  return true;
 }
 
 } // namespace
@@ -154,71 +122,6 @@ int watch_main(context& ctx, args& a) {
       return 0; // our reader left
     ++seen;
   }
-  return 0;
-}
-
-int feedback_main(context& ctx, args& a) {
-  auto verb = ctx.verb("feedback");
-  std::string sandbox, req;
-  chronus_feedback fb;
-  while (!a.empty()) {
-    if (a.help()) {
-      std::fputs(feedback_usage, stdout);
-      return 0;
-    }
-    if (a.flag("--done")) {
-      fb.done = true;
-      continue;
-    }
-    std::string v;
-    auto got = a.option("--reward", v);
-    if (!got)
-      return usage_error(verb, got.error_value().message);
-    if (*got) {
-      char* end = nullptr;
-      errno = 0;
-      double x = std::strtod(v.c_str(), &end);
-      if (v.empty() || *end != '\0' || errno != 0 || !std::isfinite(x))
-        return usage_error(verb, "--reward: expected a finite number, got '" + v + "'");
-      fb.reward = x;
-      continue;
-    }
-    got = a.option("--text", v);
-    if (!got)
-      return usage_error(verb, got.error_value().message);
-    if (*got) {
-      fb.text = v;
-      continue;
-    }
-    got = a.option("--data", v);
-    if (!got)
-      return usage_error(verb, got.error_value().message);
-    if (*got) {
-      fb.data = v;
-      continue;
-    }
-    if (a.at_option())
-      return usage_error(verb, "unknown option '" + std::string{a.peek()} + "'");
-    if (sandbox.empty())
-      sandbox = a.next();
-    else if (req.empty())
-      req = a.next();
-    else
-      return usage_error(verb, "unexpected argument '" + std::string{a.peek()} + "'");
-  }
-  if (sandbox.empty() || req.empty())
-    return usage_error(verb, "expected SANDBOX and REQ (the request's id)");
-  if (!parse_u64(req, fb.request_id) || fb.request_id == 0)
-    return usage_error(verb, "REQ: expected a request id (a positive whole number), got '" +
-                               req + "'");
-  if (auto ok = check_feedback(fb); !ok)
-    return usage_error(verb, ok.error_value().message);
-  auto c = ctx.connect();
-  if (!c)
-    return fail(c.error_value());
-  auto r = (*c)->answer(sandbox, fb);
-  if (!r)
-    return fail(r.error_value());
   return 0;
 }
 

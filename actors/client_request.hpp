@@ -1,0 +1,204 @@
+// The request path of dsec::client (private to client*.cpp): one small
+// event-based actor per call makes the request, watches its destination (and
+// the client) go away, and hands the outcome to a completion. A blocking call
+// is this path and a wait (dsec::waiter, in client.hpp).
+#pragma once
+
+#include <caf/actor_system.hpp>
+#include <caf/event_based_actor.hpp>
+#include <caf/send.hpp>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "actors/client.hpp"
+#include "actors/types.hpp"
+
+namespace dsec::detail {
+
+// What a reply is to the caller: one value as it is; the scheduler's list,
+// two values (the sandboxes, the nodes that did not answer), as one.
+template <class Result>
+struct reply_of {
+  template <class Self, class F>
+  static auto on(Self*, F f) {
+    return [f](Result& r) mutable { f(std::move(r)); };
+  }
+};
+template <>
+struct reply_of<sandbox_list> {
+  template <class Self, class F>
+  static auto on(Self*, F f) {
+    return [f](std::vector<sandbox_info>& xs, std::vector<std::string>& missing) mutable {
+      f(sandbox_list{std::move(xs), std::move(missing)});
+    };
+  }
+};
+
+// Why a call's destination went away. A session that ended normally was
+// closed (errc::closed: a retry cannot succeed); one that ended otherwise,
+// or a daemon, is gone (disconnected: reconnect, resume).
+template <class Handle>
+error gone_error(caf::event_based_actor* self, const caf::error& reason) {
+  if constexpr (std::is_same_v<Handle, session_actor>) {
+    if (!reason)
+      return make_error(errc::closed, "the session was closed (by close(), or `dsec session "
+                                      "close`): open or resume another");
+    if (reason == caf::exit_reason::user_shutdown)
+      return make_error(errc::disconnected,
+                        "the session ended without being closed (its daemon stopped, or its"
+                        " trainer went away): resume it once a daemon serves its state dir");
+  }
+  (void) self;
+  // (An empty reason, a normal exit, has no category to look at.)
+  auto why = reason ? in_words(reason) : std::string{"it ended"};
+  return make_error(errc::disconnected, "no answer: the daemon or the session is gone: " + why);
+}
+
+// Makes the helper `self` report `dest` going away (its daemon's connection
+// dropped, or the daemon shut down) through `on_lost`, then quit: without it a
+// call would wait forever, as CAF drops, without an error, what is sent to the
+// proxy of an actor whose node is gone, and never answers requests in flight.
+// It also reports `owner` going away (the client's identity: the client object
+// was destroyed) unless `owner` is null.
+//
+// The monitor of `dest` is kept by `owner` (the client's identity: one per
+// destination, see watcher_impl), which forwards its down_msg to each helper
+// registered: a monitor per call on the session would cost a walk of CAF's
+// list of monitors per call (quadratic in the calls in flight).
+using hub_watch_atom = caf::atom_constant<caf::atom("hubwatch")>;
+using hub_unwatch_atom = caf::atom_constant<caf::atom("hubunwatch")>;
+
+template <class Handle>
+void watch_lost(caf::event_based_actor* self, const Handle& dest, const caf::actor& owner,
+                std::function<void(error)> on_lost) {
+  auto addr = dest.address();
+  auto owner_addr = owner ? owner.address() : caf::actor_addr{};
+  self->set_down_handler([=](caf::down_msg& dm) {
+    if (owner_addr && dm.source == owner_addr) {
+      on_lost(make_error(errc::disconnected, "no answer: the client was closed first"));
+      self->quit();
+      return;
+    }
+    if (dm.source != addr)
+      return;
+    on_lost(gone_error<Handle>(self, dm.reason));
+    self->quit();
+  });
+  if (!owner) {
+    self->monitor(dest);
+    return;
+  }
+  self->request(owner, caf::infinite, hub_watch_atom::value, caf::actor_cast<caf::actor>(dest))
+    .then([](bool) {},
+          [=](caf::error&) { // the identity is gone
+            on_lost(make_error(errc::disconnected, "no answer: the client was closed first"));
+            self->quit();
+          });
+}
+
+// Stops the monitors of watch_lost (monitors left behind would pile up on a
+// long-lived actor such as the client's identity, one per call).
+template <class Handle>
+void unwatch(caf::event_based_actor* self, const Handle& dest, const caf::actor& owner) {
+  if (owner)
+    self->send(owner, hub_unwatch_atom::value, dest.address());
+  else
+    self->demonitor(dest.address());
+}
+
+
+// How a call's helper watches its destination. An asynchronous call: through
+// the client's identity (watch_lost's `owner`: one monitor per destination
+// however many calls are in flight). A blocking call (made inside blocking(),
+// on the calling thread): directly, as CAF then tells it of a destination
+// that is already gone before it bounces the request, so the error says who
+// went (the daemon, or the session and why) rather than that "what was asked
+// ended before it answered".
+inline thread_local bool t_blocking_call = false;
+
+inline caf::actor watch_owner(const caf::actor& identity) {
+  return t_blocking_call ? caf::actor{} : identity;
+}
+
+// The request path of every call, blocking or not: a helper actor makes the
+// request and hands the outcome to `done` on its CAF thread. `done` runs exactly once: with
+// the reply, the error, or `disconnected` when `dest` or `owner` goes away.
+template <class Result, class Handle, class... Ts>
+void async_request(caf::actor_system& sys, const caf::actor& owner, const Handle& dest,
+                   completion<Result> done, output_fn on_output, Ts... xs) {
+  auto fin = std::make_shared<completion<Result>>(std::move(done));
+  sys.spawn([fin, owner = watch_owner(owner), dest, on_output = std::move(on_output),
+             ... xs = std::move(xs)](caf::event_based_actor* self) mutable -> caf::behavior {
+    watch_lost(self, dest, owner, [fin](error e) { (*fin)(std::move(e)); });
+    self->request(dest, caf::infinite, std::move(xs)...)
+      .then(
+        reply_of<Result>::on(self, [=](Result r) {
+          unwatch(self, dest, owner);
+          (*fin)(std::move(r));
+          self->quit();
+        }),
+        [=](caf::error& e) {
+          unwatch(self, dest, owner);
+          (*fin)(from_caf(e));
+          self->quit();
+        });
+    // A streamed exec's output comes to the helper (it made the request).
+    return {
+      [=](output_chunk& c) {
+        if (on_output)
+          on_output(c.stream, c.data);
+      },
+    };
+  });
+}
+
+template <class Result, class Handle, class... Ts>
+void async_call(caf::actor_system& sys, const caf::actor& owner, const Handle& dest,
+                completion<Result> done, Ts... xs) {
+  async_request<Result>(sys, owner, dest, std::move(done), output_fn{}, std::move(xs)...);
+}
+
+// A reply of `true` (destroy, feedback) as expected<void>.
+inline completion<bool> as_void(completion<void> done) {
+  return [done = std::move(done)](expected<bool> r) {
+    if (!r)
+      done(std::move(r).error_value());
+    else
+      done(expected<void>{});
+  };
+}
+
+// exec_async with streamed output: each chunk goes to `on_output` before
+// `done` gets the result.
+template <class Handle, class... Ts>
+void async_streamed_exec(caf::actor_system& sys, const caf::actor& owner, const Handle& dest,
+                         completion<exec_result> done, output_fn on_output, Ts... xs) {
+  async_request<exec_result>(sys, owner, dest, std::move(done), std::move(on_output),
+                             std::move(xs)...);
+}
+
+// The blocking form of a call: `start(w)` starts the asynchronous call with
+// the waiter's completion; this waits for its outcome.
+template <class T, class Start>
+expected<T> blocking(Start&& start) {
+  waiter<T> w;
+  {
+    struct scope {
+      bool was = t_blocking_call;
+      scope() { t_blocking_call = true; }
+      ~scope() { t_blocking_call = was; }
+    } s;
+    start(w);
+  }
+  return w.get();
+}
+
+/// A feedback answer as the wire carries it; invalid_argument if it is not one.
+expected<chronus_feedback_msg> feedback_bytes(const chronus_feedback& fb);
+
+} // namespace dsec::detail

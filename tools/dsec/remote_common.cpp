@@ -1,0 +1,159 @@
+#include "tools/dsec/remote_common.hpp"
+
+#include <caf/actor_system.hpp>
+#include <caf/actor_system_config.hpp>
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+
+#include "runtime/container.hpp"
+#include "runtime/units.hpp"
+#include "tools/dsec/remote.hpp"
+
+namespace dsec::cli::remote {
+
+// ---- the connection -------------------------------------------------------------
+
+context::context(endpoint where, tls_options tls)
+  : endpoint_(std::move(where)), where_(endpoint_.to_string()), tls_(std::move(tls)) {}
+
+context::~context() {
+  client_.reset(); // before the actor system it lives in
+  sys_.reset();
+}
+
+expected<client*> context::connect() {
+  if (client_)
+    return client_.get();
+  if (!sys_) {
+    cfg_ = std::make_unique<caf::actor_system_config>();
+    if (auto ok = client::configure(*cfg_, tls_); !ok) {
+      auto e = std::move(ok).error_value();
+      e.message = "--tls " + tls_.dir + ": " + e.message;
+      cfg_.reset();
+      return e;
+    }
+    cfg_->set("scheduler.policy", caf::atom("sharing"));
+    cfg_->set("scheduler.max-threads", size_t{2});
+    cfg_->set("logger.console", caf::atom("none"));
+    sys_ = std::make_unique<caf::actor_system>(*cfg_);
+  }
+  auto c = client::connect(*sys_, endpoint_.host, endpoint_.port);
+  if (!c)
+    return std::move(c).error_value();
+  client_ = std::move(*c);
+  return client_.get();
+}
+
+// ---- helpers ----------------------------------------------------------------------
+
+bool write_all(int fd, std::string_view data) {
+  while (!data.empty()) {
+    auto n = ::write(fd, data.data(), data.size());
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n <= 0)
+      return false;
+    data.remove_prefix(static_cast<size_t>(n));
+  }
+  return true;
+}
+
+int exec_failure_status(const error& e) {
+  // The daemon's message is the runtime's: "step 'execve' failed: cannot
+  // execute 'x' in the sandbox: ..." (the step itself does not cross the wire).
+  const std::string& m = e.message;
+  if (m.rfind("step 'execve' failed", 0) == 0)
+    return e.code == errc::not_found ? 127 : 126;
+  if (m.rfind("step 'chdir' failed", 0) == 0 || m.rfind("step 'setuid' failed", 0) == 0)
+    return 126;
+  return 0;
+}
+
+bool parse_u64(const std::string& v, uint64_t& out) {
+  if (v.empty() || v.size() > 20)
+    return false;
+  char* end = nullptr;
+  errno = 0;
+  auto n = std::strtoull(v.c_str(), &end, 10);
+  if (errno != 0 || *end != '\0' || v.front() == '-')
+    return false;
+  out = n;
+  return true;
+}
+
+
+std::string age(uint64_t ms) {
+  uint64_t s = ms / 1000;
+  char buf[32];
+  if (s < 60)
+    std::snprintf(buf, sizeof buf, "%llus", static_cast<unsigned long long>(s));
+  else if (s < 3600)
+    std::snprintf(buf, sizeof buf, "%llum%02llus", static_cast<unsigned long long>(s / 60),
+                  static_cast<unsigned long long>(s % 60));
+  else if (s < 86400)
+    std::snprintf(buf, sizeof buf, "%lluh%02llum", static_cast<unsigned long long>(s / 3600),
+                  static_cast<unsigned long long>(s % 3600 / 60));
+  else
+    std::snprintf(buf, sizeof buf, "%llud%02lluh", static_cast<unsigned long long>(s / 86400),
+                  static_cast<unsigned long long>(s % 86400 / 3600));
+  return buf;
+}
+
+std::string layers_of(const environment& env) {
+  std::string s = env.base;
+  if (!env.workdir.empty() || !env.tools.empty())
+    s += "/" + (env.workdir.empty() ? std::string{"-"} : env.workdir);
+  for (size_t i = 0; i < env.tools.size(); ++i)
+    s += (i == 0 ? "/" : ",") + env.tools[i];
+  return s;
+}
+
+// ---- exec and run --------------------------------------------------------------------
+
+int status_of(const exec_result& r, const std::optional<std::chrono::milliseconds>& timeout) {
+  if (r.timed_out) {
+    std::fprintf(stderr, "dsec: timed out after %s; the command was killed\n",
+                 timeout ? format_duration(*timeout).c_str() : "its timeout");
+    return 124;
+  }
+  exit_status st{r.exit_code, r.signal};
+  if (st.signal != 0)
+    std::fprintf(stderr, "dsec: the command was %s%s\n", st.to_string().c_str(),
+                 r.oom_killed ? " (out of memory: the --memory limit was reached)" : "");
+  return st.shell_code();
+}
+
+int exec_error(const error& e, int code) {
+  fail(e);
+  int s = exec_failure_status(e);
+  return s != 0 ? s : code;
+}
+
+exec_request make_request(const command_spec& cs, std::vector<std::string> argv) {
+  exec_request req;
+  req.argv = std::move(argv);
+  req.env = cs.env;
+  req.cwd = cs.cwd;
+  if (cs.uid)
+    req.uid = static_cast<int32_t>(*cs.uid);
+  if (cs.gid)
+    req.gid = static_cast<int32_t>(*cs.gid);
+  if (cs.timeout)
+    req.timeout_ms = static_cast<uint64_t>(cs.timeout->count());
+  return req;
+}
+
+const int broken_pipe_status = 128 + SIGPIPE;
+
+void print_output(uint8_t stream, std::string_view data) {
+  if (!write_all(stream == 2 ? 2 : 1, data) && errno == EPIPE)
+    ::_exit(broken_pipe_status);
+}
+
+} // namespace dsec::cli::remote

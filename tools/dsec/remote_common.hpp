@@ -1,0 +1,61 @@
+// What the verbs of dsec-client share: writing and reading descriptors, how a
+// command's outcome becomes our exit status (exec, run), and the little
+// formatters of ps, session and cluster.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "actors/messages.hpp"
+#include "runtime/clock.hpp"
+#include "runtime/error.hpp"
+#include "runtime/io.hpp"
+#include "runtime/json.hpp"
+#include "tools/dsec/run_options.hpp"
+
+namespace dsec::cli::remote {
+
+/// Writes all of `data` to `fd`; false (errno set) if it cannot, e.g. EPIPE
+/// when the reader left (SIGPIPE is ignored).
+bool write_all(int fd, std::string_view data);
+
+/// A whole number of at most 20 digits, no sign.
+bool parse_u64(const std::string& v, uint64_t& out);
+
+/// "42s", "3m07s", "2h05m", "3d04h".
+std::string age(uint64_t ms);
+
+/// An environment's layers: base/workdir/tool,tool... ("-": no workdir).
+std::string layers_of(const environment& env);
+
+// ---- exec and run --------------------------------------------------------------------
+
+/// The exit status of a command that could not be started, from the daemon's
+/// error: 127 not found, 126 cannot be executed (or --cwd, --user failed);
+/// 0 when the error is about something else.
+int exec_failure_status(const error& e);
+
+/// How a finished command maps to our exit status (the conventions of `dsec run`).
+int status_of(const exec_result& r, const std::optional<std::chrono::milliseconds>& timeout);
+
+/// A command that could not run, reported: 126/127 when it could not be
+/// started, else `code`.
+int exec_error(const error& e, int code);
+
+/// The request for `argv` with the options of `cs`.
+exec_request make_request(const command_spec& cs, std::vector<std::string> argv);
+
+/// Our stdout or stderr is gone (a `| head` that has read enough): end as
+/// SIGPIPE would have ended us. `exec` just exits; `run` first destroys its
+/// sandbox.
+extern const int broken_pipe_status;
+
+/// Writes streamed output to our stdout (1) or stderr (2); exits with
+/// broken_pipe_status when the reader left.
+void print_output(uint8_t stream, std::string_view data);
+
+} // namespace dsec::cli::remote

@@ -1,0 +1,58 @@
+// dsec --connect HOST:PORT rm: destroys sandboxes by id.
+#include "tools/dsec/remote.hpp"
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+namespace dsec::cli::remote {
+
+namespace {
+
+const char* rm_usage = R"(usage: dsec --connect HOST:PORT rm ID...
+
+Destroys each sandbox (its processes are killed, its writable layer is gone)
+and prints `removed ID`. An unknown id is reported and makes the exit status 1,
+but the other sandboxes are still removed.
+
+Options:
+  -h, --help     this text
+)";
+
+} // namespace
+
+int rm_main(context& ctx, args& a) {
+  auto verb = ctx.verb("rm");
+  std::vector<std::string> ids;
+  while (!a.empty()) {
+    if (a.help()) {
+      std::fputs(rm_usage, stdout);
+      return 0;
+    }
+    if (a.peek() == "--") {
+      a.rest(ids);
+      break;
+    }
+    if (a.at_option())
+      return usage_error(verb, "unknown option '" + std::string{a.peek()} + "'");
+    ids.emplace_back(a.next());
+  }
+  if (ids.empty())
+    return usage_error(verb, "no sandbox id given (dsec --connect HOST:PORT rm ID...)");
+  auto c = ctx.connect();
+  if (!c)
+    return fail(c.error_value());
+  int rc = 0;
+  for (const auto& id : ids) {
+    auto r = (*c)->destroy(id);
+    if (!r) {
+      rc = fail(r.error_value());
+      continue;
+    }
+    std::printf("removed %s\n", id.c_str());
+    std::fflush(stdout);
+  }
+  return rc;
+}
+
+} // namespace dsec::cli::remote

@@ -1,0 +1,395 @@
+// dsec --connect HOST:PORT run: a command in a fresh sandbox of the daemon, its
+// output streamed to ours; the sandbox goes when the command ends (or when dsec
+// is interrupted), unless --detach leaves it running.
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "runtime/units.hpp"
+#include "tools/dsec/remote.hpp"
+#include "tools/dsec/remote_common.hpp"
+#include "tools/dsec/run_options.hpp"
+
+namespace dsec::cli::remote {
+
+namespace {
+
+const char* run_usage = R"(usage: dsec --connect HOST:PORT run [OPTIONS] -- CMD [ARGS...]
+
+Creates a sandbox in the daemon from layers of the daemon's store and runs CMD
+in it. Without --detach, CMD's stdout and stderr are streamed to ours as they
+come, dsec exits with its status, and the sandbox is destroyed: it lives in a
+session of its own, which the daemon closes when CMD ends, when dsec is
+interrupted (SIGINT, SIGTERM, SIGHUP) or when dsec dies. With --detach, dsec
+starts CMD, prints the sandbox's id and exits; the sandbox lives until
+`rm ID`, its TTL, or the end of its session.
+
+Sandbox and session:
+  --detach                 leave CMD running in the background (its output is
+                           discarded) and print the sandbox id
+  --session ID             the session to create the sandbox in (from `session
+                           open`); default: with --detach the daemon's "default"
+                           session, else a session of its own. Without --detach
+                           the sandbox is still destroyed when CMD ends.
+  --ttl DUR                the sandbox's lifetime (e.g. 10m, 2h); default: its
+                           session's (1h unless `session open --ttl` said)
+  --key KEY                the create's key (e.g. an episode id): in a resumed
+                           session it gets the sandbox the log made for KEY
+                           (docs/trajectory.md); at most one live per session
+  --tag NAME=VALUE         a tag for the sandbox (repeatable), shown by the
+                           session's list
+  --chronus                give the sandbox Chronus: the `chronus` client, for
+                           trusted commands (`exec --trusted`) to report stages
+                           and ask for feedback; see `session watch` and
+                           `feedback`
+  --trusted                run CMD as a trusted command (needs --chronus; see
+                           `exec --help`)
+  --pristine               with --trusted: CMD runs in the pristine root, the
+                           agent's files read-only at /.dsec/agent
+
+Layers (in the daemon's store):
+  --base NAME@VERSION      the base image (required)
+  --workdir NAME@VERSION   a working-directory layer
+  --tool NAME@VERSION      a tool layer; repeat for several (the last on top)
+
+Environment of the command:
+  -i, --stdin              send the whole of our stdin to CMD as its input (read
+                           to the end first); without it CMD's stdin is empty
+  --env KEY=VALUE          add or replace a variable (repeatable); the defaults
+                           are PATH, HOME=/root, LANG=C.UTF-8 and the daemon's TERM
+  --cwd DIR                working directory inside the sandbox (default /)
+  --user UID[:GID]         run as this uid/gid of the sandbox (default 0, the
+                           sandbox's root, which has no privileges on the host)
+
+Isolation and limits:
+  --net                    a private network namespace with a working loopback;
+                           without it the sandbox has no network, not even loopback
+  --memory SIZE            memory limit (e.g. 512m, 2g); OOM kills inside. It
+                           also bounds the writable layer (a tmpfs: its pages are
+                           charged to the sandbox). Default: the node's
+                           --default-memory (`node stats` shows it)
+  --pids N                 most processes and threads at once (default: the
+                           node's --default-pids)
+  --cpus N                 CPU bandwidth, in CPUs (e.g. 0.5, 2; default: none)
+  --disk SIZE              size of the writable layer (default: the node's
+                           --default-disk)
+  --timeout DUR            kill CMD after DUR (e.g. 30s, 500ms, 2m); then dsec
+                           exits with 124 (with --detach: CMD is killed, the
+                           sandbox stays)
+  --idempotent             CMD is safe to run again; a detached CMD in a session
+                           with a trajectory log must be (`session open
+                           --trajectory`, docs/trajectory.md)
+
+Other:
+  -h, --help               this text
+
+Exit status: CMD's exit_code, as the API reports it: its own status, 128+N if a
+signal N killed it; 124 on timeout (its exit_code is 137 then);
+126 if CMD cannot be executed (or --cwd, --user do not work), 127 if it is not
+found; 125 if dsec or the daemon failed (the message says why); 2 on a usage
+error. With --detach: 0 once CMD runs, else the same codes.
+)";
+
+// While a foreground `run` lasts, SIGINT, SIGTERM and SIGHUP destroy its
+// sandbox (closing its session, when it is its own) before dsec exits 128+N.
+class interrupt_guard {
+public:
+  interrupt_guard() : st_(std::make_shared<state>()) {
+    sigset_t set;
+    sigemptyset(&set);
+    for (int s : {SIGINT, SIGTERM, SIGHUP})
+      sigaddset(&set, s);
+    // Blocked before the actor system starts: its threads inherit the mask.
+    ::pthread_sigmask(SIG_BLOCK, &set, nullptr);
+    std::thread([st = st_, set] {
+      int sig = 0;
+      while (::sigwait(&set, &sig) != 0) {
+      }
+      std::string why = std::string{"SIG"} + ::sigabbrev_np(sig);
+      finish(*st, why.c_str(), 128 + sig);
+    }).detach();
+  }
+  ~interrupt_guard() { disarm(); }
+
+  void watch(session* s, bool owned) {
+    std::lock_guard<std::mutex> g{st_->mu};
+    st_->sess = s;
+    st_->owned = owned;
+  }
+  void sandbox(const std::string& id) {
+    std::lock_guard<std::mutex> g{st_->mu};
+    st_->id = id;
+  }
+  /// Destroys the sandbox (unless disarmed; saying why, if `why`) and exits
+  /// with `status`.
+  [[noreturn]] void abandon(const char* why, int status) { finish(*st_, why, status); }
+
+  /// From now on a signal just ends dsec (the cleanup is ours).
+  void disarm() {
+    std::lock_guard<std::mutex> g{st_->mu};
+    st_->done = true;
+  }
+
+private:
+  struct state {
+    std::mutex mu;
+    session* sess = nullptr;
+    bool owned = false;
+    std::string id;
+    bool done = false;
+  };
+
+  [[noreturn]] static void finish(state& st, const char* why, int status) {
+    std::lock_guard<std::mutex> g{st.mu}; // held until _exit: the main thread waits
+    if (!st.done && st.sess) {
+      if (why)
+        std::fprintf(stderr, "dsec: %s: destroying the sandbox\n", why);
+      if (st.owned)
+        (void) st.sess->close();
+      else if (!st.id.empty())
+        (void) st.sess->destroy(st.id);
+    }
+    std::fflush(stdout);
+    ::_exit(status);
+  }
+
+  std::shared_ptr<state> st_; // shared with the signal thread, which outlives us
+};
+
+} // namespace
+
+int run_main(context& ctx, args& a) {
+  auto verb = ctx.verb("run");
+  constexpr int dsec_failed = 125;
+  sandbox_options sb;
+  command_spec cs;
+  bool detach = false, input = false, chronus = false, idempotent = false, trusted = false,
+       pristine = false;
+  std::string session_id;
+  std::optional<std::chrono::milliseconds> ttl;
+  create_labels labels;
+  std::vector<std::string> argv;
+  while (!a.empty()) {
+    if (a.help()) {
+      std::fputs(run_usage, stdout);
+      return 0;
+    }
+    if (a.peek() == "--") {
+      a.rest(argv);
+      break;
+    }
+    auto p = parse_sandbox_option(a, verb, sb);
+    if (p == parsed::no)
+      p = parse_command_option(a, verb, cs);
+    if (p == parsed::bad)
+      return 2;
+    if (p == parsed::yes)
+      continue;
+    if (a.flag("--detach")) {
+      detach = true;
+      continue;
+    }
+    if (a.flag("--chronus")) {
+      chronus = true;
+      continue;
+    }
+    if (a.flag("--trusted")) {
+      trusted = true;
+      continue;
+    }
+    if (a.flag("--pristine")) {
+      pristine = true;
+      continue;
+    }
+    if (a.flag("--idempotent")) {
+      idempotent = true;
+      continue;
+    }
+    if (a.flag("-i") || a.flag("--stdin")) {
+      input = true;
+      continue;
+    }
+    std::string v;
+    auto got = a.option("--session", v);
+    if (!got)
+      return usage_error(verb, got.error_value().message);
+    if (*got) {
+      if (v.empty())
+        return usage_error(verb, "--session needs a session id");
+      session_id = v;
+      continue;
+    }
+    got = a.option("--key", v);
+    if (!got)
+      return usage_error(verb, got.error_value().message);
+    if (*got) {
+      if (v.empty())
+        return usage_error(verb, "--key needs a key");
+      labels.key = v;
+      continue;
+    }
+    got = a.option("--tag", v);
+    if (!got)
+      return usage_error(verb, got.error_value().message);
+    if (*got) {
+      auto eq = v.find('=');
+      if (eq == std::string::npos || eq == 0)
+        return usage_error(verb, "--tag: expected NAME=VALUE, got '" + v + "'");
+      labels.tags[v.substr(0, eq)] = v.substr(eq + 1);
+      continue;
+    }
+    got = a.option("--ttl", v);
+    if (!got)
+      return usage_error(verb, got.error_value().message);
+    if (*got) {
+      auto d = parse_duration(v, "--ttl");
+      if (!d)
+        return usage_error(verb, d.error_value().message);
+      if (d->count() <= 0)
+        return usage_error(verb, "--ttl: must be positive");
+      ttl = *d;
+      continue;
+    }
+    for (const char* local : {"--hostname", "--timings"})
+      if (a.peek() == local || a.peek().starts_with(std::string{local} + "="))
+        return usage_error(verb, std::string{local}
+                                   + " is only available to a local run (without --connect)");
+    if (a.at_option())
+      return usage_error(verb, "unknown option '" + std::string{a.peek()} + "'");
+    return usage_error(verb, "unexpected argument '" + std::string{a.peek()}
+                               + "' (put the command after --)");
+  }
+  if (argv.empty())
+    return usage_error(verb, "no command given (run [OPTIONS] -- CMD [ARGS...])");
+  if (trusted && !chronus)
+    return usage_error(verb, "--trusted needs --chronus (a trusted command needs a sandbox "
+                             "with Chronus)");
+  if (pristine && !trusted)
+    return usage_error(verb, "--pristine needs --trusted");
+  if (auto rc = check_sandbox_options(verb, sb))
+    return *rc;
+  if (sb.no_memory || sb.no_pids)
+    return usage_error(verb, std::string{sb.no_memory ? "--memory" : "--pids"}
+                               + " none is for a local `dsec run`: a daemon's sandboxes get its "
+                                 "--default-memory and --default-pids unless they ask for a "
+                                 "size");
+  environment env = sb.env;
+  env.chronus = chronus;
+  if (ttl)
+    env.ttl_ms = static_cast<uint64_t>(ttl->count());
+  auto req = make_request(cs, std::move(argv));
+  req.idempotent = idempotent;
+  req.trusted = trusted;
+  req.pristine = pristine;
+  if (input) {
+    auto in = read_all(0, "stdin", "reading");
+    if (!in)
+      return fail(in.error_value(), dsec_failed);
+    req.input = std::move(*in);
+  }
+
+  // SIGINT, SIGTERM, SIGHUP: the sandbox goes (it is not half made and left).
+  interrupt_guard guard;
+  // One sandbox, with the key and tags if given (a resumed session gives a
+  // key the sandbox its log has).
+  auto create_one = [&](session& s) -> expected<std::vector<std::string>> {
+    if (labels.key.empty() && labels.tags.empty())
+      return s.create(env, 1, [&](const std::string& ready) { guard.sandbox(ready); });
+    DSEC_TRY(made, s.create(env, 1, labels,
+                            [&](const created_sandbox& c) { guard.sandbox(c.id); }));
+    std::vector<std::string> ids;
+    for (auto& m : made)
+      ids.push_back(std::move(m.id));
+    return ids;
+  };
+  if (detach) {
+    auto c = ctx.connect();
+    if (!c)
+      return fail(c.error_value(), dsec_failed);
+    auto s = (*c)->find_session(session_id.empty() ? "default" : session_id);
+    if (!s)
+      return fail(s.error_value(), dsec_failed);
+    guard.watch(s->get(), false);
+    auto ids = create_one(**s);
+    if (!ids)
+      return fail(ids.error_value(), dsec_failed);
+    if (ids->empty())
+      return fail(make_error(errc::sandbox_failed, "the daemon created no sandbox"),
+                  dsec_failed);
+    const auto& id = ids->front();
+    req.detach = true;
+    auto r = (*s)->exec(id, req);
+    guard.disarm();
+    if (!r) {
+      (void) (*s)->destroy(id);
+      return exec_error(r.error_value(), dsec_failed);
+    }
+    std::printf("%s\n", id.c_str());
+    return 0;
+  }
+
+  auto c = ctx.connect();
+  if (!c)
+    return fail(c.error_value(), dsec_failed);
+  bool owned = session_id.empty();
+  std::unique_ptr<session> s;
+  if (owned) {
+    session_options opts;
+    opts.quota = 1;
+    if (ttl)
+      opts.default_ttl_ms = static_cast<uint64_t>(ttl->count());
+    opts.name = "dsec run";
+    auto got = (*c)->open_session(opts, true);
+    if (!got)
+      return fail(got.error_value(), dsec_failed);
+    s = std::move(*got);
+  } else {
+    auto got = (*c)->find_session(session_id);
+    if (!got)
+      return fail(got.error_value(), dsec_failed);
+    s = std::move(*got);
+  }
+  guard.watch(s.get(), owned);
+  // Closing the session (ours) or destroying the sandbox (in someone else's).
+  auto cleanup = [&](const std::string& id) {
+    guard.disarm();
+    if (owned) {
+      if (auto n = s->close(); !n)
+        fail(n.error_value());
+    } else if (!id.empty()) {
+      if (auto d = s->destroy(id); !d)
+        fail(d.error_value());
+    }
+  };
+  std::string id;
+  auto ids = create_one(*s);
+  if (!ids || ids->empty()) {
+    fail(ids ? make_error(errc::sandbox_failed, "the daemon created no sandbox")
+             : ids.error_value());
+    cleanup({});
+    return dsec_failed;
+  }
+  id = ids->front();
+  auto r = s->exec(id, req, [&](uint8_t stream, std::string_view data) {
+    if (!write_all(stream == 2 ? 2 : 1, data) && errno == EPIPE)
+      guard.abandon(nullptr, broken_pipe_status); // quietly, as SIGPIPE would
+  });
+  // If a signal is being handled, this waits for it (and dsec ends there),
+  // rather than report the sandbox it destroys.
+  guard.disarm();
+  int rc = r ? status_of(*r, cs.timeout) : exec_error(r.error_value(), dsec_failed);
+  cleanup(id);
+  return rc;
+}
+
+} // namespace dsec::cli::remote
