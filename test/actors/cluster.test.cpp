@@ -491,7 +491,9 @@ TEST_CASE("node cordon, drain, uncordon: a cordoned node gets no new sandbox, it
   // New creates go to the others; n1's own sandboxes still work.
   REQUIRE((*s)->create(env_of(), 20));
   CHECK(by_node(**s)[n1].size() == mine.size());
-  CHECK(run(**s, mine.front(), cmd({"echo", "still here"})).out == "still here\n");
+  auto still = (*s)->exec(mine.front(), cmd({"echo", "still here"}));
+  REQUIRE_MESSAGE(still, describe(still.error_value()));
+  CHECK(still->out == "still here\n");
   // The node itself refuses, naming the cordon (its own default session).
   auto direct = connect(cl.sys, cl.nodes[0]->port);
   auto ds = direct->find_session("default");
@@ -508,7 +510,9 @@ TEST_CASE("node cordon, drain, uncordon: a cordoned node gets no new sandbox, it
   auto d = drained.get();
   REQUIRE_MESSAGE(d, describe(d.error_value()));
   CHECK(*d == mine.size());
-  CHECK(cl.c->drain(n1, 1s).value_or(99) == 0); // empty already
+  auto empty = cl.c->drain(n1, 1s); // empty already
+  REQUIRE_MESSAGE(empty, describe(empty.error_value()));
+  CHECK(*empty == 0);
 
   // Uncordoned, it takes sandboxes again (it is the emptiest node now).
   REQUIRE(cl.c->cordon(n1, false));
@@ -527,7 +531,9 @@ TEST_CASE("node cordon, drain, uncordon: a cordoned node gets no new sandbox, it
   auto st = sc->stats();
   REQUIRE(st);
   CHECK(st->cordoned);
-  CHECK(sc->drain(me, 1s).value_or(99) == 0);
+  auto solo_drained = sc->drain(me, 1s);
+  REQUIRE_MESSAGE(solo_drained, describe(solo_drained.error_value()));
+  CHECK(*solo_drained == 0);
   REQUIRE(sc->cordon(me, false));
   CHECK((*ss)->create(env_of(), 1));
   check_error(sc->cordon("127.0.0.1:2", true), errc::not_found, me);

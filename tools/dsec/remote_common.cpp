@@ -75,6 +75,20 @@ int exec_failure_status(const error& e) {
   return 0;
 }
 
+bool parse_exec_flag(args& a, exec_flags& f) {
+  for (auto [flag, value] : {std::pair{"--trusted", &f.trusted}, {"--pristine", &f.pristine},
+                             {"--idempotent", &f.idempotent}, {"--detach", &f.detach}})
+    if (a.flag(flag)) {
+      *value = true;
+      return true;
+    }
+  if (a.flag("-i") || a.flag("--stdin")) {
+    f.input = true;
+    return true;
+  }
+  return false;
+}
+
 bool parse_u64(const std::string& v, uint64_t& out) {
   if (v.empty() || v.size() > 20)
     return false;

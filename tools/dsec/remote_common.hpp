@@ -23,6 +23,21 @@ namespace dsec::cli::remote {
 /// when the reader left (SIGPIPE is ignored).
 bool write_all(int fd, std::string_view data);
 
+/// The flags of a command that `exec` and `run` share: -i/--stdin, --trusted,
+/// --pristine, --idempotent, --detach.
+struct exec_flags {
+  bool input = false, trusted = false, pristine = false, idempotent = false, detach = false;
+  /// Sets the request's trusted, pristine and idempotent.
+  void apply(exec_request& req) const {
+    req.trusted = trusted;
+    req.pristine = pristine;
+    req.idempotent = idempotent;
+  }
+};
+
+/// Takes the current argument when it is one of those flags.
+bool parse_exec_flag(args& a, exec_flags& f);
+
 /// A whole number of at most 20 digits, no sign.
 bool parse_u64(const std::string& v, uint64_t& out);
 

@@ -57,7 +57,7 @@ runs on in the sandbox until it ends or the sandbox is removed.
 int exec_main(context& ctx, args& a) {
   auto verb = ctx.verb("exec");
   command_spec cs;
-  bool input = false, trusted = false, idempotent = false, detach = false, pristine = false;
+  exec_flags f;
   std::string id;
   std::vector<std::string> argv;
   while (!a.empty()) {
@@ -71,26 +71,8 @@ int exec_main(context& ctx, args& a) {
       a.rest(argv);
       break;
     }
-    if (a.flag("-i") || a.flag("--stdin")) {
-      input = true;
+    if (parse_exec_flag(a, f))
       continue;
-    }
-    if (a.flag("--trusted")) {
-      trusted = true;
-      continue;
-    }
-    if (a.flag("--pristine")) {
-      pristine = true;
-      continue;
-    }
-    if (a.flag("--idempotent")) {
-      idempotent = true;
-      continue;
-    }
-    if (a.flag("--detach")) {
-      detach = true;
-      continue;
-    }
     auto p = parse_command_option(a, verb, cs);
     if (p == parsed::bad)
       return 2;
@@ -107,13 +89,11 @@ int exec_main(context& ctx, args& a) {
     return usage_error(verb, "no sandbox id given (exec [OPTIONS] ID -- CMD [ARGS...])");
   if (argv.empty())
     return usage_error(verb, "no command given (exec [OPTIONS] ID -- CMD [ARGS...])");
-  if (pristine && !trusted)
+  if (f.pristine && !f.trusted)
     return usage_error(verb, "--pristine needs --trusted");
   auto req = make_request(cs, std::move(argv));
-  req.trusted = trusted;
-  req.pristine = pristine;
-  req.idempotent = idempotent;
-  if (input) {
+  f.apply(req);
+  if (f.input) {
     auto in = read_all(0, "stdin", "reading");
     if (!in)
       return fail(in.error_value());
@@ -122,7 +102,7 @@ int exec_main(context& ctx, args& a) {
   auto c = ctx.connect();
   if (!c)
     return fail(c.error_value());
-  if (detach) {
+  if (f.detach) {
     req.detach = true;
     auto r = (*c)->exec(id, req);
     if (!r)

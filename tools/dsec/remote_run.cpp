@@ -173,8 +173,8 @@ int run_main(context& ctx, args& a) {
   constexpr int dsec_failed = 125;
   sandbox_options sb;
   command_spec cs;
-  bool detach = false, input = false, chronus = false, idempotent = false, trusted = false,
-       pristine = false;
+  exec_flags f;
+  bool chronus = false;
   std::string session_id;
   std::optional<std::chrono::milliseconds> ttl;
   create_labels labels;
@@ -195,28 +195,10 @@ int run_main(context& ctx, args& a) {
       return 2;
     if (p == parsed::yes)
       continue;
-    if (a.flag("--detach")) {
-      detach = true;
+    if (parse_exec_flag(a, f))
       continue;
-    }
     if (a.flag("--chronus")) {
       chronus = true;
-      continue;
-    }
-    if (a.flag("--trusted")) {
-      trusted = true;
-      continue;
-    }
-    if (a.flag("--pristine")) {
-      pristine = true;
-      continue;
-    }
-    if (a.flag("--idempotent")) {
-      idempotent = true;
-      continue;
-    }
-    if (a.flag("-i") || a.flag("--stdin")) {
-      input = true;
       continue;
     }
     std::string v;
@@ -271,10 +253,10 @@ int run_main(context& ctx, args& a) {
   }
   if (argv.empty())
     return usage_error(verb, "no command given (run [OPTIONS] -- CMD [ARGS...])");
-  if (trusted && !chronus)
+  if (f.trusted && !chronus)
     return usage_error(verb, "--trusted needs --chronus (a trusted command needs a sandbox "
                              "with Chronus)");
-  if (pristine && !trusted)
+  if (f.pristine && !f.trusted)
     return usage_error(verb, "--pristine needs --trusted");
   if (auto rc = check_sandbox_options(verb, sb))
     return *rc;
@@ -288,10 +270,8 @@ int run_main(context& ctx, args& a) {
   if (ttl)
     env.ttl_ms = static_cast<uint64_t>(ttl->count());
   auto req = make_request(cs, std::move(argv));
-  req.idempotent = idempotent;
-  req.trusted = trusted;
-  req.pristine = pristine;
-  if (input) {
+  f.apply(req);
+  if (f.input) {
     auto in = read_all(0, "stdin", "reading");
     if (!in)
       return fail(in.error_value(), dsec_failed);
@@ -312,7 +292,7 @@ int run_main(context& ctx, args& a) {
       ids.push_back(std::move(m.id));
     return ids;
   };
-  if (detach) {
+  if (f.detach) {
     auto c = ctx.connect();
     if (!c)
       return fail(c.error_value(), dsec_failed);
