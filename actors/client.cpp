@@ -739,7 +739,7 @@ session::create(const environment& env, uint32_t count, const create_labels& lab
 expected<sandbox_info> session::find(const std::string& key) {
   if (auto e = closed_error())
     return *e;
-  return call<sandbox_info>(*client_->sys_, handle_, lookup_atom::value, key);
+  return dsec::call<sandbox_info>(*client_->sys_, handle_, lookup_atom::value, key);
 }
 
 void session::find_async(const std::string& key, completion<sandbox_info> done) {
@@ -758,25 +758,25 @@ expected<exec_result> session::exec(const std::string& id, const exec_request& r
     r.stream = true;
     return streamed_exec(*client_->sys_, handle_, on_output, exec_atom::value, id, r);
   }
-  return call<exec_result>(*client_->sys_, handle_, exec_atom::value, id, req);
+  return dsec::call<exec_result>(*client_->sys_, handle_, exec_atom::value, id, req);
 }
 
 expected<uint64_t> session::put(const std::string& id, const std::string& dir, std::string tar) {
   if (auto e = closed_error())
     return *e;
-  return call<uint64_t>(*client_->sys_, handle_, put_atom::value, id, dir, std::move(tar));
+  return dsec::call<uint64_t>(*client_->sys_, handle_, put_atom::value, id, dir, std::move(tar));
 }
 
 expected<std::string> session::get(const std::string& id, const std::string& path) {
   if (auto e = closed_error())
     return *e;
-  return call<std::string>(*client_->sys_, handle_, get_atom::value, id, path);
+  return dsec::call<std::string>(*client_->sys_, handle_, get_atom::value, id, path);
 }
 
 expected<void> session::destroy(const std::string& id) {
   if (auto e = closed_error())
     return *e;
-  DSEC_TRY(ok, call<bool>(*client_->sys_, handle_, destroy_atom::value, id));
+  DSEC_TRY(ok, dsec::call<bool>(*client_->sys_, handle_, destroy_atom::value, id));
   (void) ok;
   return {};
 }
@@ -786,20 +786,20 @@ expected<uint64_t> session::set_ttl(const std::string& id, std::chrono::millisec
     return *e;
   if (ttl.count() <= 0)
     return make_error(errc::invalid_argument, "set_ttl " + id + ": the TTL must be positive");
-  return call<uint64_t>(*client_->sys_, handle_, lifetime_atom::value, id,
+  return dsec::call<uint64_t>(*client_->sys_, handle_, lifetime_atom::value, id,
                         static_cast<uint64_t>(ttl.count()));
 }
 
 expected<std::vector<sandbox_info>> session::list() {
   if (auto e = closed_error())
     return *e;
-  return call<std::vector<sandbox_info>>(*client_->sys_, handle_, list_atom::value);
+  return dsec::call<std::vector<sandbox_info>>(*client_->sys_, handle_, list_atom::value);
 }
 
 expected<uint32_t> session::close() {
   if (auto e = closed_error())
     return *e;
-  auto n = call<uint32_t>(*client_->sys_, handle_, close_atom::value);
+  auto n = dsec::call<uint32_t>(*client_->sys_, handle_, close_atom::value);
   if (n)
     closed_->store(true);
   return n;
@@ -1140,7 +1140,7 @@ expected<void> session::answer(const std::string& id, const chronus_feedback& fb
   if (auto e = closed_error())
     return *e;
   DSEC_TRY(msg, feedback_bytes(fb));
-  DSEC_TRY(ok, call<bool>(*client_->sys_, handle_, feedback_atom::value, id, std::move(msg)));
+  DSEC_TRY(ok, dsec::call<bool>(*client_->sys_, handle_, feedback_atom::value, id, std::move(msg)));
   (void) ok;
   return {};
 }
@@ -1150,6 +1150,46 @@ expected<void> client::answer(const std::string& id, const chronus_feedback& fb)
   DSEC_TRY(ok, call<bool>(*sys_, scheduler_, feedback_atom::value, id, std::move(msg)));
   (void) ok;
   return {};
+}
+
+// ---- warm pools and the function backend ------------------------------------------
+
+expected<uint32_t> client::pool(const environment& env, uint32_t size) {
+  return call<uint32_t>(*sys_, scheduler_, pool_atom::value, env, size);
+}
+
+expected<std::vector<pool_info>> client::pools() {
+  return call<std::vector<pool_info>>(*sys_, scheduler_, pool_atom::value);
+}
+
+expected<uint32_t> session::pool(const environment& env, uint32_t size) {
+  if (auto e = closed_error())
+    return *e;
+  return dsec::call<uint32_t>(*client_->sys_, handle_, pool_atom::value, env, size);
+}
+
+namespace {
+
+environment as_function(environment env) {
+  if (env.backend == "container")
+    env.backend = "function";
+  return env;
+}
+
+} // namespace
+
+expected<exec_result> session::call(const environment& env, const exec_request& req) {
+  if (auto e = closed_error())
+    return *e;
+  return dsec::call<exec_result>(*client_->sys_, handle_, call_atom::value, as_function(env), req);
+}
+
+void session::call_async(const environment& env, const exec_request& req,
+                         completion<exec_result> done) {
+  if (auto e = closed_error())
+    return done(*e);
+  async_call<exec_result>(*client_->sys_, client_->identity_, handle_, std::move(done),
+                          call_atom::value, as_function(env), req);
 }
 
 } // namespace dsec

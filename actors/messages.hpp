@@ -57,6 +57,11 @@ using reset_atom = caf::atom_constant<caf::atom("reset")>;
 using describe_atom = caf::atom_constant<caf::atom("describe")>;
 using fetch_atom = caf::atom_constant<caf::atom("fetch")>;
 using source_atom = caf::atom_constant<caf::atom("source")>;
+// warm pools and the function backend (actors/warm_pool.hpp)
+using pool_atom = caf::atom_constant<caf::atom("pool")>;
+using claim_atom = caf::atom_constant<caf::atom("claim")>;
+using call_atom = caf::atom_constant<caf::atom("call")>;
+using pressure_atom = caf::atom_constant<caf::atom("pressure")>;
 
 // ---- what a sandbox is made of --------------------------------------------------
 
@@ -268,6 +273,26 @@ typename Inspector::result_type inspect(Inspector& f, sandbox_info& x) {
            x.created_ms, x.ttl_left_ms, x.running, x.node, x.key, x.tags);
 }
 
+/// A warm pool of one node (actors/warm_pool.hpp): ready sandboxes of one
+/// environment that no caller has touched, for creates to claim.
+struct pool_info {
+  std::string node;       ///< the node it is on
+  environment env;        ///< as the node makes them (its defaults filled in)
+  std::string owner;      ///< the session id, or "node" (dsecd --pool, `dsec pool set`)
+  uint32_t target = 0;    ///< ready sandboxes it keeps
+  uint32_t ready = 0;     ///< ready now
+  uint32_t warming = 0;   ///< being created
+  uint64_t claimed = 0;   ///< handed to creates since it was set
+  uint64_t refills = 0;   ///< sandboxes made to refill it
+  uint64_t evicted = 0;   ///< destroyed for a real create or under memory pressure
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, pool_info& x) {
+  return f(caf::meta::type_name("dsec.pool_info"), x.node, x.env, x.owner, x.target, x.ready,
+           x.warming, x.claimed, x.refills, x.evicted);
+}
+
 struct node_stats {
   std::string node;          ///< its name (host:port or "embedded")
   uint32_t slots = 0;        ///< admission limit (after oversubscription)
@@ -309,6 +334,12 @@ struct node_stats {
   // Sandbox cgroups since start: taken from the node's pool, made for it
   uint64_t cgroups_reused = 0;
   uint64_t cgroups_made = 0;
+  /// Its warm pools (actors/warm_pool.hpp); `pooled`: their sandboxes now
+  /// (ready or warming, in `live` too); `memory_pressure`: pools are shrunk
+  /// because the node's memory is under pressure.
+  std::vector<pool_info> pools;
+  uint32_t pooled = 0;
+  bool memory_pressure = false;
 };
 
 template <class Inspector>
@@ -320,7 +351,7 @@ typename Inspector::result_type inspect(Inspector& f, node_stats& x) {
            x.chronus_unauthenticated, x.chronus_invalid, x.chronus_flooding,
            x.chronus_refused_connections, x.refused_clients, x.refused_internal,
            x.default_memory, x.default_pids, x.default_disk, x.cgroups_reused,
-           x.cgroups_made);
+           x.cgroups_made, x.pools, x.pooled, x.memory_pressure);
 }
 
 /// The layers of one sandbox, mounted by the node's layer_cache: directory fds
@@ -369,13 +400,16 @@ struct node_report {
   std::vector<std::string> layers;
   uint64_t fetched_layers = 0; ///< layers fetched from peers since start
   uint64_t fetched_bytes = 0;
+  /// Its warm pools (node_stats.pools); `live` leaves their idle sandboxes
+  /// out (a create placed there takes their slots).
+  std::vector<pool_info> pools;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, node_report& x) {
   return f(caf::meta::type_name("dsec.node_report"), x.name, x.slots, x.live, x.creating,
            x.created, x.failed, x.destroyed, x.layers_sent, x.layers, x.fetched_layers,
-           x.fetched_bytes);
+           x.fetched_bytes, x.pools);
 }
 
 /// One node as `dsec cluster status` shows it.

@@ -49,6 +49,9 @@ Verbs:
   feedback SANDBOX REQ [OPTIONS]    answer a Chronus feedback request
   node stats                        the daemon's counters and its layer cache
   cluster status [--json]           the cluster's nodes (a coordinator)
+  call [OPTIONS] -- CMD [ARGS...]   the function backend: CMD in a fresh sandbox
+                                    (from a warm pool), destroyed after
+  pool set|ls                       warm pools of ready sandboxes
 
 Global options:
   --connect HOST:PORT   the daemon (dsecd --listen); required
@@ -649,6 +652,7 @@ int node_main(context& ctx, args& a) {
   std::printf("refused internal %llu (internal messages without the cluster's key, and "
               "CAF's own messages from a connection: docs/security.md)\n",
               u(s.refused_internal));
+  print_pools(s);
   if (s.gc.empty()) {
     std::printf("start-up gc     nothing to remove\n");
   } else {
@@ -861,6 +865,10 @@ int main(int argc, char** argv) {
     return remote::cluster_main(ctx, a);
   if (verb == "feedback")
     return remote::feedback_main(ctx, a);
+  if (verb == "call")
+    return remote::call_main(ctx, a);
+  if (verb == "pool")
+    return remote::pool_main(ctx, a);
   if (verb == "help") {
     std::fputs(remote::usage, stdout);
     return 0;

@@ -51,6 +51,10 @@ int run_main(context& c, args& a);
 int cp_main(context& c, args& a);
 int watch_main(context& c, args& a);    // session watch
 int feedback_main(context& c, args& a);
+int call_main(context& c, args& a);     // tools/dsec/pool.cpp
+int pool_main(context& c, args& a);     // tools/dsec/pool.cpp
+/// The warm pools of `node stats` (tools/dsec/pool.cpp).
+void print_pools(const node_stats& s);
 
 /// Writes all of `data` to `fd`; false (errno set) if it cannot, e.g. EPIPE
 /// when the reader left (SIGPIPE is ignored).
