@@ -329,4 +329,19 @@ void client::answer_async(const std::string& id, const chronus_feedback& fb,
                    id, std::move(*msg));
 }
 
+// ---- warm pools (actors/warm_pool.hpp) --------------------------------------------
+
+expected<uint32_t> client::pool(const environment& env, uint32_t size) {
+  return blocking<uint32_t>([&](auto& w) {
+    async_call<uint32_t>(*sys_, identity_, scheduler_, w.done(), pool_atom::value, env, size);
+  });
+}
+
+expected<std::vector<pool_info>> client::pools() {
+  return blocking<std::vector<pool_info>>([&](auto& w) {
+    async_call<std::vector<pool_info>>(*sys_, identity_, scheduler_, w.done(), pool_atom::value);
+  });
+}
+
+
 } // namespace dsec

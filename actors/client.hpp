@@ -290,6 +290,14 @@ public:
   void drain_async(const std::string& node, std::chrono::milliseconds timeout,
                    completion<uint32_t> done);
 
+  // ---- warm pools (actors/warm_pool.hpp) ----------------------------------------
+  /// A warm pool of the nodes' own (`dsec pool set`; it lives with the nodes,
+  /// not with this client): `size` ready sandboxes of `env` spread over the
+  /// nodes (0 removes it). Returns how many the nodes took.
+  expected<uint32_t> pool(const environment& env, uint32_t size);
+  /// Every node's warm pools (`dsec pool ls`).
+  expected<std::vector<pool_info>> pools();
+
   [[nodiscard]] caf::actor_system& system() { return *sys_; }
   [[nodiscard]] const scheduler_actor& scheduler() const { return scheduler_; }
 
@@ -398,6 +406,21 @@ public:
   void cordon_async(const std::string& node, bool on, completion<uint32_t> done);
   void drain_async(const std::string& node, std::chrono::milliseconds timeout,
                    completion<uint32_t> done);
+
+  // ---- warm pools and the function backend (actors/warm_pool.hpp) -----------------
+  /// A warm pool of this session's: `size` ready sandboxes of `env` kept on
+  /// the nodes for its creates and calls (0 removes it); it ends with the
+  /// session. Returns how many the nodes took. Not for a session with a
+  /// trajectory log (unsupported).
+  expected<uint32_t> pool(const environment& env, uint32_t size);
+  /// The function backend: a sandbox of `env` (from a warm pool when one has
+  /// a ready one), `req` run in it, the sandbox destroyed (never reused);
+  /// returns the command's result once the sandbox is gone. `env.backend` is
+  /// "function" (or the default "container"); the command's output is
+  /// collected (no stream, no detach).
+  expected<exec_result> call(const environment& env, const exec_request& req);
+  void call_async(const environment& env, const exec_request& req,
+                  completion<exec_result> done);
 
   [[nodiscard]] const session_actor& handle() const { return handle_; }
 

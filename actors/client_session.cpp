@@ -276,4 +276,38 @@ void session::answer_async(const std::string& id, const chronus_feedback& fb,
                    feedback_atom::value, id, std::move(*msg));
 }
 
+// ---- warm pools and the function backend (actors/warm_pool.hpp) -----------------
+
+expected<uint32_t> session::pool(const environment& env, uint32_t size) {
+  return blocking<uint32_t>([&](auto& w) {
+    if (auto e = closed_error())
+      return w.done()(*e);
+    async_call<uint32_t>(*client_->sys_, client_->identity_, handle_, w.done(), pool_atom::value,
+                         env, size);
+  });
+}
+
+namespace {
+
+environment as_function(environment env) {
+  if (env.backend == backend_container)
+    env.backend = "function";
+  return env;
+}
+
+} // namespace
+
+expected<exec_result> session::call(const environment& env, const exec_request& req) {
+  return blocking<exec_result>([&](auto& w) { call_async(env, req, w.done()); });
+}
+
+void session::call_async(const environment& env, const exec_request& req,
+                         completion<exec_result> done) {
+  if (auto e = closed_error())
+    return done(*e);
+  async_call<exec_result>(*client_->sys_, client_->identity_, handle_, std::move(done),
+                          call_atom::value, as_function(env), req);
+}
+
+
 } // namespace dsec

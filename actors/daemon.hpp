@@ -17,6 +17,7 @@
 #include "actors/door.hpp"
 #include "actors/interfaces.hpp"
 #include "actors/sim_sandbox.hpp"
+#include "actors/warm_pool.hpp"
 #include "runtime/defaults.hpp"
 #include "runtime/engine.hpp"
 
@@ -79,6 +80,10 @@ struct daemon_options {
   /// daemons of a cluster share one (tools/cluster) so that a sandbox can be
   /// rebuilt on any node from a pack another node took.
   std::string trajectories;
+  // ---- warm pools (actors/warm_pool.hpp) ----
+  std::vector<pool_spec> pools;  ///< the node's own (dsecd --pool)
+  std::string pool_pressure_file = "/proc/pressure/memory";
+  double pool_pressure_avg10 = 10.0;
 };
 
 /// The node's actors and the engine under them. Destroying it shuts the

@@ -87,7 +87,15 @@ using sandbox_actor = caf::typed_actor<
                  bool>,                                      ///< exec, stream, data, eof
   caf::reacts_to<reaped_atom, internal_key>,                 ///< init's pidfd is readable
   caf::reacts_to<timeout_atom, internal_key, uint64_t>,      ///< a command's deadline
-  caf::reacts_to<ttl_atom, internal_key, uint64_t>>;         ///< its TTL ran out (of this setting)
+  caf::reacts_to<ttl_atom, internal_key, uint64_t>,          ///< its TTL ran out (of this setting)
+  /// From its node: a sandbox of a warm pool (actors/warm_pool.hpp) is handed
+  /// to a create: it belongs to `session` (id `session_id`) from now on, as a
+  /// sandbox of its create request `request` with TTL `ttl_ms`, and tells it
+  /// that it is ready. One that ran anything, or is going, reports the
+  /// request failed instead (and replies false).
+  /// (The session as a caf::actor: session_actor is declared after this.)
+  caf::replies_to<claim_atom, internal_key, caf::actor, std::string, uint64_t,
+                  uint64_t>::with<bool>>;
 
 /// One per training run: the trainer's sandboxes, their quota and lifetime.
 using session_actor = caf::typed_actor<
@@ -118,6 +126,14 @@ using session_actor = caf::typed_actor<
   caf::replies_to<watch_atom, caf::actor>::with<uint64_t>,
   /// Answers a feedback request of one of its sandboxes.
   caf::replies_to<feedback_atom, std::string, chronus_feedback_msg>::with<bool>,
+  /// A warm pool of `size` ready sandboxes of `env` for this session's
+  /// creates (0 removes it), spread over the nodes; ends with the session.
+  /// Replies how many the nodes took (actors/warm_pool.hpp).
+  caf::replies_to<pool_atom, environment, uint32_t>::with<uint32_t>,
+  /// The function backend: creates a sandbox of `env` (from a warm pool when
+  /// one has a ready one), runs the command, destroys the sandbox; replies the
+  /// command's result once the sandbox is gone.
+  caf::replies_to<call_atom, environment, exec_request>::with<exec_result>,
   // ---- member surface: from the nodes and their sandboxes ----
   /// an Event from the node's Chronus endpoint
   caf::reacts_to<chronus_atom, internal_key, chronus_event_msg>,
@@ -159,7 +175,13 @@ using node_actor = caf::typed_actor<
   /// there were), or after `timeout_ms` with errc::timeout naming how many
   /// are left (it stays cordoned).
   caf::replies_to<drain_atom, internal_key, uint64_t>::with<internal_key, uint32_t>,
+  /// Sets the warm pool of `env` owned by `owner` (null: the node's own) to
+  /// `size` ready sandboxes (0 removes it); `owner_id` names the owner in
+  /// pool_info. Replies the size set (actors/warm_pool.hpp).
+  caf::replies_to<pool_atom, internal_key, environment, uint32_t, session_actor,
+                  std::string>::with<internal_key, uint32_t>,
   // ---- process surface ----
+  caf::reacts_to<pressure_atom, internal_key>,                ///< check memory pressure
   caf::reacts_to<gone_atom, internal_key, std::string, bool>, ///< from a sandbox: id, created ok
   caf::reacts_to<timeout_atom, internal_key, uint64_t>,     ///< a drain's timeout ran out
   caf::reacts_to<ready_atom, internal_key, std::string>,      ///< from a sandbox: creation done
@@ -194,6 +216,12 @@ using scheduler_actor = caf::typed_actor<
   /// once it is empty (how many it had), or errc::timeout after `timeout_ms`.
   caf::replies_to<cordon_atom, std::string, bool>::with<uint32_t>,
   caf::replies_to<drain_atom, std::string, uint64_t>::with<uint32_t>,
+  /// A warm pool of the nodes' own (lives with them): `size` ready sandboxes
+  /// of `env`, spread over the nodes (0 removes it); replies how many the
+  /// nodes took.
+  caf::replies_to<pool_atom, environment, uint32_t>::with<uint32_t>,
+  /// Every node's warm pools (of the nodes that answered within 3 s).
+  caf::replies_to<pool_atom>::with<std::vector<pool_info>>,
   // ---- member surface: the cluster (docs/cluster.md); a scheduler that is
   // not a coordinator refuses these with errc::unsupported ----
   /// A node joins: its first report, its node actor and its layer store.
@@ -209,6 +237,9 @@ using scheduler_actor = caf::typed_actor<
   caf::replies_to<place_atom, internal_key, environment, uint32_t, session_actor,
                   placement>::with<internal_key, uint32_t>,
   caf::reacts_to<gone_atom, internal_key, std::string>, ///< a session ended
+  /// From a session: its warm pool of `env` (spread over the nodes).
+  caf::replies_to<pool_atom, internal_key, environment, uint32_t, session_actor,
+                  std::string>::with<internal_key, uint32_t>,
   caf::reacts_to<ttl_atom, internal_key>,               ///< expire old trajectory logs
   caf::reacts_to<timeout_atom, internal_key>,           ///< check heartbeats
   caf::replies_to<shutdown_atom, internal_key>::with<uint32_t>>;

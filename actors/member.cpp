@@ -68,7 +68,8 @@ void make_report(self_ptr self, bool all_layers, std::function<void(node_report)
           node_report r;
           r.name = s.cfg.name;
           r.slots = ns.slots;
-          r.live = ns.live;
+          r.live = ns.live - std::min(ns.live, ns.pooled); // idle pooled ones give way
+          r.pools = ns.pools;
           r.creating = ns.creating;
           r.created = ns.created;
           r.failed = ns.failed;

@@ -62,6 +62,11 @@ using source_atom = caf::atom_constant<caf::atom("source")>;
 // operating nodes
 using cordon_atom = caf::atom_constant<caf::atom("cordon")>;
 using drain_atom = caf::atom_constant<caf::atom("drain")>;
+// warm pools and the function backend (actors/warm_pool.hpp)
+using pool_atom = caf::atom_constant<caf::atom("pool")>;
+using claim_atom = caf::atom_constant<caf::atom("claim")>;
+using call_atom = caf::atom_constant<caf::atom("call")>;
+using pressure_atom = caf::atom_constant<caf::atom("pressure")>;
 
 // ---- what a sandbox is made of --------------------------------------------------
 
@@ -271,6 +276,26 @@ typename Inspector::result_type inspect(Inspector& f, backend_offer& x) {
   return f(caf::meta::type_name("dsec.backend_offer"), x.name, x.slots, x.live);
 }
 
+/// A warm pool of one node (actors/warm_pool.hpp): ready sandboxes of one
+/// environment that no caller has touched, for creates to claim.
+struct pool_info {
+  std::string node;       ///< the node it is on
+  environment env;        ///< as the node makes them (its defaults filled in)
+  std::string owner;      ///< the session id, or "node" (dsecd --pool, `dsec pool set`)
+  uint32_t target = 0;    ///< ready sandboxes it keeps
+  uint32_t ready = 0;     ///< ready now
+  uint32_t warming = 0;   ///< being created
+  uint64_t claimed = 0;   ///< handed to creates since it was set
+  uint64_t refills = 0;   ///< sandboxes made to refill it
+  uint64_t evicted = 0;   ///< destroyed for a real create or under memory pressure
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, pool_info& x) {
+  return f(caf::meta::type_name("dsec.pool_info"), x.node, x.env, x.owner, x.target, x.ready,
+           x.warming, x.claimed, x.refills, x.evicted);
+}
+
 struct node_stats {
   std::string node;          ///< its name (host:port or "embedded")
   uint32_t slots = 0;        ///< admission limit (after oversubscription)
@@ -320,6 +345,12 @@ struct node_stats {
   uint64_t memory_admitted = 0;
   /// Cordoned (`dsec node cordon`): it admits no new sandbox; its own go on.
   bool cordoned = false;
+  /// Its warm pools (actors/warm_pool.hpp); `pooled`: their sandboxes now
+  /// (ready or warming, in `live` too); `memory_pressure`: pools are shrunk
+  /// because the node's memory is under pressure.
+  std::vector<pool_info> pools;
+  uint32_t pooled = 0;
+  bool memory_pressure = false;
 };
 
 template <class Inspector>
@@ -331,7 +362,8 @@ typename Inspector::result_type inspect(Inspector& f, node_stats& x) {
            x.chronus_unauthenticated, x.chronus_invalid, x.chronus_flooding,
            x.chronus_refused_connections, x.refused_clients, x.refused_internal,
            x.default_memory, x.default_pids, x.default_disk, x.cgroups_reused,
-           x.cgroups_made, x.backends, x.memory_capacity, x.memory_admitted, x.cordoned);
+           x.cgroups_made, x.backends, x.memory_capacity, x.memory_admitted, x.cordoned,
+           x.pools, x.pooled, x.memory_pressure);
 }
 
 /// The layers of one sandbox, mounted by the node's layer_cache: directory fds
@@ -385,13 +417,16 @@ struct node_report {
   std::vector<backend_offer> backends;
   /// Cordoned: the scheduler places nothing there.
   bool cordoned = false;
+  /// Its warm pools (node_stats.pools); `live` leaves their idle sandboxes
+  /// out (a create placed there takes their slots).
+  std::vector<pool_info> pools;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, node_report& x) {
   return f(caf::meta::type_name("dsec.node_report"), x.name, x.slots, x.live, x.creating,
            x.created, x.failed, x.destroyed, x.layers_sent, x.layers, x.fetched_layers,
-           x.fetched_bytes, x.backends, x.cordoned);
+           x.fetched_bytes, x.backends, x.cordoned, x.pools);
 }
 
 /// One node as `dsec cluster status` shows it.

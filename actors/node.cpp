@@ -12,6 +12,7 @@
 #include <deque>
 #include <map>
 #include <optional>
+#include <set>
 #include <memory>
 #include <unordered_map>
 
@@ -66,6 +67,10 @@ struct node_state {
   };
   std::vector<drain_waiter> drain_waiters;
   uint64_t next_drain = 1;
+  // warm pools (actors/warm_pool.hpp)
+  warm_pools pools;
+  bool pressure_timer = false;   // a pressure_atom is on its way
+  std::set<caf::actor_addr> pool_owners; // sessions monitored for their pools
 };
 
 using self_ptr = node_actor::stateful_pointer<node_state>;
@@ -144,12 +149,21 @@ std::optional<error> check_backend(const node_state& s, const std::string& name)
                                          + ")");
 }
 
+// Slots in use: pooled sandboxes given up (destroyed, not yet gone) are free.
+uint32_t used_slots(const node_state& s) {
+  return static_cast<uint32_t>(s.live.size()) - s.pools.releasing();
+}
+
 void check_shutdown(self_ptr self) {
   auto& s = self->state;
   if (s.live.empty()) {
     for (auto& [rp, n] : s.reset_waiters)
       rp.deliver(n);
     s.reset_waiters.clear();
+  }
+  // Drained: nothing left but idle pooled sandboxes (a cordoned node makes
+  // no new ones and hands none out).
+  if (!s.drain_waiters.empty() && s.live.size() <= s.pools.size()) {
     for (auto& w : s.drain_waiters)
       w.rp.deliver(s.cfg.key, w.had);
     s.drain_waiters.clear();
@@ -161,6 +175,182 @@ void check_shutdown(self_ptr self) {
   }
 }
 
+// ---- warm pools (actors/warm_pool.hpp) -------------------------------------------
+
+// Destroys pooled sandboxes no pool keeps any more (a queued one that never
+// started is simply dropped).
+void destroy_pooled(self_ptr self, const std::vector<std::string>& ids) {
+  auto& s = self->state;
+  for (const auto& id : ids) {
+    auto it = s.live.find(id);
+    if (it == s.live.end())
+      continue;
+    if (it->second.handle) {
+      caf::anon_send(it->second.handle, destroy_atom::value, s.cfg.key);
+      continue;
+    }
+    std::erase_if(s.queued, [&](const sandbox_config& sc) { return sc.id == id; });
+    s.live.erase(it);
+    s.pools.gone(id);
+    --s.creating;
+  }
+}
+
+// Makes the sandboxes the pools lack, in the slots no create uses.
+void refill_pools(self_ptr self) {
+  auto& s = self->state;
+  if (s.pools.empty() || s.shutting_down || !s.reset_waiters.empty() || s.cfg.sim)
+    return;
+  uint32_t used = used_slots(s);
+  uint32_t room = used >= s.admit_limit || s.cordoned ? 0 : s.admit_limit - used;
+  for (auto [pid, n] : s.pools.wanted(room)) {
+    const auto* p = s.pools.find(pid);
+    for (uint32_t i = 0; i < n; ++i) {
+      sandbox_config sc;
+      sc.id = new_sandbox_id();
+      sc.session_id = p->owner ? p->owner_id : "pool";
+      sc.env = p->env;
+      sc.env.ttl_ms = 0; // none while pooled; the claim gives it one
+      sc.session = p->owner;
+      sc.node = self;
+      sc.node_name = s.cfg.name;
+      sc.cache = s.cfg.cache;
+      sc.eng = s.cfg.eng;
+      sc.trajectories = s.cfg.trajectories;
+      sc.key = s.cfg.key;
+      sc.pooled = true;
+      s.pools.warming(pid, sc.id);
+      s.live.emplace(sc.id, node_state::entry{});
+      s.queued.push_back(std::move(sc));
+      ++s.creating;
+    }
+  }
+  pump(self);
+}
+
+// A create's sandboxes from the pools, as far as they go: each claimed in one
+// message. Not for a sandbox rebuilt from a log or made for packs.
+uint32_t claim_pooled(self_ptr self, const environment& env, uint32_t count,
+                      const session_actor& session, const placement& pl) {
+  auto& s = self->state;
+  if (s.pools.empty() || s.shutting_down || !pl.id.empty() || !pl.seed_pack.empty()
+      || !pl.seed_manifest.empty() || pl.keep_upper)
+    return 0;
+  auto want = env;
+  s.cfg.defaults.apply(want);
+  uint64_t ttl = env.ttl_ms != 0 ? env.ttl_ms : pl.ttl_ms;
+  uint32_t n = 0;
+  while (n < count) {
+    auto id = s.pools.take(want, session.address());
+    if (!id)
+      break;
+    auto& e = s.live.at(*id);
+    // (Its answer matters only if it is gone already: then nobody told the
+    // session, and its request would wait for ever.)
+    self->request(e.handle, std::chrono::seconds(30), claim_atom::value, process_key(),
+                  caf::actor_cast<caf::actor>(session), pl.session_id, pl.request, ttl)
+      .then([](bool) {},
+            [=, key = s.cfg.key, id = *id, request = pl.request](caf::error&) {
+              self->send(session, failed_atom::value, key,
+                         to_caf(make_error(errc::sandbox_failed,
+                                           "pooled sandbox " + id + " ended before it was claimed")),
+                         request);
+            });
+    ++n;
+  }
+  return n;
+}
+
+// Destroys up to `n` idle pooled sandboxes for a create; how many.
+uint32_t evict_pooled(self_ptr self, uint32_t n) {
+  auto& s = self->state;
+  std::vector<std::string> ids;
+  while (ids.size() < n) {
+    auto id = s.pools.evict();
+    if (!id)
+      break;
+    ids.push_back(std::move(*id));
+  }
+  destroy_pooled(self, ids);
+  return static_cast<uint32_t>(ids.size());
+}
+
+void drop_session_pools(self_ptr self) {
+  std::vector<std::string> orphans;
+  self->state.pools.drop_sessions(orphans);
+  destroy_pooled(self, orphans);
+}
+
+void check_pressure(self_ptr self) {
+  auto& s = self->state;
+  s.pressure_timer = false;
+  std::vector<std::string> orphans;
+  bool was = s.pools.pressure();
+  bool on = memory_pressure(s.cfg.pool_pressure_file, s.cfg.pool_pressure_avg10);
+  s.pools.set_pressure(on, orphans);
+  destroy_pooled(self, orphans);
+  if (on != was) {
+    std::printf("dsecd: node %s: memory pressure %s: warm pools %s\n", s.cfg.name.c_str(),
+                on ? "high" : "gone", on ? "shrunk" : "refill");
+    std::fflush(stdout);
+  }
+  if (!on)
+    refill_pools(self);
+  if (!s.pools.empty() && !s.shutting_down) {
+    s.pressure_timer = true;
+    self->delayed_send(self, s.cfg.pool_pressure_interval, pressure_atom::value, process_key());
+  }
+}
+
+expected<uint32_t> set_pool(self_ptr self, environment env, uint32_t size,
+                            const session_actor& owner, const std::string& owner_id) {
+  auto& s = self->state;
+  if (s.cfg.sim)
+    return make_error(errc::unsupported,
+                      "node " + s.cfg.name + " is simulated: it keeps no warm pools");
+  if (s.shutting_down)
+    return make_error(errc::overloaded, "node " + s.cfg.name + " is shutting down");
+  if (env.base.empty())
+    return make_error(errc::invalid_argument, "a pool's environment needs a base layer");
+  if (size > s.admit_limit)
+    return make_error(errc::invalid_argument,
+                      "a pool of " + std::to_string(size) + " does not fit node " + s.cfg.name
+                        + " (" + std::to_string(s.admit_limit) + " slots)");
+  s.cfg.defaults.apply(env);
+  env.ttl_ms = 0;
+  env.backend = "container";
+  std::vector<std::string> orphans;
+  s.pools.set(env, owner, owner.address() ? owner_id : "node", size, orphans);
+  destroy_pooled(self, orphans);
+  if (owner && s.pool_owners.insert(owner.address()).second)
+    self->monitor(owner);
+  refill_pools(self);
+  if (!s.pressure_timer && !s.pools.empty())
+    check_pressure(self);
+  return size;
+}
+
+void start_pools(self_ptr self) {
+  self->set_down_handler([=](caf::down_msg& dm) {
+    auto& s = self->state;
+    if (!s.pool_owners.count(dm.source))
+      return;
+    auto hdl = caf::actor_cast<caf::actor>(dm.source);
+    if (hdl && !really_down(hdl, "a down message of a pool's session"))
+      return;
+    s.pool_owners.erase(dm.source);
+    std::vector<std::string> orphans;
+    s.pools.drop_owner(dm.source, orphans);
+    destroy_pooled(self, orphans);
+  });
+  for (const auto& p : self->state.cfg.pools)
+    if (auto r = set_pool(self, p.env, p.size, session_actor{}, "node"); !r) {
+      std::printf("dsecd: node %s: --pool %s: %s\n", self->state.cfg.name.c_str(),
+                  p.env.base.c_str(), r.error_value().message.c_str());
+      std::fflush(stdout);
+    }
+}
+
 node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
   self->state.cfg = std::move(cfg);
   auto& st = self->state;
@@ -170,6 +360,7 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
     auto c = make_container_backend();
     st.backends.emplace(std::string{c->name()}, std::move(c));
   }
+  start_pools(self);
   return {
     [=](spawn_atom, const internal_key& k, const environment& env, uint32_t count,
         const session_actor& session, const placement& pl) -> caf::result<internal_key, uint32_t> {
@@ -201,9 +392,14 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
                                                            + " already lives on node "
                                                            + s.cfg.name));
       }
-      uint32_t room = s.shutting_down || s.cordoned || s.live.size() >= s.admit_limit
+      // A cordoned node hands out no pooled sandbox either.
+      uint32_t claimed = s.cordoned || s.shutting_down ? 0 : claim_pooled(self, env, count, session, pl);
+      count -= claimed;
+      uint32_t room = s.shutting_down || s.cordoned || used_slots(s) >= s.admit_limit
                         ? 0
-                        : s.admit_limit - static_cast<uint32_t>(s.live.size());
+                        : s.admit_limit - used_slots(s);
+      if (room < count && !s.shutting_down && !s.cordoned)
+        room += evict_pooled(self, count - room); // pools give up their slots first
       // Memory: a node admits what its memory capacity holds (actors/node.hpp).
       uint64_t each = charge_of(s, env);
       uint64_t capacity = memory_capacity(s);
@@ -264,8 +460,10 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
         ++s.creating;
       }
       pump(self);
+      if (claimed > 0)
+        refill_pools(self);
       if (!pl.report_refusals)
-        return {s.cfg.key, admitted}; // the cluster's scheduler places them elsewhere
+        return {s.cfg.key, admitted + claimed}; // the cluster's scheduler places them elsewhere
       // Every sandbox asked for gets an answer; the ones without room now,
       // naming the resource that ran out.
       if (admitted < count) {
@@ -287,7 +485,7 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
           self->send(session, failed_atom::value, s.cfg.key, e, request);
       }
       s.failed += count - admitted;
-      return {s.cfg.key, admitted};
+      return {s.cfg.key, admitted + claimed};
     },
     [=](lookup_atom, const internal_key& k,
         const std::string& id) -> caf::result<internal_key, sandbox_actor> {
@@ -295,7 +493,7 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
       if (!genuine(k, s.cfg.key, "lookup (node)"))
         return refuse("lookup");
       auto it = s.live.find(id);
-      if (it == s.live.end() || !it->second.handle)
+      if (it == s.live.end() || !it->second.handle || s.pools.pooled(id))
         return to_caf(make_error(errc::not_found, "no sandbox " + id + " on node "
                                                     + s.cfg.name));
       return {s.cfg.key, it->second.handle};
@@ -308,6 +506,8 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
       std::vector<sandbox_info> queued;
       std::vector<sandbox_actor> boxes;
       for (auto& [id, e] : s.live) {
+        if (s.pools.pooled(id))
+          continue; // nobody's yet (node stats shows pools)
         if (e.handle) {
           boxes.push_back(e.handle);
           continue;
@@ -346,6 +546,9 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
       ns.memory_capacity = memory_capacity(s);
       ns.memory_admitted = s.memory_admitted;
       ns.cordoned = s.cordoned;
+      ns.pools = s.pools.infos(s.cfg.name);
+      ns.pooled = s.pools.size();
+      ns.memory_pressure = s.pools.pressure();
       if (s.cfg.eng) {
         auto pool = s.cfg.eng->cgroup_pool_stats();
         ns.cgroups_reused = pool.reused;
@@ -389,6 +592,10 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
         std::fflush(stdout);
       }
       s.cordoned = on;
+      if (on) // its idle pooled sandboxes go; no new ones are made while cordoned
+        evict_pooled(self, UINT32_MAX);
+      else
+        refill_pools(self);
       if (!on) { // nothing to wait for any more: the drains end with what is left
         for (auto& w : s.drain_waiters)
           w.rp.deliver(to_caf(make_error(errc::closed, "node " + s.cfg.name
@@ -407,7 +614,9 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
         std::fflush(stdout);
       }
       s.cordoned = true;
-      auto had = static_cast<uint32_t>(s.live.size());
+      evict_pooled(self, UINT32_MAX);
+      auto had = static_cast<uint32_t>(s.live.size() - std::min<size_t>(s.live.size(),
+                                                                         s.pools.size()));
       if (had == 0)
         return {s.cfg.key, 0u};
       auto rp = self->make_response_promise<internal_key, uint32_t>();
@@ -438,6 +647,7 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
         return;
       auto it = s.live.find(id);
       if (it != s.live.end() && !it->second.ready) {
+        s.pools.ready(id);
         it->second.ready = true;
         --s.creating;
         ++s.created;
@@ -463,18 +673,37 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
         ++s.destroyed;
       else
         ++s.failed;
+      s.pools.gone(id);
       check_shutdown(self);
+      refill_pools(self);
+    },
+    [=](pool_atom, const internal_key& k, environment& env, uint32_t size,
+        const session_actor& owner, const std::string& owner_id)
+      -> caf::result<internal_key, uint32_t> {
+      if (!genuine(k, self->state.cfg.key, "pool (node)"))
+        return refuse("pool");
+      auto r = set_pool(self, std::move(env), size, owner, owner_id);
+      if (!r)
+        return to_caf(r.error_value());
+      return {self->state.cfg.key, *r};
+    },
+    [=](pressure_atom, const internal_key& k) {
+      if (genuine(k, process_key(), "pressure (node)"))
+        check_pressure(self);
     },
     [=](reset_atom, const internal_key& k) -> caf::result<uint32_t> {
       auto& s = self->state;
       if (!genuine(k, process_key(), "reset (node)"))
         return refuse("reset");
       auto rp = self->make_response_promise<uint32_t>();
+      drop_session_pools(self);
       for (auto& sc : s.queued) {
-        self->send(sc.session, failed_atom::value, s.cfg.key,
-                       to_caf(make_error(errc::lost, "node " + s.cfg.name
-                                                       + " lost its coordinator")),
-                       sc.request);
+        s.pools.gone(sc.id);
+        if (!sc.pooled)
+          self->send(sc.session, failed_atom::value, s.cfg.key,
+                     to_caf(make_error(errc::lost, "node " + s.cfg.name
+                                                     + " lost its coordinator")),
+                     sc.request);
         s.live.erase(sc.id);
         --s.creating;
         ++s.failed;
@@ -496,10 +725,12 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
         s.shutting_down = true;
         // Queued ones never started: they fail now.
         for (auto& sc : s.queued) {
-          self->send(sc.session, failed_atom::value, s.cfg.key,
-                         to_caf(make_error(errc::overloaded,
-                                           "node " + s.cfg.name + " is shutting down")),
-                         sc.request);
+          s.pools.gone(sc.id);
+          if (!sc.pooled)
+            self->send(sc.session, failed_atom::value, s.cfg.key,
+                       to_caf(make_error(errc::overloaded,
+                                         "node " + s.cfg.name + " is shutting down")),
+                       sc.request);
           s.live.erase(sc.id);
           --s.creating;
           ++s.failed;

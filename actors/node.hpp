@@ -4,6 +4,7 @@
 // ready early); each reports to its session and back here when it is gone.
 #pragma once
 
+#include <chrono>
 #include <string>
 #include <vector>
 
@@ -11,6 +12,7 @@
 
 #include "actors/interfaces.hpp"
 #include "actors/sim_sandbox.hpp"
+#include "actors/warm_pool.hpp"
 #include "runtime/defaults.hpp"
 
 namespace dsec {
@@ -44,6 +46,16 @@ struct node_config {
   std::string trajectories;
   /// The member key (actors/surface.hpp): the cluster's, or this daemon's own.
   internal_key key;
+  // ---- warm pools (actors/warm_pool.hpp) ----
+  /// The node's own pools, made at start (dsecd --pool).
+  std::vector<pool_spec> pools;
+  /// Where memory pressure is read (PSI format); dsecd --pool-pressure-file
+  /// points it at a file a test writes. Pools shrink at "some avg10=" of at
+  /// least pool_pressure_avg10; checked every pool_pressure_interval while the
+  /// node has a pool.
+  std::string pool_pressure_file = "/proc/pressure/memory";
+  double pool_pressure_avg10 = 10.0;
+  std::chrono::milliseconds pool_pressure_interval{500};
 };
 
 node_actor spawn_node(caf::actor_system& sys, node_config cfg);

@@ -19,6 +19,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 
 #include "actors/backend.hpp"
@@ -98,6 +99,22 @@ struct exec_state {
 
 enum class phase { creating, ready, destroying };
 
+// The session a sandbox's Chronus events go to, shared with the reactor
+// thread's callback: a pooled sandbox gets its session when it is claimed.
+struct chronus_route {
+  std::mutex mu;
+  session_actor session;
+
+  void set(session_actor s) {
+    std::lock_guard<std::mutex> g{mu};
+    session = std::move(s);
+  }
+  session_actor get() {
+    std::lock_guard<std::mutex> g{mu};
+    return session;
+  }
+};
+
 struct sandbox_state {
   static inline const char* name = "dsec.sandbox";
 
@@ -134,6 +151,13 @@ struct sandbox_state {
   caf::typed_response_promise<internal_key, std::string> pack_running; // of the pack in progress
   // Set when the sandbox goes: a pack in progress stops at its next entry.
   std::shared_ptr<std::atomic<bool>> pack_cancel = std::make_shared<std::atomic<bool>>(false);
+  // A warm pool's (cfg.pooled) until claimed; commands started ever (a
+  // pooled one that ran anything is never handed out).
+  bool pooled = false;
+  uint64_t commands = 0;
+  // Where its Chronus events go: the session that owns it now (a claim
+  // changes it; the reactor thread reads it).
+  std::shared_ptr<chronus_route> route = std::make_shared<chronus_route>();
 };
 
 using self_ptr = sandbox_actor::stateful_pointer<sandbox_state>;
@@ -141,7 +165,7 @@ using self_ptr = sandbox_actor::stateful_pointer<sandbox_state>;
 const char* phase_name(const sandbox_state& s) {
   switch (s.ph) {
     case phase::creating: return "creating";
-    case phase::ready: return s.execs.empty() ? "ready" : "running";
+    case phase::ready: return s.pooled ? "pooled" : s.execs.empty() ? "ready" : "running";
     case phase::destroying: return "destroying";
   }
   return "unknown";
@@ -280,8 +304,11 @@ void finish_destroy(self_ptr self) {
   // Destroyed before it was ready (rm, shutdown, its session closing): its
   // batch must still hear about it, or it would wait for it forever.
   bool was_created = s.created_ms != 0;
-  tell_end(self, s.cfg.key, s.cfg.session, s.cfg.node, s.cfg.id, s.cfg.request, was_created,
-           s.creation_failed_told);
+  if (s.pooled) // nobody's: only its node hears
+    self->send(s.cfg.node, gone_atom::value, process_key(), s.cfg.id, was_created);
+  else
+    tell_end(self, s.cfg.key, s.cfg.session, s.cfg.node, s.cfg.id, s.cfg.request, was_created,
+             s.creation_failed_told);
   s.creation_failed_told = true;
   for (auto& rp : s.destroy_waiters)
     rp.deliver(true);
@@ -312,7 +339,8 @@ void begin_destroy(self_ptr self) {
 void fail_creation(self_ptr self, const error& e) {
   auto& s = self->state;
   s.creation_failed_told = true;
-  self->send(s.cfg.session, failed_atom::value, s.cfg.key, to_caf(e), s.cfg.request);
+  if (!s.pooled)
+    self->send(s.cfg.session, failed_atom::value, s.cfg.key, to_caf(e), s.cfg.request);
   s.failure = e.to_string();
   begin_destroy(self);
 }
@@ -323,9 +351,11 @@ void on_event(self_ptr self, const container_event& ev) {
     case container_event::kind::ready: {
       s.ph = phase::ready;
       s.created_ms = unix_ms();
+      self->send(s.cfg.node, ready_atom::value, process_key(), s.cfg.id);
+      if (s.pooled)
+        break; // waits for a claim: no session, no TTL yet
       self->send(s.cfg.session, ready_atom::value, s.cfg.key, s.cfg.id, sandbox_actor{self},
                  s.cfg.request);
-      self->send(s.cfg.node, ready_atom::value, process_key(), s.cfg.id);
       if (s.cfg.env.ttl_ms > 0) {
         s.expires = clock_type::now() + std::chrono::milliseconds(s.cfg.env.ttl_ms);
         self->delayed_send(self, std::chrono::milliseconds(s.cfg.env.ttl_ms), ttl_atom::value,
@@ -400,6 +430,8 @@ void start_exec(self_ptr self, const exec_request& req, caf::strong_actor_ptr li
     return done(make_error(errc::invalid_argument, "sandbox " + s.cfg.id + " is not ready yet"));
   if (s.ph != phase::ready)
     return done(make_error(errc::not_found, "sandbox " + s.cfg.id + " is being destroyed"));
+  if (s.pooled)
+    return done(make_error(errc::not_found, "sandbox " + s.cfg.id + " is in a warm pool (nobody's)"));
   if (req.argv.empty() || req.argv[0].empty())
     return done(make_error(errc::invalid_argument, "no command given"));
   for (const auto& kv : req.env)
@@ -449,6 +481,7 @@ void start_exec(self_ptr self, const exec_request& req, caf::strong_actor_ptr li
     io.out = out_w.get();
     io.err = err_w.get();
   }
+  ++s.commands;
   auto id = s.box->send_exec(cmd, io);
   if (!id)
     return done(std::move(id).error_value());
@@ -577,11 +610,52 @@ void run_pack(self_ptr self) {
       });
 }
 
+// A pooled sandbox handed to a create (claim_atom): from now on it is that
+// session's, of that request, with that TTL, as if it had been made for it.
+// One that ran anything, or is not ready (it is going), fails the request.
+bool claim(self_ptr self, const session_actor& session, const std::string& session_id,
+           uint64_t request, uint64_t ttl_ms) {
+  auto& s = self->state;
+  if (!s.pooled || !session)
+    return false;
+  s.pooled = false;
+  if (s.cfg.session && s.cfg.session != session)
+    self->demonitor(s.cfg.session.address());
+  if (s.cfg.session != session)
+    self->monitor(session);
+  s.cfg.session = session;
+  s.cfg.session_id = session_id;
+  s.cfg.request = request;
+  s.cfg.env.ttl_ms = ttl_ms;
+  s.route->set(session);
+  if (s.ph != phase::ready || s.commands > 0 || !s.box) {
+    s.creation_failed_told = true;
+    s.created_ms = 0; // never the caller's: its end is no gone_atom
+    self->send(session, failed_atom::value, s.cfg.key,
+               to_caf(make_error(errc::sandbox_failed, "pooled sandbox " + s.cfg.id
+                                                         + " ended before it was claimed")),
+               request);
+    begin_destroy(self);
+    return false;
+  }
+  s.created_ms = unix_ms();
+  self->send(session, ready_atom::value, s.cfg.key, s.cfg.id, sandbox_actor{self}, request);
+  if (ttl_ms > 0) {
+    s.expires = clock_type::now() + std::chrono::milliseconds(ttl_ms);
+    self->delayed_send(self, std::chrono::milliseconds(ttl_ms), ttl_atom::value, process_key(),
+                       s.ttl_setting);
+  }
+  return true;
+}
+
 sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
   self->state.cfg = std::move(cfg);
   auto& s = self->state;
-  // The session ending ends its sandboxes.
-  self->monitor(s.cfg.session);
+  s.pooled = s.cfg.pooled;
+  s.route->set(s.cfg.session);
+  // The session ending ends its sandboxes (a pooled one's: the pool's owner, if any).
+  if (s.cfg.session)
+    self->monitor(s.cfg.session);
   self->set_down_handler([=](caf::down_msg& dm) {
     auto& s = self->state;
     if (dm.source == s.cfg.session.address()) {
@@ -637,9 +711,10 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
           // Events go straight from the reactor thread to the session's mailbox.
           s.cfg.eng->chronus().add(s.cfg.id, s.box->release_chronus_fd(),
                                    s.box->release_channel_fd(), *token,
-                                   [session = s.cfg.session, key = s.cfg.key](std::string event) {
-                                     caf::anon_send(session, chronus_atom::value, key,
-                                                    chronus_event_msg{std::move(event), false, {}});
+                                   [route = s.route, key = s.cfg.key](std::string event) {
+                                     if (auto session = route->get())
+                                       caf::anon_send(session, chronus_atom::value, key,
+                                                      chronus_event_msg{std::move(event), false, {}});
                                    });
         }
         watch_control(self);
@@ -654,7 +729,7 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
       auto& s = self->state;
       if (!genuine(k, s.cfg.key, "pack (sandbox)"))
         return refuse("pack");
-      if (s.ph != phase::ready || !s.box)
+      if (s.ph != phase::ready || !s.box || s.pooled)
         return to_caf(make_error(errc::not_found, "sandbox " + s.cfg.id
                                                     + (s.ph == phase::creating
                                                          ? " is not ready yet"
@@ -706,7 +781,7 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
       auto& s = self->state;
       if (!genuine(k, s.cfg.key, "signal (sandbox)"))
         return refuse("signal");
-      if (!s.box || s.ph != phase::ready)
+      if (!s.box || s.ph != phase::ready || s.pooled)
         return to_caf(make_error(errc::not_found, "sandbox " + s.cfg.id + " is not running"));
       for (auto& [eid, x] : s.execs)
         (void) s.box->signal(x.id, sig);
@@ -883,6 +958,8 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
       if (!genuine(k, self->state.cfg.key, "lifetime (sandbox)"))
         return refuse("lifetime");
       auto& s = self->state;
+      if (s.pooled)
+        return to_caf(make_error(errc::not_found, "sandbox " + s.cfg.id + " is in a warm pool"));
       if (s.ph != phase::ready)
         return to_caf(make_error(errc::invalid_argument,
                                  "sandbox " + s.cfg.id + " is "
@@ -907,6 +984,12 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
       s.end_code = errc::closed;
       self->send(s.cfg.session, ttl_atom::value, s.cfg.key, s.cfg.id); // before its gone_atom
       begin_destroy(self);
+    },
+    [=](claim_atom, const internal_key& k, const caf::actor& session,
+        const std::string& session_id, uint64_t request, uint64_t ttl_ms) -> caf::result<bool> {
+      if (!genuine(k, process_key(), "claim (sandbox)"))
+        return refuse("claim");
+      return claim(self, caf::actor_cast<session_actor>(session), session_id, request, ttl_ms);
     },
   };
 }

@@ -48,6 +48,10 @@ struct sandbox_config {
   /// The member key (actors/surface.hpp): every message of the member surface
   /// it gets must carry it, and the ones it sends carry it.
   internal_key key;
+  /// A sandbox of a warm pool (actors/warm_pool.hpp): until its node hands it
+  /// to a create (claim_atom) it tells no session anything, has no TTL and
+  /// refuses every command; `session` is the pool's owner (null: the node's).
+  bool pooled = false;
 };
 
 sandbox_actor spawn_sandbox(caf::actor_system& sys, sandbox_config cfg);

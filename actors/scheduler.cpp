@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <type_traits>
@@ -342,6 +343,13 @@ caf::result<Result> by_id(self_ptr self, const std::string& id, Atom atom, Ts...
       [=](caf::error e) mutable { rp.deliver(e); });
   return rp;
 }
+
+// Warm pools over the nodes (at the end of this file).
+void spread_pool_to(self_ptr self, environment env, uint32_t size, session_actor owner,
+                    std::string owner_id, std::function<void(caf::expected<uint32_t>)> done);
+caf::typed_response_promise<uint32_t> spread_pool(self_ptr self, environment env, uint32_t size,
+                                                  session_actor owner, std::string owner_id);
+caf::typed_response_promise<std::vector<pool_info>> gather_pools(self_ptr self);
 
 scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cfg) {
   self->state.cfg = std::move(cfg);
@@ -732,6 +740,28 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
       s.sessions.erase(session_id);
       std::erase_if(s.resumed, [&](const auto& kv) { return kv.second == session_id; });
     },
+    [=](pool_atom, environment& env, uint32_t size) -> caf::result<uint32_t> {
+      if (!self->state.cfg.joined.empty())
+        return to_caf(make_error(errc::unsupported,
+                                 "node " + self->state.cfg.name + " belongs to the cluster of "
+                                   + self->state.cfg.joined + ": set pools there"));
+      return spread_pool(self, std::move(env), size, session_actor{}, "node");
+    },
+    [=](pool_atom) -> caf::result<std::vector<pool_info>> { return gather_pools(self); },
+    [=](pool_atom, const internal_key& k, environment& env, uint32_t size,
+        session_actor& owner, std::string& owner_id) -> caf::result<internal_key, uint32_t> {
+      if (!genuine(k, process_key(), "pool (scheduler)"))
+        return refuse("pool");
+      auto rp = self->make_response_promise<internal_key, uint32_t>();
+      spread_pool_to(self, std::move(env), size, std::move(owner), std::move(owner_id),
+                     [rp, key = self->state.cfg.key](caf::expected<uint32_t> n) mutable {
+                       if (n)
+                         rp.deliver(key, *n);
+                       else
+                         rp.deliver(n.error());
+                     });
+      return rp;
+    },
     [=](shutdown_atom, const internal_key& k) -> caf::result<uint32_t> {
       auto& s = self->state;
       if (!genuine(k, process_key(), "shutdown (scheduler)"))
@@ -760,6 +790,107 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
       return rp;
     },
   };
+}
+
+// ---- warm pools (actors/warm_pool.hpp) -------------------------------------------
+
+// The nodes a pool is spread over: this one, or (a coordinator) every node
+// up now, by name. A node that joins later gets no share of it.
+std::vector<std::pair<node_actor, std::string>> pool_nodes(self_ptr self) {
+  auto& s = self->state;
+  std::vector<std::pair<node_actor, std::string>> nodes;
+  if (!s.cfg.coordinator)
+    nodes.emplace_back(s.cfg.node, s.cfg.name);
+  for (auto& [id, m] : s.members)
+    nodes.emplace_back(m.node, m.name);
+  std::sort(nodes.begin(), nodes.end(),
+            [](const auto& a, const auto& b) { return a.second < b.second; });
+  return nodes;
+}
+
+// Sets a pool of `size` over the nodes: each gets size / n, the first size % n
+// one more (0 removes it everywhere). The reply: how many the nodes took; an
+// error only if every node refused (the first node's).
+void spread_pool_to(self_ptr self, environment env, uint32_t size, session_actor owner,
+                    std::string owner_id, std::function<void(caf::expected<uint32_t>)> done) {
+  auto nodes = pool_nodes(self);
+  if (nodes.empty()) {
+    done(to_caf(make_error(errc::overloaded, "no node has joined the cluster")));
+    return;
+  }
+  struct gather {
+    uint32_t took = 0;
+    size_t left = 0, ok = 0;
+    caf::error first;
+  };
+  auto g = std::make_shared<gather>();
+  g->left = nodes.size();
+  auto n = static_cast<uint32_t>(nodes.size());
+  for (uint32_t i = 0; i < n; ++i) {
+    uint32_t share = size / n + (i < size % n ? 1 : 0);
+    self
+      ->request(nodes[i].first, std::chrono::seconds(30), pool_atom::value, self->state.cfg.key,
+                env, share, owner, owner_id)
+      .then(
+        [=](const internal_key& k, uint32_t got) mutable {
+          if (genuine(k, self->state.cfg.key, "a reply to pool")) {
+            g->took += got;
+            ++g->ok;
+          } else if (!g->first) {
+            g->first = refuse("a reply to pool");
+          }
+          if (--g->left == 0)
+            done(g->ok > 0 ? caf::expected<uint32_t>{g->took} : caf::expected<uint32_t>{g->first});
+        },
+        [=](caf::error& e) mutable {
+          if (!g->first)
+            g->first = e;
+          if (--g->left == 0)
+            done(g->ok > 0 ? caf::expected<uint32_t>{g->took} : caf::expected<uint32_t>{g->first});
+        });
+  }
+}
+
+caf::typed_response_promise<uint32_t> spread_pool(self_ptr self, environment env, uint32_t size,
+                                                  session_actor owner, std::string owner_id) {
+  auto rp = self->make_response_promise<uint32_t>();
+  spread_pool_to(self, std::move(env), size, std::move(owner), std::move(owner_id),
+                 [rp](caf::expected<uint32_t> n) mutable {
+                   if (n)
+                     rp.deliver(*n);
+                   else
+                     rp.deliver(n.error());
+                 });
+  return rp;
+}
+
+// Every node's pools, from their stats (3 s each; one that does not answer is left out).
+caf::typed_response_promise<std::vector<pool_info>> gather_pools(self_ptr self) {
+  auto rp = self->make_response_promise<std::vector<pool_info>>();
+  auto nodes = pool_nodes(self);
+  struct gather {
+    std::vector<pool_info> all;
+    size_t left = 0;
+  };
+  auto g = std::make_shared<gather>();
+  g->left = nodes.size();
+  if (nodes.empty())
+    rp.deliver(std::vector<pool_info>{});
+  for (auto& [node, name] : nodes)
+    self->request(node, list_wait, stats_atom::value, self->state.cfg.key)
+      .then(
+        [=](const internal_key& k, node_stats& ns) mutable {
+          if (genuine(k, self->state.cfg.key, "a reply to stats"))
+            for (auto& p : ns.pools)
+              g->all.push_back(std::move(p));
+          if (--g->left == 0)
+            rp.deliver(std::move(g->all));
+        },
+        [=](caf::error&) mutable {
+          if (--g->left == 0)
+            rp.deliver(std::move(g->all));
+        });
+  return rp;
 }
 
 } // namespace

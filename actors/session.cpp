@@ -558,6 +558,10 @@ caf::result<uint32_t> create_call(self_ptr self, environment env, uint32_t count
   // anything is placed: layer names, limits, the backend.
   if (auto v = env.validate(); !v)
     return to_caf(v.error_value());
+  if (env.backend == "function")
+    return to_caf(make_error(errc::invalid_argument,
+                             "backend 'function' makes one sandbox per call: use call"
+                             " (session::call, `dsec call`), not create"));
   if (count > s.cfg.options.quota)
     return to_caf(make_error(errc::invalid_argument,
                              "session " + s.cfg.id + ": a create of " + std::to_string(count)
@@ -598,6 +602,10 @@ caf::result<uint32_t> create_call(self_ptr self, environment env, uint32_t count
   return start_batch(self, std::move(env), count, listener, std::move(labels), labeled, 0, 0,
                      0);
 }
+
+// Warm pools and the function backend (at the end of this file).
+caf::result<uint32_t> set_pool(self_ptr self, environment env, uint32_t size);
+caf::result<exec_result> function_call(self_ptr self, environment env, exec_request req);
 
 session_actor::behavior_type session_impl(self_ptr self, session_config cfg) {
   self->state.cfg = std::move(cfg);
@@ -1009,7 +1017,104 @@ session_actor::behavior_type session_impl(self_ptr self, session_config cfg) {
       if (self->state.sandboxes.count(id))
         self->state.expired.insert(id);
     },
+    [=](pool_atom, environment& env, uint32_t size) -> caf::result<uint32_t> {
+      return set_pool(self, std::move(env), size);
+    },
+    [=](call_atom, environment& env, exec_request& req) -> caf::result<exec_result> {
+      return function_call(self, std::move(env), std::move(req));
+    },
   };
+}
+
+// ---- warm pools and the function backend (actors/warm_pool.hpp) -----------------
+
+// A warm pool of this session's (session::pool): the scheduler spreads it over
+// the nodes; the nodes drop it when the session ends.
+caf::result<uint32_t> set_pool(self_ptr self, environment env, uint32_t size) {
+  auto& s = self->state;
+  if (s.closing)
+    return to_caf(make_error(errc::closed, "session " + s.cfg.id + " is closing"));
+  if (auto v = env.validate(); !v)
+    return to_caf(v.error_value());
+  if (size > s.cfg.options.quota)
+    return to_caf(make_error(errc::invalid_argument,
+                             "session " + s.cfg.id + ": a pool of " + std::to_string(size)
+                               + " is larger than its quota of "
+                               + std::to_string(s.cfg.options.quota)));
+  if (s.log)
+    return to_caf(make_error(errc::unsupported,
+                             "session " + s.cfg.id + " keeps a trajectory log: its sandboxes are"
+                               " made for packs, which pooled ones are not"));
+  auto rp = self->make_response_promise<uint32_t>();
+  self
+    ->request(s.cfg.scheduler, caf::infinite, pool_atom::value, process_key(), std::move(env),
+              size, session_actor{self}, s.cfg.id)
+    .then(
+      [=](const internal_key& k, uint32_t n) mutable {
+        if (genuine(k, self->state.cfg.key, "a reply to pool"))
+          rp.deliver(n);
+        else
+          rp.deliver(refuse("a reply to pool"));
+      },
+      [=](caf::error& e) mutable { rp.deliver(e); });
+  return rp;
+}
+
+// The function backend (session::call): a sandbox of `env` from the session's
+// create (a warm pool's when one has a ready one), the command, the
+// sandbox destroyed; the reply is the command's result once it is gone. A
+// helper actor does it through the session's own verbs (quota, lost nodes,
+// closing all apply), and answers the caller.
+caf::result<exec_result> function_call(self_ptr self, environment env, exec_request req) {
+  auto& s = self->state;
+  if (s.closing)
+    return to_caf(make_error(errc::closed, "session " + s.cfg.id + " is closing"));
+  if (auto v = env.validate(); !v)
+    return to_caf(v.error_value());
+  if (req.argv.empty() || req.argv[0].empty())
+    return to_caf(make_error(errc::invalid_argument, "call: no command given"));
+  if (req.detach || req.stream)
+    return to_caf(make_error(errc::invalid_argument,
+                             "call: a function call collects its output (no detach, no stream)"));
+  env.backend = std::string{backend_container}; // what the node makes for it
+  session_actor me = self;
+  auto helper = self->spawn([me](caf::event_based_actor* h) -> caf::behavior {
+    struct job {
+      caf::response_promise rp;
+      exec_request req;
+      bool done = false;
+    };
+    auto j = std::make_shared<job>();
+    auto finish = [=](caf::message m) {
+      if (j->done)
+        return;
+      j->done = true;
+      j->rp.deliver(std::move(m));
+      h->quit();
+    };
+    return {
+      [=](call_atom, environment& env, exec_request& req) {
+        j->rp = h->make_response_promise();
+        j->req = std::move(req);
+        h->request(me, caf::infinite, create_atom::value, std::move(env), uint32_t{1},
+                   caf::actor_cast<caf::actor>(h))
+          .then([](uint32_t) {}, [=](caf::error& e) { finish(caf::make_message(e)); });
+      },
+      [=](ready_atom, const std::string& id) {
+        auto destroy_then = [=](caf::message m) {
+          h->request(me, caf::infinite, destroy_atom::value, id)
+            .then([=](bool) { finish(m); }, [=](caf::error&) { finish(m); });
+        };
+        h->request(me, caf::infinite, exec_atom::value, id, j->req)
+          .then([=](exec_result& r) { destroy_then(caf::make_message(std::move(r))); },
+                [=](caf::error& e) { destroy_then(caf::make_message(e)); });
+      },
+      [=](failed_atom, const caf::error& e) { finish(caf::make_message(e)); },
+    };
+  });
+  auto rp = self->make_response_promise<exec_result>();
+  rp.delegate(helper, call_atom::value, std::move(env), std::move(req));
+  return rp;
 }
 
 } // namespace session_detail

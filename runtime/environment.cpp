@@ -5,7 +5,7 @@
 namespace dsec {
 
 std::vector<std::string_view> known_backends() {
-  return {backend_container};
+  return {backend_container, backend_function};
 }
 
 namespace {

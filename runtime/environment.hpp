@@ -22,6 +22,10 @@ namespace dsec {
 /// advertises the ones it offers (actors/backend.hpp); the scheduler places a
 /// sandbox only on a node that offers its backend.
 inline constexpr std::string_view backend_container = "container";
+/// One sandbox per call (session::call, `dsec call`), taken from a warm pool
+/// of its environment when one is ready, destroyed after the call: a
+/// container underneath, so nodes offer it wherever they offer "container".
+inline constexpr std::string_view backend_function = "function";
 
 /// Every backend name dsec knows, whether or not a node offers it now.
 std::vector<std::string_view> known_backends();

@@ -23,6 +23,7 @@
 
 #include "actors/basp_guard.hpp"
 #include "actors/daemon.hpp"
+#include "actors/warm_pool.hpp"
 #include "actors/door.hpp"
 #include "actors/transport.hpp"
 #include "actors/types.hpp"
@@ -78,6 +79,20 @@ Options:
   --cache-bytes SIZE     unmount unused layers beyond this many mounted bytes
                          (default: no limit), e.g. 20g
   --spawners N           zygotes creating sandboxes in parallel (default 2)
+  --pool NAME@V=N[,workdir=W@V][,tool=T@V][,memory=SIZE][,net][,chronus]
+                         keep a warm pool of N ready sandboxes of that
+                         environment on this node (repeatable; the node's own,
+                         it lives with the node): a create or call of an equal
+                         environment claims one in one message, and the pool
+                         refills in the background. Pooled sandboxes take
+                         slots, give them up to real creates first, and shrink
+                         under memory pressure (actors/warm_pool.hpp)
+  --pool-pressure-file PATH
+                         where memory pressure is read, in PSI format (default
+                         /proc/pressure/memory; a test points it at a file it
+                         writes). Pools shrink while its "some avg10=" is at
+                         least --pool-pressure-avg10 (default 10); without the
+                         file, while MemAvailable is under 5% of MemTotal
   --threads N            CAF scheduler threads (default 2; the 'sharing' policy)
   --coordinator          be a cluster's coordinator: nodes join it (--join), it
                          holds the sessions and places every sandbox over the
@@ -253,6 +268,19 @@ int main(int argc, char** argv) {
         return bad("--slots: expected a whole number from 1 to 1000000 (0: a coordinator "
                    "that runs no sandboxes), got '" + v + "'");
       o.d.slots = static_cast<uint32_t>(n);
+    } else if (opt("--pool")) {
+      auto spec = dsec::parse_pool_spec(v);
+      if (!spec)
+        return bad(spec.error_value().message);
+      o.d.pools.push_back(std::move(*spec));
+    } else if (opt("--pool-pressure-file")) {
+      o.d.pool_pressure_file = v;
+    } else if (opt("--pool-pressure-avg10")) {
+      char* end = nullptr;
+      double r = std::strtod(v.c_str(), &end);
+      if (v.empty() || *end != '\0' || !(r >= 0 && r <= 100))
+        return bad("--pool-pressure-avg10: expected a percentage from 0 to 100, got '" + v + "'");
+      o.d.pool_pressure_avg10 = r;
     } else if (opt("--oversubscribe")) {
       char* end = nullptr;
       double r = std::strtod(v.c_str(), &end);

@@ -392,6 +392,18 @@ class Client:
         """The node's counters, as NodeStats."""
         return self._c.stats()
 
+    def pool(self, base: str, workdir: str | None = None, tools: Sequence[str] = (),
+             size: int = 1, *, memory: Size | None = None, pids: int | None = None,
+             cpus: float | None = None, disk: Size | None = None, net: bool = False,
+             chronus: bool = False) -> int:
+        """A warm pool of the nodes' own (it lives with them, not with this
+        client): `size` ready sandboxes of that environment spread over the
+        nodes, for any session's creates and calls (0 removes it). Returns how
+        many the nodes took (`dsec pool set`)."""
+        env = _environment(base, workdir, tools, memory, pids, cpus, disk, net, chronus, None)
+        n: int = self._c.pool(env, _int("size", size, hi=100_000))
+        return n
+
     async def stats_async(self) -> NodeStats:
         fut, done = _future()
         self._c.stats_async(done)
@@ -497,6 +509,32 @@ class Session:
             self.close()
         except (Disconnected, Closed):  # closed already, or the daemon is gone
             pass
+
+    def pool(self, base: str, workdir: str | None = None, tools: Sequence[str] = (),
+             size: int = 1, *, memory: Size | None = None, pids: int | None = None,
+             cpus: float | None = None, disk: Size | None = None, net: bool = False,
+             chronus: bool = False) -> int:
+        """A warm pool of this session's: `size` ready sandboxes of that
+        environment kept on the nodes for its creates and calls (0 removes it);
+        it ends with the session. Returns how many the nodes took."""
+        env = _environment(base, workdir, tools, memory, pids, cpus, disk, net, chronus, None)
+        n: int = self._s.pool(env, _int("size", size, hi=100_000))
+        return n
+
+    def call(self, cmd: Command, *, base: str, workdir: str | None = None,
+             tools: Sequence[str] = (), memory: Size | None = None, pids: int | None = None,
+             cpus: float | None = None, disk: Size | None = None, net: bool = False,
+             timeout: Seconds | None = None, env: Env | None = None, cwd: str | None = None,
+             user: User | None = None, input: Data | None = None,
+             max_output: int | None = None) -> ExecResult:
+        """The function backend: runs `cmd` in a fresh sandbox of that
+        environment (from a warm pool when one is ready), destroys the sandbox
+        (never reused) and returns the ExecResult (exit_code 128+N on a
+        signal N)."""
+        e = _environment(base, workdir, tools, memory, pids, cpus, disk, net, False, None)
+        req = _request(cmd, timeout, env, cwd, user, input, False, False, max_output)
+        result: ExecResult = self._s.call(e, req)
+        return result
 
     def sandbox(self, sandbox_id: str) -> Sandbox:
         """A handle on a sandbox of this session, by id (nothing is checked)."""

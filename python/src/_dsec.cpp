@@ -855,6 +855,15 @@ void bind_client(py::module_& m) {
            }
            return value_or_raise(await_outcome(out));
          })
+    .def("pool",
+         [](const core_ptr& c, const environment& env, uint32_t size) {
+           expected<uint32_t> r = make_error(errc::disconnected, "not asked");
+           {
+             py::gil_scoped_release nogil;
+             r = c->cl().pool(env, size);
+           }
+           return value_or_raise(std::move(r));
+         })
     .def("stats_async", [](const core_ptr& c, py::object done) {
       auto s = c->start();
       c->cl().stats_async(to_python<node_stats>(std::move(done), s.tok, identity{}));
@@ -1051,6 +1060,24 @@ void bind_session(py::module_& m) {
          [](py_session& ps, const std::string& id, py::object done) {
            auto s = ps.co().start();
            ps.get()->destroy_async(id, to_python<void>(std::move(done), s.tok, identity{}));
+         })
+    .def("call",
+         [](py_session& ps, const environment& env, const exec_request& req) {
+           waiter<exec_result> out;
+           {
+             auto s = ps.co().start();
+             ps.get()->call_async(env, req, to_waiter(out, s.tok));
+           }
+           return value_or_raise(await_outcome(out));
+         })
+    .def("pool",
+         [](py_session& ps, const environment& env, uint32_t size) {
+           expected<uint32_t> r = make_error(errc::disconnected, "not asked");
+           {
+             py::gil_scoped_release nogil;
+             r = ps.get()->pool(env, size);
+           }
+           return value_or_raise(std::move(r));
          })
     .def("set_ttl",
          [](py_session& ps, const std::string& id, uint64_t ms) {

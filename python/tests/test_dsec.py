@@ -636,6 +636,26 @@ class Conveniences(Base):
                 self.assertTrue((await sb.exec_async("true")).ok)
         asyncio.run(main())
 
+    def test_call_runs_in_a_fresh_sandbox_from_a_warm_pool(self):
+        # (A session with a trajectory log, the default, makes its sandboxes
+        # for packs: it can have no warm pool.)
+        with self.c.session(quota=4, ttl=60, trajectory=False) as s:
+            self.assertEqual(s.pool("py@1", size=2), 2)
+            seen = set()
+            for _ in range(3):
+                r = s.call("test ! -e /tmp/mark || echo STALE; echo x > /tmp/mark; hostname",
+                           base="py@1")
+                self.assertTrue(r.ok, r)
+                self.assertNotIn(b"STALE", r.stdout)
+                seen.add(r.stdout)
+            self.assertEqual(len(seen), 3)  # never reused
+            self.assertEqual(s.call("exit 3", base="py@1").exit_code, 3)
+            self.assertEqual(s.call("kill -9 $$", base="py@1").exit_code, 128 + 9)
+            self.assertEqual(s.list(), [])  # every call's sandbox is gone
+            with self.assertRaises(dsec.NotFound):
+                s.call("true", base="nope@1")
+            self.assertEqual(s.pool("py@1", size=0), 0)
+
     def test_create_one_returns_the_sandbox_or_raises(self):
         with self.c.session(quota=2, ttl=120) as s:
             sb = s.create_one("py@1", workdir="task@1", key="episode-1", tags={"task": "17"})

@@ -40,6 +40,9 @@ Verbs:
   feedback SANDBOX REQ [OPTIONS]    answer a Chronus feedback request
   node stats                        the daemon's counters and its layer cache
   cluster status [--json]           the cluster's nodes (a coordinator)
+  call [OPTIONS] -- CMD [ARGS...]   the function backend: CMD in a fresh sandbox
+                                    (from a warm pool), destroyed after
+  pool set|ls                       warm pools of ready sandboxes
 
 Global options:
   --connect HOST:PORT   the daemon (dsecd --listen); required
@@ -111,6 +114,10 @@ int main(int argc, char** argv) {
     return remote::cluster_main(ctx, a);
   if (verb == "feedback")
     return remote::feedback_main(ctx, a);
+  if (verb == "call")
+    return remote::call_main(ctx, a);
+  if (verb == "pool")
+    return remote::pool_main(ctx, a);
   if (verb == "help") {
     std::fputs(remote::usage, stdout);
     return 0;

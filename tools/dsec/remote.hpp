@@ -52,5 +52,9 @@ int run_main(context& c, args& a);
 int cp_main(context& c, args& a);
 int watch_main(context& c, args& a);    // session watch
 int feedback_main(context& c, args& a);
+int call_main(context& c, args& a);     // tools/dsec/remote_VERB.cpp
+int pool_main(context& c, args& a);     // tools/dsec/remote_VERB.cpp
+/// The warm pools of `node stats` (tools/dsec/remote_pool.cpp).
+void print_pools(const node_stats& s);
 
 } // namespace dsec::cli::remote

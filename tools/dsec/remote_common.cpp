@@ -75,6 +75,17 @@ int exec_failure_status(const error& e) {
   return 0;
 }
 
+std::optional<int> check_daemon_sandbox_options(std::string_view verb, const sandbox_options& sb) {
+  if (auto rc = check_sandbox_options(verb, sb))
+    return rc;
+  if (sb.no_memory || sb.no_pids)
+    return usage_error(verb, std::string{sb.no_memory ? "--memory" : "--pids"}
+                               + " none is for a local `dsec run`: a daemon's sandboxes get its "
+                                 "--default-memory and --default-pids unless they ask for a "
+                                 "size");
+  return std::nullopt;
+}
+
 bool parse_exec_flag(args& a, exec_flags& f) {
   for (auto [flag, value] : {std::pair{"--trusted", &f.trusted}, {"--pristine", &f.pristine},
                              {"--idempotent", &f.idempotent}, {"--detach", &f.detach}})

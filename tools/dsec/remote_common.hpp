@@ -23,6 +23,11 @@ namespace dsec::cli::remote {
 /// when the reader left (SIGPIPE is ignored).
 bool write_all(int fd, std::string_view data);
 
+/// check_sandbox_options() for a daemon's sandbox: also refuses `--memory
+/// none` and `--pids none` (a local `dsec run`'s), naming the daemon's
+/// defaults. Prints the usage error and returns 2, or nothing.
+std::optional<int> check_daemon_sandbox_options(std::string_view verb, const sandbox_options& sb);
+
 /// The flags of a command that `exec` and `run` share: -i/--stdin, --trusted,
 /// --pristine, --idempotent, --detach.
 struct exec_flags {

@@ -166,6 +166,7 @@ int node_main(context& ctx, args& a) {
   std::printf("refused internal %llu (internal messages without the cluster's key, and "
               "CAF's own messages from a connection: docs/security.md)\n",
               u(s.refused_internal));
+  print_pools(s);
   if (s.gc.empty()) {
     std::printf("start-up gc     nothing to remove\n");
   } else {

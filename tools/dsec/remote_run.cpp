@@ -258,13 +258,8 @@ int run_main(context& ctx, args& a) {
                              "with Chronus)");
   if (f.pristine && !f.trusted)
     return usage_error(verb, "--pristine needs --trusted");
-  if (auto rc = check_sandbox_options(verb, sb))
+  if (auto rc = check_daemon_sandbox_options(verb, sb))
     return *rc;
-  if (sb.no_memory || sb.no_pids)
-    return usage_error(verb, std::string{sb.no_memory ? "--memory" : "--pids"}
-                               + " none is for a local `dsec run`: a daemon's sandboxes get its "
-                                 "--default-memory and --default-pids unless they ask for a "
-                                 "size");
   environment env = sb.env;
   env.chronus = chronus;
   if (ttl)

@@ -1,0 +1,147 @@
+// pool_bench: warm pools and the function backend through the C++ client
+// (an embedded dsec::daemon, dsec::client::attach), in one run:
+//
+//   create-to-ready   session::create(1) until the client has the id: cold (no
+//                     pool) vs claimed from a warm pool (refilled before each
+//                     claim, so every create finds a ready sandbox)
+//   calls per second  session::call (pool of --pool) vs create + exec + destroy
+//                     of the same command, sequential, for --seconds each
+//
+// Usage: pool_bench --state DIR --base NAME@V [--count N] [--pool N] [--seconds S]
+// The base layer must be in DIR's store (dsec --state DIR layer build --kind
+// base NAME@V ROOTFS) and have /bin/true (busybox is enough).
+#include <caf/actor_system.hpp>
+#include <caf/actor_system_config.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "actors/client.hpp"
+#include "actors/daemon.hpp"
+#include "actors/types.hpp"
+
+using namespace dsec;
+using clk = std::chrono::steady_clock;
+
+namespace {
+
+double us_since(clk::time_point t0) {
+  return std::chrono::duration<double, std::micro>(clk::now() - t0).count();
+}
+
+void report(const char* what, std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  auto at = [&](double q) { return v[std::min(v.size() - 1, static_cast<size_t>(q * v.size()))]; };
+  std::printf("%-34s n=%zu p50=%.0f us p99=%.0f us max=%.0f us\n", what, v.size(), at(0.5),
+              at(0.99), v.back());
+}
+
+uint32_t pool_ready(client& c) {
+  auto st = c.stats();
+  uint32_t n = 0;
+  if (st)
+    for (const auto& p : st->pools)
+      n += p.ready;
+  return n;
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  std::string state, base;
+  int count = 200, pool = 8;
+  double seconds = 5;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    std::string k = argv[i], v = argv[i + 1];
+    if (k == "--state") state = v;
+    else if (k == "--base") base = v;
+    else if (k == "--count") count = std::atoi(v.c_str());
+    else if (k == "--pool") pool = std::atoi(v.c_str());
+    else if (k == "--seconds") seconds = std::atof(v.c_str());
+  }
+  if (state.empty() || base.empty() || count <= 0 || pool <= 0) {
+    std::fprintf(stderr, "usage: pool_bench --state DIR --base NAME@V [--count N] [--pool N]"
+                         " [--seconds S]\n");
+    return 2;
+  }
+  caf::actor_system_config cfg;
+  client::configure(cfg);
+  caf::actor_system sys{cfg};
+  daemon_options o;
+  o.state_dir = state;
+  auto d = daemon::start(sys, o);
+  if (!d) {
+    std::fprintf(stderr, "pool_bench: %s\n", d.error_value().message.c_str());
+    return 1;
+  }
+  auto c = client::attach(sys, (*d)->scheduler());
+  auto s = c->open_session({.quota = 4096});
+  if (!s) {
+    std::fprintf(stderr, "pool_bench: %s\n", s.error_value().message.c_str());
+    return 1;
+  }
+  environment env;
+  env.base = base;
+  auto one = [&](std::vector<double>& lat) {
+    auto t0 = clk::now();
+    auto ids = (*s)->create(env, 1);
+    lat.push_back(us_since(t0));
+    if (!ids || ids->empty()) {
+      std::fprintf(stderr, "pool_bench: create: %s\n",
+                   ids ? "none made" : ids.error_value().message.c_str());
+      std::exit(1);
+    }
+    (void) (*s)->destroy(ids->front());
+  };
+  std::vector<double> cold, warm;
+  for (int i = 0; i < count; ++i)
+    one(cold);
+  if (auto n = (*s)->pool(env, static_cast<uint32_t>(pool)); !n) {
+    std::fprintf(stderr, "pool_bench: pool: %s\n", n.error_value().message.c_str());
+    return 1;
+  }
+  for (int i = 0; i < count; ++i) {
+    while (pool_ready(*c) < static_cast<uint32_t>(pool))
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    one(warm);
+  }
+  report("create-to-ready, cold", cold);
+  report("create-to-ready, warm pool claim", warm);
+  exec_request req;
+  req.argv = {"/bin/true"};
+  auto rate = [&](const char* what, auto f) {
+    auto t0 = clk::now();
+    uint64_t n = 0;
+    while (std::chrono::duration<double>(clk::now() - t0).count() < seconds) {
+      f();
+      ++n;
+    }
+    double sec = std::chrono::duration<double>(clk::now() - t0).count();
+    std::printf("%-34s %llu in %.1f s = %.1f/s\n", what, static_cast<unsigned long long>(n),
+                sec, n / sec);
+  };
+  environment fn = env;
+  fn.backend = "function";
+  rate("call (function backend, pool)", [&] {
+    auto r = (*s)->call(fn, req);
+    if (!r) {
+      std::fprintf(stderr, "pool_bench: call: %s\n", r.error_value().message.c_str());
+      std::exit(1);
+    }
+  });
+  (void) (*s)->pool(env, 0);
+  rate("create + exec + destroy (no pool)", [&] {
+    auto ids = (*s)->create(env, 1);
+    if (!ids || ids->empty())
+      std::exit(1);
+    (void) (*s)->exec(ids->front(), req);
+    (void) (*s)->destroy(ids->front());
+  });
+  (void) (*s)->close();
+  return 0;
+}

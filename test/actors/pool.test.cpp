@@ -1,0 +1,195 @@
+// Warm pools and the function backend (actors/warm_pool.hpp), through an
+// embedded daemon and dsec::client, over the real runtime: pools refill after
+// claims, a claimed sandbox never held anyone's state, pools end with their
+// session, a full node evicts pooled sandboxes for real creates, and memory
+// pressure (a PSI-format file the test writes, node_config.pool_pressure_file)
+// shrinks pools first. Waits poll the node's stats with a generous cap; no
+// test asserts a duration.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <set>
+#include <unistd.h>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "test/actors/common.hpp"
+#include "test/support/fixture.hpp"
+#include "test/support/host.hpp"
+
+using namespace dsec;
+using namespace dsec::test;
+using namespace std::chrono_literals;
+
+namespace {
+
+std::unique_ptr<session> open(client& c) {
+  auto s = c.open_session({});
+  REQUIRE_MESSAGE(s, "open_session: " << describe(s.error_value()));
+  return std::move(*s);
+}
+
+// Polls the node's stats until `ok` holds (cap: 120 s, a failure, not a measure).
+bool until(client& c, const std::function<bool(const node_stats&)>& ok) {
+  auto give_up = std::chrono::steady_clock::now() + 120s;
+  while (std::chrono::steady_clock::now() < give_up) {
+    if (ok(node_stats_of(c)))
+      return true;
+    std::this_thread::sleep_for(20ms);
+  }
+  return false;
+}
+
+uint32_t ready_of(const node_stats& s) {
+  uint32_t n = 0;
+  for (const auto& p : s.pools)
+    n += p.ready;
+  return n;
+}
+
+exec_request sh(const std::string& script) { return cmd({"sh", "-c", script}); }
+
+std::string temp_file(const std::string& text) {
+  char name[] = "/tmp/dsec-psi-XXXXXX";
+  int fd = ::mkstemp(name);
+  REQUIRE(fd >= 0);
+  ::close(fd);
+  std::ofstream(name) << text;
+  return name;
+}
+
+const char* calm = "some avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"
+                   "full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n";
+const char* pressed = "some avg10=95.00 avg60=60.00 avg300=10.00 total=123456\n"
+                      "full avg10=80.00 avg60=40.00 avg300=5.00 total=99999\n";
+
+} // namespace
+
+TEST_CASE("pool: a session's pool fills, creates claim from it, and it refills") {
+  auto before = settled_snapshot();
+  {
+    embedded e;
+    auto s = open(*e.c);
+    auto n = s->pool(env_of(), 3);
+    REQUIRE_MESSAGE(n, describe(n.error_value()));
+    CHECK(*n == 3);
+    REQUIRE(until(*e.c, [](const node_stats& st) { return ready_of(st) == 3; }));
+    // Pooled sandboxes are nobody's: not in the node's list.
+    CHECK(node_list(*e.c).empty());
+    for (int round = 0; round < 3; ++round) {
+      auto ids = s->create(env_of(), 2);
+      REQUIRE_MESSAGE(ids, describe(ids.error_value()));
+      REQUIRE(ids->size() == 2);
+      auto r = s->exec(ids->front(), cmd({"true"}));
+      REQUIRE_MESSAGE(r, describe(r.error_value()));
+      for (auto& id : *ids)
+        REQUIRE(s->destroy(id));
+      REQUIRE(until(*e.c, [](const node_stats& st) { return ready_of(st) == 3; }));
+    }
+    auto st = node_stats_of(*e.c);
+    REQUIRE(st.pools.size() == 1);
+    CHECK(st.pools[0].claimed == 6);
+    CHECK(st.pools[0].refills >= 9);
+    CHECK(st.pools[0].owner == s->id());
+    // The session ends: its pool and every pooled sandbox go.
+    REQUIRE(s->close());
+    REQUIRE(until(*e.c, [](const node_stats& st) { return st.pools.empty() && st.live == 0; }));
+  }
+  check_nothing_left(before); // the daemon stopped: nothing of its pools is left
+}
+
+TEST_CASE("pool: a call runs in a fresh sandbox that ran nothing before, destroyed after") {
+  embedded e;
+  auto s = open(*e.c);
+  environment fn = env_of();
+  fn.backend = "function";
+  REQUIRE(s->pool(fn, 2));
+  REQUIRE(until(*e.c, [](const node_stats& st) { return ready_of(st) == 2; }));
+  std::set<std::string> hosts;
+  for (int i = 0; i < 4; ++i) {
+    // Each call: nothing of the one before (the file), no process but ours.
+    auto r = s->call(fn, sh("test ! -e /tmp/mark || echo STALE; echo x > /tmp/mark; hostname;"
+                            " ls /proc | grep -c '^[0-9]'"));
+    REQUIRE_MESSAGE(r, describe(r.error_value()));
+    CHECK(r->exit_code == 0);
+    CHECK(r->out.find("STALE") == std::string::npos);
+    auto nl = r->out.find('\n');
+    hosts.insert(r->out.substr(0, nl));
+  }
+  CHECK(hosts.size() == 4); // never reused
+  auto r = s->call(fn, sh("exit 7"));
+  REQUIRE(r);
+  CHECK(r->exit_code == 7);
+  r = s->call(fn, sh("kill -9 $$"));
+  REQUIRE(r);
+  CHECK(r->exit_code == 128 + 9);
+  auto st = node_stats_of(*e.c);
+  REQUIRE(st.pools.size() == 1);
+  CHECK(st.pools[0].claimed >= 1);
+  // Every call's sandbox is gone.
+  auto left = s->list();
+  REQUIRE(left);
+  CHECK(left->empty());
+  // Bad input: a create cannot ask for the function backend.
+  auto c = s->create(fn, 1);
+  REQUIRE(!c);
+  CHECK(c.error_value().code == errc::invalid_argument);
+  auto bad = s->call(env_of(), cmd({}));
+  REQUIRE(!bad);
+  CHECK(bad.error_value().code == errc::invalid_argument);
+}
+
+TEST_CASE("pool: a full node destroys pooled sandboxes for real creates") {
+  daemon_options o;
+  o.slots = 3;
+  embedded e(o);
+  auto s = open(*e.c);
+  environment other = env_of("wd@1");
+  REQUIRE(s->pool(other, 3));
+  REQUIRE(until(*e.c, [](const node_stats& st) { return ready_of(st) == 3; }));
+  auto ids = s->create(env_of(), 3);
+  REQUIRE_MESSAGE(ids, describe(ids.error_value()));
+  CHECK(ids->size() == 3);
+  auto st = node_stats_of(*e.c);
+  REQUIRE(st.pools.size() == 1);
+  CHECK(st.pools[0].evicted == 3);
+  CHECK(st.live == 3);
+  // No room left: the pool waits.
+  CHECK(ready_of(st) == 0);
+  for (auto& id : *ids)
+    REQUIRE(s->destroy(id));
+  REQUIRE(until(*e.c, [](const node_stats& st) { return ready_of(st) == 3; }));
+}
+
+TEST_CASE("pool: memory pressure shrinks the node's pools first, and they refill after") {
+  auto psi = temp_file(calm);
+  daemon_options o;
+  o.pool_pressure_file = psi;
+  o.pools.push_back({env_of(), 2});
+  {
+    embedded e(o);
+    REQUIRE(until(*e.c, [](const node_stats& st) { return ready_of(st) == 2; }));
+    auto s = open(*e.c);
+    auto ids = s->create(env_of("wd@1"), 1); // a caller's: never touched by pressure
+    REQUIRE(ids);
+    std::ofstream(psi) << pressed;
+    REQUIRE(until(*e.c, [](const node_stats& st) {
+      return st.memory_pressure && st.pooled == 0;
+    }));
+    auto st = node_stats_of(*e.c);
+    CHECK(st.live == 1);
+    CHECK(st.pools.at(0).owner == "node");
+    CHECK(st.pools.at(0).evicted == 2);
+    auto r = s->exec(ids->front(), cmd({"true"}));
+    CHECK_MESSAGE(r, describe(r.error_value()));
+    std::ofstream(psi) << calm;
+    REQUIRE(until(*e.c, [](const node_stats& st) {
+      return !st.memory_pressure && ready_of(st) == 2;
+    }));
+  }
+  std::remove(psi.c_str());
+}
