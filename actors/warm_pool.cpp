@@ -161,24 +161,17 @@ void warm_pools::release(pool& p, std::vector<std::string>& orphans) {
 }
 
 void warm_pools::drop_owner(const caf::actor_addr& owner, std::vector<std::string>& orphans) {
-  for (auto it = pools_.begin(); it != pools_.end();) {
-    if (it->second.owner && it->second.owner.address() == owner) {
-      release(it->second, orphans);
-      for (const auto& id : it->second.warming) {
-        member_.erase(id);
-        released_.insert(id);
-        orphans.push_back(id);
-      }
-      it = pools_.erase(it);
-    } else {
-      ++it;
-    }
-  }
+  drop_where([&](const pool& p) { return p.owner && p.owner.address() == owner; }, orphans);
 }
 
 void warm_pools::drop_sessions(std::vector<std::string>& orphans) {
+  drop_where([](const pool& p) { return static_cast<bool>(p.owner); }, orphans);
+}
+
+void warm_pools::drop_where(const std::function<bool(const pool&)>& drop,
+                            std::vector<std::string>& orphans) {
   for (auto it = pools_.begin(); it != pools_.end();) {
-    if (it->second.owner) {
+    if (drop(it->second)) {
       release(it->second, orphans);
       for (const auto& id : it->second.warming) {
         member_.erase(id);

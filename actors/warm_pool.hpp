@@ -25,6 +25,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -113,6 +114,8 @@ public:
 
 private:
   void release(pool& p, std::vector<std::string>& orphans);
+  /// Removes the pools `drop` picks, their sandboxes (ready or warming) to `orphans`.
+  void drop_where(const std::function<bool(const pool&)>& drop, std::vector<std::string>& orphans);
 
   std::map<uint64_t, pool> pools_;
   std::unordered_map<std::string, uint64_t> member_; // sandbox id -> pool id

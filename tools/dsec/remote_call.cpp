@@ -85,16 +85,7 @@ int call_main(context& ctx, args& a) {
     return *rc;
   auto env = sb.env;
   env.backend = "function";
-  exec_request req;
-  req.argv = std::move(argv);
-  req.env = cs.env;
-  req.cwd = cs.cwd;
-  if (cs.uid)
-    req.uid = static_cast<int32_t>(*cs.uid);
-  if (cs.gid)
-    req.gid = static_cast<int32_t>(*cs.gid);
-  if (cs.timeout)
-    req.timeout_ms = static_cast<uint64_t>(cs.timeout->count());
+  auto req = make_request(cs, std::move(argv));
   if (input) {
     auto in = read_all(0, "stdin", "reading");
     if (!in)
