@@ -59,7 +59,8 @@ Options:
                          says what it protects and what it does not.
   --state DIR            the layer store (default $DSEC_STATE, else /var/lib/dsec)
   --slots N              sandboxes this node is sized for (default 3200; 0, for
-                         a --coordinator only: it places but runs none)
+                         a --coordinator or a --join node: it runs none, and
+                         a joined one stays a member, e.g. while upgraded)
   --oversubscribe R      admit up to slots * R sandboxes (default 1.0), asking
                          for up to node memory * R bytes of memory in all
   --node-memory SIZE|none
@@ -266,7 +267,7 @@ int main(int argc, char** argv) {
     } else if (opt("--slots")) {
       if (!dsec::cli::parse_uint(v, 1'000'000, n))
         return bad("--slots: expected a whole number from 1 to 1000000 (0: a coordinator "
-                   "that runs no sandboxes), got '" + v + "'");
+                   "or a joined node that runs no sandboxes), got '" + v + "'");
       o.d.slots = static_cast<uint32_t>(n);
     } else if (opt("--pool")) {
       auto spec = dsec::parse_pool_spec(v);
@@ -430,8 +431,9 @@ int main(int argc, char** argv) {
       d.disk_bytes = std::max<uint64_t>(*default_memory / 2 >> 20 << 20, 1ull << 20);
     o.d.defaults = d;
   }
-  if (o.d.slots == 0 && !o.d.coordinator)
-    return bad("--slots 0 is for a --coordinator that runs no sandboxes itself; a node needs "
+  if (o.d.slots == 0 && !o.d.coordinator && o.d.join_host.empty())
+    return bad("--slots 0 is for a --coordinator or a --join node that runs no sandboxes "
+               "(it stays in the cluster, e.g. while it is upgraded); a daemon of its own needs "
                "at least 1");
   if (o.d.coordinator && !o.d.join_host.empty())
     return bad("--coordinator and --join exclude each other: a coordinator's own node "

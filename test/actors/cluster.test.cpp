@@ -539,6 +539,21 @@ TEST_CASE("node cordon, drain, uncordon: a cordoned node gets no new sandbox, it
   check_error(sc->cordon("127.0.0.1:2", true), errc::not_found, me);
 }
 
+TEST_CASE("a node joined with --slots 0 stays a member and gets no sandbox") {
+  cluster cl(1, {}, {"--slots", "0"});
+  auto n1 = cl.node_name(0);
+  auto m = cl.member(n1);
+  REQUIRE(m);
+  CHECK(m->last.slots == 0);
+  auto s = cl.c->open_session({.quota = 20});
+  REQUIRE(s);
+  auto ids = (*s)->create(env_of(), 12);
+  REQUIRE_MESSAGE(ids, describe(ids.error_value()));
+  CHECK(ids->size() == 12);
+  CHECK(by_node(**s)[n1].empty());
+  CHECK(by_node(**s)[cl.coord_name()].size() == 12);
+}
+
 TEST_CASE("kill -9 of a node: its sandboxes are reported lost, new creates land elsewhere, it "
           "restarts and rejoins, nothing leaks") {
   auto before = settled_snapshot();
