@@ -6,17 +6,25 @@
 //                     claim, so every create finds a ready sandbox)
 //   calls per second  session::call (pool of --pool) vs create + exec + destroy
 //                     of the same command, sequential, for --seconds each
+//   paced claims      (--rate R) creates issued at R per second for --seconds,
+//                     without waiting for each other, each destroyed once
+//                     ready: create-to-ready p50/p99 with the pool refilling
+//                     behind them, and how many were claims (the rest were
+//                     cold creates because the pool had run dry)
 //
 // Usage: pool_bench --state DIR --base NAME@V [--count N] [--pool N] [--seconds S]
+//                   [--rate R]
 // The base layer must be in DIR's store (dsec --state DIR layer build --kind
 // base NAME@V ROOTFS) and have /bin/true (busybox is enough).
 #include <caf/actor_system.hpp>
 #include <caf/actor_system_config.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -56,6 +64,7 @@ int main(int argc, char** argv) {
   std::string state, base;
   int count = 200, pool = 8;
   double seconds = 5;
+  double paced = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i], v = argv[i + 1];
     if (k == "--state") state = v;
@@ -63,10 +72,11 @@ int main(int argc, char** argv) {
     else if (k == "--count") count = std::atoi(v.c_str());
     else if (k == "--pool") pool = std::atoi(v.c_str());
     else if (k == "--seconds") seconds = std::atof(v.c_str());
+    else if (k == "--rate") paced = std::atof(v.c_str());
   }
   if (state.empty() || base.empty() || count <= 0 || pool <= 0) {
     std::fprintf(stderr, "usage: pool_bench --state DIR --base NAME@V [--count N] [--pool N]"
-                         " [--seconds S]\n");
+                         " [--seconds S] [--rate R]\n");
     return 2;
   }
   caf::actor_system_config cfg;
@@ -134,6 +144,50 @@ int main(int argc, char** argv) {
       std::exit(1);
     }
   });
+  if (paced > 0) {
+    // The pool full again, then creates at `paced` per second, each on its own.
+    while (pool_ready(*c) < static_cast<uint32_t>(pool))
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    auto claimed_of = [&] {
+      uint64_t n = 0;
+      if (auto st = c->stats())
+        for (const auto& p : st->pools)
+          n += p.claimed;
+      return n;
+    };
+    auto claimed0 = claimed_of();
+    std::mutex mu;
+    std::vector<double> lat;
+    std::atomic<uint64_t> answered{0}, failed{0};
+    auto n = static_cast<uint64_t>(paced * seconds);
+    auto t0 = clk::now();
+    for (uint64_t i = 0; i < n; ++i) {
+      std::this_thread::sleep_until(t0 + std::chrono::microseconds(
+                                      static_cast<int64_t>(1e6 * static_cast<double>(i) / paced)));
+      auto t = clk::now();
+      (*s)->create_async(env, 1, [&, t](expected<std::vector<std::string>> r) {
+        if (r && !r->empty()) {
+          {
+            std::lock_guard<std::mutex> g{mu};
+            lat.push_back(us_since(t));
+          }
+          (*s)->destroy_async(r->front(), [](expected<void>) {});
+        } else {
+          ++failed;
+        }
+        ++answered;
+      });
+    }
+    while (answered.load() < n)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    auto claims = claimed_of() - claimed0;
+    char what[96];
+    std::snprintf(what, sizeof what, "paced creates at %.0f/s, pool %d", paced, pool);
+    report(what, lat);
+    std::printf("  %llu of %llu were claims from the pool, %llu failed\n",
+                static_cast<unsigned long long>(claims), static_cast<unsigned long long>(n),
+                static_cast<unsigned long long>(failed.load()));
+  }
   (void) (*s)->pool(env, 0);
   rate("create + exec + destroy (no pool)", [&] {
     auto ids = (*s)->create(env, 1);
