@@ -310,8 +310,10 @@ expected<uint32_t> set_pool(self_ptr self, environment env, uint32_t size,
                       "node " + s.cfg.name + " is simulated: it keeps no warm pools");
   if (s.shutting_down)
     return make_error(errc::overloaded, "node " + s.cfg.name + " is shutting down");
-  if (env.base.empty())
-    return make_error(errc::invalid_argument, "a pool's environment needs a base layer");
+  // Every way a pool comes here (dsecd --pool, `dsec pool set`, a session's
+  // pool) meets the one validation of an environment.
+  if (auto v = env.validate(); !v)
+    return std::move(v).error_value();
   if (size > s.admit_limit)
     return make_error(errc::invalid_argument,
                       "a pool of " + std::to_string(size) + " does not fit node " + s.cfg.name

@@ -86,6 +86,16 @@ std::optional<int> check_daemon_sandbox_options(std::string_view verb, const san
   return std::nullopt;
 }
 
+int take_session_id(args& a, std::string_view verb, std::string& id) {
+  if (a.at_option())
+    return usage_error(verb, "unknown option '" + std::string{a.peek()} + "'");
+  if (!id.empty())
+    return usage_error(verb, "one session id at a time, got '" + std::string{a.peek()}
+                               + "' too");
+  id = a.next();
+  return -1;
+}
+
 bool parse_exec_flag(args& a, exec_flags& f) {
   for (auto [flag, value] : {std::pair{"--trusted", &f.trusted}, {"--pristine", &f.pristine},
                              {"--idempotent", &f.idempotent}, {"--detach", &f.detach}})

@@ -28,6 +28,11 @@ bool write_all(int fd, std::string_view data);
 /// defaults. Prints the usage error and returns 2, or nothing.
 std::optional<int> check_daemon_sandbox_options(std::string_view verb, const sandbox_options& sb);
 
+/// The positional session id at the cursor, once its verb's own options were
+/// offered: -1 when it was read into `id`; else the exit status of the usage
+/// error (an unknown option, a second id).
+int take_session_id(args& a, std::string_view verb, std::string& id);
+
 /// The flags of a command that `exec` and `run` share: -i/--stdin, --trusted,
 /// --pristine, --idempotent, --detach.
 struct exec_flags {

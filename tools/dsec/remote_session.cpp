@@ -56,12 +56,8 @@ int one_session_id(args& a, const std::string& verb, std::string& id) {
       std::fputs(session_usage, stdout);
       return 0;
     }
-    if (a.at_option())
-      return usage_error(verb, "unknown option '" + std::string{a.peek()} + "'");
-    if (!id.empty())
-      return usage_error(verb, "one session id at a time, got '" + std::string{a.peek()}
-                                 + "' too");
-    id = a.next();
+    if (int rc = take_session_id(a, verb, id); rc >= 0)
+      return rc;
   }
   if (id.empty())
     return usage_error(verb, "no session id given");
