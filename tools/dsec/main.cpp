@@ -35,6 +35,11 @@ Verbs of a daemon (dsecd), with --connect HOST:PORT before the verb:
   rm                    destroy sandboxes
   session open|close    open a session nobody owns, close one
   node stats            the daemon's counters and layer cache
+  node cordon|uncordon|drain NODE
+                        stop or resume new sandboxes on a node, or wait until it
+                        is empty
+  cluster status        the cluster's nodes (a coordinator)
+  call, pool set|ls     the function backend and warm pools
 
 Global options:
   --state DIR           the state directory (layers, blobs); default $DSEC_STATE,

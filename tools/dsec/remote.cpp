@@ -39,6 +39,8 @@ Verbs:
   session watch ID                  print a session's Chronus events (JSON lines)
   feedback SANDBOX REQ [OPTIONS]    answer a Chronus feedback request
   node stats                        the daemon's counters and its layer cache
+  node cordon|uncordon|drain NODE   stop or resume new sandboxes on NODE, or wait
+                                    until it is empty (drain [--timeout DUR])
   cluster status [--json]           the cluster's nodes (a coordinator)
   call [OPTIONS] -- CMD [ARGS...]   the function backend: CMD in a fresh sandbox
                                     (from a warm pool), destroyed after
