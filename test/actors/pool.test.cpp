@@ -154,6 +154,9 @@ TEST_CASE("pool: a full node destroys pooled sandboxes for real creates") {
   auto ids = s->create(env_of(), 3);
   REQUIRE_MESSAGE(ids, describe(ids.error_value()));
   CHECK(ids->size() == 3);
+  // The evicted pooled sandboxes are being destroyed: once they are gone the
+  // node holds the 3 real ones only.
+  REQUIRE(until(*e.c, [](const node_stats& st) { return st.live == 3; }));
   auto st = node_stats_of(*e.c);
   REQUIRE(st.pools.size() == 1);
   CHECK(st.pools[0].evicted == 3);
