@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <sys/un.h>
 
+#include <algorithm>
 #include <cstdio>
 
 #include "runtime/sys.hpp"
@@ -39,7 +40,14 @@ expected<layer_mount> layer_mount::open(const std::string& image, int userns_fd)
   return m;
 }
 
-// A tmpfs being configured (fsopen), of at most `size_bytes` (0: tmpfs's default).
+uint64_t tmpfs_inodes_for(uint64_t size_bytes) {
+  return std::max<uint64_t>(min_tmpfs_inodes, size_bytes / bytes_per_tmpfs_inode);
+}
+
+// A tmpfs being configured (fsopen), of at most `size_bytes` (0: tmpfs's default)
+// and at most tmpfs_inodes_for(size_bytes) names: without that bound a sandbox
+// with a 1 MiB disk could make hundreds of thousands of empty files, each
+// costing the host kernel memory that the size limit does not count.
 static expected<unique_fd> open_tmpfs(uint64_t size_bytes) {
   unique_fd fs{sys::fsopen("tmpfs", FSOPEN_CLOEXEC)};
   if (!fs)
@@ -49,6 +57,10 @@ static expected<unique_fd> open_tmpfs(uint64_t size_bytes) {
     std::snprintf(buf, sizeof buf, "%llu", static_cast<unsigned long long>(size_bytes));
     if (sys::fsconfig(fs.get(), FSCONFIG_SET_STRING, "size", buf, 0) < 0)
       return sys::fs_error(fs.get(), "tmpfs size", buf);
+    std::snprintf(buf, sizeof buf, "%llu",
+                  static_cast<unsigned long long>(tmpfs_inodes_for(size_bytes)));
+    if (sys::fsconfig(fs.get(), FSCONFIG_SET_STRING, "nr_inodes", buf, 0) < 0)
+      return sys::fs_error(fs.get(), "tmpfs nr_inodes", buf);
   }
   return fs;
 }

@@ -46,7 +46,15 @@ struct upper_layer {
   unique_fd work;  ///< O_DIRECTORY fd of work/
 };
 
-/// Makes the tmpfs. `size_bytes` 0 leaves the kernel default (half of RAM);
+/// The names (inodes) a tmpfs of `size_bytes` may hold: one per 4 KiB of its
+/// size, and at least 1024. A sandbox's upper and scratch tmpfs get this bound
+/// with their size, so --disk bounds files as well as bytes.
+inline constexpr uint64_t bytes_per_tmpfs_inode = 4096;
+inline constexpr uint64_t min_tmpfs_inodes = 1024;
+uint64_t tmpfs_inodes_for(uint64_t size_bytes);
+
+/// Makes the tmpfs, of at most `size_bytes` and tmpfs_inodes_for(size_bytes)
+/// names. `size_bytes` 0 leaves the kernel defaults (half of RAM);
 /// `owner` is the host uid (and gid) that the sandbox's root maps to.
 expected<upper_layer> make_upper(uint64_t size_bytes, uint32_t owner);
 

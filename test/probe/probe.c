@@ -133,6 +133,25 @@ static int cmd_fill(const char *path, const char *mb_s) {
   return outcome(rc);
 }
 
+/* Makes up to `n_s` empty files dir/0, dir/1, ...; prints how many it made,
+ * then "ok" or the errno name of the first failure. */
+static int cmd_touch_many(const char *dir, const char *n_s) {
+  char name[4096];
+  long n = atol(n_s), made = 0;
+  int rc = 0;
+  for (; made < n; ++made) {
+    snprintf(name, sizeof name, "%s/%ld", dir, made);
+    int fd = open(name, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd < 0) {
+      rc = -1;
+      break;
+    }
+    close(fd);
+  }
+  printf("%ld\n", made);
+  return outcome(rc);
+}
+
 /* Swaps `path` between a regular file and a fifo for ever, each put in place
  * by rename(2) (so the name always exists): what a sandbox does to make a
  * host process that stats the name as a file then opens it block in
@@ -913,6 +932,7 @@ int main(int argc, char **argv) {
   if (IS("cat", 1)) return cmd_cat(a1);
   if (IS("write", 2)) return cmd_write(a1, a2);
   if (IS("fill", 2)) return cmd_fill(a1, a2);
+  if (IS("touch-many", 2)) return cmd_touch_many(a1, a2);
   if (IS("ls", 1)) return cmd_ls(a1);
   if (IS("tree", 1)) return tree(a1), 0;
   if (IS("mknod", 1)) return outcome(mknod(a1, S_IFCHR | 0666, makedev(1, 3)));

@@ -137,6 +137,24 @@ TEST_CASE("a sandbox that asks for no limit has a bounded writable layer") {
   CHECK(r.out == "ok\nENOSPC\n");
 }
 
+TEST_CASE("--disk bounds the number of files, not only their bytes") {
+  // Empty files take no tmpfs pages, only the host kernel's inodes and
+  // dentries: a 1 MiB disk made 300,000 of them (585 MB of host slab) before
+  // the tmpfs got an inode bound scaled from its size (4 KiB each, >= 1024).
+  auto& s = suite::get();
+  auto r = s.run({"--disk", "1m"}, {"probe", "touch-many", "/tmp", "300000"});
+  REQUIRE_MESSAGE(r.status == 0, r.describe());
+  auto nl = r.out.find('\n');
+  REQUIRE(nl != std::string::npos);
+  long made = std::stol(r.out.substr(0, nl));
+  CHECK_MESSAGE(made <= 1024, r.describe());
+  CHECK_MESSAGE(made >= 1000, r.describe());
+  CHECK(r.out.substr(nl + 1) == "ENOSPC\n");
+  // The bound grows with the size: 64 MiB holds 16384 names.
+  r = s.run({"--disk", "64m"}, {"probe", "touch-many", "/tmp", "12000"});
+  CHECK_MESSAGE(r.out == "12000\nok\n", r.describe());
+}
+
 TEST_CASE("the writable layer counts against --memory: files cannot take more than the limit") {
   // Its tmpfs pages are charged to the memory cgroup of the process that
   // writes them, so a --disk larger than --memory does not let files take the

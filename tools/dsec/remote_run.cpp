@@ -82,7 +82,8 @@ Isolation and limits:
                            node's --default-pids)
   --cpus N                 CPU bandwidth, in CPUs (e.g. 0.5, 2; default: none)
   --disk SIZE              size of the writable layer (default: the node's
-                           --default-disk)
+                           --default-disk); it holds at most one file or
+                           directory per 4 KiB of SIZE (at least 1024)
   --timeout DUR            kill CMD after DUR (e.g. 30s, 500ms, 2m); then dsec
                            exits with 124 (with --detach: CMD is killed, the
                            sandbox stays)

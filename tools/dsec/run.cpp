@@ -61,7 +61,8 @@ bounded writable layer; the defaults are what a dsecd with its default
   --pids N|none            most processes and threads at once
   --cpus N                 CPU bandwidth, in CPUs (e.g. 0.5, 2; default: none)
   --disk SIZE              size of the writable layer; writes past it fail with
-                           ENOSPC
+                           ENOSPC. It also holds at most one file or directory
+                           per 4 KiB of SIZE (at least 1024)
   --timeout DUR            wall-clock limit (e.g. 30s, 500ms, 2m): then the whole
                            sandbox is killed and dsec exits with 124
 
