@@ -39,6 +39,9 @@ struct scheduler_state {
   /// Sandboxes of resumed sessions, by id: served through their session,
   /// which answers from the log or rebuilds them.
   std::unordered_map<std::string, std::string> resumed;
+  /// The names of live sessions (`session open --name`), each naming one
+  /// session: lookup takes a name wherever it takes an id.
+  std::unordered_map<std::string, std::string> session_names;
   bool shutting_down = false;
 
   // ---- the cluster (a coordinator's) ----
@@ -428,6 +431,15 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
                                    + s.cfg.joined + ": open sessions there"));
       if (opts.quota == 0)
         return to_caf(make_error(errc::invalid_argument, "a session's quota must be at least 1"));
+      if (!opts.name.empty()) {
+        if (auto n = s.session_names.find(opts.name); n != s.session_names.end())
+          return to_caf(make_error(errc::already_exists, "a session named " + opts.name
+                                                           + " is open (" + n->second
+                                                           + "): close it, or pick another name"));
+        if (s.sessions.count(opts.name))
+          return to_caf(make_error(errc::already_exists,
+                                   "session name " + opts.name + " is the id of another session"));
+      }
       auto id = new_session_id();
       // Not the id of a session that may still be resumed either.
       auto taken = [&](const std::string& x) {
@@ -441,6 +453,8 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
       if (opts.trajectory && s.cfg.trajectories.empty())
         return to_caf(make_error(errc::unsupported,
                                  "this daemon keeps no trajectory logs (no state dir)"));
+      if (!opts.name.empty())
+        s.session_names.emplace(opts.name, id);
       session_config sc;
       sc.id = id;
       sc.options = std::move(opts);
@@ -494,7 +508,11 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
       auto& s = self->state;
       auto it = s.sessions.find(id);
       if (it == s.sessions.end())
-        return to_caf(make_error(errc::not_found, "no session " + id));
+        if (auto n = s.session_names.find(id); n != s.session_names.end())
+          it = s.sessions.find(n->second);
+      if (it == s.sessions.end())
+        return to_caf(make_error(errc::not_found, "no session " + id + " (neither an id nor the "
+                                                                       "name of an open session)"));
       return it->second;
     },
     [=](place_atom, const internal_key& k, environment& env, uint32_t count,
@@ -738,6 +756,7 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
       if (!genuine(k, process_key(), "gone (scheduler)"))
         return;
       s.sessions.erase(session_id);
+      std::erase_if(s.session_names, [&](const auto& kv) { return kv.second == session_id; });
       std::erase_if(s.resumed, [&](const auto& kv) { return kv.second == session_id; });
     },
     [=](pool_atom, environment& env, uint32_t size) -> caf::result<uint32_t> {

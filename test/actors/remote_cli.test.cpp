@@ -578,6 +578,11 @@ TEST_CASE("remote sessions: open, run in them, close") {
   }
   CHECK(ids(ps(d)) == sorted({a, b, in_default}));
   CHECK(ids(ps(d, "default")) == std::vector<std::string>{in_default});
+  // Its name stands for its id; a second session cannot take the name.
+  CHECK(ids(ps(d, "cli-test")) == sorted({a, b}));
+  r = d.dsec({"session", "open", "--name", "cli-test"});
+  CHECK_MESSAGE(r.status == 1, r.describe());
+  CHECK_MESSAGE(contains(r.err, "a session named cli-test is open (" + sid + ")"), r.describe());
   // A foreground run in the session: its sandbox goes, the session stays.
   r = d.dsec({"run", "--session", sid, "--base", tar_base, "--", "echo", "in session"});
   CHECK_MESSAGE(r.status == 0, r.describe());
@@ -588,6 +593,9 @@ TEST_CASE("remote sessions: open, run in them, close") {
   CHECK_MESSAGE(r.status == 0, r.describe());
   CHECK(r.out == "closed session " + sid + ": 2 sandboxes destroyed\n");
   CHECK(ids(ps(d)) == std::vector<std::string>{in_default});
+  r = d.dsec({"ps", "--session", "cli-test"});
+  CHECK_MESSAGE(r.status == 1, r.describe());
+  CHECK_MESSAGE(contains(r.err, "no session cli-test"), r.describe());
   r = d.dsec({"session", "close", sid});
   CHECK_MESSAGE(r.status == 1, r.describe());
   CHECK_MESSAGE(contains(r.err, sid), r.describe());

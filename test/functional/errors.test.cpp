@@ -4,6 +4,7 @@
 
 #include <sched.h>
 #include <signal.h>
+#include <grp.h>
 #include <sys/mount.h>
 #include <unistd.h>
 
@@ -140,4 +141,39 @@ TEST_CASE("layer rm: unknown layers, and layers in use are refused") {
   auto ls = s.dsec({"layer", "ls"});
   CHECK(ls.out.find("busy@1") == std::string::npos);
   CHECK(s.dsec({"run", "--base", base_layer, "--tool", "busy@1", "--", "true"}).status == 125);
+}
+
+TEST_CASE("the verbs and options of a daemon, without --connect, say that they need it") {
+  for (const char* verb : {"ps", "exec", "cp", "session", "node", "cluster", "pool"})
+    expect_failure({verb}, 2, std::string{"'"} + verb + "' is a verb of a daemon: give --connect");
+  expect_failure(run_args({"--detach"}), 2, "--detach is an option of a daemon's run");
+  expect_failure(run_args({"--session=s-1"}), 2, "--session is an option of a daemon's run");
+  expect_failure({"frobnicate"}, 2, "unknown verb 'frobnicate'");
+}
+
+TEST_CASE("layer ls and rm name a state directory that does not exist, and make none") {
+  auto& s = suite::get();
+  auto missing = s.state() + "-does-not-exist";
+  for (const std::vector<std::string>& verb :
+       {std::vector<std::string>{"ls"}, std::vector<std::string>{"rm", "bb@1"}}) {
+    std::vector<std::string> argv{s.dsec_bin(), "--state", missing, "layer"};
+    argv.insert(argv.end(), verb.begin(), verb.end());
+    auto r = dsec::test::run_process(argv);
+    CHECK_MESSAGE(r.status == 1, r.describe());
+    CHECK_MESSAGE(r.err.find("no layer store at " + missing) != std::string::npos, r.describe());
+    CHECK(::access(missing.c_str(), F_OK) != 0);
+  }
+}
+
+TEST_CASE("a local run as a user other than root says that it needs root") {
+  auto& s = suite::get();
+  spawn_options o;
+  o.in_child = [] {
+    if (::setgroups(0, nullptr) != 0 || ::setgid(65534) != 0 || ::setuid(65534) != 0)
+      ::_exit(99);
+  };
+  auto argv = s.run_argv({}, {"true"});
+  auto r = dsec::test::run_process(argv, o);
+  CHECK_MESSAGE(r.status == 125, r.describe());
+  CHECK_MESSAGE(r.err.find("a local run needs root") != std::string::npos, r.describe());
 }

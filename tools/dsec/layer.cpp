@@ -1,4 +1,6 @@
 // dsec layer build | ls | rm: the command line over dsec::store.
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <ctime>
@@ -17,6 +19,18 @@ namespace {
 
 std::string state_of(const global_options& g) {
   return g.state_dir.empty() ? default_state_dir() : g.state_dir;
+}
+
+// The store for a verb that only reads or removes: a state directory that does
+// not exist is an error (a mistyped --state), never made empty.
+expected<store> open_existing(const global_options& g) {
+  auto dir = state_of(g);
+  struct stat st;
+  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+    return make_error(errc::not_found, "no layer store at " + dir
+                                         + " (the directory does not exist; `dsec layer build` "
+                                           "makes it, --state DIR or $DSEC_STATE names another)");
+  return store::open(dir);
 }
 
 void print_layer_help(const std::string& state) {
@@ -188,7 +202,7 @@ int ls_verb(const global_options& g, args& a) {
   if (!positional.empty())
     return usage_error(verb, "unexpected argument '" + positional[0] + "'");
 
-  auto st = store::open(state_of(g));
+  auto st = open_existing(g);
   if (!st)
     return fail(st.error_value());
   auto layers = st->list();
@@ -232,7 +246,7 @@ int rm_verb(const global_options& g, args& a) {
   if (!ref)
     return usage_error(verb, ref.error_value().message);
 
-  auto st = store::open(state_of(g));
+  auto st = open_existing(g);
   if (!st)
     return fail(st.error_value());
   if (auto r = st->remove(*ref); !r)

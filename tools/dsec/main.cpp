@@ -148,6 +148,15 @@ int main(int argc, char** argv) {
     std::fputs(usage, stdout);
     return 0;
   }
+  for (const char* d : {"ps", "exec", "cp", "rm", "session", "node", "cluster", "call", "pool",
+                        "feedback"})
+    if (verb == d) {
+      std::fprintf(stderr,
+                   "dsec: '%s' is a verb of a daemon: give --connect HOST:PORT before it "
+                   "(dsec --connect HOST:PORT %s ...)\nTry 'dsec --help'.\n",
+                   d, d);
+      return 2;
+    }
   std::fprintf(stderr, "dsec: unknown verb '%s'\nTry 'dsec --help'.\n", verb.c_str());
   return 2;
 }

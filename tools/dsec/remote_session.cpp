@@ -25,7 +25,9 @@ open   Opens a session that nobody owns: it lives until `session close` (or
          --quota N    most sandboxes alive at once in it (default 1024)
          --ttl DUR    the default lifetime of its sandboxes (default 1h), e.g.
                       30s, 10m, 2h; `run --ttl` overrides it for one sandbox
-         --name NAME  a name for it (default: its id)
+         --name NAME  a name for it, unique among the open sessions: it
+                      stands for the id in `ps --session`, `run --session`,
+                      `session close` and `session watch`
          --trajectory keep a trajectory log: every create, command and put
                       with its result, durably, so that `session resume`
                       can answer them again after the daemon restarts

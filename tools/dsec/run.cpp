@@ -131,8 +131,19 @@ std::optional<int> parse(args& a, run_args& r) {
       r.timings = true;
       continue;
     }
-    if (a.at_option())
+    if (a.at_option()) {
+      // The options of a daemon's run: say where they belong, not "unknown".
+      static constexpr std::string_view daemon_only[] = {
+        "--detach", "--session", "--ttl", "--key", "--tag", "--chronus", "--trusted",
+        "--pristine", "--idempotent", "-i", "--stdin"};
+      auto opt = a.peek().substr(0, a.peek().find('='));
+      for (auto d : daemon_only)
+        if (opt == d)
+          return usage_error("run", std::string{opt} + " is an option of a daemon's run: give "
+                                      "--connect HOST:PORT before the verb (dsec --connect "
+                                      "HOST:PORT run " + std::string{opt} + " ...)");
       return usage_error("run", "unknown option '" + std::string{a.peek()} + "'");
+    }
     return usage_error("run", "unexpected argument '" + std::string{a.peek()}
                                 + "' (put the command after --)");
   }
@@ -167,6 +178,14 @@ int run_main(const global_options& g, args& a) {
   if (auto rc = parse(a, r))
     return *rc;
   constexpr int dsec_failed = 125;
+  // A sandbox maps a range of host uids into its user namespace and mounts the
+  // store's images: only root may. Say so, instead of the uid_map error.
+  if (::geteuid() != 0)
+    return fail(make_error(errc::unauthorized,
+                           "a local run needs root (it maps a range of host uids into the "
+                           "sandbox and mounts the store's images); run it as root, or ask a "
+                           "daemon: dsec --connect HOST:PORT run ..."),
+                dsec_failed);
   auto t_start = std::chrono::steady_clock::now();
 
   // The zygote sets itself up (~1.5 ms) while we open the store and mount.
