@@ -141,13 +141,6 @@ expected<build_result> store::build(layer_kind kind, const layer_ref& ref,
     return make_error(errc::invalid_argument,
                       "layer source path '" + src + "' contains a newline");
 
-  // Fail early on a taken name; checked again under the lock before committing.
-  if (::access(ref_path(dir_, ref).c_str(), F_OK) == 0)
-    return make_error(errc::already_exists,
-                      "layer " + ref.to_string()
-                        + " already exists (versions are immutable: rm it first or "
-                          "pick a new version)");
-
   DSEC_TRY(staging, staging_dir::create(dir_, "build"));
   std::string tree = source;
   if (S_ISREG(st.st_mode)) {
@@ -224,12 +217,27 @@ expected<build_result> store::build(layer_kind kind, const layer_ref& ref,
   result.skipped = std::move(skipped);
 
   // Commit: blob, then ref, under LOCK_EX.
+  // A taken name is only known once the image is: rebuilding the same content
+  // as the same kind is a no-op (a script may build its layers every time);
+  // anything else names both images, as versions are immutable.
   DSEC_TRY(lock, lock_store(dir_, LOCK_EX));
-  if (::access(ref_path(dir_, ref).c_str(), F_OK) == 0)
-    return make_error(errc::already_exists,
-                      "layer " + ref.to_string()
-                        + " already exists (versions are immutable: rm it first or "
-                          "pick a new version)");
+  if (auto existing = read_ref(dir_, ref)) {
+    if (existing->digest != result.info.digest || existing->kind != kind)
+      return make_error(errc::already_exists,
+                        "layer " + ref.to_string() + " already exists as a "
+                          + to_string(existing->kind) + " layer with image " + existing->digest
+                          + "; this build is a " + to_string(kind) + " layer with image "
+                          + result.info.digest
+                          + " (versions are immutable: rm it first or pick a new version)");
+    result.info = std::move(*existing);
+    result.deduplicated = true;
+    result.existed = true;
+    result.seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    return result;
+  } else if (existing.error_value().code != errc::not_found) {
+    return std::move(existing).error_value();
+  }
   result.info.created = static_cast<int64_t>(::time(nullptr));
   DSEC_TRY(shared, commit_layer(dir_, staging.path(), image, result.info));
   result.deduplicated = shared; // the staging dir's removal drops our copy

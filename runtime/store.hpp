@@ -48,6 +48,9 @@ struct build_options {
 struct build_result {
   layer_info info;
   bool deduplicated = false; ///< the same image was already stored; no new blob
+  /// The ref already named this image, as this kind: nothing changed (info is
+  /// the stored layer's, with its own creation time).
+  bool existed = false;
   double seconds = 0;        ///< wall time of the whole build
   /// What the image leaves out of the source, sorted: "/dev/sda (a block
   /// device)". Device nodes (but overlayfs whiteouts) and sockets.
@@ -140,7 +143,8 @@ public:
   /// system layer provides /dev; fifos are kept; nothing but directories and
   /// the archive is opened, so a fifo in the source never blocks a build. Errors:
   /// not_found (no SRC), invalid_argument (SRC is another file type, bad ref or
-  /// options), already_exists (the ref exists: versions are immutable),
+  /// options), already_exists (the ref names another image or kind, both
+  /// named in the message; the same image and kind is build_result::existed),
   /// tool_failed (tar or mkfs.erofs failed; the message carries its stderr).
   /// The image is deterministic: the same tree gives the same digest, stored once.
   expected<build_result> build(layer_kind kind, const layer_ref& ref,

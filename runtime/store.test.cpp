@@ -394,6 +394,18 @@ TEST_CASE("store: versions are immutable") {
   REQUIRE_FALSE(again);
   CHECK(again.error_value().code == dsec::errc::already_exists);
   CHECK(again.error_value().message.find("os@1") != std::string::npos);
+  // Both images are named.
+  CHECK(again.error_value().message.find(first.info.digest) != std::string::npos);
+  // The same content as another kind is refused too.
+  auto as_tool = f.st.build(dsec::layer_kind::tool, ref("os@1"), f.scratch / "one");
+  REQUIRE_FALSE(as_tool);
+  CHECK(as_tool.error_value().code == dsec::errc::already_exists);
+  // The same content as the same kind is a no-op that says so.
+  auto same = f.st.build(dsec::layer_kind::base, ref("os@1"), f.scratch / "one");
+  REQUIRE(same);
+  CHECK(same->existed);
+  CHECK(same->info.digest == first.info.digest);
+  CHECK(same->info.created == first.info.created);
   auto found = f.st.find(ref("os@1"));
   REQUIRE(found);
   CHECK(found->digest == first.info.digest);

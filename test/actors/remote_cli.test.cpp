@@ -462,6 +462,25 @@ TEST_CASE("remote run --detach, then ps, exec, cp and rm") {
     CHECK_MESSAGE(end.status == 7, end.describe());
     CHECK(end.out == "first\nsecond\n");
   }
+  SUBCASE("SIGINT to exec stops the command, says so, exits 130; the sandbox stays") {
+    auto argv = d.argv({"exec", id, "--"});
+    argv.insert(argv.end(), gated.begin(), gated.end());
+    background ex(argv);
+    REQUIRE_MESSAGE(ex.wait_for_output("first\n"), ex.out() << ex.err());
+    REQUIRE(ps(d).at(0).running == "2");
+    ex.kill(SIGINT);
+    auto end = ex.wait();
+    CHECK_MESSAGE(end.status == 128 + SIGINT, end.describe());
+    CHECK_MESSAGE(contains(end.err, "SIGINT: stopping the command (the sandbox stays)"),
+                  end.describe());
+    // The gated command is gone; the sandbox and its sleep are not.
+    CHECK(eventually([&] {
+      auto r = ps(d);
+      return r.size() == 1 && r[0].running == "1";
+    }));
+    auto r = d.dsec({"exec", id, "--", "touch", "/tmp/go"});
+    CHECK_MESSAGE(r.status == 0, r.describe());
+  }
   SUBCASE("cp a directory in and back out: the same tree") {
     auto local = suite::get().scratch();
     make_tree(local / "tree");

@@ -2,6 +2,7 @@
 // writes go, and what a tool update changes.
 #include <doctest/doctest.h>
 
+#include <fcntl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
@@ -185,5 +186,59 @@ TEST_CASE("layer build: a fifo in the source is kept and never opened; devices a
     CHECK(in.out == "fifo\nfile\np\n");
   }
   for (const auto& ref : {"specials@dir", "specials@tar"})
+    CHECK(s.dsec({"layer", "rm", ref}).status == 0);
+}
+
+namespace {
+
+// "sha256:<12 hex>" from `layer build`'s "built KIND REF sha256:... (...)" line.
+std::string built_digest(const proc_result& r) {
+  auto at = r.out.find("sha256:");
+  return at == std::string::npos ? std::string{} : r.out.substr(at, 7 + 12);
+}
+
+} // namespace
+
+TEST_CASE("layer build: which mtimes are kept, and when a tar of a tree has its digest") {
+  auto& s = suite::get();
+  auto src = s.make_tree("times", {{"opt/t/frac", "a\n"}, {"opt/t/old", "b\n"},
+                                   {"opt/t/future", "c\n"}});
+  auto set = [&](const std::string& rel, int64_t sec, long nsec) {
+    struct timespec t[2] = {{sec, nsec}, {sec, nsec}};
+    REQUIRE(::utimensat(AT_FDCWD, (src + "/" + rel).c_str(), t, AT_SYMLINK_NOFOLLOW) == 0);
+  };
+  set("opt/t/frac", 1577836800, 123456789);  // 2020-01-01 00:00:00.123456789
+  set("opt/t/old", -305812800, 0);           // 1960-04-22
+  set("opt/t/future", 10413792000, 0);       // 2300-01-01
+  auto dir = s.dsec({"layer", "build", "--kind", "tool", "times@dir", src});
+  REQUIRE_MESSAGE(dir.status == 0, dir.describe());
+  auto in = s.run({"--tool", "times@dir"},
+                  {"sh", "-c", "cd /opt/t && stat -c '%n %y' frac old future"});
+  REQUIRE_MESSAGE(in.status == 0, in.describe());
+  CHECK(in.out == "frac 2020-01-01 00:00:00.123456789 +0000\n"
+                  "old 2100-01-01 00:00:00.000000000 +0000\n"
+                  "future 2100-01-01 00:00:00.000000000 +0000\n");
+  // The same tree again: nothing changes, and it says so.
+  auto again = s.dsec({"layer", "build", "--kind", "tool", "times@dir", src});
+  CHECK_MESSAGE(again.status == 0, again.describe());
+  CHECK_MESSAGE(again.out.rfind("unchanged tool times@dir " + built_digest(dir), 0) == 0,
+                again.describe());
+  // A pax tar keeps the sub-second mtimes: the same digest; GNU tar's default
+  // format does not: another one.
+  auto pax = s.root() + "/src/times-pax.tar", gnu = s.root() + "/src/times-gnu.tar";
+  REQUIRE(run_process({"/usr/bin/tar", "--format=posix", "-cf", pax, "-C", src, "."}).status == 0);
+  REQUIRE(run_process({"/usr/bin/tar", "-cf", gnu, "-C", src, "."}).status == 0);
+  auto from_pax = s.dsec({"layer", "build", "--kind", "tool", "times@pax", pax});
+  auto from_gnu = s.dsec({"layer", "build", "--kind", "tool", "times@gnu", gnu});
+  REQUIRE_MESSAGE(from_pax.status == 0, from_pax.describe());
+  REQUIRE_MESSAGE(from_gnu.status == 0, from_gnu.describe());
+  CHECK(built_digest(from_pax) == built_digest(dir));
+  CHECK(built_digest(from_gnu) != built_digest(dir));
+  // Other content under a taken name: refused, naming both images.
+  auto other = s.dsec({"layer", "build", "--kind", "tool", "times@dir", gnu});
+  CHECK_MESSAGE(other.status == 1, other.describe());
+  CHECK_MESSAGE(other.err.find("already exists as a tool layer with image") != std::string::npos,
+                other.describe());
+  for (const auto& ref : {"times@dir", "times@pax", "times@gnu"})
     CHECK(s.dsec({"layer", "rm", ref}).status == 0);
 }

@@ -67,11 +67,17 @@ void print_build_help() {
     "                  build). Default: uncompressed, the fastest to read.\n"
     "  NAME@VERSION    each part 1..128 of letters, digits and . _ + -, starting with a\n"
     "                  letter or digit. Versions are immutable: to change a layer, build\n"
-    "                  a new version (or 'dsec layer rm' the old one first).\n"
+    "                  a new version (or 'dsec layer rm' the old one first). Building\n"
+    "                  the same content again under the same name and kind changes\n"
+    "                  nothing and succeeds ('unchanged'); other content is refused,\n"
+    "                  with both digests.\n"
     "  SRC             a directory, used as is, or a tar archive (plain, gzip, xz, zstd,\n"
     "                  ...; e.g. the output of 'docker export'). Owners, modes, mtimes and\n"
-    "                  xattrs are kept. The same content always gives the same digest and\n"
-    "                  is stored once. Device nodes and sockets are left out (each named\n"
+    "                  xattrs are kept (an mtime before 1970 or after 2100-01-01 becomes\n"
+    "                  2100-01-01). The same content always gives the same digest and\n"
+    "                  is stored once; mtimes count, so a tar of a directory has its\n"
+    "                  digest only if it keeps sub-second mtimes (tar --format=posix).\n"
+    "                  Device nodes and sockets are left out (each named\n"
     "                  on stderr): sandboxes get /dev from dsec's system layer. Fifos are\n"
     "                  kept.\n"
     "\n"
@@ -185,6 +191,12 @@ int build_verb(const global_options& g, args& a) {
   if (!res)
     return fail(res.error_value());
   const auto& info = res->info;
+  if (res->existed) {
+    std::printf("unchanged %s %s sha256:%s (the same content was already built as it)\n",
+                to_string(info.kind), info.ref.to_string().c_str(),
+                short_digest(info.digest).c_str());
+    return 0;
+  }
   std::printf("built %s %s sha256:%s (%s, %.2f s%s)\n", to_string(info.kind),
               info.ref.to_string().c_str(), short_digest(info.digest).c_str(),
               format_size(info.size).c_str(), res->seconds,

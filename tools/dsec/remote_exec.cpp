@@ -1,7 +1,12 @@
 // dsec --connect HOST:PORT exec: a command in one of the daemon's sandboxes, its
 // output streamed to ours as it comes.
+#include <pthread.h>
+#include <signal.h>
+#include <string.h>
+
 #include <cstdio>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tools/dsec/remote.hpp"
@@ -48,9 +53,33 @@ Exit status: CMD's exit_code, as the API reports it: its own status, 128+N if a
 signal N killed it; 124 if --timeout fired (as timeout(1): its exit_code is
 137 then); 126 if CMD cannot be executed (or --cwd, --user do not work), 127 if it
 is not found; 1 if the daemon reported an error (an unknown sandbox, ...) or
-cannot be reached; 2 on a usage error. Interrupting dsec does not stop CMD: it
-runs on in the sandbox until it ends or the sandbox is removed.
+cannot be reached; 2 on a usage error. Interrupting dsec (SIGINT, SIGTERM,
+SIGHUP) stops CMD, as with `run`: dsec says so and exits 128+N, and the daemon
+kills CMD and its process group; the sandbox stays. (With --detach, CMD is not
+stopped: it runs on until it ends or the sandbox is removed.)
 )";
+
+// SIGINT, SIGTERM and SIGHUP while CMD runs: say so and exit 128+N. The
+// daemon kills CMD (and its process group) when the stream it sends CMD's
+// output to goes away, as `run` does with its whole sandbox; the sandbox stays.
+// Blocked before the actor system starts, so that its threads inherit the mask
+// and the signal reaches this thread only.
+void stop_on_interrupt() {
+  sigset_t set;
+  sigemptyset(&set);
+  for (int s : {SIGINT, SIGTERM, SIGHUP})
+    sigaddset(&set, s);
+  ::pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  std::thread([set] {
+    int sig = 0;
+    while (::sigwait(&set, &sig) != 0) {
+    }
+    std::fprintf(stderr, "dsec: SIG%s: stopping the command (the sandbox stays)\n",
+                 ::sigabbrev_np(sig));
+    std::fflush(stdout);
+    ::_exit(128 + sig);
+  }).detach();
+}
 
 } // namespace
 
@@ -109,6 +138,7 @@ int exec_main(context& ctx, args& a) {
       return exec_error(r.error_value(), 1);
     return 0;
   }
+  stop_on_interrupt();
   auto r = (*c)->exec(id, req, print_output);
   if (!r)
     return exec_error(r.error_value(), 1);
