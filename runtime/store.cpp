@@ -190,9 +190,24 @@ expected<build_result> store::build(layer_kind kind, const layer_ref& ref,
   }
 
   std::vector<std::string> skipped;
-  DSEC_TRY(exclude, left_out(tree, skipped));
+  source_rules rules;
+  rules.refuse_overlay_metadata = kind != layer_kind::base && !options.whiteouts;
+  DSEC_TRY(scan, scan_source(tree, skipped, rules));
   auto image = join(staging.path(), "image.erofs");
-  DSEC_TRY_VOID(run_tool(mkfs_argv(options.compress, image, tree, exclude), source));
+  if (auto made = run_tool(mkfs_argv(options.compress, image, tree, scan.exclude, scan.sparse),
+                           source);
+      !made) {
+    // What mkfs.erofs says when a file it listed is gone or changed by the time
+    // it reads it: name the likely cause, not only its words.
+    auto e = std::move(made).error_value();
+    if (e.message.find("llistxattr") != std::string::npos
+        || e.message.find("No such file") != std::string::npos)
+      e.message = "the layer source " + src
+                  + " changed while mkfs.erofs read it (a file was removed, renamed or "
+                    "replaced during the build; build from a tree nothing writes to): "
+                  + e.message;
+    return e;
+  }
 
   unique_fd image_fd{sys::retry([&] { return ::open(image.c_str(), O_RDONLY | O_CLOEXEC); })};
   if (!image_fd)

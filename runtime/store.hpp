@@ -42,6 +42,11 @@ struct layer_info {
 /// How build() makes the image.
 struct build_options {
   std::string compress; ///< "" (uncompressed, fastest to read), "lz4" or "lz4hc"
+  /// Keep overlayfs whiteouts (0/0 character devices) and opaque or redirect
+  /// directories in a tool or workdir layer, where they hide or rename the
+  /// files of the layers below: refused (invalid_argument, naming the file)
+  /// unless this is set. A base layer keeps them always (nothing is below it).
+  bool whiteouts = false;
 };
 
 /// What build() did.

@@ -87,10 +87,31 @@ expected<void> run_tool(const std::vector<std::string>& argv, const std::string&
 expected<std::vector<std::string>> left_out(const std::string& tree,
                                             std::vector<std::string>& shown);
 
-/// mkfs.erofs's argv for a deterministic image of `dir` in `out`.
+/// What scan_source() refuses besides names mkfs.erofs cannot hold.
+struct source_rules {
+  /// Overlayfs whiteouts (0/0 character devices) and opaque or redirect
+  /// directories: in a tool or workdir layer they would hide a lower layer's
+  /// files (refused unless `layer build --whiteouts`).
+  bool refuse_overlay_metadata = false;
+};
+
+/// What a walk of a layer source found: left_out()'s paths, and whether a
+/// regular file has holes of at least 1 MiB.
+struct source_scan {
+  std::vector<std::string> exclude;
+  bool sparse = false;
+};
+
+/// left_out(), with the checks of `rules` and the sparse-file note.
+expected<source_scan> scan_source(const std::string& tree, std::vector<std::string>& shown,
+                                  const source_rules& rules);
+
+/// mkfs.erofs's argv for a deterministic image of `dir` in `out`; `sparse`
+/// (uncompressed only) stores holes as holes.
 std::vector<std::string> mkfs_argv(const std::string& compress, const std::string& out,
                                    const std::string& dir,
-                                   const std::vector<std::string>& exclude = {});
+                                   const std::vector<std::string>& exclude = {},
+                                   bool sparse = false);
 
 // ---- names and refs (store_names.cpp) ---------------------------------------------
 

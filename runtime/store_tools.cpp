@@ -8,6 +8,7 @@
 #include <spawn.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -140,11 +141,41 @@ expected<void> run_tool(const std::vector<std::string>& argv, const std::string&
 // are kept; nothing is opened but directories (O_DIRECTORY|O_NOFOLLOW, which
 // never waits on a fifo). Returns the paths relative to `tree` and, in
 // `shown`, "/PATH (a socket)" for each.
+//
+// The same walk refuses what mkfs.erofs would fail on without naming it (a
+// name of 255 bytes or more), and, when `rules.refuse_overlay_metadata`, the
+// overlayfs metadata that would hide or rename a lower layer's files (0/0
+// character devices, trusted.overlay.opaque and .redirect on directories). It
+// notes sparse files (holes of at least 1 MiB), for mkfs_argv.
 constexpr size_t max_left_out = 4096;
+constexpr size_t max_erofs_name = 254; // mkfs.erofs 1.5 cannot format a 255-byte name
+constexpr uint64_t sparse_hole = 1 << 20;
 
-expected<std::vector<std::string>> left_out(const std::string& tree,
-                                            std::vector<std::string>& shown) {
-  std::vector<std::string> rel;
+namespace {
+
+// An overlayfs xattr on the directory `fd`, if any: its name.
+const char* overlay_xattr_of(int fd) {
+  for (const char* x : {"trusted.overlay.opaque", "trusted.overlay.redirect"})
+    if (::fgetxattr(fd, x, nullptr, 0) >= 0)
+      return x;
+  return nullptr;
+}
+
+error overlay_metadata(const std::string& tree, const std::string& path, const std::string& what) {
+  auto e = make_error(errc::invalid_argument,
+                      "layer source " + tree + ": /" + path + " is " + what
+                        + ", which in a tool or workdir layer hides or renames the files of the "
+                          "layers below it; give --whiteouts if that is meant, or remove it");
+  e.path = tree + "/" + path;
+  return e;
+}
+
+} // namespace
+
+expected<source_scan> scan_source(const std::string& tree, std::vector<std::string>& shown,
+                                  const source_rules& rules) {
+  source_scan out;
+  auto& rel = out.exclude;
   struct frame {
     unique_fd fd;
     std::string path;
@@ -153,6 +184,9 @@ expected<std::vector<std::string>> left_out(const std::string& tree,
   todo.push_back({unique_fd{::open(tree.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)}, ""});
   if (!todo.back().fd)
     return sys_error("cannot open the layer source", tree);
+  if (rules.refuse_overlay_metadata)
+    if (auto x = overlay_xattr_of(todo.back().fd.get()))
+      return overlay_metadata(tree, "", std::string{"a directory with "} + x);
   while (!todo.empty()) {
     auto f = std::move(todo.back());
     todo.pop_back();
@@ -163,15 +197,38 @@ expected<std::vector<std::string>> left_out(const std::string& tree,
       if (std::strcmp(e->d_name, ".") == 0 || std::strcmp(e->d_name, "..") == 0)
         continue;
       std::string path = f.path.empty() ? e->d_name : f.path + "/" + e->d_name;
+      if (std::strlen(e->d_name) > max_erofs_name) {
+        ::closedir(d);
+        auto err = make_error(errc::invalid_argument,
+                              "layer source " + tree + ": the name of /" + path + " is "
+                                + std::to_string(std::strlen(e->d_name))
+                                + " bytes long; a layer's names may be at most "
+                                + std::to_string(max_erofs_name) + " bytes (mkfs.erofs)");
+        err.path = tree + "/" + path;
+        return err;
+      }
       struct stat st{};
       if (::fstatat(::dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0)
         continue; // gone: mkfs.erofs will not see it either
       if (S_ISDIR(st.st_mode)) {
         unique_fd sub{::openat(::dirfd(d), e->d_name,
                                O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)};
+        if (sub && rules.refuse_overlay_metadata)
+          if (auto x = overlay_xattr_of(sub.get())) {
+            ::closedir(d);
+            return overlay_metadata(tree, path, std::string{"a directory with "} + x);
+          }
         if (sub)
           todo.push_back({std::move(sub), path});
         continue;
+      }
+      if (S_ISREG(st.st_mode) && static_cast<uint64_t>(st.st_size) >= sparse_hole
+          && static_cast<uint64_t>(st.st_blocks) * 512 + sparse_hole
+               <= static_cast<uint64_t>(st.st_size))
+        out.sparse = true;
+      if (rules.refuse_overlay_metadata && S_ISCHR(st.st_mode) && st.st_rdev == 0) {
+        ::closedir(d);
+        return overlay_metadata(tree, path, "a 0/0 character device (an overlayfs whiteout)");
       }
       const char* what = S_ISSOCK(st.st_mode)                        ? "a socket"
                          : S_ISBLK(st.st_mode)                        ? "a block device"
@@ -193,15 +250,25 @@ expected<std::vector<std::string>> left_out(const std::string& tree,
   }
   std::sort(rel.begin(), rel.end());
   std::sort(shown.begin(), shown.end());
-  return rel;
+  return out;
+}
+
+expected<std::vector<std::string>> left_out(const std::string& tree,
+                                            std::vector<std::string>& shown) {
+  DSEC_TRY(scan, scan_source(tree, shown, {}));
+  return std::move(scan.exclude);
 }
 
 std::vector<std::string> mkfs_argv(const std::string& compress, const std::string& out,
                                    const std::string& dir,
-                                   const std::vector<std::string>& exclude) {
+                                   const std::vector<std::string>& exclude, bool sparse) {
   std::vector<std::string> argv{"mkfs.erofs", "--quiet", fixed_uuid};
   if (!compress.empty())
     argv.push_back("-z" + compress);
+  // Chunk-based files store a hole as no block at all; mkfs.erofs hashes every
+  // chunk then (4-5x slower to build), so only a tree with a sparse file asks.
+  else if (sparse)
+    argv.push_back("--chunksize=4096");
   for (const auto& rel : exclude)
     argv.push_back("--exclude-path=" + rel);
   argv.push_back(out);

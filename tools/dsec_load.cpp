@@ -133,7 +133,8 @@ Output:
                          exec_ms, destroy_ms (and chronus_ms with --events),
                          each {count, p50, p90, p99, max}, failures, environments
   --quiet                no progress line (else one on stderr: rewritten in
-                         place on a terminal, one line per second otherwise)
+                         place on a terminal, one line per second otherwise; its
+                         rate is the creates of the last second)
   -h, --help             this text
 
 An episode fails when its create fails, a command cannot run or exits non-zero,
@@ -565,7 +566,10 @@ private:
   /// Under the lock: what to do next for `ep`, marking it busy if anything.
   act next_action(size_t ep);
   /// Under the lock: records a failure of `ep` (once), or a cancellation while stopping.
-  void fail_locked(size_t ep, const std::string& message);
+  /// `message` is the kind of failure (grouped and counted); `example`, e.g.
+  /// the first line a failing command wrote to stderr, is kept for the first of
+  /// each kind.
+  void fail_locked(size_t ep, const std::string& message, const std::string& example = {});
   /// Under the lock: the episode ended (its sandbox destroyed or never made).
   void finish_locked(size_t ep);
   void progress(bool final);
@@ -602,7 +606,11 @@ private:
 
   std::vector<size_t> env_created_, env_failed_, env_episodes_;
   std::vector<double> create_ms_, exec_ms_, destroy_ms_, chronus_ms_;
-  std::map<std::string, size_t> failures_;
+  struct failure_kind {
+    size_t count = 0;
+    std::string example;
+  };
+  std::map<std::string, failure_kind> failures_;
   std::set<size_t> waiting_events_;
 
   clk::time_point t0_, t_end_;
@@ -613,7 +621,7 @@ private:
   size_t progress_len_ = 0;
 };
 
-void runner::fail_locked(size_t ep, const std::string& message) {
+void runner::fail_locked(size_t ep, const std::string& message, const std::string& example) {
   auto& e = episodes_[ep];
   if (e.failed || e.cancelled)
     return;
@@ -627,7 +635,9 @@ void runner::fail_locked(size_t ep, const std::string& message) {
   if (!e.id.empty())
     for (size_t at = m.find(e.id); at != std::string::npos; at = m.find(e.id, at + 4))
       m.replace(at, e.id.size(), "<id>");
-  ++failures_[m];
+  auto& k = failures_[m];
+  if (k.count++ == 0)
+    k.example = example;
 }
 
 void runner::finish_locked(size_t ep) {
@@ -811,10 +821,9 @@ void runner::step(size_t ep) {
               msg += "killed by signal " + std::to_string(r->signal);
             else
               msg += "exited with status " + std::to_string(r->exit_code);
+            // Grouped by how it ended; what it said is an example of each.
             auto line = r->err.substr(0, r->err.find('\n'));
-            if (!line.empty())
-              msg += ": " + line.substr(0, 200);
-            fail_locked(ep, msg);
+            fail_locked(ep, msg, line.substr(0, 200));
           }
           if (a == act::exec) {
             if (r)
@@ -895,7 +904,7 @@ void runner::progress(bool final) {
   }
   char line[256];
   int n = std::snprintf(line, sizeof line,
-                        "%7.1fs  created %zu/%llu  failed %zu  live %zu  %.0f creates/s%s",
+                        "%7.1fs  created %zu/%llu  failed %zu  live %zu  %.0f creates/s (last 1 s)%s",
                         std::chrono::duration<double>(now - t0_).count(), created_,
                         static_cast<unsigned long long>(o_.count), failed_, live_, rate,
                         stopping_ ? "  (stopping)" : "");
@@ -1100,9 +1109,9 @@ int runner::report(int signal) {
   double rate = wall > 0 ? static_cast<double>(created_) / wall : 0;
   auto cs = summarize(create_ms_), es = summarize(exec_ms_), ds = summarize(destroy_ms_),
        xs = summarize(chronus_ms_);
-  std::vector<std::pair<std::string, size_t>> fails(failures_.begin(), failures_.end());
+  std::vector<std::pair<std::string, failure_kind>> fails(failures_.begin(), failures_.end());
   std::stable_sort(fails.begin(), fails.end(),
-                   [](const auto& a, const auto& b) { return a.second > b.second; });
+                   [](const auto& a, const auto& b) { return a.second.count > b.second.count; });
   size_t not_started = o_.count - requested_;
 
   std::printf("dsec-load: %llu episodes, concurrency %llu, batch %llu, %llu session%s, "
@@ -1125,7 +1134,7 @@ int runner::report(int signal) {
   if (cancelled_ || not_started)
     std::printf("  cancelled  %zu (and %zu not started)\n", cancelled_, not_started);
   std::printf("  wall       %.2f s\n", wall);
-  std::printf("  rate       %.1f creates/s\n", rate);
+  std::printf("  rate       %.1f creates/s (created / wall)\n", rate);
   std::printf("\n  latency ms      count       p50       p90       p99       max\n");
   auto row = [](const char* name, const summary& s) {
     std::printf("  %-10s %10zu %9.2f %9.2f %9.2f %9.2f\n", name, s.count, s.p50, s.p90, s.p99,
@@ -1137,16 +1146,26 @@ int runner::report(int signal) {
   if (o_.events > 0)
     row("chronus", xs);
   if (o_.envs.size() > 1) {
-    std::printf("\n  environment                                  episodes   created    failed\n");
+    // As wide as the longest label, so long ones do not shift the numbers.
+    size_t w = std::string_view{"environment"}.size();
+    for (const auto& e : o_.envs)
+      w = std::max(w, e.where.size() + 1 + e.label.size());
+    std::printf("\n  %-*s  episodes   created    failed\n", static_cast<int>(w), "environment");
     for (size_t i = 0; i < o_.envs.size(); ++i)
-      std::printf("  %-44s %8zu %9zu %9zu\n", (o_.envs[i].where + " " + o_.envs[i].label).c_str(),
-                  env_episodes_[i], env_created_[i], env_failed_[i]);
+      std::printf("  %-*s %9zu %9zu %9zu\n", static_cast<int>(w),
+                  (o_.envs[i].where + " " + o_.envs[i].label).c_str(), env_episodes_[i],
+                  env_created_[i], env_failed_[i]);
   }
   if (!fails.empty()) {
-    std::printf("\n  failures (top %zu of %zu kinds)\n", std::min<size_t>(5, fails.size()),
-                fails.size());
-    for (size_t i = 0; i < fails.size() && i < 5; ++i)
-      std::printf("  %8zu  %s\n", fails[i].second, fails[i].first.c_str());
+    if (fails.size() > 5)
+      std::printf("\n  failures (the 5 commonest of %zu kinds)\n", fails.size());
+    else
+      std::printf("\n  failures\n");
+    for (size_t i = 0; i < fails.size() && i < 5; ++i) {
+      std::printf("  %8zu  %s\n", fails[i].second.count, fails[i].first.c_str());
+      if (!fails[i].second.example.empty())
+        std::printf("            e.g. stderr: %s\n", fails[i].second.example.c_str());
+    }
   }
   std::fflush(stdout);
 
@@ -1175,7 +1194,8 @@ int runner::report(int signal) {
     j << ",\n  \"failures\": [";
     for (size_t i = 0; i < fails.size(); ++i)
       j << (i ? ", " : "") << "{\"message\": " << dsec::json_quoted(fails[i].first)
-        << ", \"count\": " << fails[i].second << "}";
+        << ", \"count\": " << fails[i].second.count << ", \"example\": "
+        << dsec::json_quoted(fails[i].second.example) << "}";
     j << "],\n  \"environments\": [";
     for (size_t i = 0; i < o_.envs.size(); ++i)
       j << (i ? ", " : "") << "{\"environment\": " << dsec::json_quoted(o_.envs[i].label)

@@ -242,3 +242,53 @@ TEST_CASE("layer build: which mtimes are kept, and when a tar of a tree has its 
   for (const auto& ref : {"times@dir", "times@pax", "times@gnu"})
     CHECK(s.dsec({"layer", "rm", ref}).status == 0);
 }
+
+TEST_CASE("layer build: a whiteout in a tool layer is refused unless --whiteouts says it is meant") {
+  auto& s = suite::get();
+  auto src = s.make_tree("hider", {{"opt/h/file", "x\n"}});
+  REQUIRE(::mkdir((src + "/etc").c_str(), 0755) == 0);
+  // A 0/0 character device: overlayfs's whiteout, which would delete the
+  // base's /etc/layer-file from every sandbox using this tool.
+  REQUIRE(::mknod((src + "/etc/layer-file").c_str(), S_IFCHR | 0600, makedev(0, 0)) == 0);
+  auto r = s.dsec({"layer", "build", "--kind", "tool", "hider@1", src});
+  CHECK_MESSAGE(r.status == 1, r.describe());
+  CHECK_MESSAGE(r.err.find("/etc/layer-file is a 0/0 character device") != std::string::npos,
+                r.describe());
+  CHECK_MESSAGE(r.err.find("--whiteouts") != std::string::npos, r.describe());
+  r = s.dsec({"layer", "build", "--kind", "workdir", "hider@1", src});
+  CHECK_MESSAGE(r.status == 1, r.describe());
+  // Meant: then it hides the base's file, as overlayfs does.
+  r = s.dsec({"layer", "build", "--kind", "tool", "--whiteouts", "hider@1", src});
+  REQUIRE_MESSAGE(r.status == 0, r.describe());
+  auto in = s.run({"--tool", "hider@1"}, {"sh", "-c", "ls /etc/layer-file 2>&1; cat /opt/h/file"});
+  CHECK_MESSAGE(in.out.find("No such file") != std::string::npos, in.describe());
+  CHECK(s.dsec({"layer", "rm", "hider@1"}).status == 0);
+}
+
+TEST_CASE("layer build: a name mkfs.erofs cannot hold is named; a sparse file stays sparse") {
+  auto& s = suite::get();
+  auto src = s.make_tree("longname", {{"opt/l/ok", "x\n"}});
+  auto name = std::string(255, 'n');
+  auto touch = run_process({"/usr/bin/touch", src + "/opt/l/" + name});
+  REQUIRE_MESSAGE(touch.status == 0, touch.describe());
+  auto r = s.dsec({"layer", "build", "--kind", "tool", "long@1", src});
+  CHECK_MESSAGE(r.status == 1, r.describe());
+  CHECK_MESSAGE(r.err.find("the name of /opt/l/" + name + " is 255 bytes long") != std::string::npos,
+                r.describe());
+  CHECK(r.err.find("Could not format") == std::string::npos);
+
+  auto sparse = s.make_tree("sparse", {{"opt/s/small", "y\n"}});
+  auto big = sparse + "/opt/s/big";
+  REQUIRE(run_process({"/usr/bin/truncate", "-s", "100M", big}).status == 0);
+  REQUIRE(run_process({"/bin/sh", "-c", "echo end >> " + big}).status == 0);
+  r = s.dsec({"layer", "build", "--kind", "tool", "sparse@1", sparse});
+  REQUIRE_MESSAGE(r.status == 0, r.describe());
+  auto ls = s.dsec({"layer", "ls"});
+  auto line = ls.out.substr(ls.out.find("sparse@1"));
+  line = line.substr(0, line.find('\n'));
+  // The image holds the 4 bytes of data, not the 100 MiB of holes.
+  CHECK_MESSAGE(line.find("MiB") == std::string::npos, line);
+  auto in = s.run({"--tool", "sparse@1"}, {"sh", "-c", "wc -c < /opt/s/big; tail -c 4 /opt/s/big"});
+  CHECK_MESSAGE(in.out == "104857604\nend\n", in.describe());
+  CHECK(s.dsec({"layer", "rm", "sparse@1"}).status == 0);
+}

@@ -474,3 +474,22 @@ TEST_CASE("SIGINT mid-run: exit 130, partial table, nothing left on the node") {
   n.check_empty();
   n.finish();
 }
+
+TEST_CASE("failing commands are grouped by how they ended, with what one of each said") {
+  node n;
+  auto json_path = temp_path("fails.json");
+  // Each episode's command says something of its own on stderr and exits 1.
+  auto r = load({"--connect", n.where(), "--count", "12", "--concurrency", "4", "--json",
+                 json_path, "--quiet", "--base", tar_base, "--", "sh", "-c",
+                 "echo \"no such thing $$\" >&2; exit 1"});
+  CHECK_MESSAGE(r.status == 1, r.describe());
+  auto j = read_json(json_path);
+  const auto& fails = j["failures"].arr();
+  REQUIRE(fails.size() == 1);
+  CHECK(fails[0]["message"].str() == "exec: exited with status 1");
+  CHECK(fails[0]["count"].num() == 12);
+  CHECK(contains(fails[0]["example"].str(), "no such thing "));
+  CHECK(contains(r.out, "e.g. stderr: no such thing "));
+  n.check_empty();
+  n.finish();
+}

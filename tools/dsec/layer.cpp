@@ -55,7 +55,7 @@ void print_layer_help(const std::string& state) {
 void print_build_help() {
   std::printf(
     "Usage: dsec [--state DIR] layer build --kind base|workdir|tool [--compress lz4|lz4hc]\n"
-    "                                      NAME@VERSION SRC\n"
+    "                                      [--whiteouts] NAME@VERSION SRC\n"
     "\n"
     "Builds layer NAME@VERSION from SRC into a deterministic EROFS image in the store.\n"
     "\n"
@@ -64,7 +64,13 @@ void print_build_help() {
     "                  workdir  a task's working tree\n"
     "                  tool     a grader, a compiler, a test runner\n"
     "  --compress ALG  compress the image: lz4 (fast) or lz4hc (smaller, slower to\n"
-    "                  build). Default: uncompressed, the fastest to read.\n"
+    "                  build). Default: uncompressed, the fastest to read; a sparse\n"
+    "                  file's holes (of 1 MiB or more) then take no space.\n"
+    "  --whiteouts     keep overlayfs whiteouts (0/0 character devices) and opaque or\n"
+    "                  redirect directories (trusted.overlay.* xattrs) in a tool or\n"
+    "                  workdir layer, where they hide or rename the files of the\n"
+    "                  layers below; without it such a source is refused, naming the\n"
+    "                  file. A base layer keeps them always.\n"
     "  NAME@VERSION    each part 1..128 of letters, digits and . _ + -, starting with a\n"
     "                  letter or digit. Versions are immutable: to change a layer, build\n"
     "                  a new version (or 'dsec layer rm' the old one first). Building\n"
@@ -112,7 +118,8 @@ void print_rm_help() {
 // verb's options. Returns -1 to go on, else the exit status to return.
 struct option_spec {
   const char* name;
-  std::string* value;
+  std::string* value; ///< an option with a value, or
+  bool* flag = nullptr; ///< (value null) a flag
 };
 
 int parse_verb_args(std::string_view verb, args& a, const std::vector<option_spec>& options,
@@ -126,6 +133,14 @@ int parse_verb_args(std::string_view verb, args& a, const std::vector<option_spe
       break;
     bool matched = false;
     for (const auto& o : options) {
+      if (o.flag) {
+        if (a.flag(o.name)) {
+          *o.flag = true;
+          matched = true;
+          break;
+        }
+        continue;
+      }
       auto r = a.option(o.name, *o.value);
       if (!r)
         return usage_error(verb, r.error_value().message);
@@ -162,8 +177,12 @@ std::string iso_time(int64_t seconds) {
 int build_verb(const global_options& g, args& a) {
   constexpr std::string_view verb = "layer build";
   std::string kind_arg, compress;
+  bool whiteouts = false;
   std::vector<std::string> positional;
-  if (int rc = parse_verb_args(verb, a, {{"--kind", &kind_arg}, {"--compress", &compress}},
+  if (int rc = parse_verb_args(verb, a,
+                               {{"--kind", &kind_arg},
+                                {"--compress", &compress},
+                                {"--whiteouts", nullptr, &whiteouts}},
                                print_build_help, positional);
       rc >= 0)
     return rc;
@@ -187,7 +206,7 @@ int build_verb(const global_options& g, args& a) {
   auto st = store::open(state_of(g));
   if (!st)
     return fail(st.error_value());
-  auto res = st->build(*kind, *ref, positional[1], build_options{compress});
+  auto res = st->build(*kind, *ref, positional[1], build_options{compress, whiteouts});
   if (!res)
     return fail(res.error_value());
   const auto& info = res->info;
