@@ -197,11 +197,11 @@ expected<source_scan> scan_source(const std::string& tree, std::vector<std::stri
       if (std::strcmp(e->d_name, ".") == 0 || std::strcmp(e->d_name, "..") == 0)
         continue;
       std::string path = f.path.empty() ? e->d_name : f.path + "/" + e->d_name;
-      if (std::strlen(e->d_name) > max_erofs_name) {
+      if (auto len = std::strlen(e->d_name); len > max_erofs_name) {
         ::closedir(d);
         auto err = make_error(errc::invalid_argument,
                               "layer source " + tree + ": the name of /" + path + " is "
-                                + std::to_string(std::strlen(e->d_name))
+                                + std::to_string(len)
                                 + " bytes long; a layer's names may be at most "
                                 + std::to_string(max_erofs_name) + " bytes (mkfs.erofs)");
         err.path = tree + "/" + path;

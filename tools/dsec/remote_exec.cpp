@@ -128,6 +128,8 @@ int exec_main(context& ctx, args& a) {
       return fail(in.error_value());
     req.input = std::move(*in);
   }
+  if (!f.detach) // before the actor system's threads start, which inherit the mask
+    stop_on_interrupt();
   auto c = ctx.connect();
   if (!c)
     return fail(c.error_value());
@@ -138,7 +140,6 @@ int exec_main(context& ctx, args& a) {
       return exec_error(r.error_value(), 1);
     return 0;
   }
-  stop_on_interrupt();
   auto r = (*c)->exec(id, req, print_output);
   if (!r)
     return exec_error(r.error_value(), 1);
