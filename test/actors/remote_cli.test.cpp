@@ -9,6 +9,7 @@
 #include <doctest/doctest.h>
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -344,6 +345,20 @@ TEST_CASE("remote run: streamed output, exit statuses, stdin, environment, limit
     r = d.run({}, {"cat"}, "not sent\n");
     CHECK_MESSAGE(r.status == 0, r.describe());
     CHECK(r.out.empty());
+    // Our stdin a file with data, and no -i: dsec says it is not sent.
+    std::vector<std::string> argv{d.dsec_bin, "--connect", d.where, "run", "--base", tar_base,
+                                  "--", "cat"};
+    spawn_options o;
+    auto in_path = dir / "in";
+    o.in_child = [in_path] {
+      int fd = ::open(in_path.c_str(), O_RDONLY);
+      if (fd < 0 || ::dup2(fd, 0) < 0)
+        ::_exit(99);
+    };
+    r = run_process(argv, o);
+    CHECK_MESSAGE(r.status == 0, r.describe());
+    CHECK(r.out.empty());
+    CHECK_MESSAGE(contains(r.err, "stdin is not sent to the command without -i"), r.describe());
   }
   SUBCASE("--env, --cwd, --user") {
     auto r = d.run({"--env", "FOO=bar baz", "--env", "HOME=/elsewhere", "--cwd", "/home/user",

@@ -4,6 +4,8 @@
 #include <caf/actor_system_config.hpp>
 
 #include <signal.h>
+#include <sys/ioctl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -189,6 +191,21 @@ const int broken_pipe_status = 128 + SIGPIPE;
 void print_output(uint8_t stream, std::string_view data) {
   if (!write_all(stream == 2 ? 2 : 1, data) && errno == EPIPE)
     ::_exit(broken_pipe_status);
+}
+
+void note_unsent_stdin(const exec_flags& f) {
+  if (f.input || f.detach)
+    return;
+  struct stat st{};
+  if (::fstat(0, &st) != 0)
+    return;
+  int waiting = 0; // bytes already in the pipe or socket, unread
+  if (((S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode)) && ::ioctl(0, FIONREAD, &waiting) == 0
+       && waiting > 0)
+      || (S_ISREG(st.st_mode) && st.st_size > 0))
+    std::fputs("dsec: note: our stdin is not sent to the command without -i (its stdin is "
+               "empty)\n",
+               stderr);
 }
 
 } // namespace dsec::cli::remote

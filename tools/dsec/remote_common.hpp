@@ -48,6 +48,11 @@ struct exec_flags {
 /// Takes the current argument when it is one of those flags.
 bool parse_exec_flag(args& a, exec_flags& f);
 
+/// Without -i, says on stderr that our stdin is not sent when it holds data
+/// meant for CMD: a pipe or socket with bytes waiting, or a non-empty file. A
+/// terminal, /dev/null or an empty pipe is left unremarked.
+void note_unsent_stdin(const exec_flags& f);
+
 /// A whole number of at most 20 digits, no sign.
 bool parse_u64(const std::string& v, uint64_t& out);
 

@@ -25,6 +25,7 @@ they come, and exits with its status.
 Options:
   -i, --stdin            send the whole of our stdin to CMD as its input (read
                          to the end first); without it CMD's stdin is empty
+                         (dsec says so when ours holds data)
   --env KEY=VALUE        add or replace a variable (repeatable); the defaults are
                          PATH, HOME=/root, LANG=C.UTF-8 and the daemon's TERM
   --cwd DIR              working directory inside the sandbox (default /)
@@ -128,6 +129,7 @@ int exec_main(context& ctx, args& a) {
       return fail(in.error_value());
     req.input = std::move(*in);
   }
+  note_unsent_stdin(f);
   if (!f.detach) // before the actor system's threads start, which inherit the mask
     stop_on_interrupt();
   auto c = ctx.connect();

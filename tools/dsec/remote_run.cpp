@@ -65,6 +65,7 @@ Layers (in the daemon's store):
 Environment of the command:
   -i, --stdin              send the whole of our stdin to CMD as its input (read
                            to the end first); without it CMD's stdin is empty
+                           (dsec says so when ours holds data)
   --env KEY=VALUE          add or replace a variable (repeatable); the defaults
                            are PATH, HOME=/root, LANG=C.UTF-8 and the daemon's TERM
   --cwd DIR                working directory inside the sandbox (default /)
@@ -274,6 +275,7 @@ int run_main(context& ctx, args& a) {
     req.input = std::move(*in);
   }
 
+  note_unsent_stdin(f);
   // SIGINT, SIGTERM, SIGHUP: the sandbox goes (it is not half made and left).
   interrupt_guard guard;
   // One sandbox, with the key and tags if given (a resumed session gives a
