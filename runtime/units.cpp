@@ -69,21 +69,39 @@ expected<uint64_t> parse_size(std::string_view s, std::string_view what) {
 
 expected<std::chrono::milliseconds> parse_duration(std::string_view s,
                                                    std::string_view what) {
+  // One number with a unit, or several from larger to smaller units
+  // ("1h30m", "2m30s", "1s500ms"); a bare number is seconds.
   auto rest = s;
-  double n = 0;
-  if (!parse_number(rest, n))
-    return bad(what, s, "expected a number with a unit (ms, s, m, h), e.g. 30s");
-  double ms;
-  if (rest.empty() || rest == "s")
-    ms = n * 1000;
-  else if (rest == "ms")
-    ms = n;
-  else if (rest == "m")
-    ms = n * 60'000;
-  else if (rest == "h")
-    ms = n * 3'600'000;
-  else
-    return bad(what, s, "unknown unit (use ms, s, m or h)");
+  double ms = 0;
+  int last_rank = 5; // h 4, m 3, s 2, ms 1
+  bool first = true;
+  do {
+    double n = 0;
+    if (!parse_number(rest, n))
+      return bad(what, s, first ? "expected a number with a unit (ms, s, m, h), e.g. 30s or 1h30m"
+                                : "expected a number after the unit");
+    double unit;
+    int rank;
+    if (rest.empty() && first) {
+      unit = 1000, rank = 2;
+    } else if (rest.substr(0, 2) == "ms") {
+      unit = 1, rank = 1, rest.remove_prefix(2);
+    } else if (!rest.empty() && rest.front() == 's') {
+      unit = 1000, rank = 2, rest.remove_prefix(1);
+    } else if (!rest.empty() && rest.front() == 'm') {
+      unit = 60'000, rank = 3, rest.remove_prefix(1);
+    } else if (!rest.empty() && rest.front() == 'h') {
+      unit = 3'600'000, rank = 4, rest.remove_prefix(1);
+    } else {
+      return bad(what, s, rest.empty() ? "a number without a unit after another (1h30m, not 1h30)"
+                                       : "unknown unit (use ms, s, m or h)");
+    }
+    if (rank >= last_rank)
+      return bad(what, s, "units must go from larger to smaller, each once (e.g. 1h30m)");
+    last_rank = rank;
+    ms += n * unit;
+    first = false;
+  } while (!rest.empty());
   if (ms > 1e15)
     return bad(what, s, "too large");
   return std::chrono::milliseconds{static_cast<int64_t>(std::llround(ms))};

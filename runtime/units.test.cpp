@@ -36,6 +36,15 @@ TEST_CASE("parse_duration understands units") {
   CHECK(*parse_duration("1h", "--timeout") == 1h);
   CHECK_FALSE(parse_duration("soon", "--timeout"));
   CHECK_FALSE(parse_duration("5d", "--timeout"));
+  // Compound, larger units first.
+  CHECK(*parse_duration("1h30m", "--ttl") == 90min);
+  CHECK(*parse_duration("2m30s", "--ttl") == 150s);
+  CHECK(*parse_duration("1s500ms", "--ttl") == 1500ms);
+  CHECK(*parse_duration("1h0m5s", "--ttl") == 3605s);
+  CHECK_FALSE(parse_duration("30m1h", "--ttl"));
+  CHECK_FALSE(parse_duration("1m1m", "--ttl"));
+  CHECK_FALSE(parse_duration("1h30", "--ttl"));
+  CHECK_FALSE(parse_duration("1h-5m", "--ttl"));
 }
 
 TEST_CASE("formatting") {

@@ -73,7 +73,7 @@ TEST_CASE("run: malformed options are usage errors (status 2)") {
   expect_failure(run_args({"--timeout", "soon"}), 2, "'soon'");
   expect_failure(run_args({"--user", "root"}), 2, "'root'");
   expect_failure(run_args({"--cwd", "relative"}), 2, "'relative'");
-  expect_failure(run_args({"--env", "NOVALUE"}), 2, "'NOVALUE'");
+  expect_failure(run_args({"--env", "=NOKEY"}), 2, "'=NOKEY'");
   expect_failure(run_args({"--frobnicate"}), 2, "'--frobnicate'");
   expect_failure({"run", "--base", base_layer}, 2, "no command given");
   expect_failure({"run", "--", "true"}, 2, "--base");

@@ -117,6 +117,32 @@ TEST_CASE("--env, --cwd, --user and --hostname shape the command") {
     CHECK(l[4] == "C.UTF-8");
     CHECK(l[5] == "(unset)"); // the host's environment does not leak in
   }
+  SUBCASE("-e KEY takes our value, --env-file reads a file, -w and -u are --cwd and --user") {
+    auto file = s.root() + "/src/vars.env";
+    {
+      std::FILE* f = std::fopen(file.c_str(), "w");
+      REQUIRE(f);
+      std::fputs("# a comment\n\nA=from file\n  B=two words\r\nDSEC_PROBE\n", f);
+      std::fclose(f);
+    }
+    auto r = s.run({"-e", "DSEC_BIN", "-e", "DSEC_NO_SUCH_VAR_X", "--env-file", file, "-w",
+                    "/home/user", "-u", "1000"},
+                   {"sh", "-c", "probe env DSEC_BIN; probe env DSEC_NO_SUCH_VAR_X; probe env A; "
+                                "probe env B; probe env DSEC_PROBE; probe cwd; id -u"});
+    REQUIRE_MESSAGE(r.status == 0, r.describe());
+    auto l = lines_of(r.out);
+    REQUIRE(l.size() == 7);
+    CHECK(l[0] == std::getenv("DSEC_BIN"));
+    CHECK(l[1] == "(unset)");
+    CHECK(l[2] == "from file");
+    CHECK(l[3] == "two words");
+    CHECK(l[4] == std::getenv("DSEC_PROBE"));
+    CHECK(l[5] == "/home/user");
+    CHECK(l[6] == "1000");
+    r = s.run({"--env-file", s.root() + "/src/no-such.env"}, {"true"});
+    CHECK(r.status == 2);
+    CHECK(r.err.find("no-such.env") != std::string::npos);
+  }
   SUBCASE("--cwd sets the working directory") {
     auto r = s.run({"--workdir", workdir_layer, "--cwd", "/work/src"},
                    {"sh", "-c", "probe cwd; ls"});

@@ -26,10 +26,13 @@ Options:
   -i, --stdin            send the whole of our stdin to CMD as its input (read
                          to the end first); without it CMD's stdin is empty
                          (dsec says so when ours holds data)
-  --env KEY=VALUE        add or replace a variable (repeatable); the defaults are
+  -e, --env KEY[=VALUE]  add or replace a variable (repeatable); a bare
+                         KEY takes our own value (none: left out); the defaults are
                          PATH, HOME=/root, LANG=C.UTF-8 and the daemon's TERM
-  --cwd DIR              working directory inside the sandbox (default /)
-  --user UID[:GID]       run as this uid/gid of the sandbox (default 0, the
+  --env-file FILE        variables from FILE, a KEY[=VALUE] a line (# and
+                         blank lines skipped)
+  -w, --cwd DIR          working directory inside the sandbox (default /)
+  -u, --user UID[:GID]   run as this uid/gid of the sandbox (default 0, the
                          sandbox's root)
   --timeout DUR          kill CMD (and its process group) after DUR, e.g. 30s,
                          500ms, 2m; then the exit status is 124

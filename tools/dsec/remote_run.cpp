@@ -41,7 +41,7 @@ Sandbox and session:
                            open`); default: with --detach the daemon's "default"
                            session, else a session of its own. Without --detach
                            the sandbox is still destroyed when CMD ends.
-  --ttl DUR                the sandbox's lifetime (e.g. 10m, 2h); default: its
+  --ttl DUR                the sandbox's lifetime (e.g. 10m, 2h, 1h30m); default: its
                            session's (1h unless `session open --ttl` said)
   --key KEY                the create's key (e.g. an episode id): in a resumed
                            session it gets the sandbox the log made for KEY
@@ -66,10 +66,13 @@ Environment of the command:
   -i, --stdin              send the whole of our stdin to CMD as its input (read
                            to the end first); without it CMD's stdin is empty
                            (dsec says so when ours holds data)
-  --env KEY=VALUE          add or replace a variable (repeatable); the defaults
+  -e, --env KEY[=VALUE]    add or replace a variable (repeatable); a bare
+                           KEY takes our own value (none: left out); the defaults
                            are PATH, HOME=/root, LANG=C.UTF-8 and the daemon's TERM
-  --cwd DIR                working directory inside the sandbox (default /)
-  --user UID[:GID]         run as this uid/gid of the sandbox (default 0, the
+  --env-file FILE          variables from FILE, a KEY[=VALUE] a line (# and
+                           blank lines skipped)
+  -w, --cwd DIR            working directory inside the sandbox (default /)
+  -u, --user UID[:GID]     run as this uid/gid of the sandbox (default 0, the
                            sandbox's root, which has no privileges on the host)
 
 Isolation and limits:
@@ -85,7 +88,7 @@ Isolation and limits:
   --disk SIZE              size of the writable layer (default: the node's
                            --default-disk); it holds at most one file or
                            directory per 4 KiB of SIZE (at least 1024)
-  --timeout DUR            kill CMD after DUR (e.g. 30s, 500ms, 2m); then dsec
+  --timeout DUR            kill CMD after DUR (e.g. 30s, 500ms, 2m, 1h30m); then dsec
                            exits with 124 (with --detach: CMD is killed, the
                            sandbox stays)
   --idempotent             CMD is safe to run again; a detached CMD in a session

@@ -24,7 +24,7 @@ open   Opens a session that nobody owns: it lives until `session close` (or
        `run --detach --session ID` and `ps --session ID`.
          --quota N    most sandboxes alive at once in it (default 1024)
          --ttl DUR    the default lifetime of its sandboxes (default 1h), e.g.
-                      30s, 10m, 2h; `run --ttl` overrides it for one sandbox
+                      30s, 10m, 1h30m; `run --ttl` overrides it for one sandbox
          --name NAME  a name for it, unique among the open sessions: it
                       stands for the id in `ps --session`, `run --session`,
                       `session close` and `session watch`

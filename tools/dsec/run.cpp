@@ -42,10 +42,13 @@ Layers:
   --tool NAME@VERSION      a tool layer; repeat for several
 
 Environment of the command:
-  --env KEY=VALUE          add or replace a variable (repeatable); the defaults
+  -e, --env KEY[=VALUE]    add or replace a variable (repeatable); a bare
+                           KEY takes our own value (none: left out); the defaults
                            are PATH, HOME=/root, LANG=C.UTF-8 and the host's TERM
-  --cwd DIR                working directory inside the sandbox (default /)
-  --user UID[:GID]         run as this uid/gid of the sandbox (default 0, the
+  --env-file FILE          variables from FILE, a KEY[=VALUE] a line (# and
+                           blank lines skipped)
+  -w, --cwd DIR            working directory inside the sandbox (default /)
+  -u, --user UID[:GID]     run as this uid/gid of the sandbox (default 0, the
                            sandbox's root, which has no privileges on the host)
   --hostname NAME          the sandbox's hostname (default: its id)
 
@@ -63,7 +66,7 @@ bounded writable layer; the defaults are what a dsecd with its default
   --disk SIZE              size of the writable layer; writes past it fail with
                            ENOSPC. It also holds at most one file or directory
                            per 4 KiB of SIZE (at least 1024)
-  --timeout DUR            wall-clock limit (e.g. 30s, 500ms, 2m): then the whole
+  --timeout DUR            wall-clock limit (e.g. 30s, 500ms, 2m, 1h30m): then the whole
                            sandbox is killed and dsec exits with 124
 
 Other:

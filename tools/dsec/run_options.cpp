@@ -1,7 +1,12 @@
 #include "tools/dsec/run_options.hpp"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdlib>
 
+#include "runtime/fd.hpp"
 #include "runtime/units.hpp"
 
 namespace dsec::cli {
@@ -36,6 +41,44 @@ parsed layer(std::string_view verb, const char* name, const std::string& v, std:
     many->push_back(ref->to_string());
   }
   return parsed::yes;
+}
+
+// KEY=VALUE as given; a bare KEY takes our own value of KEY, and is left out
+// when we have none (as docker's -e KEY does).
+expected<void> add_env(command_spec& c, const std::string& v, const std::string& where) {
+  auto eq = v.find('=');
+  auto key = v.substr(0, eq);
+  bool good_key = !key.empty() && key.find_first_of(" \t\0", 0, 3) == std::string::npos;
+  if (!good_key)
+    return make_error(errc::invalid_argument,
+                      where + ": expected KEY=VALUE or KEY, got '" + v + "'");
+  if (eq != std::string::npos) {
+    c.env.push_back(v);
+  } else if (const char* ours = std::getenv(key.c_str())) {
+    c.env.push_back(key + "=" + ours);
+  }
+  return {};
+}
+
+// An --env-file: at most 1 MiB, read whole.
+expected<std::string> read_env_file(const std::string& path) {
+  unique_fd fd{::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY)};
+  if (!fd)
+    return sys_error("--env-file: cannot open", path);
+  std::string out;
+  char buf[65536];
+  for (;;) {
+    auto n = ::read(fd.get(), buf, sizeof buf);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n < 0)
+      return sys_error("--env-file: cannot read", path);
+    if (n == 0)
+      return out;
+    out.append(buf, static_cast<size_t>(n));
+    if (out.size() > (1u << 20))
+      return make_error(errc::too_large, "--env-file " + path + ": larger than 1 MiB");
+  }
 }
 
 } // namespace
@@ -109,19 +152,45 @@ parsed parse_sandbox_option(args& a, std::string_view verb, sandbox_options& s) 
 parsed parse_command_option(args& a, std::string_view verb, command_spec& c) {
   std::string v;
   parsed p;
-  DSEC_OPT("--env") {
-    if (v.find('=') == std::string::npos || v.front() == '=')
-      return bad(verb, "--env: expected KEY=VALUE, got '" + v + "'");
-    c.env.push_back(v);
+#define DSEC_OPT2(name, short_name)                                             \
+  p = value_of(a, verb, name, v);                                              \
+  if (p == parsed::no)                                                         \
+    p = value_of(a, verb, short_name, v);                                      \
+  if (p == parsed::bad)                                                        \
+    return p;                                                                  \
+  if (p == parsed::yes)
+  DSEC_OPT2("--env", "-e") {
+    if (auto r = add_env(c, v, "--env"); !r)
+      return bad(verb, r.error_value().message);
     return parsed::yes;
   }
-  DSEC_OPT("--cwd") {
+  DSEC_OPT("--env-file") {
+    auto text = read_env_file(v);
+    if (!text)
+      return bad(verb, text.error_value().message);
+    size_t n = 0;
+    for (size_t at = 0; at < text->size();) {
+      auto nl = text->find('\n', at);
+      auto line = text->substr(at, nl == std::string::npos ? std::string::npos : nl - at);
+      at = nl == std::string::npos ? text->size() : nl + 1;
+      ++n;
+      if (!line.empty() && line.back() == '\r')
+        line.pop_back();
+      auto first = line.find_first_not_of(" \t");
+      if (first == std::string::npos || line[first] == '#')
+        continue;
+      if (auto r = add_env(c, line.substr(first), v + ":" + std::to_string(n)); !r)
+        return bad(verb, "--env-file " + r.error_value().message);
+    }
+    return parsed::yes;
+  }
+  DSEC_OPT2("--cwd", "-w") {
     if (v.empty() || v.front() != '/')
       return bad(verb, "--cwd: expected an absolute path, got '" + v + "'");
     c.cwd = v;
     return parsed::yes;
   }
-  DSEC_OPT("--user") {
+  DSEC_OPT2("--user", "-u") {
     auto colon = v.find(':');
     auto num = [&](std::string_view s, uint32_t& out) {
       if (s.empty() || s.size() > 9)
@@ -153,6 +222,7 @@ parsed parse_command_option(args& a, std::string_view verb, command_spec& c) {
     return parsed::yes;
   }
 #undef DSEC_OPT
+#undef DSEC_OPT2
   return parsed::no;
 }
 
