@@ -2,6 +2,8 @@
 
 #include <charconv>
 
+#include "runtime/json.hpp"
+
 namespace dsec {
 
 std::vector<std::string_view> known_backends() {
@@ -113,6 +115,30 @@ std::string environment::difference(const environment& other, std::string_view a
   add("chronus", chronus ? "on" : "off", o.chronus ? "on" : "off");
   add("backend", backend, o.backend);
   return d.empty() ? "the same environment" : d;
+}
+
+std::string environment::to_json() const {
+  std::string o = "{\"base\": ";
+  json_string(o, base);
+  o += ", \"workdir\": ";
+  if (workdir.empty())
+    o += "null";
+  else
+    json_string(o, workdir);
+  o += ", \"tools\": [";
+  for (size_t i = 0; i < tools.size(); ++i) {
+    if (i)
+      o += ", ";
+    json_string(o, tools[i]);
+  }
+  o += "], \"memory\": " + std::to_string(memory) + ", \"pids\": " + std::to_string(pids)
+       + ", \"cpus\": ";
+  json_number(o, cpus);
+  o += ", \"disk\": " + std::to_string(disk) + ", \"net\": " + (net ? "true" : "false")
+       + ", \"ttl_ms\": " + std::to_string(ttl_ms) + ", \"backend\": ";
+  json_string(o, backend);
+  o += std::string{", \"chronus\": "} + (chronus ? "true" : "false") + "}";
+  return o;
 }
 
 expected<void> check_layer_kind(std::string_view slot, std::string_view ref, layer_kind have,

@@ -78,6 +78,11 @@ struct environment {
   [[nodiscard]] std::string difference(const environment& other, std::string_view a,
                                        std::string_view b) const;
 
+  /// One JSON object of every field (`dsec inspect`, `ps --json`): base,
+  /// workdir (null if none), tools, memory, pids, cpus, disk, net, ttl_ms,
+  /// backend, chronus.
+  [[nodiscard]] std::string to_json() const;
+
   friend bool operator==(const environment&, const environment&) = default;
 };
 

@@ -427,6 +427,27 @@ TEST_CASE("remote run: streaming, and SIGTERM destroys the sandbox") {
 TEST_CASE("remote run --detach, then ps, exec, cp and rm") {
   daemon_proc d;
   auto id = d.detached();
+  {
+    // inspect and ps --json: the same object, valid JSON (read by Python's own parser).
+    auto r = d.dsec({"inspect", id});
+    REQUIRE_MESSAGE(r.status == 0, r.describe());
+    auto py = run_process({"/usr/bin/python3", "-c",
+                           "import json,sys; d=json.load(sys.stdin); b=d[0]; e=b['environment'];"
+                           "print(len(d), b['id'], b['session'], b['state'], e['base'], "
+                           "e['workdir'], e['memory'] > 0, e['backend'], b['key'])"},
+                          spawn_options{r.out});
+    CHECK_MESSAGE(py.out == "1 " + id + " default running " + tar_base
+                              + " None True container None\n", py.describe() << r.out);
+    auto j = d.dsec({"ps", "--json"});
+    REQUIRE_MESSAGE(j.status == 0, j.describe());
+    py = run_process({"/usr/bin/python3", "-c",
+                      "import json,sys; d=json.load(sys.stdin); print(len(d), d[0]['id'])"},
+                     spawn_options{j.out});
+    CHECK_MESSAGE(py.out == "1 " + id + "\n", py.describe() << j.out);
+    r = d.dsec({"inspect", id, "sb-no-such"});
+    CHECK_MESSAGE(r.status == 1, r.describe());
+    CHECK_MESSAGE(contains(r.err, "no sandbox sb-no-such"), r.describe());
+  }
   auto rows = ps(d);
   REQUIRE(rows.size() == 1);
   CHECK(rows[0].id == id);
@@ -924,7 +945,7 @@ TEST_CASE("remote errors: status, message, and the daemon serves on") {
            {{"run", "--base", tar_base}, "no command given"},
            {{"run", "--base", tar_base, "--hostname", "h", "--", "true"}, "--hostname"},
            {{"run", "--base", tar_base, "--frob", "--", "true"}, "unknown option '--frob'"},
-           {{"run", "--base", tar_base, "--env", "NOEQUALS", "--", "true"}, "--env"}}) {
+           {{"run", "--base", tar_base, "--env", "=NOKEY", "--", "true"}, "--env"}}) {
       auto r = d.dsec_at(at, args);
       std::string what = args.empty() ? std::string{"(no verb)"} : args[0];
       CHECK_MESSAGE(r.status == 2, what << ": " << r.describe());

@@ -28,7 +28,8 @@ Verbs:
   run                   run one command in a fresh sandbox and destroy it
 
 Verbs of a daemon (dsecd), with --connect HOST:PORT before the verb:
-  ps                    list its sandboxes
+  ps                    list its sandboxes (--json)
+  inspect               sandboxes as JSON
   run                   run a command in a fresh sandbox (--detach: leave it running)
   exec                  run a command in an existing sandbox
   cp                    copy files into or out of a sandbox
@@ -148,7 +149,7 @@ int main(int argc, char** argv) {
     std::fputs(usage, stdout);
     return 0;
   }
-  for (const char* d : {"ps", "exec", "cp", "rm", "session", "node", "cluster", "call", "pool",
+  for (const char* d : {"ps", "inspect", "exec", "cp", "rm", "session", "node", "cluster", "call", "pool",
                         "feedback"})
     if (verb == d) {
       std::fprintf(stderr,

@@ -26,7 +26,9 @@ when the command ends; detached sandboxes go to the daemon's "default" session
 end of their session.
 
 Verbs:
-  ps [--session ID]                 list the sandboxes
+  ps [--session ID] [--json]        list the sandboxes
+  inspect ID...                     sandboxes as JSON: environment, limits, state,
+                                    times
   run [OPTIONS] -- CMD [ARGS...]    run CMD in a fresh sandbox; --detach leaves it
                                     running and prints its id
   exec [OPTIONS] ID -- CMD [ARGS...]
@@ -102,6 +104,8 @@ int main(int argc, char** argv) {
     return remote::ps_main(ctx, a);
   if (verb == "rm")
     return remote::rm_main(ctx, a);
+  if (verb == "inspect")
+    return remote::inspect_main(ctx, a);
   if (verb == "exec")
     return remote::exec_main(ctx, a);
   if (verb == "run")

@@ -43,6 +43,7 @@ private:
 
 // The verbs; each returns the exit status.
 int ps_main(context& c, args& a);
+int inspect_main(context& c, args& a); // tools/dsec/remote_VERB.cpp
 int rm_main(context& c, args& a);
 int session_main(context& c, args& a);
 int node_main(context& c, args& a);

@@ -1,5 +1,7 @@
 #include "tools/dsec/remote_common.hpp"
 
+#include "runtime/json.hpp"
+
 #include <caf/actor_system.hpp>
 #include <caf/actor_system_config.hpp>
 
@@ -206,6 +208,36 @@ void note_unsent_stdin(const exec_flags& f) {
     std::fputs("dsec: note: our stdin is not sent to the command without -i (its stdin is "
                "empty)\n",
                stderr);
+}
+
+std::string sandbox_json(const sandbox_info& i) {
+  std::string o = "{\"id\": ";
+  json_string(o, i.id);
+  o += ", \"session\": ";
+  json_string(o, i.session);
+  o += ", \"state\": ";
+  json_string(o, i.state);
+  o += ", \"node\": ";
+  json_string(o, i.node);
+  o += ", \"created_ms\": " + std::to_string(i.created_ms)
+       + ", \"ttl_left_ms\": " + std::to_string(i.ttl_left_ms)
+       + ", \"running\": " + std::to_string(i.running) + ", \"key\": ";
+  if (i.key.empty())
+    o += "null";
+  else
+    json_string(o, i.key);
+  o += ", \"tags\": {";
+  bool first = true;
+  for (const auto& [k, v] : i.tags) {
+    if (!first)
+      o += ", ";
+    first = false;
+    json_string(o, k);
+    o += ": ";
+    json_string(o, v);
+  }
+  o += "}, \"environment\": " + i.env.to_json() + "}";
+  return o;
 }
 
 } // namespace dsec::cli::remote

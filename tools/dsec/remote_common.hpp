@@ -62,6 +62,11 @@ std::string age(uint64_t ms);
 /// An environment's layers: base/workdir/tool,tool... ("-": no workdir).
 std::string layers_of(const environment& env);
 
+/// One sandbox as a JSON object (`inspect`, `ps --json`): id, session, state,
+/// node, created_ms, ttl_left_ms, running, key (null if none), tags, and its
+/// environment (environment::to_json).
+std::string sandbox_json(const sandbox_info& i);
+
 // ---- exec and run --------------------------------------------------------------------
 
 /// The exit status of a command that could not be started, from the daemon's

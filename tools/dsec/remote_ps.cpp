@@ -15,7 +15,7 @@ namespace dsec::cli::remote {
 
 namespace {
 
-const char* ps_usage = R"(usage: dsec --connect HOST:PORT ps [--session ID]
+const char* ps_usage = R"(usage: dsec --connect HOST:PORT ps [--session ID] [--json]
 
 Lists the daemon's sandboxes, oldest first:
   ID           the sandbox id (for exec, cp, rm)
@@ -35,7 +35,9 @@ listed"), and ps exits 1. With --session, its sandboxes there are rows of
 state "no answer" and ps exits 1 too.
 
 Options:
-  --session ID   only the sandboxes of session ID
+  --session ID   only the sandboxes of session ID (or of the session named ID)
+  --json         a JSON array instead of the table, a sandbox a line, each as
+                 `dsec inspect` prints it (times in unix ms, sizes in bytes)
   -h, --help     this text
 
 Exit status: 0 when every node answered; 1 when the daemon reported an error,
@@ -48,10 +50,15 @@ the nodes that did); 2 on a usage error.
 int ps_main(context& ctx, args& a) {
   auto verb = ctx.verb("ps");
   std::string session_id;
+  bool json = false;
   while (!a.empty()) {
     if (a.help()) {
       std::fputs(ps_usage, stdout);
       return 0;
+    }
+    if (a.flag("--json")) {
+      json = true;
+      continue;
     }
     auto got = a.option("--session", session_id);
     if (!got)
@@ -113,7 +120,7 @@ int ps_main(context& ctx, args& a) {
                      n.c_str());
     return silent.empty() && silent_boxes == 0 ? 0 : 1;
   };
-  if (infos->empty()) {
+  if (infos->empty() && !json) {
     std::puts("no sandboxes");
     return tell_silent();
   }
@@ -124,6 +131,13 @@ int ps_main(context& ctx, args& a) {
     auto ky = y.created_ms ? y.created_ms : UINT64_MAX;
     return kx != ky ? kx < ky : x.id < y.id;
   });
+  if (json) {
+    std::fputs("[", stdout);
+    for (size_t k = 0; k < v.size(); ++k)
+      std::printf("%s\n%s", k ? "," : "", sandbox_json(v[k]).c_str());
+    std::fputs(v.empty() ? "]\n" : "\n]\n", stdout);
+    return tell_silent();
+  }
   auto now = unix_ms();
   std::vector<std::vector<std::string>> rows;
   rows.push_back({"ID", "SESSION", "STATE", "ENVIRONMENT", "AGE", "TTL LEFT", "RUNNING", "NODE"});

@@ -1,0 +1,75 @@
+// dsec --connect HOST:PORT inspect ID...: sandboxes as JSON (environment,
+// limits, network, state, times), as ps sees them.
+#include <cstdio>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "tools/dsec/remote.hpp"
+#include "tools/dsec/remote_common.hpp"
+
+namespace dsec::cli::remote {
+
+namespace {
+
+const char* inspect_usage = R"(usage: dsec --connect HOST:PORT inspect ID...
+
+Prints a JSON array with an object for each sandbox ID, in the order given:
+  id, session, state, node     as `ps` shows them
+  created_ms, ttl_left_ms      unix ms when it became ready; ms until its TTL
+  running                      commands running in it now
+  key, tags                    its create's key (null if none) and tags
+  environment                  base, workdir, tools, memory, pids, cpus, disk
+                               (bytes; 0: the node's default was not filled in),
+                               net, ttl_ms, backend, chronus
+
+Exit status: 0 when every ID was found; 1 when one was not (it is named on
+stderr, the others are printed) or the daemon cannot be reached; 2 on a usage
+error.
+)";
+
+} // namespace
+
+int inspect_main(context& ctx, args& a) {
+  auto verb = ctx.verb("inspect");
+  std::vector<std::string> ids;
+  while (!a.empty()) {
+    if (a.help()) {
+      std::fputs(inspect_usage, stdout);
+      return 0;
+    }
+    if (a.at_option())
+      return usage_error(verb, "unknown option '" + std::string{a.peek()} + "'");
+    ids.emplace_back(a.next());
+  }
+  if (ids.empty())
+    return usage_error(verb, "no sandbox id given (inspect ID...)");
+  auto c = ctx.connect();
+  if (!c)
+    return fail(c.error_value());
+  auto all = (*c)->list_all();
+  if (!all)
+    return fail(all.error_value());
+  std::map<std::string, const sandbox_info*> by_id;
+  for (const auto& i : all->sandboxes)
+    by_id[i.id] = &i;
+  int rc = 0;
+  std::string out = "[";
+  bool first = true;
+  for (const auto& id : ids) {
+    auto it = by_id.find(id);
+    if (it == by_id.end()) {
+      std::fprintf(stderr, "dsec: inspect: no sandbox %s%s\n", id.c_str(),
+                   all->missing.empty() ? "" : " (or it is on a node that did not answer)");
+      rc = 1;
+      continue;
+    }
+    out += (first ? "\n" : ",\n") + sandbox_json(*it->second);
+    first = false;
+  }
+  out += first ? "]\n" : "\n]\n";
+  std::fputs(out.c_str(), stdout);
+  return rc;
+}
+
+} // namespace dsec::cli::remote
