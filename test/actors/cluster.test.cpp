@@ -1337,4 +1337,35 @@ TEST_CASE("cluster flags and verbs: clear errors") {
   CHECK(cli.err.find("--coordinator") != std::string::npos);
 }
 
+TEST_CASE("cluster status lists the warm pools of every node") {
+  cluster cl(1);
+  auto took = cl.c->pool(env_of(), 2); // spread over the coordinator's node and node-1
+  REQUIRE_MESSAGE(took, describe(took.error_value()));
+  auto where = "127.0.0.1:" + std::to_string(cl.coord->port);
+  auto status = [&](bool json) {
+    std::vector<std::string> argv{suite::get().dsec_bin(), "--connect", where, "cluster",
+                                  "status"};
+    if (json)
+      argv.emplace_back("--json");
+    return run_process(argv);
+  };
+  proc_result r;
+  CHECK(eventually([&] {
+    r = status(false);
+    return r.status == 0 && r.out.find("POOL ON") != std::string::npos
+           && std::regex_search(r.out, std::regex{"node +" + std::string{tar_base}});
+  }));
+  CHECK_MESSAGE(r.out.find(tar_base) != std::string::npos, r.describe());
+  auto j = status(true);
+  REQUIRE_MESSAGE(j.status == 0, j.describe());
+  auto py = run_process({"/usr/bin/python3", "-c",
+                         "import json,sys; d=json.load(sys.stdin); "
+                         "print(sum(p['target'] for p in d['pools']), "
+                         "{p['environment']['base'] for p in d['pools']} == {'" +
+                           std::string{tar_base} + "'})"},
+                        spawn_options{j.out});
+  CHECK_MESSAGE(py.out == "2 True\n", py.describe() << j.out);
+  REQUIRE(cl.c->pool(env_of(), 0));
+}
+
 } // namespace dsec::test

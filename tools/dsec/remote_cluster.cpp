@@ -24,8 +24,11 @@ Asks a coordinator (dsecd --coordinator) for its cluster, one node per line:
   FREE      slots left, counting what was placed since the heartbeat
   LAYERS    layers in its store (fetched from peers so far)
   CREATED   sandboxes created there since it started
+Then the warm pools (`pool set`, dsecd --pool), one per line: the node it is
+on, its owner (a session id, or "node"), its environment, ready sandboxes of
+its size, and the creates it served.
 With --json: one JSON object with a "nodes" array of the same fields and the
-names of each node's layers.
+names of each node's layers, and a "pools" array.
 
 Options:
   --json       JSON instead of the table
@@ -63,6 +66,10 @@ int cluster_main(context& ctx, args& a) {
   auto nodes = (*c)->cluster();
   if (!nodes)
     return fail(nodes.error_value());
+  // Warm pools, per node: a create that a pool can serve prefers those.
+  auto pools = (*c)->pools();
+  if (!pools)
+    return fail(pools.error_value());
   auto u = [](uint64_t x) { return static_cast<unsigned long long>(x); };
   auto free_of = [](const member_info& m) {
     uint64_t used = uint64_t{m.last.live} + m.placed;
@@ -110,6 +117,20 @@ int cluster_main(context& ctx, args& a) {
       }
       out += "]}";
     }
+    out += "],\"pools\":[";
+    for (size_t i = 0; i < pools->size(); ++i) {
+      const auto& p = (*pools)[i];
+      if (i)
+        out += ',';
+      out += "{\"node\":";
+      json_string(out, p.node);
+      out += ",\"owner\":";
+      json_string(out, p.owner);
+      out += ",\"environment\":" + p.env.to_json();
+      out += ",\"target\":" + std::to_string(p.target) + ",\"ready\":" + std::to_string(p.ready)
+             + ",\"warming\":" + std::to_string(p.warming)
+             + ",\"claimed\":" + std::to_string(p.claimed) + "}";
+    }
     out += "]}\n";
     std::fputs(out.c_str(), stdout);
     return 0;
@@ -132,6 +153,15 @@ int cluster_main(context& ctx, args& a) {
     if (m.state != "up")
       std::printf("%s was lost: %s\n", m.name.c_str(), m.why.c_str());
   std::printf("%zu node%s up\n", up, up == 1 ? "" : "s");
+  if (!pools->empty()) {
+    std::printf("\n%-24s %-10s %-40s %11s %9s\n", "POOL ON", "OWNER", "ENVIRONMENT",
+                "READY/SIZE", "CLAIMED");
+    for (const auto& p : *pools) {
+      auto ready = std::to_string(p.ready) + "/" + std::to_string(p.target);
+      std::printf("%-24s %-10s %-40s %11s %9llu\n", p.node.c_str(), p.owner.c_str(),
+                  layers_of(p.env).c_str(), ready.c_str(), u(p.claimed));
+    }
+  }
   return 0;
 }
 
