@@ -4,12 +4,15 @@
 #include "runtime/oci.hpp"
 
 #include <fcntl.h>
+#include <sched.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
@@ -257,8 +260,8 @@ expected<std::string> file_digest(const std::string& path) {
 namespace {
 
 // Makes one lower of the images `blobs` (lowest first) merged: a read-only
-// overlay of them, detached, read by mkfs.erofs as its working directory in a
-// child process, so nothing is attached anywhere and this process's cwd stays.
+// overlay of them, read by mkfs.erofs in a child process that attaches it in a
+// mount namespace of its own.
 expected<image_lower> flatten(store& st, const std::vector<std::string>& blobs_lowest_first,
                               const std::string& out, const std::string& shown,
                               std::vector<std::string>& skipped) {
@@ -271,9 +274,6 @@ expected<image_lower> flatten(store& st, const std::vector<std::string>& blobs_l
   for (const auto& m : mounts)
     fds.push_back(m.dir_fd());
   DSEC_TRY(view, make_lower_view(fds));
-  unique_fd dir{::openat(view.get(), ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC)};
-  if (!dir)
-    return sys_error("cannot open the merged view of", shown);
   int pipefd[2];
   if (::pipe2(pipefd, O_CLOEXEC) != 0)
     return sys_error("pipe");
@@ -283,12 +283,23 @@ expected<image_lower> flatten(store& st, const std::vector<std::string>& blobs_l
     return sys_error("fork");
   if (pid == 0) {
     rd.reset();
+    // mkfs.erofs wants a path (it takes the realpath of its source), so the
+    // view is attached, in a mount namespace of this child alone that dies
+    // with it: nothing is ever attached where anyone else sees it.
     std::string msg;
-    if (::fchdir(dir.get()) != 0) {
-      msg = "cannot enter the merged view";
-    } else {
+    auto target = out + ".root";
+    if (::unshare(CLONE_NEWNS) != 0)
+      msg = "cannot make a private mount namespace: " + std::string{std::strerror(errno)};
+    else if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0)
+      msg = "cannot make the mounts private: " + std::string{std::strerror(errno)};
+    else if (::mkdir(target.c_str(), 0755) != 0)
+      msg = "cannot create " + target;
+    else if (sys::move_mount(view.get(), "", AT_FDCWD, target.c_str(),
+                             MOVE_MOUNT_F_EMPTY_PATH) != 0)
+      msg = "cannot attach the merged view: " + std::string{std::strerror(errno)};
+    else {
       std::vector<std::string> sk;
-      auto r = st.make_image(".", out, shown, sk);
+      auto r = st.make_image(target, out, shown, sk);
       if (!r)
         msg = r.error_value().to_string();
     }

@@ -17,9 +17,9 @@
 // were not verified (an OCI layer's diff_id) are never keys.
 //
 // When an image has more layers than `max_lowers`, its lowest ones are
-// flattened into one lower: they are mounted as a read-only overlay in a
-// private mount namespace of this process, and that merged tree becomes one
-// image.
+// flattened into one lower: they are mounted as a read-only overlay, attached
+// only in the private mount namespace of a child process, and that merged
+// tree becomes one image.
 //
 // The image config's Env, WorkingDir, User, Entrypoint and Cmd are kept
 // (image_config) in the layer's ref and shown by `dsec layer inspect`.
