@@ -165,24 +165,43 @@ bool port_open(int port) {
 }
 
 // docker-registry on a free loopback port, its storage and config in a temp dir;
-// with `user`, htpasswd (bcrypt) basic auth.
+// with `user`, basic auth (htpasswd, bcrypt) or, with `token`, the bearer-token
+// flow against test/oci/token_server.py.
 struct registry {
   temp_dir dir{suite::get().root(), "registry"};
   int port = free_port();
+  std::unique_ptr<background> tokens;
   std::unique_ptr<background> proc;
   std::string creds;
 
-  explicit registry(const std::string& user = {}, const std::string& password = {}) {
+  explicit registry(const std::string& user = {}, const std::string& password = {},
+                    bool token = false) {
     std::string cfg = "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: "
                       + dir / "storage" + "\nhttp:\n  addr: 127.0.0.1:" + std::to_string(port)
                       + "\n  secret: dsec-test\n";
-    if (!user.empty()) {
+    if (!user.empty() && !token) {
       auto h = run_process({"/usr/bin/htpasswd", "-Bbn", user, password});
       REQUIRE_MESSAGE(h.status == 0, h.describe());
       write_file(dir / "htpasswd", h.out);
       cfg += "auth:\n  htpasswd:\n    realm: dsec-test\n    path: " + dir / "htpasswd" + "\n";
-      creds = user + ":" + password;
     }
+    if (token) {
+      auto k = run_process({"/usr/bin/openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes",
+                            "-keyout", dir / "token.key", "-out", dir / "token.crt", "-days", "2",
+                            "-subj", "/CN=dsec-test-token"});
+      REQUIRE_MESSAGE(k.status == 0, k.describe());
+      tokens = std::make_unique<background>(std::vector<std::string>{
+        "/usr/bin/python3", std::string{DSEC_SOURCE_DIR} + "/test/oci/token_server.py",
+        dir / "token.key", dir / "token.crt", user, password, "dsec-registry", "dsec-issuer"});
+      REQUIRE_MESSAGE(tokens->wait_for_output("\n"), tokens->err());
+      auto tport = tokens->out().substr(tokens->out().find(' ') + 1);
+      tport.resize(tport.find('\n'));
+      cfg += "auth:\n  token:\n    realm: http://127.0.0.1:" + tport
+             + "/token\n    service: dsec-registry\n    issuer: dsec-issuer\n    rootcertbundle: "
+             + dir / "token.crt" + "\n";
+    }
+    if (!user.empty())
+      creds = user + ":" + password;
     write_file(dir / "config.yml", cfg);
     write_file(dir / "policy.json", R"({"default":[{"type":"insecureAcceptAnything"}]})");
     proc = std::make_unique<background>(
@@ -542,4 +561,32 @@ TEST_CASE("pull: a registry with htpasswd auth refuses missing and wrong credent
   REQUIRE_MESSAGE(r.status == 0, r.describe());
   CHECK(s.run({"--base", "priv@1"}, {"cat", "/data/keep"}).out == "kept\n");
   s.dsec({"layer", "rm", "priv@1"});
+}
+
+TEST_CASE("pull: a registry with bearer tokens (its token service checks the credentials)" *
+          skip_unless(have_registry_tools() && have("openssl"),
+                      "needs docker-registry, skopeo, python3 (with cryptography) and openssl")) {
+  auto& s = suite::get();
+  auto work = s.scratch();
+  registry reg{"bob", "t0ken-pass", true};
+  auto layout = work / "layout";
+  make_layout(layout, json::array({{{"tag", "t"}, {"layers", json::array({busybox_layer(), lower_data()})}}}));
+  reg.push(layout, "t", "private/tok:t");
+  auto url = "http://" + reg.host() + "/private/tok:t";
+  auto snap = s.store_snapshot();
+
+  auto r = s.dsec({"layer", "pull", "--as", "tok@1", url});
+  CHECK(r.status == 1);
+  CHECK_MESSAGE(r.err.find("refused the credentials (none were given") != std::string::npos, r.err);
+  r = s.dsec({"layer", "pull", "--as", "tok@1", "--creds", "bob:wrong", url});
+  CHECK(r.status == 1);
+  CHECK_MESSAGE(r.err.find("refused the credentials of bob") != std::string::npos, r.err);
+  CHECK(s.store_snapshot() == snap);
+
+  // $DSEC_REGISTRY_CREDS works as --creds does.
+  r = s.dsec({"layer", "pull", "--as", "tok@1", url},
+             spawn_options{.in_child = [] { ::setenv("DSEC_REGISTRY_CREDS", "bob:t0ken-pass", 1); }});
+  REQUIRE_MESSAGE(r.status == 0, r.describe());
+  CHECK(s.run({"--base", "tok@1"}, {"cat", "/data/keep"}).out == "kept\n");
+  s.dsec({"layer", "rm", "tok@1"});
 }
