@@ -7,6 +7,7 @@
 #include <doctest/doctest.h>
 
 #include <arpa/inet.h>
+#include <signal.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -57,7 +58,7 @@ json busybox_layer(const std::string& tag = {}) {
   e.push_back({{"name", "bin/busybox"}, {"type", "file"}, {"source", "/bin/busybox"},
                {"mode", 0755}});
   for (const char* a : {"sh", "ls", "cat", "find", "sort", "id", "pwd", "echo", "test", "stat",
-                        "readlink", "wc"})
+                        "readlink", "wc", "sleep"})
     e.push_back({{"name", std::string{"bin/"} + a}, {"type", "symlink"}, {"target", "busybox"}});
   e.push_back({{"name", "etc"}, {"type", "dir"}});
   e.push_back({{"name", "etc/passwd"},
@@ -589,4 +590,51 @@ TEST_CASE("pull: a registry with bearer tokens (its token service checks the cre
   REQUIRE_MESSAGE(r.status == 0, r.describe());
   CHECK(s.run({"--base", "tok@1"}, {"cat", "/data/keep"}).out == "kept\n");
   s.dsec({"layer", "rm", "tok@1"});
+}
+
+TEST_CASE("a daemon mounts each image layer once for every sandbox of every image that has it" *
+          skip_unless(have("python3"), "needs python3")) {
+  auto& s = suite::get();
+  auto work = s.scratch();
+  auto layout = work / "layout";
+  make_layout(layout, json::array({
+    {{"tag", "a"}, {"layers", json::array({busybox_layer("daemon"), lower_data(), upper_data()})}},
+    {{"tag", "b"}, {"layers", json::array({busybox_layer("daemon"), lower_data(),
+                                           layer(json::array({file("data/b-only", "b\n")}))})}},
+  }));
+  for (auto [ref, tag] : {std::pair{"da@1", "a"}, std::pair{"db@1", "b"}}) {
+    auto r = s.dsec({"layer", "import", ref, "oci:" + layout + ":" + tag});
+    REQUIRE_MESSAGE(r.status == 0, r.describe());
+  }
+  background daemon{{env_path("DSECD_BIN"), "--listen", "127.0.0.1:0", "--state", s.state(),
+                     "--slots", "8"}};
+  REQUIRE_MESSAGE(daemon.wait_for_output("\n"), daemon.err());
+  auto addr = daemon.out().substr(daemon.out().find("listening on ") + 13);
+  addr.resize(addr.find(' '));
+  auto mounted = [&] {
+    auto r = s.dsec({"--connect", addr, "node", "stats"});
+    REQUIRE_MESSAGE(r.status == 0, r.describe());
+    auto at = r.out.find("layers mounted");
+    REQUIRE(at != std::string::npos);
+    return std::stoi(r.out.substr(r.out.find_first_of("0123456789", at)));
+  };
+  std::vector<std::string> ids;
+  for (const char* base : {"da@1", "da@1", "db@1"}) {
+    auto r = s.dsec({"--connect", addr, "run", "--detach", "--base", base, "--", "sleep", "600"});
+    REQUIRE_MESSAGE(r.status == 0, r.describe());
+    ids.push_back(lines_of(r.out).at(0));
+  }
+  // da has 3 lowers, db 3 of which 2 are da's: 4 mounts for 3 sandboxes.
+  CHECK(mounted() == 4);
+  auto r = s.dsec({"--connect", addr, "exec", ids[0], "--", "sh", "-c",
+                   "cat /data/added /data/keep; test -e /data/gone || echo no-gone"});
+  CHECK(r.out == "added\nkept\nno-gone\n");
+  r = s.dsec({"--connect", addr, "exec", ids[2], "--", "cat", "/data/b-only", "/data/gone"});
+  CHECK(r.out == "b\ngone\n");
+  for (const auto& id : ids)
+    s.dsec({"--connect", addr, "rm", id});
+  daemon.kill(SIGTERM);
+  daemon.wait();
+  s.dsec({"layer", "rm", "da@1"});
+  s.dsec({"layer", "rm", "db@1"});
 }
