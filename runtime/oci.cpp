@@ -5,6 +5,7 @@
 
 #include <fcntl.h>
 #include <sched.h>
+#include <sys/mman.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -526,11 +527,40 @@ expected<build_result> import_docker_archive(store& st, const layer_ref& ref,
   if (!dfd)
     return sys_error("cannot open", scratch.path());
   {
-    DSEC_TRY(text, read_small(file, uint64_t{64} << 30));
-    DSEC_TRY(u, untar_beneath(dfd.get(), scratch.path(), text, 022));
-    (void) u;
+    // Mapped, not read: an archive holds the whole image.
+    unique_fd afd{sys::retry([&] { return ::open(file.c_str(), O_RDONLY | O_CLOEXEC); })};
+    if (!afd) {
+      auto e = errno == ENOENT ? make_error(errc::not_found, file + " does not exist")
+                               : sys_error("cannot open", file);
+      e.path = file;
+      return e;
+    }
+    struct stat sb{};
+    if (::fstat(afd.get(), &sb) != 0)
+      return sys_error("cannot stat", file);
+    if (!S_ISREG(sb.st_mode) || sb.st_size == 0)
+      return make_error(errc::invalid_argument, file + " is not a docker archive (a tar file)");
+    void* map = ::mmap(nullptr, static_cast<size_t>(sb.st_size), PROT_READ, MAP_PRIVATE,
+                       afd.get(), 0);
+    if (map == MAP_FAILED)
+      return sys_error("cannot map", file);
+    auto u = untar_beneath(dfd.get(), scratch.path(),
+                           std::string_view{static_cast<const char*>(map),
+                                            static_cast<size_t>(sb.st_size)},
+                           022);
+    ::munmap(map, static_cast<size_t>(sb.st_size));
+    if (!u)
+      return std::move(u).error_value();
   }
-  const auto dir = scratch.path();
+  const auto dir = canonical(scratch.path());
+  // Every file the manifest names must be the archive's own: a symbolic link
+  // in the archive must not make dsec read a host file as a layer.
+  auto inside = [&](const std::string& rel) -> expected<std::string> {
+    auto path = canonical(dir + "/" + rel);
+    if (path.rfind(dir + "/", 0) != 0)
+      return bad(file, "manifest.json names '" + rel + "', which is not inside the archive");
+    return path;
+  };
   DSEC_TRY(mtext, read_small(dir + "/manifest.json"));
   auto j = json::parse(mtext, nullptr, false);
   if (j.is_discarded() || !j.is_array() || j.empty() || !j[0].is_object())
@@ -543,7 +573,8 @@ expected<build_result> import_docker_archive(store& st, const layer_ref& ref,
   for (const auto* p : {&config_path})
     if (p->find("..") != std::string::npos || p->front() == '/')
       return bad(file, "manifest.json names '" + *p + "' outside the archive");
-  DSEC_TRY(ctext, read_small(dir + "/" + config_path));
+  DSEC_TRY(config_file, inside(config_path));
+  DSEC_TRY(ctext, read_small(config_file));
   DSEC_TRY(cfg, parse_config(ctext, file + ": " + config_path));
   if (cfg.diff_ids.size() != layer_paths.size())
     return bad(file, "the config has " + std::to_string(cfg.diff_ids.size())
@@ -556,7 +587,8 @@ expected<build_result> import_docker_archive(store& st, const layer_ref& ref,
     if (!digest_ok(cfg.diff_ids[i]))
       return bad(file, "bad diff_id '" + cfg.diff_ids[i].substr(0, 80) + "'");
     // A docker-archive's layers are the uncompressed tars the diff_ids name.
-    layers.push_back({dir + "/" + p, cfg.diff_ids[i], "docker layer.tar", file + ":" + p});
+    DSEC_TRY(path, inside(p));
+    layers.push_back({path, cfg.diff_ids[i], "docker layer.tar", file + ":" + p});
   }
   sha256 h;
   h.update(ctext.data(), ctext.size());

@@ -4,11 +4,16 @@
 //                              build, rm), LOCK_SH while a lease is taken or refs are read
 //   STATE/blobs/sha256/<hex>   EROFS images, mode 0444, named by the digest of their bytes
 //   STATE/refs/NAME@VERSION    one small text file per layer (kind=, digest=, size=,
-//                              created=, source=); a lease is a LOCK_SH on this file
+//                              created=, source=; an OCI image adds lower=, one per
+//                              image layer, config= and manifest=); a lease is a
+//                              LOCK_SH on this file
 //   STATE/tmp/                 staging; each build (and each import being fetched) owns
 //                              one locked entry, entries whose owner died are removed
 //                              by open()
 //   STATE/system/              the dsec system layer image (system-vN.erofs)
+//   STATE/oci/tars/<hex>       OCI images: which stored lower a layer tar became
+//   STATE/oci/downloads/       OCI images: layer tars a pull fetched, until it commits
+//                              (docs/images.md; store_image.cpp, runtime/oci.hpp)
 //
 // Layers are immutable: a NAME@VERSION is built once and only ever removed. Two layers
 // with the same bytes share one blob. Every operation either completes or leaves the
