@@ -3,12 +3,14 @@
 
 #include <curl/curl.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -519,6 +521,16 @@ expected<pull_result> pull(store& st, const reference& ref, const layer_ref& as,
   fs::create_directories(downloads, ec);
   if (ec)
     return sys_error("cannot create", downloads, ec.value());
+  // What a pull killed mid-layer left: its .part-PID file, once PID is gone.
+  for (const auto& e : fs::directory_iterator(downloads, ec)) {
+    auto name = e.path().filename().string();
+    auto dot = name.find(".part-");
+    if (dot == std::string::npos)
+      continue;
+    auto pid = std::atol(name.c_str() + dot + 6);
+    if (pid > 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH)
+      fs::remove(e.path(), ec);
+  }
   std::vector<oci::layer_source> layers;
   std::vector<std::string> fetched_files;
   for (size_t i = 0; i < man.layers.size(); ++i) {

@@ -528,13 +528,16 @@ TEST_CASE("pull: a corrupt blob stores nothing; the next pull reuses the layers 
     kept.insert("sha256:" + e.path().filename().string());
   CHECK(kept == std::set<std::string>{words[3], words[4]});
 
-  // Fixed: the pull fetches only the missing layer.
+  // Fixed: the pull fetches only the missing layer. (A pull killed mid-layer
+  // left a .part file: its pid is above any pid_max, so it is gone.)
   write_file(blob, good);
+  write_file(s.state() + "/oci/downloads/" + words[5].substr(7) + ".part-4194305", "partial");
   r = s.dsec({"layer", "pull", "--as", "corrupt@1", "http://" + reg.host() + "/test/corrupt:c"});
   REQUIRE_MESSAGE(r.status == 0, r.describe());
   CHECK(r.out.find("1 blobs fetched") != std::string::npos);
   CHECK(r.out.find("2 from an earlier pull") != std::string::npos);
   CHECK(s.run({"--base", "corrupt@1"}, {"cat", "/data/top"}).out == "top\n");
+  CHECK(fs::is_empty(s.state() + "/oci/downloads"));
   s.dsec({"layer", "rm", "corrupt@1"});
 }
 
