@@ -7,6 +7,8 @@
 #include <caf/typed_event_based_actor.hpp>
 #include <caf/typed_response_promise.hpp>
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <chrono>
 #include <map>
@@ -54,7 +56,7 @@ struct layer_cache_state {
 
   struct ref_entry {
     layer_kind kind;
-    std::string digest;
+    std::vector<std::string> digests; // topmost first: more than one for an OCI image
     std::optional<layer_lease> lease; // held while users > 0
     uint32_t users = 0;
   };
@@ -132,7 +134,7 @@ struct layer_cache_state {
       DSEC_TRY(l, eng->layers().lease(parsed));
       auto& e = refs[text];
       e.kind = l.info().kind;
-      e.digest = l.info().digest;
+      e.digests = l.info().digests();
       e.lease.emplace(std::move(l));
       it = refs.find(text);
     }
@@ -154,15 +156,15 @@ struct layer_cache_state {
       it->second.lease.reset(); // `layer rm` may remove it now
   }
 
-  // Mounts (or finds) a digest's image and takes a reference.
-  expected<int> use_mount(const std::string& digest, const std::string& ref) {
+  // Mounts (or finds) the image `path` of `digest` and takes a reference.
+  expected<int> use_mount(const std::string& digest, const std::string& path) {
     auto it = mounts.find(digest);
     if (it == mounts.end()) {
-      const auto& e = refs[ref];
-      DSEC_TRY(m, layer_mount::open(e.lease->blob_path(), eng->userns_fd()));
+      DSEC_TRY(m, layer_mount::open(path, eng->userns_fd()));
       mounted mm;
       mm.mnt = std::make_unique<layer_mount>(std::move(m));
-      mm.bytes = e.lease->info().size;
+      struct stat st{};
+      mm.bytes = ::stat(path.c_str(), &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0;
       bytes += mm.bytes;
       it = mounts.emplace(digest, std::move(mm)).first;
     }
@@ -218,13 +220,17 @@ struct layer_cache_state {
         return std::move(e).error_value();
       }
       le.refs.push_back(text);
-      auto fd = use_mount((*e)->digest, text);
-      if (!fd) {
-        undo();
-        return std::move(fd).error_value().in_step("mount_layers");
+      // Each of the layer's images (an OCI image has several), topmost first.
+      const auto& paths = (*e)->lease->blob_paths();
+      for (size_t i = 0; i < (*e)->digests.size() && i < paths.size(); ++i) {
+        auto fd = use_mount((*e)->digests[i], paths[i]);
+        if (!fd) {
+          undo();
+          return std::move(fd).error_value().in_step("mount_layers");
+        }
+        le.digests.push_back((*e)->digests[i]);
+        out.fds.push_back(*fd);
       }
-      le.digests.push_back((*e)->digest);
-      out.fds.push_back(*fd);
     }
     out.lease = next_lease++;
     leases.emplace(out.lease, std::move(le));

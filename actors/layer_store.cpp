@@ -61,6 +61,13 @@ struct layer_store_state {
   expected<layer_meta> describe(const std::string& text) const {
     DSEC_TRY(ref, parse_layer_ref(text));
     DSEC_TRY(info, st->find(ref));
+    // An OCI image (several lowers) does not travel yet: layer_meta names one image.
+    if (info.lowers.size() > 1)
+      return make_error(errc::unsupported,
+                        "layer " + text + " is an OCI image of "
+                          + std::to_string(info.lowers.size())
+                          + " lowers: nodes cannot fetch images from a layer source yet "
+                            "(pull or import it on each node)");
     layer_meta m;
     m.ref = info.ref.to_string();
     m.kind = to_string(info.kind);

@@ -31,6 +31,28 @@ using namespace store_detail;
 
 namespace store_detail {
 
+expected<void> write_ref(const std::string& dir, const std::string& staging,
+                         const layer_info& info) {
+  auto ref_file = ref_path(dir, info.ref);
+  auto tmp_ref = join(staging, "ref");
+  unique_fd fd{sys::retry([&] {
+    return ::open(tmp_ref.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  })};
+  if (!fd)
+    return sys_error("cannot create", tmp_ref);
+  DSEC_TRY_VOID(write_all(fd.get(), format_ref(info), tmp_ref));
+  if (::fsync(fd.get()) != 0)
+    return sys_error("cannot sync", tmp_ref);
+  fd.reset();
+  if (rename_noreplace(tmp_ref, ref_file) != 0)
+    return sys_error("cannot commit layer ref", ref_file);
+  if (auto r = fsync_dir(refs_dir(dir)); !r) {
+    ::unlink(ref_file.c_str());
+    return r;
+  }
+  return {};
+}
+
 expected<bool> commit_layer(const std::string& dir, const std::string& staging,
                             const std::string& image, const layer_info& info) {
   const auto& blob = info.blob_path;
@@ -46,26 +68,7 @@ expected<bool> commit_layer(const std::string& dir, const std::string& staging,
   }
 
   // From here a failure must take the new blob away again.
-  auto ref_file = ref_path(dir, info.ref);
-  auto commit_ref = [&]() -> expected<void> {
-    auto tmp_ref = join(staging, "ref");
-    unique_fd fd{sys::retry([&] {
-      return ::open(tmp_ref.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    })};
-    if (!fd)
-      return sys_error("cannot create", tmp_ref);
-    DSEC_TRY_VOID(write_all(fd.get(), format_ref(info), tmp_ref));
-    if (::fsync(fd.get()) != 0)
-      return sys_error("cannot sync", tmp_ref);
-    fd.reset();
-    if (rename_noreplace(tmp_ref, ref_file) != 0)
-      return sys_error("cannot commit layer ref", ref_file);
-    if (auto r = fsync_dir(refs_dir(dir)); !r) {
-      ::unlink(ref_file.c_str());
-      return r;
-    }
-    return {};
-  };
+  auto commit_ref = [&] { return write_ref(dir, staging, info); };
   if (auto r = commit_ref(); !r) {
     if (added_blob)
       ::unlink(blob.c_str());

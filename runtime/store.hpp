@@ -4,11 +4,16 @@
 //                              build, rm), LOCK_SH while a lease is taken or refs are read
 //   STATE/blobs/sha256/<hex>   EROFS images, mode 0444, named by the digest of their bytes
 //   STATE/refs/NAME@VERSION    one small text file per layer (kind=, digest=, size=,
-//                              created=, source=); a lease is a LOCK_SH on this file
+//                              created=, source=; an OCI image adds lower=, one per
+//                              image layer, config= and manifest=); a lease is a
+//                              LOCK_SH on this file
 //   STATE/tmp/                 staging; each build (and each import being fetched) owns
 //                              one locked entry, entries whose owner died are removed
 //                              by open()
 //   STATE/system/              the dsec system layer image (system-vN.erofs)
+//   STATE/oci/tars/<hex>       OCI images: which stored lower a layer tar became
+//   STATE/oci/downloads/       OCI images: layer tars a pull fetched, until it commits
+//                              (docs/images.md; store_image.cpp, runtime/oci.hpp)
 //
 // Layers are immutable: a NAME@VERSION is built once and only ever removed. Two layers
 // with the same bytes share one blob. Every operation either completes or leaves the
@@ -17,6 +22,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -37,6 +43,23 @@ struct layer_info {
   int64_t created = 0;   ///< unix seconds when the ref was committed
   std::string source;    ///< the absolute SRC path the layer was built from
   std::string blob_path; ///< STATE/blobs/sha256/<hex>: the EROFS image to mount
+
+  // ---- an OCI image (runtime/oci.hpp; empty for every other layer) ----
+  /// The image's layers as EROFS blob digests, topmost first (lowers[0] ==
+  /// digest): a base made of several lowers. Empty: the one image `digest`.
+  std::vector<std::string> lowers;
+  /// blob_path of each of digests(), topmost first.
+  std::vector<std::string> blob_paths;
+  /// The image config dsec keeps (runtime/oci.hpp image_config::to_json):
+  /// one line of JSON, or empty.
+  std::string config;
+  /// The image's manifest digest ("sha256:..."), or empty.
+  std::string manifest;
+
+  /// Every blob this layer is made of, topmost first: `lowers`, else {digest}.
+  [[nodiscard]] std::vector<std::string> digests() const {
+    return lowers.empty() ? std::vector<std::string>{digest} : lowers;
+  }
 };
 
 /// How build() makes the image.
@@ -77,6 +100,10 @@ public:
   [[nodiscard]] const layer_info& info() const noexcept { return info_; }
   /// The EROFS image to mount.
   [[nodiscard]] const std::string& blob_path() const noexcept { return info_.blob_path; }
+  /// Every EROFS image to mount, topmost first (more than one for an OCI image).
+  [[nodiscard]] const std::vector<std::string>& blob_paths() const noexcept {
+    return info_.blob_paths;
+  }
   /// False only for a moved-from lease.
   explicit operator bool() const noexcept { return static_cast<bool>(fd_); }
 
@@ -131,6 +158,41 @@ private:
   struct impl;
   explicit staged_file(std::unique_ptr<impl> i) noexcept;
   std::unique_ptr<impl> impl_;
+};
+
+// ---- OCI images (store_image.cpp; runtime/oci.hpp makes them) ----------------
+
+/// A private working directory in STATE/tmp, locked like a build's staging
+/// dir: removed with its contents on destruction, or by the next
+/// store::open() when its process died.
+class scratch_dir {
+public:
+  scratch_dir(scratch_dir&&) noexcept;
+  scratch_dir& operator=(scratch_dir&&) noexcept;
+  scratch_dir(const scratch_dir&) = delete;
+  scratch_dir& operator=(const scratch_dir&) = delete;
+  ~scratch_dir();
+
+  [[nodiscard]] const std::string& path() const noexcept;
+
+private:
+  friend class store;
+  struct impl;
+  explicit scratch_dir(std::unique_ptr<impl> i) noexcept;
+  std::unique_ptr<impl> impl_;
+};
+
+/// One lower of an image for store::commit_image().
+struct image_lower {
+  std::string digest;   ///< sha256 of the EROFS image
+  uint64_t size = 0;    ///< its bytes
+  /// The new image (store::make_image's output, in a scratch_dir), or empty
+  /// when the blob is already stored.
+  std::string image;
+  /// The digests of the layer tars this lower was made from (the registry's
+  /// blob digest, the config's diff_id): store::image_lower_for() finds it
+  /// by them afterwards. Empty for a flattened lower.
+  std::vector<std::string> tar_digests;
 };
 
 /// A handle on a store directory. Cheap to copy: all state lives on disk, and
@@ -208,6 +270,34 @@ public:
   /// else `chronus` beside this program (or ../tools/, ../libexec/dsec/), else
   /// the installed one.
   static expected<std::string> find_chronus();
+
+  // ---- OCI images (store_image.cpp) ----
+
+  /// A new scratch_dir in STATE/tmp (`prefix`: letters, digits, '-', '_').
+  [[nodiscard]] expected<scratch_dir> scratch(std::string_view prefix) const;
+
+  /// Makes the deterministic EROFS image of the directory `tree` at `out` as
+  /// build() does (same mkfs.erofs options; device nodes but whiteouts and
+  /// sockets left out, named in `skipped`); `subject` names the source in
+  /// errors. Returns its digest and size (image_lower::image is `out`).
+  [[nodiscard]] expected<image_lower> make_image(const std::string& tree,
+                                                 const std::string& out,
+                                                 const std::string& subject,
+                                                 std::vector<std::string>& skipped) const;
+
+  /// The stored lower made from the layer tar with digest `tar_digest`
+  /// (STATE/oci/tars/<hex>, written by commit_image), when its blob is still
+  /// stored; nothing otherwise.
+  [[nodiscard]] std::optional<image_lower> image_lower_for(std::string_view tar_digest) const;
+
+  /// Commits base layer `ref` made of `lowers` (topmost first): each new
+  /// image becomes a blob (shared when one with its digest is stored), then
+  /// the ref names them all (layer_info::lowers), with `config` (one line of
+  /// JSON), `manifest` and `source`; then the tar index. Under LOCK_EX; the
+  /// ref existing is already_exists; a failure leaves the store as it was.
+  expected<import_result> commit_image(const layer_ref& ref, std::vector<image_lower> lowers,
+                                       const std::string& config, const std::string& manifest,
+                                       const std::string& source);
 
   /// The absolute state directory.
   [[nodiscard]] const std::string& dir() const noexcept { return dir_; }

@@ -11,6 +11,8 @@
 //                     the natural order; list, find, lease, remove
 //   store_system.cpp  the system layer (/dev, mount points, the chronus client)
 //   store_import.cpp  staged files and import (a layer made elsewhere), open_blob
+//   store_image.cpp   OCI images: scratch dirs, a layer tree's image, the tar index,
+//                     committing a base of several lowers
 #pragma once
 
 #include <string>
@@ -154,6 +156,11 @@ error malformed_digest(std::string_view digest, std::string_view what);
 /// store's LOCK_EX and checked that the ref does not exist. A failure leaves
 /// nothing new: a blob this call added is removed again. Returns true when the
 /// blob was already stored (then shared, and `image` left where it is).
+/// Writes the ref file of info (through a temp file in `staging`), durably;
+/// the caller holds LOCK_EX and checked that the ref does not exist.
+expected<void> write_ref(const std::string& dir, const std::string& staging,
+                         const layer_info& info);
+
 expected<bool> commit_layer(const std::string& dir, const std::string& staging,
                             const std::string& image, const layer_info& info);
 

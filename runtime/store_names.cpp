@@ -109,6 +109,13 @@ std::string format_ref(const layer_info& info) {
   out += "size=" + std::to_string(info.size) + '\n';
   out += "created=" + std::to_string(info.created) + '\n';
   out += "source=" + info.source + '\n';
+  // An OCI image (store_image.cpp): its lowers, topmost first, and its config.
+  for (const auto& d : info.lowers)
+    out += "lower=" + d + '\n';
+  if (!info.config.empty())
+    out += "config=" + info.config + '\n';
+  if (!info.manifest.empty())
+    out += "manifest=" + info.manifest + '\n';
   return out;
 }
 
@@ -153,6 +160,14 @@ expected<layer_info> parse_ref(std::string_view text, const layer_ref& ref,
       has_created = true;
     } else if (key == "source") {
       info.source = value;
+    } else if (key == "lower") {
+      if (!valid_digest(value))
+        return corrupt("bad lower '" + std::string{value} + "'");
+      info.lowers.emplace_back(value);
+    } else if (key == "config") {
+      info.config = value;
+    } else if (key == "manifest") {
+      info.manifest = value;
     }
     // Unknown keys are skipped: a newer dsec may add fields.
   }
@@ -164,7 +179,11 @@ expected<layer_info> parse_ref(std::string_view text, const layer_ref& ref,
     return corrupt("no size");
   if (!has_created)
     return corrupt("no created");
+  if (!info.lowers.empty() && info.lowers.front() != info.digest)
+    return corrupt("its first lower is not its digest");
   info.blob_path = blob_path_of(dir, info.digest);
+  for (const auto& d : info.digests())
+    info.blob_paths.push_back(blob_path_of(dir, d));
   return info;
 }
 
@@ -249,14 +268,15 @@ expected<layer_lease> store::lease(const layer_ref& ref) const {
     return sys_error("cannot lock", path);
   DSEC_TRY(text, read_all(fd.get(), path));
   DSEC_TRY(info, parse_ref(text, ref, path, dir_));
-  // A lease is a promise that the image can be mounted; check it is there.
-  if (::access(info.blob_path.c_str(), R_OK) != 0) {
-    auto e = make_error(errc::system_error, "the image of layer " + ref.to_string()
-                                              + " is missing (" + info.blob_path + ")");
-    e.path = info.blob_path;
-    e.sys_errno = errno;
-    return e;
-  }
+  // A lease is a promise that the images can be mounted; check they are there.
+  for (const auto& blob : info.blob_paths)
+    if (::access(blob.c_str(), R_OK) != 0) {
+      auto e = make_error(errc::system_error, "the image of layer " + ref.to_string()
+                                                + " is missing (" + blob + ")");
+      e.path = blob;
+      e.sys_errno = errno;
+      return e;
+    }
   return layer_lease{std::move(fd), std::move(info)};
 }
 
@@ -285,16 +305,25 @@ expected<void> store::remove(const layer_ref& ref) {
 
   // Delete the blob only when no other ref names it. If any other ref cannot be
   // read we cannot prove that, and keep it.
+  // (An OCI image's lowers count too: each goes only when no ref has it.)
   auto others = read_all_refs(dir_);
   if (!others)
     return {};
-  for (const auto& other : *others)
-    if (other.digest == info->digest)
-      return {};
-  if (::unlink(info->blob_path.c_str()) != 0 && errno != ENOENT)
-    return sys_error("removed " + ref.to_string() + " but cannot remove its image",
-                     info->blob_path);
-  DSEC_TRY_VOID(fsync_dir(blobs_dir(dir_)));
+  bool removed = false;
+  for (const auto& d : info->digests()) {
+    bool shared = false;
+    for (const auto& other : *others)
+      for (const auto& od : other.digests())
+        shared = shared || od == d;
+    if (shared)
+      continue;
+    auto blob = blob_path_of(dir_, d);
+    if (::unlink(blob.c_str()) != 0 && errno != ENOENT)
+      return sys_error("removed " + ref.to_string() + " but cannot remove its image", blob);
+    removed = true;
+  }
+  if (removed)
+    DSEC_TRY_VOID(fsync_dir(blobs_dir(dir_)));
   return {};
 }
 

@@ -1,12 +1,20 @@
-// dsec layer build | ls | rm: the command line over dsec::store.
+// dsec layer build | ls | rm | inspect: the command line over dsec::store;
+// import and pull (OCI images) run dsec-oci (tools/dsec_oci.cpp).
+#include <limits.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
 #include <cstdio>
 #include <ctime>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "runtime/layer.hpp"
 #include "runtime/store.hpp"
@@ -45,6 +53,12 @@ void print_layer_help(const std::string& state) {
     "                      build a layer from a directory or a tar archive\n"
     "  ls                  list the layers in the store\n"
     "  rm NAME@VERSION     remove a layer\n"
+    "  import NAME@VERSION oci:DIR[:TAG] | docker-archive:FILE\n"
+    "                      make a base layer of a container image on disk\n"
+    "  pull REF [--as NAME@VERSION]\n"
+    "                      make a base layer of an image from a registry\n"
+    "  inspect NAME@VERSION\n"
+    "                      show a layer: its images (an image's lowers) and config\n"
     "\n"
     "The store lives in the state directory: the global --state DIR, else\n"
     "$DSEC_STATE, else /var/lib/dsec (now: %s).\n"
@@ -286,6 +300,96 @@ int rm_verb(const global_options& g, args& a) {
   return 0;
 }
 
+void print_inspect_help() {
+  std::printf(
+    "Usage: dsec [--state DIR] layer inspect NAME@VERSION\n"
+    "\n"
+    "Shows one layer: kind, size, digest, source, creation time; for an OCI image\n"
+    "(dsec layer import | pull) its manifest digest, its lowers (EROFS images,\n"
+    "topmost first) and its config (Env, WorkingDir, User, Entrypoint, Cmd), which\n"
+    "'dsec run' uses as its command's defaults.\n");
+}
+
+int inspect_verb(const global_options& g, args& a) {
+  constexpr std::string_view verb = "layer inspect";
+  std::vector<std::string> positional;
+  if (int rc = parse_verb_args(verb, a, {}, print_inspect_help, positional); rc >= 0)
+    return rc;
+  if (positional.size() != 1)
+    return usage_error(verb, positional.empty() ? "missing NAME@VERSION"
+                                                : "unexpected argument '" + positional[1] + "'");
+  auto ref = parse_layer_ref(positional[0]);
+  if (!ref)
+    return usage_error(verb, ref.error_value().message);
+  auto st = open_existing(g);
+  if (!st)
+    return fail(st.error_value());
+  auto info = st->find(*ref);
+  if (!info)
+    return fail(info.error_value());
+  std::printf("layer:    %s\nkind:     %s\nsize:     %s\ndigest:   %s\ncreated:  %s\nsource:   %s\n",
+              info->ref.to_string().c_str(), to_string(info->kind),
+              format_size(info->size).c_str(), info->digest.c_str(),
+              iso_time(info->created).c_str(), info->source.c_str());
+  if (!info->manifest.empty())
+    std::printf("manifest: %s\n", info->manifest.c_str());
+  if (!info->lowers.empty()) {
+    std::printf("lowers:   %zu (topmost first)\n", info->lowers.size());
+    for (const auto& d : info->lowers)
+      std::printf("  %s\n", d.c_str());
+  }
+  if (!info->config.empty()) {
+    auto j = nlohmann::json::parse(info->config, nullptr, false);
+    if (j.is_discarded() || !j.is_object())
+      std::printf("config:   %s\n", info->config.c_str());
+    else
+      std::printf("config:\n%s\n",
+                  j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+  }
+  return 0;
+}
+
+// import and pull: dsec-oci, beside this binary, else $DSEC_OCI, else installed.
+int hand_over_oci(const global_options& g, std::string_view verb, args& a) {
+  std::string beside;
+  char self[PATH_MAX];
+  if (auto n = ::readlink("/proc/self/exe", self, sizeof self - 1); n > 0) {
+    self[n] = '\0';
+    beside = self;
+    beside.resize(beside.rfind('/') + 1);
+    beside += "dsec-oci";
+  }
+  auto runnable = [](const std::string& p) {
+    struct stat sb{};
+    return ::stat(p.c_str(), &sb) == 0 && S_ISREG(sb.st_mode) && ::access(p.c_str(), X_OK) == 0;
+  };
+  std::string path;
+  const char* env = std::getenv("DSEC_OCI");
+  if (!beside.empty() && runnable(beside))
+    path = beside;
+  else if (env && *env)
+    path = env;
+  else if (runnable(DSEC_LIBEXECDIR "/dsec-oci"))
+    path = DSEC_LIBEXECDIR "/dsec-oci";
+  if (path.empty()) {
+    std::fprintf(stderr, "dsec: layer %s needs dsec-oci, which was not found beside dsec, "
+                         "$DSEC_OCI is not set, and not in " DSEC_LIBEXECDIR "\n",
+                 std::string{verb}.c_str());
+    return 1;
+  }
+  std::vector<std::string> words{path, "--state", state_of(g), "layer", std::string{verb}};
+  while (!a.empty())
+    words.emplace_back(a.next());
+  std::vector<char*> argv;
+  for (auto& w : words)
+    argv.push_back(w.data());
+  argv.push_back(nullptr);
+  ::execv(path.c_str(), argv.data());
+  std::fprintf(stderr, "dsec: layer %s: cannot run %s: %s\n", std::string{verb}.c_str(),
+               path.c_str(), std::strerror(errno));
+  return 1;
+}
+
 } // namespace
 
 int layer_main(const global_options& g, args& a) {
@@ -294,7 +398,7 @@ int layer_main(const global_options& g, args& a) {
     return 0;
   }
   if (a.empty())
-    return usage_error("layer", "missing verb (build, ls or rm)");
+    return usage_error("layer", "missing verb (build, ls, rm, import, pull or inspect)");
   if (a.at_option())
     return usage_error("layer", "unknown option '" + std::string{a.peek()} + "'");
   auto verb = std::string{a.next()};
@@ -304,7 +408,12 @@ int layer_main(const global_options& g, args& a) {
     return ls_verb(g, a);
   if (verb == "rm")
     return rm_verb(g, a);
-  return usage_error("layer", "unknown verb '" + verb + "' (expected build, ls or rm)");
+  if (verb == "inspect")
+    return inspect_verb(g, a);
+  if (verb == "import" || verb == "pull")
+    return hand_over_oci(g, verb, a);
+  return usage_error("layer", "unknown verb '" + verb
+                                + "' (expected build, ls, rm, import, pull or inspect)");
 }
 
 } // namespace dsec::cli

@@ -25,6 +25,8 @@ Landlock and cgroups.
 
 Verbs:
   layer build|ls|rm     build, list and remove layers in the local store
+  layer import|pull     make a base layer of a container image (a layout, a
+                        docker archive, a registry); layer inspect shows one
   run                   run one command in a fresh sandbox and destroy it
 
 Verbs of a daemon (dsecd), with --connect HOST:PORT before the verb:

@@ -9,6 +9,10 @@
 #include <string>
 #include <vector>
 
+#include <fcntl.h>
+
+#include <nlohmann/json.hpp>
+
 #include "runtime/builder.hpp"
 #include "runtime/cgroup.hpp"
 #include "runtime/container.hpp"
@@ -25,7 +29,7 @@ namespace dsec::cli {
 
 namespace {
 
-const char* run_usage = R"(usage: dsec run [OPTIONS] -- CMD [ARGS...]
+const char* run_usage = R"(usage: dsec run [OPTIONS] [-- CMD [ARGS...]]
 
 Creates a sandbox from layers of the local store, runs CMD in it with this
 terminal's stdin, stdout and stderr, passes its exit status through, and
@@ -51,6 +55,12 @@ Environment of the command:
   -u, --user UID[:GID]     run as this uid/gid of the sandbox (default 0, the
                            sandbox's root, which has no privileges on the host)
   --hostname NAME          the sandbox's hostname (default: its id)
+
+A base made of an OCI image (dsec layer import | pull) gives the defaults of
+its config: its Env under the --env given, its WorkingDir unless --cwd, its
+User unless --user (a number, UID:GID, or a name from the image's
+/etc/passwd), and its Entrypoint followed by its Cmd when no CMD is given (a
+CMD given replaces both).
 
 Isolation and limits (every sandbox has a memory and a pids limit and a
 bounded writable layer; the defaults are what a dsecd with its default
@@ -150,14 +160,116 @@ std::optional<int> parse(args& a, run_args& r) {
     return usage_error("run", "unexpected argument '" + std::string{a.peek()}
                                 + "' (put the command after --)");
   }
-  if (r.cmd.argv.empty())
-    return usage_error("run", "no command given (dsec run [OPTIONS] -- CMD [ARGS...])");
   if (auto rc = check_sandbox_options("run", r.sb))
     return rc;
   r.cmd.cwd = r.cs.cwd;
   r.cmd.uid = r.cs.uid;
   r.cmd.gid = r.cs.gid;
   r.cmd.env = merge_env(command::default_env(), r.cs.env);
+  return std::nullopt;
+}
+
+// The uid and gid of user `name` in the image's /etc/passwd: the first of its
+// lowers (topmost first) that has one, read from its mounted image.
+std::optional<std::pair<uint32_t, uint32_t>> image_user(const std::vector<std::string>& blobs,
+                                                        const std::string& name) {
+  for (const auto& b : blobs) {
+    auto m = layer_mount::open(b, -1);
+    if (!m)
+      return std::nullopt;
+    int fd = ::openat(m->dir_fd(), "etc/passwd", O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0)
+      continue;
+    std::string text;
+    char buf[4096];
+    ssize_t n;
+    while ((n = ::read(fd, buf, sizeof buf)) > 0 && text.size() < (1u << 20))
+      text.append(buf, static_cast<size_t>(n));
+    ::close(fd);
+    size_t pos = 0;
+    while (pos < text.size()) {
+      auto nl = text.find('\n', pos);
+      auto line = text.substr(pos, nl == std::string::npos ? std::string::npos : nl - pos);
+      pos = nl == std::string::npos ? text.size() : nl + 1;
+      std::vector<std::string> f;
+      size_t i = 0;
+      while (f.size() < 4) {
+        auto c = line.find(':', i);
+        f.push_back(line.substr(i, c == std::string::npos ? std::string::npos : c - i));
+        if (c == std::string::npos)
+          break;
+        i = c + 1;
+      }
+      uint64_t uid = 0, gid = 0;
+      if (f.size() == 4 && f[0] == name && parse_uint(f[2], 65535, uid)
+          && parse_uint(f[3], 65535, gid))
+        return std::pair{static_cast<uint32_t>(uid), static_cast<uint32_t>(gid)};
+    }
+    return std::nullopt;
+  }
+  return std::nullopt;
+}
+
+// Env, WorkingDir, User, Entrypoint and Cmd of an OCI image's config
+// (layer_info::config) as the command's defaults; options given win.
+std::optional<int> apply_image_config(const layer_info& base,
+                                      const std::vector<std::string>& blobs, run_args& r) {
+  if (base.config.empty())
+    return std::nullopt;
+  auto j = nlohmann::json::parse(base.config, nullptr, false);
+  if (j.is_discarded() || !j.is_object())
+    return std::nullopt;
+  auto strings = [&](const char* key) {
+    std::vector<std::string> out;
+    if (auto it = j.find(key); it != j.end() && it->is_array())
+      for (const auto& v : *it)
+        if (v.is_string())
+          out.push_back(v.get<std::string>());
+    return out;
+  };
+  auto text = [&](const char* key) {
+    auto it = j.find(key);
+    return it != j.end() && it->is_string() ? it->get<std::string>() : std::string{};
+  };
+  if (r.cmd.argv.empty()) {
+    r.cmd.argv = strings("Entrypoint");
+    for (auto& c : strings("Cmd"))
+      r.cmd.argv.push_back(std::move(c));
+  }
+  std::vector<std::string> env;
+  for (auto& e : strings("Env"))
+    if (e.find('=') != std::string::npos && e.front() != '=')
+      env.push_back(std::move(e));
+  env.insert(env.end(), r.cs.env.begin(), r.cs.env.end());
+  r.cmd.env = merge_env(command::default_env(), env);
+  if (!r.cs.cwd_given && !text("WorkingDir").empty()) {
+    r.cmd.cwd = text("WorkingDir");
+    if (r.cmd.cwd.front() != '/')
+      r.cmd.cwd = "/" + r.cmd.cwd;
+  }
+  if (auto user = text("User"); !r.cs.user_given && !user.empty()) {
+    auto colon = user.find(':');
+    auto u = user.substr(0, colon);
+    auto g = colon == std::string::npos ? std::string{} : user.substr(colon + 1);
+    uint64_t uid = 0, gid = 0;
+    if (parse_uint(u, 65535, uid)) {
+      gid = uid;
+    } else if (auto found = image_user(blobs, u)) {
+      uid = found->first;
+      gid = found->second;
+    } else {
+      std::fprintf(stderr, "dsec: run: the image's User '%s' is not a number below 65536 nor a "
+                           "user of its /etc/passwd\n", user.c_str());
+      return 125;
+    }
+    if (!g.empty() && !parse_uint(g, 65535, gid)) {
+      std::fprintf(stderr, "dsec: run: the image's User '%s' names a group that is not a number "
+                           "(only numeric groups are supported)\n", user.c_str());
+      return 125;
+    }
+    r.cmd.uid = static_cast<uint32_t>(uid);
+    r.cmd.gid = static_cast<uint32_t>(gid);
+  }
   return std::nullopt;
 }
 
@@ -216,6 +328,12 @@ int run_main(const global_options& g, args& a) {
   auto leases = lease_layers(*st, env, "--"); // topmost first
   if (!leases)
     return fail(leases.error_value(), dsec_failed);
+  // The base's image config (an OCI image's) gives the command's defaults.
+  if (auto rc = apply_image_config(leases->back().info(), leases->back().blob_paths(), r))
+    return *rc;
+  if (r.cmd.argv.empty())
+    return usage_error("run", "no command given (dsec run [OPTIONS] -- CMD [ARGS...]), and the "
+                              "base names none (no Entrypoint or Cmd)");
   auto sys_layer = st->system_layer();
   if (!sys_layer)
     return fail(sys_layer.error_value(), dsec_failed);
@@ -234,8 +352,9 @@ int run_main(const global_options& g, args& a) {
   if (!mount_one(*sys_layer))
     return dsec_failed;
   for (const auto& l : *leases)
-    if (!mount_one(l.blob_path()))
-      return dsec_failed;
+    for (const auto& path : l.blob_paths()) // an OCI image has several
+      if (!mount_one(path))
+        return dsec_failed;
   std::vector<int> lowers;
   for (const auto& m : mounts)
     lowers.push_back(m.dir_fd());

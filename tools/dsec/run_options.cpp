@@ -188,6 +188,7 @@ parsed parse_command_option(args& a, std::string_view verb, command_spec& c) {
     if (v.empty() || v.front() != '/')
       return bad(verb, "--cwd: expected an absolute path, got '" + v + "'");
     c.cwd = v;
+    c.cwd_given = true;
     return parsed::yes;
   }
   DSEC_OPT2("--user", "-u") {
@@ -210,6 +211,7 @@ parsed parse_command_option(args& a, std::string_view verb, command_spec& c) {
       return bad(verb, "--user: expected UID[:GID] with numbers below 65536, got '" + v + "'");
     c.uid = uid;
     c.gid = colon == std::string::npos ? uid : gid;
+    c.user_given = true;
     return parsed::yes;
   }
   DSEC_OPT("--timeout") {

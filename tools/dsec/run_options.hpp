@@ -31,6 +31,8 @@ struct command_spec {
   std::string cwd = "/";
   std::optional<uint32_t> uid, gid;
   std::optional<std::chrono::milliseconds> timeout;
+  /// --cwd / --user came (an OCI image's WorkingDir and User apply otherwise).
+  bool cwd_given = false, user_given = false;
 };
 
 /// What became of the current argument.
