@@ -2,6 +2,8 @@
 
 #include <charconv>
 
+#include "runtime/net_policy.hpp"
+
 namespace dsec {
 
 std::vector<std::string_view> known_backends() {
@@ -50,6 +52,19 @@ expected<void> environment::validate() const {
     return make_error(errc::invalid_argument, "--disk " + std::to_string(disk)
                                                 + " is too small: a writable layer needs at "
                                                   "least 1 MiB (1048576 bytes)");
+  if (egress && !net)
+    return make_error(errc::invalid_argument, "network egress needs a network namespace (net)");
+  if (!egress && (!allow.empty() || !deny.empty()))
+    return make_error(errc::invalid_argument,
+                      std::string{"--allow and --deny are for --network egress, not "} + network());
+  if (allow.size() + deny.size() > max_rules)
+    return make_error(errc::invalid_argument,
+                      "a network policy has at most " + std::to_string(max_rules) + " rules, this one "
+                        + std::to_string(allow.size() + deny.size()));
+  for (const auto* rules : {&allow, &deny})
+    for (const auto& r : *rules)
+      if (auto p = parse_net_rule(r); !p)
+        return std::move(p).error_value();
   bool known = false;
   for (auto b : known_backends())
     known = known || b == backend;
@@ -59,6 +74,25 @@ expected<void> environment::validate() const {
       names += (names.empty() ? "" : ", ") + std::string{b};
     return make_error(errc::unsupported,
                       "backend '" + backend + "' is not available (only " + names + ")");
+  }
+  return {};
+}
+
+const char* environment::network() const {
+  return !net ? "none" : egress ? "egress" : "loopback";
+}
+
+expected<void> environment::set_network(std::string_view mode) {
+  if (mode == "none") {
+    net = egress = false;
+  } else if (mode == "loopback") {
+    net = true;
+    egress = false;
+  } else if (mode == "egress") {
+    net = egress = true;
+  } else {
+    return make_error(errc::invalid_argument, "--network '" + std::string{mode}
+                                                + "': expected none, loopback or egress");
   }
   return {};
 }
@@ -109,6 +143,9 @@ std::string environment::difference(const environment& other, std::string_view a
   add("cpus", std::to_string(cpus), std::to_string(o.cpus));
   add("disk", std::to_string(disk), std::to_string(o.disk));
   add("net", net ? "on" : "off", o.net ? "on" : "off");
+  add("network", network(), o.network());
+  add("allow", join(allow), join(o.allow));
+  add("deny", join(deny), join(o.deny));
   add("ttl_ms", std::to_string(ttl_ms), std::to_string(o.ttl_ms));
   add("chronus", chronus ? "on" : "off", o.chronus ? "on" : "off");
   add("backend", backend, o.backend);
