@@ -709,6 +709,8 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
                                                 "node " + s.cfg.node_name
                                                   + " has no egress network (dsecd --uplink)")
                                        .in_step("setup_egress"));
+        if (s.cfg.env.egress)
+          x.resolv_conf = "nameserver " + ipv4_to_string(eng->network()->resolver()) + "\n";
         auto box = build_sandbox(eng->pick(), s.cfg.env, ls.fds, std::move(x),
                                  [eng] { return eng->cgroups(); }, build_until::started);
         if (!box)

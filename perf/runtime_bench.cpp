@@ -76,12 +76,12 @@ struct bench_env {
   std::optional<dsec::cgroup_root> cg_fresh, cg_pool;
   std::string cg_error;
   // Egress networking (BM_sandbox_egress): a node network whose uplink is a
-  // dummy link of ours (no packet is sent: the benchmark only attaches).
+  // veth pair of ours (no packet is sent: the benchmark only attaches).
   std::unique_ptr<dsec::egress_network> egress;
   std::string egress_error;
 };
 
-// The dummy uplink and the tag of the benchmark's egress network (fixed, so
+// The uplink (a veth pair) and the tag of the benchmark's egress network (fixed, so
 // a run sweeps what a killed one left).
 constexpr const char* bench_uplink = "dtbench0";
 constexpr const char* bench_tag = "beef";
@@ -247,7 +247,7 @@ std::string set_up(bench_env& e) {
   (void) dsec::egress_network::sweep(bench_tag);
   if (auto nl = dsec::rtnl::open()) {
     (void) nl->delete_link(bench_uplink);
-    if (auto d = nl->add_dummy(bench_uplink); !d) {
+    if (auto d = nl->add_veth(bench_uplink, "dtbench1", 0); !d) {
       e.egress_error = d.error_value().to_string();
     } else {
       dsec::egress_options eo;

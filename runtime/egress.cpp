@@ -190,8 +190,11 @@ expected<std::unique_ptr<egress_network>> egress_network::start(const egress_opt
   if (!n->nft_)
     return make_error(errc::system_error, "nft_ctx_new failed");
   DSEC_TRY(nl, rtnl::open());
-  DSEC_TRY_VOID(nl.add_dummy(n->dns_link_));
-  DSEC_TRY(dns_idx, nl.index_of(n->dns_link_));
+  // A veth pair of the node's own rather than a dummy link (kernels without
+  // the dummy driver): the resolver's address lives on one end.
+  DSEC_TRY_VOID(nl.add_veth(n->dns_link_, "dx" + opts.tag + "-dnp", 0));
+  DSEC_TRY_VOID(nl.set_up("dx" + opts.tag + "-dnp"));
+  DSEC_TRY(dns_idx, nl.set_up_index(n->dns_link_));
   DSEC_TRY_VOID(nl.add_address(dns_idx, n->resolver(), 32));
   // Always denied unless named: the special ranges, the node's own addresses
   // (taken now), and the sandboxes' network.
@@ -484,7 +487,7 @@ expected<std::unique_ptr<egress_link>> egress_network::attach(pid_t pid, int pid
     DSEC_TRY(nl, rtnl::open());
     if (auto r = nl.add_veth(l->ifname_, "eth0", pid); !r)
       return fail(r.error_value());
-    auto idx = nl.index_of(l->ifname_);
+    auto idx = nl.set_up_index(l->ifname_);
     if (!idx)
       return fail(idx.error_value());
     if (auto r = nl.add_address(*idx, l->gateway(), 31); !r)
@@ -496,7 +499,7 @@ expected<std::unique_ptr<egress_link>> egress_network::attach(pid_t pid, int pid
     auto in = rtnl::open_in(pidfd, home_ns_.get());
     if (!in)
       return fail(in.error_value());
-    auto idx = in->index_of("eth0");
+    auto idx = in->set_up_index("eth0");
     if (!idx)
       return fail(idx.error_value());
     if (auto r = in->add_address(*idx, l->addr_, 31); !r)

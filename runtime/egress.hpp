@@ -8,7 +8,8 @@
 //    spoofing between them) and each one's traffic is told apart by the
 //    interface it came in on;
 //  - a resolver address (the first address of --sandbox-net after the network
-//    address, on a dummy link "<prefix-without-_>-dns" of the node);
+//    address, on the node's veth pair "dx<tag>-dns"/"dx<tag>-dnp": some
+//    kernels have no dummy driver);
 //  - its policy as elements of the sets of one nftables table of the node,
 //    "inet dsec_<tag>", whose chains are fixed: a create or a policy change
 //    adds and removes set elements in one transaction, never rules.
@@ -104,7 +105,7 @@ private:
 class egress_network {
 public:
   /// Sweeps what an earlier daemon of this tag left, then makes the table,
-  /// the resolver's dummy link, and sets forwarding on the uplink.
+  /// the resolver's link, and sets forwarding on the uplink.
   static expected<std::unique_ptr<egress_network>> start(const egress_options& opts);
 
   /// Removes the links and the table of `tag` (a killed daemon's); returns

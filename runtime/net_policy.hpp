@@ -28,7 +28,7 @@ struct ipv4_net {
 
   [[nodiscard]] uint32_t first() const { return addr; }
   [[nodiscard]] uint32_t last() const {
-    return prefix == 0 ? 0xffffffffu : addr | (0xffffffffu >> prefix);
+    return prefix == 0 ? 0xffffffffu : prefix >= 32 ? addr : addr | (0xffffffffu >> prefix);
   }
   /// Whether every address of `inner` is in this network.
   [[nodiscard]] bool contains(const ipv4_net& inner) const {

@@ -99,16 +99,34 @@ expected<void> rtnl::add_veth(const std::string& name, const std::string& peer, 
   if (!l.p)
     return make_error(errc::system_error, "rtnl_link_veth_alloc: out of memory");
   rtnl_link_set_name(l.p, name.c_str());
-  rtnl_link_set_flags(l.p, IFF_UP);
   rtnl_link* p = rtnl_link_veth_get_peer(l.p);
   rtnl_link_set_name(p, peer.c_str());
-  rtnl_link_set_flags(p, IFF_UP);
-  rtnl_link_set_ns_pid(p, peer_pid);
+  if (peer_pid > 0)
+    rtnl_link_set_ns_pid(p, peer_pid);
   int err = rtnl_link_add(sk_, l.p, NLM_F_CREATE | NLM_F_EXCL);
   rtnl_link_put(p);
   if (err < 0)
     return nl_error("adding the veth pair", name, err);
   return {};
+}
+
+expected<void> rtnl::set_up(const std::string& name) {
+  rtnl_link* l = nullptr;
+  if (int err = rtnl_link_get_kernel(sk_, 0, name.c_str(), &l); err < 0)
+    return nl_error("finding the link", name, err);
+  link_ptr orig{l};
+  link_ptr change{rtnl_link_alloc()};
+  if (!change.p)
+    return make_error(errc::system_error, "rtnl_link_alloc: out of memory");
+  rtnl_link_set_flags(change.p, IFF_UP);
+  if (int err = rtnl_link_change(sk_, orig.p, change.p, 0); err < 0)
+    return nl_error("bringing up", name, err);
+  return {};
+}
+
+expected<int> rtnl::set_up_index(const std::string& name) {
+  DSEC_TRY_VOID(set_up(name));
+  return index_of(name);
 }
 
 expected<void> rtnl::add_dummy(const std::string& name) {

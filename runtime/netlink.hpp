@@ -28,8 +28,13 @@ public:
   static expected<rtnl> open_in(int ns, int home);
 
   /// A veth pair: `name` here, `peer` in the network namespace of process
-  /// `peer_pid`; both up.
+  /// `peer_pid` (0: here too); both down (the kernel refuses to bring up
+  /// one end before the pair is complete): set_up() each in its namespace.
   expected<void> add_veth(const std::string& name, const std::string& peer, pid_t peer_pid);
+  /// Brings the link up.
+  expected<void> set_up(const std::string& name);
+  /// set_up(), then index_of().
+  expected<int> set_up_index(const std::string& name);
   /// A dummy link, up.
   expected<void> add_dummy(const std::string& name);
   /// The link's index, or not_found.

@@ -24,6 +24,9 @@ class Environment:
     ttl_ms: int
     chronus: bool
     backend: str
+    egress: bool
+    allow: list[str]
+    deny: list[str]
     def __init__(self) -> None: ...
 
 class ExecRequest:

@@ -615,6 +615,10 @@ void bind_values(py::module_& m) {
     .def_readwrite("ttl_ms", &environment::ttl_ms)
     .def_readwrite("chronus", &environment::chronus)
     .def_readwrite("backend", &environment::backend)
+    // egress networking (docs/network.md)
+    .def_readwrite("egress", &environment::egress)
+    .def_readwrite("allow", &environment::allow)
+    .def_readwrite("deny", &environment::deny)
     .def("__repr__", [](const environment& e) {
       std::string tools;
       for (const auto& t : e.tools)
