@@ -70,6 +70,8 @@ expected<std::unique_ptr<daemon>> daemon::start(caf::actor_system& sys,
       eo.tag = egress_tag(opts.state_dir);
     for (auto& what : egress_network::sweep(eo.tag))
       d->gc_.push_back(std::move(what));
+    for (auto& what : egress_network::sweep_dead())
+      d->gc_.push_back(std::move(what));
     DSEC_TRY(net, egress_network::start(eo));
     d->egress_ = std::move(net);
     d->engine_->set_network(d->egress_.get());

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <net/if.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <nftables/libnftables.h>
@@ -159,6 +160,35 @@ std::vector<std::string> egress_network::sweep(const std::string& tag) {
   return gone;
 }
 
+std::vector<std::string> egress_network::sweep_dead() {
+  std::vector<std::string> gone;
+  nft_owner c{new_nft()};
+  if (!c.p || !run_nft(c.p, "list tables inet"))
+    return gone;
+  std::istringstream tables{nft_ctx_get_output_buffer(c.p)};
+  std::string line;
+  std::vector<std::string> tags;
+  while (std::getline(tables, line)) {
+    const std::string mark = "table inet dsec_";
+    if (line.rfind(mark, 0) == 0 && line.size() == mark.size() + 4)
+      tags.push_back(line.substr(mark.size()));
+  }
+  for (const auto& tag : tags) {
+    if (!run_nft(c.p, "list table inet dsec_" + tag))
+      continue;
+    std::string text = nft_ctx_get_output_buffer(c.p);
+    auto at = text.find("comment \"dsecd pid ");
+    if (at == std::string::npos)
+      continue; // not one of ours, or from before owners were written
+    long pid = std::strtol(text.c_str() + at + 19, nullptr, 10);
+    if (pid <= 0 || pid == ::getpid() || ::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH)
+      continue; // its daemon lives
+    for (auto& what : sweep(tag))
+      gone.push_back(std::move(what) + " (of dead dsecd " + std::to_string(pid) + ")");
+  }
+  return gone;
+}
+
 expected<std::unique_ptr<egress_network>> egress_network::start(const egress_options& opts) {
   std::unique_ptr<egress_network> n{new egress_network};
   n->opts_ = opts;
@@ -183,6 +213,7 @@ expected<std::unique_ptr<egress_network>> egress_network::start(const egress_opt
   if (::if_nametoindex(opts.uplink.c_str()) == 0)
     return make_error(errc::not_found, "--uplink " + opts.uplink + ": no such interface here");
   (void) sweep(opts.tag);
+  (void) sweep_dead();
   n->home_ns_ = unique_fd{::open("/proc/thread-self/ns/net", O_RDONLY | O_CLOEXEC)};
   if (!n->home_ns_)
     return sys_error("opening the node's network namespace", "/proc/thread-self/ns/net");
@@ -217,6 +248,7 @@ expected<std::unique_ptr<egress_network>> egress_network::start(const egress_opt
   const std::string& up = opts.uplink;
   const std::string match = "\"" + n->prefix_ + "*\"";
   std::string t = "table inet " + n->table_ + " {\n"
+    "  comment \"dsecd pid " + std::to_string(::getpid()) + "\";\n"
     "  set addrs { type ifname . ipv4_addr; }\n"
     "  set allow { type ifname . ipv4_addr . inet_service; flags interval; }\n"
     "  set allow_special { type ifname . ipv4_addr . inet_service; flags interval; }\n"
@@ -470,8 +502,9 @@ expected<std::unique_ptr<egress_link>> egress_network::attach(pid_t pid, int pid
   if (slot == count)
     return make_error(errc::overloaded, "--sandbox-net " + net_.to_string()
                                           + " has no free address for another egress sandbox");
+  // net_ stays null until it is attached: a failure below must not release
+  // it (that would take mu_, held here).
   std::unique_ptr<egress_link> l{new egress_link};
-  l->net_ = this;
   l->slot_ = slot;
   l->ifname_ = prefix_ + base36(next_name_++);
   l->addr_ = net_.addr + 3 + 2 * static_cast<uint32_t>(slot);
@@ -517,6 +550,7 @@ expected<std::unique_ptr<egress_link>> egress_network::attach(pid_t pid, int pid
   l->deny_exact_ = std::move(pol.deny_exact);
   l->deny_suffix_ = std::move(pol.deny_suffix);
   by_addr_[l->addr_] = l.get();
+  l->net_ = this;
   slots_[slot].used = true;
   slots_[slot].last_ifname = l->ifname_;
   next_slot_ = (slot + 1) % count;

@@ -111,6 +111,10 @@ public:
   /// Removes the links and the table of `tag` (a killed daemon's); returns
   /// what it removed.
   static std::vector<std::string> sweep(const std::string& tag);
+  /// Sweeps every dsec table (and its links) whose daemon is dead: the table
+  /// names its owner ("dsecd pid N" comment). For daemons whose state dir is
+  /// gone (a test's, a killed one's that nobody restarts).
+  static std::vector<std::string> sweep_dead();
 
   /// Checks `allow`/`deny` (the rules this node can enforce) without
   /// attaching anything.
