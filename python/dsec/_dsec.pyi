@@ -181,6 +181,18 @@ class NodeStats:
     def cordoned(self) -> bool:
         """Cordoned: it admits no new sandbox."""
         ...
+    @property
+    def egress_sandboxes(self) -> int:
+        """Egress sandboxes attached now (docs/network.md)."""
+        ...
+    @property
+    def egress_allowed(self) -> int:
+        """Packets egress policies allowed (first packets of connections)."""
+        ...
+    @property
+    def egress_denied(self) -> int:
+        """Packets egress policies denied."""
+        ...
 
 class RawEvent:
     """A Chronus event as decoded (runtime/chronus.hpp)."""

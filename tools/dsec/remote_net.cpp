@@ -15,11 +15,13 @@ const char* net_usage = R"(usage: dsec --connect HOST:PORT net ID [--allow RULE]
 
 Replaces the network policy of egress sandbox ID (made with --network egress)
 with the rules given: new connections follow it at once, established ones go
-on. With no rule at all, everything is denied. RULE is CIDR[:PORT[-PORT]]
-(TCP and UDP; no port: every port). Private, link-local (169.254.169.254),
-benchmarking and the node's own addresses stay denied under a wider rule,
-unless a rule names a network inside them. A --deny rule wins over an --allow
-rule. Prints `ID: allow N, deny M`.
+on, and what its old domain rules admitted is dropped. With no rule at all,
+everything is denied. RULE is CIDR[:PORT[-PORT]] (TCP and UDP; no port: every
+port), DOMAIN, *.DOMAIN (names below DOMAIN; through the node's DNS proxy), or
+a service the node names (dsecd --services). Private, link-local
+(169.254.169.254) and the node's denied ranges stay denied under a wider rule,
+unless a rule names a network inside them; the node itself is never reached.
+A --deny rule wins over an --allow rule. Prints `ID: allow N, deny M`.
 
 Options:
   --allow RULE   allowed (repeatable)

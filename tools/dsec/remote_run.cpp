@@ -79,10 +79,14 @@ Isolation and limits:
                            node, an address from its --sandbox-net, a default
                            route, and out through its --uplink by the policy:
   --allow RULE             egress allowed to RULE (repeatable): CIDR[:PORT[-PORT]]
-                           (TCP and UDP). Everything else is denied; private,
-                           link-local (169.254.169.254), benchmarking and the
-                           node's own addresses even under a wider rule, unless a
-                           rule names a network inside them
+                           (TCP and UDP), DOMAIN or *.DOMAIN (resolved through
+                           the node's DNS proxy, its answers admitted for their
+                           TTL), or a service the node names (dsecd
+                           --services). Everything else is denied; private,
+                           link-local (169.254.169.254) and the node's denied
+                           ranges even under a wider rule, unless a rule names a
+                           network inside them; the node itself always
+                           (docs/network.md)
   --deny RULE              denied even where an --allow rule says otherwise
                            (`dsec net ID` changes both on a live sandbox)
   --memory SIZE            memory limit (e.g. 512m, 2g); OOM kills inside. It
