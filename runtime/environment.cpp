@@ -143,7 +143,7 @@ std::string environment::difference(const environment& other, std::string_view a
   add("cpus", std::to_string(cpus), std::to_string(o.cpus));
   add("disk", std::to_string(disk), std::to_string(o.disk));
   add("net", net ? "on" : "off", o.net ? "on" : "off");
-  add("network", network(), o.network());
+  add("egress", egress ? "on" : "off", o.egress ? "on" : "off");
   add("allow", join(allow), join(o.allow));
   add("deny", join(deny), join(o.deny));
   add("ttl_ms", std::to_string(ttl_ms), std::to_string(o.ttl_ms));
