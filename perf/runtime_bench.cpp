@@ -396,6 +396,7 @@ void sandbox_loop(benchmark::State& state, bool net, bool chronus, bool trusted,
   std::vector<const char*> step_names;
   std::vector<uint64_t> step_ns;
   uint64_t create_ns = 0, exec_ns = 0, wait_ns = 0, destroy_ns = 0;
+  uint64_t attach_ns = 0, release_ns = 0; // egress: inside create and destroy
   // Thread 0 reads the CPU clocks before the start barrier and after the stop
   // barrier, so the window holds every thread's sandboxes and nothing else.
   uint64_t cpu0 = state.thread_index() == 0 ? cpu_ns_all() : 0;
@@ -404,7 +405,9 @@ void sandbox_loop(benchmark::State& state, bool net, bool chronus, bool trusted,
     auto c = dsec::container::create(sp, e.lowers, opts, cgroups);
     std::unique_ptr<dsec::egress_link> link;
     if (c && egress) {
+      auto ta = clk::now();
       auto l = e.egress->attach((*c)->pid(), (*c)->pidfd(), bench_policy, {});
+      attach_ns += ns_since(ta, clk::now());
       if (!l) {
         state.SkipWithError(("egress attach: " + l.error_value().to_string()).c_str());
         break;
@@ -439,7 +442,9 @@ void sandbox_loop(benchmark::State& state, bool net, bool chronus, bool trusted,
       step_ns[i] += steps[i].ns;
     auto d = (*c)->destroy();
     c->reset(); // ~container: nothing left to do after destroy()
+    auto tr = clk::now();
     link.reset(); // its set elements; the veth goes with the netns
+    release_ns += ns_since(tr, clk::now());
     auto t4 = clk::now();
     if (!d) {
       state.SkipWithError(("destroy: " + d.error_value().to_string()).c_str());
@@ -460,6 +465,10 @@ void sandbox_loop(benchmark::State& state, bool net, bool chronus, bool trusted,
   state.counters["exec_us"] = mean_us(exec_ns);
   state.counters["wait_us"] = mean_us(wait_ns);
   state.counters["destroy_us"] = mean_us(destroy_ns);
+  if (egress) {
+    state.counters["egress_attach_us"] = mean_us(attach_ns);
+    state.counters["egress_release_us"] = mean_us(release_ns);
+  }
   // Host steps first, then the steps inside the sandbox ("in." prefix: they
   // happen during wait_ready). Steps that take no time in this configuration
   // (make_cgroup without limits, join_cgroup, setup_network without --net) are
