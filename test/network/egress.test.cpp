@@ -382,6 +382,14 @@ TEST_CASE("dsecd sweeps what a killed dsecd left, and leaves nothing when stoppe
     auto s = open(*c);
     auto id = make_one(*s, egress_env({"198.18.0.2:8000"}));
     CHECK(reached(get(*s, id, "198.18.0.2", 8000)));
+    // The command line changes it: `dsec net ID --allow ...`.
+    auto net_cmd = run_process({env_path("DSEC_BIN"), "--connect",
+                                "127.0.0.1:" + std::to_string(d.port), "net", id, "--allow",
+                                "198.18.0.3:8000"});
+    CHECK_MESSAGE(net_cmd.status == 0, net_cmd.describe());
+    CHECK(net_cmd.out == id + ": allow 1, deny 0\n");
+    CHECK(get(*s, id, "198.18.0.2", 8000) == "ETIMEDOUT");
+    CHECK(reached(get(*s, id, "198.18.0.3", 8000)));
     s.reset();
     c.reset();
     auto r = d.stop(SIGTERM);
