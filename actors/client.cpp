@@ -176,6 +176,14 @@ expected<void> client::destroy(const std::string& id) {
   return blocking<void>([&](auto& w) { destroy_async(id, w.done()); });
 }
 
+expected<void> client::set_network(const std::string& id, const std::vector<std::string>& allow,
+                                   const std::vector<std::string>& deny) {
+  return blocking<void>([&](auto& w) {
+    async_call<bool>(*sys_, identity_, scheduler_, as_void(w.done()), network_atom::value, id,
+                     allow, deny);
+  });
+}
+
 expected<std::vector<sandbox_info>> client::list() {
   return blocking<std::vector<sandbox_info>>([&](auto& w) { list_async(w.done()); });
 }

@@ -241,6 +241,10 @@ public:
   expected<uint64_t> put(const std::string& id, const std::string& dir, std::string tar);
   expected<std::string> get(const std::string& id, const std::string& path);
   expected<void> destroy(const std::string& id);
+  /// Egress networking: replaces the policy of egress sandbox `id` (rules of
+  /// runtime/net_policy.hpp); new connections see it at once.
+  expected<void> set_network(const std::string& id, const std::vector<std::string>& allow,
+                             const std::vector<std::string>& deny);
   /// Every sandbox of the daemon (of every node, through a coordinator);
   /// the sandboxes of a node that did not answer within 3 s are left out:
   /// list_all names those nodes.
@@ -354,6 +358,10 @@ public:
   /// Sets a sandbox's TTL: it is destroyed `ttl` (1 s to 30 days) from now,
   /// whatever it had before; returns the milliseconds left (as list() shows).
   expected<uint64_t> set_ttl(const std::string& id, std::chrono::milliseconds ttl);
+  /// Egress networking: replaces the policy of egress sandbox `id`; new
+  /// connections see it at once, established ones go on.
+  expected<void> set_network(const std::string& id, const std::vector<std::string>& allow,
+                             const std::vector<std::string>& deny);
   expected<std::vector<sandbox_info>> list();
 
   /// Destroys every sandbox of the session and ends it; returns how many.
@@ -400,6 +408,8 @@ public:
   void destroy_async(const std::string& id, completion<void> done);
   void set_ttl_async(const std::string& id, std::chrono::milliseconds ttl,
                      completion<uint64_t> done);
+  void set_network_async(const std::string& id, std::vector<std::string> allow,
+                         std::vector<std::string> deny, completion<void> done);
   void list_async(completion<std::vector<sandbox_info>> done);
   void close_async(completion<uint32_t> done);
   void answer_async(const std::string& id, const chronus_feedback& fb, completion<void> done);

@@ -77,6 +77,11 @@ expected<uint64_t> session::set_ttl(const std::string& id, std::chrono::millisec
   return blocking<uint64_t>([&](auto& w) { set_ttl_async(id, ttl, w.done()); });
 }
 
+expected<void> session::set_network(const std::string& id, const std::vector<std::string>& allow,
+                                    const std::vector<std::string>& deny) {
+  return blocking<void>([&](auto& w) { set_network_async(id, allow, deny, w.done()); });
+}
+
 expected<std::vector<sandbox_info>> session::list() {
   return blocking<std::vector<sandbox_info>>([&](auto& w) { list_async(w.done()); });
 }
@@ -243,6 +248,14 @@ void session::set_ttl_async(const std::string& id, std::chrono::milliseconds ttl
                            "set_ttl " + id + ": the TTL must be positive"));
   async_call<uint64_t>(*client_->sys_, client_->identity_, handle_, std::move(done),
                        lifetime_atom::value, id, static_cast<uint64_t>(ttl.count()));
+}
+
+void session::set_network_async(const std::string& id, std::vector<std::string> allow,
+                                std::vector<std::string> deny, completion<void> done) {
+  if (auto e = closed_error())
+    return done(*e);
+  async_call<bool>(*client_->sys_, client_->identity_, handle_, as_void(std::move(done)),
+                   network_atom::value, id, std::move(allow), std::move(deny));
 }
 
 void session::list_async(completion<std::vector<sandbox_info>> done) {

@@ -64,6 +64,18 @@ expected<std::unique_ptr<daemon>> daemon::start(caf::actor_system& sys,
   DSEC_TRY(eng, engine::start(eo));
   d->engine_ = std::move(eng);
   d->gc_ = d->engine_->collect_garbage();
+  if (opts.egress) {
+    auto eo = *opts.egress;
+    if (eo.tag.empty())
+      eo.tag = egress_tag(opts.state_dir);
+    for (auto& what : egress_network::sweep(eo.tag))
+      d->gc_.push_back(std::move(what));
+    for (auto& what : egress_network::sweep_dead())
+      d->gc_.push_back(std::move(what));
+    DSEC_TRY(net, egress_network::start(eo));
+    d->egress_ = std::move(net);
+    d->engine_->set_network(d->egress_.get());
+  }
   auto defaults = opts.defaults ? *opts.defaults
                                 : derive_defaults(machine_resources::probe(), opts.slots,
                                                   opts.oversubscribe);

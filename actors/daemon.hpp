@@ -19,6 +19,7 @@
 #include "actors/sim_sandbox.hpp"
 #include "actors/warm_pool.hpp"
 #include "runtime/defaults.hpp"
+#include "runtime/egress.hpp"
 #include "runtime/engine.hpp"
 
 namespace dsec {
@@ -42,6 +43,9 @@ struct daemon_options {
   /// many are made at start.
   size_t cgroup_pool = 256;
   size_t cgroup_prewarm = 16;
+  /// Egress networking (dsecd --uplink, docs/network.md); nullopt: none.
+  /// Its tag is filled from state_dir when empty.
+  std::optional<egress_options> egress;
   /// Trajectory logs unused for this long are removed; 0: kept until closed.
   std::chrono::milliseconds trajectory_keep{std::chrono::hours(24 * 7)};
   // ---- the cluster (docs/cluster.md) ----
@@ -117,6 +121,7 @@ private:
   daemon() = default;
   caf::actor_system* sys_ = nullptr;
   std::unique_ptr<engine> engine_;
+  std::unique_ptr<egress_network> egress_; ///< the engine points at it
   layer_cache_actor cache_;
   layer_store_actor layer_store_;
   node_actor node_;

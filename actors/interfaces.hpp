@@ -81,6 +81,10 @@ using sandbox_actor = caf::typed_actor<
   /// Its TTL from now on: it is destroyed `ms` milliseconds from now (as if
   /// created with that TTL now); replies the milliseconds left.
   caf::replies_to<lifetime_atom, internal_key, uint64_t>::with<uint64_t>,
+  /// Its egress policy from now on (allow, deny: runtime/net_policy.hpp
+  /// rules): new connections see it at once. Egress sandboxes only.
+  caf::replies_to<network_atom, internal_key, std::vector<std::string>,
+                  std::vector<std::string>>::with<bool>,
   // process surface: from the reactor thread and timers
   caf::reacts_to<event_atom, internal_key>,                  ///< init has something to say
   caf::reacts_to<output_atom, internal_key, uint64_t, uint8_t, std::string,
@@ -117,6 +121,9 @@ using session_actor = caf::typed_actor<
   /// Sets the TTL of one of its sandboxes: destroyed `ms` (1 s to 30 days)
   /// from now; replies the milliseconds left.
   caf::replies_to<lifetime_atom, std::string, uint64_t>::with<uint64_t>,
+  /// Sets the egress policy of one of its sandboxes (allow, deny).
+  caf::replies_to<network_atom, std::string, std::vector<std::string>,
+                  std::vector<std::string>>::with<bool>,
   caf::replies_to<list_atom>::with<std::vector<sandbox_info>>,
   /// Destroys every sandbox of the session and ends it; replies how many.
   caf::replies_to<close_atom>::with<uint32_t>,
@@ -203,6 +210,9 @@ using scheduler_actor = caf::typed_actor<
   caf::replies_to<get_atom, std::string, std::string>::with<std::string>,
   caf::replies_to<destroy_atom, std::string>::with<bool>,
   caf::replies_to<feedback_atom, std::string, chronus_feedback_msg>::with<bool>,
+  /// Sets a sandbox's egress policy (allow, deny), `dsec net ID`.
+  caf::replies_to<network_atom, std::string, std::vector<std::string>,
+                  std::vector<std::string>>::with<bool>,
   /// Every node's sandboxes, and the names of the nodes that did not answer
   /// within 3 s (their sandboxes are not in the list).
   caf::replies_to<list_atom>::with<std::vector<sandbox_info>, std::vector<std::string>>,

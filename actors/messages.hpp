@@ -39,6 +39,8 @@ using reaped_atom = caf::atom_constant<caf::atom("reaped")>;
 using timeout_atom = caf::atom_constant<caf::atom("timeout")>;
 using ttl_atom = caf::atom_constant<caf::atom("ttl")>;
 using lifetime_atom = caf::atom_constant<caf::atom("lifetime")>;
+/// Egress networking (issue 14): a live sandbox's network policy.
+using network_atom = caf::atom_constant<caf::atom("network")>;
 using signal_atom = caf::atom_constant<caf::atom("signal")>;
 using shutdown_atom = caf::atom_constant<caf::atom("shutdown")>;
 using done_atom = caf::atom_constant<caf::atom("done")>;
@@ -75,7 +77,8 @@ using pressure_atom = caf::atom_constant<caf::atom("pressure")>;
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, environment& x) {
   return f(caf::meta::type_name("dsec.environment"), x.base, x.workdir, x.tools, x.memory,
-           x.pids, x.cpus, x.disk, x.net, x.ttl_ms, x.backend, x.chronus);
+           x.pids, x.cpus, x.disk, x.net, x.ttl_ms, x.backend, x.chronus,
+           x.egress, x.allow, x.deny); // networking (issue 14)
 }
 
 /// How a session is opened.
@@ -351,6 +354,12 @@ struct node_stats {
   std::vector<pool_info> pools;
   uint32_t pooled = 0;
   bool memory_pressure = false;
+  /// Egress networking (docs/network.md): sandboxes attached now, and the
+  /// packets their policies allowed (first packets of connections) and
+  /// denied since the node started (0 on a node without --uplink).
+  uint32_t egress_sandboxes = 0;
+  uint64_t egress_allowed = 0;
+  uint64_t egress_denied = 0;
 };
 
 template <class Inspector>
@@ -363,7 +372,8 @@ typename Inspector::result_type inspect(Inspector& f, node_stats& x) {
            x.chronus_refused_connections, x.refused_clients, x.refused_internal,
            x.default_memory, x.default_pids, x.default_disk, x.cgroups_reused,
            x.cgroups_made, x.backends, x.memory_capacity, x.memory_admitted, x.cordoned,
-           x.pools, x.pooled, x.memory_pressure);
+           x.pools, x.pooled, x.memory_pressure,
+           x.egress_sandboxes, x.egress_allowed, x.egress_denied);
 }
 
 /// The layers of one sandbox, mounted by the node's layer_cache: directory fds

@@ -1,5 +1,7 @@
 #include "actors/node.hpp"
 
+#include "runtime/egress.hpp"
+
 #include <caf/actor_system.hpp>
 #include <caf/send.hpp>
 #include <caf/stateful_actor.hpp>
@@ -557,6 +559,12 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
         ns.cgroups_made = pool.made;
         auto c = s.cfg.eng->chronus().stats();
         ns.chronus_sandboxes = static_cast<uint32_t>(s.cfg.eng->chronus().sandboxes());
+        if (auto* net = s.cfg.eng->network()) {
+          auto c = net->counters();
+          ns.egress_sandboxes = static_cast<uint32_t>(net->attached());
+          ns.egress_allowed = c.allowed;
+          ns.egress_denied = c.denied;
+        }
         ns.chronus_events = c.events;
         ns.chronus_answered = c.answered;
         ns.chronus_too_large = c.too_large;

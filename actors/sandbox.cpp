@@ -1,5 +1,7 @@
 #include "actors/sandbox.hpp"
 
+#include "runtime/egress.hpp"
+
 #include <caf/actor_system.hpp>
 #include <caf/event_based_actor.hpp>
 #include <caf/send.hpp>
@@ -158,6 +160,9 @@ struct sandbox_state {
   // Where its Chronus events go: the session that owns it now (a claim
   // changes it; the reactor thread reads it).
   std::shared_ptr<chronus_route> route = std::make_shared<chronus_route>();
+  // Egress networking (env.egress; runtime/egress.hpp): its veth, /31 and
+  // policy; released after the container (its veth goes with its netns).
+  std::unique_ptr<egress_link> egress;
 };
 
 using self_ptr = sandbox_actor::stateful_pointer<sandbox_state>;
@@ -299,6 +304,7 @@ void finish_destroy(self_ptr self) {
     s.cfg.eng->chronus().remove(s.cfg.id, true);
   s.token.reset();
   s.box.reset();
+  s.egress.reset();
   if (s.lease != 0)
     self->send(s.cfg.cache, release_atom::value, process_key(), s.lease);
   // Destroyed before it was ready (rm, shutdown, its session closing): its
@@ -698,11 +704,28 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
           x.seed_blobs = *dir + "/blobs";
         }
         auto* eng = s.cfg.eng;
+        if (s.cfg.env.egress && !eng->network())
+          return fail_creation(self, make_error(errc::unsupported,
+                                                "node " + s.cfg.node_name
+                                                  + " has no egress network (dsecd --uplink)")
+                                       .in_step("setup_egress"));
+        if (s.cfg.env.egress)
+          x.resolv_conf = "nameserver " + ipv4_to_string(eng->network()->resolver()) + "\n";
         auto box = build_sandbox(eng->pick(), s.cfg.env, ls.fds, std::move(x),
                                  [eng] { return eng->cgroups(); }, build_until::started);
         if (!box)
           return fail_creation(self, box.error_value());
         s.box = std::move(*box);
+        if (s.cfg.env.egress) {
+          // The veth, /31, route and policy, while init sets itself up: its
+          // network namespace exists from the clone on, and no command runs
+          // before init reports ready.
+          auto link = eng->network()->attach(s.box->pid(), s.box->pidfd(), s.cfg.env.allow,
+                                             s.cfg.env.deny);
+          if (!link)
+            return fail_creation(self, link.error_value());
+          s.egress = std::move(*link);
+        }
         if (s.cfg.env.chronus) {
           auto token = chronus_token::generate();
           if (!token)
@@ -973,6 +996,32 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
       self->delayed_send(self, std::chrono::milliseconds(ms), ttl_atom::value, process_key(),
                          s.ttl_setting);
       return ms;
+    },
+    [=](network_atom, const internal_key& k, const std::vector<std::string>& allow,
+        const std::vector<std::string>& deny) -> caf::result<bool> {
+      if (!genuine(k, self->state.cfg.key, "network (sandbox)"))
+        return refuse("network");
+      auto& s = self->state;
+      if (!s.cfg.env.egress)
+        return to_caf(make_error(errc::invalid_argument,
+                                 "sandbox " + s.cfg.id + " has network "
+                                   + s.cfg.env.network()
+                                   + ": only an egress sandbox has a policy to change"));
+      if (s.ph != phase::ready || !s.egress)
+        return to_caf(make_error(errc::invalid_argument,
+                                 "sandbox " + s.cfg.id + " is "
+                                   + (s.ph == phase::creating ? "still being created"
+                                                              : "being destroyed")));
+      environment e = s.cfg.env;
+      e.allow = allow;
+      e.deny = deny;
+      if (auto v = e.validate(); !v)
+        return to_caf(v.error_value());
+      if (auto r = s.egress->set_policy(allow, deny); !r)
+        return to_caf(r.error_value());
+      s.cfg.env.allow = allow;
+      s.cfg.env.deny = deny;
+      return true;
     },
     [=](ttl_atom, const internal_key& k, uint64_t setting) {
       if (!genuine(k, process_key(), "ttl (sandbox)"))

@@ -556,6 +556,10 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
     [=](destroy_atom, const std::string& id) {
       return by_id<bool>(self, id, destroy_atom::value);
     },
+    [=](network_atom, const std::string& id, const std::vector<std::string>& allow,
+        const std::vector<std::string>& deny) {
+      return by_id<bool>(self, id, network_atom::value, allow, deny);
+    },
     [=](list_atom) -> caf::result<std::vector<sandbox_info>, std::vector<std::string>> {
       auto& s = self->state;
       // Every node's, together. A node that does not answer within

@@ -770,6 +770,17 @@ session_actor::behavior_type session_impl(self_ptr self, session_config cfg) {
         [=](const error& e) mutable { rp.deliver(to_caf(e)); });
       return {};
     },
+    [=](network_atom, const std::string& id, const std::vector<std::string>& allow,
+        const std::vector<std::string>& deny) -> caf::delegated<bool> {
+      auto rp = self->make_response_promise<bool>();
+      with_sandbox(
+        self, id,
+        [=](sandbox_actor sb) mutable {
+          forward_to<bool>(self, sb, rp, network_atom::value, allow, deny);
+        },
+        [=](const error& e) mutable { rp.deliver(to_caf(e)); });
+      return {};
+    },
     [=](list_atom) -> caf::result<std::vector<sandbox_info>> { return list_sandboxes(self); },
     [=](watch_atom, const caf::actor& watcher) -> caf::result<uint64_t> {
       auto& s = self->state;

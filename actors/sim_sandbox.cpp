@@ -245,6 +245,13 @@ sandbox_actor::behavior_type sim_impl(self_ptr self, std::shared_ptr<const sim_c
                          s.ttl_setting);
       return ms;
     },
+    [=](network_atom, const internal_key& k, const std::vector<std::string>&,
+        const std::vector<std::string>&) -> caf::result<bool> {
+      if (!genuine(k, self->state.c->key, "network (sandbox)"))
+        return refuse("network");
+      return to_caf(make_error(errc::unsupported,
+                               "a simulated sandbox has no network policy to change"));
+    },
     [=](ttl_atom, const internal_key& k, uint64_t setting) {
       if (genuine(k, process_key(), "ttl (sandbox)") && setting == self->state.ttl_setting)
         begin_destroy(self);

@@ -36,6 +36,8 @@
 
 #include "runtime/cgroup.hpp"
 #include "runtime/container.hpp"
+#include "runtime/egress.hpp"
+#include "runtime/netlink.hpp"
 #include "runtime/mount.hpp"
 #include "runtime/spawner.hpp"
 #include "runtime/store.hpp"
@@ -73,7 +75,16 @@ struct bench_env {
   // (prewarmed), both removed at the end. Empty if cgroups are unavailable.
   std::optional<dsec::cgroup_root> cg_fresh, cg_pool;
   std::string cg_error;
+  // Egress networking (BM_sandbox_egress): a node network whose uplink is a
+  // veth pair of ours (no packet is sent: the benchmark only attaches).
+  std::unique_ptr<dsec::egress_network> egress;
+  std::string egress_error;
 };
+
+// The uplink (a veth pair) and the tag of the benchmark's egress network (fixed, so
+// a run sweeps what a killed one left).
+constexpr const char* bench_uplink = "dtbench0";
+constexpr const char* bench_tag = "beef";
 
 bench_env* env = nullptr;
 
@@ -233,10 +244,29 @@ std::string set_up(bench_env& e) {
       e.bwrap = p;
       break;
     }
+  (void) dsec::egress_network::sweep(bench_tag);
+  if (auto nl = dsec::rtnl::open()) {
+    (void) nl->delete_link(bench_uplink);
+    if (auto d = nl->add_veth(bench_uplink, "dtbench1", 0); !d) {
+      e.egress_error = d.error_value().to_string();
+    } else {
+      dsec::egress_options eo;
+      eo.uplink = bench_uplink;
+      eo.tag = bench_tag;
+      auto net = dsec::egress_network::start(eo);
+      if (net)
+        e.egress = std::move(*net);
+      else
+        e.egress_error = net.error_value().to_string();
+    }
+  }
   return {};
 }
 
 void tear_down(bench_env& e) {
+  e.egress.reset(); // its table and links
+  if (auto nl = dsec::rtnl::open())
+    (void) nl->delete_link(bench_uplink);
   e.cg_pool.reset(); // removes its idle cgroups and this process's dirs
   e.cg_fresh.reset();
   e.mounts.clear();   // the detached layer mounts go with their last fd
@@ -325,9 +355,22 @@ benchmark::Counter mean_us(uint64_t sum_ns) {
 // One sandbox per iteration: create, exec exit0, wait, destroy. `chronus`: made
 // with container_options::chronus (the socket and the trusted helper);
 // `trusted`: exit0 runs as a trusted command.
+// A 10-rule egress policy, as a trainer might give one (no packet is sent).
+const std::vector<std::string> bench_policy = {
+  "1.1.1.0/24:53",      "8.8.8.8:53",         "93.184.216.0/24:80", "151.101.0.0/16:443",
+  "140.82.112.0/20:443", "185.199.108.0/22:443", "104.16.0.0/13:443", "13.32.0.0/15:443",
+  "10.20.0.0/16:8080",  "192.168.7.0/24"};
+
 void sandbox_loop(benchmark::State& state, bool net, bool chronus, bool trusted,
-                  const dsec::cgroup_root* cgroups = nullptr, const dsec::limits& lim = {}) {
+                  const dsec::cgroup_root* cgroups = nullptr, const dsec::limits& lim = {},
+                  bool egress = false) {
   auto& e = *env;
+  if (egress && !e.egress) {
+    state.SkipWithError(("egress: " + e.egress_error).c_str());
+    for (auto _ : state) {
+    }
+    return;
+  }
   auto t = static_cast<size_t>(state.thread_index());
   if (t >= e.spawners.size()) {
     state.SkipWithError("more threads than spawners");
@@ -353,12 +396,24 @@ void sandbox_loop(benchmark::State& state, bool net, bool chronus, bool trusted,
   std::vector<const char*> step_names;
   std::vector<uint64_t> step_ns;
   uint64_t create_ns = 0, exec_ns = 0, wait_ns = 0, destroy_ns = 0;
+  uint64_t attach_ns = 0, release_ns = 0; // egress: inside create and destroy
   // Thread 0 reads the CPU clocks before the start barrier and after the stop
   // barrier, so the window holds every thread's sandboxes and nothing else.
   uint64_t cpu0 = state.thread_index() == 0 ? cpu_ns_all() : 0;
   for (auto _ : state) {
     auto t0 = clk::now();
     auto c = dsec::container::create(sp, e.lowers, opts, cgroups);
+    std::unique_ptr<dsec::egress_link> link;
+    if (c && egress) {
+      auto ta = clk::now();
+      auto l = e.egress->attach((*c)->pid(), (*c)->pidfd(), bench_policy, {});
+      attach_ns += ns_since(ta, clk::now());
+      if (!l) {
+        state.SkipWithError(("egress attach: " + l.error_value().to_string()).c_str());
+        break;
+      }
+      link = std::move(*l);
+    }
     auto t1 = clk::now();
     if (!c) {
       state.SkipWithError(("create: " + c.error_value().to_string()).c_str());
@@ -387,6 +442,9 @@ void sandbox_loop(benchmark::State& state, bool net, bool chronus, bool trusted,
       step_ns[i] += steps[i].ns;
     auto d = (*c)->destroy();
     c->reset(); // ~container: nothing left to do after destroy()
+    auto tr = clk::now();
+    link.reset(); // its set elements; the veth goes with the netns
+    release_ns += ns_since(tr, clk::now());
     auto t4 = clk::now();
     if (!d) {
       state.SkipWithError(("destroy: " + d.error_value().to_string()).c_str());
@@ -407,6 +465,10 @@ void sandbox_loop(benchmark::State& state, bool net, bool chronus, bool trusted,
   state.counters["exec_us"] = mean_us(exec_ns);
   state.counters["wait_us"] = mean_us(wait_ns);
   state.counters["destroy_us"] = mean_us(destroy_ns);
+  if (egress) {
+    state.counters["egress_attach_us"] = mean_us(attach_ns);
+    state.counters["egress_release_us"] = mean_us(release_ns);
+  }
   // Host steps first, then the steps inside the sandbox ("in." prefix: they
   // happen during wait_ready). Steps that take no time in this configuration
   // (make_cgroup without limits, join_cgroup, setup_network without --net) are
@@ -425,6 +487,12 @@ void sandbox_loop(benchmark::State& state, bool net, bool chronus, bool trusted,
 // Arg 0: 0 = no network namespace, 1 = a fresh one per sandbox (--net).
 void BM_sandbox(benchmark::State& state) {
   sandbox_loop(state, state.range(0) != 0, false, false);
+}
+
+// An egress sandbox (docs/network.md): a fresh network namespace, a veth, a
+// routed /31, a default route and a 10-rule policy, all inside create.
+void BM_sandbox_egress(benchmark::State& state) {
+  sandbox_loop(state, true, false, false, nullptr, {}, true);
 }
 
 // A Chronus sandbox without --net. Arg 0: 1 = exit0 runs as a trusted command.
@@ -571,6 +639,7 @@ void register_benchmarks(int64_t iterations) {
       b->Iterations(iterations);
   };
   fix(benchmark::RegisterBenchmark("BM_sandbox", BM_sandbox)->ArgName("net")->Arg(0)->Arg(1));
+  fix(benchmark::RegisterBenchmark("BM_sandbox_egress", BM_sandbox_egress));
   fix(benchmark::RegisterBenchmark("BM_sandbox_chronus", BM_sandbox_chronus)
         ->ArgName("trusted")->Arg(0)->Arg(1));
   fix(benchmark::RegisterBenchmark("BM_sandbox_limits", BM_sandbox_limits)

@@ -35,6 +35,8 @@ struct build_extras {
   std::string seed_pack;
   std::string seed_manifest;
   std::string seed_blobs;
+  /// Egress networking: /etc/resolv.conf (container_options::resolv_conf).
+  std::string resolv_conf;
 };
 
 /// The container options for `env`.

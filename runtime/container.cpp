@@ -120,6 +120,28 @@ struct create_steps {
       if (!r)
         return std::move(r).error_value();
     }
+    if (!x.opts.resolv_conf.empty()) {
+      // Beneath the upper dir only: a seed pack is the sandbox's own content,
+      // so neither etc nor resolv.conf may be a symlink we follow.
+      int up = x.upper.upper.get();
+      uid_t root = x.sp.ids().base;
+      if (::mkdirat(up, "etc", 0755) == 0)
+        (void) ::fchownat(up, "etc", root, root, AT_SYMLINK_NOFOLLOW);
+      else if (errno != EEXIST)
+        return sys_error("making /etc for resolv.conf", "etc");
+      unique_fd etc{::openat(up, "etc", O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)};
+      if (!etc)
+        return sys_error("opening /etc for resolv.conf", "etc");
+      (void) ::unlinkat(etc.get(), "resolv.conf", 0);
+      unique_fd f{::openat(etc.get(), "resolv.conf",
+                           O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644)};
+      if (!f)
+        return sys_error("writing", "/etc/resolv.conf");
+      const auto& text = x.opts.resolv_conf;
+      if (::write(f.get(), text.data(), text.size()) != static_cast<ssize_t>(text.size())
+          || ::fchown(f.get(), root, root) < 0)
+        return sys_error("writing", "/etc/resolv.conf");
+    }
     if (x.opts.keep_upper) {
       x.c.upper_.reset(::fcntl(x.upper.upper.get(), F_DUPFD_CLOEXEC, 0));
       if (!x.c.upper_)

@@ -57,6 +57,9 @@ struct container_options {
   /// Keep a descriptor of the writable layer's upper dir (container::upper_fd())
   /// so that packs of it can be taken (runtime/pack.hpp, the trajectory log).
   bool keep_upper = false;
+  /// Egress networking: written as /etc/resolv.conf of the writable layer
+  /// (after a seed pack), naming the node's resolver; empty: nothing written.
+  std::string resolv_conf;
   /// A pack (runtime/pack.hpp) to restore into the writable layer before the
   /// overlay is mounted: the file seed_pack, or the manifest seed_manifest
   /// itself; and the blob directory its contents are in.

@@ -20,6 +20,8 @@
 
 namespace dsec {
 
+class egress_network; // runtime/egress.hpp
+
 struct engine_options {
   std::string state_dir;      ///< the layer store
   unsigned spawners = 2;      ///< zygotes; one per core is about right
@@ -58,9 +60,15 @@ public:
   /// stale temporary files of the store); returns what was removed.
   std::vector<std::string> collect_garbage();
 
+  /// The node's egress network (dsecd --uplink; runtime/egress.hpp), owned
+  /// by whoever set it; null: egress sandboxes are refused.
+  [[nodiscard]] egress_network* network() const { return network_; }
+  void set_network(egress_network* n) { network_ = n; }
+
   ~engine();
 
 private:
+  egress_network* network_ = nullptr;
   engine() = default;
   std::optional<store> store_;
   std::vector<std::unique_ptr<spawner>> spawners_;

@@ -3,6 +3,7 @@
 #include <charconv>
 
 #include "runtime/json.hpp"
+#include "runtime/net_policy.hpp"
 
 namespace dsec {
 
@@ -52,6 +53,19 @@ expected<void> environment::validate() const {
     return make_error(errc::invalid_argument, "--disk " + std::to_string(disk)
                                                 + " is too small: a writable layer needs at "
                                                   "least 1 MiB (1048576 bytes)");
+  if (egress && !net)
+    return make_error(errc::invalid_argument, "network egress needs a network namespace (net)");
+  if (!egress && (!allow.empty() || !deny.empty()))
+    return make_error(errc::invalid_argument,
+                      std::string{"--allow and --deny are for --network egress, not "} + network());
+  if (allow.size() + deny.size() > max_rules)
+    return make_error(errc::invalid_argument,
+                      "a network policy has at most " + std::to_string(max_rules) + " rules, this one "
+                        + std::to_string(allow.size() + deny.size()));
+  for (const auto* rules : {&allow, &deny})
+    for (const auto& r : *rules)
+      if (auto p = parse_net_rule(r); !p)
+        return std::move(p).error_value();
   bool known = false;
   for (auto b : known_backends())
     known = known || b == backend;
@@ -61,6 +75,25 @@ expected<void> environment::validate() const {
       names += (names.empty() ? "" : ", ") + std::string{b};
     return make_error(errc::unsupported,
                       "backend '" + backend + "' is not available (only " + names + ")");
+  }
+  return {};
+}
+
+const char* environment::network() const {
+  return !net ? "none" : egress ? "egress" : "loopback";
+}
+
+expected<void> environment::set_network(std::string_view mode) {
+  if (mode == "none") {
+    net = egress = false;
+  } else if (mode == "loopback") {
+    net = true;
+    egress = false;
+  } else if (mode == "egress") {
+    net = egress = true;
+  } else {
+    return make_error(errc::invalid_argument, "--network '" + std::string{mode}
+                                                + "': expected none, loopback or egress");
   }
   return {};
 }
@@ -111,6 +144,9 @@ std::string environment::difference(const environment& other, std::string_view a
   add("cpus", std::to_string(cpus), std::to_string(o.cpus));
   add("disk", std::to_string(disk), std::to_string(o.disk));
   add("net", net ? "on" : "off", o.net ? "on" : "off");
+  add("egress", egress ? "on" : "off", o.egress ? "on" : "off");
+  add("allow", join(allow), join(o.allow));
+  add("deny", join(deny), join(o.deny));
   add("ttl_ms", std::to_string(ttl_ms), std::to_string(o.ttl_ms));
   add("chronus", chronus ? "on" : "off", o.chronus ? "on" : "off");
   add("backend", backend, o.backend);
@@ -134,8 +170,20 @@ std::string environment::to_json() const {
   o += "], \"memory\": " + std::to_string(memory) + ", \"pids\": " + std::to_string(pids)
        + ", \"cpus\": ";
   json_number(o, cpus);
-  o += ", \"disk\": " + std::to_string(disk) + ", \"net\": " + (net ? "true" : "false")
-       + ", \"ttl_ms\": " + std::to_string(ttl_ms) + ", \"backend\": ";
+  o += ", \"disk\": " + std::to_string(disk) + ", \"network\": ";
+  json_string(o, network());
+  auto rules = [&](const char* name, const std::vector<std::string>& v) {
+    o += std::string{", \""} + name + "\": [";
+    for (size_t i = 0; i < v.size(); ++i) {
+      if (i)
+        o += ", ";
+      json_string(o, v[i]);
+    }
+    o += "]";
+  };
+  rules("allow", allow);
+  rules("deny", deny);
+  o += ", \"ttl_ms\": " + std::to_string(ttl_ms) + ", \"backend\": ";
   json_string(o, backend);
   o += std::string{", \"chronus\": "} + (chronus ? "true" : "false") + "}";
   return o;

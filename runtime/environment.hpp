@@ -46,6 +46,21 @@ struct environment {
   /// `chronus` at /.dsec/bin; pristine commands; /run/chronus.sock
   bool chronus = false;
 
+  // ---- networking (issue 14; docs/network.md) ----
+  /// With `net`: network "egress", the sandbox reaches out through its node's
+  /// uplink by `allow` and `deny` (rules of runtime/net_policy.hpp), denying
+  /// everything else. Without `net`: "none"; `net` alone: "loopback".
+  bool egress = false;
+  std::vector<std::string> allow; ///< CIDR[:PORT[-PORT]], DOMAIN, *.DOMAIN, service
+  std::vector<std::string> deny;
+  /// The most rules one policy may have (allow and deny together).
+  static constexpr size_t max_rules = 256;
+  /// "none", "loopback" or "egress".
+  [[nodiscard]] const char* network() const;
+  /// Sets net and egress from "none", "loopback" or "egress"; the error names
+  /// the bad value.
+  expected<void> set_network(std::string_view mode);
+
   /// The most tool layers one environment may stack.
   static constexpr size_t max_tools = 128;
   /// The smallest writable layer (bytes) when `disk` is set.
@@ -79,7 +94,8 @@ struct environment {
                                        std::string_view b) const;
 
   /// One JSON object of every field (`dsec inspect`, `ps --json`): base,
-  /// workdir (null if none), tools, memory, pids, cpus, disk, net, ttl_ms,
+  /// workdir (null if none), tools, memory, pids, cpus, disk, network (none,
+  /// loopback, egress), allow, deny, ttl_ms,
   /// backend, chronus.
   [[nodiscard]] std::string to_json() const;
 

@@ -23,6 +23,7 @@
 
 #include "actors/basp_guard.hpp"
 #include "actors/daemon.hpp"
+#include "runtime/net_policy.hpp"
 #include "actors/warm_pool.hpp"
 #include "actors/door.hpp"
 #include "actors/transport.hpp"
@@ -95,6 +96,30 @@ Options:
                          least --pool-pressure-avg10 (default 10); without the
                          file, while MemAvailable is under 5% of MemTotal
   --threads N            CAF scheduler threads (default 2; the 'sharing' policy)
+  --uplink IFACE         egress networking (docs/network.md): sandboxes made
+                         with --network egress get a veth to this node, an
+                         address from --sandbox-net, a default route, and are
+                         NATed out through IFACE only, by their policy (an
+                         nftables table "inet dsec_TAG" of this daemon's;
+                         forwarding is turned on for IFACE and the veths).
+                         Without it, egress sandboxes are refused
+  --sandbox-net CIDR     the node-local network egress sandboxes get routed
+                         /31s from (default 198.19.0.0/16; /8 to /29). Its
+                         first address is the sandboxes' resolver address.
+                         Two daemons on one machine need different ones
+  --dns-upstream ADDR[:PORT]
+                         run the sandboxes' resolver (a DNS proxy on the
+                         resolver address, UDP): it answers only names their
+                         policy allows (DOMAIN, *.DOMAIN rules; others get
+                         REFUSED), asking ADDR, and admits the answers'
+                         addresses for that sandbox for their TTL. Without it,
+                         domain and service rules are refused
+  --services FILE        named services for policies: lines "NAME RULE..."
+                         (e.g. "pypi pypi.org files.pythonhosted.org"), so a
+                         policy can say --allow pypi
+  --deny-range CIDR      one more range egress sandboxes never reach unless a
+                         rule names it (repeatable), besides private, link-
+                         local, metadata and the node's own addresses
   --coordinator          be a cluster's coordinator: nodes join it (--join), it
                          holds the sessions and places every sandbox over the
                          nodes (this one among them, filled last) with
@@ -254,6 +279,34 @@ int main(int argc, char** argv) {
       if (*dur < std::chrono::seconds(3) || *dur > std::chrono::hours(24))
         return bad("--client-timeout: expected a duration from 3s to 24h, got '" + v + "'");
       o.client_timeout = *dur;
+    } else if (opt("--uplink")) {
+      if (v.empty())
+        return bad("--uplink: expected an interface name");
+      if (!o.d.egress)
+        o.d.egress.emplace();
+      o.d.egress->uplink = v;
+    } else if (opt("--sandbox-net")) {
+      auto n = dsec::parse_ipv4_net(v);
+      if (!n)
+        return bad("--sandbox-net: " + n.error_value().message);
+      if (!o.d.egress)
+        o.d.egress.emplace();
+      o.d.egress->sandbox_net = v;
+    } else if (opt("--dns-upstream")) {
+      if (!o.d.egress)
+        o.d.egress.emplace();
+      o.d.egress->dns_upstream = v;
+    } else if (opt("--services")) {
+      if (!o.d.egress)
+        o.d.egress.emplace();
+      o.d.egress->services_file = v;
+    } else if (opt("--deny-range")) {
+      auto n = dsec::parse_ipv4_net(v);
+      if (!n)
+        return bad("--deny-range: " + n.error_value().message);
+      if (!o.d.egress)
+        o.d.egress.emplace();
+      o.d.egress->deny_ranges.push_back(v);
     } else if (opt("--state")) {
       o.d.state_dir = v;
     } else if (opt("--cluster-key")) {
@@ -468,6 +521,9 @@ int main(int argc, char** argv) {
       o.d.cluster_key = *key;
     }
   }
+  if (o.d.egress && o.d.egress->uplink.empty())
+    return bad("--sandbox-net, --dns-upstream, --services and --deny-range are for egress "
+               "networking: give --uplink IFACE too");
   if (!o.tls.enabled() && !is_loopback(o.host))
     return bad("--listen: " + o.host
                + " is not a loopback address; listening there needs --tls DIR, so that "

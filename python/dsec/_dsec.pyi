@@ -24,6 +24,9 @@ class Environment:
     ttl_ms: int
     chronus: bool
     backend: str
+    egress: bool
+    allow: list[str]
+    deny: list[str]
     def __init__(self) -> None: ...
 
 class ExecRequest:
@@ -177,6 +180,18 @@ class NodeStats:
     @property
     def cordoned(self) -> bool:
         """Cordoned: it admits no new sandbox."""
+        ...
+    @property
+    def egress_sandboxes(self) -> int:
+        """Egress sandboxes attached now (docs/network.md)."""
+        ...
+    @property
+    def egress_allowed(self) -> int:
+        """Packets egress policies allowed (first packets of connections)."""
+        ...
+    @property
+    def egress_denied(self) -> int:
+        """Packets egress policies denied."""
         ...
 
 class RawEvent:

@@ -615,6 +615,10 @@ void bind_values(py::module_& m) {
     .def_readwrite("ttl_ms", &environment::ttl_ms)
     .def_readwrite("chronus", &environment::chronus)
     .def_readwrite("backend", &environment::backend)
+    // egress networking (docs/network.md)
+    .def_readwrite("egress", &environment::egress)
+    .def_readwrite("allow", &environment::allow)
+    .def_readwrite("deny", &environment::deny)
     .def("__repr__", [](const environment& e) {
       std::string tools;
       for (const auto& t : e.tools)
@@ -715,6 +719,7 @@ void bind_values(py::module_& m) {
   DSEC_STAT(default_memory); DSEC_STAT(default_pids); DSEC_STAT(default_disk);
   DSEC_STAT(cgroups_reused); DSEC_STAT(cgroups_made); DSEC_STAT(backends);
   DSEC_STAT(memory_capacity); DSEC_STAT(memory_admitted); DSEC_STAT(cordoned);
+  DSEC_STAT(egress_sandboxes); DSEC_STAT(egress_allowed); DSEC_STAT(egress_denied);
 #undef DSEC_STAT
   stats.def("__repr__", [](const node_stats& s) {
     return "<dsec NodeStats node=" + s.node + " live=" + std::to_string(s.live)

@@ -21,6 +21,7 @@
 #include <linux/perf_event.h>
 #include <linux/reboot.h>
 #include <linux/userfaultfd.h>
+#include <net/if.h>
 #include <netinet/in.h>
 #include <sched.h>
 #include <signal.h>
@@ -918,6 +919,84 @@ static int cmd_tcp_connect(const char *port) {
   return connect_to(AF_INET, (struct sockaddr *)&a, sizeof a);
 }
 
+/* TCP to ADDR:PORT (an IPv4 address), giving up after MS milliseconds: sends
+ * an HTTP/1.0 GET and prints "ok" and the first line of the answer, or the
+ * errno name (ETIMEDOUT when nothing answered: a dropped SYN). */
+static int cmd_http_get(const char *addr, const char *port, const char *ms) {
+  struct sockaddr_in a;
+  memset(&a, 0, sizeof a);
+  a.sin_family = AF_INET;
+  a.sin_port = htons((uint16_t)atoi(port));
+  if (inet_pton(AF_INET, addr, &a.sin_addr) != 1) {
+    printf("EINVAL\n");
+    return 0;
+  }
+  int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (s < 0)
+    return outcome(-1);
+  if (connect(s, (struct sockaddr *)&a, sizeof a) < 0 && errno != EINPROGRESS)
+    return outcome(-1);
+  struct pollfd p = {s, POLLOUT, 0};
+  int n = poll(&p, 1, atoi(ms));
+  if (n == 0) {
+    printf("ETIMEDOUT\n");
+    return 0;
+  }
+  int err = 0;
+  socklen_t len = sizeof err;
+  getsockopt(s, SOL_SOCKET, SO_ERROR, &err, &len);
+  if (err != 0) {
+    printf("%s\n", err_name(err));
+    return 0;
+  }
+  const char req[] = "GET / HTTP/1.0\r\n\r\n";
+  (void)!write(s, req, sizeof req - 1);
+  char buf[256] = "";
+  size_t got = 0;
+  while (got < sizeof buf - 1) {
+    p.events = POLLIN;
+    if (poll(&p, 1, atoi(ms)) <= 0)
+      break;
+    ssize_t r = read(s, buf + got, sizeof buf - 1 - got);
+    if (r <= 0)
+      break;
+    got += (size_t)r;
+    if (memchr(buf, '\n', got))
+      break;
+  }
+  buf[got] = '\0';
+  buf[strcspn(buf, "\r\n")] = '\0';
+  printf("ok %s\n", buf);
+  return 0;
+}
+
+/* The IPv4 address of interface NAME, or the errno name. */
+static int cmd_if_addr(const char *name) {
+  int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  struct ifreq ifr;
+  memset(&ifr, 0, sizeof ifr);
+  strncpy(ifr.ifr_name, name, IFNAMSIZ - 1);
+  if (s < 0 || ioctl(s, SIOCGIFADDR, &ifr) < 0)
+    return failed();
+  char buf[INET_ADDRSTRLEN];
+  inet_ntop(AF_INET, &((struct sockaddr_in *)&ifr.ifr_addr)->sin_addr, buf, sizeof buf);
+  printf("%s\n", buf);
+  return 0;
+}
+
+/* Like tcp-listen, on every address (0.0.0.0). */
+static int cmd_tcp_listen_all(const char *port) {
+  struct sockaddr_in a;
+  tcp_addr(&a, port);
+  a.sin_addr.s_addr = htonl(INADDR_ANY);
+  int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  int one = 1;
+  if (s < 0 || setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) < 0
+      || bind(s, (struct sockaddr *)&a, sizeof a) < 0)
+    return failed();
+  return serve(s);
+}
+
 /* ---- dispatch -------------------------------------------------------------- */
 
 int main(int argc, char **argv) {
@@ -991,6 +1070,9 @@ int main(int argc, char **argv) {
   if (IS("abstract-connect", 1)) return cmd_abstract_connect(a1);
   if (IS("tcp-listen", 1)) return cmd_tcp_listen(a1);
   if (IS("tcp-connect", 1)) return cmd_tcp_connect(a1);
+  if (IS("tcp-listen-all", 1)) return cmd_tcp_listen_all(a1);
+  if (IS("if-addr", 1)) return cmd_if_addr(a1);
+  if (IS("http-get", 3)) return cmd_http_get(a1, a2, argv[4]);
   if (IS("seqpacket-send", 2)) return cmd_seqpacket_send(a1, a2);
   if (IS("seqpacket-listen", 1)) return cmd_seqpacket_listen(a1);
   if (IS("seqpacket-hold", 2)) return cmd_seqpacket_hold(a1, a2, 0);

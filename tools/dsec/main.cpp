@@ -43,6 +43,7 @@ Verbs of a daemon (dsecd), with --connect HOST:PORT before the verb:
                         is empty
   cluster status        the cluster's nodes (a coordinator)
   call, pool set|ls     the function backend and warm pools
+  net ID                change an egress sandbox's network policy
 
 Global options:
   --state DIR           the state directory (layers, blobs); default $DSEC_STATE,

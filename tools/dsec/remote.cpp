@@ -47,6 +47,7 @@ Verbs:
   call [OPTIONS] -- CMD [ARGS...]   the function backend: CMD in a fresh sandbox
                                     (from a warm pool), destroyed after
   pool set|ls                       warm pools of ready sandboxes
+  net ID [--allow R] [--deny R]     change an egress sandbox's network policy
 
 Global options:
   --connect HOST:PORT   the daemon (dsecd --listen); required
@@ -124,6 +125,8 @@ int main(int argc, char** argv) {
     return remote::call_main(ctx, a);
   if (verb == "pool")
     return remote::pool_main(ctx, a);
+  if (verb == "net")
+    return remote::net_main(ctx, a);
   if (verb == "help") {
     std::fputs(remote::usage, stdout);
     return 0;

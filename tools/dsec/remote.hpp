@@ -55,6 +55,7 @@ int watch_main(context& c, args& a);    // session watch
 int feedback_main(context& c, args& a);
 int call_main(context& c, args& a);     // tools/dsec/remote_VERB.cpp
 int pool_main(context& c, args& a);     // tools/dsec/remote_VERB.cpp
+int net_main(context& c, args& a);      // egress policy (issue 14)
 /// The warm pools of `node stats` (tools/dsec/remote_pool.cpp).
 void print_pools(const node_stats& s);
 

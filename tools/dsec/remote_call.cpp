@@ -30,7 +30,8 @@ Layers (in the daemon's store):
   --tool NAME@VERSION      a tool layer; repeat for several (the last on top)
 
 Limits and command (as `run`; see `run --help`):
-  --net, --memory SIZE, --pids N, --cpus N, --disk SIZE
+  --net, --network MODE, --allow RULE, --deny RULE, --memory SIZE, --pids N,
+  --cpus N, --disk SIZE
   -i, --stdin, --env KEY=VALUE, --cwd DIR, --user UID[:GID], --timeout DUR
   -h, --help               this text
 

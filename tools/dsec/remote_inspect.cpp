@@ -21,7 +21,8 @@ Prints a JSON array with an object for each sandbox ID, in the order given:
   key, tags                    its create's key (null if none) and tags
   environment                  base, workdir, tools, memory, pids, cpus, disk
                                (bytes; 0: the node's default was not filled in),
-                               net, ttl_ms, backend, chronus
+                               network (none, loopback, egress), allow, deny,
+                               ttl_ms, backend, chronus
 
 Exit status: 0 when every ID was found; 1 when one was not (it is named on
 stderr, the others are printed) or the daemon cannot be reached; 2 on a usage

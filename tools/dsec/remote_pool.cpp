@@ -36,7 +36,8 @@ real creates first, and shrink under memory pressure.
 
 Options of pool set:
   --base NAME@VERSION, --workdir NAME@VERSION, --tool NAME@VERSION
-  --net, --memory SIZE, --pids N, --cpus N, --disk SIZE
+  --net, --network MODE, --allow RULE, --deny RULE, --memory SIZE, --pids N,
+  --cpus N, --disk SIZE
   --size N                 ready sandboxes to keep (required; 0 removes)
   -h, --help               this text
 )";

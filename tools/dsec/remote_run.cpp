@@ -78,6 +78,21 @@ Environment of the command:
 Isolation and limits:
   --net                    a private network namespace with a working loopback;
                            without it the sandbox has no network, not even loopback
+                           (a synonym of --network loopback)
+  --network MODE           none (the default), loopback, or egress: a veth to the
+                           node, an address from its --sandbox-net, a default
+                           route, and out through its --uplink by the policy:
+  --allow RULE             egress allowed to RULE (repeatable): CIDR[:PORT[-PORT]]
+                           (TCP and UDP), DOMAIN or *.DOMAIN (resolved through
+                           the node's DNS proxy, its answers admitted for their
+                           TTL), or a service the node names (dsecd
+                           --services). Everything else is denied; private,
+                           link-local (169.254.169.254) and the node's denied
+                           ranges even under a wider rule, unless a rule names a
+                           network inside them; the node itself always
+                           (docs/network.md)
+  --deny RULE              denied even where an --allow rule says otherwise
+                           (`dsec net ID` changes both on a live sandbox)
   --memory SIZE            memory limit (e.g. 512m, 2g); OOM kills inside. It
                            also bounds the writable layer (a tmpfs: its pages are
                            charged to the sandbox). Default: the node's

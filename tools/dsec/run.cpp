@@ -68,6 +68,8 @@ bounded writable layer; the defaults are what a dsecd with its default
   --net                    a private network namespace with a working loopback
                            (127.0.0.1); without it the sandbox has no network at
                            all, not even loopback. No route leads outside.
+  --network none|loopback  the same choice by name (loopback = --net); egress
+                           needs a daemon (dsec --connect HOST:PORT run)
   --memory SIZE|none       memory limit (e.g. 512m, 2g); OOM kills inside. It
                            also bounds the writable layer: a tmpfs, whose pages
                            are charged to the sandbox
@@ -162,6 +164,9 @@ std::optional<int> parse(args& a, run_args& r) {
   }
   if (auto rc = check_sandbox_options("run", r.sb))
     return rc;
+  if (r.sb.env.egress)
+    return usage_error("run", "--network egress needs a node daemon with an uplink (dsecd "
+                              "--uplink IFACE): use dsec --connect HOST:PORT run");
   r.cmd.cwd = r.cs.cwd;
   r.cmd.uid = r.cs.uid;
   r.cmd.gid = r.cs.gid;

@@ -7,6 +7,7 @@
 #include <cstdlib>
 
 #include "runtime/fd.hpp"
+#include "runtime/net_policy.hpp"
 #include "runtime/units.hpp"
 
 namespace dsec::cli {
@@ -142,8 +143,26 @@ parsed parse_sandbox_option(args& a, std::string_view verb, sandbox_options& s) 
     env.cpus = n;
     return parsed::yes;
   }
-  if (a.flag("--net")) {
-    env.net = true;
+  if (a.flag("--net")) { // a synonym of --network loopback
+    if (!env.egress)
+      env.net = true;
+    return parsed::yes;
+  }
+  DSEC_OPT("--network") {
+    if (auto r = env.set_network(v); !r)
+      return bad(verb, r.error_value().message);
+    return parsed::yes;
+  }
+  DSEC_OPT("--allow") {
+    if (auto r = parse_net_rule(v); !r)
+      return bad(verb, "--allow: " + r.error_value().message);
+    env.allow.push_back(v);
+    return parsed::yes;
+  }
+  DSEC_OPT("--deny") {
+    if (auto r = parse_net_rule(v); !r)
+      return bad(verb, "--deny: " + r.error_value().message);
+    env.deny.push_back(v);
     return parsed::yes;
   }
   return parsed::no;

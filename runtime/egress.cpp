@@ -1,0 +1,631 @@
+#include "runtime/egress.hpp"
+
+#include <fcntl.h>
+#include <net/if.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <nftables/libnftables.h>
+
+#include <cctype>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+
+#include "runtime/netlink.hpp"
+
+namespace dsec {
+
+namespace {
+
+// A /proc/sys file's first line, or "" if it cannot be read.
+std::string read_sysctl(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return {};
+  char buf[32];
+  ssize_t n = ::read(fd, buf, sizeof buf - 1);
+  ::close(fd);
+  if (n <= 0)
+    return {};
+  std::string s{buf, static_cast<size_t>(n)};
+  while (!s.empty() && (s.back() == '\n' || s.back() == ' '))
+    s.pop_back();
+  return s;
+}
+
+expected<void> write_sysctl(const std::string& path, const std::string& value) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+  if (fd < 0)
+    return sys_error("opening", path);
+  bool ok = ::write(fd, value.data(), value.size()) == static_cast<ssize_t>(value.size());
+  int err = errno;
+  ::close(fd);
+  if (!ok)
+    return sys_error("writing", path, err);
+  return {};
+}
+
+std::string forwarding_path(const std::string& ifname) {
+  return "/proc/sys/net/ipv4/conf/" + ifname + "/forwarding";
+}
+
+bool ifname_ok(const std::string& n) {
+  if (n.empty() || n.size() >= IFNAMSIZ)
+    return false;
+  for (char c : n)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '-' && c != '.')
+      return false;
+  return true;
+}
+
+std::string base36(uint64_t v) {
+  const char* digits = "0123456789abcdefghijklmnopqrstuvwxyz";
+  std::string s;
+  do {
+    s.insert(s.begin(), digits[v % 36]);
+    v /= 36;
+  } while (v);
+  return s;
+}
+
+struct nft_owner {
+  nft_ctx* p;
+  ~nft_owner() {
+    if (p)
+      nft_ctx_free(p);
+  }
+};
+
+nft_ctx* new_nft() {
+  nft_ctx* c = nft_ctx_new(NFT_CTX_DEFAULT);
+  if (c) {
+    nft_ctx_buffer_output(c);
+    nft_ctx_buffer_error(c);
+  }
+  return c;
+}
+
+expected<void> run_nft(nft_ctx* c, const std::string& cmds) {
+  if (nft_run_cmd_from_buffer(c, cmds.c_str()) != 0) {
+    std::string err = nft_ctx_get_error_buffer(c);
+    while (!err.empty() && err.back() == '\n')
+      err.pop_back();
+    auto e = make_error(errc::system_error, "nftables: " + err);
+    e.path = "nftables";
+    return e;
+  }
+  return {};
+}
+
+// Drops the rules another rule of the same list covers (the kernel refuses
+// some nested intervals of one set), and duplicates.
+std::vector<net_rule> normalised(std::vector<net_rule> rules) {
+  std::vector<net_rule> out;
+  for (size_t i = 0; i < rules.size(); ++i) {
+    bool covered = false;
+    for (size_t j = 0; j < rules.size() && !covered; ++j) {
+      if (i == j)
+        continue;
+      const auto& a = rules[i];
+      const auto& b = rules[j];
+      bool in = b.net.contains(a.net) && b.port_lo <= a.port_lo && a.port_hi <= b.port_hi;
+      bool same = b.net == a.net && b.port_lo == a.port_lo && b.port_hi == a.port_hi;
+      covered = in && (!same || j < i);
+    }
+    if (!covered)
+      out.push_back(rules[i]);
+  }
+  return out;
+}
+
+std::string element(const std::string& ifname, const net_rule& r) {
+  std::string ports = r.port_lo == r.port_hi
+                        ? std::to_string(r.port_lo)
+                        : std::to_string(r.port_lo) + "-" + std::to_string(r.port_hi);
+  return "\"" + ifname + "\" . " + r.net.to_string() + " . " + ports;
+}
+
+} // namespace
+
+std::string egress_tag(const std::string& state_dir) {
+  uint32_t h = 2166136261u;
+  for (unsigned char c : state_dir)
+    h = (h ^ c) * 16777619u;
+  char buf[8];
+  std::snprintf(buf, sizeof buf, "%04x", (h ^ (h >> 16)) & 0xffff);
+  return buf;
+}
+
+uint32_t egress_link::resolver() const { return net_->resolver(); }
+
+std::vector<std::string> egress_network::sweep(const std::string& tag) {
+  std::vector<std::string> gone;
+  if (auto nl = rtnl::open()) {
+    auto links = nl->links_with_prefix("dx" + tag + "_");
+    std::vector<std::string> names = links ? *links : std::vector<std::string>{};
+    if (::if_nametoindex(("dx" + tag + "-dns").c_str()) != 0)
+      names.push_back("dx" + tag + "-dns");
+    for (const auto& n : names)
+      if (nl->delete_link(n))
+        gone.push_back("link " + n);
+  }
+  nft_owner c{new_nft()};
+  if (c.p && run_nft(c.p, "list table inet dsec_" + tag))
+    if (run_nft(c.p, "delete table inet dsec_" + tag))
+      gone.push_back("nftables table inet dsec_" + tag);
+  return gone;
+}
+
+std::vector<std::string> egress_network::sweep_dead() {
+  std::vector<std::string> gone;
+  nft_owner c{new_nft()};
+  if (!c.p || !run_nft(c.p, "list tables inet"))
+    return gone;
+  std::istringstream tables{nft_ctx_get_output_buffer(c.p)};
+  std::string line;
+  std::vector<std::string> tags;
+  while (std::getline(tables, line)) {
+    const std::string mark = "table inet dsec_";
+    if (line.rfind(mark, 0) == 0 && line.size() == mark.size() + 4)
+      tags.push_back(line.substr(mark.size()));
+  }
+  for (const auto& tag : tags) {
+    if (!run_nft(c.p, "list table inet dsec_" + tag))
+      continue;
+    std::string text = nft_ctx_get_output_buffer(c.p);
+    auto at = text.find("comment \"dsecd pid ");
+    if (at == std::string::npos)
+      continue; // not one of ours, or from before owners were written
+    long pid = std::strtol(text.c_str() + at + 19, nullptr, 10);
+    if (pid <= 0 || pid == ::getpid() || ::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH)
+      continue; // its daemon lives
+    for (auto& what : sweep(tag))
+      gone.push_back(std::move(what) + " (of dead dsecd " + std::to_string(pid) + ")");
+  }
+  return gone;
+}
+
+expected<std::unique_ptr<egress_network>> egress_network::start(const egress_options& opts) {
+  std::unique_ptr<egress_network> n{new egress_network};
+  n->opts_ = opts;
+  auto net = parse_ipv4_net(opts.sandbox_net);
+  if (!net)
+    return make_error(errc::invalid_argument, "--sandbox-net " + net.error_value().message);
+  if (net->prefix < 8 || net->prefix > 29)
+    return make_error(errc::invalid_argument, "--sandbox-net " + opts.sandbox_net
+                                                + ": expected a network from /8 to /29");
+  n->net_ = *net;
+  if (opts.tag.size() != 4 || opts.tag.find_first_not_of("0123456789abcdef") != std::string::npos)
+    return make_error(errc::invalid_argument, "egress tag '" + opts.tag + "': expected 4 hex digits");
+  n->prefix_ = "dx" + opts.tag + "_";
+  n->dns_link_ = "dx" + opts.tag + "-dns";
+  n->table_ = "dsec_" + opts.tag;
+  if (!ifname_ok(opts.uplink))
+    return make_error(errc::invalid_argument,
+                      "--uplink '" + opts.uplink + "' is not an interface name");
+  if (opts.uplink.starts_with("dx" + opts.tag))
+    return make_error(errc::invalid_argument,
+                      "--uplink " + opts.uplink + " is one of dsecd's own links");
+  if (::if_nametoindex(opts.uplink.c_str()) == 0)
+    return make_error(errc::not_found, "--uplink " + opts.uplink + ": no such interface here");
+  (void) sweep(opts.tag);
+  (void) sweep_dead();
+  n->home_ns_ = unique_fd{::open("/proc/thread-self/ns/net", O_RDONLY | O_CLOEXEC)};
+  if (!n->home_ns_)
+    return sys_error("opening the node's network namespace", "/proc/thread-self/ns/net");
+  n->nft_ = new_nft();
+  if (!n->nft_)
+    return make_error(errc::system_error, "nft_ctx_new failed");
+  DSEC_TRY(nl, rtnl::open());
+  // A veth pair of the node's own rather than a dummy link (kernels without
+  // the dummy driver): the resolver's address lives on one end.
+  DSEC_TRY_VOID(nl.add_veth(n->dns_link_, "dx" + opts.tag + "-dnp", 0));
+  DSEC_TRY_VOID(nl.set_up("dx" + opts.tag + "-dnp"));
+  DSEC_TRY(dns_idx, nl.set_up_index(n->dns_link_));
+  DSEC_TRY_VOID(nl.add_address(dns_idx, n->resolver(), 32));
+  // Always denied unless named: the special ranges, the node's own addresses
+  // (taken now), and the sandboxes' network.
+  n->special_ = always_denied_ranges();
+  for (const auto& r : opts.deny_ranges) {
+    auto dr = parse_ipv4_net(r);
+    if (!dr)
+      return make_error(errc::invalid_argument, "--deny-range " + dr.error_value().message);
+    n->special_.push_back(*dr);
+  }
+  if (!opts.services_file.empty())
+    DSEC_TRY_VOID(n->load_services(opts.services_file));
+  std::string special;
+  for (const auto& r : n->special_)
+    special += (special.empty() ? "" : ", ") + r.to_string();
+  DSEC_TRY(own, nl.ipv4_addresses());
+  for (auto a : own)
+    special += ", " + ipv4_to_string(a);
+  special += ", " + n->net_.to_string();
+  const std::string& up = opts.uplink;
+  const std::string match = "\"" + n->prefix_ + "*\"";
+  std::string t = "table inet " + n->table_ + " {\n"
+    "  comment \"dsecd pid " + std::to_string(::getpid()) + "\";\n"
+    "  set addrs { type ifname . ipv4_addr; }\n"
+    "  set allow { type ifname . ipv4_addr . inet_service; flags interval; }\n"
+    "  set allow_special { type ifname . ipv4_addr . inet_service; flags interval; }\n"
+    "  set deny { type ifname . ipv4_addr . inet_service; flags interval; }\n"
+    "  set dns_allow { type ifname . ipv4_addr; flags timeout; }\n"
+    "  set special { type ipv4_addr; flags interval; auto-merge; elements = { " + special + " } }\n"
+    "  counter allowed { }\n"
+    "  counter denied { }\n"
+    "  chain sb_out {\n"
+    "    ct state established,related accept\n"
+    "    ct state invalid drop\n"
+    "    meta nfproto ipv6 counter name denied drop\n"
+    "    iifname . ip saddr != @addrs counter name denied drop\n"
+    "    oifname != \"" + up + "\" counter name denied drop\n"
+    "    meta l4proto != { tcp, udp } counter name denied drop\n"
+    "    iifname . ip daddr . th dport @deny counter name denied drop\n"
+    "    iifname . ip daddr . th dport @allow_special counter name allowed accept\n"
+    "    ip daddr @special counter name denied drop\n"
+    "    iifname . ip daddr . th dport @allow counter name allowed accept\n"
+    "    iifname . ip daddr @dns_allow counter name allowed accept\n"
+    "    counter name denied drop\n"
+    "  }\n"
+    "  chain sb_in {\n"
+    "    ct state established,related accept\n"
+    "    ip daddr " + ipv4_to_string(n->resolver()) + " meta l4proto { tcp, udp } th dport 53 accept\n"
+    "    counter name denied drop\n"
+    "  }\n"
+    "  chain forward {\n"
+    "    type filter hook forward priority filter - 5; policy accept;\n"
+    "    iifname " + match + " jump sb_out\n"
+    "    oifname " + match + " ct state established,related accept\n"
+    "    oifname " + match + " drop\n"
+    "  }\n"
+    "  chain input {\n"
+    "    type filter hook input priority filter - 5; policy accept;\n"
+    "    iifname " + match + " jump sb_in\n"
+    "  }\n"
+    "  chain postrouting {\n"
+    "    type nat hook postrouting priority srcnat; policy accept;\n"
+    "    ip saddr " + n->net_.to_string() + " oifname \"" + up + "\" masquerade\n"
+    "  }\n"
+    "}\n";
+  if (auto r = n->nft(t); !r)
+    return std::move(r).error_value().in_step("egress_table");
+  if (!opts.dns_upstream.empty()) {
+    auto* self = n.get();
+    auto p = dns_proxy::start(
+      n->resolver(), opts.dns_upstream,
+      [self](uint32_t src, const std::string& name) { return self->dns_allowed(src, name); },
+      [self](uint32_t src, const std::vector<uint32_t>& a, uint32_t ttl) {
+        self->dns_admit(src, a, ttl);
+      });
+    if (!p)
+      return std::move(p).error_value().in_step("dns_proxy");
+    n->dns_ = std::move(*p);
+  }
+  n->uplink_forwarding_ = read_sysctl(forwarding_path(up));
+  if (auto r = write_sysctl(forwarding_path(up), "1"); !r)
+    return std::move(r).error_value().in_step("uplink_forwarding");
+  return n;
+}
+
+egress_network::~egress_network() {
+  dns_.reset(); // its thread takes mu_
+  std::lock_guard<std::mutex> g{mu_};
+  if (nft_) {
+    (void) run_nft(nft_, "delete table inet " + table_);
+    nft_ctx_free(nft_);
+  }
+  if (auto nl = rtnl::open()) {
+    (void) nl->delete_link(dns_link_);
+    if (auto links = nl->links_with_prefix(prefix_))
+      for (const auto& l : *links)
+        (void) nl->delete_link(l);
+  }
+  if (!uplink_forwarding_.empty() && uplink_forwarding_ != "1")
+    (void) write_sysctl(forwarding_path(opts_.uplink), uplink_forwarding_);
+}
+
+expected<void> egress_network::nft(const std::string& cmds) { return run_nft(nft_, cmds); }
+
+size_t egress_network::attached() const {
+  std::lock_guard<std::mutex> g{mu_};
+  return attached_;
+}
+
+expected<void> egress_network::load_services(const std::string& path) {
+  std::ifstream in{path};
+  if (!in)
+    return sys_error("opening --services", path);
+  std::string line;
+  int no = 0;
+  while (std::getline(in, line)) {
+    ++no;
+    if (auto h = line.find('#'); h != std::string::npos)
+      line.resize(h);
+    std::istringstream words{line};
+    std::string name, rule;
+    if (!(words >> name))
+      continue;
+    auto nr = parse_net_rule(name);
+    if (!nr || nr->what != net_rule::kind::service)
+      return make_error(errc::invalid_argument, path + ":" + std::to_string(no) + ": '" + name
+                                                  + "' is not a service name (letters, digits, "
+                                                    "'-', '_')");
+    auto& rules = services_[nr->name];
+    while (words >> rule) {
+      auto r = parse_net_rule(rule);
+      if (!r)
+        return make_error(errc::invalid_argument, path + ":" + std::to_string(no) + ": "
+                                                    + r.error_value().message);
+      if (r->what == net_rule::kind::service)
+        return make_error(errc::invalid_argument, path + ":" + std::to_string(no) + ": service "
+                                                    + name + " names service " + rule
+                                                    + " (only CIDRs and domains)");
+      rules.push_back(rule);
+    }
+    if (rules.empty())
+      return make_error(errc::invalid_argument,
+                        path + ":" + std::to_string(no) + ": service " + name + " has no rules");
+  }
+  return {};
+}
+
+egress_network::counters_t egress_network::counters() {
+  std::lock_guard<std::mutex> g{mu_};
+  counters_t c;
+  auto read = [&](const char* name, uint64_t& out) {
+    if (!run_nft(nft_, "list counter inet " + table_ + " " + name))
+      return;
+    std::string text = nft_ctx_get_output_buffer(nft_);
+    auto at = text.find("packets ");
+    if (at != std::string::npos)
+      out = std::strtoull(text.c_str() + at + 8, nullptr, 10);
+  };
+  read("allowed", c.allowed);
+  read("denied", c.denied);
+  return c;
+}
+
+expected<egress_network::compiled> egress_network::compile(
+  const std::string& ifname, const std::vector<std::string>& allow,
+  const std::vector<std::string>& deny) const {
+  compiled out;
+  std::vector<net_rule> a, as, d;
+  auto add_rule = [&](const net_rule& r, bool is_allow) -> expected<void> {
+    switch (r.what) {
+      case net_rule::kind::cidr:
+        if (!is_allow)
+          d.push_back(r);
+        else if (names_special(r.net, special_))
+          as.push_back(r);
+        else
+          a.push_back(r);
+        return {};
+      case net_rule::kind::domain:
+      case net_rule::kind::wildcard:
+        if (!dns_)
+          return make_error(errc::unsupported,
+                            "rule '" + r.text + "': domain rules need the node's DNS proxy "
+                                                "(dsecd --dns-upstream), which this node does not run");
+        (r.what == net_rule::kind::domain ? (is_allow ? out.dns_exact : out.deny_exact)
+                                          : (is_allow ? out.dns_suffix : out.deny_suffix))
+          .push_back(r.name);
+        return {};
+      case net_rule::kind::service:
+        break;
+    }
+    return make_error(errc::invalid_argument, "rule '" + r.text + "': a service inside a service");
+  };
+  auto parse = [&](const std::vector<std::string>& rules, bool is_allow) -> expected<void> {
+    for (const auto& text : rules) {
+      DSEC_TRY(r, parse_net_rule(text));
+      if (r.what != net_rule::kind::service) {
+        DSEC_TRY_VOID(add_rule(r, is_allow));
+        continue;
+      }
+      auto svc = services_.find(r.name);
+      if (svc == services_.end()) {
+        std::string names;
+        for (const auto& [n, _] : services_)
+          names += (names.empty() ? "" : ", ") + n;
+        return make_error(errc::not_found,
+                          "rule '" + text + "': no such service on this node ("
+                            + (names.empty() ? std::string{"it names none: dsecd --services FILE"}
+                                             : "it names " + names)
+                            + ")");
+      }
+      for (const auto& sub : svc->second) {
+        DSEC_TRY(sr, parse_net_rule(sub));
+        DSEC_TRY_VOID(add_rule(sr, is_allow));
+      }
+    }
+    return {};
+  };
+  DSEC_TRY_VOID(parse(allow, true));
+  DSEC_TRY_VOID(parse(deny, false));
+  auto add = [&](const char* set, const std::vector<net_rule>& rules) {
+    if (rules.empty())
+      return;
+    std::string elems;
+    for (const auto& r : normalised(rules))
+      elems += (elems.empty() ? "" : ", ") + element(ifname, r);
+    out.elements += std::string{set} + " { " + elems + " }\n";
+  };
+  add("allow", a);
+  add("allow_special", as);
+  add("deny", d);
+  return out;
+}
+
+expected<void> egress_network::check_policy(const std::vector<std::string>& allow,
+                                            const std::vector<std::string>& deny) const {
+  DSEC_TRY_VOID(compile("x", allow, deny));
+  return {};
+}
+
+namespace {
+std::string with_verb(const std::string& verb, const std::string& table,
+                      const std::string& lines) {
+  std::string out;
+  size_t at = 0;
+  while (at < lines.size()) {
+    auto nl = lines.find('\n', at);
+    out += verb + " element inet " + table + " " + lines.substr(at, nl - at) + "\n";
+    at = nl == std::string::npos ? lines.size() : nl + 1;
+  }
+  return out;
+}
+} // namespace
+
+expected<std::unique_ptr<egress_link>> egress_network::attach(pid_t pid, int pidfd,
+                                                              const std::vector<std::string>& allow,
+                                                              const std::vector<std::string>& deny) {
+  std::lock_guard<std::mutex> g{mu_};
+  // A free /31 whose last veth is gone.
+  size_t count = ((size_t{1} << (32 - net_.prefix)) - 2) / 2;
+  size_t slot = count;
+  for (size_t k = 0; k < count; ++k) {
+    size_t i = (next_slot_ + k) % count;
+    if (i >= slots_.size())
+      slots_.resize(i + 1);
+    auto& s = slots_[i];
+    if (s.used)
+      continue;
+    if (!s.last_ifname.empty() && ::if_nametoindex(s.last_ifname.c_str()) != 0)
+      continue;
+    slot = i;
+    break;
+  }
+  if (slot == count)
+    return make_error(errc::overloaded, "--sandbox-net " + net_.to_string()
+                                          + " has no free address for another egress sandbox");
+  // net_ stays null until it is attached: a failure below must not release
+  // it (that would take mu_, held here).
+  std::unique_ptr<egress_link> l{new egress_link};
+  l->slot_ = slot;
+  l->ifname_ = prefix_ + base36(next_name_++);
+  l->addr_ = net_.addr + 3 + 2 * static_cast<uint32_t>(slot);
+  DSEC_TRY(pol, compile(l->ifname_, allow, deny));
+  auto elems = "addrs { \"" + l->ifname_ + "\" . " + ipv4_to_string(l->addr_) + " }\n"
+               + pol.elements;
+  auto fail = [&](error e) -> error {
+    if (auto nl = rtnl::open())
+      (void) nl->delete_link(l->ifname_);
+    return std::move(e).in_step("setup_egress");
+  };
+  {
+    DSEC_TRY(nl, rtnl::open());
+    if (auto r = nl.add_veth(l->ifname_, "eth0", pid); !r)
+      return fail(r.error_value());
+    auto idx = nl.set_up_index(l->ifname_);
+    if (!idx)
+      return fail(idx.error_value());
+    if (auto r = nl.add_address(*idx, l->gateway(), 31); !r)
+      return fail(r.error_value());
+    if (auto r = write_sysctl(forwarding_path(l->ifname_), "1"); !r)
+      return fail(r.error_value());
+  }
+  {
+    auto in = rtnl::open_in(pidfd, home_ns_.get());
+    if (!in)
+      return fail(in.error_value());
+    auto idx = in->set_up_index("eth0");
+    if (!idx)
+      return fail(idx.error_value());
+    if (auto r = in->add_address(*idx, l->addr_, 31); !r)
+      return fail(r.error_value());
+    if (auto r = in->add_default_route(*idx, l->gateway()); !r)
+      return fail(r.error_value());
+  }
+  if (auto r = nft(with_verb("add", table_, elems)); !r)
+    return fail(r.error_value());
+  l->elements_ = std::move(elems);
+  l->allow_ = allow;
+  l->deny_ = deny;
+  l->dns_exact_ = std::move(pol.dns_exact);
+  l->dns_suffix_ = std::move(pol.dns_suffix);
+  l->deny_exact_ = std::move(pol.deny_exact);
+  l->deny_suffix_ = std::move(pol.deny_suffix);
+  by_addr_[l->addr_] = l.get();
+  l->net_ = this;
+  slots_[slot].used = true;
+  slots_[slot].last_ifname = l->ifname_;
+  next_slot_ = (slot + 1) % count;
+  ++attached_;
+  return l;
+}
+
+void egress_network::forget_admitted(egress_link& l) {
+  // One transaction each: an element whose TTL ran out is gone already, and
+  // its failed delete must not undo the others.
+  for (auto a : l.admitted_)
+    (void) nft("delete element inet " + table_ + " dns_allow { \"" + l.ifname_ + "\" . "
+               + ipv4_to_string(a) + " }");
+  l.admitted_.clear();
+}
+
+void egress_network::release(egress_link& l) {
+  std::lock_guard<std::mutex> g{mu_};
+  (void) nft(with_verb("delete", table_, l.elements_));
+  forget_admitted(l);
+  by_addr_.erase(l.addr_);
+  slots_[l.slot_].used = false;
+  --attached_;
+}
+
+bool egress_network::dns_allowed(uint32_t src, const std::string& name) {
+  std::lock_guard<std::mutex> g{mu_};
+  auto it = by_addr_.find(src);
+  if (it == by_addr_.end())
+    return false;
+  const auto& l = *it->second;
+  return dns_name_matches(name, l.dns_exact_, l.dns_suffix_)
+         && !dns_name_matches(name, l.deny_exact_, l.deny_suffix_);
+}
+
+void egress_network::dns_admit(uint32_t src, const std::vector<uint32_t>& addrs, uint32_t ttl_s) {
+  std::lock_guard<std::mutex> g{mu_};
+  auto it = by_addr_.find(src);
+  if (it == by_addr_.end())
+    return;
+  auto& l = *it->second;
+  std::string elems;
+  for (auto a : addrs) {
+    elems += (elems.empty() ? "" : ", ") + std::string{"\""} + l.ifname_ + "\" . "
+             + ipv4_to_string(a) + " timeout " + std::to_string(std::min<uint32_t>(ttl_s, 86400))
+             + "s";
+    if (std::find(l.admitted_.begin(), l.admitted_.end(), a) == l.admitted_.end())
+      l.admitted_.push_back(a);
+  }
+  (void) nft("add element inet " + table_ + " dns_allow { " + elems + " }");
+}
+
+expected<void> egress_link::set_policy(const std::vector<std::string>& allow,
+                                       const std::vector<std::string>& deny) {
+  std::lock_guard<std::mutex> g{net_->mu_};
+  DSEC_TRY(pol, net_->compile(ifname_, allow, deny));
+  auto elems = "addrs { \"" + ifname_ + "\" . " + ipv4_to_string(addr_) + " }\n" + pol.elements;
+  DSEC_TRY_VOID(net_->nft(with_verb("delete", net_->table_, elements_)
+                          + with_verb("add", net_->table_, elems)));
+  // What the old domain rules admitted goes too: new connections follow the
+  // new policy only.
+  net_->forget_admitted(*this);
+  elements_ = std::move(elems);
+  allow_ = allow;
+  deny_ = deny;
+  dns_exact_ = std::move(pol.dns_exact);
+  dns_suffix_ = std::move(pol.dns_suffix);
+  deny_exact_ = std::move(pol.deny_exact);
+  deny_suffix_ = std::move(pol.deny_suffix);
+  return {};
+}
+
+egress_link::~egress_link() {
+  if (net_)
+    net_->release(*this);
+}
+
+} // namespace dsec

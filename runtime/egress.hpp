@@ -1,0 +1,194 @@
+// egress: a node's network for sandboxes with environment.network "egress"
+// (docs/network.md). Each such sandbox gets
+//  - a veth pair: "<prefix>N" on the node, "eth0" in the sandbox's own network
+//    namespace (the one init was cloned with);
+//  - a routed /31 out of the node's --sandbox-net: the node's end is the
+//    even address, the sandbox's the odd one, with the default route via the
+//    node's end; no bridge, so sandboxes share no L2 segment (no ARP or MAC
+//    spoofing between them) and each one's traffic is told apart by the
+//    interface it came in on;
+//  - a resolver address (the first address of --sandbox-net after the network
+//    address, on the node's veth pair "dx<tag>-dns"/"dx<tag>-dnp": some
+//    kernels have no dummy driver);
+//  - its policy as elements of the sets of one nftables table of the node,
+//    "inet dsec_<tag>", whose chains are fixed: a create or a policy change
+//    adds and removes set elements in one transaction, never rules.
+// The node NATs (masquerades) the sandboxes' traffic out through --uplink
+// only: a packet from a sandbox that would leave by any other interface is
+// dropped, whatever the policy says.
+//
+// Names: every link and the table carry a tag of the daemon instance (from
+// its state dir), so a daemon that starts sweeps what a killed predecessor
+// left (sweep()), and two daemons on one machine keep apart.
+//
+// Teardown: a sandbox's veth goes with its network namespace when its last
+// process ends (one batched kernel teardown, not a 16 ms link delete each);
+// its set elements are removed by its egress_link's destructor; its /31 is
+// reused only once the old veth is gone.
+//
+// No CAF. Thread-safe (one lock).
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "runtime/error.hpp"
+#include "runtime/fd.hpp"
+#include "runtime/dns_proxy.hpp"
+#include "runtime/net_policy.hpp"
+
+struct nft_ctx;
+
+namespace dsec {
+
+struct egress_options {
+  std::string uplink;                       ///< dsecd --uplink IFACE (required)
+  std::string sandbox_net = "198.19.0.0/16"; ///< dsecd --sandbox-net CIDR (/8 to /29)
+  std::string tag;                          ///< 4 hex digits: egress_tag(state dir)
+  /// dsecd --dns-upstream ADDR[:PORT]: where the node's DNS proxy asks;
+  /// empty: no proxy, and domain and service rules are refused.
+  std::string dns_upstream;
+  /// dsecd --services FILE: lines "NAME RULE..." (CIDR, DOMAIN, *.DOMAIN
+  /// rules; '#' starts a comment) naming services for policies.
+  std::string services_file;
+  /// dsecd --deny-range CIDR: more ranges denied unless named (besides
+  /// always_denied_ranges(), the node's addresses and --sandbox-net).
+  std::vector<std::string> deny_ranges;
+};
+
+/// The tag of a daemon instance: 4 hex digits hashed from its state dir.
+std::string egress_tag(const std::string& state_dir);
+
+class egress_network;
+
+/// One sandbox's attachment: its veth, its /31, its set elements. The
+/// destructor removes the elements (the veth goes with the sandbox's netns).
+class egress_link {
+public:
+  [[nodiscard]] const std::string& ifname() const { return ifname_; }
+  [[nodiscard]] uint32_t address() const { return addr_; }       ///< the sandbox's
+  [[nodiscard]] uint32_t gateway() const { return addr_ - 1; }   ///< the node's end
+  [[nodiscard]] uint32_t resolver() const;
+  /// The policy in force (as given).
+  [[nodiscard]] const std::vector<std::string>& allow() const { return allow_; }
+  [[nodiscard]] const std::vector<std::string>& deny() const { return deny_; }
+
+  /// Replaces the policy, in one nftables transaction: new connections see the
+  /// new policy at once, established ones go on. On error the old one stays.
+  expected<void> set_policy(const std::vector<std::string>& allow,
+                            const std::vector<std::string>& deny);
+
+  ~egress_link();
+  egress_link(const egress_link&) = delete;
+  egress_link& operator=(const egress_link&) = delete;
+
+private:
+  friend class egress_network;
+  egress_link() = default;
+  egress_network* net_ = nullptr;
+  std::string ifname_;
+  uint32_t addr_ = 0;
+  size_t slot_ = 0;
+  std::vector<std::string> allow_, deny_;
+  std::string elements_; // what delete_elements() removes: "set { ... }" lines
+  // Domain rules (the DNS proxy's), and the addresses it admitted.
+  std::vector<std::string> dns_exact_, dns_suffix_, deny_exact_, deny_suffix_;
+  std::vector<uint32_t> admitted_;
+};
+
+class egress_network {
+public:
+  /// Sweeps what an earlier daemon of this tag left, then makes the table,
+  /// the resolver's link, and sets forwarding on the uplink.
+  static expected<std::unique_ptr<egress_network>> start(const egress_options& opts);
+
+  /// Removes the links and the table of `tag` (a killed daemon's); returns
+  /// what it removed.
+  static std::vector<std::string> sweep(const std::string& tag);
+  /// Sweeps every dsec table (and its links) whose daemon is dead: the table
+  /// names its owner ("dsecd pid N" comment). For daemons whose state dir is
+  /// gone (a test's, a killed one's that nobody restarts).
+  static std::vector<std::string> sweep_dead();
+
+  /// Checks `allow`/`deny` (the rules this node can enforce) without
+  /// attaching anything.
+  expected<void> check_policy(const std::vector<std::string>& allow,
+                              const std::vector<std::string>& deny) const;
+
+  /// Gives the sandbox whose init is `pid` (with `pidfd`) its veth, /31,
+  /// default route and policy.
+  expected<std::unique_ptr<egress_link>> attach(pid_t pid, int pidfd,
+                                                const std::vector<std::string>& allow,
+                                                const std::vector<std::string>& deny);
+
+  [[nodiscard]] const std::string& table() const { return table_; }
+  [[nodiscard]] const std::string& link_prefix() const { return prefix_; }
+  [[nodiscard]] uint32_t resolver() const { return net_.addr + 1; }
+  /// Whether domain and service rules can be enforced (a DNS proxy runs).
+  [[nodiscard]] bool has_dns() const { return dns_ != nullptr; }
+  /// The DNS proxy's counters (null without one).
+  [[nodiscard]] const dns_proxy::counters* dns_stats() const {
+    return dns_ ? &dns_->stats() : nullptr;
+  }
+  [[nodiscard]] const egress_options& options() const { return opts_; }
+  /// Links attached now.
+  [[nodiscard]] size_t attached() const;
+  /// Packets the policies allowed (first packets of connections) and denied.
+  struct counters_t {
+    uint64_t allowed = 0, denied = 0;
+  };
+  counters_t counters();
+
+  /// Deletes the table and the dummy link, restores the uplink's forwarding.
+  ~egress_network();
+  egress_network(const egress_network&) = delete;
+  egress_network& operator=(const egress_network&) = delete;
+
+private:
+  friend class egress_link;
+  egress_network() = default;
+  expected<void> nft(const std::string& cmds);
+  // A policy for `ifname`: its set elements ("SET { ... }" lines, for add or
+  // delete element) and its domain rules; or an error naming the bad rule.
+  struct compiled {
+    std::string elements;
+    std::vector<std::string> dns_exact, dns_suffix, deny_exact, deny_suffix;
+  };
+  expected<compiled> compile(const std::string& ifname, const std::vector<std::string>& allow,
+                             const std::vector<std::string>& deny) const;
+  void release(egress_link& l);
+  expected<void> load_services(const std::string& path);
+  void forget_admitted(egress_link& l); // with mu_ held
+  // The DNS proxy's callbacks.
+  bool dns_allowed(uint32_t src, const std::string& name);
+  void dns_admit(uint32_t src, const std::vector<uint32_t>& addrs, uint32_t ttl_s);
+
+  egress_options opts_;
+  ipv4_net net_;
+  std::vector<ipv4_net> special_;
+  std::string table_, prefix_, dns_link_;
+  unique_fd home_ns_;
+  std::string uplink_forwarding_; // its value before we set it, to restore
+  mutable std::mutex mu_;
+  nft_ctx* nft_ = nullptr;
+  uint64_t next_name_ = 0;
+  // /31 slot i: addresses net + 2 + 2i (node) and net + 3 + 2i (sandbox).
+  struct slot {
+    bool used = false;
+    std::string last_ifname; // the veth it had: reused once that is gone
+  };
+  std::vector<slot> slots_;
+  size_t next_slot_ = 0;
+  size_t attached_ = 0;
+  std::map<std::string, std::vector<std::string>> services_; // --services
+  std::map<uint32_t, egress_link*> by_addr_;                 // for the DNS proxy
+  std::unique_ptr<dns_proxy> dns_;                           // last: stopped first
+};
+
+} // namespace dsec

@@ -1,0 +1,481 @@
+// Egress networking end to end (docs/network.md), with real kernel objects and
+// no packet leaving the machine: each test case makes an "internet" network
+// namespace holding HTTP servers (busybox httpd) on 198.18.0.2 and 198.18.0.3,
+// joined to the host by a veth that is the node's --uplink (198.18.0.1 on the
+// host's end). Sandboxes get /31s of 198.19.0.0/24 and reach the servers only
+// as their policy says. Every object the test makes (netns, veth, servers) is
+// removed by its fixture; every object dsecd makes (veths, table, dummy link)
+// must be gone after destroy, shutdown, and a kill -9 followed by a restart.
+#include <doctest/doctest.h>
+
+#include <net/if.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "actors/client.hpp"
+#include "runtime/egress.hpp"
+#include "runtime/netlink.hpp"
+#include "test/actors/common.hpp"
+#include "test/support/host.hpp"
+#include "test/support/process.hpp"
+#include "test/support/skip.hpp"
+
+using namespace dsec;
+using namespace dsec::test;
+
+namespace {
+
+namespace fs = std::filesystem;
+
+const char* ip_bin() { return fs::exists("/usr/sbin/ip") ? "/usr/sbin/ip" : "/sbin/ip"; }
+
+void sh(const std::vector<std::string>& argv) {
+  auto r = run_process(argv);
+  REQUIRE_MESSAGE(r.status == 0, argv[0] << " " << (argv.size() > 1 ? argv[1] : "") << " "
+                                         << (argv.size() > 2 ? argv[2] : "") << ": "
+                                         << r.describe());
+}
+
+bool have_tools() {
+  return fs::exists(ip_bin()) && fs::exists("/bin/busybox") && ::geteuid() == 0;
+}
+
+// The host's probe (test/probe), for checks from the node itself.
+std::string probe() { return env_path("DSEC_PROBE"); }
+
+// The "internet": a netns with two addresses and servers on them, behind a veth.
+struct internet {
+  std::string tag = std::to_string(::getpid());
+  std::string ns = "dsec-inet-" + tag;
+  std::string uplink = "dtu" + tag; // never a dsecd prefix (dx....)
+  std::string www = suite::get().root() + "/www-" + tag;
+  std::vector<std::unique_ptr<background>> servers;
+
+  internet() {
+    // What killed runs of this suite left (their pid is in the names).
+    auto netns = run_process({ip_bin(), "netns", "list"});
+    std::istringstream lines{netns.out};
+    std::string line;
+    while (std::getline(lines, line)) {
+      if (line.rfind("dsec-inet-", 0) != 0)
+        continue;
+      auto pid = std::atoi(line.c_str() + 10);
+      if (pid > 0 && ::kill(pid, 0) < 0 && errno == ESRCH) {
+        auto name = line.substr(0, line.find(' '));
+        (void) run_process({"/bin/sh", "-c", std::string{ip_bin()} + " netns pids " + name
+                                               + " | xargs -r kill -9"});
+        (void) run_process({ip_bin(), "netns", "del", name});
+        (void) run_process({ip_bin(), "link", "del", "dtu" + std::to_string(pid)});
+      }
+    }
+    // Leftovers of a crashed earlier run with our pid: ours to remove.
+    (void) run_process({ip_bin(), "netns", "del", ns});
+    (void) run_process({ip_bin(), "link", "del", uplink});
+    fs::create_directories(www);
+    std::ofstream{www + "/index.html"} << "hello from the test internet\n";
+    sh({ip_bin(), "netns", "add", ns});
+    sh({ip_bin(), "link", "add", uplink, "type", "veth", "peer", "name", "inet0", "netns", ns});
+    sh({ip_bin(), "addr", "add", "198.18.0.1/24", "dev", uplink});
+    sh({ip_bin(), "link", "set", uplink, "up"});
+    sh({ip_bin(), "-n", ns, "addr", "add", "198.18.0.2/24", "dev", "inet0"});
+    sh({ip_bin(), "-n", ns, "addr", "add", "198.18.0.3/24", "dev", "inet0"});
+    sh({ip_bin(), "-n", ns, "link", "set", "inet0", "up"});
+    sh({ip_bin(), "-n", ns, "link", "set", "lo", "up"});
+    for (const char* at : {"198.18.0.2:8000", "198.18.0.2:8001", "198.18.0.3:8000"})
+      serve_in_ns(at);
+    // The node's own address, served on the host itself.
+    servers.push_back(std::make_unique<background>(std::vector<std::string>{
+      "/bin/busybox", "httpd", "-f", "-p", "198.18.0.1:8002", "-h", www}));
+    for (const char* a : {"198.18.0.2 8000", "198.18.0.2 8001", "198.18.0.3 8000",
+                          "198.18.0.1 8002"}) {
+      std::string s{a};
+      auto sp = s.find(' ');
+      REQUIRE_MESSAGE(eventually([&] {
+                        auto r = run_process({probe(), "http-get", s.substr(0, sp),
+                                              s.substr(sp + 1), "1000"});
+                        return r.out.rfind("ok HTTP/1.", 0) == 0;
+                      }),
+                      "the test server at " << std::string{a} << " did not come up");
+    }
+  }
+  // An authoritative DNS server for the test's names on 198.18.0.2:53.
+  void start_dns() {
+    servers.push_back(std::make_unique<background>(std::vector<std::string>{
+      ip_bin(), "netns", "exec", ns, "/usr/sbin/dnsmasq", "--keep-in-foreground", "--no-resolv",
+      "--no-hosts", "--bind-interfaces", "--listen-address=198.18.0.2", "--port=53",
+      "--local-ttl=60", "--pid-file=", "--user=root", "--address=/allowed.test/198.18.0.3",
+      "--address=/denied.test/198.18.0.2", "--address=/wild.test/198.18.0.2",
+      "--address=/svc.test/198.18.0.3"}));
+    REQUIRE_MESSAGE(eventually([&] {
+                      auto r = run_process({"/bin/busybox", "nslookup", "allowed.test", "198.18.0.2"});
+                      return r.out.find("198.18.0.3") != std::string::npos;
+                    }),
+                    "dnsmasq did not come up");
+  }
+  void serve_in_ns(const std::string& at) {
+    servers.push_back(std::make_unique<background>(std::vector<std::string>{
+      ip_bin(), "netns", "exec", ns, "/bin/busybox", "httpd", "-f", "-p", at, "-h", www}));
+  }
+  ~internet() {
+    servers.clear(); // SIGKILLed and reaped
+    (void) run_process({ip_bin(), "netns", "del", ns});
+    (void) run_process({ip_bin(), "link", "del", uplink});
+    std::error_code ec;
+    fs::remove_all(www, ec);
+  }
+};
+
+daemon_options egress_daemon(const internet& net) {
+  daemon_options o;
+  egress_options e;
+  e.uplink = net.uplink;
+  e.sandbox_net = "198.19.0.0/24";
+  o.egress = e;
+  return o;
+}
+
+environment egress_env(std::vector<std::string> allow, std::vector<std::string> deny = {}) {
+  auto env = env_of();
+  env.net = env.egress = true;
+  env.allow = std::move(allow);
+  env.deny = std::move(deny);
+  return env;
+}
+
+std::unique_ptr<session> open(client& c) {
+  auto s = c.open_session({}, true);
+  REQUIRE_MESSAGE(s, "open_session: " << describe(s.error_value()));
+  return std::move(*s);
+}
+
+std::string make_one(session& s, const environment& env) {
+  std::vector<std::string> failures;
+  auto ids = s.create(env, 1, {}, [&](const error& e) { failures.push_back(describe(e)); });
+  REQUIRE_MESSAGE(ids, "create: " << describe(ids.error_value()));
+  REQUIRE_MESSAGE(ids->size() == 1, "create failed: " << (failures.empty() ? "?" : failures[0]));
+  return ids->front();
+}
+
+// What `probe http-get ADDR PORT` prints in the sandbox: "ok HTTP/1.0 200 OK"
+// when it got through, "ETIMEDOUT" when the SYN was dropped.
+std::string get(session& s, const std::string& id, const std::string& addr, int port) {
+  auto r = s.exec(id, cmd({"/usr/bin/probe", "http-get", addr, std::to_string(port), "1500"}));
+  REQUIRE_MESSAGE(r, "exec: " << describe(r.error_value()));
+  auto out = r->out;
+  while (!out.empty() && out.back() == '\n')
+    out.pop_back();
+  return out;
+}
+
+bool reached(const std::string& probe_out) { return probe_out.rfind("ok HTTP/1.", 0) == 0; }
+
+std::string tag_of(const std::string& state) { return egress_tag(state); }
+
+// dsecd's objects of this tag on the host: links and the table.
+std::vector<std::string> leftovers(const std::string& tag) {
+  std::vector<std::string> out;
+  auto nl = rtnl::open();
+  REQUIRE(nl);
+  auto links = nl->links_with_prefix("dx" + tag);
+  REQUIRE(links);
+  for (auto& l : *links)
+    out.push_back("link " + l);
+  auto r = run_process({"/usr/sbin/nft", "list", "table", "inet", "dsec_" + tag});
+  if (r.status == 0)
+    out.push_back("table inet dsec_" + tag);
+  return out;
+}
+
+std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (auto& x : v)
+    s += (s.empty() ? "" : ", ") + x;
+  return s.empty() ? "(nothing)" : s;
+}
+
+bool veths_gone(const std::string& tag) {
+  return eventually([&] {
+    auto nl = rtnl::open();
+    auto links = nl ? nl->links_with_prefix("dx" + tag + "_") : expected<std::vector<std::string>>{
+                                                                    std::vector<std::string>{}};
+    return links && links->empty();
+  });
+}
+
+} // namespace
+
+TEST_SUITE("network") {
+
+TEST_CASE("policy rules parse, and bad ones are named" ) {
+  auto r = parse_net_rule("198.18.0.0/24:8000-8010");
+  REQUIRE(r);
+  CHECK(r->what == net_rule::kind::cidr);
+  CHECK(r->net.to_string() == "198.18.0.0/24");
+  CHECK(r->port_lo == 8000);
+  CHECK(r->port_hi == 8010);
+  CHECK(parse_net_rule("1.2.3.4")->port_hi == 65535);
+  CHECK(parse_net_rule("*.example.org")->what == net_rule::kind::wildcard);
+  CHECK(parse_net_rule("Example.ORG")->name == "example.org");
+  CHECK(parse_net_rule("pypi")->what == net_rule::kind::service);
+  for (const char* bad : {"10.0.0.1/8", "1.2.3.4:0", "1.2.3.4:70000", "1.2.3.4:9-8", "300.1.1.1",
+                          "*.org", "a..b", "", "1.2.3.4/33"}) {
+    auto p = parse_net_rule(bad);
+    CHECK_MESSAGE(!p, bad << " parsed");
+    if (!p)
+      CHECK(p.error_value().code == errc::invalid_argument);
+  }
+  CHECK(parse_net_rule("10.0.0.1/8").error_value().message.find("10.0.0.0/8")
+        != std::string::npos);
+  auto special = always_denied_ranges();
+  CHECK(names_special(*parse_ipv4_net("169.254.169.254"), special));
+  CHECK(names_special(*parse_ipv4_net("10.1.0.0/16"), special));
+  CHECK_FALSE(names_special(*parse_ipv4_net("198.18.0.0/24"), special)); // tests' internet
+  CHECK_FALSE(names_special(*parse_ipv4_net("0.0.0.0/0"), special));
+  CHECK_FALSE(names_special(*parse_ipv4_net("8.8.8.0/24"), special));
+  // The environment checks its rules and its mode.
+  auto env = env_of();
+  env.allow = {"1.2.3.4"};
+  CHECK_FALSE(env.validate());
+  env.net = env.egress = true;
+  CHECK(env.validate());
+  env.allow = {"1.2.3.4/8"};
+  CHECK_FALSE(env.validate());
+  CHECK(env.set_network("bogus").error_value().message.find("bogus") != std::string::npos);
+}
+
+TEST_CASE("an egress sandbox reaches what its policy allows, nothing else"
+          * skip_unless(have_tools(), "needs root, ip (iproute2) and busybox")) {
+  internet net;
+  embedded e{egress_daemon(net)};
+  auto tag = tag_of(actor_layers());
+  auto s = open(*e.c);
+  auto id = make_one(*s, egress_env({"198.18.0.2:8000"}));
+  // The allowed address and port.
+  CHECK(reached(get(*s, id, "198.18.0.2", 8000)));
+  // The same address on another port, another address on the allowed port.
+  CHECK(get(*s, id, "198.18.0.2", 8001) == "ETIMEDOUT");
+  CHECK(get(*s, id, "198.18.0.3", 8000) == "ETIMEDOUT");
+  // The node's own addresses: the uplink's (with a server on it) and the
+  // sandbox's gateway, even when a rule names them.
+  auto id2 = make_one(*s, egress_env({"198.18.0.0/24"}));
+  CHECK(reached(get(*s, id2, "198.18.0.3", 8000)));
+  CHECK(reached(get(*s, id2, "198.18.0.2", 8001)));
+  CHECK(get(*s, id2, "198.18.0.1", 8002) == "ETIMEDOUT");
+  // A sandbox has eth0 with a 198.19.0.x address, and the other sandbox's
+  // address is not reachable from it (even with a listener there).
+  auto a = s->exec(id, cmd({"/usr/bin/probe", "if-addr", "eth0"}));
+  auto b = s->exec(id2, cmd({"/usr/bin/probe", "if-addr", "eth0"}));
+  REQUIRE(a);
+  REQUIRE(b);
+  CHECK(a->out.rfind("198.19.0.", 0) == 0);
+  auto b_addr = b->out.substr(0, b->out.find('\n'));
+  REQUIRE(s->exec(id2, cmd({"/usr/bin/probe", "tcp-listen-all", "9000"})));
+  auto to_b = s->exec(id, cmd({"/usr/bin/probe", "http-get", b_addr, "9000", "1500"}));
+  REQUIRE(to_b);
+  CHECK(to_b->out.rfind("ok", 0) != 0);
+  // The stats count what was allowed and denied.
+  auto st = node_stats_of(*e.c);
+  CHECK(st.egress_sandboxes == 2);
+  CHECK(st.egress_allowed >= 3);
+  CHECK(st.egress_denied >= 4);
+  // Destroyed: the veths go with the sandboxes' namespaces.
+  REQUIRE(s->destroy(id));
+  REQUIRE(s->destroy(id2));
+  CHECK_MESSAGE(veths_gone(tag), "left: " << join(leftovers(tag)));
+  CHECK(node_stats_of(*e.c).egress_sandboxes == 0);
+}
+
+TEST_CASE("private, metadata and the node's denied ranges are denied unless a rule names them"
+          * skip_unless(have_tools(), "needs root, ip (iproute2) and busybox")) {
+  internet net;
+  auto o = egress_daemon(net);
+  o.egress->deny_ranges = {"198.18.0.3/32"};
+  embedded e{o};
+  auto s = open(*e.c);
+  // Everything on port 8000: 198.18.0.2 is reached, 198.18.0.3 is in a range
+  // the node denies (--deny-range) and a wide rule does not open it; nor the
+  // metadata address.
+  auto id = make_one(*s, egress_env({"0.0.0.0/0:8000"}));
+  CHECK(reached(get(*s, id, "198.18.0.2", 8000)));
+  CHECK(get(*s, id, "198.18.0.3", 8000) == "ETIMEDOUT");
+  CHECK_FALSE(reached(get(*s, id, "169.254.169.254", 8000)));
+  // The metadata address and the private ranges are in the node's always-denied
+  // set; the node's own uplink address is too.
+  auto tag = tag_of(actor_layers());
+  for (const char* a : {"169.254.169.254", "10.1.2.3", "172.16.0.1", "192.168.1.1", "198.18.0.1"}) {
+    auto r = run_process({"/usr/sbin/nft", "get", "element", "inet", "dsec_" + tag, "special",
+                          std::string{"{ "} + a + " }"});
+    CHECK_MESSAGE(r.status == 0, a << " is not in the always-denied set: " << r.describe());
+  }
+  // A rule that names a network inside the range opens it; a deny rule wins.
+  auto named = make_one(*s, egress_env({"198.18.0.3:8000"}));
+  CHECK(reached(get(*s, named, "198.18.0.3", 8000)));
+  auto denied = make_one(*s, egress_env({"198.18.0.0/24:8000"}, {"198.18.0.2"}));
+  CHECK(get(*s, denied, "198.18.0.2", 8000) == "ETIMEDOUT");
+}
+
+TEST_CASE("a live sandbox's policy changes for new connections"
+          * skip_unless(have_tools(), "needs root, ip (iproute2) and busybox")) {
+  internet net;
+  embedded e{egress_daemon(net)};
+  auto s = open(*e.c);
+  auto id = make_one(*s, egress_env({}));
+  CHECK(get(*s, id, "198.18.0.2", 8000) == "ETIMEDOUT");
+  REQUIRE(s->set_network(id, {"198.18.0.2:8000"}, {}));
+  CHECK(reached(get(*s, id, "198.18.0.2", 8000)));
+  CHECK(get(*s, id, "198.18.0.3", 8000) == "ETIMEDOUT");
+  // Through the client by id (what `dsec net` uses), to another set.
+  REQUIRE(e.c->set_network(id, {"198.18.0.3:8000"}, {}));
+  CHECK(get(*s, id, "198.18.0.2", 8000) == "ETIMEDOUT");
+  CHECK(reached(get(*s, id, "198.18.0.3", 8000)));
+  // A bad rule is refused and the policy stays.
+  check_error(s->set_network(id, {"198.18.0.0/8"}, {}), errc::invalid_argument, "198.18.0.0/8");
+  CHECK(reached(get(*s, id, "198.18.0.3", 8000)));
+  // Only egress sandboxes have a policy.
+  auto plain = make_one(*s, env_of());
+  check_error(s->set_network(plain, {"1.2.3.4"}, {}), errc::invalid_argument, "none");
+}
+
+TEST_CASE("dsecd sweeps what a killed dsecd left, and leaves nothing when stopped"
+          * skip_unless(have_tools(), "needs root, ip (iproute2) and busybox")) {
+  internet net;
+  auto tag = tag_of(actor_layers());
+  std::vector<std::string> args{"--uplink", net.uplink, "--sandbox-net", "198.19.0.0/24"};
+  {
+    dsecd_proc d{args};
+    test_system ts;
+    caf::actor_system sys{ts.cfg};
+    auto c = connect(sys, d.port);
+    auto s = open(*c);
+    std::vector<std::string> ids;
+    for (int i = 0; i < 3; ++i)
+      ids.push_back(make_one(*s, egress_env({"198.18.0.2:8000"})));
+    CHECK(reached(get(*s, ids[0], "198.18.0.2", 8000)));
+    CHECK_FALSE(leftovers(tag).empty());
+    s.reset();
+    c.reset();
+    d.stop(SIGKILL);
+  }
+  // The sandboxes died with it, and their veths with their namespaces; its
+  // table and resolver link are still there...
+  CHECK(veths_gone(tag));
+  auto left = leftovers(tag);
+  CHECK_MESSAGE(std::find(left.begin(), left.end(), "table inet dsec_" + tag) != left.end(),
+                "after kill -9: " << join(left));
+  {
+    // ...until a dsecd of the same state dir starts: it sweeps them.
+    dsecd_proc d{args};
+    CHECK_MESSAGE(d.bg.out().find("dsecd: removed nftables table inet dsec_" + tag)
+                    != std::string::npos,
+                  d.bg.out());
+    test_system ts;
+    caf::actor_system sys{ts.cfg};
+    auto c = connect(sys, d.port);
+    auto s = open(*c);
+    auto id = make_one(*s, egress_env({"198.18.0.2:8000"}));
+    CHECK(reached(get(*s, id, "198.18.0.2", 8000)));
+    // The command line changes it: `dsec net ID --allow ...`.
+    auto net_cmd = run_process({env_path("DSEC_BIN"), "--connect",
+                                "127.0.0.1:" + std::to_string(d.port), "net", id, "--allow",
+                                "198.18.0.3:8000"});
+    CHECK_MESSAGE(net_cmd.status == 0, net_cmd.describe());
+    CHECK(net_cmd.out == id + ": allow 1, deny 0\n");
+    CHECK(get(*s, id, "198.18.0.2", 8000) == "ETIMEDOUT");
+    CHECK(reached(get(*s, id, "198.18.0.3", 8000)));
+    s.reset();
+    c.reset();
+    auto r = d.stop(SIGTERM);
+    CHECK(r.status == 0);
+  }
+  CHECK(veths_gone(tag));
+  CHECK_MESSAGE(leftovers(tag).empty(), "after a stop: " << join(leftovers(tag)));
+}
+
+TEST_CASE("domain rules: the node's resolver answers allowed names and admits their answers"
+          * skip_unless(have_tools() && fs::exists("/usr/sbin/dnsmasq"),
+                        "needs root, ip, busybox and dnsmasq")) {
+  internet net;
+  net.start_dns();
+  auto o = egress_daemon(net);
+  o.egress->dns_upstream = "198.18.0.2:53";
+  auto services = suite::get().root() + "/services-" + net.tag;
+  std::ofstream{services} << "# a named service\ntestsvc svc.test 198.18.0.2:8001\n";
+  o.egress->services_file = services;
+  embedded e{o};
+  auto s = open(*e.c);
+  const std::string resolver = "198.19.0.1"; // the first address of 198.19.0.0/24
+  auto lookup = [&](const std::string& id, const std::string& name) {
+    auto r = s->exec(id, cmd({"/bin/busybox", "nslookup", name, resolver}));
+    REQUIRE(r);
+    return r->out + r->err;
+  };
+  auto id = make_one(*s, egress_env({"allowed.test", "*.wild.test"}, {"no.wild.test"}));
+  auto conf = s->exec(id, cmd({"/bin/cat", "/etc/resolv.conf"}));
+  REQUIRE(conf);
+  CHECK(conf->out == "nameserver " + resolver + "\n");
+  // Not resolved yet: a direct connection is dropped.
+  CHECK(get(*s, id, "198.18.0.3", 8000) == "ETIMEDOUT");
+  auto a = lookup(id, "allowed.test");
+  CHECK_MESSAGE(a.find("198.18.0.3") != std::string::npos, a);
+  CHECK(reached(get(*s, id, "198.18.0.3", 8000)));
+  // A name the policy does not allow: REFUSED, and its address stays dropped.
+  auto d = lookup(id, "denied.test");
+  CHECK_MESSAGE(d.find("REFUSED") != std::string::npos, d);
+  CHECK(get(*s, id, "198.18.0.2", 8000) == "ETIMEDOUT");
+  // *.wild.test: a name below it, not wild.test itself, not the denied one.
+  CHECK_MESSAGE(lookup(id, "wild.test").find("REFUSED") != std::string::npos, "wild.test");
+  CHECK_MESSAGE(lookup(id, "no.wild.test").find("REFUSED") != std::string::npos, "no.wild.test");
+  auto w = lookup(id, "a.wild.test");
+  CHECK_MESSAGE(w.find("198.18.0.2") != std::string::npos, w);
+  CHECK(reached(get(*s, id, "198.18.0.2", 8000)));
+  // A new policy forgets what the old one admitted.
+  REQUIRE(s->set_network(id, {"other.test"}, {}));
+  CHECK(get(*s, id, "198.18.0.3", 8000) == "ETIMEDOUT");
+  CHECK(get(*s, id, "198.18.0.2", 8000) == "ETIMEDOUT");
+  // A named service: its domain and its CIDR rule.
+  auto svc = make_one(*s, egress_env({"testsvc"}));
+  CHECK(reached(get(*s, svc, "198.18.0.2", 8001)));
+  CHECK(get(*s, svc, "198.18.0.3", 8000) == "ETIMEDOUT");
+  CHECK(lookup(svc, "svc.test").find("198.18.0.3") != std::string::npos);
+  CHECK(reached(get(*s, svc, "198.18.0.3", 8000)));
+  // An unknown service is named in the error.
+  std::vector<std::string> failures;
+  auto ids = s->create(egress_env({"nosuch"}), 1, {},
+                       [&](const error& err) { failures.push_back(describe(err)); });
+  CHECK((!ids || ids->empty()));
+  std::string why = !ids ? describe(ids.error_value()) : failures.empty() ? "" : failures[0];
+  CHECK_MESSAGE(why.find("nosuch") != std::string::npos, why);
+  CHECK_MESSAGE(why.find("testsvc") != std::string::npos, why);
+}
+
+TEST_CASE("egress needs an uplink; none and loopback are unchanged") {
+  embedded e;
+  auto s = open(*e.c);
+  std::vector<std::string> failures;
+  auto ids = s->create(egress_env({"1.2.3.4"}), 1, {},
+                       [&](const error& err) { failures.push_back(describe(err)); });
+  CHECK((!ids || ids->empty()));
+  std::string why = !ids ? describe(ids.error_value()) : failures.empty() ? "" : failures[0];
+  CHECK_MESSAGE(why.find("--uplink") != std::string::npos, why);
+  // none: no interface but loopback (down); loopback: lo only.
+  auto none = make_one(*s, env_of());
+  auto r = s->exec(none, cmd({"/usr/bin/probe", "if-addr", "eth0"}));
+  REQUIRE(r);
+  CHECK(r->out.find("ENODEV") != std::string::npos);
+  auto lo_env = env_of();
+  lo_env.net = true;
+  auto lo = make_one(*s, lo_env);
+  r = s->exec(lo, cmd({"/usr/bin/probe", "if-addr", "lo"}));
+  REQUIRE(r);
+  CHECK(r->out.rfind("127.0.0.1", 0) == 0);
+}
+
+} // TEST_SUITE
