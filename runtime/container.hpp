@@ -185,6 +185,11 @@ public:
   [[nodiscard]] int upper_fd() const { return upper_.get(); }
   /// The host uid the sandbox's root maps to (owners in the upper dir).
   [[nodiscard]] uint32_t uid_base() const { return uid_base_; }
+  /// Its cgroup directories (sandbox_cgroup::paths()); empty without limits.
+  /// For the freezer (runtime/freezer.hpp; snapshots).
+  [[nodiscard]] std::vector<std::string> cgroup_paths() const {
+    return cgroup_ ? cgroup_->paths() : std::vector<std::string>{};
+  }
   /// Whether the sandbox was made with options.chronus (trusted commands work).
   [[nodiscard]] bool chronus() const { return chronus_enabled_; }
 

@@ -45,6 +45,12 @@ struct environment {
   /// a channel of their own, kept apart from the agent's commands; dsec's
   /// `chronus` at /.dsec/bin; pristine commands; /run/chronus.sock
   bool chronus = false;
+  // ---- snapshots (issue 16) ----
+  /// NAME@VERSION of a diff layer (`dsec snapshot`, kind diff) to start from:
+  /// the layers are the environment the diff records (base, workdir, tools,
+  /// and its own snapshot: diffs stack), the diff on top of them, then this
+  /// environment's `tools` on top. base and workdir must then be empty.
+  std::string snapshot;
 
   /// The most tool layers one environment may stack.
   static constexpr size_t max_tools = 128;

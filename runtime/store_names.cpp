@@ -109,6 +109,8 @@ std::string format_ref(const layer_info& info) {
   out += "size=" + std::to_string(info.size) + '\n';
   out += "created=" + std::to_string(info.created) + '\n';
   out += "source=" + info.source + '\n';
+  if (!info.on.empty())
+    out += "on=" + info.on + '\n';
   return out;
 }
 
@@ -151,6 +153,8 @@ expected<layer_info> parse_ref(std::string_view text, const layer_ref& ref,
       if (!parse_int(value, info.created))
         return corrupt("bad created '" + std::string{value} + "'");
       has_created = true;
+    } else if (key == "on") {
+      info.on = value;
     } else if (key == "source") {
       info.source = value;
     }

@@ -45,6 +45,9 @@ Verbs:
   call [OPTIONS] -- CMD [ARGS...]   the function backend: CMD in a fresh sandbox
                                     (from a warm pool), destroyed after
   pool set|ls                       warm pools of ready sandboxes
+  pause ID... | resume ID...        freeze sandboxes (TTL stopped), thaw them
+  snapshot ID --as NAME@VERSION     its writable layer as a diff layer
+  fork ID [-n N]                    N new sandboxes with its files; prints their ids
 
 Global options:
   --connect HOST:PORT   the daemon (dsecd --listen); required
@@ -120,6 +123,12 @@ int main(int argc, char** argv) {
     return remote::call_main(ctx, a);
   if (verb == "pool")
     return remote::pool_main(ctx, a);
+  if (verb == "pause" || verb == "resume")
+    return remote::pause_main(ctx, a, verb == "pause");
+  if (verb == "snapshot")
+    return remote::snapshot_main(ctx, a);
+  if (verb == "fork")
+    return remote::fork_main(ctx, a);
   if (verb == "help") {
     std::fputs(remote::usage, stdout);
     return 0;
