@@ -60,8 +60,10 @@ caf::result<std::string> snapshot_one(self_ptr self, const std::string& id,
       self->request(sb, caf::infinite, snapshot_atom::value, key, ref)
         .then(
           [=](const internal_key& k, std::string& digest) mutable {
-            if (!genuine(k, self->state.cfg.key, "a reply to snapshot"))
-              return rp.deliver(refuse("a reply to snapshot"));
+            if (!genuine(k, self->state.cfg.key, "a reply to snapshot")) {
+              rp.deliver(refuse("a reply to snapshot"));
+              return;
+            }
             rp.deliver(std::move(digest));
           },
           [=](caf::error& e) mutable { rp.deliver(e); });
@@ -92,8 +94,10 @@ caf::result<uint32_t> fork_one(self_ptr self, const std::string& id, uint32_t co
             self->request(sb, caf::infinite, snapshot_atom::value, self->state.cfg.key, ref)
               .then(
                 [=](const internal_key& k, std::string&) mutable {
-                  if (!genuine(k, self->state.cfg.key, "a reply to snapshot"))
-                    return rp.deliver(refuse("a reply to snapshot"));
+                  if (!genuine(k, self->state.cfg.key, "a reply to snapshot")) {
+                    rp.deliver(refuse("a reply to snapshot"));
+                    return;
+                  }
                   environment env = info.env;
                   env.base.clear();
                   env.workdir.clear();
