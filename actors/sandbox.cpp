@@ -749,10 +749,10 @@ caf::result<internal_key, std::string> take_snapshot(self_ptr self, const std::s
   if (s.snapshotting)
     return to_caf(make_error(errc::in_use, "a snapshot of sandbox " + s.cfg.id
                                              + " is being taken; wait for it"));
-  if (s.box->upper_fd() < 0)
+  if (s.box->upper_mount_fd() < 0)
     return to_caf(make_error(errc::unsupported, "sandbox " + s.cfg.id
                                                   + " keeps no descriptor of its writable layer"));
-  auto upper = std::make_shared<unique_fd>(::fcntl(s.box->upper_fd(), F_DUPFD_CLOEXEC, 0));
+  auto upper = std::make_shared<unique_fd>(::fcntl(s.box->upper_mount_fd(), F_DUPFD_CLOEXEC, 0));
   if (!*upper)
     return to_caf(sys_error("snapshot: a descriptor of the writable layer of", s.cfg.id));
   if (!s.paused)

@@ -122,7 +122,10 @@ struct create_steps {
     }
     if (x.opts.keep_upper) {
       x.c.upper_.reset(::fcntl(x.upper.upper.get(), F_DUPFD_CLOEXEC, 0));
-      if (!x.c.upper_)
+      // The tmpfs's detached mount itself too: while a descriptor holds it,
+      // it stays in its anonymous namespace, so snapshots can clone it.
+      x.c.upper_mnt_.reset(::fcntl(x.upper.mnt.get(), F_DUPFD_CLOEXEC, 0));
+      if (!x.c.upper_ || !x.c.upper_mnt_)
         return sys_error("keeping a descriptor of the writable layer");
       x.c.uid_base_ = x.sp.ids().base;
     }
@@ -618,6 +621,7 @@ expected<bool> container::reap() {
   chronus_.reset();
   channel_.reset();
   upper_.reset();
+  upper_mnt_.reset();
   if (cgroup_)
     DSEC_TRY_VOID(cgroup_->destroy());
   return true;
@@ -650,6 +654,7 @@ expected<void> container::destroy() {
   chronus_.reset();
   channel_.reset();
   upper_.reset();
+  upper_mnt_.reset();
   if (cgroup_) {
     auto r = cgroup_->destroy();
     if (!r && result)

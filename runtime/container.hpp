@@ -183,6 +183,9 @@ public:
   /// The writable layer's upper dir (O_DIRECTORY; read it, never write it while
   /// the sandbox lives): with options.keep_upper, else -1. Closed on destroy.
   [[nodiscard]] int upper_fd() const { return upper_.get(); }
+  /// The writable layer's tmpfs mount (its root holds upper/ and work/):
+  /// with options.keep_upper, else -1. For snapshots (store::pack_diff).
+  [[nodiscard]] int upper_mount_fd() const { return upper_mnt_.get(); }
   /// The host uid the sandbox's root maps to (owners in the upper dir).
   [[nodiscard]] uint32_t uid_base() const { return uid_base_; }
   /// Its cgroup directories (sandbox_cgroup::paths()); empty without limits.
@@ -251,6 +254,7 @@ private:
   unique_fd channel_;
   bool chronus_enabled_ = false;
   unique_fd upper_;
+  unique_fd upper_mnt_;
   uint32_t uid_base_ = 0;
   uint64_t next_id_ = 1;
   bool destroyed_ = false;

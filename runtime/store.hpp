@@ -144,6 +144,8 @@ struct diff_options {
   uint64_t timeout_ms = 0;  ///< mkfs.erofs is killed after this (0: 5 minutes)
   /// Paths relative to the upper dir left out of the image.
   std::vector<std::string> exclude;
+  /// Where the upper dir is in the mount given to pack_diff.
+  std::string upper_subdir = "upper";
 };
 
 /// A handle on a store directory. Cheap to copy: all state lives on disk, and
@@ -186,8 +188,9 @@ public:
                                  const std::string& source, staged_file file,
                                  const std::string& on = {});
 
-  /// pack_diff (snapshots, issue 16): makes the writable layer `upper_fd`
-  /// (an overlay upper dir, with its whiteouts, opaque dirs, xattrs, owners,
+  /// pack_diff (snapshots, issue 16): makes the writable layer in the
+  /// mount `mount_fd` (container::upper_mount_fd(); options.upper_subdir is
+  /// the overlay upper dir in it, with its whiteouts, opaque dirs, xattrs, owners,
   /// modes and hard links) the layer `ref` of kind diff recording options.on.
   /// The upper dir is untrusted: mkfs.erofs reads it in a process of its own,
   /// in a private mount namespace, through a read-only idmapped clone of the
@@ -195,7 +198,7 @@ public:
   /// size. The caller keeps the upper still (the sandbox frozen) meanwhile.
   /// Errors: already_exists, tool_failed (mkfs.erofs's stderr), timeout,
   /// too_large.
-  expected<import_result> pack_diff(const layer_ref& ref, int upper_fd,
+  expected<import_result> pack_diff(const layer_ref& ref, int mount_fd,
                                     const diff_options& options);
 
   /// Opens the blob (image) with this digest read-only. invalid_argument unless

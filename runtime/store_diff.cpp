@@ -60,7 +60,7 @@ std::string find_in_path(const std::string& tool) {
 
 } // namespace
 
-expected<import_result> store::pack_diff(const layer_ref& ref, int upper_fd,
+expected<import_result> store::pack_diff(const layer_ref& ref, int mount_fd,
                                          const diff_options& o) {
   DSEC_TRY_VOID(check_ref(ref));
   const auto name = ref.to_string();
@@ -75,7 +75,11 @@ expected<import_result> store::pack_diff(const layer_ref& ref, int upper_fd,
 
   // The idmapped, read-only clone of the upper: host base+n reads as n.
   DSEC_TRY(userns, make_userns(id_range{0, o.id_count, o.uid_base}));
-  unique_fd tree{sys::open_tree(upper_fd, "", OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_EMPTY_PATH)};
+  if (o.upper_subdir.empty() || o.upper_subdir.find('/') != std::string::npos
+      || o.upper_subdir == "." || o.upper_subdir == "..")
+    return make_error(errc::invalid_argument, "pack_diff: bad upper dir '" + o.upper_subdir + "'");
+  unique_fd tree{sys::open_tree(mount_fd, o.upper_subdir.c_str(),
+                                OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_SYMLINK_NOFOLLOW)};
   if (!tree)
     return sys_error("pack_diff: cloning the mount of the writable layer");
   mount_attr attr{};
