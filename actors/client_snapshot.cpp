@@ -5,6 +5,7 @@
 #include <caf/actor_system.hpp>
 #include <caf/event_based_actor.hpp>
 
+#include <cstdio>
 #include <memory>
 #include <optional>
 #include <string>

@@ -351,7 +351,10 @@ TEST_CASE("fork: 100 forks of a sandbox that wrote 1,000 files all see them, fro
     session_options o;
     o.quota = 200;
     auto s = open(*e.c, o);
-    auto src = make_one(*s, env_of());
+    // Small, so that 101 fit the node's memory admission (forks take the source's limits).
+    auto small = env_of();
+    small.memory = 64ull << 20;
+    auto src = make_one(*s, small);
     sh(*s, src, "mkdir /data; for i in $(seq 1000); do echo $i > /data/f$i; done");
     auto st = store::open(actor_layers());
     REQUIRE(st);

@@ -62,7 +62,11 @@ int fork_main(context& ctx, args& a) {
     return fail(r.error_value());
   for (const auto& x : *r)
     std::printf("%s\n", x.c_str());
-  return r->size() == n ? 0 : 1;
+  if (r->size() == n)
+    return 0;
+  std::fprintf(stderr, "dsec: fork: %zu of %u sandboxes were made (see `node stats`)\n",
+               r->size(), n);
+  return 1;
 }
 
 } // namespace dsec::cli::remote
