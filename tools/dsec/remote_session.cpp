@@ -33,8 +33,9 @@ open   Opens a session that nobody owns: it lives until `session close` (or
                       (docs/trajectory.md)
 pause  Pauses every sandbox of live session ID at once (see `pause --help`:
        frozen, TTL clocks stopped, commands refused); prints how many.
-resume Resumes every paused sandbox of session ID when it is live (prints
-       how many). Otherwise it reopens session ID from its trajectory log after the daemon (or the
+resume Resumes every paused sandbox of session ID when it is live and has
+       some (prints how many). Otherwise it reopens session ID from its
+       trajectory log after the daemon (or the
        session's trainer) died. Its sandboxes keep their ids; each answers the
        commands it already ran, given again in order, with their logged
        results, and is rebuilt from its last pack (re-running the commands
@@ -165,9 +166,12 @@ int session_main(context& ctx, args& a) {
       auto n = (*live)->resume_all();
       if (!n)
         return fail(n.error_value());
-      std::printf("resumed session %s: %u paused sandbox%s\n", id.c_str(), *n,
-                  *n == 1 ? "" : "es");
-      return 0;
+      if (*n > 0) {
+        std::printf("resumed session %s: %u paused sandbox%s\n", id.c_str(), *n,
+                    *n == 1 ? "" : "es");
+        return 0;
+      }
+      // Nothing was paused: a resume from the log (which says it is live).
     }
     auto s = (*c)->resume_session(id, false);
     if (!s)

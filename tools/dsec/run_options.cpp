@@ -160,7 +160,7 @@ parsed parse_command_option(args& a, std::string_view verb, command_spec& c) {
 
 std::optional<int> check_sandbox_options(std::string_view verb, const sandbox_options& s) {
   if (s.env.base.empty() && s.env.snapshot.empty())
-    return usage_error(verb, "--base NAME@VERSION (or --snapshot NAME@VERSION) is required");
+    return usage_error(verb, "--base NAME@VERSION is required (or --snapshot NAME@VERSION)");
   if (auto ok = s.env.validate(); !ok)
     return usage_error(verb, ok.error_value().message);
   return std::nullopt;
