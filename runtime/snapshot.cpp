@@ -38,6 +38,8 @@ expected<environment> parse_on(std::string_view record) {
       return bad("'" + std::string{item} + "' is not KEY=VALUE");
     auto key = item.substr(0, eq);
     std::string value{item.substr(eq + 1)};
+    if (key != "base" && key != "workdir" && key != "tool" && key != "snapshot")
+      return bad("unknown key '" + std::string{key} + "'");
     if (auto r = parse_layer_ref(value); !r)
       return bad(std::string{key} + ": " + r.error_value().message);
     if (key == "base")
