@@ -593,7 +593,8 @@ void run_pack(self_ptr self) {
   };
   if (s.ph != phase::ready || !s.box)
     return refuse(make_error(errc::not_found, "sandbox " + s.cfg.id + " is being destroyed"));
-  auto upper = std::make_shared<unique_fd>(::fcntl(s.box->upper_fd(), F_DUPFD_CLOEXEC, 0));
+  auto upper = std::make_shared<unique_fd>(::openat(
+    s.box->upper_mount_fd(), "upper", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
   if (!*upper)
     return refuse(sys_error("pack: a descriptor of the writable layer of", s.cfg.id));
   s.packing = true;
@@ -892,7 +893,7 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
                                                     + (s.ph == phase::creating
                                                          ? " is not ready yet"
                                                          : " is being destroyed")));
-      if (s.box->upper_fd() < 0 || !s.cfg.keep_upper)
+      if (s.box->upper_mount_fd() < 0 || !s.cfg.keep_upper)
         return to_caf(make_error(errc::invalid_argument,
                                  "sandbox " + s.cfg.id
                                    + " was not made for packs (its session keeps no"
