@@ -302,6 +302,25 @@ public:
   /// Every node's warm pools (`dsec pool ls`).
   expected<std::vector<pool_info>> pools();
 
+  // ---- snapshots (issue 16; actors/client_snapshot.cpp) ---------------------------
+  /// Pauses a sandbox: its processes frozen, its TTL clock stopped; commands,
+  /// put and get are refused with errc::paused until resume(). True when it
+  /// was running (false: paused already).
+  expected<bool> pause(const std::string& id);
+  /// Resumes a paused sandbox. True when it was paused.
+  expected<bool> resume(const std::string& id);
+  /// pack_diff: its writable layer as the diff layer `ref` (NAME@VERSION) in
+  /// its node's store; the sandbox is frozen for the copy. Returns the digest.
+  expected<std::string> snapshot(const std::string& id, const std::string& ref);
+  /// `count` new sandboxes with its files (one diff, one batch, in its
+  /// session); the source goes on running. Returns their ids.
+  expected<std::vector<std::string>> fork(const std::string& id, uint32_t count);
+  void pause_async(const std::string& id, bool on, completion<bool> done);
+  void snapshot_async(const std::string& id, const std::string& ref,
+                      completion<std::string> done);
+  void fork_async(const std::string& id, uint32_t count,
+                  completion<std::vector<std::string>> done);
+
   [[nodiscard]] caf::actor_system& system() { return *sys_; }
   [[nodiscard]] const scheduler_actor& scheduler() const { return scheduler_; }
 
@@ -431,6 +450,21 @@ public:
   expected<exec_result> call(const environment& env, const exec_request& req);
   void call_async(const environment& env, const exec_request& req,
                   completion<exec_result> done);
+
+  // ---- snapshots (issue 16; actors/client_snapshot.cpp): as client's --------------
+  expected<bool> pause(const std::string& id);
+  expected<bool> resume(const std::string& id);
+  /// Pauses (resumes) every sandbox of the session; returns how many changed.
+  expected<uint32_t> pause_all();
+  expected<uint32_t> resume_all();
+  expected<std::string> snapshot(const std::string& id, const std::string& ref);
+  expected<std::vector<std::string>> fork(const std::string& id, uint32_t count);
+  void pause_async(const std::string& id, bool on, completion<bool> done);
+  void pause_all_async(bool on, completion<uint32_t> done);
+  void snapshot_async(const std::string& id, const std::string& ref,
+                      completion<std::string> done);
+  void fork_async(const std::string& id, uint32_t count,
+                  completion<std::vector<std::string>> done);
 
   [[nodiscard]] const session_actor& handle() const { return handle_; }
 

@@ -99,7 +99,15 @@ using sandbox_actor = caf::typed_actor<
   /// request failed instead (and replies false).
   /// (The session as a caf::actor: session_actor is declared after this.)
   caf::replies_to<claim_atom, internal_key, caf::actor, std::string, uint64_t,
-                  uint64_t>::with<bool>>;
+                  uint64_t>::with<bool>,
+  // ---- snapshots (issue 16), member surface ----
+  /// Pauses (true: freezes its processes, stops its TTL clock) or resumes
+  /// (false) it; replies whether its state changed.
+  caf::replies_to<pause_atom, internal_key, bool>::with<bool>,
+  /// pack_diff: freezes it, makes its writable layer a layer of kind diff
+  /// named NAME@VERSION in its node's store (recording its environment),
+  /// thaws it; replies the layer's digest.
+  caf::replies_to<snapshot_atom, internal_key, std::string>::with<internal_key, std::string>>;
 
 /// One per training run: the trainer's sandboxes, their quota and lifetime.
 using session_actor = caf::typed_actor<
@@ -161,7 +169,19 @@ using session_actor = caf::typed_actor<
   caf::reacts_to<lost_atom, internal_key, caf::node_id, std::string, std::string>,
   /// node `where` is a member (again): what comes from it now is of its new
   /// membership, not of the one that was lost
-  caf::reacts_to<join_atom, internal_key, caf::node_id>>;
+  caf::reacts_to<join_atom, internal_key, caf::node_id>,
+  // ---- snapshots (issue 16), client surface ----
+  /// Pauses (true) or resumes (false) one of its sandboxes; replies whether
+  /// its state changed.
+  caf::replies_to<pause_atom, std::string, bool>::with<bool>,
+  /// Pauses or resumes every sandbox of the session; replies how many changed.
+  caf::replies_to<pause_atom, bool>::with<uint32_t>,
+  /// pack_diff of one of its sandboxes as the diff layer NAME@VERSION;
+  /// replies its digest.
+  caf::replies_to<snapshot_atom, std::string, std::string>::with<std::string>,
+  /// Forks one of its sandboxes into `count` new ones (one pack_diff, one
+  /// create batch, told to `listener` as create does); replies how many.
+  caf::replies_to<fork_atom, std::string, uint32_t, caf::actor>::with<uint32_t>>;
 
 /// One per node: admission, the sandboxes' registry and the node's statistics.
 /// No client surface: clients ask the scheduler.
@@ -195,7 +215,9 @@ using node_actor = caf::typed_actor<
   /// Destroys every sandbox and stays up (a node whose coordinator was lost);
   /// replies how many, once they are gone.
   caf::replies_to<reset_atom, internal_key>::with<uint32_t>,
-  caf::replies_to<shutdown_atom, internal_key>::with<uint32_t>>; ///< destroys everything
+  caf::replies_to<shutdown_atom, internal_key>::with<uint32_t>, ///< destroys everything
+  // ---- snapshots (issue 16), process surface ----
+  caf::reacts_to<pause_atom, internal_key, std::string, bool>>; ///< from a sandbox: id, paused now
 
 /// The entry of a dsecd (published with CAF's middleman): sessions and placement.
 using scheduler_actor = caf::typed_actor<
@@ -252,7 +274,11 @@ using scheduler_actor = caf::typed_actor<
                   std::string>::with<internal_key, uint32_t>,
   caf::reacts_to<ttl_atom, internal_key>,               ///< expire old trajectory logs
   caf::reacts_to<timeout_atom, internal_key>,           ///< check heartbeats
-  caf::replies_to<shutdown_atom, internal_key>::with<uint32_t>>;
+  caf::replies_to<shutdown_atom, internal_key>::with<uint32_t>,
+  // ---- snapshots (issue 16), client surface, by sandbox id ----
+  caf::replies_to<pause_atom, std::string, bool>::with<bool>,
+  caf::replies_to<snapshot_atom, std::string, std::string>::with<std::string>,
+  caf::replies_to<fork_atom, std::string, uint32_t, caf::actor>::with<uint32_t>>;
 
 /// One per node of a cluster: its link to the coordinator (joins, sends
 /// heartbeats, rejoins; destroys the node's sandboxes when the coordinator is

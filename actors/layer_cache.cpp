@@ -1,4 +1,5 @@
 #include "actors/layer_cache.hpp"
+#include "runtime/snapshot.hpp"
 
 #include <caf/actor_system.hpp>
 #include <caf/exit_reason.hpp>
@@ -201,8 +202,16 @@ struct layer_cache_state {
       DSEC_TRY(m, layer_mount::open(path, eng->userns_fd()));
       system = std::make_unique<layer_mount>(std::move(m));
     }
-    if (env.base.empty())
+    if (env.base.empty() && env.snapshot.empty())
       return dsec::make_error(errc::invalid_argument, "an environment needs a base layer");
+    // A snapshot's chain of diffs down to its base (runtime/snapshot.hpp).
+    auto slots = resolve_layers(env, [this](const std::string& text) -> expected<layer_record> {
+      DSEC_TRY(parsed, parse_layer_ref(text));
+      DSEC_TRY(info, eng->layers().find(parsed));
+      return layer_record{info.kind, info.on};
+    });
+    if (!slots)
+      return std::move(slots).error_value();
     lease_entry le;
     layer_set out;
     out.fds.push_back(system->dir_fd());
@@ -212,9 +221,9 @@ struct layer_cache_state {
       for (auto& r : le.refs)
         drop_ref(r);
     };
-    for (const auto& sl : env.layer_slots()) { // topmost first
-      std::string text{sl.ref};
-      auto e = use_ref(text, sl.kind, sl.slot);
+    for (const auto& sl : *slots) { // topmost first
+      const std::string& text = sl.ref;
+      auto e = use_ref(text, sl.kind, sl.slot.c_str());
       if (!e) {
         undo();
         return std::move(e).error_value();

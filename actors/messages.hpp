@@ -69,6 +69,10 @@ using pool_atom = caf::atom_constant<caf::atom("pool")>;
 using claim_atom = caf::atom_constant<caf::atom("claim")>;
 using call_atom = caf::atom_constant<caf::atom("call")>;
 using pressure_atom = caf::atom_constant<caf::atom("pressure")>;
+// snapshots: pause/resume, pack_diff, fork (issue 16)
+using pause_atom = caf::atom_constant<caf::atom("pause")>;
+using snapshot_atom = caf::atom_constant<caf::atom("snapshot")>;
+using fork_atom = caf::atom_constant<caf::atom("fork")>;
 
 // ---- what a sandbox is made of --------------------------------------------------
 
@@ -78,7 +82,8 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, environment& x) {
   return f(caf::meta::type_name("dsec.environment"), x.base, x.workdir, x.tools, x.memory,
            x.pids, x.cpus, x.disk, x.net, x.ttl_ms, x.backend, x.chronus,
-           x.egress, x.allow, x.deny); // networking (issue 14)
+           x.egress, x.allow, x.deny, // networking (issue 14)
+           /* snapshots */ x.snapshot);
 }
 
 /// How a session is opened.
@@ -247,7 +252,7 @@ typename Inspector::result_type inspect(Inspector& f, chronus_feedback_msg& x) {
 struct sandbox_info {
   std::string id;
   std::string session;
-  std::string state;        ///< creating, ready, running (a command runs), destroying
+  std::string state;        ///< creating, ready, running (a command runs), paused, destroying
   environment env;
   uint64_t created_ms = 0;  ///< unix time
   uint64_t ttl_left_ms = 0;
@@ -360,6 +365,8 @@ struct node_stats {
   uint32_t egress_sandboxes = 0;
   uint64_t egress_allowed = 0;
   uint64_t egress_denied = 0;
+  /// Sandboxes paused now (`dsec pause`; in `live` too).
+  uint32_t paused = 0;
 };
 
 template <class Inspector>
@@ -373,7 +380,8 @@ typename Inspector::result_type inspect(Inspector& f, node_stats& x) {
            x.default_memory, x.default_pids, x.default_disk, x.cgroups_reused,
            x.cgroups_made, x.backends, x.memory_capacity, x.memory_admitted, x.cordoned,
            x.pools, x.pooled, x.memory_pressure,
-           x.egress_sandboxes, x.egress_allowed, x.egress_denied);
+           x.egress_sandboxes, x.egress_allowed, x.egress_denied,
+           /* snapshots */ x.paused);
 }
 
 /// The layers of one sandbox, mounted by the node's layer_cache: directory fds
@@ -398,12 +406,15 @@ struct layer_meta {
   uint64_t size = 0;    ///< image bytes
   int64_t created = 0;  ///< unix seconds
   std::string source;   ///< what it was built from, on the node that built it
+  /// A diff layer's record of the environment it sits on (layer_info::on).
+  std::string on;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, layer_meta& x) {
   return f(caf::meta::type_name("dsec.layer_meta"), x.ref, x.kind, x.digest, x.size,
-           x.created, x.source);
+           x.created, x.source,
+           /* snapshots */ x.on);
 }
 
 /// What a node's heartbeat carries (node -> coordinator, one message per

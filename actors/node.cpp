@@ -17,6 +17,7 @@
 #include <set>
 #include <memory>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "actors/backend.hpp"
 #include "actors/sandbox.hpp"
@@ -40,6 +41,7 @@ struct node_state {
     uint64_t memory = 0; // modelled (a sim node's)
   };
   std::unordered_map<std::string, entry> live;
+  std::unordered_set<std::string> paused; // snapshots (issue 16): its sandboxes paused now
   // The backends it offers (actors/backend.hpp), by name. A simulated node
   // has none: it models the container backend itself (sim_sandbox).
   std::map<std::string, std::unique_ptr<backend>, std::less<>> backends;
@@ -553,6 +555,7 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
       ns.pools = s.pools.infos(s.cfg.name);
       ns.pooled = s.pools.size();
       ns.memory_pressure = s.pools.pressure();
+      ns.paused = static_cast<uint32_t>(s.paused.size());
       if (s.cfg.eng) {
         auto pool = s.cfg.eng->cgroup_pool_stats();
         ns.cgroups_reused = pool.reused;
@@ -677,6 +680,7 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
         --s.starting;
       }
       s.memory_admitted -= it->second.memory;
+      s.paused.erase(id);
       s.live.erase(it);
       pump(self);
       if (was_created)
@@ -752,6 +756,16 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
       }
       check_shutdown(self);
       return rp;
+    },
+    // ---- snapshots (issue 16) ----
+    [=](pause_atom, const internal_key& k, const std::string& id, bool on) {
+      auto& s = self->state;
+      if (!genuine(k, process_key(), "pause (node)"))
+        return;
+      if (on && s.live.count(id) != 0)
+        s.paused.insert(id);
+      else
+        s.paused.erase(id);
     },
   };
 }

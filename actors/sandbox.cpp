@@ -33,6 +33,9 @@
 #include "runtime/pack.hpp"
 #include "runtime/engine.hpp"
 #include "runtime/sys.hpp"
+#include "runtime/freezer.hpp"
+#include "runtime/snapshot.hpp"
+#include "runtime/store.hpp"
 
 namespace dsec {
 
@@ -163,6 +166,14 @@ struct sandbox_state {
   // Egress networking (env.egress; runtime/egress.hpp): its veth, /31 and
   // policy; released after the container (its veth goes with its netns).
   std::unique_ptr<egress_link> egress;
+  // ---- snapshots (issue 16) ----
+  // Paused by `dsec pause` (its TTL clock stopped: ttl_left_ms is what was
+  // left), or frozen for a snapshot in progress (commands wait for the thaw).
+  std::optional<sandbox_freezer> freezer; // opened at the first pause
+  bool paused = false;
+  uint64_t ttl_left_ms = 0;
+  bool snapshotting = false;
+  caf::typed_response_promise<internal_key, std::string> snapshot_rp;
 };
 
 using self_ptr = sandbox_actor::stateful_pointer<sandbox_state>;
@@ -170,7 +181,8 @@ using self_ptr = sandbox_actor::stateful_pointer<sandbox_state>;
 const char* phase_name(const sandbox_state& s) {
   switch (s.ph) {
     case phase::creating: return "creating";
-    case phase::ready: return s.pooled ? "pooled" : s.execs.empty() ? "ready" : "running";
+    case phase::ready:
+      return s.pooled ? "pooled" : s.paused ? "paused" : s.execs.empty() ? "ready" : "running";
     case phase::destroying: return "destroying";
   }
   return "unknown";
@@ -300,6 +312,16 @@ void finish_destroy(self_ptr self) {
   for (auto& job : s.pack_queue)
     job.rp.deliver(gone);
   s.pack_queue.clear();
+  if (s.snapshotting)
+    s.snapshot_rp.deliver(gone);
+  s.snapshotting = false;
+  if (s.freezer) { // its processes are gone (init reaped): the freezer cgroup goes
+    (void) s.freezer->destroy();
+    s.freezer.reset();
+  }
+  if (s.paused)
+    self->send(s.cfg.node, pause_atom::value, process_key(), s.cfg.id, false);
+  s.paused = false;
   if (s.token) // a waiting `chronus feedback` hears that the session is gone
     s.cfg.eng->chronus().remove(s.cfg.id, true);
   s.token.reset();
@@ -333,6 +355,9 @@ void begin_destroy(self_ptr self) {
     return;
   }
   s.box->kill();
+  // A frozen (v1) task takes its SIGKILL only once thawed.
+  if (s.freezer)
+    (void) s.freezer->thaw();
   if (s.box->pidfd() < 0) {
     (void) s.box->reap();
     finish_destroy(self);
@@ -438,6 +463,10 @@ void start_exec(self_ptr self, const exec_request& req, caf::strong_actor_ptr li
     return done(make_error(errc::not_found, "sandbox " + s.cfg.id + " is being destroyed"));
   if (s.pooled)
     return done(make_error(errc::not_found, "sandbox " + s.cfg.id + " is in a warm pool (nobody's)"));
+  if (s.paused)
+    return done(make_error(errc::paused, "sandbox " + s.cfg.id
+                                           + " is paused: resume it first (dsec resume "
+                                           + s.cfg.id + ", sb.resume())"));
   if (req.argv.empty() || req.argv[0].empty())
     return done(make_error(errc::invalid_argument, "no command given"));
   for (const auto& kv : req.env)
@@ -570,7 +599,8 @@ void run_pack(self_ptr self) {
   };
   if (s.ph != phase::ready || !s.box)
     return refuse(make_error(errc::not_found, "sandbox " + s.cfg.id + " is being destroyed"));
-  auto upper = std::make_shared<unique_fd>(::fcntl(s.box->upper_fd(), F_DUPFD_CLOEXEC, 0));
+  auto upper = std::make_shared<unique_fd>(::openat(
+    s.box->upper_mount_fd(), "upper", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
   if (!*upper)
     return refuse(sys_error("pack: a descriptor of the writable layer of", s.cfg.id));
   s.packing = true;
@@ -654,6 +684,133 @@ bool claim(self_ptr self, const session_actor& session, const std::string& sessi
   return true;
 }
 
+// ---- snapshots (issue 16) ----------------------------------------------------
+
+// Freezes the processes (the freezer opened at the first use).
+expected<void> freeze(self_ptr self) {
+  auto& s = self->state;
+  if (!s.freezer) {
+    auto cg = s.cfg.eng->cgroups();
+    if (!cg)
+      return std::move(cg).error_value().in_step("pause");
+    auto f = sandbox_freezer::open(s.box->cgroup_paths(), s.cfg.id, (*cg)->owner());
+    if (!f)
+      return std::move(f).error_value().in_step("pause");
+    s.freezer.emplace(std::move(*f));
+  }
+  return s.freezer->freeze();
+}
+
+// pause (true) / resume (false): the processes frozen and the TTL clock
+// stopped, or both going again. True when the state changed.
+expected<bool> set_paused(self_ptr self, bool on) {
+  auto& s = self->state;
+  if (s.pooled)
+    return make_error(errc::not_found, "sandbox " + s.cfg.id + " is in a warm pool (nobody's)");
+  if (s.ph != phase::ready || !s.box)
+    return make_error(s.ph == phase::creating ? errc::invalid_argument : errc::not_found,
+                      "sandbox " + s.cfg.id
+                        + (s.ph == phase::creating ? " is not ready yet" : " is being destroyed"));
+  if (on == s.paused)
+    return false;
+  if (on) {
+    if (!s.snapshotting) // else frozen already
+      DSEC_TRY_VOID(freeze(self));
+    if (s.cfg.env.ttl_ms > 0) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(s.expires
+                                                                        - clock_type::now());
+      s.ttl_left_ms = left.count() > 1 ? static_cast<uint64_t>(left.count()) : 1;
+      ++s.ttl_setting; // the running timer finds its setting gone
+    }
+    s.paused = true;
+  } else {
+    if (!s.snapshotting) // else the snapshot thaws it when it is done
+      DSEC_TRY_VOID(s.freezer->thaw());
+    s.paused = false;
+    if (s.cfg.env.ttl_ms > 0) {
+      ++s.ttl_setting;
+      s.expires = clock_type::now() + std::chrono::milliseconds(s.ttl_left_ms);
+      self->delayed_send(self, std::chrono::milliseconds(s.ttl_left_ms), ttl_atom::value,
+                         process_key(), s.ttl_setting);
+    }
+  }
+  self->send(s.cfg.node, pause_atom::value, process_key(), s.cfg.id, on);
+  return true;
+}
+
+// pack_diff: frozen for the copy only (unless paused), the upper made a diff
+// layer by mkfs.erofs on a detached helper (a thread of its own: the upper is
+// the sandbox's, and a big one takes a while), then thawed.
+caf::result<internal_key, std::string> take_snapshot(self_ptr self, const std::string& text) {
+  auto& s = self->state;
+  if (s.pooled)
+    return to_caf(make_error(errc::not_found, "sandbox " + s.cfg.id + " is in a warm pool"));
+  if (s.ph != phase::ready || !s.box)
+    return to_caf(make_error(errc::not_found, "sandbox " + s.cfg.id
+                                                + (s.ph == phase::creating ? " is not ready yet"
+                                                                           : " is being destroyed")));
+  auto ref = parse_layer_ref(text);
+  if (!ref)
+    return to_caf(make_error(errc::invalid_argument,
+                             "snapshot --as '" + text + "': " + ref.error_value().message));
+  if (s.snapshotting)
+    return to_caf(make_error(errc::in_use, "a snapshot of sandbox " + s.cfg.id
+                                             + " is being taken; wait for it"));
+  if (s.box->upper_mount_fd() < 0)
+    return to_caf(make_error(errc::unsupported, "sandbox " + s.cfg.id
+                                                  + " keeps no descriptor of its writable layer"));
+  auto upper = std::make_shared<unique_fd>(::fcntl(s.box->upper_mount_fd(), F_DUPFD_CLOEXEC, 0));
+  if (!*upper)
+    return to_caf(sys_error("snapshot: a descriptor of the writable layer of", s.cfg.id));
+  if (!s.paused)
+    if (auto f = freeze(self); !f)
+      return to_caf(std::move(f).error_value().in_step("snapshot"));
+  s.snapshotting = true;
+  s.snapshot_rp = self->make_response_promise<internal_key, std::string>();
+  diff_options o;
+  o.uid_base = s.box->uid_base();
+  o.on = format_on(s.cfg.env);
+  o.source = "snapshot of sandbox " + s.cfg.id + " (session " + s.cfg.session_id + ", node "
+             + s.cfg.node_name + ")";
+  // The image holds at most the writable layer's bytes, and some metadata.
+  if (s.cfg.env.disk > 0)
+    o.max_bytes = 2 * s.cfg.env.disk + (64ull << 20);
+  if (s.cfg.env.chronus) // the node binds a fresh one in every Chronus sandbox
+    o.exclude.push_back("run/chronus.sock");
+  auto st = s.cfg.eng->layers();
+  auto helper = self->spawn<caf::detached>(
+    [upper, st, o, r = *ref](caf::event_based_actor* a) mutable {
+      return caf::behavior{[=](snapshot_atom) mutable -> caf::result<internal_key, std::string> {
+        a->quit();
+        auto res = st.pack_diff(r, upper->get(), o);
+        if (!res)
+          return to_caf(std::move(res).error_value().in_step("snapshot"));
+        return {process_key(), res->info.digest};
+      }};
+    });
+  self->request(helper, caf::infinite, snapshot_atom::value)
+    .then(
+      [=](const internal_key&, std::string& digest) {
+        auto& s = self->state;
+        if (!s.snapshotting)
+          return;
+        s.snapshotting = false;
+        if (!s.paused && s.freezer)
+          (void) s.freezer->thaw();
+        s.snapshot_rp.deliver(s.cfg.key, std::move(digest));
+      },
+      [=](caf::error& e) {
+        auto& s = self->state;
+        if (!s.snapshotting)
+          return;
+        s.snapshotting = false;
+        if (!s.paused && s.freezer)
+          (void) s.freezer->thaw();
+        s.snapshot_rp.deliver(e);
+      });
+  return s.snapshot_rp;
+}
+
 sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
   self->state.cfg = std::move(cfg);
   auto& s = self->state;
@@ -693,7 +850,9 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
         }
         build_extras x;
         x.id = s.cfg.id;
-        x.keep_upper = s.cfg.keep_upper;
+        // Always: snapshots read it (a dup of a descriptor; packs still need
+        // cfg.keep_upper, a session with a trajectory log).
+        x.keep_upper = true;
         if (!s.cfg.seed_pack.empty() || !s.cfg.seed_manifest.empty()) {
           auto dir = session_data(s.cfg);
           if (!dir)
@@ -757,7 +916,7 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
                                                     + (s.ph == phase::creating
                                                          ? " is not ready yet"
                                                          : " is being destroyed")));
-      if (s.box->upper_fd() < 0)
+      if (s.box->upper_mount_fd() < 0 || !s.cfg.keep_upper)
         return to_caf(make_error(errc::invalid_argument,
                                  "sandbox " + s.cfg.id
                                    + " was not made for packs (its session keeps no"
@@ -909,7 +1068,9 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
       info.state = phase_name(s);
       info.env = s.cfg.env;
       info.created_ms = s.created_ms;
-      if (s.cfg.env.ttl_ms > 0 && s.created_ms != 0) {
+      if (s.paused) {
+        info.ttl_left_ms = s.ttl_left_ms; // its clock stands still
+      } else if (s.cfg.env.ttl_ms > 0 && s.created_ms != 0) {
         auto left = std::chrono::duration_cast<std::chrono::milliseconds>(s.expires
                                                                           - clock_type::now());
         info.ttl_left_ms = left.count() > 0 ? static_cast<uint64_t>(left.count()) : 0;
@@ -992,6 +1153,10 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
       // A new timer; the one before it finds its setting gone and does nothing.
       ++s.ttl_setting;
       s.cfg.env.ttl_ms = ms;
+      if (s.paused) { // starts running at resume
+        s.ttl_left_ms = ms;
+        return ms;
+      }
       s.expires = clock_type::now() + std::chrono::milliseconds(ms);
       self->delayed_send(self, std::chrono::milliseconds(ms), ttl_atom::value, process_key(),
                          s.ttl_setting);
@@ -1039,6 +1204,21 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
       if (!genuine(k, process_key(), "claim (sandbox)"))
         return refuse("claim");
       return claim(self, caf::actor_cast<session_actor>(session), session_id, request, ttl_ms);
+    },
+    // ---- snapshots (issue 16) ----
+    [=](pause_atom, const internal_key& k, bool on) -> caf::result<bool> {
+      if (!genuine(k, self->state.cfg.key, "pause (sandbox)"))
+        return refuse("pause");
+      auto r = set_paused(self, on);
+      if (!r)
+        return to_caf(r.error_value());
+      return *r;
+    },
+    [=](snapshot_atom, const internal_key& k,
+        const std::string& ref) -> caf::result<internal_key, std::string> {
+      if (!genuine(k, self->state.cfg.key, "snapshot (sandbox)"))
+        return refuse("snapshot");
+      return take_snapshot(self, ref);
     },
   };
 }

@@ -347,6 +347,39 @@ caf::result<Result> by_id(self_ptr self, const std::string& id, Atom atom, Ts...
   return rp;
 }
 
+// Like by_id, for the verbs only a session serves (snapshots, issue 16):
+// snapshot and fork go to the sandbox's session.
+template <class Result, class Atom, class... Ts>
+caf::result<Result> via_session(self_ptr self, const std::string& id, Atom atom, Ts... xs) {
+  auto rp = self->template make_response_promise<Result>();
+  auto& s = self->state;
+  if (auto r = s.resumed.find(id); r != s.resumed.end()) {
+    if (auto sess = s.sessions.find(r->second); sess != s.sessions.end()) {
+      rp.delegate(sess->second, atom, id, xs...);
+      return rp;
+    }
+  }
+  find_box(
+    self, id,
+      [=](sandbox_actor& sb) mutable {
+        auto key = self->state.cfg.key;
+        self->request(sb, std::chrono::seconds(30), list_atom::value, key)
+          .then(
+            [=](sandbox_info& info) mutable {
+              auto& s = self->state;
+              if (auto sess = s.sessions.find(info.session); sess != s.sessions.end())
+                rp.delegate(sess->second, atom, id, xs...);
+              else
+                rp.deliver(to_caf(make_error(errc::not_found, "the session of sandbox " + id
+                                                                + " (" + info.session
+                                                                + ") is not on this daemon")));
+            },
+            [=](caf::error& e) mutable { rp.deliver(e); });
+      },
+      [=](caf::error e) mutable { rp.deliver(e); });
+  return rp;
+}
+
 // Warm pools over the nodes (at the end of this file).
 void spread_pool_to(self_ptr self, environment env, uint32_t size, session_actor owner,
                     std::string owner_id, std::function<void(caf::expected<uint32_t>)> done);
@@ -559,6 +592,16 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
     [=](network_atom, const std::string& id, const std::vector<std::string>& allow,
         const std::vector<std::string>& deny) {
       return by_id<bool>(self, id, network_atom::value, allow, deny);
+    },
+    // ---- snapshots (issue 16) ----
+    [=](pause_atom, const std::string& id, bool on) {
+      return by_id<bool>(self, id, pause_atom::value, on);
+    },
+    [=](snapshot_atom, const std::string& id, const std::string& ref) {
+      return via_session<std::string>(self, id, snapshot_atom::value, ref);
+    },
+    [=](fork_atom, const std::string& id, uint32_t count, const caf::actor& listener) {
+      return via_session<uint32_t>(self, id, fork_atom::value, count, listener);
     },
     [=](list_atom) -> caf::result<std::vector<sandbox_info>, std::vector<std::string>> {
       auto& s = self->state;

@@ -607,6 +607,13 @@ caf::result<uint32_t> create_call(self_ptr self, environment env, uint32_t count
 caf::result<uint32_t> set_pool(self_ptr self, environment env, uint32_t size);
 caf::result<exec_result> function_call(self_ptr self, environment env, exec_request req);
 
+// Snapshots (issue 16), in actors/session_snapshot.cpp.
+caf::result<bool> pause_one(self_ptr self, const std::string& id, bool on);
+caf::result<uint32_t> pause_all(self_ptr self, bool on);
+caf::result<std::string> snapshot_one(self_ptr self, const std::string& id, const std::string& ref);
+caf::result<uint32_t> fork_one(self_ptr self, const std::string& id, uint32_t count,
+                               const caf::actor& listener);
+
 session_actor::behavior_type session_impl(self_ptr self, session_config cfg) {
   self->state.cfg = std::move(cfg);
   auto& st = self->state;
@@ -1034,6 +1041,15 @@ session_actor::behavior_type session_impl(self_ptr self, session_config cfg) {
     [=](call_atom, environment& env, exec_request& req) -> caf::result<exec_result> {
       return function_call(self, std::move(env), std::move(req));
     },
+    // ---- snapshots (issue 16): actors/session_snapshot.cpp ----
+    [=](pause_atom, const std::string& id, bool on) -> caf::result<bool> {
+      return pause_one(self, id, on);
+    },
+    [=](pause_atom, bool on) -> caf::result<uint32_t> { return pause_all(self, on); },
+    [=](snapshot_atom, const std::string& id, const std::string& ref)
+      -> caf::result<std::string> { return snapshot_one(self, id, ref); },
+    [=](fork_atom, const std::string& id, uint32_t count, const caf::actor& listener)
+      -> caf::result<uint32_t> { return fork_one(self, id, count, listener); },
   };
 }
 

@@ -262,6 +262,18 @@ sandbox_actor::behavior_type sim_impl(self_ptr self, std::shared_ptr<const sim_c
         return refuse("claim");
       return false; // a simulated node keeps no warm pools
     },
+    // ---- snapshots (issue 16): a simulated sandbox has no processes or files ----
+    [=](pause_atom, const internal_key& k, bool) -> caf::result<bool> {
+      if (!genuine(k, self->state.c->key, "pause (sandbox)"))
+        return refuse("pause");
+      return no_files(self->state, "pause");
+    },
+    [=](snapshot_atom, const internal_key& k,
+        const std::string&) -> caf::result<internal_key, std::string> {
+      if (!genuine(k, self->state.c->key, "snapshot (sandbox)"))
+        return refuse("snapshot");
+      return no_files(self->state, "snapshot");
+    },
   };
 }
 

@@ -1,4 +1,5 @@
 #include "runtime/builder.hpp"
+#include "runtime/snapshot.hpp"
 
 namespace dsec {
 
@@ -38,7 +39,13 @@ expected<std::unique_ptr<container>> build_sandbox(spawner& sp, const environmen
 expected<std::vector<layer_lease>> lease_layers(const store& st, const environment& env,
                                                 const char* slot_prefix) {
   std::vector<layer_lease> out;
-  for (const auto& sl : env.layer_slots()) {
+  // A snapshot's chain of diffs down to its base (runtime/snapshot.hpp).
+  DSEC_TRY(slots, resolve_layers(env, [&](const std::string& text) -> expected<layer_record> {
+    DSEC_TRY(parsed, parse_layer_ref(text));
+    DSEC_TRY(info, st.find(parsed));
+    return layer_record{info.kind, info.on};
+  }));
+  for (const auto& sl : slots) {
     DSEC_TRY(ref, parse_layer_ref(sl.ref));
     DSEC_TRY(l, st.lease(ref));
     if (auto k = check_layer_kind(std::string{slot_prefix} + sl.slot, sl.ref, l.info().kind,

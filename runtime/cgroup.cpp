@@ -1,4 +1,5 @@
 #include "runtime/cgroup.hpp"
+#include "runtime/freezer.hpp"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -979,6 +980,9 @@ cgroup_pool_stats cgroup_root::pool_stats() const {
 expected<std::vector<std::string>> cgroup_root::collect_garbage() const {
   std::vector<std::string> removed;
   std::optional<error> first_err;
+  // Paused sandboxes of a dead owner stay frozen (a frozen v1 task takes no
+  // SIGKILL): thawed and killed first, or their cgroups below stay busy.
+  collect_freezer_garbage(owner_, removed);
   for (auto& h : hier_) {
     auto dsec_dir = h.own + "/dsec";
     std::vector<std::string> dead;

@@ -143,8 +143,11 @@ struct create_steps {
         return sys_error("writing", "/etc/resolv.conf");
     }
     if (x.opts.keep_upper) {
-      x.c.upper_.reset(::fcntl(x.upper.upper.get(), F_DUPFD_CLOEXEC, 0));
-      if (!x.c.upper_)
+      // The tmpfs's detached mount (its upper/ is the upper dir): while a
+      // descriptor holds it, it stays in its anonymous namespace, so
+      // snapshots can clone it (one descriptor per sandbox).
+      x.c.upper_mnt_.reset(::fcntl(x.upper.mnt.get(), F_DUPFD_CLOEXEC, 0));
+      if (!x.c.upper_mnt_)
         return sys_error("keeping a descriptor of the writable layer");
       x.c.uid_base_ = x.sp.ids().base;
     }
@@ -639,7 +642,7 @@ expected<bool> container::reap() {
   ctl_.reset();
   chronus_.reset();
   channel_.reset();
-  upper_.reset();
+  upper_mnt_.reset();
   if (cgroup_)
     DSEC_TRY_VOID(cgroup_->destroy());
   return true;
@@ -671,7 +674,7 @@ expected<void> container::destroy() {
   ctl_.reset();
   chronus_.reset();
   channel_.reset();
-  upper_.reset();
+  upper_mnt_.reset();
   if (cgroup_) {
     auto r = cgroup_->destroy();
     if (!r && result)

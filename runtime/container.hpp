@@ -54,8 +54,9 @@ struct container_options {
   /// layer must be dsec's system layer (it has .dsec). Needs Landlock ABI 6
   /// (Linux 6.12): creation fails with errc::unsupported below that.
   bool chronus = false;
-  /// Keep a descriptor of the writable layer's upper dir (container::upper_fd())
-  /// so that packs of it can be taken (runtime/pack.hpp, the trajectory log).
+  /// Keep a descriptor of the writable layer's mount (container::upper_mount_fd())
+  /// so that packs (runtime/pack.hpp, the trajectory log) and snapshots
+  /// (store::pack_diff) of it can be taken.
   bool keep_upper = false;
   /// Egress networking: written as /etc/resolv.conf of the writable layer
   /// (after a seed pack), naming the node's resolver; empty: nothing written.
@@ -183,11 +184,18 @@ public:
   /// chronus_fd().
   [[nodiscard]] int channel_fd() const { return channel_.get(); }
   unique_fd release_channel_fd() { return std::move(channel_); }
-  /// The writable layer's upper dir (O_DIRECTORY; read it, never write it while
-  /// the sandbox lives): with options.keep_upper, else -1. Closed on destroy.
-  [[nodiscard]] int upper_fd() const { return upper_.get(); }
+  /// The writable layer's tmpfs mount (its root holds upper/, the upper dir,
+  /// and work/): with options.keep_upper, else -1. Closed on destroy. Read
+  /// the upper dir through it (openat(fd, "upper")), never write it while the
+  /// sandbox lives; snapshots clone the mount (store::pack_diff).
+  [[nodiscard]] int upper_mount_fd() const { return upper_mnt_.get(); }
   /// The host uid the sandbox's root maps to (owners in the upper dir).
   [[nodiscard]] uint32_t uid_base() const { return uid_base_; }
+  /// Its cgroup directories (sandbox_cgroup::paths()); empty without limits.
+  /// For the freezer (runtime/freezer.hpp; snapshots).
+  [[nodiscard]] std::vector<std::string> cgroup_paths() const {
+    return cgroup_ ? cgroup_->paths() : std::vector<std::string>{};
+  }
   /// Whether the sandbox was made with options.chronus (trusted commands work).
   [[nodiscard]] bool chronus() const { return chronus_enabled_; }
 
@@ -248,7 +256,7 @@ private:
   unique_fd chronus_;
   unique_fd channel_;
   bool chronus_enabled_ = false;
-  unique_fd upper_;
+  unique_fd upper_mnt_;
   uint32_t uid_base_ = 0;
   uint64_t next_id_ = 1;
   bool destroyed_ = false;

@@ -29,10 +29,19 @@ std::string number(double v) {
 } // namespace
 
 expected<void> environment::validate() const {
-  if (base.empty())
+  if (!snapshot.empty()) { // snapshots (issue 16): the layers come from the diff's record
+    if (auto r = check_ref("snapshot", snapshot); !r)
+      return r;
+    if (!base.empty() || !workdir.empty())
+      return make_error(errc::invalid_argument,
+                        "an environment with a snapshot (" + snapshot
+                          + ") takes its base and workdir from the snapshot; give neither");
+  } else if (base.empty()) {
     return make_error(errc::invalid_argument, "an environment needs a base layer");
-  if (auto r = check_ref("base", base); !r)
-    return r;
+  }
+  if (!base.empty())
+    if (auto r = check_ref("base", base); !r)
+      return r;
   if (!workdir.empty())
     if (auto r = check_ref("workdir", workdir); !r)
       return r;
@@ -150,6 +159,7 @@ std::string environment::difference(const environment& other, std::string_view a
   add("ttl_ms", std::to_string(ttl_ms), std::to_string(o.ttl_ms));
   add("chronus", chronus ? "on" : "off", o.chronus ? "on" : "off");
   add("backend", backend, o.backend);
+  add("snapshot", snapshot, o.snapshot);
   return d.empty() ? "the same environment" : d;
 }
 
@@ -185,7 +195,12 @@ std::string environment::to_json() const {
   rules("deny", deny);
   o += ", \"ttl_ms\": " + std::to_string(ttl_ms) + ", \"backend\": ";
   json_string(o, backend);
-  o += std::string{", \"chronus\": "} + (chronus ? "true" : "false") + "}";
+  o += std::string{", \"chronus\": "} + (chronus ? "true" : "false") + ", \"snapshot\": ";
+  if (snapshot.empty())
+    o += "null";
+  else
+    json_string(o, snapshot);
+  o += "}";
   return o;
 }
 

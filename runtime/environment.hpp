@@ -45,6 +45,12 @@ struct environment {
   /// a channel of their own, kept apart from the agent's commands; dsec's
   /// `chronus` at /.dsec/bin; pristine commands; /run/chronus.sock
   bool chronus = false;
+  // ---- snapshots (issue 16) ----
+  /// NAME@VERSION of a diff layer (`dsec snapshot`, kind diff) to start from:
+  /// the layers are the environment the diff records (base, workdir, tools,
+  /// and its own snapshot: diffs stack), the diff on top of them, then this
+  /// environment's `tools` on top. base and workdir must then be empty.
+  std::string snapshot;
 
   // ---- networking (issue 14; docs/network.md) ----
   /// With `net`: network "egress", the sandbox reaches out through its node's
@@ -96,7 +102,7 @@ struct environment {
   /// One JSON object of every field (`dsec inspect`, `ps --json`): base,
   /// workdir (null if none), tools, memory, pids, cpus, disk, network (none,
   /// loopback, egress), allow, deny, ttl_ms,
-  /// backend, chronus.
+  /// backend, chronus, snapshot (null if none).
   [[nodiscard]] std::string to_json() const;
 
   friend bool operator==(const environment&, const environment&) = default;

@@ -17,6 +17,7 @@ const char* to_string(errc code) noexcept {
     case errc::unauthenticated: return "unauthenticated";
     case errc::unauthorized: return "unauthorized";
     case errc::closed: return "closed";
+    case errc::paused: return "paused";
     case errc::overloaded: return "overloaded";
     case errc::system_error: return "system_error";
     case errc::tool_failed: return "tool_failed";

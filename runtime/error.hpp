@@ -27,6 +27,7 @@ enum class errc : uint8_t {
   unauthenticated = 8,  ///< a missing or wrong credential (e.g. a Chronus token)
   unauthorized = 9,     ///< an internal verb without the daemon's or cluster's key
   closed = 10,          ///< it was closed (a session, a sandbox): make a new one
+  paused = 11,          ///< the sandbox is paused (`dsec pause`): resume it first
   // 20..39: the request is fine but cannot be served now. Back off and retry.
   overloaded = 20,      ///< out of slots, pids, memory or another capacity
   // 40..59: something failed while serving the request. Report it.

@@ -7,6 +7,7 @@ const char* to_string(layer_kind k) noexcept {
     case layer_kind::base: return "base";
     case layer_kind::workdir: return "workdir";
     case layer_kind::tool: return "tool";
+    case layer_kind::diff: return "diff";
   }
   return "unknown";
 }
@@ -18,9 +19,11 @@ expected<layer_kind> parse_layer_kind(std::string_view s) {
     return layer_kind::workdir;
   if (s == "tool")
     return layer_kind::tool;
+  if (s == "diff")
+    return layer_kind::diff;
   return make_error(errc::invalid_argument,
                     "unknown layer kind '" + std::string{s}
-                      + "' (expected base, workdir or tool)");
+                      + "' (expected base, workdir or tool; diff layers come from `dsec snapshot`)");
 }
 
 namespace {

@@ -15,11 +15,15 @@ enum class layer_kind : uint8_t {
   base,    ///< an operating system image (docker export, debootstrap, busybox)
   workdir, ///< a task's working tree
   tool,    ///< a tool package (a grader, a compiler, a test runner)
+  /// A sandbox's writable layer (`dsec snapshot`): made only by pack_diff,
+  /// never by `layer build`; it records the environment it sits on
+  /// (layer_info::on, runtime/snapshot.hpp).
+  diff,
 };
 
 const char* to_string(layer_kind k) noexcept;
 
-/// Parses "base", "workdir" or "tool".
+/// Parses "base", "workdir", "tool" or "diff".
 expected<layer_kind> parse_layer_kind(std::string_view s);
 
 /// NAME@VERSION. Names and versions are 1..128 characters of [A-Za-z0-9._+-],

@@ -60,6 +60,9 @@ struct layer_info {
   [[nodiscard]] std::vector<std::string> digests() const {
     return lowers.empty() ? std::vector<std::string>{digest} : lowers;
   }
+  /// A diff layer's record of the environment it sits on (runtime/snapshot.hpp
+  /// format_on: "base=B workdir=W tool=T... snapshot=S"); empty otherwise.
+  std::string on;
 };
 
 /// How build() makes the image.
@@ -147,6 +150,10 @@ public:
   /// "sha256:<64 hex>" of the bytes appended; ends the appending.
   [[nodiscard]] const std::string& digest();
 
+  /// For an image an external tool wrote at path() (pack_diff's mkfs.erofs)
+  /// instead of append(): hashes what the file holds now; ends the appending.
+  expected<void> rehash();
+
   /// STATE/tmp/<prefix>-XXXXXX/image.
   [[nodiscard]] const std::string& path() const noexcept;
 
@@ -193,6 +200,20 @@ struct image_lower {
   /// blob digest, the config's diff_id): store::image_lower_for() finds it
   /// by them afterwards. Empty for a flattened lower.
   std::vector<std::string> tar_digests;
+/// How store::pack_diff makes a diff layer (snapshots, issue 16).
+struct diff_options {
+  /// The sandbox's id range: its upper's owners are host ids uid_base + n,
+  /// which the image records as n (as `layer build` records a tree's).
+  uint32_t uid_base = 1'000'000'000;
+  uint32_t id_count = 65536;
+  std::string on;           ///< the record of what it sits on (snapshot.hpp format_on)
+  std::string source;       ///< what `layer ls` says it came from
+  uint64_t max_bytes = 0;   ///< the image may not grow past this (0: 64 GiB)
+  uint64_t timeout_ms = 0;  ///< mkfs.erofs is killed after this (0: 5 minutes)
+  /// Paths relative to the upper dir left out of the image.
+  std::vector<std::string> exclude;
+  /// Where the upper dir is in the mount given to pack_diff.
+  std::string upper_subdir = "upper";
 };
 
 /// A handle on a store directory. Cheap to copy: all state lives on disk, and
@@ -233,7 +254,21 @@ public:
   /// same digest nothing is done (import_result::existed).
   expected<import_result> import(layer_kind kind, const layer_ref& ref,
                                  const std::string& digest, uint64_t size, int64_t created,
-                                 const std::string& source, staged_file file);
+                                 const std::string& source, staged_file file,
+                                 const std::string& on = {});
+
+  /// pack_diff (snapshots, issue 16): makes the writable layer in the
+  /// mount `mount_fd` (container::upper_mount_fd(); options.upper_subdir is
+  /// the overlay upper dir in it, with its whiteouts, opaque dirs, xattrs, owners,
+  /// modes and hard links) the layer `ref` of kind diff recording options.on.
+  /// The upper dir is untrusted: mkfs.erofs reads it in a process of its own,
+  /// in a private mount namespace, through a read-only idmapped clone of the
+  /// mount (owners shifted back by uid_base), bounded in time and in output
+  /// size. The caller keeps the upper still (the sandbox frozen) meanwhile.
+  /// Errors: already_exists, tool_failed (mkfs.erofs's stderr), timeout,
+  /// too_large.
+  expected<import_result> pack_diff(const layer_ref& ref, int mount_fd,
+                                    const diff_options& options);
 
   /// Opens the blob (image) with this digest read-only. invalid_argument unless
   /// `digest` is "sha256:" and 64 lower-case hex digits (nothing else reaches a

@@ -60,6 +60,29 @@ const std::string& staged_file::digest() {
   return impl_->digest;
 }
 
+expected<void> staged_file::rehash() {
+  if (!impl_)
+    return make_error(errc::invalid_argument, "rehash of a moved-from staged file");
+  unique_fd in{sys::retry([&] { return ::open(impl_->path.c_str(), O_RDONLY | O_CLOEXEC); })};
+  if (!in)
+    return sys_error("cannot open", impl_->path);
+  impl_->hash = sha256{};
+  impl_->size = 0;
+  std::string buf(1 << 20, '\0');
+  for (;;) {
+    auto n = sys::retry([&] { return ::read(in.get(), buf.data(), buf.size()); });
+    if (n < 0)
+      return sys_error("cannot read", impl_->path);
+    if (n == 0)
+      break;
+    impl_->hash.update(buf.data(), static_cast<size_t>(n));
+    impl_->size += static_cast<uint64_t>(n);
+  }
+  impl_->digest.clear();
+  (void) digest();
+  return {};
+}
+
 const std::string& staged_file::path() const noexcept {
   static const std::string none;
   return impl_ ? impl_->path : none;
@@ -87,7 +110,7 @@ expected<staged_file> store::stage(std::string_view prefix) const {
 expected<import_result> store::import(layer_kind kind, const layer_ref& ref,
                                       const std::string& digest, uint64_t size,
                                       int64_t created, const std::string& source,
-                                      staged_file file) {
+                                      staged_file file, const std::string& on) {
   // `file` is ours now: whatever happens below, its directory goes with it.
   DSEC_TRY_VOID(check_ref(ref));
   const auto name = ref.to_string();
@@ -98,6 +121,9 @@ expected<import_result> store::import(layer_kind kind, const layer_ref& ref,
   if (source.find('\n') != std::string::npos)
     return make_error(errc::invalid_argument,
                       "the source of layer " + name + " contains a newline");
+  if (on.find('\n') != std::string::npos)
+    return make_error(errc::invalid_argument,
+                      "the record of layer " + name + " contains a newline");
   auto& im = *file.impl_;
   struct stat st{};
   if (::fstat(im.fd.get(), &st) != 0)
@@ -142,6 +168,7 @@ expected<import_result> store::import(layer_kind kind, const layer_ref& ref,
   result.info.size = size;
   result.info.created = created;
   result.info.source = source;
+  result.info.on = on;
   result.info.blob_path = blob_path_of(dir_, digest);
   DSEC_TRY(shared, commit_layer(dir_, im.dir.path(), im.path, result.info));
   result.deduplicated = shared;

@@ -116,6 +116,8 @@ std::string format_ref(const layer_info& info) {
     out += "config=" + info.config + '\n';
   if (!info.manifest.empty())
     out += "manifest=" + info.manifest + '\n';
+  if (!info.on.empty())
+    out += "on=" + info.on + '\n';
   return out;
 }
 
@@ -158,6 +160,8 @@ expected<layer_info> parse_ref(std::string_view text, const layer_ref& ref,
       if (!parse_int(value, info.created))
         return corrupt("bad created '" + std::string{value} + "'");
       has_created = true;
+    } else if (key == "on") {
+      info.on = value;
     } else if (key == "source") {
       info.source = value;
     } else if (key == "lower") {

@@ -94,7 +94,7 @@ expected<userns_helper> userns_helper::start(const id_range& ids) {
   if (sys::retry([&] { return ::read(h.from_helper_.get(), &c, 1); }) != 1 || c != 'y')
     return make_error(errc::system_error, "the user namespace helper did not start");
   char path[64], map[64];
-  std::snprintf(map, sizeof map, "0 %u %u\n", ids.base, ids.count);
+  std::snprintf(map, sizeof map, "%u %u %u\n", ids.inside, ids.base, ids.count);
   std::snprintf(path, sizeof path, "/proc/%d/uid_map", h.pid_);
   DSEC_TRY_VOID(write_file(path, map));
   std::snprintf(path, sizeof path, "/proc/%d/gid_map", h.pid_);

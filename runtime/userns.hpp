@@ -15,6 +15,9 @@ namespace dsec {
 struct id_range {
   uint32_t base = 1'000'000'000; ///< host uid/gid of the sandbox's root
   uint32_t count = 65536;        ///< sandbox ids 0..count-1
+  /// The namespace's first id (mapped to `base`): 0 for the sandbox's
+  /// namespace; pack_diff's idmap maps inside base..base+count-1 to 0.. (snapshot.hpp).
+  uint32_t inside = 0;
 };
 
 /// A small helper process living in a new sandbox user namespace. It holds the

@@ -61,7 +61,7 @@ from . import _files
 from .errors import (Error, InvalidArgument, NotFound, AlreadyExists, WrongKind, InUse,
                      Malformed, TooLarge, Unauthenticated, Unauthorized, Overloaded, SystemFailure,
                      ToolFailed, Timeout, SandboxFailed, Disconnected, Lost, Unsupported,
-                     Closed, CommandFailed, from_native as _from_native)
+                     Closed, CommandFailed, Paused, from_native as _from_native)
 
 _dsec._set_error_factory(_from_native)
 
@@ -87,7 +87,7 @@ __all__ = [
     "Error", "InvalidArgument", "NotFound", "AlreadyExists", "WrongKind", "InUse", "Malformed",
     "TooLarge", "Unauthenticated", "Unauthorized", "Overloaded", "SystemFailure", "ToolFailed",
     "Timeout", "SandboxFailed", "Disconnected", "Lost", "Unsupported", "Closed", "CommandFailed",
-    "Answer", "Data", "Size", "Seconds", "Command", "Env", "User",
+    "Paused", "Answer", "Data", "Size", "Seconds", "Command", "Env", "User",
 ]
 
 # ---- clients still open at exit are closed before the interpreter goes ---------------
@@ -171,9 +171,13 @@ def _parse_address(address: object) -> tuple[str, int]:
 
 def _environment(base: object, workdir: object, tools: Iterable[str] | None, memory: object,
                  pids: object, cpus: object, disk: object, net: object, chronus: object,
-                 ttl: object) -> _dsec.Environment:
+                 ttl: object, snapshot: object = None) -> _dsec.Environment:
     env = _dsec.Environment()
-    env.base = _str("base", base, allow_empty=False)
+    if snapshot is not None:  # snapshots (issue 16): the layers come from the diff
+        env.snapshot = _str("snapshot", snapshot, allow_empty=False)
+        env.base = "" if base is None else _str("base", base)
+    else:
+        env.base = _str("base", base, allow_empty=False)
     env.workdir = "" if workdir is None else _str("workdir", workdir)
     if isinstance(tools, str):
         raise TypeError("tools: expected a list of NAME@VERSION strings, got a str "
@@ -536,15 +540,25 @@ class Session:
         result: ExecResult = self._s.call(e, req)
         return result
 
+    def pause(self) -> int:
+        """Pauses every sandbox of the session (snapshots, issue 16); returns
+        how many were running."""
+        return int(self._s.pause_all(True))
+
+    def resume(self) -> int:
+        """Resumes every paused sandbox of the session; returns how many."""
+        return int(self._s.pause_all(False))
+
     def sandbox(self, sandbox_id: str) -> Sandbox:
         """A handle on a sandbox of this session, by id (nothing is checked)."""
         return Sandbox(self, _str("sandbox_id", sandbox_id, False))
 
-    def create(self, base: str, workdir: str | None = None, tools: Sequence[str] = (),
+    def create(self, base: str | None = None, workdir: str | None = None,
+               tools: Sequence[str] = (),
                count: int = 1, *, memory: Size | None = None, pids: int | None = None,
                cpus: float | None = None, disk: Size | None = None, net: bool = False,
                chronus: bool = False, ttl: Seconds | None = None, key: str | None = None,
-               tags: Mapping[str, str] | None = None) -> Batch:
+               tags: Mapping[str, str] | None = None, snapshot: str | None = None) -> Batch:
         """Creates `count` sandboxes of base + workdir + tools (NAME@VERSION
         each; the last tool on top) and returns them as a Batch (a list).
 
@@ -559,8 +573,13 @@ class Session:
         a create the sandboxes its log made for the same key, whatever order
         the creates come in; a create without a key gets fresh sandboxes on
         resume, never another's. tags: {str: str} shown by list() and find().
+
+        snapshot: a diff layer (Sandbox.snapshot()) to start from instead of
+        base and workdir: the environment it records with the diff on top;
+        `tools` go above it.
         """
-        env = _environment(base, workdir, tools, memory, pids, cpus, disk, net, chronus, ttl)
+        env = _environment(base, workdir, tools, memory, pids, cpus, disk, net, chronus, ttl,
+                           snapshot)
         count = _int("count", count, hi=1_000_000)
         made, failures = self._s.create(env, count, *_labels(key, tags))
         return _batch(self, made, failures, count)
@@ -1124,6 +1143,32 @@ class Sandbox:
         self.session._s.set_ttl_async(self.id, _seconds_ms("ttl", ttl), done)
         left = await fut
         return float(left) / 1000.0
+
+    # ---- snapshots (issue 16) ---------------------------------------------------------
+
+    def pause(self) -> bool:
+        """Freezes every process of the sandbox and stops its TTL clock; exec,
+        put and get raise dsec.Paused until resume(). False if it was paused."""
+        return bool(self.session._s.pause(self.id, True))
+
+    def resume(self) -> bool:
+        """Lets a paused sandbox run again, its TTL counting on. False if it
+        was not paused."""
+        return bool(self.session._s.pause(self.id, False))
+
+    def snapshot(self, ref: str) -> str:
+        """pack_diff: the sandbox's writable layer as the diff layer `ref`
+        (NAME@VERSION; frozen for the copy only); returns its digest. Start
+        sandboxes from it with Session.create(snapshot=ref)."""
+        return str(self.session._s.snapshot(self.id, _str("ref", ref, allow_empty=False)))
+
+    def fork(self, n: int = 1) -> Batch:
+        """`n` new sandboxes of this session with this sandbox's files (one
+        shared diff layer, one batch); this one goes on running. Processes are
+        not copied."""
+        n = _int("n", n, hi=1_000_000)
+        ids = self.session._s.fork(self.id, n)
+        return Batch([Sandbox(self.session, i) for i in ids], [], None)
 
     def answer(self, request_id: int, reward: float = 0.0, text: str = "", data: Data = b"",
                done: bool = False) -> None:

@@ -32,7 +32,7 @@ __all__ = [
     "Error", "InvalidArgument", "NotFound", "AlreadyExists", "WrongKind", "InUse",
     "Malformed", "TooLarge", "Unauthenticated", "Unauthorized", "Overloaded", "SystemFailure",
     "ToolFailed", "Timeout", "SandboxFailed", "Disconnected", "Lost", "Unsupported",
-    "Closed", "CommandFailed",
+    "Closed", "CommandFailed", "Paused",
 ]
 
 
@@ -201,10 +201,18 @@ class Unsupported(Error):
     code_name = "unsupported"
 
 
+# snapshots (issue 16)
+class Paused(Error):
+    """The sandbox is paused (Sandbox.pause()): resume() it first."""
+
+    code = 11
+    code_name = "paused"
+
+
 _BY_CODE: dict[int, type[Error]] = {cls.code: cls for cls in (
     InvalidArgument, NotFound, AlreadyExists, WrongKind, InUse, Malformed, TooLarge,
     Unauthenticated, Unauthorized, Closed, Overloaded, SystemFailure, ToolFailed, Timeout,
-    SandboxFailed, Disconnected, Lost, Unsupported) if cls.code is not None}
+    SandboxFailed, Disconnected, Lost, Unsupported, Paused) if cls.code is not None}
 
 
 class CommandFailed(Error):

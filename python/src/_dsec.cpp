@@ -619,6 +619,7 @@ void bind_values(py::module_& m) {
     .def_readwrite("egress", &environment::egress)
     .def_readwrite("allow", &environment::allow)
     .def_readwrite("deny", &environment::deny)
+    .def_readwrite("snapshot", &environment::snapshot)
     .def("__repr__", [](const environment& e) {
       std::string tools;
       for (const auto& t : e.tools)
@@ -1083,6 +1084,43 @@ void bind_session(py::module_& m) {
              r = ps.get()->pool(env, size);
            }
            return value_or_raise(std::move(r));
+         })
+    // ---- snapshots (issue 16) ----
+    .def("pause",
+         [](py_session& ps, const std::string& id, bool on) {
+           waiter<bool> out;
+           {
+             auto s = ps.co().start();
+             ps.get()->pause_async(id, on, to_waiter(out, s.tok));
+           }
+           return value_or_raise(await_outcome(out));
+         })
+    .def("pause_all",
+         [](py_session& ps, bool on) {
+           waiter<uint32_t> out;
+           {
+             auto s = ps.co().start();
+             ps.get()->pause_all_async(on, to_waiter(out, s.tok));
+           }
+           return value_or_raise(await_outcome(out));
+         })
+    .def("snapshot",
+         [](py_session& ps, const std::string& id, const std::string& ref) {
+           waiter<std::string> out;
+           {
+             auto s = ps.co().start();
+             ps.get()->snapshot_async(id, ref, to_waiter(out, s.tok));
+           }
+           return value_or_raise(await_outcome(out));
+         })
+    .def("fork",
+         [](py_session& ps, const std::string& id, uint32_t count) {
+           waiter<std::vector<std::string>> out;
+           {
+             auto s = ps.co().start();
+             ps.get()->fork_async(id, count, to_waiter(out, s.tok));
+           }
+           return value_or_raise(await_outcome(out));
          })
     .def("set_ttl",
          [](py_session& ps, const std::string& id, uint64_t ms) {

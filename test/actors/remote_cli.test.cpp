@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/store.hpp"
 #include "test/actors/common.hpp"
 #include "test/support/fixture.hpp"
 #include "test/support/host.hpp"
@@ -1204,4 +1205,66 @@ TEST_CASE("remote Chronus: session watch shows a grader's events, feedback answe
   r = d.dsec({"rm", plain});
   CHECK_MESSAGE(r.status == 0, r.describe());
   d.finish();
+}
+
+// ---- snapshots (issue 16) --------------------------------------------------------
+
+TEST_CASE("remote: pause, resume, snapshot, run --snapshot, fork and session pause|resume") {
+  daemon_proc d;
+  auto id = d.detached();
+  auto r = d.dsec({"pause", id});
+  CHECK_MESSAGE(r.status == 0, r.describe());
+  CHECK(r.out == "paused " + id + "\n");
+  r = d.dsec({"pause", id});
+  CHECK(r.out == id + " was already paused\n");
+  r = d.dsec({"ps"});
+  CHECK_MESSAGE(contains(r.out, "paused"), r.describe());
+  r = d.dsec({"exec", id, "--", "true"});
+  CHECK_MESSAGE(r.status == 1, r.describe());
+  CHECK_MESSAGE(contains(r.err, "is paused"), r.describe());
+  r = d.dsec({"resume", id});
+  CHECK_MESSAGE(r.status == 0, r.describe());
+  CHECK(r.out == "resumed " + id + "\n");
+  r = d.dsec({"exec", id, "--", "sh", "-c", "echo kept > /kept"});
+  CHECK_MESSAGE(r.status == 0, r.describe());
+
+  r = d.dsec({"snapshot", id});
+  CHECK_MESSAGE(r.status == 2, r.describe()); // --as is required
+  CHECK(contains(r.err, "--as"));
+  r = d.dsec({"snapshot", id, "--as", "cli-snap@1"});
+  CHECK_MESSAGE(r.status == 0, r.describe());
+  CHECK_MESSAGE(contains(r.out, "cli-snap@1 sha256:"), r.describe());
+  r = d.dsec({"run", "--snapshot", "cli-snap@1", "--", "cat", "/kept"});
+  CHECK_MESSAGE(r.status == 0, r.describe());
+  CHECK(r.out == "kept\n");
+  r = d.dsec({"run", "--snapshot", "cli-snap@1", "--base", tar_base, "--", "true"});
+  CHECK_MESSAGE(r.status == 2, r.describe());
+  CHECK(contains(r.err, "takes its base and workdir from the snapshot"));
+
+  r = d.dsec({"fork", id, "-n", "3"});
+  CHECK_MESSAGE(r.status == 0, r.describe());
+  auto forks = lines_of(r.out);
+  REQUIRE(forks.size() == 3);
+  for (const auto& f : forks) {
+    auto c = d.dsec({"exec", f, "--", "cat", "/kept"});
+    CHECK_MESSAGE(c.out == "kept\n", c.describe());
+  }
+  r = d.dsec({"session", "pause", "default"});
+  CHECK_MESSAGE(r.status == 0, r.describe());
+  CHECK(r.out == "paused session default: 4 sandboxes\n");
+  r = d.dsec({"session", "resume", "default"});
+  CHECK_MESSAGE(r.status == 0, r.describe());
+  CHECK(r.out == "resumed session default: 4 paused sandboxes\n");
+  std::vector<std::string> rm{"rm", id};
+  rm.insert(rm.end(), forks.begin(), forks.end());
+  r = d.dsec(rm);
+  CHECK_MESSAGE(r.status == 0, r.describe());
+  d.finish();
+  auto st = store::open(actor_layers());
+  REQUIRE(st);
+  auto all = st->list();
+  REQUIRE(all);
+  for (const auto& l : *all)
+    if (l.kind == layer_kind::diff)
+      CHECK(st->remove(l.ref));
 }

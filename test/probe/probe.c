@@ -45,6 +45,7 @@
 #include <time.h>
 #include <sys/utsname.h>
 #include <sys/wait.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 /* ---- output helpers ----------------------------------------------------- */
@@ -253,6 +254,83 @@ static void tree(const char *path) {
       printf("%s o %o\n", full, st.st_mode & 07777);
     }
   }
+}
+
+/* ---- snapshots (issue 16) ------------------------------------------------- */
+
+/* Every path under `path`, one line each, with what a snapshot must keep:
+ * "PATH TYPE MODE UID GID NLINK LINKGROUP SIZE HASH|TARGET XATTRS", where
+ * LINKGROUP numbers the inodes in the order first met (hard links share it)
+ * and XATTRS lists the user.* xattrs as name=value. Skips /proc, /dev, /sys
+ * and /.dsec (the system layer's, not the sandbox's). */
+static unsigned long snap_inos[65536];
+static size_t snap_n;
+
+static size_t link_group(unsigned long ino) {
+  for (size_t i = 0; i < snap_n; ++i)
+    if (snap_inos[i] == ino)
+      return i;
+  if (snap_n < sizeof snap_inos / sizeof snap_inos[0])
+    snap_inos[snap_n++] = ino;
+  return snap_n - 1;
+}
+
+static void print_xattrs(const char *full) {
+  char names[8192];
+  ssize_t n = llistxattr(full, names, sizeof names);
+  for (ssize_t i = 0; i < n; i += (ssize_t)strlen(names + i) + 1) {
+    if (strncmp(names + i, "user.", 5) != 0)
+      continue;
+    char v[1024];
+    ssize_t len = lgetxattr(full, names + i, v, sizeof v - 1);
+    v[len < 0 ? 0 : len] = '\0';
+    printf(" %s=%s", names + i, v);
+  }
+}
+
+static void snaptree(const char *path) {
+  size_t n;
+  char **names = list_dir(path, &n);
+  if (!names)
+    return;
+  for (size_t i = 0; i < n; ++i) {
+    char full[4096];
+    snprintf(full, sizeof full, "%s/%s", strcmp(path, "/") == 0 ? "" : path, names[i]);
+    if (!strcmp(full, "/proc") || !strcmp(full, "/dev") || !strcmp(full, "/sys") ||
+        !strcmp(full, "/.dsec"))
+      continue;
+    struct stat st;
+    if (lstat(full, &st) < 0) {
+      printf("%s ? %s\n", full, err_name(errno));
+      continue;
+    }
+    char t = S_ISDIR(st.st_mode) ? 'd' : S_ISLNK(st.st_mode) ? 'l' : S_ISREG(st.st_mode) ? 'f'
+             : S_ISFIFO(st.st_mode) ? 'p' : S_ISSOCK(st.st_mode) ? 's' : 'o';
+    printf("%s %c %o %u %u", full, t, st.st_mode & 07777, st.st_uid, st.st_gid);
+    if (t == 'f')
+      printf(" %lu %zu %lld %016llx", (unsigned long)st.st_nlink, link_group(st.st_ino),
+             (long long)st.st_size, (unsigned long long)hash_file(full));
+    if (t == 'l') {
+      char target[4096];
+      ssize_t len = readlink(full, target, sizeof target - 1);
+      target[len < 0 ? 0 : len] = '\0';
+      printf(" %s", target);
+    }
+    print_xattrs(full);
+    printf("\n");
+    if (t == 'd')
+      snaptree(full);
+  }
+}
+
+/* Binds a unix socket at `path` and exits: the socket file stays. */
+static int cmd_bind_unix(const char *path) {
+  struct sockaddr_un a;
+  memset(&a, 0, sizeof a);
+  a.sun_family = AF_UNIX;
+  strncpy(a.sun_path, path, sizeof a.sun_path - 1);
+  int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  return outcome(s < 0 ? -1 : bind(s, (struct sockaddr *)&a, sizeof a));
 }
 
 /* ---- identity and /proc ------------------------------------------------- */
@@ -1014,6 +1092,9 @@ int main(int argc, char **argv) {
   if (IS("touch-many", 2)) return cmd_touch_many(a1, a2);
   if (IS("ls", 1)) return cmd_ls(a1);
   if (IS("tree", 1)) return tree(a1), 0;
+  if (IS("snaptree", 1)) return snaptree(a1), 0;
+  if (IS("setxattr", 3)) return outcome(lsetxattr(a1, a2, argv[4], strlen(argv[4]), 0));
+  if (IS("bind-unix", 1)) return cmd_bind_unix(a1);
   if (IS("mknod", 1)) return outcome(mknod(a1, S_IFCHR | 0666, makedev(1, 3)));
   if (IS("swap-fifo", 1)) return cmd_swap_fifo(a1);
   /* identity and /proc */

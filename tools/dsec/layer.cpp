@@ -10,6 +10,7 @@
 #include <cstring>
 #include <cstdio>
 #include <ctime>
+#include <map>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -111,6 +112,8 @@ void print_ls_help() {
     "\n"
     "Lists the layers in the store, sorted by name and version: NAME@VERSION, kind,\n"
     "image size, digest (first 12 hex digits of the sha256) and creation time (UTC).\n"
+    "Diff layers (`dsec snapshot`) add ON: the environment each sits on, then the\n"
+    "one below it, down to a base (\"snapshot=d1@1 <- base=debian@12 tool=t@1\").\n"
     "\n"
     "The store is the state directory: --state DIR before the verb, else $DSEC_STATE,\n"
     "else /var/lib/dsec.\n");
@@ -205,6 +208,8 @@ int build_verb(const global_options& g, args& a) {
   auto kind = parse_layer_kind(kind_arg);
   if (!kind)
     return usage_error(verb, kind.error_value().message);
+  if (*kind == layer_kind::diff)
+    return usage_error(verb, "--kind diff: diff layers are made by `dsec snapshot`, not built");
   if (!compress.empty() && compress != "lz4" && compress != "lz4hc")
     return usage_error(verb, "unknown --compress '" + compress + "' (expected lz4 or lz4hc)");
   if (positional.empty())
@@ -258,10 +263,42 @@ int ls_verb(const global_options& g, args& a) {
     return 0;
   }
 
+  // A diff layer (snapshots) shows its chain: what it sits on, down to a base.
+  std::map<std::string, std::string> records;
+  bool diffs = false;
+  for (const auto& l : *layers) {
+    records[l.ref.to_string()] = l.on;
+    diffs = diffs || l.kind == layer_kind::diff;
+  }
+  auto chain = [&](const layer_info& l) {
+    if (l.kind != layer_kind::diff)
+      return std::string{};
+    std::string out, rec = l.on;
+    for (int depth = 0; depth < 64; ++depth) {
+      out += (out.empty() ? "" : " <- ") + rec;
+      auto at = rec.find("snapshot=");
+      if (at == std::string::npos)
+        break;
+      auto parent = rec.substr(at + 9, rec.find(' ', at) == std::string::npos
+                                         ? std::string::npos : rec.find(' ', at) - at - 9);
+      auto it = records.find(parent);
+      if (it == records.end()) {
+        out += " <- (" + parent + " is gone)";
+        break;
+      }
+      rec = it->second;
+    }
+    return out;
+  };
   std::vector<std::vector<std::string>> rows{{"LAYER", "KIND", "SIZE", "DIGEST", "CREATED"}};
-  for (const auto& l : *layers)
+  if (diffs)
+    rows.front().push_back("ON");
+  for (const auto& l : *layers) {
     rows.push_back({l.ref.to_string(), to_string(l.kind), format_size(l.size),
                     short_digest(l.digest), iso_time(l.created)});
+    if (diffs)
+      rows.back().push_back(chain(l));
+  }
   std::vector<size_t> width(rows.front().size(), 0);
   for (const auto& row : rows)
     for (size_t i = 0; i < row.size(); ++i)

@@ -44,6 +44,8 @@ Verbs of a daemon (dsecd), with --connect HOST:PORT before the verb:
   cluster status        the cluster's nodes (a coordinator)
   call, pool set|ls     the function backend and warm pools
   net ID                change an egress sandbox's network policy
+  pause, resume         freeze a sandbox (its TTL stopped) and thaw it
+  snapshot, fork        a sandbox's files as a diff layer; N sandboxes from them
 
 Global options:
   --state DIR           the state directory (layers, blobs); default $DSEC_STATE,

@@ -48,6 +48,9 @@ Verbs:
                                     (from a warm pool), destroyed after
   pool set|ls                       warm pools of ready sandboxes
   net ID [--allow R] [--deny R]     change an egress sandbox's network policy
+  pause ID... | resume ID...        freeze sandboxes (TTL stopped), thaw them
+  snapshot ID --as NAME@VERSION     its writable layer as a diff layer
+  fork ID [-n N]                    N new sandboxes with its files; prints their ids
 
 Global options:
   --connect HOST:PORT   the daemon (dsecd --listen); required
@@ -127,6 +130,12 @@ int main(int argc, char** argv) {
     return remote::pool_main(ctx, a);
   if (verb == "net")
     return remote::net_main(ctx, a);
+  if (verb == "pause" || verb == "resume")
+    return remote::pause_main(ctx, a, verb == "pause");
+  if (verb == "snapshot")
+    return remote::snapshot_main(ctx, a);
+  if (verb == "fork")
+    return remote::fork_main(ctx, a);
   if (verb == "help") {
     std::fputs(remote::usage, stdout);
     return 0;

@@ -22,7 +22,7 @@ Prints a JSON array with an object for each sandbox ID, in the order given:
   environment                  base, workdir, tools, memory, pids, cpus, disk
                                (bytes; 0: the node's default was not filled in),
                                network (none, loopback, egress), allow, deny,
-                               ttl_ms, backend, chronus
+                               ttl_ms, backend, chronus, snapshot
 
 Exit status: 0 when every ID was found; 1 when one was not (it is named on
 stderr, the others are printed) or the daemon cannot be reached; 2 on a usage

@@ -58,9 +58,13 @@ Sandbox and session:
                            agent's files read-only at /.dsec/agent
 
 Layers (in the daemon's store):
-  --base NAME@VERSION      the base image (required)
+  --base NAME@VERSION      the base image (required, unless --snapshot)
   --workdir NAME@VERSION   a working-directory layer
   --tool NAME@VERSION      a tool layer; repeat for several (the last on top)
+  --snapshot NAME@VERSION  start from a diff layer (`dsec snapshot`): the
+                           environment it records (its base, workdir, tools,
+                           and the diffs below it), the diff on top; --tool
+                           adds tools above it; no --base or --workdir
 
 Environment of the command:
   -i, --stdin              send the whole of our stdin to CMD as its input (read

@@ -16,6 +16,7 @@ namespace {
 const char* session_usage = R"(usage: dsec --connect HOST:PORT session open [--quota N] [--ttl DUR] [--name NAME]
                                                 [--trajectory]
        dsec --connect HOST:PORT session resume ID
+       dsec --connect HOST:PORT session pause ID
        dsec --connect HOST:PORT session close ID
        dsec --connect HOST:PORT session watch ID [--count N] [--for DUR]
 
@@ -32,7 +33,11 @@ open   Opens a session that nobody owns: it lives until `session close` (or
                       with its result, durably, so that `session resume`
                       can answer them again after the daemon restarts
                       (docs/trajectory.md)
-resume Reopens session ID from its trajectory log after the daemon (or the
+pause  Pauses every sandbox of live session ID at once (see `pause --help`:
+       frozen, TTL clocks stopped, commands refused); prints how many.
+resume Resumes every paused sandbox of session ID when it is live and has
+       some (prints how many). Otherwise it reopens session ID from its
+       trajectory log after the daemon (or the
        session's trainer) died. Its sandboxes keep their ids; each answers the
        commands it already ran, given again in order, with their logged
        results, and is rebuilt from its last pack (re-running the commands
@@ -136,6 +141,22 @@ int session_main(context& ctx, args& a) {
   }
   if (sub == "watch")
     return watch_main(ctx, a);
+  if (sub == "pause") {
+    std::string id;
+    if (int rc = one_session_id(a, verb, id); rc >= 0)
+      return rc;
+    auto c = ctx.connect();
+    if (!c)
+      return fail(c.error_value());
+    auto s = (*c)->find_session(id);
+    if (!s)
+      return fail(s.error_value());
+    auto n = (*s)->pause_all();
+    if (!n)
+      return fail(n.error_value());
+    std::printf("paused session %s: %u sandbox%s\n", id.c_str(), *n, *n == 1 ? "" : "es");
+    return 0;
+  }
   if (sub == "resume") {
     std::string id;
     if (int rc = one_session_id(a, verb, id); rc >= 0)
@@ -143,6 +164,17 @@ int session_main(context& ctx, args& a) {
     auto c = ctx.connect();
     if (!c)
       return fail(c.error_value());
+    if (auto live = (*c)->find_session(id)) { // live: thaw its paused sandboxes
+      auto n = (*live)->resume_all();
+      if (!n)
+        return fail(n.error_value());
+      if (*n > 0) {
+        std::printf("resumed session %s: %u paused sandbox%s\n", id.c_str(), *n,
+                    *n == 1 ? "" : "es");
+        return 0;
+      }
+      // Nothing was paused: a resume from the log (which says it is live).
+    }
     auto s = (*c)->resume_session(id, false);
     if (!s)
       return fail(s.error_value());
@@ -189,7 +221,7 @@ int session_main(context& ctx, args& a) {
     return 0;
   }
   return usage_error(ctx.verb("session"), "unknown sub-verb '" + sub
-                                            + "' (expected 'open', 'resume', 'close' or 'watch')");
+                                            + "' (expected 'open', 'resume', 'pause', 'close' or 'watch')");
 }
 
 } // namespace dsec::cli::remote

@@ -41,9 +41,13 @@ layer (a tmpfs, gone with the sandbox), dsec's system layer (/dev, /proc,
 layer, the base layer.
 
 Layers:
-  --base NAME@VERSION      the base image (required)
+  --base NAME@VERSION      the base image (required, unless --snapshot)
   --workdir NAME@VERSION   a working-directory layer
   --tool NAME@VERSION      a tool layer; repeat for several
+  --snapshot NAME@VERSION  start from a diff layer (`dsec snapshot`): the
+                           environment it records (its base, workdir, tools,
+                           and the diffs below it), the diff on top; --tool
+                           adds tools above it; no --base or --workdir
 
 Environment of the command:
   -e, --env KEY[=VALUE]    add or replace a variable (repeatable); a bare

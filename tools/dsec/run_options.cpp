@@ -96,6 +96,8 @@ parsed parse_sandbox_option(args& a, std::string_view verb, sandbox_options& s) 
   DSEC_OPT("--base") return layer(verb, "--base", v, &env.base, nullptr);
   DSEC_OPT("--workdir") return layer(verb, "--workdir", v, &env.workdir, nullptr);
   DSEC_OPT("--tool") return layer(verb, "--tool", v, nullptr, &env.tools);
+  // snapshots (issue 16): the layers come from the diff's record
+  DSEC_OPT("--snapshot") return layer(verb, "--snapshot", v, &env.snapshot, nullptr);
   DSEC_OPT("--memory") {
     if (v == "none") {
       s.no_memory = true;
@@ -248,8 +250,8 @@ parsed parse_command_option(args& a, std::string_view verb, command_spec& c) {
 }
 
 std::optional<int> check_sandbox_options(std::string_view verb, const sandbox_options& s) {
-  if (s.env.base.empty())
-    return usage_error(verb, "--base NAME@VERSION is required");
+  if (s.env.base.empty() && s.env.snapshot.empty())
+    return usage_error(verb, "--base NAME@VERSION is required (or --snapshot NAME@VERSION)");
   if (auto ok = s.env.validate(); !ok)
     return usage_error(verb, ok.error_value().message);
   return std::nullopt;

@@ -1,0 +1,119 @@
+// The session's snapshot verbs (issue 16): pause/resume of one sandbox or of
+// all, pack_diff (snapshot) and fork. Over the session's state
+// (actors/session_state.hpp), like session_log.cpp and session_replay.cpp.
+#include <chrono>
+#include <memory>
+
+#include "actors/session_state.hpp"
+#include "runtime/clock.hpp"
+
+namespace dsec::session_detail {
+
+caf::result<bool> pause_one(self_ptr self, const std::string& id, bool on) {
+  auto rp = self->make_response_promise<bool>();
+  with_sandbox(
+    self, id, [=](sandbox_actor sb) mutable { forward_to<bool>(self, sb, rp, pause_atom::value, on); },
+    [=](const error& e) mutable { rp.deliver(to_caf(e)); });
+  return rp;
+}
+
+caf::result<uint32_t> pause_all(self_ptr self, bool on) {
+  auto& s = self->state;
+  auto rp = self->make_response_promise<uint32_t>();
+  if (s.sandboxes.empty()) {
+    rp.deliver(uint32_t{0});
+    return rp;
+  }
+  struct tally {
+    size_t left = 0;
+    uint32_t changed = 0;
+    std::optional<caf::error> failure;
+  };
+  auto t = std::make_shared<tally>();
+  t->left = s.sandboxes.size();
+  auto one = [=]() mutable {
+    if (--t->left > 0)
+      return;
+    // Every sandbox answered; one that could not be paused (still being
+    // created, or going) is left as it is and does not fail the others.
+    rp.deliver(t->changed);
+  };
+  for (auto& [id, sb] : s.sandboxes)
+    self->request(sb, std::chrono::seconds(30), pause_atom::value, s.cfg.key, on)
+      .then([=](bool changed) mutable { t->changed += changed ? 1 : 0; one(); },
+            [=](caf::error&) mutable { one(); });
+  return rp;
+}
+
+caf::result<std::string> snapshot_one(self_ptr self, const std::string& id,
+                                      const std::string& ref) {
+  auto rp = self->make_response_promise<std::string>();
+  if (auto r = parse_layer_ref(ref); !r) {
+    rp.deliver(to_caf(make_error(errc::invalid_argument, "snapshot --as '" + ref
+                                                           + "': " + r.error_value().message)));
+    return rp;
+  }
+  with_sandbox(
+    self, id,
+    [=](sandbox_actor sb) mutable {
+      auto key = self->state.cfg.key;
+      self->request(sb, caf::infinite, snapshot_atom::value, key, ref)
+        .then(
+          [=](const internal_key& k, std::string& digest) mutable {
+            if (!genuine(k, self->state.cfg.key, "a reply to snapshot")) {
+              rp.deliver(refuse("a reply to snapshot"));
+              return;
+            }
+            rp.deliver(std::move(digest));
+          },
+          [=](caf::error& e) mutable { rp.deliver(e); });
+    },
+    [=](const error& e) mutable { rp.deliver(to_caf(e)); });
+  return rp;
+}
+
+caf::result<uint32_t> fork_one(self_ptr self, const std::string& id, uint32_t count,
+                               const caf::actor& listener) {
+  auto rp = self->make_response_promise<uint32_t>();
+  if (count == 0 || count > self->state.cfg.options.quota) {
+    rp.deliver(to_caf(make_error(errc::invalid_argument,
+                                 "fork " + id + " -n " + std::to_string(count)
+                                   + ": the count must be 1 to the session's quota ("
+                                   + std::to_string(self->state.cfg.options.quota) + ")")));
+    return rp;
+  }
+  with_sandbox(
+    self, id,
+    [=](sandbox_actor sb) mutable {
+      auto key = self->state.cfg.key;
+      // Its environment first (as the node made it), then one diff for all.
+      self->request(sb, std::chrono::seconds(30), list_atom::value, key)
+        .then(
+          [=](sandbox_info& info) mutable {
+            auto ref = "fork-" + id + "@" + std::to_string(unix_ms());
+            self->request(sb, caf::infinite, snapshot_atom::value, self->state.cfg.key, ref)
+              .then(
+                [=](const internal_key& k, std::string&) mutable {
+                  if (!genuine(k, self->state.cfg.key, "a reply to snapshot")) {
+                    rp.deliver(refuse("a reply to snapshot"));
+                    return;
+                  }
+                  environment env = info.env;
+                  env.base.clear();
+                  env.workdir.clear();
+                  env.tools.clear();
+                  env.snapshot = ref;
+                  session_actor me = self;
+                  self->request(me, caf::infinite, create_atom::value, env, count, listener)
+                    .then([=](uint32_t n) mutable { rp.deliver(n); },
+                          [=](caf::error& e) mutable { rp.deliver(e); });
+                },
+                [=](caf::error& e) mutable { rp.deliver(e); });
+          },
+          [=](caf::error& e) mutable { rp.deliver(e); });
+    },
+    [=](const error& e) mutable { rp.deliver(to_caf(e)); });
+  return rp;
+}
+
+} // namespace dsec::session_detail

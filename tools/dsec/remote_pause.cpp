@@ -1,0 +1,69 @@
+// dsec --connect HOST:PORT pause ID... | resume ID...: freezes sandboxes (their
+// TTL clock stops, commands are refused) and lets them run again (issue 16).
+#include "tools/dsec/remote.hpp"
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+namespace dsec::cli::remote {
+
+namespace {
+
+const char* pause_usage = R"(usage: dsec --connect HOST:PORT pause ID...
+       dsec --connect HOST:PORT resume ID...
+
+pause freezes every process of each sandbox (the cgroup freezer: v2, else the
+v1 freezer hierarchy) and stops its TTL clock: it costs no CPU, `ps` shows it
+as paused, and exec, cp and call into it are refused (error `paused`) until
+it is resumed. resume lets it run again at once, its TTL counting on from
+where it stopped. Each prints `paused ID` / `resumed ID` (or `ID was already
+paused` / `ID was not paused`). An unknown id is reported and makes the exit
+status 1; the other sandboxes are still handled. Every sandbox of a session
+at once: `session pause|resume ID`.
+
+Options:
+  -h, --help     this text
+)";
+
+} // namespace
+
+int pause_main(context& ctx, args& a, bool on) {
+  auto verb = ctx.verb(on ? "pause" : "resume");
+  std::vector<std::string> ids;
+  while (!a.empty()) {
+    if (a.help()) {
+      std::fputs(pause_usage, stdout);
+      return 0;
+    }
+    if (a.peek() == "--") {
+      a.rest(ids);
+      break;
+    }
+    if (a.at_option())
+      return usage_error(verb, "unknown option '" + std::string{a.peek()} + "'");
+    ids.emplace_back(a.next());
+  }
+  if (ids.empty())
+    return usage_error(verb, std::string{"no sandbox id given (dsec --connect HOST:PORT "}
+                               + (on ? "pause" : "resume") + " ID...)");
+  auto c = ctx.connect();
+  if (!c)
+    return fail(c.error_value());
+  int rc = 0;
+  for (const auto& id : ids) {
+    auto r = on ? (*c)->pause(id) : (*c)->resume(id);
+    if (!r) {
+      rc = fail(r.error_value());
+      continue;
+    }
+    if (*r)
+      std::printf("%s %s\n", on ? "paused" : "resumed", id.c_str());
+    else
+      std::printf("%s %s\n", id.c_str(), on ? "was already paused" : "was not paused");
+    std::fflush(stdout);
+  }
+  return rc;
+}
+
+} // namespace dsec::cli::remote
