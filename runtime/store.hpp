@@ -200,6 +200,8 @@ struct image_lower {
   /// blob digest, the config's diff_id): store::image_lower_for() finds it
   /// by them afterwards. Empty for a flattened lower.
   std::vector<std::string> tar_digests;
+};
+
 /// How store::pack_diff makes a diff layer (snapshots, issue 16).
 struct diff_options {
   /// The sandbox's id range: its upper's owners are host ids uid_base + n,
