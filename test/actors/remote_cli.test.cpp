@@ -404,7 +404,9 @@ TEST_CASE("remote run: streaming, and SIGTERM destroys the sandbox") {
     CHECK(rows[0].state == "running");
     CHECK(rows[0].env == tar_base);
     CHECK(rows[0].running == "1");
-    auto go = d.dsec({"exec", rows[0].id, "--", "touch", "/tmp/go"});
+    // Detached: the gated command may end, and its run destroy the sandbox,
+    // before the touch's own exit is reported (a race a loaded run once lost).
+    auto go = d.dsec({"exec", "--detach", rows[0].id, "--", "touch", "/tmp/go"});
     CHECK_MESSAGE(go.status == 0, go.describe());
     auto end = run.wait();
     CHECK_MESSAGE(end.status == 7, end.describe());
