@@ -1,5 +1,9 @@
 #include "tools/dsec/cli.hpp"
 
+#include <limits.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstdlib>
 
@@ -81,6 +85,27 @@ bool parse_uint(const std::string& s, uint64_t max, uint64_t& out) {
     out = out * 10 + static_cast<uint64_t>(c - '0');
   }
   return out <= max;
+}
+
+std::string find_companion(const char* name, const char* env_var, std::string& beside_dir) {
+  auto runnable = [](const std::string& p) {
+    struct stat st{};
+    return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(p.c_str(), X_OK) == 0;
+  };
+  beside_dir.clear();
+  char self[PATH_MAX];
+  if (auto n = ::readlink("/proc/self/exe", self, sizeof self - 1); n > 0) {
+    self[n] = '\0';
+    beside_dir = self;
+    beside_dir.resize(beside_dir.rfind('/'));
+  }
+  if (auto beside = beside_dir + "/" + name; !beside_dir.empty() && runnable(beside))
+    return beside;
+  if (const char* env = std::getenv(env_var); env && *env)
+    return env;
+  if (auto installed = std::string{DSEC_LIBEXECDIR} + "/" + name; runnable(installed))
+    return installed;
+  return {};
 }
 
 } // namespace dsec::cli

@@ -61,6 +61,11 @@ int usage_error(std::string_view verb, std::string_view message);
 /// Resolves the state directory from --state, $DSEC_STATE or the default.
 std::string default_state_dir();
 
+/// A program dsec hands a verb to (dsec-client, dsec-oci): `name` beside this
+/// binary, else $`env_var`, else in DSEC_LIBEXECDIR; empty when none is.
+/// `beside_dir` gets this binary's directory (for the message), if known.
+std::string find_companion(const char* name, const char* env_var, std::string& beside_dir);
+
 // The verbs. Each returns the process exit status.
 int layer_main(const global_options& global, args& a);
 int run_main(const global_options& global, args& a);

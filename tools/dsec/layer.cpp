@@ -388,26 +388,8 @@ int inspect_verb(const global_options& g, args& a) {
 
 // import and pull: dsec-oci, beside this binary, else $DSEC_OCI, else installed.
 int hand_over_oci(const global_options& g, std::string_view verb, args& a) {
-  std::string beside;
-  char self[PATH_MAX];
-  if (auto n = ::readlink("/proc/self/exe", self, sizeof self - 1); n > 0) {
-    self[n] = '\0';
-    beside = self;
-    beside.resize(beside.rfind('/') + 1);
-    beside += "dsec-oci";
-  }
-  auto runnable = [](const std::string& p) {
-    struct stat sb{};
-    return ::stat(p.c_str(), &sb) == 0 && S_ISREG(sb.st_mode) && ::access(p.c_str(), X_OK) == 0;
-  };
-  std::string path;
-  const char* env = std::getenv("DSEC_OCI");
-  if (!beside.empty() && runnable(beside))
-    path = beside;
-  else if (env && *env)
-    path = env;
-  else if (runnable(DSEC_LIBEXECDIR "/dsec-oci"))
-    path = DSEC_LIBEXECDIR "/dsec-oci";
+  std::string beside_dir;
+  auto path = find_companion("dsec-oci", "DSEC_OCI", beside_dir);
   if (path.empty()) {
     std::fprintf(stderr, "dsec: layer %s needs dsec-oci, which was not found beside dsec, "
                          "$DSEC_OCI is not set, and not in " DSEC_LIBEXECDIR "\n",

@@ -66,38 +66,20 @@ Examples:
   dsec --connect 127.0.0.1:7070 ps
 )";
 
-bool executable(const std::string& p) {
-  struct stat st;
-  return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(p.c_str(), X_OK) == 0;
-}
-
 // The verbs of a daemon live in dsec-client (it needs CAF's shared libraries;
 // this dsec is static): beside this binary, else $DSEC_CLIENT, else installed.
 // Returns only if it cannot be run.
 int hand_over(char** argv, bool run) {
   std::string beside;
-  char self[PATH_MAX];
-  if (auto n = ::readlink("/proc/self/exe", self, sizeof self - 1); n > 0) {
-    self[n] = '\0';
-    beside = self;
-    beside.resize(beside.rfind('/') + 1);
-    beside += "dsec-client";
-  }
-  std::string path;
+  auto path = dsec::cli::find_companion("dsec-client", "DSEC_CLIENT", beside);
   const char* env = std::getenv("DSEC_CLIENT");
-  if (!beside.empty() && executable(beside))
-    path = beside;
-  else if (env && *env)
-    path = env;
-  else if (executable(DSEC_LIBEXECDIR "/dsec-client"))
-    path = DSEC_LIBEXECDIR "/dsec-client";
   int code = run ? 125 : 1; // `run` keeps its own convention for dsec's failures
   if (path.empty()) {
     std::fprintf(stderr,
                  "dsec: --connect needs dsec-client, which was not found "
                  "beside %s, $DSEC_CLIENT is not set, and not in " DSEC_LIBEXECDIR
                  " (set DSEC_CLIENT to its path)\n",
-                 beside.empty() ? "dsec" : beside.substr(0, beside.rfind('/')).c_str());
+                 beside.empty() ? "dsec" : beside.c_str());
     return code;
   }
   ::execv(path.c_str(), argv);

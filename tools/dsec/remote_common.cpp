@@ -240,4 +240,24 @@ std::string sandbox_json(const sandbox_info& i) {
   return o;
 }
 
+int take_sandbox_ids(args& a, std::string_view verb, const char* usage,
+                     std::string_view synopsis, std::vector<std::string>& ids) {
+  while (!a.empty()) {
+    if (a.help()) {
+      std::fputs(usage, stdout);
+      return 0;
+    }
+    if (a.peek() == "--") {
+      a.rest(ids);
+      break;
+    }
+    if (a.at_option())
+      return usage_error(verb, "unknown option '" + std::string{a.peek()} + "'");
+    ids.emplace_back(a.next());
+  }
+  if (ids.empty())
+    return usage_error(verb, "no sandbox id given (" + std::string{synopsis} + ")");
+  return -1;
+}
+
 } // namespace dsec::cli::remote

@@ -45,6 +45,13 @@ struct exec_flags {
   }
 };
 
+/// The sandbox ids of a verb that takes only `ID...` (rm, pause, resume,
+/// inspect): --help prints `usage`, `--` ends the options, an option is a usage
+/// error, no id is the usage error "no sandbox id given (`synopsis`)". -1 when
+/// `ids` holds them; else the exit status to return.
+int take_sandbox_ids(args& a, std::string_view verb, const char* usage,
+                     std::string_view synopsis, std::vector<std::string>& ids);
+
 /// Takes the current argument when it is one of those flags.
 bool parse_exec_flag(args& a, exec_flags& f);
 

@@ -34,17 +34,8 @@ error.
 int inspect_main(context& ctx, args& a) {
   auto verb = ctx.verb("inspect");
   std::vector<std::string> ids;
-  while (!a.empty()) {
-    if (a.help()) {
-      std::fputs(inspect_usage, stdout);
-      return 0;
-    }
-    if (a.at_option())
-      return usage_error(verb, "unknown option '" + std::string{a.peek()} + "'");
-    ids.emplace_back(a.next());
-  }
-  if (ids.empty())
-    return usage_error(verb, "no sandbox id given (inspect ID...)");
+  if (int rc = take_sandbox_ids(a, verb, inspect_usage, "inspect ID...", ids); rc >= 0)
+    return rc;
   auto c = ctx.connect();
   if (!c)
     return fail(c.error_value());

@@ -1,6 +1,7 @@
 // dsec --connect HOST:PORT pause ID... | resume ID...: freezes sandboxes (their
 // TTL clock stops, commands are refused) and lets them run again (issue 16).
 #include "tools/dsec/remote.hpp"
+#include "tools/dsec/remote_common.hpp"
 
 #include <cstdio>
 #include <string>
@@ -31,22 +32,10 @@ Options:
 int pause_main(context& ctx, args& a, bool on) {
   auto verb = ctx.verb(on ? "pause" : "resume");
   std::vector<std::string> ids;
-  while (!a.empty()) {
-    if (a.help()) {
-      std::fputs(pause_usage, stdout);
-      return 0;
-    }
-    if (a.peek() == "--") {
-      a.rest(ids);
-      break;
-    }
-    if (a.at_option())
-      return usage_error(verb, "unknown option '" + std::string{a.peek()} + "'");
-    ids.emplace_back(a.next());
-  }
-  if (ids.empty())
-    return usage_error(verb, std::string{"no sandbox id given (dsec --connect HOST:PORT "}
-                               + (on ? "pause" : "resume") + " ID...)");
+  const char* synopsis =
+    on ? "dsec --connect HOST:PORT pause ID..." : "dsec --connect HOST:PORT resume ID...";
+  if (int rc = take_sandbox_ids(a, verb, pause_usage, synopsis, ids); rc >= 0)
+    return rc;
   auto c = ctx.connect();
   if (!c)
     return fail(c.error_value());

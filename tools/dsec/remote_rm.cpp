@@ -1,5 +1,6 @@
 // dsec --connect HOST:PORT rm: destroys sandboxes by id.
 #include "tools/dsec/remote.hpp"
+#include "tools/dsec/remote_common.hpp"
 
 #include <cstdio>
 #include <string>
@@ -24,21 +25,8 @@ Options:
 int rm_main(context& ctx, args& a) {
   auto verb = ctx.verb("rm");
   std::vector<std::string> ids;
-  while (!a.empty()) {
-    if (a.help()) {
-      std::fputs(rm_usage, stdout);
-      return 0;
-    }
-    if (a.peek() == "--") {
-      a.rest(ids);
-      break;
-    }
-    if (a.at_option())
-      return usage_error(verb, "unknown option '" + std::string{a.peek()} + "'");
-    ids.emplace_back(a.next());
-  }
-  if (ids.empty())
-    return usage_error(verb, "no sandbox id given (dsec --connect HOST:PORT rm ID...)");
+  if (int rc = take_sandbox_ids(a, verb, rm_usage, "dsec --connect HOST:PORT rm ID...", ids); rc >= 0)
+    return rc;
   auto c = ctx.connect();
   if (!c)
     return fail(c.error_value());
