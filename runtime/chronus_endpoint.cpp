@@ -303,15 +303,19 @@ struct chronus_endpoint::impl : std::enable_shared_from_this<impl> {
     auto seq = ++b.seq;
     auto event = encode_event(b.id, seq, now, *req);
     n.events.fetch_add(1, std::memory_order_relaxed);
-    if (req->kind == chronus_kind::feedback) {
+    // The event is handed on before the ack goes out: a client that heard
+    // "ack" may rely on its stage having reached the node's consumer.
+    bool feedback = req->kind == chronus_kind::feedback;
+    if (feedback) {
       auto& w = b.pending[seq];
       w.client = c;
       if (req->timeout_ms > 0)
         w.timer = start_timer(bp, seq, req->timeout_ms);
-    } else
-      send_frame(c->fd.get(), encode_reply_ack());
+    }
     if (b.on_event)
       b.on_event(std::move(event));
+    if (!feedback)
+      send_frame(c->fd.get(), encode_reply_ack());
   }
 
   // The timeout of feedback request `id`: a timerfd on the reactor. When it
