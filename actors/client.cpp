@@ -154,7 +154,14 @@ expected<std::unique_ptr<session>> client::find_session(const std::string& id) {
              async_call<session_actor>(*sys_, identity_, scheduler_, w.done(),
                                        lookup_atom::value, id);
            }));
-  return std::unique_ptr<session>{new session(*this, std::move(h), id)};
+  // Found by its name: the handle carries the session's id.
+  std::string real = id;
+  if (auto all = sessions(); all) {
+    for (const auto& x : *all)
+      if (x.state == "live" && x.id != id && x.name == id)
+        real = x.id;
+  }
+  return std::unique_ptr<session>{new session(*this, std::move(h), real)};
 }
 
 expected<exec_result> client::exec(const std::string& id, const exec_request& req,
@@ -342,6 +349,13 @@ void client::answer_async(const std::string& id, const chronus_feedback& fb,
 expected<uint32_t> client::pool(const environment& env, uint32_t size) {
   return blocking<uint32_t>([&](auto& w) {
     async_call<uint32_t>(*sys_, identity_, scheduler_, w.done(), pool_atom::value, env, size);
+  });
+}
+
+expected<std::vector<session_summary>> client::sessions() {
+  return blocking<std::vector<session_summary>>([&](auto& w) {
+    async_call<std::vector<session_summary>>(*sys_, identity_, scheduler_, w.done(),
+                                             sessions_atom::value);
   });
 }
 

@@ -232,8 +232,12 @@ public:
   /// answered from the log while they match it. Owned like open_session's.
   expected<std::unique_ptr<session>> resume_session(const std::string& id, bool owned = true);
 
-  /// A handle on an existing session, by id; it does not close it when dropped.
+  /// A handle on a live session, by id or name (its id() is the id either
+  /// way); it does not close it when dropped.
   expected<std::unique_ptr<session>> find_session(const std::string& id);
+  /// The daemon's live sessions and the trajectory logs it could resume
+  /// (`dsec session list`), ordered by id.
+  expected<std::vector<session_summary>> sessions();
 
   // By sandbox id, without a session (the command line's verbs).
   expected<exec_result> exec(const std::string& id, const exec_request& req,

@@ -226,6 +226,8 @@ using scheduler_actor = caf::typed_actor<
   /// Reopens a session from its trajectory log (docs/trajectory.md).
   caf::replies_to<resume_atom, std::string, caf::actor>::with<session_actor, std::string>,
   caf::replies_to<lookup_atom, std::string>::with<session_actor>, ///< a session by id
+  /// The live sessions (the daemon's "default" too) and the resumable logs.
+  caf::replies_to<sessions_atom>::with<std::vector<session_summary>>,
   // by sandbox id, for the command line (no session needed)
   caf::replies_to<exec_atom, std::string, exec_request>::with<exec_result>,
   caf::replies_to<put_atom, std::string, std::string, std::string>::with<uint64_t>,

@@ -73,6 +73,8 @@ using pressure_atom = caf::atom_constant<caf::atom("pressure")>;
 using pause_atom = caf::atom_constant<caf::atom("pause")>;
 using snapshot_atom = caf::atom_constant<caf::atom("snapshot")>;
 using fork_atom = caf::atom_constant<caf::atom("fork")>;
+// `dsec session list` (the scheduler's sessions)
+using sessions_atom = caf::atom_constant<caf::atom("sessions")>;
 
 // ---- what a sandbox is made of --------------------------------------------------
 
@@ -268,6 +270,25 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, sandbox_info& x) {
   return f(caf::meta::type_name("dsec.sandbox_info"), x.id, x.session, x.state, x.env,
            x.created_ms, x.ttl_left_ms, x.running, x.node, x.key, x.tags);
+}
+
+/// One session of a daemon, for `dsec session list` (the scheduler's
+/// `sessions` verb): a live one, or a trajectory log on disk that no live
+/// session has (it can be resumed).
+struct session_summary {
+  std::string id;
+  std::string name;         ///< "" when it has none
+  std::string state;        ///< "live" or "resumable"
+  bool owned = false;       ///< live and owned by a trainer: it ends with it
+  bool trajectory = false;  ///< it keeps a trajectory log (a resumable one: true)
+  uint32_t quota = 0;       ///< live: most sandboxes at once
+  uint64_t log_ms = 0;      ///< its log's last write (unix ms), 0 without one
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, session_summary& x) {
+  return f(caf::meta::type_name("dsec.session_summary"), x.id, x.name, x.state, x.owned,
+           x.trajectory, x.quota, x.log_ms);
 }
 
 /// A backend a node offers (actors/backend.hpp) and its capacity: sandboxes

@@ -43,10 +43,21 @@ namespace {
 
 using clock_type = std::chrono::steady_clock;
 
-// put and get run the sandbox's own tar, which the agent may have replaced
-// or may keep busy (a fifo it reads, a tree that never ends): bounded like
-// any command, in output and in time, so a request cannot wait for ever.
+// put and get run a tar in the sandbox (the image's, else the system layer's
+// busybox), which the agent may have replaced or may keep busy (a fifo it
+// reads, a tree that never ends): bounded like any command, in output and in
+// time, so a request cannot wait for ever.
 constexpr uint64_t put_get_timeout_ms = 5 * 60 * 1000;
+
+// put's and get's PATH: the image's tar first, else the static busybox of the
+// system layer (/.dsec/libexec/tar, store::system_layer), so an image without tar
+// can still take and give files.
+constexpr const char* put_get_path =
+  "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/.dsec/libexec";
+
+// What a put or get that found no tar says.
+const char* no_tar = "found no tar: the image has none and this node's system layer has no "
+                     "busybox (install busybox-static on the node, or tar in the image)";
 
 // Reads a command's stdout or stderr on the reactor thread and posts what it
 // read to the sandbox. It owns the pipe's read end (shared between re-armed
@@ -982,6 +993,7 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
       }
       exec_request req;
       req.argv = {"tar", "-x", "-f", "-", "-C", dir};
+      req.env = {put_get_path};
       req.input = tar;
       req.max_output = 64 * 1024;
       req.timeout_ms = put_get_timeout_ms;
@@ -990,7 +1002,7 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
         if (!r) {
           auto e = std::move(r).error_value();
           if (e.code == errc::not_found && e.step == "execve")
-            e.message = "put needs tar in the sandbox's image: " + e.message;
+            e.message = std::string{"put "} + no_tar + ": " + e.message;
           rp.deliver(to_caf(e));
         } else if (r->timed_out) {
           rp.deliver(to_caf(make_error(errc::timeout,
@@ -1026,13 +1038,14 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
       std::string name = path.substr(slash + 1);
       exec_request req;
       req.argv = {"tar", "-c", "-f", "-", "-C", parent, name.empty() ? "." : name};
+      req.env = {put_get_path};
       req.max_output = 256ull << 20;
       req.timeout_ms = put_get_timeout_ms;
       start_exec(self, req, nullptr, [rp, path](expected<exec_result> r) mutable {
         if (!r) {
           auto e = std::move(r).error_value();
           if (e.code == errc::not_found && e.step == "execve")
-            e.message = "get needs tar in the sandbox's image: " + e.message;
+            e.message = std::string{"get "} + no_tar + ": " + e.message;
           rp.deliver(to_caf(e));
         } else if (r->timed_out) {
           rp.deliver(to_caf(make_error(errc::timeout,

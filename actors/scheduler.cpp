@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <deque>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <memory>
@@ -42,6 +43,8 @@ struct scheduler_state {
   /// The names of live sessions (`session open --name`), each naming one
   /// session: lookup takes a name wherever it takes an id.
   std::unordered_map<std::string, std::string> session_names;
+  /// What `sessions` says of each live session (by id).
+  std::unordered_map<std::string, session_summary> summaries;
   bool shutting_down = false;
 
   // ---- the cluster (a coordinator's) ----
@@ -381,6 +384,38 @@ caf::result<Result> via_session(self_ptr self, const std::string& id, Atom atom,
 }
 
 // Warm pools over the nodes (at the end of this file).
+// The `sessions` verb: the live sessions, then the logs under the
+// trajectories dir that no live session has (resumable), ordered by id. The
+// dir is the daemon's own: nothing a sandbox controls is read.
+std::vector<session_summary> list_sessions(const scheduler_state& s) {
+  namespace fs = std::filesystem;
+  auto log_ms = [](const fs::path& log) -> uint64_t {
+    struct stat st {};
+    if (::stat(log.c_str(), &st) != 0 || !S_ISREG(st.st_mode))
+      return 0;
+    return static_cast<uint64_t>(st.st_mtim.tv_sec) * 1000 + st.st_mtim.tv_nsec / 1'000'000;
+  };
+  std::vector<session_summary> out;
+  for (const auto& [id, sum] : s.summaries) {
+    out.push_back(sum);
+    if (sum.trajectory && !s.cfg.trajectories.empty())
+      out.back().log_ms = log_ms(fs::path{trajectory_dir(s.cfg.trajectories, id)} / "log");
+  }
+  if (!s.cfg.trajectories.empty()) {
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(s.cfg.trajectories, ec)) {
+      auto id = e.path().filename().string();
+      if (s.summaries.count(id))
+        continue;
+      if (auto t = log_ms(e.path() / "log"); t != 0)
+        out.push_back({id, "", "resumable", false, true, 0, t});
+    }
+  }
+  std::sort(out.begin(), out.end(),
+            [](const session_summary& a, const session_summary& b) { return a.id < b.id; });
+  return out;
+}
+
 void spread_pool_to(self_ptr self, environment env, uint32_t size, session_actor owner,
                     std::string owner_id, std::function<void(caf::expected<uint32_t>)> done);
 caf::typed_response_promise<uint32_t> spread_pool(self_ptr self, environment env, uint32_t size,
@@ -403,6 +438,7 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
     // Not emplace(sc.id, spawn_session(.., std::move(sc))): the key would be
     // read from the moved-from sc.id, i.e. empty.
     auto id = sc.id;
+    self->state.summaries[id] = {id, "default", "live", false, false, sc.options.quota, 0};
     self->state.sessions.emplace(std::move(id), spawn_session(self->system(), std::move(sc)));
   }
   if (self->state.cfg.trajectory_keep.count() > 0 && !self->state.cfg.trajectories.empty())
@@ -488,6 +524,8 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
                                  "this daemon keeps no trajectory logs (no state dir)"));
       if (!opts.name.empty())
         s.session_names.emplace(opts.name, id);
+      s.summaries[id] = {id, opts.name, "live", static_cast<bool>(trainer), opts.trajectory,
+                         opts.quota, 0};
       session_config sc;
       sc.id = id;
       sc.options = std::move(opts);
@@ -521,6 +559,8 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
       auto plan = load_trajectory(s.cfg.trajectories, id);
       if (!plan)
         return to_caf(plan.error_value());
+      s.summaries[id] = {id, plan->options.name, "live", static_cast<bool>(trainer), true,
+                         plan->options.quota, 0};
       session_config sc;
       sc.id = id;
       sc.options = plan->options;
@@ -536,6 +576,9 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
       auto sess = spawn_session(self->system(), std::move(sc));
       s.sessions.emplace(id, sess);
       return {sess, id};
+    },
+    [=](sessions_atom) -> std::vector<session_summary> {
+      return list_sessions(self->state);
     },
     [=](lookup_atom, const std::string& id) -> caf::result<session_actor> {
       auto& s = self->state;
@@ -803,6 +846,7 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
       if (!genuine(k, process_key(), "gone (scheduler)"))
         return;
       s.sessions.erase(session_id);
+      s.summaries.erase(session_id);
       std::erase_if(s.session_names, [&](const auto& kv) { return kv.second == session_id; });
       std::erase_if(s.resumed, [&](const auto& kv) { return kv.second == session_id; });
     },

@@ -297,11 +297,18 @@ public:
 
   /// The path of the dsec system layer image (device nodes, /proc, /sys, /tmp
   /// mount points, /dev symlinks, and the Chronus client at
-  /// /.dsec/bin/chronus, linked at /usr/local/bin/chronus) that goes on top of
-  /// every sandbox's layers.
+  /// /.dsec/bin/chronus, linked at /usr/local/bin/chronus, and a static
+  /// busybox at /.dsec/libexec/busybox with /.dsec/libexec/tar, put's and get's tar
+  /// when the image has none) that goes on top of every sandbox's layers.
   /// Built on first use (needs CAP_MKNOD), then reused; named
-  /// system-vN-<digest of the chronus binary>.erofs.
+  /// system-vN-<digest of the chronus and busybox binaries>.erofs.
   expected<std::string> system_layer();
+
+  /// The static busybox that goes into the system layer: $DSEC_BUSYBOX (an
+  /// error when it is not a static ELF program), else /bin/busybox or
+  /// /usr/bin/busybox when statically linked (Debian's busybox-static), else
+  /// none: the system layer then has no tar of its own.
+  static expected<std::optional<std::string>> find_busybox();
 
   /// The static chronus client that goes into the system layer: $DSEC_CHRONUS,
   /// else `chronus` beside this program (or ../tools/, ../libexec/dsec/), else
@@ -341,7 +348,7 @@ public:
 
   /// Bumped whenever the system layer's contents change, so a new dsec builds a
   /// new image next to the old one instead of using a stale one.
-  static constexpr int system_layer_version = 3;
+  static constexpr int system_layer_version = 4;
 
 private:
   explicit store(std::string dir) : dir_(std::move(dir)) {}

@@ -493,8 +493,8 @@ TEST_CASE("store: the system layer has the device nodes and is built once") {
   auto path = f.st.system_layer();
   REQUIRE_MESSAGE(path, path.error_value().to_string());
   // Named after the version and the chronus client it carries.
-  CHECK(path->rfind(f.state + "/system/system-v3-", 0) == 0);
-  CHECK(path->size() == (f.state + "/system/system-v3-").size() + 16 + 6);
+  CHECK(path->rfind(f.state + "/system/system-v4-", 0) == 0);
+  CHECK(path->size() == (f.state + "/system/system-v4-").size() + 16 + 6);
   // dsec's own copy, which Chronus sandboxes mount read-only at /.dsec, and the
   // usual place, one file in the image.
   auto chronus = dump(*path, "/.dsec/bin/chronus");
@@ -504,6 +504,19 @@ TEST_CASE("store: the system layer has the device nodes and is built once") {
   auto linked = dump(*path, "/usr/local/bin/chronus");
   CHECK(linked.find("regular file") != std::string::npos);
   CHECK(dump(*path, "/.dsec/agent").find("directory") != std::string::npos);
+  // The static busybox (tools/setup installs busybox-static), with the tar
+  // that put and get fall back on.
+  auto bb = dsec::store::find_busybox();
+  REQUIRE_MESSAGE(bb, bb.error_value().to_string());
+  if (*bb) {
+    auto copy = dump(*path, "/.dsec/libexec/busybox");
+    CHECK(copy.find("regular file") != std::string::npos);
+    CHECK(copy.find("0755") != std::string::npos);
+    CHECK(dump(*path, "/.dsec/libexec/tar").find("symlink") != std::string::npos);
+  } else {
+    MESSAGE("no static busybox on this machine: the system layer has no tar of its own");
+    CHECK(dump(*path, "/.dsec/libexec/busybox").find("regular file") == std::string::npos);
+  }
 
   auto null = dump(*path, "/dev/null");
   CHECK(null.find("char dev") != std::string::npos);

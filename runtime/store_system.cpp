@@ -1,15 +1,20 @@
 // The store's system layer (see store.hpp, store::system_layer): the tree every
 // sandbox gets on top of its layers (/dev's nodes and links, the mount points
-// the sandbox fills, /.dsec with the chronus client), built once per chronus
-// binary into STATE/system/ with mkfs.erofs.
+// the sandbox fills, /.dsec with the chronus client and a static busybox),
+// built once per pair of those binaries into STATE/system/ with mkfs.erofs.
 #include "runtime/store_detail.hpp"
 
+#include <elf.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <optional>
+#include <vector>
 
 #include "runtime/io.hpp"
 #include "runtime/sha256.hpp"
@@ -46,6 +51,7 @@ const system_entry system_entries[] = {
   // command sees the agent's root. Mounted read-only over /.dsec in Chronus sandboxes.
   {system_entry::dir, ".dsec", 0755},
   {system_entry::dir, ".dsec/bin", 0755},
+  {system_entry::dir, ".dsec/libexec", 0755},
   {system_entry::dir, ".dsec/agent", 0755},
   {system_entry::chardev, "dev/null", 0666, 1, 3},
   {system_entry::chardev, "dev/zero", 0666, 1, 5},
@@ -60,6 +66,28 @@ const system_entry system_entries[] = {
   {system_entry::symlink, "dev/stderr", 0, 0, 0, "/proc/self/fd/2"},
 };
 
+// Copies the program open at `fd` to `path` (in the tree), mode 0755.
+expected<void> copy_program(int fd, const std::string& path, std::string_view what) {
+  unique_fd out{::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0755)};
+  if (!out)
+    return sys_error("cannot create", path);
+  char buf[65536];
+  off_t at = 0;
+  for (;;) {
+    auto n = ::pread(fd, buf, sizeof buf, at);
+    if (n < 0)
+      return sys_error("cannot read " + std::string{what} + " for", path);
+    if (n == 0)
+      break;
+    if (::write(out.get(), buf, static_cast<size_t>(n)) != n)
+      return sys_error("cannot write", path);
+    at += n;
+  }
+  if (::fchmod(out.get(), 0755) != 0)
+    return sys_error("cannot set the mode of", path);
+  return {};
+}
+
 // Copies the chronus client (from `fd`) to .dsec/bin/chronus, mode 0755, with a
 // hard link at usr/local/bin/chronus (one file in the image).
 expected<void> add_chronus(const std::string& root, int fd) {
@@ -69,30 +97,48 @@ expected<void> add_chronus(const std::string& root, int fd) {
       return sys_error("cannot create directory", path);
   }
   auto path = join(root, ".dsec/bin/chronus");
-  unique_fd out{::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0755)};
-  if (!out)
-    return sys_error("cannot create", path);
-  char buf[65536];
-  off_t at = 0;
-  for (;;) {
-    auto n = ::pread(fd, buf, sizeof buf, at);
-    if (n < 0)
-      return sys_error("cannot read the chronus client for", path);
-    if (n == 0)
-      break;
-    if (::write(out.get(), buf, static_cast<size_t>(n)) != n)
-      return sys_error("cannot write", path);
-    at += n;
-  }
-  if (::fchmod(out.get(), 0755) != 0)
-    return sys_error("cannot set the mode of", path);
+  DSEC_TRY_VOID(copy_program(fd, path, "the chronus client"));
   auto link = join(root, "usr/local/bin/chronus");
   if (::link(path.c_str(), link.c_str()) != 0)
     return sys_error("cannot link", link);
   return {};
 }
 
-expected<void> make_system_tree(const std::string& root, int chronus_fd) {
+// Copies the static busybox (from `fd`) to .dsec/libexec/busybox, with
+// .dsec/libexec/tar a link to it: the tar that put and get fall back on when
+// the image has none (the sandbox actor puts /.dsec/libexec last in their
+// PATH). Not in .dsec/bin, which trusted commands find first in theirs: a
+// grader's `tar` stays the image's.
+expected<void> add_busybox(const std::string& root, int fd) {
+  auto path = join(root, ".dsec/libexec/busybox");
+  DSEC_TRY_VOID(copy_program(fd, path, "busybox"));
+  auto link = join(root, ".dsec/libexec/tar");
+  if (::symlink("busybox", link.c_str()) != 0)
+    return sys_error("cannot create symlink", link);
+  return {};
+}
+
+// Whether the ELF file open at `fd` is statically linked (has no program
+// interpreter): only such a program runs in any image, libc or none.
+expected<bool> is_static_elf(int fd, const std::string& path) {
+  Elf64_Ehdr eh{};
+  if (::pread(fd, &eh, sizeof eh, 0) != static_cast<ssize_t>(sizeof eh))
+    return make_error(errc::invalid_argument, path + " is not an ELF program (too short)");
+  if (std::memcmp(eh.e_ident, ELFMAG, SELFMAG) != 0 || eh.e_ident[EI_CLASS] != ELFCLASS64
+      || eh.e_phentsize != sizeof(Elf64_Phdr))
+    return make_error(errc::invalid_argument, path + " is not a 64-bit ELF program");
+  for (unsigned i = 0; i < eh.e_phnum; ++i) {
+    Elf64_Phdr ph{};
+    auto at = static_cast<off_t>(eh.e_phoff + i * sizeof ph);
+    if (::pread(fd, &ph, sizeof ph, at) != static_cast<ssize_t>(sizeof ph))
+      return make_error(errc::invalid_argument, path + ": its program headers are cut short");
+    if (ph.p_type == PT_INTERP)
+      return false;
+  }
+  return true;
+}
+
+expected<void> make_system_tree(const std::string& root, int chronus_fd, int busybox_fd) {
   if (::mkdir(root.c_str(), 0755) != 0 || ::chmod(root.c_str(), 0755) != 0)
     return sys_error("cannot create", root);
   for (const auto& e : system_entries) {
@@ -124,14 +170,19 @@ expected<void> make_system_tree(const std::string& root, int chronus_fd) {
   // entry changes its directory's mtime. (mkfs.erofs -T0 would do it, but erofs-utils
   // 1.5 lets SOURCE_DATE_EPOCH override -T.)
   DSEC_TRY_VOID(add_chronus(root, chronus_fd));
+  if (busybox_fd >= 0)
+    DSEC_TRY_VOID(add_busybox(root, busybox_fd));
   const struct timespec epoch[2] = {{0, 0}, {0, 0}};
   for (const auto& e : system_entries) {
     auto path = join(root, e.path);
     if (::utimensat(AT_FDCWD, path.c_str(), epoch, AT_SYMLINK_NOFOLLOW) != 0)
       return sys_error("cannot set the mtime of", path);
   }
-  for (auto e : {".dsec/bin/chronus", "usr/local/bin", "usr/local", "usr", ".dsec/bin",
-                 ".dsec"}) {
+  std::vector<const char*> added = {".dsec/bin/chronus"};
+  if (busybox_fd >= 0)
+    added.insert(added.end(), {".dsec/libexec/busybox", ".dsec/libexec/tar"});
+  added.insert(added.end(), {"usr/local/bin", "usr/local", "usr", ".dsec/bin", ".dsec/libexec", ".dsec"});
+  for (auto e : added) {
     auto path = join(root, e);
     if (::utimensat(AT_FDCWD, path.c_str(), epoch, AT_SYMLINK_NOFOLLOW) != 0)
       return sys_error("cannot set the mtime of", path);
@@ -148,23 +199,62 @@ expected<std::string> store::find_chronus() {
                            "the chronus client for the system layer");
 }
 
+expected<std::optional<std::string>> store::find_busybox() {
+  std::vector<std::string> candidates;
+  const char* env = std::getenv("DSEC_BUSYBOX");
+  if (env && *env)
+    candidates.emplace_back(env);
+  else
+    candidates = {"/bin/busybox", "/usr/bin/busybox"};
+  for (const auto& c : candidates) {
+    unique_fd fd{::open(c.c_str(), O_RDONLY | O_CLOEXEC)};
+    if (!fd) {
+      if (env && *env)
+        return sys_error("DSEC_BUSYBOX: cannot open", c);
+      continue;
+    }
+    DSEC_TRY(is_static, is_static_elf(fd.get(), c));
+    if (is_static)
+      return std::optional<std::string>{c};
+    if (env && *env)
+      return make_error(errc::invalid_argument,
+                        "DSEC_BUSYBOX: " + c + " is dynamically linked; the system layer "
+                          "needs a static busybox (Debian's busybox-static)");
+  }
+  return std::optional<std::string>{};
+}
+
 expected<std::string> store::system_layer() {
-  // The image carries the chronus client: its name says which one, so a new
-  // chronus makes a new image beside the old.
+  // The image carries the chronus client and busybox: its name says which
+  // ones, so a new binary makes a new image beside the old.
   DSEC_TRY(chronus, find_chronus());
   unique_fd cfd{::open(chronus.c_str(), O_RDONLY | O_CLOEXEC)};
   if (!cfd)
     return sys_error("cannot open the chronus client", chronus);
   DSEC_TRY(chronus_digest, sha256_hex_of_file(cfd.get()));
+  DSEC_TRY(busybox, find_busybox());
+  unique_fd bfd;
+  std::string busybox_digest = "none";
+  if (busybox) {
+    bfd.reset(::open(busybox->c_str(), O_RDONLY | O_CLOEXEC));
+    if (!bfd)
+      return sys_error("cannot open busybox", *busybox);
+    DSEC_TRY(d, sha256_hex_of_file(bfd.get()));
+    busybox_digest = std::move(d);
+  }
+  sha256 h;
+  auto both = chronus_digest + "\n" + busybox_digest + "\n";
+  h.update(both.data(), both.size());
+  auto digest = to_hex(h.finish());
   auto path = join(system_dir(dir_), "system-v" + std::to_string(system_layer_version) + "-" +
-                                       chronus_digest.substr(0, 16) + ".erofs");
+                                       digest.substr(0, 16) + ".erofs");
   struct stat st{};
   if (::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode))
     return path;
 
   DSEC_TRY(staging, staging_dir::create(dir_, "system"));
   auto tree = join(staging.path(), "root");
-  DSEC_TRY_VOID(make_system_tree(tree, cfd.get()));
+  DSEC_TRY_VOID(make_system_tree(tree, cfd.get(), bfd ? bfd.get() : -1));
   auto image = join(staging.path(), "system.erofs");
   // --all-root: the nodes must be root's whoever built them.
   auto argv = mkfs_argv("", image, tree);

@@ -58,6 +58,7 @@ else:
     _dsec = _import_extension()
 
 from . import _files
+from ._fs import FileInfo, Files
 from .errors import (Error, InvalidArgument, NotFound, AlreadyExists, WrongKind, InUse,
                      Malformed, TooLarge, Unauthenticated, Unauthorized, Overloaded, SystemFailure,
                      ToolFailed, Timeout, SandboxFailed, Disconnected, Lost, Unsupported,
@@ -66,6 +67,7 @@ from .errors import (Error, InvalidArgument, NotFound, AlreadyExists, WrongKind,
 _dsec._set_error_factory(_from_native)
 
 ExecResult = _dsec.ExecResult
+SessionInfo = _dsec.SessionInfo
 SandboxInfo = _dsec.SandboxInfo
 SandboxList = _dsec.SandboxList
 NodeStats = _dsec.NodeStats
@@ -83,7 +85,8 @@ _Done = Callable[[Any, Optional[BaseException]], None]
 
 __all__ = [
     "connect", "Client", "Session", "Sandbox", "Batch", "Event", "ExecResult", "ExecStream",
-    "AsyncExecStream", "SandboxInfo", "SandboxList", "NodeStats", "BackendOffer",
+    "AsyncExecStream", "SandboxInfo", "SandboxList", "NodeStats", "BackendOffer", "Files", "SessionInfo",
+    "FileInfo",
     "Error", "InvalidArgument", "NotFound", "AlreadyExists", "WrongKind", "InUse", "Malformed",
     "TooLarge", "Unauthenticated", "Unauthorized", "Overloaded", "SystemFailure", "ToolFailed",
     "Timeout", "SandboxFailed", "Disconnected", "Lost", "Unsupported", "Closed", "CommandFailed",
@@ -346,16 +349,33 @@ class Client:
         return (_int("quota", quota, lo=1, hi=1_000_000), _seconds_ms("ttl", ttl),
                 _str("name", name), bool(trajectory))
 
-    def session(self, *, quota: int = 1024, ttl: Seconds = 3600, name: str = "",
-                trajectory: bool = True) -> Session:
+    def session(self, session_id: str | None = None, *, quota: int = 1024,
+                ttl: Seconds = 3600, name: str = "", trajectory: bool = True) -> Session:
         """Opens a session: at most `quota` live sandboxes, each living `ttl`
         seconds unless its create says otherwise; `name` shows in `dsec ps`.
 
         trajectory=True (the SDK's default) asks the daemon to keep the
         session's trajectory log, so that ``resume(session.id)`` can rebuild it
         after the trainer or the daemon died. Pass False to skip the log.
+
+        With `session_id` (an id or the name of a live session), it opens
+        nothing: it is attach(session_id), and the other arguments are not
+        used.
         """
+        if session_id is not None:
+            return self.attach(session_id)
         return Session(self, self._c.open_session(*self._options(quota, ttl, name, trajectory)))
+
+    def attach(self, session_id: str) -> Session:
+        """A handle on a live session opened elsewhere (another process, or
+        `dsec session open`), by its id or name: its sandboxes, commands,
+        files and events, as its owner has them. It does not own the session:
+        leaving a ``with`` block, dropping it or closing this client leaves the
+        session and its sandboxes alone; only an explicit close() ends it.
+        dsec.NotFound names a session that is not live (resume() reopens one
+        from its log after its trainer or daemon died)."""
+        native = self._c.find_session(_str("session_id", session_id, False))
+        return Session(self, native, owned=False)
 
     async def session_async(self, *, quota: int = 1024, ttl: Seconds = 3600, name: str = "",
                             trajectory: bool = True) -> Session:
@@ -374,6 +394,12 @@ class Client:
         self._c.resume_session_async(_str("session_id", session_id, False), done)
         key, sid = await fut
         return Session(self, self._c.adopt_session(key, sid))
+
+    def sessions(self) -> List[SessionInfo]:
+        """The daemon's sessions (`dsec session list`), ordered by id: the live
+        ones (state "live": name, quota, owned, trajectory) and the trajectory
+        logs no live session has (state "resumable": resume(id) reopens one)."""
+        return list(self._c.sessions())
 
     def list(self) -> List[SandboxInfo]:
         """Every sandbox on the node (all sessions), as SandboxInfo; through a
@@ -476,9 +502,10 @@ class Session:
     """A training run's sandboxes, their quota and lifetime. A context manager
     (sync or async) that closes it: every sandbox destroyed."""
 
-    def __init__(self, client: Client, native: _dsec.Session) -> None:
+    def __init__(self, client: Client, native: _dsec.Session, owned: bool = True) -> None:
         self.client = client
         self._s = native
+        self._owned = owned
         self._events: _dsec.EventStream | None = None
         self._events_lock = threading.Lock()
 
@@ -486,8 +513,14 @@ class Session:
     def id(self) -> str:
         return self._s.id
 
+    @property
+    def owned(self) -> bool:
+        """False for a handle from Client.attach(): leaving a ``with`` block
+        does not close the session then."""
+        return self._owned
+
     def __repr__(self) -> str:
-        return f"<dsec.Session {self.id}>"
+        return f"<dsec.Session {self.id}{'' if self._owned else ' attached'}>"
 
     def __enter__(self) -> Session:
         return self
@@ -499,7 +532,8 @@ class Session:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        if self.client.closed:
+        if self.client.closed or not self._owned:
+            self._stop_events()
             return
         try:
             await self.close_async()
@@ -507,7 +541,8 @@ class Session:
             pass
 
     def _close_quietly(self) -> None:
-        if self.client.closed:
+        if self.client.closed or not self._owned:
+            self._stop_events()
             return
         try:
             self.close()
@@ -1041,6 +1076,13 @@ class Sandbox:
         return AsyncExecStream(start)
 
     # ---- files ---------------------------------------------------------------------------
+
+    @property
+    def files(self) -> Files:
+        """The sandbox's files by path: write, read, list, stat, exists,
+        remove, make_dir, rename; none of them needs tar, a shell or coreutils
+        in the image (dsec's static busybox at /.dsec/libexec does the work)."""
+        return Files(self)
 
     def put(self, path: str, data: Data, *, mode: int = 0o644,
             mtime: float | None = None) -> None:

@@ -1,7 +1,8 @@
 """Tar archives for put and get, made and read in memory with tarfile.
 
 The daemon moves files as tar streams: ``put`` unpacks an archive into a
-directory of the sandbox with the sandbox's own ``tar`` (busybox tar creates
+directory of the sandbox with a ``tar`` of the sandbox's (the image's, else the
+static busybox dsec puts at /.dsec/libexec; busybox tar creates
 missing parent directories), ``get`` packs a path of the sandbox.
 """
 

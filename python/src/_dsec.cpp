@@ -669,6 +669,21 @@ void bind_values(py::module_& m) {
              + "B stderr=" + std::to_string(r.err.size()) + "B>";
     });
 
+  py::class_<session_summary>(m, "SessionInfo",
+                              "A session as `Client.sessions()` shows it: a live one, or a "
+                              "trajectory log that can be resumed.")
+    .def_readonly("id", &session_summary::id)
+    .def_readonly("name", &session_summary::name)
+    .def_readonly("state", &session_summary::state, "'live' or 'resumable'")
+    .def_readonly("owned", &session_summary::owned, "live, and ends with its trainer")
+    .def_readonly("trajectory", &session_summary::trajectory, "keeps a trajectory log")
+    .def_readonly("quota", &session_summary::quota, "live: most sandboxes at once")
+    .def_readonly("log_ms", &session_summary::log_ms,
+                  "its log's last write (unix ms), 0 without one")
+    .def("__repr__", [](const session_summary& x) {
+      return "<dsec SessionInfo " + x.id + (x.name.empty() ? "" : " name=" + x.name)
+             + " state=" + x.state + ">";
+    });
   py::class_<sandbox_info>(m, "SandboxInfo", "A sandbox as `list()` shows it.")
     .def_readonly("id", &sandbox_info::id)
     .def_readonly("session", &sandbox_info::session)
@@ -824,6 +839,18 @@ void bind_client(py::module_& m) {
                      return py::make_tuple(key, sid);
                    }));
          })
+    .def("find_session",
+         [](const core_ptr& c, const std::string& id) {
+           expected<std::unique_ptr<session>> found = make_error(errc::disconnected, "not asked");
+           {
+             auto s = c->start();
+             py::gil_scoped_release nogil;
+             found = c->cl().find_session(id);
+           }
+           auto sess = value_or_raise(std::move(found));
+           auto sid = sess->id();
+           return std::make_unique<py_session>(c, c->add_session(std::move(sess)), sid);
+         })
     .def("adopt_session",
          [](const core_ptr& c, uint64_t key, std::string id) {
            return std::make_unique<py_session>(c, key, std::move(id));
@@ -860,6 +887,16 @@ void bind_client(py::module_& m) {
              c->cl().stats_async(to_waiter(out, s.tok));
            }
            return value_or_raise(await_outcome(out));
+         })
+    .def("sessions",
+         [](const core_ptr& c) {
+           expected<std::vector<session_summary>> r = make_error(errc::disconnected, "not asked");
+           {
+             auto s = c->start();
+             py::gil_scoped_release nogil;
+             r = c->cl().sessions();
+           }
+           return value_or_raise(std::move(r));
          })
     .def("pool",
          [](const core_ptr& c, const environment& env, uint32_t size) {

@@ -16,6 +16,7 @@ Layers, built with the real `dsec layer build` ($DSEC_BIN) from busybox-static:
   py@1     base     /bin/busybox and its applets (sh, tar, cat, ...), /etc/passwd
   task@1   workdir  /work/README, /work/Makefile
   grader@1 tool     /opt/grader/grade.sh
+  bare@1   base     /etc/passwd only: no shell, no tar, no coreutils (Sandbox.files)
 
 Cleanup in every outcome: stop() kills dsecd by its pid with SIGTERM (every
 sandbox destroyed) and removes the temporary directory. If the test process
@@ -120,6 +121,10 @@ class Daemon:
         os.makedirs(os.path.join(base, "home", "user"))
         os.chown(os.path.join(base, "home", "user"), 1000, 1000)
         self._layer("base", "py@1", base)
+
+        bare = os.path.join(self.root, "src", "bare")
+        _write(os.path.join(bare, "etc", "passwd"), "root:x:0:0:root:/root:/nonexistent\n")
+        self._layer("base", "bare@1", bare)
 
         work = os.path.join(self.root, "src", "task")
         _write(os.path.join(work, "work", "README"), "task 17\n")

@@ -195,6 +195,89 @@ class Files(Base):
             self.assertIn("work/../../etc/cron.d/x", str(cm.exception))
 
 
+class FilesWithoutTools(Base):
+    """Sandbox.files, put and get in an image with no shell, tar or
+    coreutils (bare@1): dsec's own static busybox at /.dsec/bin does it."""
+
+    def test_files_api_in_a_bare_image(self):
+        with self.c.session(quota=1, ttl=120) as s:
+            sb = s.create("bare@1")[0]
+            with self.assertRaises(dsec.NotFound):  # truly no shell
+                sb.exec(["/bin/sh", "-c", "true"])
+            f = sb.files
+            f.write("/work/a.txt", "alpha\n")
+            f.write("/work/sub/run", b"\x00\x01", mode=0o700)
+            f.write("/work/name with\nnewline", b"odd")
+            self.assertEqual(f.read("/work/a.txt"), b"alpha\n")
+            self.assertEqual(f.read_text("/work/a.txt"), "alpha\n")
+            names = [(e.name, e.kind) for e in f.list("/work")]
+            self.assertEqual(names, [("a.txt", "file"), ("name with\nnewline", "file"),
+                                     ("sub", "dir")])
+            st = f.stat("/work/sub/run")
+            self.assertEqual((st.kind, st.size, st.mode), ("file", 2, 0o700))
+            self.assertGreater(st.mtime, 0)
+            self.assertEqual(f.stat("/work").kind, "dir")
+            self.assertTrue(f.exists("/work/a.txt"))
+            self.assertFalse(f.exists("/work/nothing"))
+            f.make_dir("/work/d/e", mode=0o750)
+            self.assertEqual(f.stat("/work/d/e").mode, 0o750)
+            f.rename("/work/a.txt", "/work/d/b.txt")
+            self.assertFalse(f.exists("/work/a.txt"))
+            self.assertEqual(f.read("/work/d/b.txt"), b"alpha\n")
+            f.remove("/work/d")
+            self.assertFalse(f.exists("/work/d"))
+            self.assertEqual(sorted(sb.get_tree("/work")),
+                             ["name with\nnewline", "sub/run"])
+            with self.assertRaises(dsec.NotFound) as cm:
+                f.stat("/no/such")
+            self.assertIn("/no/such", str(cm.exception))
+            with self.assertRaises(dsec.NotFound):
+                f.list("/no/such")
+            with self.assertRaises(NotADirectoryError):
+                f.list("/work/sub/run")
+            with self.assertRaises(dsec.NotFound):
+                f.remove("/no/such")
+            with self.assertRaises(ValueError):
+                f.remove("/")
+            with self.assertRaises(ValueError):
+                f.stat("relative")
+            self.assertEqual(f.list("/work/sub")[0].name, "run")
+
+
+class Attach(Base):
+    def test_a_second_client_attaches_to_a_live_session(self):
+        with self.c.session(quota=2, ttl=120, name="attach-me") as s:
+            sb = s.create("py@1")[0]
+            other = dsec.connect(D.address)
+            try:
+                for handle in (other.attach(s.id), other.session("attach-me")):
+                    self.assertFalse(handle.owned)
+                    self.assertEqual(handle.id, s.id)
+                    self.assertIn("attached", repr(handle))
+                    self.assertEqual([i.id for i in handle.list()], [sb.id])
+                    r = handle.sandbox(sb.id).exec("echo from the other client")
+                    self.assertEqual(r.stdout, b"from the other client\n")
+                # Leaving a with block of an attached handle closes nothing.
+                with other.attach(s.id) as h:
+                    h.sandbox(sb.id).files.write("/tmp/x", b"1")
+                self.assertEqual(sb.get("/tmp/x"), b"1")
+                self.assertEqual(sb.exec("echo still").stdout, b"still\n")
+                with self.assertRaises(dsec.NotFound) as cm:
+                    other.attach("no-such-session")
+                self.assertIn("no-such-session", str(cm.exception))
+            finally:
+                other.close()
+            # Closing the other client left the session alone.
+            self.assertEqual(sb.exec("echo alive").stdout, b"alive\n")
+            mine = [x for x in self.c.sessions() if x.id == s.id]
+            self.assertEqual(len(mine), 1, self.c.sessions())
+            self.assertEqual((mine[0].name, mine[0].state, mine[0].owned, mine[0].trajectory,
+                              mine[0].quota), ("attach-me", "live", True, True, 2))
+            self.assertGreater(mine[0].log_ms, 0)
+            self.assertIn("default", [x.id for x in self.c.sessions()])
+        self.assertNotIn(s.id, [x.id for x in self.c.sessions() if x.state == "live"])
+
+
 class Errors(Base):
     def test_errors_map_to_their_classes_and_name_the_input(self):
         with self.assertRaises(ValueError) as cm:

@@ -22,7 +22,7 @@ class ImportErrors(unittest.TestCase):
         with tempfile.TemporaryDirectory(prefix="dsec-import-") as tmp:
             pkg = os.path.join(tmp, "dsec")
             os.mkdir(pkg)
-            for f in ("__init__.py", "errors.py", "_files.py"):
+            for f in ("__init__.py", "errors.py", "_files.py", "_fs.py"):
                 shutil.copy(os.path.join(PKG, f), pkg)
             make_ext(pkg)
             p = subprocess.run([sys.executable, "-c", "import dsec"], cwd=tmp,

@@ -646,6 +646,36 @@ TEST_CASE("remote sessions: open, run in them, close") {
   CHECK_MESSAGE(r.status == 0, r.describe());
   CHECK(r.out == "in session\n");
   CHECK(ids(ps(d, sid)) == sorted({a, b}));
+  // session list: the default session (its one sandbox) and this one.
+  r = d.dsec({"session", "list"});
+  CHECK_MESSAGE(r.status == 0, r.describe());
+  {
+    auto rows = lines_of(r.out);
+    REQUIRE_MESSAGE(rows.size() == 3, r.describe());
+    CHECK(contains(rows[0], "ID"));
+    CHECK(contains(rows[0], "SANDBOXES"));
+    std::string mine = rows[1].starts_with("default") ? rows[2] : rows[1];
+    std::string dflt = rows[1].starts_with("default") ? rows[1] : rows[2];
+    auto words = [](const std::string& l) {
+      std::vector<std::string> w;
+      std::istringstream in{l};
+      for (std::string x; in >> x;)
+        w.push_back(x);
+      return w;
+    };
+    CHECK(words(mine) == std::vector<std::string>{sid, "cli-test", "live", "2", "4", "no", "-"});
+    CHECK(words(dflt) == std::vector<std::string>{"default", "default", "live", "1", "1048576",
+                                                  "no", "-"});
+  }
+  r = d.dsec({"session", "list", "--json"});
+  CHECK_MESSAGE(r.status == 0, r.describe());
+  CHECK_MESSAGE(contains(r.out, "{\"id\":\"" + sid + "\",\"name\":\"cli-test\",\"state\":\"live\","
+                                  "\"sandboxes\":2,\"quota\":4,\"owned\":false,"
+                                  "\"trajectory\":false,\"log_ms\":0}"),
+                r.describe());
+  r = d.dsec({"session", "list", "extra"});
+  CHECK_MESSAGE(r.status == 2, r.describe());
+  CHECK_MESSAGE(contains(r.err, "extra"), r.describe());
 
   r = d.dsec({"session", "close", sid});
   CHECK_MESSAGE(r.status == 0, r.describe());
@@ -722,9 +752,22 @@ TEST_CASE("remote session resume: a restarted dsecd answers from the trajectory 
     CHECK_MESSAGE(contains(end.out, "dsecd: 2 sandboxes"), end.describe());
   }
   daemon_proc d;
+  // Both logs are resumable after the restart, and only they are.
+  auto listed = d.dsec({"session", "list", "--json"});
+  CHECK_MESSAGE(listed.status == 0, listed.describe());
+  for (const auto& id : {sid, orphan})
+    CHECK_MESSAGE(contains(listed.out, "{\"id\":\"" + id + "\",\"name\":\"\",\"state\":"
+                                         "\"resumable\",\"sandboxes\":0,\"quota\":0,"
+                                         "\"owned\":false,\"trajectory\":true,\"log_ms\":"),
+                  listed.describe());
+  CHECK(lines_of(listed.out).size() == 5); // [, default, sid, orphan, ]
   auto r = d.dsec({"session", "resume", sid});
   REQUIRE_MESSAGE(r.status == 0, r.describe());
   CHECK(lines_of(r.out).at(0) == "resumed session " + sid + ": 1 sandbox");
+  listed = d.dsec({"session", "list", "--json"});
+  CHECK_MESSAGE(contains(listed.out, "{\"id\":\"" + sid + "\",\"name\":\"\",\"state\":"
+                                       "\"live\",\"sandboxes\":1,"),
+                listed.describe());
   CHECK_MESSAGE(contains(r.out, box + "  replaying  " + std::string{tar_base}), r.describe());
   r = d.dsec({"session", "resume", sid});
   CHECK_MESSAGE(r.status == 1, r.describe());
@@ -937,7 +980,7 @@ TEST_CASE("remote errors: status, message, and the daemon serves on") {
            {{"cp", "a"}, "expected SRC DST, got 1 argument"},
            {{"cp", "a", "b"}, "neither SRC nor DST is in a sandbox"},
            {{"cp", "x:/a", "y:/b"}, "both SRC and DST are in a sandbox"},
-           {{"session"}, "expected 'open', 'resume', 'close' or 'watch'"},
+           {{"session"}, "expected 'open', 'list', 'resume', 'pause', 'close' or 'watch'"},
            {{"session", "frob"}, "unknown sub-verb 'frob'"},
            {{"session", "close"}, "no session id given"},
            {{"session", "close", "a", "b"}, "one session id at a time"},

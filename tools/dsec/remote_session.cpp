@@ -2,7 +2,9 @@
 // remote_watch.cpp): sessions nobody owns.
 #include "tools/dsec/remote.hpp"
 
+#include <algorithm>
 #include <cstdio>
+#include <map>
 #include <cstdlib>
 #include <string>
 
@@ -15,6 +17,7 @@ namespace {
 
 const char* session_usage = R"(usage: dsec --connect HOST:PORT session open [--quota N] [--ttl DUR] [--name NAME]
                                                 [--trajectory]
+       dsec --connect HOST:PORT session list [--json]
        dsec --connect HOST:PORT session resume ID
        dsec --connect HOST:PORT session pause ID
        dsec --connect HOST:PORT session close ID
@@ -33,6 +36,14 @@ open   Opens a session that nobody owns: it lives until `session close` (or
                       with its result, durably, so that `session resume`
                       can answer them again after the daemon restarts
                       (docs/trajectory.md)
+list   The daemon's sessions, one a line: the live ones (with how many
+       sandboxes each has now, its quota, whether a trainer owns it (it ends
+       with its trainer) and whether it keeps a trajectory log), and the
+       trajectory logs that no live session has: those can be resumed
+       (`session resume ID`) or deleted (`session close ID`).
+         --json       a JSON array, a session a line: id, name, state ("live"
+                      or "resumable"), sandboxes, quota, owned, trajectory,
+                      log_ms (its log's last write, unix ms; 0 without one)
 pause  Pauses every sandbox of live session ID at once (see `pause --help`:
        frozen, TTL clocks stopped, commands refused); prints how many.
 resume Resumes every paused sandbox of session ID when it is live and has
@@ -72,6 +83,71 @@ int one_session_id(args& a, const std::string& verb, std::string& id) {
 }
 
 
+// `session list [--json]`.
+int list_sessions(context& ctx, args& a, const std::string& verb) {
+  bool json = false;
+  while (!a.empty()) {
+    if (a.help()) {
+      std::fputs(session_usage, stdout);
+      return 0;
+    }
+    if (a.flag("--json"))
+      json = true;
+    else if (a.at_option())
+      return usage_error(verb, "unknown option '" + std::string{a.peek()} + "'");
+    else
+      return usage_error(verb, "unexpected argument '" + std::string{a.peek()} + "'");
+  }
+  auto c = ctx.connect();
+  if (!c)
+    return fail(c.error_value());
+  auto all = (*c)->sessions();
+  if (!all)
+    return fail(all.error_value());
+  // Sandboxes per live session, as the session lists them (a resumed one's
+  // replaying sandboxes too). One that ended meanwhile counts 0.
+  std::map<std::string, uint32_t> boxes;
+  for (const auto& x : *all) {
+    if (x.state != "live")
+      continue;
+    if (auto s = (*c)->find_session(x.id))
+      if (auto l = (*s)->list())
+        boxes[x.id] = static_cast<uint32_t>(l->size());
+  }
+  if (json) {
+    std::printf("[");
+    for (size_t k = 0; k < all->size(); ++k) {
+      const auto& x = (*all)[k];
+      std::string o = "{\"id\":" + json_quoted(x.id) + ",\"name\":" + json_quoted(x.name)
+                      + ",\"state\":" + json_quoted(x.state) + ",\"sandboxes\":"
+                      + std::to_string(boxes[x.id]) + ",\"quota\":" + std::to_string(x.quota)
+                      + ",\"owned\":" + (x.owned ? "true" : "false") + ",\"trajectory\":"
+                      + (x.trajectory ? "true" : "false") + ",\"log_ms\":"
+                      + std::to_string(x.log_ms) + "}";
+      std::printf("%s\n%s", k ? "," : "", o.c_str());
+    }
+    std::printf("%s]\n", all->empty() ? "" : "\n");
+    return 0;
+  }
+  size_t w_id = 2, w_name = 4;
+  for (const auto& x : *all) {
+    w_id = std::max(w_id, x.id.size());
+    w_name = std::max(w_name, x.name.size());
+  }
+  std::printf("%-*s  %-*s  %-9s  %9s  %7s  %-5s  %s\n", static_cast<int>(w_id), "ID",
+              static_cast<int>(w_name), "NAME", "STATE", "SANDBOXES", "QUOTA", "OWNED", "LOG");
+  for (const auto& x : *all) {
+    bool live = x.state == "live";
+    std::string log = !x.trajectory ? "-" : x.log_ms ? "yes" : "yes (empty)";
+    std::printf("%-*s  %-*s  %-9s  %9s  %7s  %-5s  %s\n", static_cast<int>(w_id), x.id.c_str(),
+                static_cast<int>(w_name), x.name.empty() ? "-" : x.name.c_str(), x.state.c_str(),
+                live ? std::to_string(boxes[x.id]).c_str() : "-",
+                live ? std::to_string(x.quota).c_str() : "-",
+                live ? (x.owned ? "yes" : "no") : "-", log.c_str());
+  }
+  return 0;
+}
+
 } // namespace
 
 int session_main(context& ctx, args& a) {
@@ -80,7 +156,8 @@ int session_main(context& ctx, args& a) {
     return 0;
   }
   if (a.empty())
-    return usage_error(ctx.verb("session"), "expected 'open', 'resume', 'close' or 'watch'");
+    return usage_error(ctx.verb("session"),
+                       "expected 'open', 'list', 'resume', 'pause', 'close' or 'watch'");
   std::string sub{a.next()};
   auto verb = ctx.verb("session " + sub);
   if (sub == "open") {
@@ -141,6 +218,8 @@ int session_main(context& ctx, args& a) {
   }
   if (sub == "watch")
     return watch_main(ctx, a);
+  if (sub == "list")
+    return list_sessions(ctx, a, verb);
   if (sub == "pause") {
     std::string id;
     if (int rc = one_session_id(a, verb, id); rc >= 0)
@@ -221,7 +300,7 @@ int session_main(context& ctx, args& a) {
     return 0;
   }
   return usage_error(ctx.verb("session"), "unknown sub-verb '" + sub
-                                            + "' (expected 'open', 'resume', 'pause', 'close' or 'watch')");
+                                            + "' (expected 'open', 'list', 'resume', 'pause', 'close' or 'watch')");
 }
 
 } // namespace dsec::cli::remote

@@ -1,0 +1,159 @@
+"""Sandbox.files: a sandbox's files by path, without tar or coreutils in its image.
+
+write and read are Sandbox.put and Sandbox.get (tar streams that the daemon
+unpacks with the image's tar, else with the static busybox dsec puts in every
+sandbox at /.dsec/libexec). list, stat, exists, remove, make_dir and rename run that
+busybox as a command of the sandbox, so they work in an image that has no shell
+and no coreutils; what they read comes from the sandbox (the agent may have
+changed anything there) and is parsed as untrusted.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import stat as _stat
+from typing import TYPE_CHECKING, List, Literal, NamedTuple, Union
+
+from . import _files
+
+if TYPE_CHECKING:
+    from . import Sandbox
+
+BUSYBOX = "/.dsec/libexec/busybox"
+
+Kind = Literal["file", "dir", "symlink", "other"]
+
+
+class FileInfo(NamedTuple):
+    """One entry of a sandbox's tree: what Files.stat and Files.list return.
+    `kind` is file, dir, symlink or other (a fifo, socket or device); `mode`
+    the permission bits; `mtime` seconds since the epoch. A symlink is
+    described itself, not followed."""
+
+    path: str
+    name: str
+    kind: Kind
+    size: int
+    mode: int
+    mtime: int
+
+
+def _kind(raw_mode: int) -> Kind:
+    if _stat.S_ISREG(raw_mode):
+        return "file"
+    if _stat.S_ISDIR(raw_mode):
+        return "dir"
+    if _stat.S_ISLNK(raw_mode):
+        return "symlink"
+    return "other"
+
+
+def _info(path: str, line: str) -> FileInfo:
+    # busybox stat -c '%f %s %Y': the raw mode in hex, the size, the mtime.
+    parts = line.split(" ")
+    if len(parts) != 3:
+        raise RuntimeError(f"stat {path}: unexpected answer from the sandbox: {line!r}")
+    try:
+        raw, size, mtime = int(parts[0], 16), int(parts[1]), int(parts[2])
+    except ValueError:
+        raise RuntimeError(f"stat {path}: unexpected answer from the sandbox: {line!r}") from None
+    return FileInfo(path, posixpath.basename(path) or "/", _kind(raw), size,
+                    _stat.S_IMODE(raw), mtime)
+
+
+class Files:
+    """A sandbox's files by path (Sandbox.files). Paths are absolute; every
+    call raises dsec.NotFound for a path that is not there, and the
+    exception of the failing command (dsec.CommandFailed) otherwise."""
+
+    def __init__(self, sandbox: Sandbox) -> None:
+        self._sb = sandbox
+
+    def _run(self, what: str, path: str, argv: List[str], input: bytes | None = None) -> str:
+        from .errors import CommandFailed, NotFound, Unsupported
+        full = [BUSYBOX] + argv
+        try:
+            r = self._sb.exec(full, input=input)
+        except NotFound as e:
+            if e.step != "execve":
+                raise
+            raise Unsupported(f"{what} {path}: sandbox {self._sb.id} has no {BUSYBOX} (the "
+                              "node's system layer has none: install busybox-static on the "
+                              "node)", step="execve", path=BUSYBOX) from None
+        if r.ok:
+            return r.stdout.decode("utf-8", "surrogateescape")
+        if b"No such file or directory" in r.stderr:
+            raise NotFound(f"{what} {path}: no such file or directory in sandbox {self._sb.id}",
+                           path=path)
+        raise CommandFailed(self._sb.id, full, r)
+
+    def write(self, path: str, data: Union[bytes, str], *, mode: int = 0o644) -> None:
+        """Writes bytes (a str as UTF-8) to the file `path`; missing parent
+        directories are made (Sandbox.put)."""
+        self._sb.put(path, data, mode=mode)
+
+    def read(self, path: str) -> bytes:
+        """The bytes of the file `path`, following symlinks (Sandbox.get)."""
+        return self._sb.get(path)
+
+    def read_text(self, path: str, encoding: str = "utf-8") -> str:
+        return self.read(path).decode(encoding)
+
+    def stat(self, path: str) -> FileInfo:
+        """What `path` is (a symlink itself, not its target)."""
+        path = _files.check_path(path)
+        out = self._run("stat", path, ["stat", "-c", "%f %s %Y", "--", path])
+        return _info(path, out.rstrip("\n"))
+
+    def exists(self, path: str) -> bool:
+        from .errors import NotFound
+        try:
+            self.stat(path)
+            return True
+        except NotFound:
+            return False
+
+    def list(self, path: str) -> List[FileInfo]:
+        """The entries of the directory `path` (not recursive), sorted by name.
+        Any name works, spaces and newlines included."""
+        path = _files.check_path(path)
+        info = self.stat(path)
+        if info.kind != "dir":
+            raise NotADirectoryError(f"list {path}: not a directory in sandbox {self._sb.id} "
+                                     f"(it is a {info.kind})")
+        out = self._run("list", path, ["find", path, "-mindepth", "1", "-maxdepth", "1",
+                                       "-print0"])
+        names = sorted(n for n in out.split("\0") if n)
+        if not names:
+            return []
+        # One stat line per name, in order; NUL-separated names on stdin, so
+        # no argument list gets too long and no name is split.
+        listing = "\0".join(names).encode("utf-8", "surrogateescape") + b"\0"
+        lines = self._run("list", path, ["xargs", "-0", BUSYBOX, "stat", "-c", "%f %s %Y", "--"],
+                          input=listing).split("\n")
+        lines = [x for x in lines if x]
+        if len(lines) != len(names):
+            raise RuntimeError(f"list {path}: {len(names)} entries but {len(lines)} stat lines "
+                               "(an entry went away meanwhile?)")
+        return [_info(n, x) for n, x in zip(names, lines)]
+
+    def remove(self, path: str) -> None:
+        """Removes the file, link or whole directory tree `path`."""
+        path = _files.check_path(path)
+        if path == "/":
+            raise ValueError("remove: not the sandbox's root")
+        self.stat(path)  # NotFound names a missing one
+        self._run("remove", path, ["rm", "-rf", "--", path])
+
+    def make_dir(self, path: str, *, mode: int = 0o755) -> None:
+        """Makes the directory `path` and missing parents (fine if it exists)."""
+        path = _files.check_path(path)
+        self._run("make_dir", path, ["mkdir", "-p", "-m", format(mode & 0o7777, "o"), "--",
+                                     path])
+
+    def rename(self, src: str, dst: str) -> None:
+        """Moves `src` to `dst` (replacing a file there)."""
+        src = _files.check_path(src, "src")
+        dst = _files.check_path(dst, "dst")
+        self.stat(src)
+        self._run("rename", src, ["mv", "-f", "--", src, dst])
