@@ -67,7 +67,7 @@ cat > "$tmp/templates.json" <<TEMPLATES
   "loopback": {"base": "e2bbase@1", "network": "loopback"}
 }}
 TEMPLATES
-"$DSEC_E2B_BIN" --connect "127.0.0.1:$dsecd_port" --listen 127.0.0.1:0 \
+${E2B_GW_PREFIX:-} "$DSEC_E2B_BIN" --connect "127.0.0.1:$dsecd_port" --listen 127.0.0.1:0 \
   --templates "$tmp/templates.json" --keys "$tmp/keys" >"$tmp/gw.out" 2>"$tmp/gw.out.err" &
 gw_pid=$!
 wait_for "$tmp/gw.out" "listening on" "$gw_pid" dsec-e2b

@@ -248,9 +248,12 @@ test('errors: unknown sandbox, bad key, another key\'s sandbox, unknown template
     assert.equal(wrong.status, 401)
     const none = await fetch(api + '/files?path=/etc/passwd', { headers: { 'E2b-Sandbox-Id': sbx.sandboxId } })
     assert.equal(none.status, 401)
-    const forged = new Sandbox({ sandboxId: sbx.sandboxId, envdAccessToken: 'forged', envdVersion: sbx.envdVersion })
-    await assert.rejects(forged.commands.run('echo no'))
-    await assert.rejects(forged.files.read('/etc/passwd'))
+    // The SDK itself, with a forged token: AuthenticationError everywhere.
+    const forged = new Sandbox({ ...sbx.connectionConfig, sandboxId: sbx.sandboxId, envdAccessToken: 'forged', envdVersion: '0.5.7' })
+    await assert.rejects(forged.commands.run('echo no'), (e) => e instanceof AuthenticationError)
+    await assert.rejects(forged.files.read('/etc/passwd'), (e) => e instanceof AuthenticationError)
+    await assert.rejects(forged.files.list('/etc'), (e) => e instanceof AuthenticationError)
+    await assert.rejects(forged.files.write('/tmp/x', 'x'), (e) => e instanceof AuthenticationError)
 
     // bad bodies
     const bad = await fetch(api + '/v2/sandboxes', { method: 'POST', headers: { 'X-API-KEY': key, 'Content-Type': 'application/json' }, body: '{not json' })
@@ -270,6 +273,30 @@ test('a sandbox destroyed behind the gateway: the SDK shows an error', async () 
   await assert.rejects(sbx.commands.run('echo gone'))
   assert.equal(await sbx.isRunning(), false)
   assert.equal(await Sandbox.kill(sbx.sandboxId), false)
+})
+
+test('envdVersion 0.5.7 and the SDK paths it selects', async () => {
+  const r = await rest('POST', '/v2/sandboxes', { templateID: 'base' })
+  assert.equal(r.status, 201)
+  assert.equal(r.json.envdVersion, '0.5.7')
+  const sbx = await Sandbox.connect(r.json.sandboxID)
+  try {
+    // >= 0.4.0: no default user; a user given is accepted (commands run as the sandbox's root)
+    assert.equal((await sbx.commands.run('id -u', { user: 'root' })).stdout, '0\n')
+    // >= 0.3.0: the stdin flag may be sent
+    assert.equal((await sbx.commands.run('echo x', { stdin: false })).stdout, 'x\n')
+    // >= 0.5.2: closeStdin is a CloseStdin call, which dsec-e2b refuses clearly
+    const h = await sbx.commands.run('sleep 30', { background: true, stdin: true })
+    await assert.rejects(h.closeStdin(), /CloseStdin/)
+    await assert.rejects(h.sendStdin('data'), /SendInput/)
+    await h.kill()
+    // no PTY: a clear error
+    await assert.rejects(sbx.pty.create({ cols: 80, rows: 24 }), /PTY/)
+    // >= 0.5.7: octet-stream uploads (tested in 'files'); gzip uploads are refused clearly
+    await assert.rejects(sbx.files.write('/tmp/gz', 'data', { gzip: true }), /Content-Encoding/)
+  } finally {
+    await sbx.kill()
+  }
 })
 
 test('not implemented by dsec-e2b: PTY, stdin, watchDir', { skip: 'dsec-e2b has no PTY, no stdin after start and no WatchDir (docs/e2b.md)' }, () => {})

@@ -1215,16 +1215,18 @@ void gateway::impl::signal(std::shared_ptr<sandbox> s, const json& body,
   script(*s,
          "f=/tmp/.dsec-e2b/$1; i=0; while [ ! -s $f ] && [ $i -lt 50 ]; do sleep 0.1; "
          "i=$((i+1)); done; p=$(cat $f 2>/dev/null) || exit 3; "
-         "kill -s $2 -- -$p 2>/dev/null || kill -s $2 $p 2>/dev/null || exit 3",
+         "kill -s $2 -- -$p 2>/dev/null || kill -s $2 $p || exit 6",
          {std::to_string(pid), sig}, [this, s, r, pid](expected<exec_result> res) {
            if (!res) {
              if (sandbox_gone(res.error_value()))
                forget(s->id);
              return connect_error(*r, connect_code(res.error_value()), describe(res.error_value()));
            }
-           if (res->exit_code != 0)
+           if (res->exit_code != 0) {
+             std::fprintf(stderr, "dsec-e2b: SendSignal to pid %u of %s: exit %d: %s\n", pid, s->id.c_str(), res->exit_code, res->err.c_str());
              return connect_error(*r, "not_found",
                                   "process with pid " + std::to_string(pid) + " not found");
+           }
            r->reply(200, "application/json", "{}");
          });
 }
@@ -1395,39 +1397,37 @@ void gateway::impl::put_files(std::shared_ptr<sandbox> s, http_request& req,
   };
   auto st = std::make_shared<state>();
   st->files = std::move(files);
+  // The chain's step holds itself only weakly; each put's completion holds it
+  // strongly, so it lives exactly as long as a put is in flight.
   auto step = std::make_shared<std::function<void()>>();
-  *step = [this, s, r, st, step] {
-    if (st->next == st->files.size()) {
-      *step = nullptr; // breaks the cycle
+  std::weak_ptr<std::function<void()>> wstep = step;
+  *step = [this, s, r, st, wstep] {
+    if (st->next == st->files.size())
       return r->reply(200, "application/json", st->written.dump());
-    }
     auto& [path, data] = st->files[st->next];
     auto dir = dirname_of(path);
     auto name = basename_of(path);
-    sess(s->key).put_async(s->id, dir, tar_one(name, data), [this, s, r, st, step, path, dir, name](expected<uint64_t> ok) {
+    auto again = wstep.lock();
+    sess(s->key).put_async(s->id, dir, tar_one(name, data), [this, s, r, st, again, path, dir, name](expected<uint64_t> ok) {
       if (!ok) {
         if (sandbox_gone(ok.error_value())) {
           forget(s->id);
-          *step = nullptr;
           return r->reply(502, "application/json", json{{"code", 502}, {"message", "The sandbox was not found: " + describe(ok.error_value())}, {"sandboxId", s->id}}.dump());
         }
         if (ok.error_value().code == errc::not_found && !st->retried) {
           st->retried = true;
-          return script(*s, "mkdir -p -- \"$1\"", {dir}, [this, r, st, step, dir](expected<exec_result> res) {
-            if (!res || res->exit_code != 0) {
-              *step = nullptr;
+          return script(*s, "mkdir -p -- \"$1\"", {dir}, [r, again, dir](expected<exec_result> res) {
+            if (!res || res->exit_code != 0)
               return rest_error(*r, 400, "cannot make directory '" + dir + "'" + (res ? ": " + res->err : ""));
-            }
-            (*step)();
+            (*again)();
           });
         }
-        *step = nullptr;
         return rest_error(*r, http_status(ok.error_value()), "writing '" + path + "': " + describe(ok.error_value()));
       }
       st->retried = false;
       st->written.push_back(json{{"name", name}, {"type", "file"}, {"path", path}});
       ++st->next;
-      (*step)();
+      (*again)();
     });
   };
   (*step)();
