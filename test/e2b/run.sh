@@ -3,7 +3,8 @@
 # package-lock.json, installed by tools/setup with `npm ci`) against dsec-e2b
 # and a dsecd, both started here on loopback over a state dir of our own, with
 # a base layer of busybox and the host's bash. Runs `node --test` over
-# test/e2b/*.test.mjs; exits 77 (skipped) when node or the SDK is missing.
+# test/e2b/*.test.mjs (or $E2B_RUN, for perf/e2b_bench.sh); exits 77 (skipped)
+# when node or the SDK is missing.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 : "${DSEC_BIN:?}" "${DSECD_BIN:?}" "${DSEC_E2B_BIN:?}"
@@ -79,8 +80,14 @@ export E2B_API_KEY="e2b_0123456789abcdef0123456789abcdef"
 export E2B_OTHER_API_KEY="e2b_fedcba9876543210fedcba9876543210"
 export DSEC_CONNECT="127.0.0.1:$dsecd_port"
 export DSEC_GATEWAY_PID="$gw_pid"
+export E2B_SDK_DIR="$here"
 status=0
-(cd "$here" && "$node" --test --test-concurrency=1 ${E2B_TEST_FILES:-*.test.mjs}) || status=$?
+if [ -n "${E2B_RUN:-}" ]; then
+  # perf/e2b_bench.sh: its command instead of the tests, with the same setup.
+  (cd "$here" && eval "$E2B_RUN") || status=$?
+else
+  (cd "$here" && "$node" --test --test-concurrency=1 ${E2B_TEST_FILES:-*.test.mjs}) || status=$?
+fi
 if ! kill -0 "$gw_pid" 2>/dev/null; then
   echo "e2b suite: dsec-e2b died during the tests:"; cat "$tmp/gw.out" "$tmp/gw.out.err"; status=1
 fi

@@ -1102,8 +1102,9 @@ void gateway::impl::start(std::shared_ptr<sandbox> s, http_request& req,
   // The command runs under a small sh that records its pid (for SendSignal),
   // then execs it: its exit status and signals are the command's.
   x.argv = {"/bin/sh", "-c",
-            "mkdir -p /tmp/.dsec-e2b && echo $$ > /tmp/.dsec-e2b/" + std::to_string(p->pid) +
-              " && exec \"$@\"",
+            "f=/tmp/.dsec-e2b/" + std::to_string(p->pid) +
+              "; { echo $$ > $f; } 2>/dev/null || { mkdir -p /tmp/.dsec-e2b && echo $$ > $f; }; "
+              "exec \"$@\"",
             "sh"};
   x.argv.insert(x.argv.end(), argv.begin(), argv.end());
   r->start_stream(200, "application/connect+json");
