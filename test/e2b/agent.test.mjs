@@ -80,3 +80,82 @@ test('a client that disconnects mid-stream: the command goes on, the gateway too
     await sbx.kill()
   }
 })
+
+// Connect envelopes of a streamed response body, as they come.
+async function* frames(res) {
+  let buf = Buffer.alloc(0)
+  for await (const chunk of res.body) {
+    buf = Buffer.concat([buf, Buffer.from(chunk)])
+    while (buf.length >= 5 && buf.length >= 5 + buf.readUInt32BE(1)) {
+      const n = buf.readUInt32BE(1)
+      yield { flags: buf[0], msg: JSON.parse(buf.subarray(5, 5 + n).toString()) }
+      buf = buf.subarray(5 + n)
+    }
+  }
+}
+
+function startBody(cmd) {
+  const body = JSON.stringify({ process: { cmd: '/bin/bash', args: ['-l', '-c', cmd] } })
+  const env = Buffer.alloc(5 + Buffer.byteLength(body))
+  env.writeUInt32BE(Buffer.byteLength(body), 1)
+  env.write(body, 5)
+  return env
+}
+
+test('Process/Start on the wire: start, keepalives (Keepalive-Ping-Interval), data, end, end of stream', async () => {
+  const sbx = await Sandbox.create('base')
+  try {
+    const res = await fetch(process.env.E2B_SANDBOX_URL + '/process.Process/Start', {
+      method: 'POST',
+      headers: { 'E2b-Sandbox-Id': sbx.sandboxId, 'X-Access-Token': sbx.envdAccessToken,
+                 'Content-Type': 'application/connect+json', 'Keepalive-Ping-Interval': '1' },
+      body: startBody('while [ ! -e /tmp/go ]; do sleep 0.05; done; echo done'),
+    })
+    assert.equal(res.status, 200)
+    assert.equal(res.headers.get('content-type'), 'application/connect+json')
+    const kinds = []
+    let out = ''
+    for await (const f of frames(res)) {
+      if (f.flags === 2) { kinds.push(f.msg.error ? 'error' : 'eos'); break }
+      const ev = Object.keys(f.msg.event)[0]
+      kinds.push(ev)
+      // The command waits for /tmp/go, written once a keepalive came: no clock.
+      if (ev === 'keepalive' && kinds.filter((k) => k === 'keepalive').length === 1) await sbx.files.write('/tmp/go', '')
+      if (ev === 'data') out += Buffer.from(f.msg.event.data.stdout, 'base64').toString()
+      if (ev === 'end') assert.equal(f.msg.event.end.exitCode, 0)
+    }
+    assert.equal(kinds[0], 'start')
+    assert.ok(kinds.includes('keepalive'), kinds.join(','))
+    assert.deepEqual(kinds.slice(-2), ['end', 'eos'])
+    assert.equal(out, 'done\n')
+  } finally {
+    await sbx.kill()
+  }
+})
+
+test('a raw client cut off mid-stream: the command runs to its end, the gateway goes on', async () => {
+  const sbx = await Sandbox.create('base')
+  try {
+    const url = new URL(process.env.E2B_SANDBOX_URL)
+    const body = startBody('echo begin; while [ ! -e /tmp/go ]; do sleep 0.05; done; echo finished > /tmp/done')
+    await new Promise((resolve, reject) => {
+      const s = net.connect(Number(url.port), url.hostname, () => {
+        s.write(`POST /process.Process/Start HTTP/1.1\r\nHost: x\r\nE2b-Sandbox-Id: ${sbx.sandboxId}\r\n` +
+          `X-Access-Token: ${sbx.envdAccessToken}\r\nContent-Type: application/connect+json\r\n` +
+          `Content-Length: ${body.length}\r\n\r\n`)
+        s.write(body)
+      })
+      let got = ''
+      s.on('data', (d) => {
+        got += d
+        if (got.includes('begin') || got.includes('YmVnaW4K')) { s.destroy(); resolve() }
+      })
+      s.on('error', reject)
+    })
+    await sbx.files.write('/tmp/go', '')
+    const r = await sbx.commands.run('while [ ! -s /tmp/done ]; do sleep 0.05; done; cat /tmp/done')
+    assert.equal(r.stdout, 'finished\n')
+  } finally {
+    await sbx.kill()
+  }
+})

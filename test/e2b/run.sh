@@ -90,6 +90,24 @@ else
 fi
 if ! kill -0 "$gw_pid" 2>/dev/null; then
   echo "e2b suite: dsec-e2b died during the tests:"; cat "$tmp/gw.out" "$tmp/gw.out.err"; status=1
+elif [ -z "${E2B_RUN:-}" ]; then
+  # Nothing outlives the gateway: a sandbox left live is destroyed when it stops.
+  left="$("$node" -e 'fetch(process.env.E2B_API_URL + "/v2/sandboxes", { method: "POST",
+    headers: { "X-API-KEY": process.env.E2B_API_KEY }, body: "{}" })
+    .then(r => r.json()).then(j => console.log(j.sandboxID))')"
+  "$DSEC_BIN" --connect "127.0.0.1:$dsecd_port" ps | grep -q "$left" || { echo "e2b suite: sandbox $left is not in dsec ps"; status=1; }
+  kill -TERM "$gw_pid"; wait "$gw_pid" || { echo "e2b suite: dsec-e2b exited with $? on SIGTERM"; status=1; }
+  gw_pid=""
+  # (the daemon destroys an owned session's sandboxes once it sees the client go)
+  for _ in $(seq 300); do
+    "$DSEC_BIN" --connect "127.0.0.1:$dsecd_port" ps | grep -q "$left" || break
+    sleep 0.1
+  done
+  if "$DSEC_BIN" --connect "127.0.0.1:$dsecd_port" ps | grep -q "$left"; then
+    echo "e2b suite: sandbox $left outlived dsec-e2b"; status=1
+  else
+    echo "ok: sandbox $left was destroyed with dsec-e2b"
+  fi
 fi
 [ $status -eq 0 ] || { echo "--- dsec-e2b stderr"; tail -50 "$tmp/gw.out.err"; }
 exit $status
