@@ -82,8 +82,23 @@ function native() {
   }
 }
 
-const a = await e2b()
-const r = await raw()
+// CPU seconds of dsec-e2b (from /proc) and of this node process, per phase.
+function gwCpu() {
+  const f = readFileSync(`/proc/${process.env.DSEC_GATEWAY_PID}/stat`, 'utf8').split(') ')[1].split(' ')
+  return (Number(f[11]) + Number(f[12])) / 100
+}
+function phase(fn) {
+  return async () => {
+    const g0 = gwCpu(), n0 = process.cpuUsage()
+    const res = await fn()
+    const n1 = process.cpuUsage(n0)
+    res.gw = gwCpu() - g0
+    res.node = (n1.user + n1.system) / 1e6
+    return res
+  }
+}
+const a = await phase(e2b)()
+const r = await phase(raw)()
 const b = native()
 const f = (x) => x.toFixed(1).padStart(9)
 console.log(`N=${N} episodes, C=${C} at a time, K=${K} commands each (/bin/bash -l -c true)`)
@@ -91,3 +106,4 @@ console.log('                         episodes/s  create p50  create p99  comman
 console.log(`e2b SDK via dsec-e2b    ${f(a.rate)}   ${f(a.c50)}   ${f(a.c99)}    ${f(a.x50)}    ${f(a.x99)}`)
 console.log(`plain HTTP via dsec-e2b ${f(r.rate)}   ${f(r.c50)}   ${f(r.c99)}    ${f(r.x50)}    ${f(r.x99)}`)
 console.log(`dsec native (dsec-load) ${f(b.rate)}   ${f(b.c50)}   ${f(b.c99)}    ${f(b.x50)}    ${f(b.x99)}`)
+console.log(`CPU seconds, SDK run: node ${a.node.toFixed(1)}, dsec-e2b ${a.gw.toFixed(1)}; plain HTTP run: node ${r.node.toFixed(1)}, dsec-e2b ${r.gw.toFixed(1)}`)
