@@ -110,4 +110,47 @@ elif [ -z "${E2B_RUN:-}" ]; then
   fi
 fi
 [ $status -eq 0 ] || { echo "--- dsec-e2b stderr"; tail -50 "$tmp/gw.out.err"; }
+
+# A node lost under the gateway: a coordinator that runs no sandboxes (--slots 0),
+# one node, a second dsec-e2b on the coordinator; test/e2b/lost_node.mjs hangs the
+# node (SIGSTOP) until the coordinator declares it lost, then wakes it (it then
+# destroys what it had and rejoins).
+coord_pid=""; node_pid=""; gw2_pid=""
+stop_cluster() {
+  for p in "$gw2_pid" "$node_pid" "$coord_pid"; do
+    [ -n "$p" ] || continue
+    kill -CONT "$p" 2>/dev/null || true
+    kill -TERM "$p" 2>/dev/null || true
+    wait "$p" 2>/dev/null || true
+  done
+  gw2_pid=""; node_pid=""; coord_pid=""
+}
+trap 'stop_cluster; cleanup' EXIT
+if [ -z "${E2B_RUN:-}" ] && [ -z "${E2B_TEST_FILES:-}" ]; then
+  cstate="$tmp/cstate"; nstate="$tmp/nstate"; mkdir -p "$nstate"
+  "$DSEC_BIN" --state "$cstate" layer build --kind base e2bbase@1 "$root" >/dev/null
+  "$DSECD_BIN" --coordinator --slots 0 --listen 127.0.0.1:0 --state "$cstate" >"$tmp/coord.out" 2>"$tmp/coord.out.err" &
+  coord_pid=$!
+  wait_for "$tmp/coord.out" " (state " "$coord_pid" "the coordinator"
+  cport="$(grep -o 'listening on 127.0.0.1:[0-9]*' "$tmp/coord.out" | head -1 | sed 's/.*://')"
+  "$DSECD_BIN" --join "127.0.0.1:$cport" --listen 127.0.0.1:0 --state "$nstate" \
+    --cluster-key "$cstate/cluster.key" --trajectories "$cstate/trajectories" >"$tmp/node.out" 2>"$tmp/node.out.err" &
+  node_pid=$!
+  for _ in $(seq 600); do
+    [ "$("$DSEC_BIN" --connect "127.0.0.1:$cport" cluster status 2>/dev/null | grep -c ' up')" -ge 2 ] && break
+    kill -0 "$node_pid" || break
+    sleep 0.1
+  done
+  "$DSEC_E2B_BIN" --connect "127.0.0.1:$cport" --listen 127.0.0.1:0 \
+    --templates "$tmp/templates.json" --keys "$tmp/keys" >"$tmp/gw2.out" 2>"$tmp/gw2.out.err" &
+  gw2_pid=$!
+  wait_for "$tmp/gw2.out" "listening on" "$gw2_pid" "the second dsec-e2b"
+  gw2_port="$(grep -o 'listening on 127.0.0.1:[0-9]*' "$tmp/gw2.out" | head -1 | sed 's/.*://')"
+  (cd "$here" && E2B_API_URL="http://127.0.0.1:$gw2_port" E2B_SANDBOX_URL="http://127.0.0.1:$gw2_port" \
+     DSEC_NODE_PID="$node_pid" "$node" --test lost_node.mjs) || {
+    status=1; echo "--- coordinator"; tail -20 "$tmp/coord.out" "$tmp/coord.out.err"
+    echo "--- node"; tail -20 "$tmp/node.out" "$tmp/node.out.err"; echo "--- dsec-e2b"; tail -20 "$tmp/gw2.out.err"; }
+  kill -0 "$gw2_pid" 2>/dev/null || { echo "e2b suite: the second dsec-e2b died"; status=1; }
+  stop_cluster
+fi
 exit $status
