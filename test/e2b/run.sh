@@ -52,6 +52,35 @@ wait_for() {
   echo "e2b suite: $4 did not start:"; cat "$1" "$1.err"; return 1
 }
 
+# Bad configuration is refused at start, naming what is wrong (no daemon needed:
+# the files are read before connecting).
+expect_refused() { # WHAT TEXT ARGS...
+  local what="$1" text="$2"; shift 2
+  local out rc=0
+  out="$("$DSEC_E2B_BIN" "$@" 2>&1)" || rc=$?
+  if [ $rc -eq 0 ] || ! grep -qF -- "$text" <<<"$out"; then
+    echo "e2b suite: $what: expected a refusal naming '$text', got (exit $rc): $out"; exit 1
+  fi
+  echo "ok: $what: $out"
+}
+printf 'e2b_00\nnot-a-key\n' > "$tmp/badkeys"
+echo '{"templates": {"t": {"base": "b@1", "colour": "red"}}}' > "$tmp/bad1.json"
+echo '{"templates": {"t": {"base": "b@1", "memory": "lots"}}}' > "$tmp/bad2.json"
+echo '{"templates": {"t": {"workdir": "w@1"}}}' > "$tmp/bad3.json"
+echo '{"templates": ' > "$tmp/bad4.json"
+echo '{"templates": {"t": {"base": "b@1"}}}' > "$tmp/good.json"
+echo 'e2b_00' > "$tmp/goodkeys"
+common=(--connect 127.0.0.1:1 --listen 127.0.0.1:0)
+expect_refused "a bad key line" "badkeys:2: not an API key" "${common[@]}" --templates "$tmp/good.json" --keys "$tmp/badkeys"
+expect_refused "an unknown template field" "template 't': unknown field 'colour'" "${common[@]}" --templates "$tmp/bad1.json" --keys "$tmp/goodkeys"
+expect_refused "a bad size" "template 't': memory" "${common[@]}" --templates "$tmp/bad2.json" --keys "$tmp/goodkeys"
+expect_refused "no base" "template 't': base is required" "${common[@]}" --templates "$tmp/bad3.json" --keys "$tmp/goodkeys"
+expect_refused "not JSON" "not JSON" "${common[@]}" --templates "$tmp/bad4.json" --keys "$tmp/goodkeys"
+expect_refused "a missing file" "cannot read" "${common[@]}" --templates "$tmp/none.json" --keys "$tmp/goodkeys"
+expect_refused "no --keys" "are required" --connect 127.0.0.1:1 --listen 127.0.0.1:0 --templates "$tmp/good.json"
+expect_refused "a bad --listen" "--listen" --connect 127.0.0.1:1 --listen nowhere --templates "$tmp/good.json" --keys "$tmp/goodkeys"
+expect_refused "no daemon" "--connect 127.0.0.1:1" "${common[@]}" --templates "$tmp/good.json" --keys "$tmp/goodkeys"
+
 "$DSECD_BIN" --listen 127.0.0.1:0 --state "$state" >"$tmp/dsecd.out" 2>"$tmp/dsecd.out.err" &
 dsecd_pid=$!
 wait_for "$tmp/dsecd.out" " (state " "$dsecd_pid" dsecd
