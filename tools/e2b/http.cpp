@@ -91,12 +91,24 @@ private:
     bool last;
   };
 
+  // A request must arrive whole within this long of the last response (or of
+  // the connection): an idle or trickling client is cut off.
+  static constexpr auto request_timeout = std::chrono::seconds(300);
+
   void read() {
     parser_.emplace();
     parser_->body_limit(limit_);
     parser_->header_limit(64 * 1024);
+    timer_.expires_after(request_timeout);
+    timer_.async_wait([self = shared_from_this()](beast::error_code ec) {
+      if (ec)
+        return; // cancelled: the request came
+      beast::error_code ignore;
+      self->sock_.close(ignore);
+    });
     bhttp::async_read(sock_, buf_, *parser_,
                       [self = shared_from_this()](beast::error_code ec, size_t) {
+                        self->timer_.cancel();
                         self->on_read(ec);
                       });
   }
