@@ -59,6 +59,15 @@ test('garbage requests get a clear 4xx and the gateway goes on', async () => {
     const unary = await fetch(process.env.E2B_SANDBOX_URL + '/filesystem.Filesystem/Stat', { method: 'POST', headers: { ...hdr, 'Content-Type': 'application/json' }, body: '[1,2' })
     assert.equal(unary.status, 400)
     assert.equal((await unary.json()).code, 'invalid_argument')
+    // a chunked request body, by hand
+    const url = new URL(process.env.E2B_SANDBOX_URL)
+    const chunked = await rawRequest(`POST /files?path=/tmp/chunked HTTP/1.1\r\nHost: x\r\nConnection: close\r\n` +
+      `E2b-Sandbox-Id: ${sbx.sandboxId}\r\nX-Access-Token: ${sbx.envdAccessToken}\r\n` +
+      `Content-Type: application/octet-stream\r\nTransfer-Encoding: chunked\r\n\r\n` +
+      `6\r\nhello \r\n7\r\nchunked\r\n0\r\n\r\n`)
+    assert.match(chunked, /^HTTP\/1\.1 200/)
+    assert.equal(await sbx.files.read('/tmp/chunked'), 'hello chunked')
+    assert.equal(url.hostname, '127.0.0.1')
     assert.equal((await sbx.commands.run('echo still')).stdout, 'still\n')
   } finally {
     await sbx.kill()

@@ -146,6 +146,11 @@ test('files: write, read, list, exists, makeDir, rename, remove', async () => {
     // octet-stream upload (envd >= 0.5.7)
     await sbx.files.write('/tmp/octet.txt', 'by octet-stream', { useOctetStream: true })
     assert.equal(await sbx.files.read('/tmp/octet.txt'), 'by octet-stream')
+    // a stream body: an octet-stream upload sent chunked (Transfer-Encoding: chunked)
+    const parts = ['streamed ', 'in ', 'pieces']
+    const stream = new ReadableStream({ pull(c) { parts.length ? c.enqueue(new TextEncoder().encode(parts.shift())) : c.close() } })
+    await sbx.files.write('/tmp/streamed.txt', stream)
+    assert.equal(await sbx.files.read('/tmp/streamed.txt'), 'streamed in pieces')
     // several files in one multipart upload
     await sbx.files.write([{ path: '/tmp/m1', data: 'one' }, { path: '/tmp/m2', data: 'two' }])
     assert.equal((await sbx.commands.run('cat /tmp/m1 /tmp/m2')).stdout, 'onetwo')
