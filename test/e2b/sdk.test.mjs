@@ -111,6 +111,13 @@ test('background commands: list, connect, kill', async () => {
     assert.deepEqual(got, ['started\n'])
     assert.equal((await sbx.commands.list()).find((p) => p.pid === h.pid), undefined)
     assert.equal(await sbx.commands.kill(h.pid), false)
+    // kill takes the command's process group: its children too.
+    const g = await sbx.commands.run('sleep 501 & sleep 502 & wait', { background: true })
+    await sbx.commands.run('while ! ps | grep -q "[s]leep 502"; do sleep 0.05; done')
+    assert.equal(await g.kill(), true)
+    await assert.rejects(g.wait())
+    const ps = await sbx.commands.run('ps')
+    assert.doesNotMatch(ps.stdout, /sleep 50[12]/)
     // A finished background command's result.
     const q = await sbx.commands.run('echo bg-done', { background: true })
     const qr = await q.wait()

@@ -1213,10 +1213,12 @@ void gateway::impl::signal(std::shared_ptr<sandbox> s, const json& body,
       return connect_error(*r, "invalid_argument", "signal must be SIGNAL_SIGKILL or SIGNAL_SIGTERM");
   }
   // The pid file is written as the command starts: wait for it (at most 5 s).
+  // The command's process group first (no "--": busybox's kill reports it as a
+  // bad pid after signalling, and a retry on the reaped pid then failed).
   script(*s,
          "f=/tmp/.dsec-e2b/$1; i=0; while [ ! -s $f ] && [ $i -lt 50 ]; do sleep 0.1; "
          "i=$((i+1)); done; p=$(cat $f 2>/dev/null) || exit 3; "
-         "kill -s $2 -- -$p 2>/dev/null || kill -s $2 $p || exit 6",
+         "kill -s $2 -$p 2>/dev/null || kill -s $2 $p || exit 6",
          {std::to_string(pid), sig}, [this, s, r, pid](expected<exec_result> res) {
            if (!res) {
              if (sandbox_gone(res.error_value()))
