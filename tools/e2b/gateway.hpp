@@ -28,7 +28,7 @@ struct template_def {
 /// Reads a template file: {"templates": {"NAME": {"base": "N@V", "workdir":
 /// "N@V", "tools": ["N@V"], "memory": "1g", "disk": "1g", "cpus": 1, "pids":
 /// 256, "network": "none"|"loopback"|{"allow": [...], "deny": [...]}, "cwd":
-/// "/"}}}. The error names the template and the field.
+/// "/", "backend": "container"}}}. The error names the template and the field.
 expected<std::map<std::string, template_def>> load_templates(const std::string& path);
 
 /// Reads a keys file: one API key a line (e2b_ and hex digits); blank lines and
