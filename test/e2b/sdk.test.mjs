@@ -1,0 +1,314 @@
+// The e2b SDK, unchanged, against dsec-e2b (run by test/e2b/run.sh).
+import { test } from 'node:test'
+import assert from 'node:assert/strict'
+import { execFileSync } from 'node:child_process'
+import { Sandbox, CommandExitError, NotFoundError, SandboxNotFoundError, AuthenticationError } from 'e2b'
+
+const api = process.env.E2B_API_URL
+const key = process.env.E2B_API_KEY
+const otherKey = process.env.E2B_OTHER_API_KEY
+
+async function rest(method, path, body, apiKey = key) {
+  const res = await fetch(api + path, {
+    method,
+    headers: { 'X-API-KEY': apiKey, 'Content-Type': 'application/json' },
+    body: body === undefined ? undefined : JSON.stringify(body),
+  })
+  const text = await res.text()
+  return { status: res.status, headers: res.headers, json: text ? JSON.parse(text) : undefined }
+}
+
+test('create (POST /v2/sandboxes through the SDK), run a command, kill', async () => {
+  const sbx = await Sandbox.create('base', { timeoutMs: 120_000, metadata: { run: 'one' }, envs: { GREETING: 'hello' } })
+  try {
+    assert.match(sbx.sandboxId, /\S+/)
+    const r = await sbx.commands.run('echo "$GREETING from $(pwd)"; echo oops >&2')
+    assert.equal(r.exitCode, 0)
+    assert.equal(r.stdout, 'hello from /root\n')
+    assert.equal(r.stderr, 'oops\n')
+    const info = await sbx.getInfo()
+    assert.equal(info.sandboxId, sbx.sandboxId)
+    assert.equal(info.templateId, 'base')
+    assert.deepEqual(info.metadata, { run: 'one' })
+    assert.equal(info.state, 'running')
+    assert.equal(await sbx.isRunning(), true)
+  } finally {
+    assert.equal(await sbx.kill(), true)
+  }
+  assert.equal(await Sandbox.kill(sbx.sandboxId), false)
+  assert.equal(await sbx.isRunning(), false)
+})
+
+test('create through POST /sandboxes (v1), then Sandbox.connect', async () => {
+  const r = await rest('POST', '/sandboxes', { templateID: 'base', timeout: 60 })
+  assert.equal(r.status, 201)
+  for (const f of ['sandboxID', 'templateID', 'clientID', 'envdVersion', 'envdAccessToken'])
+    assert.ok(r.json[f], `the answer has ${f}`)
+  assert.equal(r.json.templateID, 'base')
+  const sbx = await Sandbox.connect(r.json.sandboxID)
+  try {
+    const out = await sbx.commands.run('echo connected')
+    assert.equal(out.stdout, 'connected\n')
+  } finally {
+    await sbx.kill()
+  }
+})
+
+test('exit codes: a failing command throws CommandExitError with its code', async () => {
+  const sbx = await Sandbox.create('base')
+  try {
+    await assert.rejects(sbx.commands.run('echo partial; exit 3'), (e) => {
+      assert.ok(e instanceof CommandExitError)
+      assert.equal(e.exitCode, 3)
+      assert.equal(e.stdout, 'partial\n')
+      return true
+    })
+    const r = await sbx.commands.run('true')
+    assert.equal(r.exitCode, 0)
+    // bash -l -c: a login shell, bash syntax
+    const b = await sbx.commands.run('arr=(a b c); echo ${#arr[@]} $BASH_VERSION | cut -c1-3')
+    assert.equal(b.stdout, '3 5\n')
+  } finally {
+    await sbx.kill()
+  }
+})
+
+test('stdout and stderr stream as they come, in order', async () => {
+  const sbx = await Sandbox.create('base')
+  try {
+    const events = []
+    const r = await sbx.commands.run('for i in 1 2 3; do echo out$i; echo err$i >&2; sleep 0.2; done', {
+      onStdout: (d) => events.push(['out', d]),
+      onStderr: (d) => events.push(['err', d]),
+    })
+    assert.equal(r.stdout, 'out1\nout2\nout3\n')
+    assert.equal(r.stderr, 'err1\nerr2\nerr3\n')
+    const outs = events.filter((e) => e[0] === 'out').map((e) => e[1]).join('')
+    assert.equal(outs, r.stdout)
+    // More than one piece arrived: they were streamed, not collected at the end.
+    assert.ok(events.filter((e) => e[0] === 'out').length >= 2, JSON.stringify(events))
+  } finally {
+    await sbx.kill()
+  }
+})
+
+test('background commands: list, connect, kill', async () => {
+  const sbx = await Sandbox.create('base')
+  try {
+    const got = []
+    const h = await sbx.commands.run('echo started; sleep 600', { background: true, onStdout: (d) => got.push(d) })
+    assert.ok(h.pid > 0)
+    const list = await sbx.commands.list()
+    const mine = list.find((p) => p.pid === h.pid)
+    assert.ok(mine, JSON.stringify(list))
+    assert.equal(mine.cmd, '/bin/bash')
+    assert.deepEqual(mine.args, ['-l', '-c', 'echo started; sleep 600'])
+    const again = await sbx.commands.connect(h.pid)
+    assert.equal(again.pid, h.pid)
+    assert.equal(await h.kill(), true)
+    await assert.rejects(h.wait(), (e) => e instanceof CommandExitError && e.exitCode !== 0)
+    await assert.rejects(again.wait(), (e) => e instanceof CommandExitError)
+    assert.deepEqual(got, ['started\n'])
+    assert.equal((await sbx.commands.list()).find((p) => p.pid === h.pid), undefined)
+    assert.equal(await sbx.commands.kill(h.pid), false)
+    // kill takes the command's process group: its children too.
+    const g = await sbx.commands.run('sleep 501 & sleep 502 & wait', { background: true })
+    await sbx.commands.run('while ! ps | grep -q "[s]leep 502"; do sleep 0.05; done')
+    assert.equal(await g.kill(), true)
+    await assert.rejects(g.wait())
+    const ps = await sbx.commands.run('ps')
+    assert.doesNotMatch(ps.stdout, /sleep 50[12]/)
+    // A finished background command's result.
+    const q = await sbx.commands.run('echo bg-done', { background: true })
+    const qr = await q.wait()
+    assert.equal(qr.stdout, 'bg-done\n')
+  } finally {
+    await sbx.kill()
+  }
+})
+
+test('a command timeout (connect-timeout-ms) ends the command', async () => {
+  const sbx = await Sandbox.create('base')
+  try {
+    await assert.rejects(sbx.commands.run('sleep 600', { timeoutMs: 1000 }))
+    // The sandbox goes on serving.
+    assert.equal((await sbx.commands.run('echo after')).stdout, 'after\n')
+  } finally {
+    await sbx.kill()
+  }
+})
+
+test('files: write, read, list, exists, makeDir, rename, remove', async () => {
+  const sbx = await Sandbox.create('base')
+  try {
+    const info = await sbx.files.write('/tmp/a.txt', 'hello file')
+    assert.equal(info.path, '/tmp/a.txt')
+    assert.equal(await sbx.files.read('/tmp/a.txt'), 'hello file')
+    // Relative paths resolve against the template's cwd (/root).
+    await sbx.files.write('rel.txt', 'relative')
+    assert.equal((await sbx.commands.run('cat /root/rel.txt')).stdout, 'relative')
+    // Missing parents are made.
+    await sbx.files.write('/tmp/x/y/z.bin', new Uint8Array([0, 1, 2, 255]))
+    assert.deepEqual([...(await sbx.files.read('/tmp/x/y/z.bin', { format: 'bytes' }))], [0, 1, 2, 255])
+    // octet-stream upload (envd >= 0.5.7)
+    await sbx.files.write('/tmp/octet.txt', 'by octet-stream', { useOctetStream: true })
+    assert.equal(await sbx.files.read('/tmp/octet.txt'), 'by octet-stream')
+    // a stream body: an octet-stream upload sent chunked (Transfer-Encoding: chunked)
+    const parts = ['streamed ', 'in ', 'pieces']
+    const stream = new ReadableStream({ pull(c) { parts.length ? c.enqueue(new TextEncoder().encode(parts.shift())) : c.close() } })
+    await sbx.files.write('/tmp/streamed.txt', stream)
+    assert.equal(await sbx.files.read('/tmp/streamed.txt'), 'streamed in pieces')
+    // several files in one multipart upload
+    await sbx.files.write([{ path: '/tmp/m1', data: 'one' }, { path: '/tmp/m2', data: 'two' }])
+    assert.equal((await sbx.commands.run('cat /tmp/m1 /tmp/m2')).stdout, 'onetwo')
+    // a large file
+    const big = 'x'.repeat(3 << 20)
+    await sbx.files.write('/tmp/big', big)
+    assert.equal((await sbx.files.read('/tmp/big')).length, big.length)
+    // a file written by a command
+    await sbx.commands.run('printf "from cmd" > /tmp/c.txt')
+    assert.equal(await sbx.files.read('/tmp/c.txt'), 'from cmd')
+
+    const entries = await sbx.files.list('/tmp')
+    const names = entries.map((e) => e.name)
+    for (const n of ['a.txt', 'x', 'octet.txt', 'c.txt']) assert.ok(names.includes(n), names.join(','))
+    const a = entries.find((e) => e.name === 'a.txt')
+    assert.equal(a.type, 'file')
+    assert.equal(a.path, '/tmp/a.txt')
+    assert.equal(a.size, 10)
+    assert.equal(entries.find((e) => e.name === 'x').type, 'dir')
+
+    assert.equal(await sbx.files.exists('/tmp/a.txt'), true)
+    assert.equal(await sbx.files.exists('/tmp/nope'), false)
+    assert.equal(await sbx.files.makeDir('/tmp/newdir/sub'), true)
+    assert.equal(await sbx.files.makeDir('/tmp/newdir/sub'), false)
+    const st = await sbx.files.getInfo('/tmp/newdir/sub')
+    assert.equal(st.type, 'dir')
+    const moved = await sbx.files.rename('/tmp/a.txt', '/tmp/newdir/b.txt')
+    assert.equal(moved.path, '/tmp/newdir/b.txt')
+    assert.equal(await sbx.files.read('/tmp/newdir/b.txt'), 'hello file')
+    await sbx.files.remove('/tmp/newdir')
+    assert.equal(await sbx.files.exists('/tmp/newdir'), false)
+
+    await assert.rejects(sbx.files.read('/tmp/does-not-exist'), (e) => e instanceof NotFoundError)
+    await assert.rejects(sbx.files.list('/tmp/does-not-exist'), (e) => e instanceof NotFoundError)
+  } finally {
+    await sbx.kill()
+  }
+})
+
+test('setTimeout moves endAt; Sandbox.list pages; connect sees the same sandbox', async () => {
+  const sbxs = await Promise.all([1, 2, 3].map((i) => Sandbox.create('base', { timeoutMs: 60_000, metadata: { batch: 'list', i: String(i) } })))
+  try {
+    const before = (await sbxs[0].getInfo()).endAt
+    await sbxs[0].setTimeout(600_000)
+    const after = (await sbxs[0].getInfo()).endAt
+    assert.ok(after.getTime() > before.getTime() + 500_000, `${before} -> ${after}`)
+
+    // paging: limit 2 gives a next token
+    const pager = Sandbox.list({ limit: 2, query: { metadata: { batch: 'list' } } })
+    const seen = []
+    while (pager.hasNext) seen.push(...(await pager.nextItems()))
+    assert.deepEqual(seen.map((s) => s.sandboxId).sort(), sbxs.map((s) => s.sandboxId).sort())
+    assert.equal(seen[0].state, 'running')
+    assert.equal(seen[0].templateId, 'base')
+
+    // connect: the same sandbox, its files
+    await sbxs[1].files.write('/tmp/mark', 'same')
+    const c = await Sandbox.connect(sbxs[1].sandboxId)
+    assert.equal(await c.files.read('/tmp/mark'), 'same')
+  } finally {
+    await Promise.all(sbxs.map((s) => s.kill()))
+  }
+})
+
+test('pause and resume (the cgroup freezer)', async () => {
+  const sbx = await Sandbox.create('base')
+  try {
+    await sbx.files.write('/tmp/kept', 'kept')
+    assert.equal(await sbx.pause(), true)
+    assert.equal(await sbx.pause(), false)
+    assert.equal((await sbx.getInfo()).state, 'paused')
+    const back = await Sandbox.connect(sbx.sandboxId)
+    assert.equal((await back.getInfo()).state, 'running')
+    assert.equal(await back.files.read('/tmp/kept'), 'kept')
+  } finally {
+    await sbx.kill()
+  }
+})
+
+test('errors: unknown sandbox, bad key, another key\'s sandbox, unknown template', async () => {
+  await assert.rejects(Sandbox.connect('no-such-sandbox'), (e) => e instanceof SandboxNotFoundError || e instanceof NotFoundError)
+  await assert.rejects(Sandbox.getInfo('no-such-sandbox'), (e) => e instanceof SandboxNotFoundError || e instanceof NotFoundError)
+  await assert.rejects(Sandbox.create('base', { apiKey: 'e2b_00' }), (e) => e instanceof AuthenticationError)
+  await assert.rejects(Sandbox.create('no-such-template'), (e) => /no-such-template/.test(e.message))
+
+  const sbx = await Sandbox.create('base')
+  try {
+    // The other key cannot see it, connect to it, extend or kill it.
+    const theirs = []
+    const pager = Sandbox.list({ apiKey: otherKey })
+    while (pager.hasNext) theirs.push(...(await pager.nextItems()))
+    assert.equal(theirs.find((s) => s.sandboxId === sbx.sandboxId), undefined)
+    await assert.rejects(Sandbox.connect(sbx.sandboxId, { apiKey: otherKey }), (e) => e instanceof SandboxNotFoundError || e instanceof NotFoundError)
+    await assert.rejects(Sandbox.setTimeout(sbx.sandboxId, 10_000, { apiKey: otherKey }))
+    assert.equal(await Sandbox.kill(sbx.sandboxId, { apiKey: otherKey }), false)
+    assert.equal(await sbx.isRunning(), true)
+
+    // The envd endpoint wants the sandbox's access token.
+    const wrong = await fetch(api + '/files?path=/etc/passwd', { headers: { 'E2b-Sandbox-Id': sbx.sandboxId, 'X-Access-Token': 'wrong' } })
+    assert.equal(wrong.status, 401)
+    const none = await fetch(api + '/files?path=/etc/passwd', { headers: { 'E2b-Sandbox-Id': sbx.sandboxId } })
+    assert.equal(none.status, 401)
+    // The SDK itself, with a forged token: AuthenticationError everywhere.
+    const forged = new Sandbox({ ...sbx.connectionConfig, sandboxId: sbx.sandboxId, envdAccessToken: 'forged', envdVersion: '0.5.7' })
+    await assert.rejects(forged.commands.run('echo no'), (e) => e instanceof AuthenticationError)
+    await assert.rejects(forged.files.read('/etc/passwd'), (e) => e instanceof AuthenticationError)
+    await assert.rejects(forged.files.list('/etc'), (e) => e instanceof AuthenticationError)
+    await assert.rejects(forged.files.write('/tmp/x', 'x'), (e) => e instanceof AuthenticationError)
+
+    // bad bodies
+    const bad = await fetch(api + '/v2/sandboxes', { method: 'POST', headers: { 'X-API-KEY': key, 'Content-Type': 'application/json' }, body: '{not json' })
+    assert.equal(bad.status, 400)
+    assert.equal((await bad.json()).code, 400)
+    const badTimeout = await rest('POST', '/v2/sandboxes', { templateID: 'base', timeout: -5 })
+    assert.equal(badTimeout.status, 400)
+    assert.match(badTimeout.json.message, /timeout/)
+  } finally {
+    await sbx.kill()
+  }
+})
+
+test('a sandbox destroyed behind the gateway: the SDK shows an error', async () => {
+  const sbx = await Sandbox.create('base')
+  execFileSync(process.env.DSEC_BIN, ['--connect', process.env.DSEC_CONNECT, 'rm', sbx.sandboxId])
+  await assert.rejects(sbx.commands.run('echo gone'))
+  assert.equal(await sbx.isRunning(), false)
+  assert.equal(await Sandbox.kill(sbx.sandboxId), false)
+})
+
+test('envdVersion 0.5.7 and the SDK paths it selects', async () => {
+  const r = await rest('POST', '/v2/sandboxes', { templateID: 'base' })
+  assert.equal(r.status, 201)
+  assert.equal(r.json.envdVersion, '0.5.7')
+  const sbx = await Sandbox.connect(r.json.sandboxID)
+  try {
+    // >= 0.4.0: no default user; a user given is accepted (commands run as the sandbox's root)
+    assert.equal((await sbx.commands.run('id -u', { user: 'root' })).stdout, '0\n')
+    // >= 0.3.0: the stdin flag may be sent
+    assert.equal((await sbx.commands.run('echo x', { stdin: false })).stdout, 'x\n')
+    // >= 0.5.2: closeStdin is a CloseStdin call, which dsec-e2b refuses clearly
+    const h = await sbx.commands.run('sleep 30', { background: true, stdin: true })
+    await assert.rejects(h.closeStdin(), /CloseStdin/)
+    await assert.rejects(h.sendStdin('data'), /SendInput/)
+    await h.kill()
+    // no PTY: a clear error
+    await assert.rejects(sbx.pty.create({ cols: 80, rows: 24 }), /PTY/)
+    // >= 0.5.7: octet-stream uploads (tested in 'files'); gzip uploads are refused clearly
+    await assert.rejects(sbx.files.write('/tmp/gz', 'data', { gzip: true }), /Content-Encoding/)
+  } finally {
+    await sbx.kill()
+  }
+})
+
+test('not implemented by dsec-e2b: PTY, stdin, watchDir', { skip: 'dsec-e2b has no PTY, no stdin after start and no WatchDir (docs/e2b.md)' }, () => {})

@@ -1,0 +1,417 @@
+// dsec-e2b's HTTP server over Boost.Beast (see http.hpp). Each connection lives
+// on its own strand: reads, writes, the keepalive timer and answers handed in
+// from other threads are serialised there.
+#include "tools/e2b/http.hpp"
+
+#include <boost/asio/bind_executor.hpp>
+#include <boost/asio/dispatch.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/strand.hpp>
+#include <boost/asio/write.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+
+#include <atomic>
+#include <cctype>
+#include <deque>
+#include <optional>
+#include <thread>
+
+namespace dsec::e2b {
+
+namespace net = boost::asio;
+namespace beast = boost::beast;
+namespace bhttp = boost::beast::http;
+using tcp = net::ip::tcp;
+
+namespace {
+
+int hexval(char c) {
+  if (c >= '0' && c <= '9')
+    return c - '0';
+  if (c >= 'a' && c <= 'f')
+    return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F')
+    return c - 'A' + 10;
+  return -1;
+}
+
+// Percent-decoding of a URL component ('+' is a space in a query).
+std::string decode(std::string_view s, bool query) {
+  std::string out;
+  out.reserve(s.size());
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '%' && i + 2 < s.size() &&
+        hexval(s[i + 1]) >= 0 && hexval(s[i + 2]) >= 0) {
+      out.push_back(static_cast<char>(hexval(s[i + 1]) * 16 + hexval(s[i + 2])));
+      i += 2;
+    } else if (query && s[i] == '+') {
+      out.push_back(' ');
+    } else {
+      out.push_back(s[i]);
+    }
+  }
+  return out;
+}
+
+class connection : public std::enable_shared_from_this<connection> {
+public:
+  connection(tcp::socket s, const handler& h, uint64_t limit)
+    : sock_(std::move(s)), timer_(sock_.get_executor()), handler_(h), limit_(limit) {}
+
+  void start() { read(); }
+
+  // ---- called on the strand -------------------------------------------------------
+  using job = std::function<void(std::function<void(beast::error_code)>)>;
+
+  void push(job j, bool last) {
+    if (broken_ || done_)
+      return;
+    if (last)
+      done_ = true;
+    queue_.push_back({std::move(j), last});
+    if (!writing_)
+      next_write();
+  }
+
+  bool keep_alive_ = true;
+  bool broken_ = false;     // a write failed
+  bool done_ = false;       // the response's last part is queued
+  bool started_ = false;    // a response was begun
+  unsigned generation_ = 0; // the request being answered
+  tcp::socket sock_;
+  net::steady_timer timer_;
+
+private:
+  struct item {
+    job j;
+    bool last;
+  };
+
+  // A request must arrive whole within this long of the last response (or of
+  // the connection): an idle or trickling client is cut off.
+  static constexpr auto request_timeout = std::chrono::seconds(300);
+
+  void read() {
+    parser_.emplace();
+    parser_->body_limit(limit_);
+    parser_->header_limit(64 * 1024);
+    timer_.expires_after(request_timeout);
+    timer_.async_wait([self = shared_from_this()](beast::error_code ec) {
+      if (ec)
+        return; // cancelled: the request came
+      beast::error_code ignore;
+      self->sock_.close(ignore);
+    });
+    bhttp::async_read(sock_, buf_, *parser_,
+                      [self = shared_from_this()](beast::error_code ec, size_t) {
+                        self->timer_.cancel();
+                        self->on_read(ec);
+                      });
+  }
+
+  void on_read(beast::error_code ec);
+
+  void next_write() {
+    if (queue_.empty() || broken_) {
+      writing_ = false;
+      return;
+    }
+    writing_ = true;
+    auto it = std::move(queue_.front());
+    queue_.pop_front();
+    it.j([self = shared_from_this(), last = it.last](beast::error_code ec) {
+      if (ec) {
+        self->broken_ = true;
+        self->queue_.clear();
+        self->timer_.cancel();
+        beast::error_code ignore;
+        self->sock_.shutdown(tcp::socket::shutdown_both, ignore);
+        self->sock_.close(ignore);
+        self->writing_ = false;
+        return;
+      }
+      if (last) {
+        self->timer_.cancel();
+        self->writing_ = false;
+        if (self->keep_alive_) {
+          self->read();
+        } else {
+          beast::error_code ignore;
+          self->sock_.shutdown(tcp::socket::shutdown_send, ignore);
+        }
+        return;
+      }
+      self->next_write();
+    });
+  }
+
+  beast::flat_buffer buf_;
+  std::optional<bhttp::request_parser<bhttp::string_body>> parser_;
+  std::deque<item> queue_;
+  bool writing_ = false;
+  const handler& handler_;
+  uint64_t limit_;
+};
+
+class conn_responder : public responder {
+public:
+  conn_responder(std::shared_ptr<connection> c, unsigned version, bool keep_alive)
+    : c_(std::move(c)), version_(version), keep_alive_(keep_alive) {}
+
+  void reply(int status, const std::string& content_type, std::string body,
+             header_list extra) override {
+    auto res = std::make_shared<bhttp::response<bhttp::string_body>>(
+      static_cast<bhttp::status>(status), version_);
+    res->set(bhttp::field::server, "dsec-e2b");
+    if (!content_type.empty())
+      res->set(bhttp::field::content_type, content_type);
+    for (auto& [k, v] : extra)
+      res->set(k, v);
+    res->body() = std::move(body);
+    res->keep_alive(keep_alive_);
+    res->prepare_payload();
+    on_strand([res](connection& c) {
+      if (c.started_)
+        return;
+      c.started_ = true;
+      c.push(
+        [&c, res](auto k) {
+          bhttp::async_write(c.sock_, *res, [res, k](beast::error_code ec, size_t) { k(ec); });
+        },
+        true);
+    });
+  }
+
+  void start_stream(int status, const std::string& content_type) override {
+    auto res = std::make_shared<bhttp::response<bhttp::empty_body>>(
+      static_cast<bhttp::status>(status), version_);
+    res->set(bhttp::field::server, "dsec-e2b");
+    res->set(bhttp::field::content_type, content_type);
+    res->keep_alive(keep_alive_);
+    res->chunked(true);
+    on_strand([res](connection& c) {
+      if (c.started_)
+        return;
+      c.started_ = true;
+      auto sr = std::make_shared<bhttp::response_serializer<bhttp::empty_body>>(*res);
+      c.push(
+        [&c, res, sr](auto k) {
+          bhttp::async_write_header(c.sock_, *sr,
+                                    [res, sr, k](beast::error_code ec, size_t) { k(ec); });
+        },
+        false);
+    });
+  }
+
+  void write(std::string data) override {
+    if (data.empty())
+      return;
+    auto d = std::make_shared<std::string>(std::move(data));
+    on_strand([d](connection& c) {
+      if (!c.started_)
+        return;
+      c.push(
+        [&c, d](auto k) {
+          net::async_write(c.sock_, bhttp::make_chunk(net::buffer(*d)),
+                           [d, k](beast::error_code ec, size_t) { k(ec); });
+        },
+        false);
+    });
+  }
+
+  void keepalive(std::chrono::milliseconds every, std::string data) override {
+    auto d = std::make_shared<std::string>(std::move(data));
+    auto self = std::static_pointer_cast<conn_responder>(shared_from_this_());
+    on_strand([self, every, d](connection&) { self->arm(every, d); });
+  }
+
+  void finish() override {
+    on_strand([](connection& c) {
+      if (!c.started_)
+        return;
+      c.push(
+        [&c](auto k) {
+          net::async_write(c.sock_, bhttp::make_chunk_last(),
+                           [k](beast::error_code ec, size_t) { k(ec); });
+        },
+        true);
+    });
+  }
+
+  [[nodiscard]] bool gone() const override { return gone_.load(); }
+
+  std::weak_ptr<conn_responder> self_;
+
+private:
+  std::shared_ptr<responder> shared_from_this_() { return self_.lock(); }
+
+  void arm(std::chrono::milliseconds every, std::shared_ptr<std::string> d) {
+    auto& c = *c_;
+    if (c.done_ || c.broken_ || c.generation_ != version_gen_)
+      return;
+    c.timer_.expires_after(every);
+    auto self = self_.lock();
+    c.timer_.async_wait(net::bind_executor(
+      c.sock_.get_executor(), [self, every, d](beast::error_code ec) {
+        if (ec || !self)
+          return;
+        auto& c = *self->c_;
+        if (c.done_ || c.broken_)
+          return;
+        self->write(*d);
+        self->arm(every, d);
+      }));
+  }
+
+  template <class F>
+  void on_strand(F f) {
+    net::dispatch(c_->sock_.get_executor(), [c = c_, f = std::move(f), this,
+                                             keep = self_.lock()]() mutable {
+      if (c->generation_ != version_gen_)
+        return; // an answer to a request already answered
+      f(*c);
+      if (c->broken_)
+        gone_ = true;
+    });
+  }
+
+public:
+  unsigned version_gen_ = 0;
+
+private:
+  std::shared_ptr<connection> c_;
+  unsigned version_;
+  bool keep_alive_;
+  std::atomic<bool> gone_{false};
+};
+
+void connection::on_read(beast::error_code ec) {
+  if (ec == bhttp::error::end_of_stream || ec == net::error::eof ||
+      ec == net::error::connection_reset || ec == net::error::operation_aborted) {
+    beast::error_code ignore;
+    sock_.shutdown(tcp::socket::shutdown_send, ignore);
+    return;
+  }
+  ++generation_;
+  started_ = false;
+  done_ = false;
+  if (ec) {
+    // Garbage: a clear 400 (or 413), then close.
+    keep_alive_ = false;
+    auto r = std::make_shared<conn_responder>(shared_from_this(), 11, false);
+    r->self_ = r;
+    r->version_gen_ = generation_;
+    int status = ec == bhttp::error::body_limit ? 413 : 400;
+    std::string msg = status == 413 ? "request body too large" : "bad HTTP request: " + ec.message();
+    r->reply(status, "application/json",
+             std::string{"{\"code\":"} + std::to_string(status) + ",\"message\":\"" + msg + "\"}",
+             {});
+    return;
+  }
+  auto msg = parser_->release();
+  keep_alive_ = msg.keep_alive();
+  http_request req;
+  req.method = std::string(msg.method_string().data(), msg.method_string().size());
+  std::string_view target{msg.target().data(), msg.target().size()};
+  auto q = target.find('?');
+  req.path = decode(target.substr(0, q), false);
+  if (q != std::string_view::npos) {
+    auto rest = target.substr(q + 1);
+    while (!rest.empty()) {
+      auto amp = rest.find('&');
+      auto part = rest.substr(0, amp);
+      auto eq = part.find('=');
+      if (!part.empty())
+        req.query[decode(part.substr(0, eq), true)] =
+          eq == std::string_view::npos ? std::string{} : decode(part.substr(eq + 1), true);
+      if (amp == std::string_view::npos)
+        break;
+      rest = rest.substr(amp + 1);
+    }
+  }
+  for (auto& f : msg) {
+    std::string name(f.name_string().data(), f.name_string().size());
+    for (auto& ch : name)
+      ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    req.headers[name] = std::string(f.value().data(), f.value().size());
+  }
+  req.body = std::move(msg.body());
+  auto r = std::make_shared<conn_responder>(shared_from_this(), msg.version(), keep_alive_);
+  r->self_ = r;
+  r->version_gen_ = generation_;
+  try {
+    handler_(std::move(req), r);
+  } catch (const std::exception& e) {
+    r->reply(500, "application/json",
+             std::string{"{\"code\":500,\"message\":\"internal error\"}"}, {});
+  }
+}
+
+} // namespace
+
+struct server::impl {
+  net::io_context io;
+  tcp::acceptor acceptor{io};
+  handler h;
+  server_options o;
+  std::vector<std::thread> threads;
+
+  void accept() {
+    acceptor.async_accept(net::make_strand(io), [this](beast::error_code ec, tcp::socket s) {
+      if (ec == net::error::operation_aborted)
+        return;
+      if (!ec) {
+        beast::error_code ignore;
+        s.set_option(tcp::no_delay{true}, ignore);
+        std::make_shared<connection>(std::move(s), h, o.body_limit)->start();
+      }
+      accept();
+    });
+  }
+};
+
+expected<std::unique_ptr<server>> server::listen(const server_options& o, handler h) {
+  auto p = std::make_unique<impl>();
+  p->h = std::move(h);
+  p->o = o;
+  beast::error_code ec;
+  auto addr = net::ip::make_address(o.host, ec);
+  if (ec)
+    return make_error(errc::invalid_argument, "--listen: '" + o.host + "' is not an IP address");
+  tcp::endpoint ep{addr, o.port};
+  p->acceptor.open(ep.protocol(), ec);
+  if (!ec)
+    p->acceptor.set_option(net::socket_base::reuse_address(true), ec);
+  if (!ec)
+    p->acceptor.bind(ep, ec);
+  if (!ec)
+    p->acceptor.listen(net::socket_base::max_listen_connections, ec);
+  if (ec)
+    return make_error(errc::system_error, "--listen " + o.host + ":" + std::to_string(o.port) +
+                                       ": " + ec.message());
+  p->accept();
+  return std::unique_ptr<server>(new server(std::move(p)));
+}
+
+server::server(std::unique_ptr<impl> p) : p_(std::move(p)) {}
+
+uint16_t server::port() const { return p_->acceptor.local_endpoint().port(); }
+
+void server::run() {
+  for (unsigned i = 1; i < std::max(1u, p_->o.threads); ++i)
+    p_->threads.emplace_back([this] { p_->io.run(); });
+  p_->io.run();
+  for (auto& t : p_->threads)
+    t.join();
+  p_->threads.clear();
+}
+
+void server::stop() { p_->io.stop(); }
+
+server::~server() = default;
+
+} // namespace dsec::e2b
