@@ -79,7 +79,7 @@ void count_failure(const std::string& backend, const char* reason, uint64_t n = 
 
 // The gauges a node contributes to, and what it contributed last.
 struct node_gauges {
-  static constexpr size_t n = 7;
+  static constexpr size_t n = 8;
   std::array<double, n> last{};
   static std::array<metrics::gauge*, n>& all() {
     static std::array<metrics::gauge*, n> g = [] {
@@ -94,7 +94,11 @@ struct node_gauges {
         &r.get_gauge("dsec_slots", "Sandboxes the nodes admit (slots x oversubscribe)."),
         &r.get_gauge("dsec_slots_used", "Slots in use (pooled sandboxes included)."),
         &r.get_gauge("dsec_nodes_cordoned", "Nodes of this process that admit nothing new "
-                                            "(cordoned or draining).")};
+                                            "(cordoned or draining)."),
+        &r.get_gauge("dsec_mailbox_messages",
+                     "Messages waiting in an actor's mailbox when it last looked (the "
+                     "nodes' summed).",
+                     {{"actor", "node"}})};
     }();
     return g;
   }
@@ -164,13 +168,14 @@ using self_ptr = node_actor::stateful_pointer<node_state>;
 uint32_t used_slots(const node_state& s);
 
 // Puts the node's levels into the process's gauges (after every change).
-void publish(node_state& s) {
+void publish(self_ptr self) {
+  auto& s = self->state;
   auto live = static_cast<double>(s.live.size());
   auto pooled = static_cast<double>(s.pools.size());
   s.gauges.publish({live - std::min(live, pooled), static_cast<double>(s.creating),
                     static_cast<double>(s.paused.size()), pooled,
                     static_cast<double>(s.admit_limit), static_cast<double>(used_slots(s)),
-                    s.cordoned ? 1.0 : 0.0});
+                    s.cordoned ? 1.0 : 0.0, static_cast<double>(self->mailbox().size())});
 }
 
 // Starts queued sandboxes while fewer than max_starting are being created.
@@ -325,7 +330,7 @@ void refill_pools(self_ptr self) {
     }
   }
   pump(self);
-  publish(s);
+  publish(self);
 }
 
 // A create's sandboxes from the pools, as far as they go: each claimed in one
@@ -468,7 +473,7 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
     st.backends.emplace(std::string{c->name()}, std::move(c));
   }
   start_pools(self);
-  publish(st);
+  publish(self);
   return {
     [=](spawn_atom, const internal_key& k, const environment& env, uint32_t count,
         const session_actor& session, const placement& pl) -> caf::result<internal_key, uint32_t> {
@@ -573,7 +578,7 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
       pump(self);
       if (claimed > 0)
         refill_pools(self);
-      publish(s);
+      publish(self);
       if (!pl.report_refusals)
         return {s.cfg.key, admitted + claimed}; // the cluster's scheduler places them elsewhere
       // Every sandbox asked for gets an answer; the ones without room now,
@@ -727,7 +732,7 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
                                                          + " was uncordoned while draining")));
         s.drain_waiters.clear();
       }
-      publish(s);
+      publish(self);
       return {s.cfg.key, static_cast<uint32_t>(s.live.size())};
     },
     [=](drain_atom, const internal_key& k,
@@ -741,7 +746,7 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
       }
       s.cordoned = true;
       evict_pooled(self, UINT32_MAX);
-      publish(s);
+      publish(self);
       auto had = static_cast<uint32_t>(s.live.size() - std::min<size_t>(s.live.size(),
                                                                          s.pools.size()));
       if (had == 0)
@@ -785,7 +790,7 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
             std::chrono::duration<double>(mclock::now() - it->second.admitted).count());
         }
         pump(self);
-        publish(s);
+        publish(self);
       }
     },
     [=](gone_atom, const internal_key& k, const std::string& id, bool was_created) {
@@ -815,7 +820,7 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
       s.pools.gone(id);
       check_shutdown(self);
       refill_pools(self);
-      publish(s);
+      publish(self);
     },
     [=](pool_atom, const internal_key& k, environment& env, uint32_t size,
         const session_actor& owner, const std::string& owner_id)
@@ -855,7 +860,7 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
       for (auto& [id, e] : s.live)
         caf::anon_send(e.handle, destroy_atom::value, s.cfg.key);
       check_shutdown(self);
-      publish(s);
+      publish(self);
       return rp;
     },
     [=](shutdown_atom, const internal_key& k) -> caf::result<uint32_t> {
@@ -886,7 +891,7 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
           caf::anon_send(e.handle, destroy_atom::value, s.cfg.key); // their replies are not ours to take
       }
       check_shutdown(self);
-      publish(s);
+      publish(self);
       return rp;
     },
     // ---- snapshots (issue 16) ----
@@ -898,7 +903,7 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
         s.paused.insert(id);
       else
         s.paused.erase(id);
-      publish(s);
+      publish(self);
     },
   };
 }

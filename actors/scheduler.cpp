@@ -140,6 +140,20 @@ struct scheduler_state {
 
 using self_ptr = scheduler_actor::stateful_pointer<scheduler_state>;
 
+// The scheduler's levels for /metrics: its sessions (not its default one) and
+// what waits in its mailbox, sampled by its busiest handlers.
+void publish(self_ptr self) {
+  auto& r = metrics::process_registry();
+  static auto& sessions = r.get_gauge("dsec_sessions", "Sessions open at the scheduler.");
+  static auto& mailbox = r.get_gauge(
+    "dsec_mailbox_messages",
+    "Messages waiting in an actor's mailbox when it last looked (the nodes' summed).",
+    {{"actor", "scheduler"}});
+  auto n = self->state.sessions.size();
+  sessions.set(static_cast<double>(n > 0 ? n - 1 : 0));
+  mailbox.set(static_cast<double>(self->mailbox().size()));
+}
+
 // The names of the backends a node's report offers.
 std::vector<std::string> offer_names(const node_report& rep) {
   std::vector<std::string> out;
@@ -583,6 +597,7 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
       sc.key = s.cfg.key;
       auto sess = spawn_session(self->system(), std::move(sc));
       s.sessions.emplace(id, sess);
+      publish(self);
       return {sess, id};
     },
     [=](resume_atom, const std::string& id,
@@ -620,6 +635,7 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
       sc.key = s.cfg.key;
       auto sess = spawn_session(self->system(), std::move(sc));
       s.sessions.emplace(id, sess);
+      publish(self);
       return {sess, id};
     },
     [=](lookup_atom, const std::string& id) -> caf::result<session_actor> {
@@ -638,6 +654,7 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
       auto& s = self->state;
       if (!genuine(k, process_key(), "place (scheduler)"))
         return refuse("place");
+      publish(self);
       if (!s.cfg.coordinator) {
         // One node: it gets everything (the node refuses what it has no slot for).
         return self->delegate(s.cfg.node, spawn_atom::value, s.cfg.key, std::move(env), count,
@@ -827,6 +844,7 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
         return not_coordinator(self);
       if (!genuine(k, s.cfg.key, "beat (scheduler)"))
         return refuse("beat");
+      publish(self);
       auto it = s.by_name.find(rep.name);
       if (it == s.by_name.end())
         return {s.cfg.key, false};
@@ -894,6 +912,7 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
       s.sessions.erase(session_id);
       std::erase_if(s.session_names, [&](const auto& kv) { return kv.second == session_id; });
       std::erase_if(s.resumed, [&](const auto& kv) { return kv.second == session_id; });
+      publish(self);
     },
     [=](pool_atom, environment& env, uint32_t size) -> caf::result<uint32_t> {
       if (!self->state.cfg.joined.empty())

@@ -7,7 +7,7 @@
 # runs dsec-load (create, `true`, destroy; EPISODES each) against a dsecd
 # without --metrics and one with --metrics 127.0.0.1:0 that a curl loop
 # scrapes every 100 ms (ten times Prometheus' usual 1 s), alternating which
-# goes first. Prints each run's creation rate and the ratio of the medians:
+# goes first, after a warm-up run that is not counted. Prints each run's creation rate and the ratio of the medians:
 # the peer is the same daemon without metrics, in the same run. Root, like
 # dsecd. Everything it made is removed at the end, also on failure.
 set -euo pipefail
@@ -62,6 +62,10 @@ run() { # on|off
   sed -n 's/.*"rate_per_s": \([0-9.]*\).*/\1/p' "$tmp/load.json"
 }
 
+# A first run warms what the first daemon on a state dir makes (the system
+# layer, page cache, cgroups); it is not counted.
+rate=$(run off)
+echo "warm-up, metrics off: $rate creates/s (not counted)"
 on=() off=()
 for r in $(seq "$rounds"); do
   if [ $((r % 2)) -eq 1 ]; then order=(off on); else order=(on off); fi

@@ -92,8 +92,14 @@ std::string format_value(double v) {
   char buf[64];
   if (v == std::floor(v) && std::fabs(v) < 9.0e15)
     std::snprintf(buf, sizeof buf, "%.0f", v);
-  else
-    std::snprintf(buf, sizeof buf, "%.17g", v);
+  else {
+    // The shortest of 15 to 17 digits that reads back as v.
+    for (int digits = 15; digits <= 17; ++digits) {
+      std::snprintf(buf, sizeof buf, "%.*g", digits, v);
+      if (std::strtod(buf, nullptr) == v)
+        break;
+    }
+  }
   return buf;
 }
 

@@ -12,6 +12,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -66,8 +67,8 @@ struct scoped_dir {
 };
 
 // The port dsecd printed for its metrics.
-uint16_t metrics_port(dsecd_proc& d) {
-  const std::string mark = "metrics on http://127.0.0.1:";
+uint16_t metrics_port(dsecd_proc& d, const std::string& scheme = "http") {
+  const std::string mark = "metrics on " + scheme + "://127.0.0.1:";
   REQUIRE_MESSAGE(d.bg.wait_for_output("/metrics (and"), "dsecd: " << d.bg.out() << d.bg.err());
   auto at = d.bg.out().find(mark);
   REQUIRE(at != std::string::npos);
@@ -387,4 +388,59 @@ TEST_CASE("dsec top: bad arguments exit 2 and name what was wrong") {
   CHECK(row[1] == "unreachable");
   CHECK(r.out.find("DAEMON") != r.out.rfind("DAEMON")); // two frames
   CHECK(r.out.find("\x1b[") == std::string::npos);
+}
+
+TEST_CASE("metrics: with --tls, /metrics needs a certificate of the daemon's CA, and the token") {
+  scoped_dir dir("metrics-tls");
+  auto certs = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), env_path("DSEC_TLS_CERTS"));
+    auto r = run_process(args);
+    REQUIRE_MESSAGE(r.status == 0, r.describe());
+  };
+  auto good = dir.path + "/good", other = dir.path + "/other";
+  certs({good});
+  certs({other});
+  auto token_file = dir.path + "/token";
+  {
+    std::ofstream f{token_file};
+    f << "a-token-of-some-length-0123\n";
+  }
+  REQUIRE(::chmod(token_file.c_str(), 0600) == 0);
+  dsecd_proc d({"--tls", good, "--metrics", "127.0.0.1:0", "--metrics-token", token_file});
+  auto mport = metrics_port(d, "https");
+  CHECK(d.bg.out().find("with a bearer token") != std::string::npos);
+  auto get = [&](const std::string& with, bool token) {
+    std::unique_ptr<httplib::SSLClient> c;
+    if (with.empty())
+      c = std::make_unique<httplib::SSLClient>("127.0.0.1", mport);
+    else
+      c = std::make_unique<httplib::SSLClient>("127.0.0.1", mport, with + "/cert.pem",
+                                               with + "/key.pem");
+    c->set_ca_cert_path((good + "/ca.pem").c_str());
+    c->enable_server_certificate_verification(true);
+    c->set_connection_timeout(std::chrono::seconds(5));
+    httplib::Headers h;
+    if (token)
+      h.emplace("Authorization", "Bearer a-token-of-some-length-0123");
+    return c->Get("/metrics", h);
+  };
+  auto ok = get(good, true);
+  REQUIRE_MESSAGE(ok, "no answer: " << httplib::to_string(ok.error()));
+  CHECK(ok->status == 200);
+  CHECK(ok->body.find("dsec_slots ") != std::string::npos);
+  auto no_token = get(good, false);
+  REQUIRE(no_token);
+  CHECK(no_token->status == 401);
+  CHECK_FALSE(get("", true));    // no client certificate: the handshake fails
+  CHECK_FALSE(get(other, true)); // one another CA signed: too
+  httplib::Client plain("127.0.0.1", mport);
+  auto p = plain.Get("/metrics");
+  CHECK((!p || p->status != 200));
+  // A token file open to others is refused before dsecd starts.
+  REQUIRE(::chmod(token_file.c_str(), 0644) == 0);
+  auto r = run_process({env_path("DSECD_BIN"), "--listen", "127.0.0.1:0", "--state",
+                        actor_layers(), "--metrics", "127.0.0.1:0", "--metrics-token",
+                        token_file});
+  CHECK(r.status == 1);
+  CHECK_MESSAGE(r.err.find("chmod 600") != std::string::npos, r.describe());
 }
