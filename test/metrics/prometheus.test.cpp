@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "runtime/metrics.hpp"
+#include "runtime/metrics_text.hpp"
 #include "test/actors/common.hpp"
 #include "test/support/fixture.hpp"
 #include "test/support/host.hpp"
@@ -443,4 +444,75 @@ TEST_CASE("metrics: with --tls, /metrics needs a certificate of the daemon's CA,
                         token_file});
   CHECK(r.status == 1);
   CHECK_MESSAGE(r.err.find("chmod 600") != std::string::npos, r.describe());
+}
+
+TEST_CASE("metrics: a coordinator shows its nodes up, their heartbeats, then a lost one; a node "
+          "is ready once joined") {
+  scoped_dir dir("metrics-cluster");
+  auto key = dir.path + "/cluster.key";
+  {
+    std::ofstream f{key};
+    f << std::string(64, 'a') << "\n";
+  }
+  REQUIRE(::chmod(key.c_str(), 0600) == 0);
+  auto cport = free_port();
+  auto coordinator = "127.0.0.1:" + std::to_string(cport);
+  // The node first: it retries the join every second, not ready meanwhile.
+  background node({env_path("DSECD_BIN"), "--join", coordinator, "--listen", "127.0.0.1:0",
+                   "--state", dir.path + "/node-state", "--cluster-key", key, "--metrics",
+                   "127.0.0.1:0"});
+  REQUIRE_MESSAGE(node.wait_for_output("/metrics (and"), node.out() << node.err());
+  auto port_after = [](const std::string& out, const std::string& mark) {
+    auto at = out.find(mark);
+    REQUIRE(at != std::string::npos);
+    return static_cast<uint16_t>(std::atoi(out.c_str() + at + mark.size()));
+  };
+  auto node_name = "127.0.0.1:" + std::to_string(port_after(node.out(), "listening on 127.0.0.1:"));
+  httplib::Client nm("127.0.0.1", port_after(node.out(), "metrics on http://127.0.0.1:"));
+  auto r = nm.Get("/readyz");
+  REQUIRE(r);
+  CHECK(r->status == 503);
+  CHECK_MESSAGE(r->body.find("not joined to the coordinator " + coordinator) != std::string::npos,
+                r->body);
+  background coord({env_path("DSECD_BIN"), "--coordinator", "--listen", coordinator, "--state",
+                    actor_layers(), "--cluster-key", key, "--metrics", "127.0.0.1:0"});
+  REQUIRE_MESSAGE(coord.wait_for_output("/metrics (and"), coord.out() << coord.err());
+  httplib::Client cm("127.0.0.1", port_after(coord.out(), "metrics on http://127.0.0.1:"));
+  CHECK(eventually([&] {
+    auto x = nm.Get("/readyz");
+    return x && x->status == 200;
+  }));
+  std::optional<std::vector<metrics::sample>> s;
+  auto scrape = [&] {
+    auto x = cm.Get("/metrics");
+    REQUIRE(x);
+    auto p = metrics::parse_text(x->body);
+    REQUIRE_MESSAGE(p, p.error_value().message);
+    s = std::move(*p);
+  };
+  metrics::labels at_node{{"node", node_name}};
+  CHECK(eventually([&] {
+    scrape();
+    return metrics::sum_of(*s, "dsec_cluster_node_up", at_node) == 1
+           && metrics::sum_of(*s, "dsec_cluster_node_up", {{"node", coordinator}}) == 1;
+  }));
+  bool has_age = false;
+  for (const auto& x : *s)
+    if (x.name == "dsec_cluster_node_heartbeat_age_seconds" && x.label("node") == node_name)
+      has_age = x.value >= 0;
+  CHECK(has_age);
+  CHECK(metrics::sum_of(*s, "dsec_cluster_node_slots", at_node) > 0);
+  CHECK(metrics::sum_of(*s, "dsec_build_info", {{"role", "coordinator"}}) == 1);
+  // The node stops: the coordinator counts it lost (its row stays, at 0).
+  node.kill(SIGTERM);
+  auto end = node.wait();
+  CHECK_MESSAGE(end.status == 0, end.describe());
+  CHECK(eventually([&] {
+    scrape();
+    return metrics::sum_of(*s, "dsec_cluster_node_up", at_node) == 0
+           && metrics::sum_of(*s, "dsec_cluster_node_up", {{"node", coordinator}}) == 1;
+  }));
+  coord.kill(SIGTERM);
+  auto cend = coord.wait();
+  CHECK_MESSAGE(cend.status == 0, cend.describe());
 }
