@@ -10,6 +10,8 @@
 #include "actors/node.hpp"
 #include "actors/scheduler.hpp"
 #include "actors/types.hpp"
+#include "runtime/chronus_endpoint.hpp"
+#include "runtime/metrics.hpp"
 
 #include <sys/stat.h>
 
@@ -64,6 +66,29 @@ expected<std::unique_ptr<daemon>> daemon::start(caf::actor_system& sys,
   DSEC_TRY(eng, engine::start(eo));
   d->engine_ = std::move(eng);
   d->gc_ = d->engine_->collect_garbage();
+  // Chronus's counters are atomics of the reactor thread's: read when scraped.
+  d->collector_ = metrics::process_registry().add_collector(
+    [eng = d->engine_.get()](std::vector<metrics::sample_family>& out) {
+      auto c = eng->chronus().stats();
+      out.push_back({"dsec_chronus_events_total",
+                     "Chronus frames accepted and mailed to their session.", "counter",
+                     {{{}, static_cast<double>(c.events)}}});
+      out.push_back({"dsec_chronus_answered_total", "Chronus feedback replies delivered.",
+                     "counter", {{{}, static_cast<double>(c.answered)}}});
+      out.push_back({"dsec_chronus_rejections_total", "Chronus frames refused, by why.",
+                     "counter",
+                     {{{{"reason", "too_large"}}, static_cast<double>(c.too_large)},
+                      {{{"reason", "malformed"}}, static_cast<double>(c.malformed)},
+                      {{{"reason", "unauthenticated"}}, static_cast<double>(c.unauthenticated)},
+                      {{{"reason", "invalid"}}, static_cast<double>(c.invalid)},
+                      {{{"reason", "flooding"}}, static_cast<double>(c.flooding)}}});
+      out.push_back({"dsec_chronus_connections_total", "Chronus connections, by outcome.",
+                     "counter",
+                     {{{{"outcome", "accepted"}}, static_cast<double>(c.connections)},
+                      {{{"outcome", "refused"}}, static_cast<double>(c.refused_connections)}}});
+      out.push_back({"dsec_chronus_sandboxes", "Chronus sandboxes served now.", "gauge",
+                     {{{}, static_cast<double>(eng->chronus().sandboxes())}}});
+    });
   if (opts.egress) {
     auto eo = *opts.egress;
     if (eo.tag.empty())
@@ -211,6 +236,8 @@ expected<uint32_t> daemon::shutdown() {
 
 daemon::~daemon() {
   (void) shutdown();
+  if (collector_ != 0)
+    metrics::process_registry().remove_collector(collector_);
   engine_.reset();
 }
 

@@ -132,6 +132,7 @@ private:
   std::vector<std::string> gc_;
   internal_key key_;
   bool down_ = false;
+  uint64_t collector_ = 0; ///< its engine's counters in the process's /metrics
 };
 
 } // namespace dsec

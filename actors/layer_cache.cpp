@@ -20,6 +20,7 @@
 #include "actors/layer_store.hpp"
 #include "actors/types.hpp"
 #include "runtime/engine.hpp"
+#include "runtime/metrics.hpp"
 #include "runtime/mount.hpp"
 
 namespace dsec {
@@ -39,6 +40,41 @@ std::string name_of(const layer_store_actor& src, const std::string& name) {
     return "none";
   return name.empty() ? std::string{"a peer's layer store"} : name;
 }
+
+// Its metrics (runtime/metrics.hpp, docs/observability.md), the process's.
+struct cache_metrics {
+  metrics::counter& hits;
+  metrics::counter& misses;
+  metrics::counter& evictions;
+  metrics::gauge& bytes;
+  metrics::counter& fetch_bytes;
+  metrics::counter& fetched;
+  metrics::counter& fetch_failed;
+  metrics::histogram& fetch_seconds;
+  static cache_metrics& get() {
+    static cache_metrics m = [] {
+      auto& r = metrics::process_registry();
+      return cache_metrics{
+        r.get_counter("dsec_layer_cache_hits_total",
+                      "Layer images a sandbox needed that were mounted already."),
+        r.get_counter("dsec_layer_cache_misses_total",
+                      "Layer images mounted for a sandbox that needed them."),
+        r.get_counter("dsec_layer_cache_evictions_total",
+                      "Unused layer images unmounted beyond --cache-bytes."),
+        r.get_gauge("dsec_layer_cache_bytes", "Bytes of the layer images mounted now."),
+        r.get_counter("dsec_layer_fetch_bytes_total",
+                      "Bytes of layers fetched from the cluster's layer source."),
+        r.get_counter("dsec_layer_fetches_total", "Layers fetched from the layer source.",
+                      {{"outcome", "ok"}}),
+        r.get_counter("dsec_layer_fetches_total", "Layers fetched from the layer source.",
+                      {{"outcome", "failed"}}),
+        r.get_histogram("dsec_layer_fetch_seconds",
+                        "From a layer's fetch's start to its import into the store.",
+                        metrics::latency_buckets())};
+    }();
+    return m;
+  }
+};
 
 struct layer_cache_state {
   static inline const char* name = "dsec.layer_cache";
@@ -74,6 +110,17 @@ struct layer_cache_state {
   uint64_t tick = 0;
   uint64_t bytes = 0;
   uint64_t evicted = 0;
+  double published_bytes = 0; // what it added to dsec_layer_cache_bytes
+  void publish_bytes() {
+    auto now = static_cast<double>(bytes);
+    if (now != published_bytes)
+      cache_metrics::get().bytes.add(now - published_bytes);
+    published_bytes = now;
+  }
+  ~layer_cache_state() {
+    bytes = 0;
+    publish_bytes();
+  }
   // layer distribution: where missing layers come from (none: a single node)
   layer_store_actor source;
   std::string source_name; // e.g. "the coordinator 10.0.0.1:7070"
@@ -91,6 +138,7 @@ struct layer_cache_state {
     uint32_t in_flight = 0;
     std::map<uint64_t, std::string> early; // chunks that came before their turn
     std::vector<uint64_t> waiters; // the acquires waiting for it
+    std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
   };
   std::unordered_map<std::string, fetch_job> fetches; // by NAME@VERSION
   uint64_t next_job = 1;
@@ -168,6 +216,10 @@ struct layer_cache_state {
       mm.bytes = ::stat(path.c_str(), &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0;
       bytes += mm.bytes;
       it = mounts.emplace(digest, std::move(mm)).first;
+      cache_metrics::get().misses.inc();
+      publish_bytes();
+    } else {
+      cache_metrics::get().hits.inc();
     }
     ++it->second.users;
     it->second.last_used = ++tick;
@@ -193,6 +245,8 @@ struct layer_cache_state {
       bytes -= victim->second.bytes;
       mounts.erase(victim);
       ++evicted;
+      cache_metrics::get().evictions.inc();
+      publish_bytes();
     }
   }
 
@@ -273,6 +327,16 @@ void end_fetch(cache_ptr self, const std::string& ref, std::optional<error> fail
   if (it == s.fetches.end())
     return;
   auto waiters = std::move(it->second.waiters);
+  auto& cm = cache_metrics::get();
+  if (failure) {
+    cm.fetch_failed.inc();
+  } else {
+    cm.fetched.inc();
+    cm.fetch_bytes.inc(it->second.meta.size);
+    cm.fetch_seconds.observe(
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - it->second.started)
+        .count());
+  }
   s.fetches.erase(it); // before serving anyone: a new acquire starts afresh
   for (auto id : waiters) {
     auto w = s.waiting.find(id);

@@ -14,13 +14,40 @@
 
 #include "actors/transport.hpp"
 #include "actors/types.hpp"
+#include "runtime/metrics.hpp"
 
 namespace dsec {
 
 namespace {
 
+// Members of this process joined to their coordinator now (readiness,
+// docs/observability.md).
+metrics::gauge& joined_gauge() {
+  static auto& g = metrics::process_registry().get_gauge(
+    "dsec_cluster_joined", "Nodes of this process joined to their coordinator now.");
+  return g;
+}
+metrics::gauge& members_gauge() {
+  static auto& g = metrics::process_registry().get_gauge(
+    "dsec_cluster_members", "Nodes of this process that are members of a cluster.");
+  return g;
+}
+
 struct member_state {
   static inline const char* name = "dsec.member";
+
+  member_state() { members_gauge().add(1); }
+  ~member_state() {
+    members_gauge().add(-1);
+    set_joined(false);
+  }
+  bool counted_joined = false;
+  void set_joined(bool on) {
+    joined = on;
+    if (on != counted_joined)
+      joined_gauge().add(on ? 1 : -1);
+    counted_joined = on;
+  }
 
   member_config cfg;
   scheduler_actor coordinator;
@@ -115,7 +142,7 @@ void join(self_ptr self, scheduler_actor coord) {
             return;
           }
           s.joining = false;
-          s.joined = true;
+          s.set_joined(true);
           s.coordinator = coord;
           s.last_error.clear();
           if (coord.node() != self->node()) {
@@ -151,7 +178,7 @@ void join(self_ptr self, scheduler_actor coord) {
 // sessions. After `delay`, destroy them, then join again.
 void leave(self_ptr self, std::chrono::milliseconds delay, std::string why) {
   auto& s = self->state;
-  s.joined = false;
+  s.set_joined(false);
   s.left_why = std::move(why);
   if (s.coordinator)
     self->demonitor(s.coordinator.address());

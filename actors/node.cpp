@@ -10,12 +10,14 @@
 #include <sys/random.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <deque>
 #include <map>
 #include <optional>
 #include <set>
 #include <memory>
+#include <mutex>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -24,11 +26,92 @@
 #include "actors/types.hpp"
 #include "runtime/engine.hpp"
 #include "runtime/container.hpp"
+#include "runtime/metrics.hpp"
 #include "runtime/units.hpp"
 
 namespace dsec {
 
 namespace {
+
+// ---- metrics (runtime/metrics.hpp, docs/observability.md) ---------------------
+// Every node of the process adds to the process's registry: counters and
+// histograms by backend, gauges as the sum of each node's last published value.
+
+using mclock = std::chrono::steady_clock;
+
+struct backend_metrics {
+  std::string backend;
+  metrics::counter& creates;
+  metrics::counter& destroys;
+  metrics::histogram& create_seconds;
+};
+
+backend_metrics& metrics_of(const std::string& backend) {
+  static std::mutex mu;
+  static std::map<std::string, std::unique_ptr<backend_metrics>, std::less<>> all;
+  std::lock_guard<std::mutex> g{mu};
+  auto& p = all[backend];
+  if (!p) {
+    auto& r = metrics::process_registry();
+    metrics::labels l{{"backend", backend}};
+    p.reset(new backend_metrics{
+      backend,
+      r.get_counter("dsec_sandbox_creates_total",
+                    "Sandboxes made ready (warm pools' refills included).", l),
+      r.get_counter("dsec_sandbox_destroys_total", "Sandboxes that ended after being ready.", l),
+      r.get_histogram("dsec_sandbox_create_seconds",
+                      "From a sandbox's admission by its node to its being ready.",
+                      metrics::latency_buckets(), l)});
+  }
+  return *p;
+}
+
+// A sandbox asked for that never became ready, by why.
+void count_failure(const std::string& backend, const char* reason, uint64_t n = 1) {
+  if (n == 0)
+    return;
+  metrics::process_registry()
+    .get_counter("dsec_sandbox_failures_total",
+                 "Sandboxes asked for that were refused or ended before they were ready.",
+                 {{"backend", backend}, {"reason", reason}})
+    .inc(n);
+}
+
+// The gauges a node contributes to, and what it contributed last.
+struct node_gauges {
+  static constexpr size_t n = 8;
+  std::array<double, n> last{};
+  static std::array<metrics::gauge*, n>& all() {
+    static std::array<metrics::gauge*, n> g = [] {
+      auto& r = metrics::process_registry();
+      return std::array<metrics::gauge*, n>{
+        &r.get_gauge("dsec_sandboxes_live",
+                     "Sandboxes admitted and not yet gone, creating ones included, pooled "
+                     "ones not."),
+        &r.get_gauge("dsec_sandboxes_creating", "Sandboxes being created or queued to be."),
+        &r.get_gauge("dsec_sandboxes_paused", "Sandboxes paused (dsec pause)."),
+        &r.get_gauge("dsec_sandboxes_pooled", "Sandboxes in warm pools, nobody's yet."),
+        &r.get_gauge("dsec_slots", "Sandboxes the nodes admit (slots x oversubscribe)."),
+        &r.get_gauge("dsec_slots_used", "Slots in use (pooled sandboxes included)."),
+        &r.get_gauge("dsec_nodes_cordoned", "Nodes of this process that admit nothing new "
+                                            "(cordoned or draining)."),
+        &r.get_gauge("dsec_mailbox_messages",
+                     "Messages waiting in an actor's mailbox when it last looked (the "
+                     "nodes' summed).",
+                     {{"actor", "node"}})};
+    }();
+    return g;
+  }
+  void publish(const std::array<double, n>& now) {
+    auto& g = all();
+    for (size_t i = 0; i < n; ++i)
+      if (now[i] != last[i]) {
+        g[i]->add(now[i] - last[i]);
+        last[i] = now[i];
+      }
+  }
+  ~node_gauges() { publish({}); }
+};
 
 struct node_state {
   static inline const char* name = "dsec.node";
@@ -39,6 +122,8 @@ struct node_state {
     sandbox_actor handle;
     bool ready = false;
     uint64_t memory = 0; // modelled (a sim node's)
+    mclock::time_point admitted{}; // for dsec_sandbox_create_seconds
+    backend_metrics* m = nullptr;
   };
   std::unordered_map<std::string, entry> live;
   std::unordered_set<std::string> paused; // snapshots (issue 16): its sandboxes paused now
@@ -75,9 +160,23 @@ struct node_state {
   warm_pools pools;
   bool pressure_timer = false;   // a pressure_atom is on its way
   std::set<caf::actor_addr> pool_owners; // sessions monitored for their pools
+  node_gauges gauges;
 };
 
 using self_ptr = node_actor::stateful_pointer<node_state>;
+
+uint32_t used_slots(const node_state& s);
+
+// Puts the node's levels into the process's gauges (after every change).
+void publish(self_ptr self) {
+  auto& s = self->state;
+  auto live = static_cast<double>(s.live.size());
+  auto pooled = static_cast<double>(s.pools.size());
+  s.gauges.publish({live - std::min(live, pooled), static_cast<double>(s.creating),
+                    static_cast<double>(s.paused.size()), pooled,
+                    static_cast<double>(s.admit_limit), static_cast<double>(used_slots(s)),
+                    s.cordoned ? 1.0 : 0.0, static_cast<double>(self->mailbox().size())});
+}
 
 // Starts queued sandboxes while fewer than max_starting are being created.
 void pump(self_ptr self) {
@@ -224,12 +323,14 @@ void refill_pools(self_ptr self) {
       sc.key = s.cfg.key;
       sc.pooled = true;
       s.pools.warming(pid, sc.id);
-      s.live.emplace(sc.id, node_state::entry{});
+      s.live.emplace(sc.id, node_state::entry{{}, false, 0, mclock::now(),
+                                              &metrics_of(sc.env.backend)});
       s.queued.push_back(std::move(sc));
       ++s.creating;
     }
   }
   pump(self);
+  publish(self);
 }
 
 // A create's sandboxes from the pools, as far as they go: each claimed in one
@@ -261,6 +362,11 @@ uint32_t claim_pooled(self_ptr self, const environment& env, uint32_t count,
                          request);
             });
     ++n;
+  }
+  if (n > 0) {
+    static auto& claims = metrics::process_registry().get_counter(
+      "dsec_pool_claims_total", "Sandboxes handed out from warm pools.");
+    claims.inc(n);
   }
   return n;
 }
@@ -367,6 +473,7 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
     st.backends.emplace(std::string{c->name()}, std::move(c));
   }
   start_pools(self);
+  publish(self);
   return {
     [=](spawn_atom, const internal_key& k, const environment& env, uint32_t count,
         const session_actor& session, const placement& pl) -> caf::result<internal_key, uint32_t> {
@@ -431,10 +538,12 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
         c->model = *s.cfg.sim;
         c->key = s.cfg.key;
         std::shared_ptr<const sim_common> shared = std::move(c);
+        auto t0 = mclock::now();
+        auto* bm = &metrics_of(env.backend);
         for (uint32_t i = 0; i < admitted; ++i) {
           auto id = pl.id.empty() ? sim_id(s) : pl.id;
           auto h = spawn_sim_sandbox(self->system(), shared, id, request);
-          s.live.emplace(std::move(id), node_state::entry{std::move(h), false, each});
+          s.live.emplace(std::move(id), node_state::entry{std::move(h), false, each, t0, bm});
           s.memory_admitted += each;
           ++s.creating;
           ++s.starting;
@@ -460,7 +569,8 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
         sc.seed_manifest = pl.seed_manifest;
         sc.trajectories = s.cfg.trajectories;
         sc.key = s.cfg.key;
-        s.live.emplace(sc.id, node_state::entry{{}, false, each});
+        s.live.emplace(sc.id, node_state::entry{{}, false, each, mclock::now(),
+                                                &metrics_of(env.backend)});
         s.memory_admitted += each;
         s.queued.push_back(std::move(sc));
         ++s.creating;
@@ -468,12 +578,19 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
       pump(self);
       if (claimed > 0)
         refill_pools(self);
+      publish(self);
       if (!pl.report_refusals)
         return {s.cfg.key, admitted + claimed}; // the cluster's scheduler places them elsewhere
       // Every sandbox asked for gets an answer; the ones without room now,
       // naming the resource that ran out.
       if (admitted < count) {
         std::string why;
+        count_failure(env.backend,
+                      s.shutting_down ? "shutting_down"
+                      : s.cordoned    ? "cordoned"
+                      : memory_bound  ? "no_memory"
+                                      : "no_slots",
+                      count - admitted);
         if (s.shutting_down)
           why = "node " + s.cfg.name + " is shutting down";
         else if (s.cordoned)
@@ -615,6 +732,7 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
                                                          + " was uncordoned while draining")));
         s.drain_waiters.clear();
       }
+      publish(self);
       return {s.cfg.key, static_cast<uint32_t>(s.live.size())};
     },
     [=](drain_atom, const internal_key& k,
@@ -628,6 +746,7 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
       }
       s.cordoned = true;
       evict_pooled(self, UINT32_MAX);
+      publish(self);
       auto had = static_cast<uint32_t>(s.live.size() - std::min<size_t>(s.live.size(),
                                                                          s.pools.size()));
       if (had == 0)
@@ -665,7 +784,13 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
         --s.creating;
         ++s.created;
         --s.starting;
+        if (auto* m = it->second.m) {
+          m->creates.inc();
+          m->create_seconds.observe(
+            std::chrono::duration<double>(mclock::now() - it->second.admitted).count());
+        }
         pump(self);
+        publish(self);
       }
     },
     [=](gone_atom, const internal_key& k, const std::string& id, bool was_created) {
@@ -681,15 +806,21 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
       }
       s.memory_admitted -= it->second.memory;
       s.paused.erase(id);
+      auto* m = it->second.m;
       s.live.erase(it);
       pump(self);
       if (was_created)
         ++s.destroyed;
       else
         ++s.failed;
+      if (m && was_created)
+        m->destroys.inc();
+      else if (m)
+        count_failure(m->backend, "create_failed");
       s.pools.gone(id);
       check_shutdown(self);
       refill_pools(self);
+      publish(self);
     },
     [=](pool_atom, const internal_key& k, environment& env, uint32_t size,
         const session_actor& owner, const std::string& owner_id)
@@ -713,11 +844,13 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
       drop_session_pools(self);
       for (auto& sc : s.queued) {
         s.pools.gone(sc.id);
-        if (!sc.pooled)
+        if (!sc.pooled) {
+          count_failure(sc.env.backend, "lost");
           self->send(sc.session, failed_atom::value, s.cfg.key,
                      to_caf(make_error(errc::lost, "node " + s.cfg.name
                                                      + " lost its coordinator")),
                      sc.request);
+        }
         s.live.erase(sc.id);
         --s.creating;
         ++s.failed;
@@ -727,6 +860,7 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
       for (auto& [id, e] : s.live)
         caf::anon_send(e.handle, destroy_atom::value, s.cfg.key);
       check_shutdown(self);
+      publish(self);
       return rp;
     },
     [=](shutdown_atom, const internal_key& k) -> caf::result<uint32_t> {
@@ -740,11 +874,13 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
         // Queued ones never started: they fail now.
         for (auto& sc : s.queued) {
           s.pools.gone(sc.id);
-          if (!sc.pooled)
+          if (!sc.pooled) {
+            count_failure(sc.env.backend, "shutting_down");
             self->send(sc.session, failed_atom::value, s.cfg.key,
                        to_caf(make_error(errc::overloaded,
                                          "node " + s.cfg.name + " is shutting down")),
                        sc.request);
+          }
           s.live.erase(sc.id);
           --s.creating;
           ++s.failed;
@@ -755,6 +891,7 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
           caf::anon_send(e.handle, destroy_atom::value, s.cfg.key); // their replies are not ours to take
       }
       check_shutdown(self);
+      publish(self);
       return rp;
     },
     // ---- snapshots (issue 16) ----
@@ -766,6 +903,7 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
         s.paused.insert(id);
       else
         s.paused.erase(id);
+      publish(self);
     },
   };
 }

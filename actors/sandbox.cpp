@@ -29,6 +29,7 @@
 #include "actors/types.hpp"
 #include "runtime/builder.hpp"
 #include "runtime/clock.hpp"
+#include "runtime/metrics.hpp"
 #include "runtime/container.hpp"
 #include "runtime/pack.hpp"
 #include "runtime/engine.hpp"
@@ -42,6 +43,20 @@ namespace dsec {
 namespace {
 
 using clock_type = std::chrono::steady_clock;
+
+// The container backend's latencies (runtime/metrics.hpp, docs/observability.md).
+metrics::histogram& exec_seconds() {
+  static auto& h = metrics::process_registry().get_histogram(
+    "dsec_sandbox_exec_seconds", "From a command's start to its end and its output's.",
+    metrics::latency_buckets(), {{"backend", "container"}});
+  return h;
+}
+metrics::histogram& destroy_seconds() {
+  static auto& h = metrics::process_registry().get_histogram(
+    "dsec_sandbox_destroy_seconds", "From a sandbox's destroy to its resources' release.",
+    metrics::latency_buckets(), {{"backend", "container"}});
+  return h;
+}
 
 // put and get run a tar in the sandbox (the image's, else the system layer's
 // busybox), which the agent may have replaced or may keep busy (a fifo it
@@ -140,6 +155,7 @@ struct sandbox_state {
   uint64_t lease = 0; // of the layer cache
   uint64_t created_ms = 0;
   clock_type::time_point expires;
+  clock_type::time_point destroy_t0{}; // begin_destroy, for dsec_sandbox_destroy_seconds
   uint64_t ttl_setting = 0; // the TTL timer that counts (lifetime_atom makes a new one)
   std::map<uint64_t, exec_state> execs; // by our exec id
   uint64_t next_exec = 1;
@@ -253,6 +269,7 @@ void finish_exec(self_ptr self, uint64_t eid) {
   r.err = std::move(x.err);
   r.duration_us = static_cast<uint64_t>(
     std::chrono::duration_cast<std::chrono::microseconds>(clock_type::now() - x.t0).count());
+  exec_seconds().observe(static_cast<double>(r.duration_us) / 1e6);
   auto done = std::move(x.done);
   s.execs.erase(it);
   if (done)
@@ -349,6 +366,9 @@ void finish_destroy(self_ptr self) {
     tell_end(self, s.cfg.key, s.cfg.session, s.cfg.node, s.cfg.id, s.cfg.request, was_created,
              s.creation_failed_told);
   s.creation_failed_told = true;
+  if (s.destroy_t0 != clock_type::time_point{})
+    destroy_seconds().observe(
+      std::chrono::duration<double>(clock_type::now() - s.destroy_t0).count());
   for (auto& rp : s.destroy_waiters)
     rp.deliver(true);
   s.destroy_waiters.clear();
@@ -360,6 +380,7 @@ void begin_destroy(self_ptr self) {
   if (s.ph == phase::destroying)
     return;
   s.ph = phase::destroying;
+  s.destroy_t0 = clock_type::now();
   if (!s.box) {
     if (!s.acquiring) // else the cache's answer finishes it, releasing the layers
       finish_destroy(self);

@@ -18,7 +18,9 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <atomic>
 #include <memory>
+#include <mutex>
 #include <type_traits>
 #include <unordered_map>
 
@@ -27,10 +29,78 @@
 #include "actors/trajectory.hpp"
 #include "actors/types.hpp"
 #include "runtime/clock.hpp"
+#include "runtime/metrics.hpp"
 
 namespace dsec {
 
 namespace {
+
+// ---- the coordinator's view of the cluster, for /metrics --------------------
+// (runtime/metrics.hpp, docs/observability.md). The scheduler writes atomics;
+// a scrape reads them on its own thread, and computes the heartbeat ages.
+struct cluster_view {
+  struct node {
+    std::atomic<bool> up{false};
+    std::atomic<int64_t> last_beat_ns{0}; // steady clock
+    std::atomic<uint32_t> slots{0}, live{0};
+    std::atomic<bool> cordoned{false};
+  };
+  std::mutex mu; // guards the map, not the values
+  std::map<std::string, std::unique_ptr<node>> nodes; // by name; lost ones stay, down
+  uint64_t handle = 0;
+
+  node& of(const std::string& name) {
+    std::lock_guard<std::mutex> g{mu};
+    auto& p = nodes[name];
+    if (!p)
+      p = std::make_unique<node>();
+    return *p;
+  }
+  static int64_t now_ns() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+  }
+  void beat(const std::string& name, const node_report& rep) {
+    auto& n = of(name);
+    n.up = true;
+    n.last_beat_ns = now_ns();
+    n.slots = rep.slots;
+    n.live = rep.live;
+    n.cordoned = rep.cordoned;
+  }
+  void collect(std::vector<metrics::sample_family>& out) {
+    metrics::sample_family up{"dsec_cluster_node_up",
+                              "1 while a node of the cluster is up, 0 once it is lost.",
+                              "gauge", {}},
+      age{"dsec_cluster_node_heartbeat_age_seconds",
+          "Seconds since the coordinator's last heartbeat from a node that is up.", "gauge", {}},
+      slots{"dsec_cluster_node_slots", "A node's slots, as its last heartbeat said.", "gauge",
+            {}},
+      live{"dsec_cluster_node_live", "A node's live sandboxes, as its last heartbeat said.",
+           "gauge", {}},
+      cordoned{"dsec_cluster_node_cordoned", "1 while a node is cordoned or draining.",
+               "gauge", {}};
+
+    auto now = now_ns();
+    {
+      std::lock_guard<std::mutex> g{mu};
+      for (const auto& [name, n] : nodes) {
+        metrics::labels l{{"node", name}};
+        bool on = n->up;
+        up.samples.emplace_back(l, on ? 1 : 0);
+        if (on)
+          age.samples.emplace_back(l, static_cast<double>(now - n->last_beat_ns) / 1e9);
+        slots.samples.emplace_back(l, n->slots.load());
+        live.samples.emplace_back(l, n->live.load());
+        cordoned.samples.emplace_back(l, n->cordoned ? 1 : 0);
+      }
+    }
+    for (auto* f : {&up, &age, &slots, &live, &cordoned})
+      out.push_back(std::move(*f));
+  }
+};
+
 
 struct scheduler_state {
   static inline const char* name = "dsec.scheduler";
@@ -63,9 +133,29 @@ struct scheduler_state {
   std::map<caf::actor_addr, uint32_t> by_addr;
   cluster_map map;
   std::deque<member_info> lost; // the latest, for `cluster status`
+  std::shared_ptr<cluster_view> view; // a coordinator's, in the process's /metrics
+
+  ~scheduler_state() {
+    if (view)
+      metrics::process_registry().remove_collector(view->handle);
+  }
 };
 
 using self_ptr = scheduler_actor::stateful_pointer<scheduler_state>;
+
+// The scheduler's levels for /metrics: its sessions (not its default one) and
+// what waits in its mailbox, sampled by its busiest handlers.
+void publish(self_ptr self) {
+  auto& r = metrics::process_registry();
+  static auto& sessions = r.get_gauge("dsec_sessions", "Sessions open at the scheduler.");
+  static auto& mailbox = r.get_gauge(
+    "dsec_mailbox_messages",
+    "Messages waiting in an actor's mailbox when it last looked (the nodes' summed).",
+    {{"actor", "scheduler"}});
+  auto n = self->state.sessions.size();
+  sessions.set(static_cast<double>(n > 0 ? n - 1 : 0));
+  mailbox.set(static_cast<double>(self->mailbox().size()));
+}
 
 // The names of the backends a node's report offers.
 std::vector<std::string> offer_names(const node_report& rep) {
@@ -143,6 +233,8 @@ void lose(self_ptr self, uint32_t id, const std::string& why) {
   s.by_addr.erase(m.node.address());
   s.map.remove(id);
   self->demonitor(m.node.address());
+  if (s.view)
+    s.view->of(m.name).up = false;
   std::printf("dsecd: node %s lost: %s\n", m.name.c_str(), why.c_str());
   std::fflush(stdout);
   member_info info;
@@ -444,6 +536,13 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
   if (self->state.cfg.trajectory_keep.count() > 0 && !self->state.cfg.trajectories.empty())
     self->send(self, ttl_atom::value, process_key());
   if (self->state.cfg.coordinator) {
+    auto view = std::make_shared<cluster_view>();
+    view->handle = metrics::process_registry().add_collector(
+      [w = std::weak_ptr<cluster_view>(view)](std::vector<metrics::sample_family>& out) {
+        if (auto v = w.lock())
+          v->collect(out);
+      });
+    self->state.view = std::move(view);
     self->send(self, timeout_atom::value, process_key());
     self->set_down_handler([=](caf::down_msg& dm) {
       auto& s = self->state;
@@ -536,6 +635,7 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
       sc.key = s.cfg.key;
       auto sess = spawn_session(self->system(), std::move(sc));
       s.sessions.emplace(id, sess);
+      publish(self);
       return {sess, id};
     },
     [=](resume_atom, const std::string& id,
@@ -575,6 +675,7 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
       sc.key = s.cfg.key;
       auto sess = spawn_session(self->system(), std::move(sc));
       s.sessions.emplace(id, sess);
+      publish(self);
       return {sess, id};
     },
     [=](sessions_atom) -> std::vector<session_summary> {
@@ -596,6 +697,7 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
       auto& s = self->state;
       if (!genuine(k, process_key(), "place (scheduler)"))
         return refuse("place");
+      publish(self);
       if (!s.cfg.coordinator) {
         // One node: it gets everything (the node refuses what it has no slot for).
         return self->delegate(s.cfg.node, spawn_atom::value, s.cfg.key, std::move(env), count,
@@ -766,6 +868,8 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
       rep.layers.clear();
       m.last = std::move(rep);
       m.joined_ms = unix_ms();
+      if (s.view)
+        s.view->beat(m.name, m.last);
       s.by_name[m.name] = id;
       s.by_addr[m.node.address()] = id;
       self->monitor(m.node);
@@ -783,6 +887,7 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
         return not_coordinator(self);
       if (!genuine(k, s.cfg.key, "beat (scheduler)"))
         return refuse("beat");
+      publish(self);
       auto it = s.by_name.find(rep.name);
       if (it == s.by_name.end())
         return {s.cfg.key, false};
@@ -797,6 +902,8 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
       if (rep.layers_sent)
         m.layers = std::move(rep.layers);
       rep.layers.clear();
+      if (s.view)
+        s.view->beat(m.name, rep);
       m.last = std::move(rep);
       return {s.cfg.key, true};
     },
@@ -849,6 +956,7 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
       s.summaries.erase(session_id);
       std::erase_if(s.session_names, [&](const auto& kv) { return kv.second == session_id; });
       std::erase_if(s.resumed, [&](const auto& kv) { return kv.second == session_id; });
+      publish(self);
     },
     [=](pool_atom, environment& env, uint32_t size) -> caf::result<uint32_t> {
       if (!self->state.cfg.joined.empty())

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -30,6 +31,8 @@
 #include "actors/types.hpp"
 #include "runtime/defaults.hpp"
 #include "runtime/endpoint.hpp"
+#include "runtime/metrics.hpp"
+#include "runtime/metrics_http.hpp"
 #include "runtime/units.hpp"
 #include "tools/dsec/cli.hpp"
 
@@ -96,6 +99,15 @@ Options:
                          least --pool-pressure-avg10 (default 10); without the
                          file, while MemAvailable is under 5% of MemTotal
   --threads N            CAF scheduler threads (default 2; the 'sharing' policy)
+  --metrics HOST:PORT    serve GET /metrics (Prometheus text format), /healthz and
+                         /readyz there, on threads of their own (docs/
+                         observability.md); port 0 picks a free one, printed at
+                         start. Off by default. Without --tls only loopback
+                         addresses; with --tls it is HTTPS and a scraper must
+                         present a certificate signed by the same CA
+  --metrics-token FILE   also require "Authorization: Bearer TOKEN" on those,
+                         TOKEN being FILE's first line (at least 16 characters;
+                         the file open to neither group nor others)
   --uplink IFACE         egress networking (docs/network.md): sandboxes made
                          with --network egress get a veth to this node, an
                          address from --sandbox-net, a default route, and are
@@ -199,6 +211,8 @@ struct options {
   unsigned threads = 2;
   std::string group = "dsec";
   std::chrono::milliseconds client_timeout{30000};
+  std::optional<dsec::metrics_http_options> metrics;
+  std::string metrics_token_file;
 };
 
 // 127.0.0.0/8 or ::1: only this machine's processes can connect.
@@ -264,6 +278,23 @@ int main(int argc, char** argv) {
       if (inet_pton(AF_INET, o.host.c_str(), &a4) != 1
           && inet_pton(AF_INET6, o.host.c_str(), &a6) != 1)
         return bad("--listen: " + o.host + " is not an IPv4 or IPv6 address");
+    } else if (opt("--metrics")) {
+      auto ep = dsec::parse_endpoint(v, "--metrics", dsec::port_zero::allowed);
+      if (!ep)
+        return bad(ep.error_value().message);
+      dsec::metrics_http_options m;
+      m.host = ep->host == "localhost" ? "127.0.0.1" : ep->host;
+      m.port = ep->port;
+      in_addr a4{};
+      in6_addr a6{};
+      if (inet_pton(AF_INET, m.host.c_str(), &a4) != 1
+          && inet_pton(AF_INET6, m.host.c_str(), &a6) != 1)
+        return bad("--metrics: " + m.host + " is not an IPv4 or IPv6 address");
+      o.metrics = m;
+    } else if (opt("--metrics-token")) {
+      if (v.empty())
+        return bad("--metrics-token: expected a file holding the token");
+      o.metrics_token_file = v;
     } else if (opt("--tls")) {
       if (v.empty())
         return bad("--tls: expected a directory (with ca.pem, cert.pem and key.pem)");
@@ -524,6 +555,23 @@ int main(int argc, char** argv) {
   if (o.d.egress && o.d.egress->uplink.empty())
     return bad("--sandbox-net, --dns-upstream, --services and --deny-range are for egress "
                "networking: give --uplink IFACE too");
+  if (!o.metrics_token_file.empty() && !o.metrics)
+    return bad("--metrics-token is for --metrics HOST:PORT");
+  if (o.metrics) {
+    if (!o.tls.enabled() && !is_loopback(o.metrics->host))
+      return bad("--metrics: " + o.metrics->host
+                 + " is not a loopback address; serving metrics there needs --tls DIR (a "
+                   "scraper then presents a certificate from your CA)");
+    o.metrics->tls_dir = o.tls.dir;
+    if (!o.metrics_token_file.empty()) {
+      auto t = dsec::load_metrics_token(o.metrics_token_file);
+      if (!t) {
+        std::fprintf(stderr, "dsecd: %s\n", t.error_value().to_string().c_str());
+        return 1;
+      }
+      o.metrics->token = *t;
+    }
+  }
   if (!o.tls.enabled() && !is_loopback(o.host))
     return bad("--listen: " + o.host
                + " is not a loopback address; listening there needs --tls DIR, so that "
@@ -635,13 +683,57 @@ int main(int argc, char** argv) {
                 dsec::format_endpoint(o.host, *port).c_str(), tls.c_str(),
                 o.d.state_dir.c_str(), o.d.slots, o.d.oversubscribe, o.d.spawners, o.threads,
                 role.c_str(), o.d.defaults->describe().c_str());
+  // /metrics, /healthz, /readyz (docs/observability.md): on threads of their
+  // own, reading what the actors publish in atomics.
+  std::atomic<bool> stopping{false};
+  std::unique_ptr<dsec::metrics_http> metrics;
+  if (o.metrics) {
+    auto& reg = dsec::metrics::process_registry();
+    dsec::metrics::add_process_collector(reg);
+    reg.get_gauge("dsec_build_info", "1, labelled with dsec's version and the daemon's role.",
+                  {{"version", DSEC_VERSION},
+                   {"role", o.d.coordinator         ? "coordinator"
+                            : o.d.join_host.empty() ? "node"
+                                                    : "member"}})
+      .set(1);
+    std::string blobs = o.d.sim ? std::string{} : o.d.state_dir + "/blobs";
+    std::string coordinator = o.d.join_host.empty()
+                                ? std::string{}
+                                : dsec::format_endpoint(o.d.join_host, o.d.join_port);
+    o.metrics->ready = [&stopping, &reg, blobs, coordinator]() -> std::optional<std::string> {
+      if (stopping)
+        return std::string{"shutting down"};
+      if (reg.value("dsec_nodes_cordoned") > 0)
+        return std::string{"cordoned or draining (dsec node uncordon)"};
+      if (reg.value("dsec_cluster_joined") < reg.value("dsec_cluster_members"))
+        return coordinator.empty() ? std::string{"its own node has not joined it yet"}
+                                   : "not joined to the coordinator " + coordinator;
+      if (!blobs.empty() && ::access(blobs.c_str(), R_OK | X_OK) != 0)
+        return "the layer store " + blobs + " is not reachable: " + std::strerror(errno);
+      return std::nullopt;
+    };
+    auto m = dsec::metrics_http::start(*o.metrics, reg);
+    if (!m) {
+      std::fprintf(stderr, "dsecd: %s\n", m.error_value().message.c_str());
+      (void) dsec::unpublish(sys, (*d)->scheduler().address(), *port);
+      (void) (*d)->shutdown();
+      return 1;
+    }
+    metrics = std::move(*m);
+    std::printf("dsecd: metrics on %s://%s/metrics (and /healthz, /readyz)%s\n",
+                o.tls.enabled() ? "https" : "http",
+                dsec::format_endpoint(o.metrics->host, metrics->port()).c_str(),
+                o.metrics->token.empty() ? "" : ", with a bearer token");
+  }
   std::fflush(stdout);
   int sig = 0;
   ::sigwait(&stop, &sig);
+  stopping = true;
   std::printf("dsecd: %s: destroying every sandbox\n", ::sigabbrev_np(sig));
   std::fflush(stdout);
   (void) dsec::unpublish(sys, (*d)->scheduler().address(), *port);
   auto n = (*d)->shutdown();
+  metrics.reset(); // before the daemon: its collectors read the engine
   if (n)
     std::printf("dsecd: %u sandboxes destroyed; bye\n", *n);
   else

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "tools/dsec/cli.hpp"
 
@@ -28,6 +29,8 @@ Verbs:
   layer import|pull     make a base layer of a container image (a layout, a
                         docker archive, a registry); layer inspect shows one
   run                   run one command in a fresh sandbox and destroy it
+  top HOST:PORT...      a terminal view of dsecds' --metrics, redrawn every
+                        second (runs dsec-top; docs/observability.md)
 
 Verbs of a daemon (dsecd), with --connect HOST:PORT before the verb:
   ps                    list its sandboxes (--json)
@@ -132,6 +135,26 @@ int main(int argc, char** argv) {
     return layer_main(g, a);
   if (verb == "run")
     return run_main(g, a);
+  if (verb == "top") {
+    // dsec-top (it links cpp-httplib; this dsec is static).
+    std::string beside;
+    auto path = dsec::cli::find_companion("dsec-top", "DSEC_TOP", beside);
+    if (path.empty()) {
+      std::fprintf(stderr, "dsec: top needs dsec-top, which was not found beside dsec, "
+                           "$DSEC_TOP is not set, and not in " DSEC_LIBEXECDIR "\n");
+      return 1;
+    }
+    std::vector<std::string> words{path};
+    while (!a.empty())
+      words.emplace_back(a.next());
+    std::vector<char*> av;
+    for (auto& w : words)
+      av.push_back(w.data());
+    av.push_back(nullptr);
+    ::execv(path.c_str(), av.data());
+    std::fprintf(stderr, "dsec: top: cannot run %s: %s\n", path.c_str(), std::strerror(errno));
+    return 1;
+  }
   if (verb == "help") {
     std::fputs(usage, stdout);
     return 0;
