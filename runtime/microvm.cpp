@@ -150,12 +150,12 @@ expected<std::unique_ptr<microvm>> microvm::boot(const microvm_options& opts) {
     auto started = vm->start_once(opts);
     if (!started)
       return std::move(started).error_value(); // QEMU could not start: no retry helps
-    auto ready = vm->wait_ready(opts.boot_timeout);
+    auto ready = vm->wait_ready(opts.boot_timeout, opts.cancel);
     if (ready)
       return vm;
     last = std::move(ready).error_value();
     vm->kill_qemu();
-    if (last.code != errc::timeout)
+    if (last.code != errc::timeout || (opts.cancel && opts.cancel->load()))
       break; // the guest said why: another try says the same
   }
   return last;
@@ -383,7 +383,8 @@ expected<void> microvm::pump(int timeout_ms, const std::function<void(frame&&)>&
   return {};
 }
 
-expected<void> microvm::wait_ready(std::chrono::milliseconds timeout) {
+expected<void> microvm::wait_ready(std::chrono::milliseconds timeout,
+                                   const std::atomic<bool>* cancel) {
   auto deadline = started_ + timeout;
   bool ready = false;
   std::string failed;
@@ -395,7 +396,9 @@ expected<void> microvm::wait_ready(std::chrono::milliseconds timeout) {
       return make_error(errc::timeout, "microvm: the guest was not ready after " +
                                            std::to_string(timeout.count()) + " ms; console: " +
                                            console_tail_);
-    DSEC_TRY_VOID(pump(static_cast<int>(left.count()), [&](frame&& f) {
+    if (cancel && cancel->load())
+      return make_error(errc::closed, "microvm: the boot was cancelled");
+    DSEC_TRY_VOID(pump(static_cast<int>(std::min<long>(left.count(), 200)), [&](frame&& f) {
       if (f.type == VM_READY && f.payload.size() >= sizeof r) {
         std::memcpy(&r, f.payload.data(), sizeof r);
         ready = true;

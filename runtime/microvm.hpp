@@ -19,6 +19,7 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -66,6 +67,9 @@ struct microvm_options {
   /// a boot that hangs is tried (TCG boots hang at random now and then).
   std::chrono::milliseconds boot_timeout{180000};
   unsigned attempts = 2;
+  /// When set and it turns true, boot() stops waiting (errc::closed): a
+  /// sandbox destroyed while it boots.
+  const std::atomic<bool>* cancel = nullptr;
 };
 
 /// Where a boot's time went (host wall clock, and the guest's CLOCK_BOOTTIME).
@@ -137,7 +141,7 @@ public:
 private:
   microvm() = default;
   expected<void> start_once(const microvm_options& opts);
-  expected<void> wait_ready(std::chrono::milliseconds timeout);
+  expected<void> wait_ready(std::chrono::milliseconds timeout, const std::atomic<bool>* cancel);
   void kill_qemu();
   void read_console();
   expected<frame> wait_for(uint32_t id, const std::function<bool(frame&)>& keep_going);

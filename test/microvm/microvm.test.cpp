@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "runtime/microvm.hpp"
+#include "test/microvm/guest.hpp"
 #include "test/support/fixture.hpp"
 #include "test/support/process.hpp"
 #include "test/support/skip.hpp"
@@ -27,31 +28,8 @@ using namespace dsec::test;
 
 namespace {
 
-// The guest directory, built once (at registration, so that a machine without
-// one skips); empty when it cannot be had.
-const std::string& guest_dir() {
-  static const std::string dir = [] {
-    const char* script = std::getenv("DSEC_MICROVM_SCRIPT");
-    const char* agent = std::getenv("DSEC_GUEST_AGENT");
-    const char* cache = std::getenv("DSEC_MICROVM_CACHE");
-    if (!script || !agent || !cache)
-      return std::string();
-    if (::access("/usr/bin/qemu-system-x86_64", X_OK) != 0)
-      return std::string();
-    auto r = run_process({script, "--guest", agent, "--cache", cache}, {.kill_after = 600s});
-    if (r.status != 0) {
-      std::fprintf(stderr, "[microvm] tools/microvm-guest failed: %s\n", r.describe().c_str());
-      return std::string();
-    }
-    auto out = r.out;
-    while (!out.empty() && out.back() == '\n')
-      out.pop_back();
-    return out;
-  }();
-  return dir;
-}
-
-bool have_guest() { return !guest_dir().empty(); }
+const std::string& guest_dir() { return microvm_guest_dir(); }
+bool have_guest() { return have_microvm_guest(); }
 
 microvm_options options_for(std::vector<std::string> layers) {
   microvm_options o;
