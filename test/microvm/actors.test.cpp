@@ -9,6 +9,7 @@
 #include <doctest/doctest.h>
 
 #include <dirent.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -184,6 +185,44 @@ TEST_CASE("a microVM whose kernel does not boot fails its create with QEMU's rea
   CHECK_MESSAGE(e.code == errc::sandbox_failed, describe(e));
   CHECK_MESSAGE(e.message.find("QEMU exited") != std::string::npos, describe(e));
   CHECK(eventually_no_qemu());
+}
+
+TEST_CASE("kill -9 of a dsecd with a microVM: its QEMU dies with it" *
+          skip_unless(have_microvm_guest(), "needs qemu-system-x86_64 and a guest kernel (tools/microvm-guest)")) {
+  dsecd_proc d({"--microvm-slots", "1", "--microvm-guest", microvm_guest_dir()});
+  CHECK(d.bg.wait_for_output("microvm backend, 1 slots"));
+  test_system ts;
+  caf::actor_system sys{ts.cfg};
+  auto c = connect(sys, d.port);
+  auto s = open(*c);
+  auto ids = s->create(vm_env(), 1);
+  REQUIRE_MESSAGE(ids, describe(ids.error_value()));
+  REQUIRE(ids->size() == 1);
+  // The QEMU processes whose parent is that dsecd.
+  auto children = [&] {
+    std::vector<pid_t> out;
+    DIR* dir = ::opendir("/proc");
+    while (auto* e = ::readdir(dir)) {
+      std::ifstream f("/proc/" + std::string(e->d_name) + "/stat");
+      std::string stat;
+      std::getline(f, stat);
+      auto rp = stat.rfind(')');
+      if (rp != std::string::npos && stat.find("(qemu-system") != std::string::npos
+          && std::atoi(stat.c_str() + rp + 4) == d.bg.pid())
+        out.push_back(std::atoi(e->d_name));
+    }
+    ::closedir(dir);
+    return out;
+  }();
+  REQUIRE(children.size() == 1);
+  d.stop(SIGKILL); // with the session open: nothing but the kill ends the VM
+  bool gone = false;
+  for (int i = 0; i < 600 && !gone; ++i) {
+    gone = ::kill(children.front(), 0) != 0 && errno == ESRCH;
+    if (!gone)
+      std::this_thread::sleep_for(100ms);
+  }
+  CHECK(gone);
 }
 
 TEST_CASE("a node without the microvm backend refuses it, naming the ones it offers") {
