@@ -194,9 +194,7 @@ expected<void> microvm::start_once(const microvm_options& opts) {
       append += " tsc_early_khz=" + khz;
   }
   std::vector<std::string> args = {
-      // TCG: a 64 MiB translation cache instead of the 1 GiB default, most of which a
-      // VM would touch (measured: VmRSS 252 MiB at -m 128M with the default).
-      qemu, "-M", machine, "-accel", accel_ == microvm_accel::kvm ? "kvm" : "tcg,tb-size=64",
+      qemu, "-M", machine, "-accel", accel_ == microvm_accel::kvm ? "kvm" : "tcg",
       "-m", std::to_string(opts.memory >> 20) + "M", "-smp", std::to_string(opts.cpus),
       "-nodefaults", "-no-user-config", "-nographic", "-no-reboot",
       "-kernel", opts.guest.kernel, "-initrd", opts.guest.initrd, "-append", append,
