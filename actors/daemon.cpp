@@ -147,6 +147,7 @@ expected<std::unique_ptr<daemon>> daemon::start(caf::actor_system& sys,
   nc.pools = opts.pools;
   nc.pool_pressure_file = opts.pool_pressure_file;
   nc.pool_pressure_avg10 = opts.pool_pressure_avg10;
+  nc.microvm = opts.microvm;
   d->node_ = spawn_node(sys, std::move(nc));
   scheduler_config sc;
   sc.node = d->node_;

@@ -16,6 +16,7 @@
 
 #include "actors/door.hpp"
 #include "actors/interfaces.hpp"
+#include "actors/microvm_sandbox.hpp"
 #include "actors/sim_sandbox.hpp"
 #include "actors/warm_pool.hpp"
 #include "runtime/defaults.hpp"
@@ -48,6 +49,8 @@ struct daemon_options {
   std::optional<egress_options> egress;
   /// Trajectory logs unused for this long are removed; 0: kept until closed.
   std::chrono::milliseconds trajectory_keep{std::chrono::hours(24 * 7)};
+  /// The microVM backend (dsecd --microvm-slots, docs/microvm.md); nullopt: none.
+  std::optional<microvm_node_config> microvm;
   // ---- the cluster (docs/cluster.md) ----
   /// Be a coordinator: place sandboxes over the nodes that join, this
   /// daemon's own node among them (it joins its own scheduler).

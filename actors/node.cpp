@@ -130,6 +130,8 @@ struct node_state {
   // The backends it offers (actors/backend.hpp), by name. A simulated node
   // has none: it models the container backend itself (sim_sandbox).
   std::map<std::string, std::unique_ptr<backend>, std::less<>> backends;
+  // The ids of its microVMs (some may have ended: only those in `live` count).
+  std::unordered_set<std::string> microvm_ids;
   // Admitted sandboxes wait here for their turn: creating a few at a time lets
   // the first of a big batch be ready at once instead of all at the end.
   std::deque<sandbox_config> queued;
@@ -229,14 +231,27 @@ uint64_t charge_of(const node_state& s, const environment& env) {
   return s.admit_limit ? s.cfg.memory / s.admit_limit : 0;
 }
 
-// The backends it offers with their capacity (node_stats, node_report).
+// Its microVMs alive now.
+uint32_t live_microvms(const node_state& s) {
+  uint32_t n = 0;
+  for (const auto& id : s.microvm_ids)
+    n += s.live.count(id) ? 1 : 0;
+  return n;
+}
+
+// The backends it offers with their capacity (node_stats, node_report). The
+// microvm backend has its own slots (node_config::microvm).
 std::vector<backend_offer> offers(const node_state& s) {
   std::vector<backend_offer> out;
   auto live = static_cast<uint32_t>(s.live.size());
   if (s.cfg.sim)
     out.push_back({std::string{backend_container}, s.admit_limit, live});
-  for (const auto& [name, b] : s.backends)
-    out.push_back({name, s.admit_limit, live});
+  for (const auto& [name, b] : s.backends) {
+    if (name == "microvm" && s.cfg.microvm)
+      out.push_back({name, std::min(s.cfg.microvm->slots, s.admit_limit), live_microvms(s)});
+    else
+      out.push_back({name, s.admit_limit, live});
+  }
   return out;
 }
 
@@ -471,6 +486,14 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
   if (!st.cfg.sim) {
     auto c = make_container_backend();
     st.backends.emplace(std::string{c->name()}, std::move(c));
+    if (st.cfg.microvm && st.cfg.eng) {
+      auto m = make_microvm_backend(*st.cfg.microvm);
+      std::printf("dsecd: node %s: microvm backend, %u slots, %s, guest %s\n", st.cfg.name.c_str(),
+                  st.cfg.microvm->slots, microvm_accel_of(*st.cfg.microvm).c_str(),
+                  st.cfg.microvm->guest_dir.c_str());
+      std::fflush(stdout);
+      st.backends.emplace(std::string{m->name()}, std::move(m));
+    }
   }
   start_pools(self);
   publish(self);
@@ -524,6 +547,13 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
           memory_bound = true;
         }
       }
+      bool microvm = env.backend == "microvm" && s.cfg.microvm;
+      if (microvm) {
+        for (auto it = s.microvm_ids.begin(); it != s.microvm_ids.end();)
+          it = s.live.count(*it) ? std::next(it) : s.microvm_ids.erase(it);
+        auto used = static_cast<uint32_t>(s.microvm_ids.size());
+        room = std::min(room, s.cfg.microvm->slots > used ? s.cfg.microvm->slots - used : 0u);
+      }
       uint32_t admitted = std::min(count, room);
       if (s.cfg.sim && admitted > 0) {
         // No runtime: spawn them all now; they share one description.
@@ -571,6 +601,8 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
         sc.key = s.cfg.key;
         s.live.emplace(sc.id, node_state::entry{{}, false, each, mclock::now(),
                                                 &metrics_of(env.backend)});
+        if (microvm)
+          s.microvm_ids.insert(sc.id);
         s.memory_admitted += each;
         s.queued.push_back(std::move(sc));
         ++s.creating;

@@ -11,6 +11,7 @@
 #include <optional>
 
 #include "actors/interfaces.hpp"
+#include "actors/microvm_sandbox.hpp"
 #include "actors/sim_sandbox.hpp"
 #include "actors/warm_pool.hpp"
 #include "runtime/defaults.hpp"
@@ -56,6 +57,10 @@ struct node_config {
   std::string pool_pressure_file = "/proc/pressure/memory";
   double pool_pressure_avg10 = 10.0;
   std::chrono::milliseconds pool_pressure_interval{500};
+  // ---- the microVM backend (issue 22, docs/microvm.md) ----
+  /// Set: the node offers "microvm" too, with these slots of its own (they
+  /// count against the node's slots as well).
+  std::optional<microvm_node_config> microvm;
 };
 
 node_actor spawn_node(caf::actor_system& sys, node_config cfg);

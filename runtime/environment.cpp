@@ -8,7 +8,8 @@
 namespace dsec {
 
 std::vector<std::string_view> known_backends() {
-  return {backend_container, backend_function};
+  // "microvm": runtime/microvm.hpp, actors/microvm_sandbox.hpp (issue 22).
+  return {backend_container, backend_function, "microvm"};
 }
 
 namespace {

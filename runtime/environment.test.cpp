@@ -51,8 +51,9 @@ TEST_CASE("environment::validate takes a well-formed environment and names what 
   check_refused(with([](auto& e) { e.cpus = -2; }), errc::invalid_argument, "--cpus -2");
   check_refused(with([](auto& e) { e.cpus = std::numeric_limits<double>::quiet_NaN(); }), errc::invalid_argument, "--cpus");
   check_refused(with([](auto& e) { e.disk = 1000; }), errc::invalid_argument, "--disk 1000");
-  check_refused(with([](auto& e) { e.backend = "microvm"; }), errc::unsupported,
-                "backend 'microvm' is not available (only container, function)");
+  check_refused(with([](auto& e) { e.backend = "firecracker"; }), errc::unsupported,
+                "backend 'firecracker' is not available (only container, function, microvm)");
+  CHECK(with([](auto& e) { e.backend = "microvm"; }).validate());
   // What 0 means (the node's default, no limit) is valid.
   CHECK(with([](auto& e) {
           e.memory = 4ull << 20;

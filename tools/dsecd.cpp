@@ -24,6 +24,7 @@
 
 #include "actors/basp_guard.hpp"
 #include "actors/daemon.hpp"
+#include "runtime/microvm.hpp"
 #include "runtime/net_policy.hpp"
 #include "actors/warm_pool.hpp"
 #include "actors/door.hpp"
@@ -177,6 +178,12 @@ Options:
                          whose sandboxes are actors with a model of the runtime
                          (commands exit 0 with no output; put is accepted,
                          get/pack are unsupported). Trajectory logs are refused
+  --microvm-slots N      also offer the microvm backend (docs/microvm.md): at
+                         most N microVMs at once (QEMU's microvm machine, KVM
+                         when usable, else TCG: said in the log at start)
+  --microvm-guest DIR    the guest kernel and initramfs (vmlinux, initrd.cpio:
+                         what tools/microvm-guest prints); needs --microvm-slots
+  --microvm-accel A      auto (default), kvm or tcg
   --sim-nodes N          simulated nodes (default 160)
   --sim-slots N          slots per simulated node (default 3200)
   --sim-create DUR       modelled time to create a sandbox (default 0: at once)
@@ -360,6 +367,22 @@ int main(int argc, char** argv) {
       o.d.pools.push_back(std::move(*spec));
     } else if (opt("--pool-pressure-file")) {
       o.d.pool_pressure_file = v;
+    } else if (opt("--microvm-slots")) {
+      if (!dsec::cli::parse_uint(v, 100'000, n) || n == 0)
+        return bad("--microvm-slots: expected a count from 1 to 100000, got '" + v + "'");
+      if (!o.d.microvm)
+        o.d.microvm.emplace();
+      o.d.microvm->slots = static_cast<uint32_t>(n);
+    } else if (opt("--microvm-guest")) {
+      if (!o.d.microvm)
+        o.d.microvm.emplace();
+      o.d.microvm->guest_dir = v;
+    } else if (opt("--microvm-accel")) {
+      if (v != "auto" && v != "kvm" && v != "tcg")
+        return bad("--microvm-accel: expected auto, kvm or tcg, got '" + v + "'");
+      if (!o.d.microvm)
+        o.d.microvm.emplace();
+      o.d.microvm->accel = v;
     } else if (opt("--pool-pressure-avg10")) {
       char* end = nullptr;
       double r = std::strtod(v.c_str(), &end);
@@ -495,6 +518,11 @@ int main(int argc, char** argv) {
       return bad("unknown argument '" + std::string{a.peek()} + "'");
     }
   }
+  if (o.d.microvm && (o.d.microvm->slots == 0 || o.d.microvm->guest_dir.empty()))
+    return bad("the microvm backend needs both --microvm-slots N and --microvm-guest DIR");
+  if (o.d.microvm)
+    if (auto g = dsec::microvm_guest::in(o.d.microvm->guest_dir); !g)
+      return bad("--microvm-guest: " + g.error_value().message);
   if (backend_sim && !o.d.coordinator)
     return bad("--backend sim simulates a whole cluster and needs --coordinator (its nodes "
                "are simulated in the coordinator's process)");

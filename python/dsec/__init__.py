@@ -174,8 +174,10 @@ def _parse_address(address: object) -> tuple[str, int]:
 
 def _environment(base: object, workdir: object, tools: Iterable[str] | None, memory: object,
                  pids: object, cpus: object, disk: object, net: object, chronus: object,
-                 ttl: object, snapshot: object = None) -> _dsec.Environment:
+                 ttl: object, snapshot: object = None,
+                 backend: object = "container") -> _dsec.Environment:
     env = _dsec.Environment()
+    env.backend = _str("backend", backend, allow_empty=False)
     if snapshot is not None:  # snapshots (issue 16): the layers come from the diff
         env.snapshot = _str("snapshot", snapshot, allow_empty=False)
         env.base = "" if base is None else _str("base", base)
@@ -593,7 +595,8 @@ class Session:
                count: int = 1, *, memory: Size | None = None, pids: int | None = None,
                cpus: float | None = None, disk: Size | None = None, net: bool = False,
                chronus: bool = False, ttl: Seconds | None = None, key: str | None = None,
-               tags: Mapping[str, str] | None = None, snapshot: str | None = None) -> Batch:
+               tags: Mapping[str, str] | None = None, snapshot: str | None = None,
+               backend: str = "container") -> Batch:
         """Creates `count` sandboxes of base + workdir + tools (NAME@VERSION
         each; the last tool on top) and returns them as a Batch (a list).
 
@@ -612,9 +615,12 @@ class Session:
         snapshot: a diff layer (Sandbox.snapshot()) to start from instead of
         base and workdir: the environment it records with the diff on top;
         `tools` go above it.
+
+        backend: "container" (default) or "microvm": a QEMU microVM booting
+        the same layers (docs/microvm.md), on a node that offers it.
         """
         env = _environment(base, workdir, tools, memory, pids, cpus, disk, net, chronus, ttl,
-                           snapshot)
+                           snapshot, backend)
         count = _int("count", count, hi=1_000_000)
         made, failures = self._s.create(env, count, *_labels(key, tags))
         return _batch(self, made, failures, count)

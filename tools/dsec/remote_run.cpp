@@ -48,6 +48,9 @@ Sandbox and session:
                            (docs/trajectory.md); at most one live per session
   --tag NAME=VALUE         a tag for the sandbox (repeatable), shown by the
                            session's list
+  --backend NAME           container (default) or microvm: a QEMU microVM
+                           booting the same layers (docs/microvm.md), on a
+                           node that offers it (dsecd --microvm-slots)
   --chronus                give the sandbox Chronus: the `chronus` client, for
                            trusted commands (`exec --trusted`) to report stages
                            and ask for feedback; see `session watch` and
@@ -199,6 +202,7 @@ int run_main(context& ctx, args& a) {
   command_spec cs;
   exec_flags f;
   bool chronus = false;
+  std::string backend{backend_container};
   std::string session_id;
   std::optional<std::chrono::milliseconds> ttl;
   create_labels labels;
@@ -226,7 +230,16 @@ int run_main(context& ctx, args& a) {
       continue;
     }
     std::string v;
-    auto got = a.option("--session", v);
+    auto got = a.option("--backend", v);
+    if (!got)
+      return usage_error(verb, got.error_value().message);
+    if (*got) {
+      if (v.empty())
+        return usage_error(verb, "--backend needs a name (container or microvm)");
+      backend = v;
+      continue;
+    }
+    got = a.option("--session", v);
     if (!got)
       return usage_error(verb, got.error_value().message);
     if (*got) {
@@ -286,6 +299,15 @@ int run_main(context& ctx, args& a) {
     return *rc;
   environment env = sb.env;
   env.chronus = chronus;
+  env.backend = backend;
+  {
+    bool known = false;
+    for (auto b : known_backends())
+      known = known || b == backend;
+    if (!known || backend == backend_function)
+      return usage_error(verb, "--backend: expected container or microvm, got '" + backend
+                                 + "' (the function backend is `call`)");
+  }
   if (ttl)
     env.ttl_ms = static_cast<uint64_t>(ttl->count());
   auto req = make_request(cs, std::move(argv));

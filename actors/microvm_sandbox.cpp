@@ -1,0 +1,569 @@
+#include "actors/microvm_sandbox.hpp"
+
+#include <caf/actor_system.hpp>
+#include <caf/send.hpp>
+#include <caf/stateful_actor.hpp>
+#include <caf/typed_event_based_actor.hpp>
+
+#include <sys/wait.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "actors/sandbox.hpp"
+#include "actors/types.hpp"
+#include "runtime/builder.hpp"
+#include "runtime/clock.hpp"
+#include "runtime/engine.hpp"
+#include "runtime/microvm.hpp"
+
+namespace dsec {
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+// What the worker thread tells the actor, in order.
+struct vm_event {
+  enum class kind { ready, failed, frame } what;
+  error err;
+  microvm::frame f;
+  microvm_boot_times times;
+  std::string accel;
+};
+
+// One VM's thread: lease, boot, pump; destroy on stop. Shared by the actor
+// and the thread; the thread holds it until it has reaped QEMU.
+class vm_worker : public std::enable_shared_from_this<vm_worker> {
+public:
+  vm_worker(sandbox_actor owner, microvm_options opts, store* st, environment env)
+    : owner_(std::move(owner)), opts_(std::move(opts)), store_(st), env_(std::move(env)) {}
+
+  void start() {
+    auto self = shared_from_this();
+    std::thread([self] { self->run(); }).detach();
+  }
+
+  // From the actor: never blocks on the guest.
+  void queue(uint16_t type, uint32_t id, std::string_view a, std::string_view b = {}) {
+    std::lock_guard lock(mutex_);
+    if (vm_)
+      vm_->queue(type, id, a, b);
+  }
+
+  void stop() {
+    stop_ = true;
+    std::lock_guard lock(mutex_);
+    if (vm_)
+      vm_->wake();
+  }
+
+  std::deque<vm_event> take() {
+    std::lock_guard lock(mutex_);
+    std::deque<vm_event> out;
+    out.swap(events_);
+    return out;
+  }
+
+  pid_t qemu_pid() const { return pid_.load(); }
+
+private:
+  void post(vm_event ev) {
+    bool first;
+    {
+      std::lock_guard lock(mutex_);
+      first = events_.empty();
+      events_.push_back(std::move(ev));
+    }
+    if (first)
+      caf::anon_send(owner_, event_atom::value, process_key());
+  }
+
+  void run() {
+    run_vm();
+    // Gone: QEMU reaped, the layers' leases released.
+    caf::anon_send(owner_, reaped_atom::value, process_key());
+    owner_ = nullptr;
+  }
+
+  void run_vm() {
+    // The layers' leases (store::remove refuses them while held) for as long
+    // as the VM runs; their images are the VM's disks.
+    auto leases = lease_layers(*store_, env_);
+    if (!leases) {
+      post({vm_event::kind::failed, std::move(leases).error_value().in_step("lease_layers"), {}, {}, {}});
+      return;
+    }
+    for (const auto& l : *leases)
+      for (const auto& p : l.blob_paths())
+        opts_.layers.push_back(p);
+    opts_.cancel = &stop_;
+    auto vm = microvm::boot(opts_);
+    if (!vm) {
+      post({vm_event::kind::failed, std::move(vm).error_value().in_step("boot_microvm"), {}, {}, {}});
+      return;
+    }
+    pid_ = (*vm)->pid();
+    {
+      std::lock_guard lock(mutex_);
+      vm_ = vm->get();
+    }
+    post({vm_event::kind::ready, {}, {}, (*vm)->boot_times(), to_string((*vm)->accel())});
+    while (!stop_) {
+      auto r = vm_->pump(-1, [&](microvm::frame&& f) {
+        post({vm_event::kind::frame, {}, std::move(f), {}, {}});
+      });
+      if (!r) {
+        post({vm_event::kind::failed, std::move(r).error_value(), {}, {}, {}});
+        break;
+      }
+    }
+    {
+      std::lock_guard lock(mutex_);
+      vm_ = nullptr;
+    }
+    vm->reset(); // SIGKILL and reap QEMU
+  }
+
+  sandbox_actor owner_;
+  microvm_options opts_;
+  store* store_;
+  environment env_;
+  std::atomic<bool> stop_{false};
+  std::atomic<pid_t> pid_{-1};
+  std::mutex mutex_;
+  microvm* vm_ = nullptr; // while it runs (guarded by mutex_)
+  std::deque<vm_event> events_;
+};
+
+enum class phase : uint8_t { creating, ready, destroying };
+
+struct vm_exec {
+  caf::typed_response_promise<exec_result> rp;
+  caf::strong_actor_ptr listener; // gets output_chunk when streaming
+  bool stream = false;
+  bool detach = false;
+  bool timed_out = false;
+  bool truncated = false;
+  uint64_t max_output = 0;
+  std::string out, err;
+  clock_type::time_point t0;
+};
+
+struct vm_state {
+  static inline const char* name = "dsec.microvm_sandbox";
+
+  sandbox_config cfg;
+  std::shared_ptr<const microvm_node_config> node;
+  std::shared_ptr<vm_worker> worker;
+  phase ph = phase::creating;
+  uint64_t created_ms = 0;
+  clock_type::time_point expires{};
+  uint64_t ttl_setting = 0;
+  bool creation_failed_told = false;
+  bool reaped = false;
+  uint32_t next_id = 0;
+  std::map<uint32_t, vm_exec> execs;
+  std::vector<caf::typed_response_promise<bool>> destroy_waiters;
+};
+
+using self_ptr = sandbox_actor::stateful_pointer<vm_state>;
+
+void finish_destroy(self_ptr self) {
+  auto& s = self->state;
+  for (auto& [id, x] : s.execs)
+    if (!x.detach)
+      x.rp.deliver(to_caf(make_error(errc::sandbox_failed, "sandbox " + s.cfg.id + " was destroyed")));
+  s.execs.clear();
+  tell_end(self, s.cfg.key, s.cfg.session, s.cfg.node, s.cfg.id, s.cfg.request, s.created_ms != 0,
+           s.creation_failed_told);
+  for (auto& rp : s.destroy_waiters)
+    rp.deliver(true);
+  s.destroy_waiters.clear();
+  self->quit();
+}
+
+void begin_destroy(self_ptr self) {
+  auto& s = self->state;
+  if (s.ph == phase::destroying)
+    return;
+  s.ph = phase::destroying;
+  s.worker->stop(); // the worker kills QEMU and then sends reaped_atom
+  if (s.reaped)
+    finish_destroy(self);
+}
+
+void fail_creation(self_ptr self, const error& e) {
+  auto& s = self->state;
+  s.creation_failed_told = true;
+  self->send(s.cfg.session, failed_atom::value, s.cfg.key, to_caf(e), s.cfg.request);
+  begin_destroy(self);
+}
+
+void on_frame(self_ptr self, microvm::frame& f) {
+  auto& s = self->state;
+  auto it = s.execs.find(f.id);
+  if (it == s.execs.end())
+    return;
+  auto& x = it->second;
+  switch (f.type) {
+    case VM_STARTED:
+      if (x.detach) {
+        x.rp.deliver(exec_result{});
+        // Nobody collects a detached command's output: forget it (its later
+        // frames find no entry and are dropped).
+        s.execs.erase(it);
+      }
+      return;
+    case VM_OUTPUT: {
+      uint8_t stream = f.flags == 2 ? 2 : 1;
+      if (x.stream && x.listener) {
+        caf::anon_send(caf::actor_cast<caf::actor>(x.listener),
+                       output_chunk{s.cfg.id, f.id, stream, std::move(f.payload)});
+        return;
+      }
+      auto& buf = stream == 1 ? x.out : x.err;
+      if (buf.size() + f.payload.size() > x.max_output) {
+        x.truncated = true;
+        buf.append(f.payload, 0, x.max_output > buf.size() ? x.max_output - buf.size() : 0);
+      } else {
+        buf += f.payload;
+      }
+      return;
+    }
+    case VM_EXITED: {
+      int32_t st = 0;
+      if (f.payload.size() >= 4)
+        std::memcpy(&st, f.payload.data(), 4);
+      exec_result r;
+      if (WIFEXITED(st))
+        r.exit_code = WEXITSTATUS(st);
+      else if (WIFSIGNALED(st)) {
+        r.signal = WTERMSIG(st);
+        r.exit_code = 128 + r.signal;
+      }
+      r.timed_out = x.timed_out;
+      r.truncated = x.truncated;
+      r.out = std::move(x.out);
+      r.err = std::move(x.err);
+      r.duration_us = static_cast<uint64_t>(
+        std::chrono::duration_cast<std::chrono::microseconds>(clock_type::now() - x.t0).count());
+      x.rp.deliver(std::move(r));
+      s.execs.erase(it);
+      return;
+    }
+    case VM_DONE: { // it could not start
+      int32_t e = 0;
+      if (f.payload.size() >= 4)
+        std::memcpy(&e, f.payload.data(), 4);
+      std::string why = f.payload.size() > 4 ? f.payload.substr(4) : std::strerror(e);
+      x.rp.deliver(to_caf(make_error(e == ENOENT ? errc::not_found : errc::invalid_argument,
+                                     "sandbox " + s.cfg.id + ": cannot run the command: " + why)
+                            .in_step("execve")));
+      s.execs.erase(it);
+      return;
+    }
+    default:
+      return;
+  }
+}
+
+void on_events(self_ptr self) {
+  auto& s = self->state;
+  for (auto& ev : s.worker->take()) {
+    switch (ev.what) {
+      case vm_event::kind::ready:
+        if (s.ph != phase::creating)
+          break;
+        s.ph = phase::ready;
+        s.created_ms = unix_ms();
+        std::printf("dsecd: microvm %s ready (%s): boot %.0f ms (kernel %.0f, agent %.0f, qemu %.0f)\n",
+                    s.cfg.id.c_str(), ev.accel.c_str(), ev.times.total_ms, ev.times.kernel_ms,
+                    ev.times.agent_ms, ev.times.qemu_ms);
+        std::fflush(stdout);
+        self->send(s.cfg.node, ready_atom::value, process_key(), s.cfg.id);
+        self->send(s.cfg.session, ready_atom::value, s.cfg.key, s.cfg.id, sandbox_actor{self},
+                   s.cfg.request);
+        if (s.cfg.env.ttl_ms > 0) {
+          s.expires = clock_type::now() + std::chrono::milliseconds(s.cfg.env.ttl_ms);
+          self->delayed_send(self, std::chrono::milliseconds(s.cfg.env.ttl_ms), ttl_atom::value,
+                             process_key(), s.ttl_setting);
+        }
+        break;
+      case vm_event::kind::failed:
+        if (s.ph == phase::creating) {
+          fail_creation(self, ev.err);
+        } else {
+          for (auto& [id, x] : s.execs)
+            if (!x.detach)
+              x.rp.deliver(to_caf(ev.err));
+          s.execs.clear();
+          begin_destroy(self);
+        }
+        break;
+      case vm_event::kind::frame:
+        on_frame(self, ev.f);
+        break;
+    }
+  }
+}
+
+caf::error not_ready(const vm_state& s) {
+  return to_caf(make_error(s.ph == phase::creating ? errc::invalid_argument : errc::not_found,
+                           "sandbox " + s.cfg.id
+                             + (s.ph == phase::creating ? " is not ready yet"
+                                                        : " is being destroyed")));
+}
+
+caf::error not_for_vm(const vm_state& s, const char* what) {
+  return to_caf(make_error(errc::unsupported, std::string{what} + ": sandbox " + s.cfg.id
+                                                + " is a microVM; the microvm backend has no "
+                                                + what + " yet (docs/microvm.md)"));
+}
+
+sandbox_actor::behavior_type vm_impl(self_ptr self, sandbox_config cfg,
+                                     std::shared_ptr<const microvm_node_config> node) {
+  auto& st = self->state;
+  st.cfg = std::move(cfg);
+  st.node = std::move(node);
+  const auto& env = st.cfg.env;
+  microvm_options o;
+  o.qemu = st.node->qemu;
+  o.accel = st.node->accel == "kvm" ? microvm_accel::kvm
+            : st.node->accel == "tcg" ? microvm_accel::tcg
+                                      : microvm_accel::automatic;
+  if (auto g = microvm_guest::in(st.node->guest_dir))
+    o.guest = *g;
+  else
+    o.guest = {st.node->guest_dir + "/vmlinux", st.node->guest_dir + "/initrd.cpio"}; // boot names it
+  if (env.memory)
+    o.memory = env.memory;
+  if (env.cpus > 0)
+    o.cpus = static_cast<unsigned>(std::ceil(env.cpus));
+  o.disk = env.disk;
+  o.hostname = st.cfg.id;
+  st.worker = std::make_shared<vm_worker>(sandbox_actor{self}, std::move(o),
+                                          &st.cfg.eng->layers(), env);
+  self->monitor(st.cfg.session);
+  self->set_down_handler([=](caf::down_msg& dm) {
+    auto& s = self->state;
+    if (dm.source == s.cfg.session.address()) {
+      if (really_down(s.cfg.session, "a down message of a sandbox's session"))
+        begin_destroy(self);
+      return;
+    }
+    for (auto& [id, x] : s.execs)
+      if (x.listener && x.listener->address() == dm.source
+          && really_down(x.listener, "a down message of a streamed command's listener")) {
+        x.listener = nullptr;
+        int32_t sig = SIGKILL;
+        s.worker->queue(VM_SIGNAL, id, {reinterpret_cast<const char*>(&sig), 4});
+      }
+  });
+  st.worker->start();
+  return {
+    [=](exec_atom, const internal_key& k, const exec_request& req) -> caf::result<exec_result> {
+      auto& s = self->state;
+      if (!genuine(k, s.cfg.key, "exec (sandbox)"))
+        return refuse("exec");
+      if (s.ph != phase::ready)
+        return not_ready(s);
+      if (req.argv.empty() || req.argv[0].empty())
+        return to_caf(make_error(errc::invalid_argument, "no command given"));
+      for (const auto& kv : req.env)
+        if (kv.find('=') == std::string::npos || kv.front() == '=')
+          return to_caf(make_error(errc::invalid_argument,
+                                   "bad environment entry '" + kv + "' (expected KEY=VALUE)"));
+      if (req.trusted || req.pristine)
+        return not_for_vm(s, "Chronus (trusted commands)");
+      if (req.uid >= 0 || req.gid >= 0)
+        return not_for_vm(s, "--user");
+      auto listener = self->current_sender();
+      auto id = ++s.next_id;
+      auto& x = s.execs[id];
+      x.rp = self->make_response_promise<exec_result>();
+      x.stream = req.stream;
+      x.detach = req.detach;
+      x.max_output = req.max_output;
+      x.t0 = clock_type::now();
+      if (req.stream && listener) {
+        self->monitor(listener);
+        x.listener = std::move(listener);
+      }
+      std::vector<std::string> envv = {"HOME=/root", "TERM=xterm"};
+      envv.insert(envv.end(), req.env.begin(), req.env.end());
+      s.worker->queue(VM_EXEC, id, microvm::exec_payload(req.argv, envv, req.cwd));
+      for (size_t off = 0; off < req.input.size(); off += 65536)
+        s.worker->queue(VM_STDIN, id, std::string_view(req.input).substr(off, 65536));
+      s.worker->queue(VM_STDIN, id, {});
+      if (req.timeout_ms > 0)
+        self->delayed_send(self, std::chrono::milliseconds(req.timeout_ms), timeout_atom::value,
+                           process_key(), uint64_t{id});
+      return x.rp;
+    },
+    [=](timeout_atom, const internal_key& k, uint64_t id) {
+      auto& s = self->state;
+      if (!genuine(k, process_key(), "timeout (sandbox)"))
+        return;
+      auto it = s.execs.find(static_cast<uint32_t>(id));
+      if (it == s.execs.end())
+        return;
+      it->second.timed_out = true;
+      int32_t sig = SIGKILL;
+      s.worker->queue(VM_SIGNAL, it->first, {reinterpret_cast<const char*>(&sig), 4});
+    },
+    [=](signal_atom, const internal_key& k, int32_t sig) -> caf::result<bool> {
+      auto& s = self->state;
+      if (!genuine(k, s.cfg.key, "signal (sandbox)"))
+        return refuse("signal");
+      if (s.ph != phase::ready)
+        return to_caf(make_error(errc::not_found, "sandbox " + s.cfg.id + " is not running"));
+      if (sig < 1 || sig > 64)
+        return to_caf(make_error(errc::invalid_argument, "bad signal " + std::to_string(sig)));
+      for (auto& [id, x] : s.execs)
+        s.worker->queue(VM_SIGNAL, id, {reinterpret_cast<const char*>(&sig), 4});
+      return true;
+    },
+    [=](put_atom, const internal_key& k, const std::string&,
+        const std::string&) -> caf::result<uint64_t> {
+      if (!genuine(k, self->state.cfg.key, "put (sandbox)"))
+        return refuse("put");
+      return not_for_vm(self->state, "put of tar archives");
+    },
+    [=](get_atom, const internal_key& k, const std::string&) -> caf::result<std::string> {
+      if (!genuine(k, self->state.cfg.key, "get (sandbox)"))
+        return refuse("get");
+      return not_for_vm(self->state, "get of tar archives");
+    },
+    [=](destroy_atom, const internal_key& k) -> caf::result<bool> {
+      if (!genuine(k, self->state.cfg.key, "destroy (sandbox)"))
+        return refuse("destroy");
+      auto rp = self->make_response_promise<bool>();
+      self->state.destroy_waiters.push_back(rp);
+      begin_destroy(self);
+      return rp;
+    },
+    [=](list_atom, const internal_key& k) -> caf::result<sandbox_info> {
+      auto& s = self->state;
+      if (!genuine(k, s.cfg.key, "list (sandbox)"))
+        return refuse("list");
+      sandbox_info info;
+      info.id = s.cfg.id;
+      info.session = s.cfg.session_id;
+      info.node = s.cfg.node_name;
+      info.state = s.ph == phase::creating     ? "creating"
+                   : s.ph == phase::destroying ? "destroying"
+                   : s.execs.empty()           ? "ready"
+                                               : "running";
+      info.env = s.cfg.env;
+      info.created_ms = s.created_ms;
+      if (s.expires != clock_type::time_point{}) {
+        auto left = std::chrono::duration_cast<std::chrono::milliseconds>(s.expires - clock_type::now());
+        info.ttl_left_ms = left.count() > 0 ? static_cast<uint64_t>(left.count()) : 0;
+      }
+      info.running = static_cast<uint32_t>(s.execs.size());
+      return info;
+    },
+    [=](feedback_atom, const internal_key& k, const chronus_feedback_msg&) -> caf::result<bool> {
+      if (!genuine(k, self->state.cfg.key, "feedback (sandbox)"))
+        return refuse("feedback");
+      return not_for_vm(self->state, "Chronus");
+    },
+    [=](pack_atom, const internal_key& k,
+        const std::string&) -> caf::result<internal_key, std::string> {
+      if (!genuine(k, self->state.cfg.key, "pack (sandbox)"))
+        return refuse("pack");
+      return not_for_vm(self->state, "packs");
+    },
+    [=](lifetime_atom, const internal_key& k, uint64_t ms) -> caf::result<uint64_t> {
+      auto& s = self->state;
+      if (!genuine(k, s.cfg.key, "lifetime (sandbox)"))
+        return refuse("lifetime");
+      if (s.ph != phase::ready)
+        return to_caf(make_error(errc::invalid_argument,
+                                 "sandbox " + s.cfg.id + " is not ready: its TTL can be set once it is"));
+      ++s.ttl_setting;
+      s.expires = clock_type::now() + std::chrono::milliseconds(ms);
+      self->delayed_send(self, std::chrono::milliseconds(ms), ttl_atom::value, process_key(),
+                         s.ttl_setting);
+      return ms;
+    },
+    [=](network_atom, const internal_key& k, const std::vector<std::string>&,
+        const std::vector<std::string>&) -> caf::result<bool> {
+      if (!genuine(k, self->state.cfg.key, "network (sandbox)"))
+        return refuse("network");
+      return not_for_vm(self->state, "network (a microVM's network is none)");
+    },
+    [=](event_atom, const internal_key& k) {
+      if (genuine(k, process_key(), "event (sandbox)"))
+        on_events(self);
+    },
+    [=](output_atom, const internal_key&, uint64_t, uint8_t, std::string&, bool) {},
+    [=](reaped_atom, const internal_key& k) {
+      if (!genuine(k, process_key(), "reaped (sandbox)"))
+        return;
+      auto& s = self->state;
+      on_events(self); // a failure the worker posted just before
+      s.reaped = true;
+      if (s.ph != phase::destroying) {
+        s.ph = phase::destroying; // QEMU went by itself
+      }
+      finish_destroy(self);
+    },
+    [=](ttl_atom, const internal_key& k, uint64_t setting) {
+      if (genuine(k, process_key(), "ttl (sandbox)") && setting == self->state.ttl_setting)
+        begin_destroy(self);
+    },
+    [=](claim_atom, const internal_key& k, const caf::actor&, const std::string&, uint64_t,
+        uint64_t) -> caf::result<bool> {
+      if (!genuine(k, process_key(), "claim (microvm sandbox)"))
+        return refuse("claim");
+      return false; // warm pools keep containers
+    },
+    [=](pause_atom, const internal_key& k, bool) -> caf::result<bool> {
+      if (!genuine(k, self->state.cfg.key, "pause (sandbox)"))
+        return refuse("pause");
+      return not_for_vm(self->state, "pause");
+    },
+    [=](snapshot_atom, const internal_key& k,
+        const std::string&) -> caf::result<internal_key, std::string> {
+      if (!genuine(k, self->state.cfg.key, "snapshot (sandbox)"))
+        return refuse("snapshot");
+      return not_for_vm(self->state, "snapshots");
+    },
+  };
+}
+
+class microvm_backend final : public backend {
+public:
+  explicit microvm_backend(microvm_node_config cfg)
+    : cfg_(std::make_shared<const microvm_node_config>(std::move(cfg))) {}
+  [[nodiscard]] std::string_view name() const override { return "microvm"; }
+  sandbox_actor spawn(caf::actor_system& sys, sandbox_config cfg) override {
+    return sys.spawn(vm_impl, std::move(cfg), cfg_);
+  }
+
+private:
+  std::shared_ptr<const microvm_node_config> cfg_;
+};
+
+} // namespace
+
+std::unique_ptr<backend> make_microvm_backend(microvm_node_config cfg) {
+  return std::make_unique<microvm_backend>(std::move(cfg));
+}
+
+std::string microvm_accel_of(const microvm_node_config& cfg) {
+  if (cfg.accel == "kvm" || cfg.accel == "tcg")
+    return cfg.accel;
+  return to_string(detect_accel());
+}
+
+} // namespace dsec

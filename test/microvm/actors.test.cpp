@@ -1,0 +1,243 @@
+// The microvm backend through the actors (actors/microvm_sandbox.hpp): an
+// embedded daemon whose node offers "microvm" (daemon_options::microvm), driven
+// through dsec::client like a trainer: create, exec (status, streaming, stdin),
+// TTL, destroy, a failing boot; the node's stats advertise the backend and its
+// own capacity. Nothing is left: no QEMU process after any of them.
+//
+// Skipped without qemu or a guest (test/microvm/guest.hpp). Waits are safety
+// nets with generous caps, never thresholds.
+#include <doctest/doctest.h>
+
+#include <dirent.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <thread>
+
+#include "test/actors/common.hpp"
+#include "test/microvm/guest.hpp"
+#include "test/support/fixture.hpp"
+#include "test/support/skip.hpp"
+
+using namespace dsec;
+using namespace dsec::test;
+using namespace std::chrono_literals;
+
+namespace {
+
+// QEMU processes that are descendants' children of this process (its worker
+// threads fork them: their parent is this process).
+size_t qemu_processes() {
+  size_t n = 0;
+  DIR* d = ::opendir("/proc");
+  if (!d)
+    return 0;
+  while (auto* e = ::readdir(d)) {
+    pid_t pid = std::atoi(e->d_name);
+    if (pid <= 0)
+      continue;
+    std::ifstream f("/proc/" + std::string(e->d_name) + "/stat");
+    std::string stat;
+    std::getline(f, stat);
+    auto rp = stat.rfind(')');
+    if (rp == std::string::npos || stat.find("(qemu-system") == std::string::npos)
+      continue;
+    if (std::atoi(stat.c_str() + rp + 4) == ::getpid())
+      ++n;
+  }
+  ::closedir(d);
+  return n;
+}
+
+bool eventually_no_qemu() {
+  for (int i = 0; i < 600; ++i) {
+    if (qemu_processes() == 0)
+      return true;
+    std::this_thread::sleep_for(100ms);
+  }
+  return false;
+}
+
+daemon_options vm_daemon(const std::string& guest) {
+  daemon_options o;
+  o.state_dir = actor_layers();
+  microvm_node_config m;
+  m.slots = 2;
+  m.guest_dir = guest;
+  o.microvm = m;
+  return o;
+}
+
+environment vm_env() {
+  environment env;
+  env.base = base_layer; // bb@1 (busybox)
+  env.tools = {tool_a};
+  env.backend = "microvm";
+  env.memory = 128ull << 20;
+  return env;
+}
+
+std::unique_ptr<session> open(client& c) {
+  auto s = c.open_session();
+  REQUIRE_MESSAGE(s, "open_session: " << describe(s.error_value()));
+  return std::move(*s);
+}
+
+} // namespace
+
+TEST_SUITE("microvm") {
+
+TEST_CASE("the microvm backend: create, exec with status, stdin and streaming, destroy; stats offer it" *
+          skip_unless(have_microvm_guest(), "needs qemu-system-x86_64 and a guest kernel (tools/microvm-guest)")) {
+  embedded n(vm_daemon(microvm_guest_dir()));
+  auto st = n.c->stats();
+  REQUIRE(st);
+  bool offered = false;
+  for (const auto& b : st->backends)
+    if (b.name == "microvm") {
+      offered = true;
+      CHECK(b.slots == 2);
+      CHECK(b.live == 0);
+    }
+  CHECK(offered);
+
+  auto s = open(*n.c);
+  std::vector<std::string> failures;
+  auto ids = s->create(vm_env(), 1, {}, [&](const error& e) { failures.push_back(describe(e)); });
+  REQUIRE_MESSAGE(ids, describe(ids.error_value()));
+  REQUIRE_MESSAGE(ids->size() == 1, (failures.empty() ? std::string("no failure told") : failures.front()));
+  auto id = ids->front();
+  CHECK(qemu_processes() == 1);
+
+  auto r = s->exec(id, cmd({"sh", "-c", "cat /etc/layer-file; hostname; echo e >&2; exit 5"}));
+  REQUIRE_MESSAGE(r, describe(r.error_value()));
+  CHECK(r->exit_code == 5);
+  CHECK(r->out == "tool-a\n" + id + "\n");
+  CHECK(r->err == "e\n");
+
+  auto in = cmd({"sh", "-c", "read x; echo got $x"});
+  in.input = "hello\n";
+  r = s->exec(id, in);
+  REQUIRE(r);
+  CHECK(r->out == "got hello\n");
+
+  std::string streamed;
+  int chunks = 0;
+  r = s->exec(id, cmd({"sh", "-c", "echo one; sleep 1; echo two"}),
+              [&](uint8_t, std::string_view data) {
+                streamed += data;
+                ++chunks;
+              });
+  REQUIRE_MESSAGE(r, describe(r.error_value()));
+  CHECK(streamed == "one\ntwo\n");
+  CHECK(chunks >= 2);
+
+  auto missing = s->exec(id, cmd({"/no/such/command"}));
+  check_error(missing, errc::not_found, "cannot run the command");
+
+  auto l = s->list();
+  REQUIRE(l);
+  REQUIRE(l->size() == 1);
+  CHECK(l->front().env.backend == "microvm");
+
+  auto pause = s->pause(id);
+  check_error(pause, errc::unsupported, "microVM");
+
+  st = n.c->stats();
+  REQUIRE(st);
+  for (const auto& b : st->backends)
+    if (b.name == "microvm")
+      CHECK(b.live == 1);
+
+  REQUIRE(s->destroy(id));
+  CHECK(eventually_gone(*n.c, {id}));
+  CHECK(eventually_no_qemu());
+}
+
+TEST_CASE("a microVM's TTL ends it; QEMU goes with it" *
+          skip_unless(have_microvm_guest(), "needs qemu-system-x86_64 and a guest kernel (tools/microvm-guest)")) {
+  embedded n(vm_daemon(microvm_guest_dir()));
+  auto s = open(*n.c);
+  auto env = vm_env();
+  env.ttl_ms = 1500;
+  auto ids = s->create(env, 1);
+  REQUIRE_MESSAGE(ids, describe(ids.error_value()));
+  REQUIRE(ids->size() == 1);
+  CHECK(eventually_gone(*n.c, *ids));
+  CHECK(eventually_no_qemu());
+}
+
+TEST_CASE("a microVM whose kernel does not boot fails its create with QEMU's reason; nothing is left" *
+          skip_unless(have_microvm_guest(), "needs qemu-system-x86_64 and a guest kernel (tools/microvm-guest)")) {
+  auto& fx = suite::get();
+  auto dir = fx.scratch();
+  write_file(dir / "vmlinux", std::string(4096, 'Z'));
+  write_file(dir / "initrd.cpio", read_file(microvm_guest_dir() + "/initrd.cpio"));
+  embedded n(vm_daemon(dir.path()));
+  auto s = open(*n.c);
+  std::vector<error> failures;
+  auto ids = s->create(vm_env(), 1, {}, [&](const error& e) { failures.push_back(e); });
+  // The create fails as a whole (none was made) or reports the one failure.
+  error e = ids ? (failures.empty() ? error{} : failures.front()) : ids.error_value();
+  CHECK((!ids || ids->empty()));
+  CHECK_MESSAGE(e.code == errc::sandbox_failed, describe(e));
+  CHECK_MESSAGE(e.message.find("QEMU exited") != std::string::npos, describe(e));
+  CHECK(eventually_no_qemu());
+}
+
+TEST_CASE("kill -9 of a dsecd with a microVM: its QEMU dies with it" *
+          skip_unless(have_microvm_guest(), "needs qemu-system-x86_64 and a guest kernel (tools/microvm-guest)")) {
+  dsecd_proc d({"--microvm-slots", "1", "--microvm-guest", microvm_guest_dir()});
+  CHECK(d.bg.wait_for_output("microvm backend, 1 slots"));
+  test_system ts;
+  caf::actor_system sys{ts.cfg};
+  auto c = connect(sys, d.port);
+  auto s = open(*c);
+  auto ids = s->create(vm_env(), 1);
+  REQUIRE_MESSAGE(ids, describe(ids.error_value()));
+  REQUIRE(ids->size() == 1);
+  // The QEMU processes whose parent is that dsecd.
+  auto children = [&] {
+    std::vector<pid_t> out;
+    DIR* dir = ::opendir("/proc");
+    while (auto* e = ::readdir(dir)) {
+      std::ifstream f("/proc/" + std::string(e->d_name) + "/stat");
+      std::string stat;
+      std::getline(f, stat);
+      auto rp = stat.rfind(')');
+      if (rp != std::string::npos && stat.find("(qemu-system") != std::string::npos
+          && std::atoi(stat.c_str() + rp + 4) == d.bg.pid())
+        out.push_back(std::atoi(e->d_name));
+    }
+    ::closedir(dir);
+    return out;
+  }();
+  REQUIRE(children.size() == 1);
+  d.stop(SIGKILL); // with the session open: nothing but the kill ends the VM
+  bool gone = false;
+  for (int i = 0; i < 600 && !gone; ++i) {
+    gone = ::kill(children.front(), 0) != 0 && errno == ESRCH;
+    if (!gone)
+      std::this_thread::sleep_for(100ms);
+  }
+  CHECK(gone);
+}
+
+TEST_CASE("a node without the microvm backend refuses it, naming the ones it offers") {
+  embedded n;
+  auto s = open(*n.c);
+  std::vector<error> failures;
+  auto ids = s->create(vm_env(), 1, {}, [&](const error& e) { failures.push_back(e); });
+  if (ids) {
+    CHECK(ids->empty());
+    REQUIRE(!failures.empty());
+    CHECK(failures.front().code == errc::unsupported);
+    CHECK(failures.front().message.find("microvm") != std::string::npos);
+  } else {
+    check_error(ids, errc::unsupported, "microvm");
+  }
+}
+
+} // TEST_SUITE
