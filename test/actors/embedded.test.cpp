@@ -572,8 +572,15 @@ TEST_CASE("bad requests give the right code and a message naming the bad thing")
     create_fails(with([](auto& e) { e.tools = {"noversion"}; }), errc::invalid_argument,
                  "noversion", false);
     create_fails(with([](auto& e) { e.base = ""; }), errc::invalid_argument, "base", false);
-    create_fails(with([](auto& e) { e.backend = "microvm"; }), errc::unsupported, "microvm",
+    create_fails(with([](auto& e) { e.backend = "nosuch"; }), errc::unsupported, "nosuch",
                  false);
+    // A backend dsec knows that this node does not offer: the node refuses
+    // each sandbox, naming it, before admitting any (none counts as failed).
+    std::vector<error> refused;
+    auto r = s->create(with([](auto& e) { e.backend = "microvm"; }), 2, {},
+                       [&](const error& e) { refused.push_back(e); });
+    check_error(r, errc::unsupported, "microvm");
+    CHECK(refused.size() == 2);
   }
   SUBCASE("limits") {
     create_fails(with([](auto& e) { e.memory = 1024; }), errc::invalid_argument, "memory", false);

@@ -20,6 +20,8 @@
 #include <optional>
 #include <thread>
 
+#include "runtime/hex.hpp"
+
 namespace dsec::e2b {
 
 namespace net = boost::asio;
@@ -29,15 +31,6 @@ using tcp = net::ip::tcp;
 
 namespace {
 
-int hexval(char c) {
-  if (c >= '0' && c <= '9')
-    return c - '0';
-  if (c >= 'a' && c <= 'f')
-    return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F')
-    return c - 'A' + 10;
-  return -1;
-}
 
 // Percent-decoding of a URL component ('+' is a space in a query).
 std::string decode(std::string_view s, bool query) {
@@ -45,8 +38,8 @@ std::string decode(std::string_view s, bool query) {
   out.reserve(s.size());
   for (size_t i = 0; i < s.size(); ++i) {
     if (s[i] == '%' && i + 2 < s.size() &&
-        hexval(s[i + 1]) >= 0 && hexval(s[i + 2]) >= 0) {
-      out.push_back(static_cast<char>(hexval(s[i + 1]) * 16 + hexval(s[i + 2])));
+        hex_value(s[i + 1]) >= 0 && hex_value(s[i + 2]) >= 0) {
+      out.push_back(static_cast<char>(hex_value(s[i + 1]) * 16 + hex_value(s[i + 2])));
       i += 2;
     } else if (query && s[i] == '+') {
       out.push_back(' ');
