@@ -514,24 +514,40 @@ caf::typed_response_promise<uint32_t> spread_pool(self_ptr self, environment env
                                                   session_actor owner, std::string owner_id);
 caf::typed_response_promise<std::vector<pool_info>> gather_pools(self_ptr self);
 
+// Spawns session `id` and records it (sessions, and what `sessions` says of
+// it): the daemon's default one, an opened one, or one resumed from `resume`.
+// `log_dir`: it gets the trajectories dir (every session but the default).
+session_actor start_session(self_ptr self, const std::string& id, session_options opts,
+                            caf::actor trainer, std::shared_ptr<const trajectory_plan> resume,
+                            bool log_dir) {
+  auto& s = self->state;
+  s.summaries[id] = {id, opts.name, "live", static_cast<bool>(trainer),
+                     opts.trajectory || resume != nullptr, opts.quota, 0};
+  session_config sc;
+  sc.id = id;
+  sc.options = std::move(opts);
+  sc.trainer = std::move(trainer);
+  sc.scheduler = self;
+  if (log_dir)
+    sc.trajectories = s.cfg.trajectories;
+  sc.resume = std::move(resume);
+  sc.cluster = s.cfg.coordinator;
+  sc.key = s.cfg.key;
+  auto sess = spawn_session(self->system(), std::move(sc));
+  s.sessions.emplace(id, sess);
+  return sess;
+}
+
 scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cfg) {
   self->state.cfg = std::move(cfg);
   {
     // The daemon's own session, for sandboxes the command line detaches
     // (`dsec run --detach` without --session): nobody owns it, so they live
     // until removed or until their TTL.
-    session_config sc;
-    sc.id = "default";
-    sc.options.quota = 1u << 20;
-    sc.options.name = "default";
-    sc.scheduler = self;
-    sc.cluster = self->state.cfg.coordinator;
-    sc.key = self->state.cfg.key;
-    // Not emplace(sc.id, spawn_session(.., std::move(sc))): the key would be
-    // read from the moved-from sc.id, i.e. empty.
-    auto id = sc.id;
-    self->state.summaries[id] = {id, "default", "live", false, false, sc.options.quota, 0};
-    self->state.sessions.emplace(std::move(id), spawn_session(self->system(), std::move(sc)));
+    session_options opts;
+    opts.quota = 1u << 20;
+    opts.name = "default";
+    (void) start_session(self, "default", std::move(opts), caf::actor{}, nullptr, false);
   }
   if (self->state.cfg.trajectory_keep.count() > 0 && !self->state.cfg.trajectories.empty())
     self->send(self, ttl_atom::value, process_key());
@@ -623,18 +639,7 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
                                  "this daemon keeps no trajectory logs (no state dir)"));
       if (!opts.name.empty())
         s.session_names.emplace(opts.name, id);
-      s.summaries[id] = {id, opts.name, "live", static_cast<bool>(trainer), opts.trajectory,
-                         opts.quota, 0};
-      session_config sc;
-      sc.id = id;
-      sc.options = std::move(opts);
-      sc.trainer = trainer;
-      sc.scheduler = self;
-      sc.trajectories = s.cfg.trajectories;
-      sc.cluster = s.cfg.coordinator;
-      sc.key = s.cfg.key;
-      auto sess = spawn_session(self->system(), std::move(sc));
-      s.sessions.emplace(id, sess);
+      auto sess = start_session(self, id, std::move(opts), trainer, nullptr, true);
       publish(self);
       return {sess, id};
     },
@@ -659,22 +664,12 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
       auto plan = load_trajectory(s.cfg.trajectories, id);
       if (!plan)
         return to_caf(plan.error_value());
-      s.summaries[id] = {id, plan->options.name, "live", static_cast<bool>(trainer), true,
-                         plan->options.quota, 0};
-      session_config sc;
-      sc.id = id;
-      sc.options = plan->options;
-      sc.trainer = trainer;
-      sc.scheduler = self;
-      sc.trajectories = s.cfg.trajectories;
       // Closed ones too: their session answers for them from the log.
       for (const auto& b : plan->boxes)
         s.resumed[b.id] = id;
-      sc.resume = std::make_shared<const trajectory_plan>(std::move(*plan));
-      sc.cluster = s.cfg.coordinator;
-      sc.key = s.cfg.key;
-      auto sess = spawn_session(self->system(), std::move(sc));
-      s.sessions.emplace(id, sess);
+      auto opts = plan->options;
+      auto sess = start_session(self, id, std::move(opts), trainer,
+                                std::make_shared<const trajectory_plan>(std::move(*plan)), true);
       publish(self);
       return {sess, id};
     },
