@@ -23,6 +23,7 @@
 namespace dsec {
 
 bool init_resets_oom_score_adj = false;
+int init_oom_score_fd = -1;
 
 namespace {
 
@@ -77,6 +78,26 @@ struct exec_extras {
   bool trusted = false; // drop the helper's CAP_SYS_CHROOT before execve
 };
 
+// When init could not be lowered (no CAP_SYS_RESOURCE; init_oom_score_fd
+// set), its children are raised instead: init's own oom_score_adj goes to 500
+// for the fork, which the child inherits, and back to 0 after (0 is the floor
+// then, so init may go back down). 500 counts as half the memory limit more
+// than init in the memory cgroup's choice, and makes the host's OOM killer,
+// too, take sandbox commands before the host's own processes. (The child could
+// not do it itself: it cannot open its own /proc files, being not dumpable.)
+struct raised_oom_score {
+  raised_oom_score() {
+    if (init_oom_score_fd >= 0)
+      (void) !::write(init_oom_score_fd, "500", 3);
+  }
+  ~raised_oom_score() {
+    if (init_oom_score_fd >= 0)
+      (void) !::write(init_oom_score_fd, "0", 1);
+  }
+  raised_oom_score(const raised_oom_score&) = delete;
+  raised_oom_score& operator=(const raised_oom_score&) = delete;
+};
+
 // Shared with the vfork child, which writes here before it _exits.
 struct vfork_result {
   volatile int err;
@@ -98,7 +119,9 @@ struct vfork_result {
   // Its own session and process group: no controlling terminal (so TIOCSTI on
   // a terminal passed in from the host fails), and signals reach the whole job.
   ::setsid();
-  // The OOM killer's usual candidate again (init keeps -999 from the zygote).
+  // The OOM killer's usual candidate again (init keeps -999 from the
+  // zygote); without CAP_SYS_RESOURCE the command got 500 from init's fork
+  // instead (raised_oom_score below).
   if (init_resets_oom_score_adj) {
     if (int fd = ::open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC); fd >= 0) {
       (void) !::write(fd, "0", 1);
@@ -292,9 +315,13 @@ void handle_exec(init_state& s, size_t len, const int* fds, size_t nfds) {
     return;
   }
   vfork_result r{0, 0};
-  pid_t pid = ::vfork();
-  if (pid == 0)
-    exec_child(m, cwd, argv_buf, envp_buf, fds, exec_extras{}, &r);
+  pid_t pid;
+  {
+    raised_oom_score raised;
+    pid = ::vfork();
+    if (pid == 0)
+      exec_child(m, cwd, argv_buf, envp_buf, fds, exec_extras{}, &r);
+  }
   if (pid < 0) {
     fail.stage = static_cast<uint32_t>(proto::exec_stage::fork);
     fail.err = errno;
@@ -462,7 +489,11 @@ int start_trusted_helper(int ctl, char* argv_begin, size_t argv_len, int channel
   if (unix_socket::pair(sv) < 0)
     return -errno;
   pid_t init = ::getpid();
-  pid_t pid = ::fork();
+  pid_t pid;
+  {
+    raised_oom_score raised; // the helper and its trusted commands at 500 too
+    pid = ::fork();
+  }
   if (pid < 0) {
     int err = errno;
     ::close(sv[0]);
@@ -472,6 +503,8 @@ int start_trusted_helper(int ctl, char* argv_begin, size_t argv_len, int channel
   if (pid == 0) {
     ::close(ctl);
     ::close(sv[0]);
+    if (init_oom_score_fd >= 0)
+      ::close(init_oom_score_fd);
     helper_channel = channel;
     helper_pristine = pristine;
     // It dies with init: init is pid 1 of the sandbox's pid namespace, so its

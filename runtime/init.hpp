@@ -41,8 +41,15 @@ int start_trusted_helper(int ctl, char* argv_begin, size_t argv_len, int channel
 
 /// Set by the zygote when it could lower its oom_score_adj (to -999, so that
 /// the memory cgroup's OOM killer takes the sandbox's commands before its
-/// init): init inherits the value and then gives each command 0 again.
+/// init): init inherits the value and then gives each command 0 again. When
+/// it could not, init's children start at 500 instead (init_oom_score_fd).
 extern bool init_resets_oom_score_adj;
+
+/// When it could not: init's own /proc/self/oom_score_adj, opened for writing
+/// by the zygote's child before it became init (init cannot open its own /proc
+/// files: it is not dumpable); -1 otherwise. Init raises itself to 500 around
+/// each fork, so that its children start there, and goes back to 0.
+extern int init_oom_score_fd;
 
 /// Serves `ctl` until it closes; never returns. `helper`: the trusted helper's
 /// socket (start_trusted_helper), or -1 when there is none: trusted commands

@@ -165,8 +165,10 @@ void set_up(zygote_state& z, pid_t host, unsigned prewarm) {
   // The memory cgroup's OOM killer should kill the sandbox's processes, not
   // its init (whose end ends the sandbox): init inherits this from us, and
   // sets 0 for every command it starts (init.cpp). Only while we are the
-  // host's root, with CAP_SYS_RESOURCE, can we lower it (without, the OOM
-  // killer may take init, and the whole sandbox ends: it is still bounded);
+  // host's root, with CAP_SYS_RESOURCE, can we lower it (without, init keeps
+  // 0 and starts every command at 500 instead, init_oom_score_fd: a command
+  // that lowers itself back to 0 may get init killed, and the whole sandbox
+  // ends, still bounded);
   // -999, not -1000, so that nothing is immune: a command may go back down to
   // -999 (the floor this sets), never below.
   if (int fd = ::open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC); fd >= 0) {
@@ -380,6 +382,12 @@ void close_all_but(int* keep, size_t n) {
     child_fail(c, S::setup_network, "setns(netns)", errno);
   }
   mark(c, S::setup_network);
+  // Without CAP_SYS_RESOURCE: init's own oom_score_adj, for raising its
+  // children (init.hpp). Its /proc files are the user namespace's root's only
+  // while it is dumpable (made 0 again below), for this open; no process of
+  // the sandbox exists yet.
+  if (!init_resets_oom_score_adj && ::prctl(PR_SET_DUMPABLE, 1, 0, 0, 0) == 0)
+    init_oom_score_fd = ::open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
   if (int rc = security::restrict_landlock(c.z->landlock_abi); rc < 0)
     child_fail(c, S::landlock, "landlock_restrict_self", -rc);
   mark(c, S::landlock);
@@ -402,8 +410,8 @@ void close_all_but(int* keep, size_t n) {
   // Of the zygote's descriptors (its pool, its epoll, our parent's stdio) only
   // the control socket stays, and in a Chronus sandbox the helper's two.
   {
-    int keep[3] = {c.ctl, channel, pristine};
-    close_all_but(keep, 3);
+    int keep[4] = {c.ctl, channel, pristine, init_oom_score_fd};
+    close_all_but(keep, 4);
   }
   // A Chronus sandbox: the trusted helper stays in the sandbox's Landlock
   // domain, init (and every untrusted command it starts) enters a nested one.
