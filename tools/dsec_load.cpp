@@ -48,6 +48,7 @@
 #include "runtime/json.hpp"
 #include "runtime/layer.hpp"
 #include "tools/dsec/cli.hpp"
+#include "tools/load_report.hpp"
 
 namespace {
 
@@ -58,7 +59,7 @@ const char* usage = R"(usage: dsec-load (--connect HOST:PORT | --embedded [--sta
                  [--concurrency C] [--rate R] [--sessions S] [--batch B] [--hold]
                  [--commands K] [--events E] [--net] [--seed N]
                  [--catalogue FILE | --base NAME@VER [--workdir NAME@VER] [--tool NAME@VER]...]
-                 [--json FILE] [--quiet] [-- CMD [ARGS...]]
+                 [--json FILE] [--report FILE.html] [--quiet] [-- CMD [ARGS...]]
 
 Load-tests a dsec node the way a fleet of trainers does. An episode creates a
 sandbox, runs CMD in it K times, optionally has a trusted command send E Chronus
@@ -132,6 +133,13 @@ Output:
                          how long until all N existed, and N over that,
                          exec_ms, destroy_ms (and chronus_ms with --events),
                          each {count, p50, p90, p99, max}, failures, environments
+  --report FILE.html     also write a report: one self-contained HTML page (no
+                         script, nothing fetched) with the summary, plots of the
+                         calls completed per second and of the create latency
+                         (p50, p99) over time, and latency histograms (1-2-5
+                         buckets from 0.1 ms to 100 s); the same figures as JSON
+                         are in its <script id="dsec-load-data"> element, and
+                         in FILE.json beside it (FILE.html's name with .json)
   --quiet                no progress line (else one on stderr: rewritten in
                          place on a terminal, one line per second otherwise; its
                          rate is the creates of the last second)
@@ -159,6 +167,14 @@ bool parse_positive_double(const std::string& s, double& out) {
   errno = 0;
   out = std::strtod(s.c_str(), &end);
   return errno == 0 && *end == '\0' && std::isfinite(out) && out > 0;
+}
+
+/// FILE.html -> FILE.json (any other name: FILE.json appended).
+std::string report_json_path(const std::string& html) {
+  auto dot = html.rfind('.'), slash = html.rfind('/');
+  if (dot == std::string::npos || (slash != std::string::npos && dot < slash))
+    return html + ".json";
+  return html.substr(0, dot) + ".json";
 }
 
 double ms_between(clk::time_point a, clk::time_point b) {
@@ -199,6 +215,7 @@ struct options {
   uint64_t seed = 1;
   std::vector<env_entry> envs;
   std::string json_path;
+  std::string report_path;
   bool quiet = false;
   std::vector<std::string> cmd{"true"};
 };
@@ -402,6 +419,13 @@ std::optional<int> parse_options(int argc, char** argv, options& o) {
       if (v.empty())
         return bad("--json: expected a file name");
       o.json_path = v;
+    } else if (opt("--report")) {
+      if (v.empty())
+        return bad("--report: expected a file name");
+      if (v.size() >= 5 && v.compare(v.size() - 5, 5, ".json") == 0)
+        return bad("--report: " + v + ": give the HTML file's name (its JSON is written "
+                   "beside it, with .json)");
+      o.report_path = v;
     } else if (a.flag("--quiet")) {
       o.quiet = true;
     } else if (err) {
@@ -461,10 +485,12 @@ std::optional<int> parse_options(int argc, char** argv, options& o) {
     e.env.net = o.net;
     e.env.chronus = o.events > 0;
   }
-  if (!o.json_path.empty()) {
-    std::ofstream probe{o.json_path, std::ios::app};
+  for (auto [flag, path] : {std::pair{"--json", o.json_path}, {"--report", o.report_path}}) {
+    if (path.empty())
+      continue;
+    std::ofstream probe{path, std::ios::app};
     if (!probe)
-      return bad("--json: cannot write " + o.json_path + ": " + std::strerror(errno));
+      return bad(std::string{flag} + ": cannot write " + path + ": " + std::strerror(errno));
   }
   return std::nullopt;
 }
@@ -605,7 +631,12 @@ private:
   size_t phase_done_ = 0;  ///< episodes through the current hold phase
 
   std::vector<size_t> env_created_, env_failed_, env_episodes_;
-  std::vector<double> create_ms_, exec_ms_, destroy_ms_, chronus_ms_;
+  // Each call's latency and when it completed (for --report's plots).
+  dsec::load::timed_samples create_times_, exec_times_, destroy_times_, chronus_times_;
+  std::vector<double> failure_at_s_;
+  double since_start(clk::time_point t) const {
+    return std::chrono::duration<double>(t - t0_).count();
+  }
   struct failure_kind {
     size_t count = 0;
     std::string example;
@@ -630,6 +661,7 @@ void runner::fail_locked(size_t ep, const std::string& message, const std::strin
     return;
   }
   e.failed = true;
+  failure_at_s_.push_back(since_start(clk::now()));
   std::string m = message;
   // Group by message: the sandbox's own id would make every message unique.
   if (!e.id.empty())
@@ -685,7 +717,7 @@ void runner::dispatch_create(size_t first, size_t count) {
       e.id = id;
       e.busy = false;
       by_id_[id] = ep;
-      create_ms_.push_back(ms_between(b->t0, now));
+      create_times_.add(since_start(now), ms_between(b->t0, now));
       ++created_;
       ++live_;
       ++env_created_[e.env];
@@ -827,7 +859,7 @@ void runner::step(size_t ep) {
           }
           if (a == act::exec) {
             if (r)
-              exec_ms_.push_back(ms_between(t0, now));
+              exec_times_.add(since_start(now), ms_between(t0, now));
             if (e.commands_left > 0)
               --e.commands_left;
           } else if (r && !e.failed) {
@@ -846,7 +878,7 @@ void runner::step(size_t ep) {
         auto& e = episodes_[ep];
         e.busy = false;
         if (r) {
-          destroy_ms_.push_back(ms_between(t0, now));
+          destroy_times_.add(since_start(now), ms_between(t0, now));
           e.destroyed = true;
           --live_;
         } else {
@@ -874,8 +906,8 @@ void runner::on_event(const dsec::chronus_event& ev) {
       ++stray_events_;
       return;
     }
-    chronus_ms_.push_back(now >= ev.monotonic_ns ? static_cast<double>(now - ev.monotonic_ns) / 1e6
-                                                 : 0.0);
+    chronus_times_.add(since_start(clk::now()),
+                 now >= ev.monotonic_ns ? static_cast<double>(now - ev.monotonic_ns) / 1e6 : 0.0);
     auto& e = episodes_[it->second];
     ++e.events;
     if (e.events >= o_.events && waiting_events_.count(it->second))
@@ -1107,8 +1139,8 @@ int runner::report(int signal) {
   std::lock_guard g{mu_};
   double wall = std::chrono::duration<double>(t_end_ - t0_).count();
   double rate = wall > 0 ? static_cast<double>(created_) / wall : 0;
-  auto cs = summarize(create_ms_), es = summarize(exec_ms_), ds = summarize(destroy_ms_),
-       xs = summarize(chronus_ms_);
+  auto cs = summarize(create_times_.ms), es = summarize(exec_times_.ms), ds = summarize(destroy_times_.ms),
+       xs = summarize(chronus_times_.ms);
   std::vector<std::pair<std::string, failure_kind>> fails(failures_.begin(), failures_.end());
   std::stable_sort(fails.begin(), fails.end(),
                    [](const auto& a, const auto& b) { return a.second.count > b.second.count; });
@@ -1170,7 +1202,7 @@ int runner::report(int signal) {
   std::fflush(stdout);
 
   int status = signal ? 128 + signal : (failed_ > 0 ? 1 : 0);
-  if (!o_.json_path.empty()) {
+  if (!o_.json_path.empty() || !o_.report_path.empty()) {
     std::ostringstream j;
     j.setf(std::ios::fixed);
     j.precision(3);
@@ -1203,13 +1235,31 @@ int runner::report(int signal) {
         << env_episodes_[i] << ", \"created\": " << env_created_[i] << ", \"failed\": "
         << env_failed_[i] << "}";
     j << "],\n  \"exit_status\": " << status << "\n}\n";
-    std::ofstream out{o_.json_path, std::ios::trunc};
-    out << j.str();
-    out.close();
-    if (!out) {
-      std::fprintf(stderr, "dsec-load: --json: cannot write %s\n", o_.json_path.c_str());
-      if (status == 0)
-        status = 1;
+    auto write = [&](const char* flag, const std::string& path, const std::string& text) {
+      std::ofstream out{path, std::ios::trunc};
+      out << text;
+      out.close();
+      if (!out) {
+        std::fprintf(stderr, "dsec-load: %s: cannot write %s\n", flag, path.c_str());
+        if (status == 0)
+          status = 1;
+      }
+    };
+    if (!o_.json_path.empty())
+      write("--json", o_.json_path, j.str());
+    if (!o_.report_path.empty()) {
+      dsec::load::report_input in;
+      in.title = "dsec-load: " + std::to_string(o_.count) + " episodes, concurrency "
+                 + std::to_string(o_.concurrency) + (o_.hold ? ", --hold" : "");
+      in.summary_json = j.str();
+      in.wall_s = wall;
+      in.create = create_times_;
+      in.exec = exec_times_;
+      in.destroy = destroy_times_;
+      in.chronus = chronus_times_;
+      in.failure_at_s = failure_at_s_;
+      write("--report", o_.report_path, dsec::load::report_html(in));
+      write("--report", report_json_path(o_.report_path), dsec::load::report_json(in));
     }
   }
   return status;

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <cctype>
+#include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <map>
@@ -429,6 +430,124 @@ TEST_CASE("a catalogue with a missing layer: its episodes fail with the node's m
   CHECK(fails[0]["count"].num() == envs[2]["failed"].num());
   n.check_empty();
   n.finish();
+}
+
+// The sum of `key` over a report's timeline bins.
+double timeline_sum(const json& figures, const std::string& key) {
+  double sum = 0;
+  for (const auto& b : figures["timeline"].arr())
+    sum += b[key].num();
+  return sum;
+}
+
+// The sum of a report's histogram counts for one kind of call.
+double histogram_sum(const json& figures, const std::string& kind) {
+  double sum = 0;
+  for (const auto& b : figures["histograms"][kind].arr())
+    sum += b["count"].num();
+  return sum;
+}
+
+// How often `part` occurs in `s`.
+size_t occurrences(const std::string& s, const std::string& part) {
+  size_t n = 0;
+  for (auto at = s.find(part); at != std::string::npos; at = s.find(part, at + part.size()))
+    ++n;
+  return n;
+}
+
+TEST_CASE("--report: an HTML page of plots, and its figures as JSON that add up to the run's") {
+  node n;
+  auto cat = temp_path("report.cat");
+  {
+    std::ofstream f{cat};
+    f << tar_base << " - - 3\n" << tar_base << " - nope@7 1\n";
+  }
+  auto html_path = temp_path("report.html"), json_path = temp_path("report-run.json");
+  auto r = load({"--connect", n.where(), "--count", "30", "--concurrency", "6", "--commands", "2",
+                 "--catalogue", cat, "--json", json_path, "--report", html_path, "--quiet", "--",
+                 "sh", "-c", "echo hi"});
+  CHECK_MESSAGE(r.status == 1, r.describe()); // nope@7's episodes failed
+  auto run = read_json(json_path);
+  auto figures = read_json(temp_path("report.json")); // beside report.html
+  double created = run["created"].num(), failed = run["failed"].num();
+  REQUIRE(created > 0);
+  REQUIRE(failed > 0);
+  CHECK(created + failed == 30);
+  // The report's summary is the run's JSON.
+  CHECK(figures["summary"]["created"].num() == created);
+  CHECK(figures["summary"]["failed"].num() == failed);
+  // Every completed call is in one time bin and one histogram bucket.
+  REQUIRE(figures["bin_s"].num() > 0);
+  REQUIRE(!figures["timeline"].arr().empty());
+  CHECK(timeline_sum(figures, "creates") == created);
+  CHECK(timeline_sum(figures, "failures") == failed);
+  CHECK(timeline_sum(figures, "execs") == 2 * created);
+  CHECK(timeline_sum(figures, "destroys") == created);
+  CHECK(histogram_sum(figures, "create") == created);
+  CHECK(histogram_sum(figures, "exec") == 2 * created);
+  CHECK(histogram_sum(figures, "destroy") == created);
+  CHECK(histogram_sum(figures, "chronus") == 0);
+  // Bins start at 0 and follow each other by bin_s; buckets rise, the last unbounded.
+  const auto& tl = figures["timeline"].arr();
+  for (size_t i = 0; i < tl.size(); ++i)
+    CHECK(std::abs(tl[i]["t"].num() - static_cast<double>(i) * figures["bin_s"].num()) < 1e-9);
+  const auto& buckets = figures["histograms"]["create"].arr();
+  for (size_t i = 1; i + 1 < buckets.size(); ++i)
+    CHECK(buckets[i]["le_ms"].num() > buckets[i - 1]["le_ms"].num());
+  CHECK(std::holds_alternative<std::nullptr_t>(buckets.back()["le_ms"].v));
+  // A bin's p50 is at most its p99; a bin without creates has neither.
+  for (const auto& b : tl) {
+    if (b["creates"].num() > 0)
+      CHECK(b["create_p50_ms"].num() <= b["create_p99_ms"].num());
+    else
+      CHECK(std::holds_alternative<std::nullptr_t>(b["create_p50_ms"].v));
+  }
+
+  // The page: self-contained (no script to run, nothing fetched), the plots
+  // there, one bar per non-empty bucket carrying its count, and the same
+  // figures in its data element.
+  auto html = slurp(html_path);
+  REQUIRE(contains(html, "<!DOCTYPE html>"));
+  CHECK_FALSE(contains(html, "src="));
+  CHECK_FALSE(contains(html, "href="));
+  CHECK(occurrences(html, "<script") == 1);
+  CHECK(contains(html, "<script type=\"application/json\" id=\"dsec-load-data\">"));
+  for (const char* id : {"id=\"rates\"", "id=\"create-latency\"", "id=\"histogram-create\"",
+                         "id=\"histogram-exec\"", "id=\"histogram-destroy\"", "id=\"summary\"",
+                         "id=\"failures\""})
+    CHECK_MESSAGE(contains(html, id), id);
+  CHECK(contains(html, "nope@7"));
+  CHECK(occurrences(html, "data-series=\"creates/s\"") >= 1);
+  double bars = 0;
+  for (auto at = html.find("class=\"bar\" data-le=\""); at != std::string::npos;
+       at = html.find("class=\"bar\" data-le=\"", at + 1)) {
+    auto c = html.find("data-count=\"", at);
+    REQUIRE(c != std::string::npos);
+    bars += std::stod(html.substr(c + 12));
+  }
+  CHECK(bars == created + 2 * created + created); // create, exec and destroy bars
+  auto data_at = html.find("id=\"dsec-load-data\">");
+  auto data_end = html.find("</script>", data_at);
+  REQUIRE(data_end != std::string::npos);
+  auto data = html.substr(data_at + 20, data_end - data_at - 20);
+  json embedded;
+  try {
+    embedded = json_reader{data}.parse();
+  } catch (const std::exception& e) {
+    FAIL("the page's JSON does not parse: " << e.what());
+  }
+  CHECK(timeline_sum(embedded, "creates") == created);
+  CHECK(histogram_sum(embedded, "exec") == 2 * created);
+  n.check_empty();
+  n.finish();
+}
+
+TEST_CASE("--report: a .json name is refused (the JSON goes beside the HTML)") {
+  auto r = load({"--embedded", "--count", "1", "--base", tar_base, "--report",
+                 temp_path("x.json")});
+  CHECK(r.status == 2);
+  CHECK_MESSAGE(contains(r.err, "--report"), r.describe());
 }
 
 TEST_CASE("Chronus: 3 events per episode reach the watch") {
