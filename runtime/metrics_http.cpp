@@ -2,6 +2,8 @@
 
 #include <httplib.h>
 
+#include "runtime/status_page.hpp"
+
 #include <sys/socket.h>
 #include <sys/stat.h>
 
@@ -12,6 +14,7 @@
 namespace dsec {
 
 struct metrics_http::impl {
+  std::unique_ptr<metrics::status_history> history; // outlives the server
   std::unique_ptr<httplib::Server> server;
   std::thread thread;
 };
@@ -95,6 +98,18 @@ expected<std::unique_ptr<metrics_http>> metrics_http::start(metrics_http_options
     } else {
       res.set_content("ready\n", "text/plain");
     }
+  });
+  // The status page: the HTML holds no figures (a browser asks for it without
+  // the token; its script sends the one of the URL's fragment), the JSON does.
+  m->impl_->history = std::make_unique<metrics::status_history>(reg, opts.status_interval);
+  metrics::status_history* history = m->impl_->history.get();
+  srv.Get("/status", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content(metrics::status_html(), "text/html; charset=utf-8");
+  });
+  srv.Get("/status.json", [=](const httplib::Request& req, httplib::Response& res) {
+    if (!authorized(req, res))
+      return;
+    res.set_content(history->json(), "application/json");
   });
   if (opts.port == 0) {
     int p = srv.bind_to_any_port(opts.host);

@@ -1,12 +1,14 @@
 // metrics_http: the HTTP endpoint beside a dsecd's actors (docs/observability.md):
 // GET /metrics (a registry in the Prometheus text format), /healthz (the
-// process answers) and /readyz (the daemon's readiness check). It is
+// process answers), /readyz (the daemon's readiness check), and /status with
+// its /status.json (runtime/status_page.hpp). It is
 // cpp-httplib (Debian's libcpp-httplib-dev) on threads of its own: a scrape
 // reads atomics and never waits on an actor. Plain HTTP on loopback, or
 // HTTPS that requires a client certificate of the daemon's CA (--tls DIR),
 // optionally with a bearer token.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -25,6 +27,8 @@ struct metrics_http_options {
   std::string token;      ///< non-empty: requests need "Authorization: Bearer TOKEN"
   /// nullopt: ready; else why not (the body of a 503 from /readyz).
   std::function<std::optional<std::string>()> ready;
+  /// How often /status.json's history samples the registry.
+  std::chrono::milliseconds status_interval{2000};
 };
 
 class metrics_http {

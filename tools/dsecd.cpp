@@ -100,8 +100,9 @@ Options:
                          least --pool-pressure-avg10 (default 10); without the
                          file, while MemAvailable is under 5% of MemTotal
   --threads N            CAF scheduler threads (default 2; the 'sharing' policy)
-  --metrics HOST:PORT    serve GET /metrics (Prometheus text format), /healthz and
-                         /readyz there, on threads of their own (docs/
+  --metrics HOST:PORT    serve GET /metrics (Prometheus text format), /healthz,
+                         /readyz and the /status page (with /status.json) there,
+                         on threads of their own (docs/
                          observability.md); port 0 picks a free one, printed at
                          start. Off by default. Without --tls only loopback
                          addresses; with --tls it is HTTPS and a scraper must
@@ -748,7 +749,7 @@ int main(int argc, char** argv) {
       return 1;
     }
     metrics = std::move(*m);
-    std::printf("dsecd: metrics on %s://%s/metrics (and /healthz, /readyz)%s\n",
+    std::printf("dsecd: metrics on %s://%s/metrics (and /healthz, /readyz, /status)%s\n",
                 o.tls.enabled() ? "https" : "http",
                 dsec::format_endpoint(o.metrics->host, metrics->port()).c_str(),
                 o.metrics->token.empty() ? "" : ", with a bearer token");

@@ -8,6 +8,7 @@
 #include <doctest/doctest.h>
 #include <httplib.h>
 #include <nlohmann/json.hpp>
+#include <png.h>
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -512,6 +513,188 @@ TEST_CASE("metrics: a coordinator shows its nodes up, their heartbeats, then a l
     return metrics::sum_of(*s, "dsec_cluster_node_up", at_node) == 0
            && metrics::sum_of(*s, "dsec_cluster_node_up", {{"node", coordinator}}) == 1;
   }));
+  coord.kill(SIGTERM);
+  auto cend = coord.wait();
+  CHECK_MESSAGE(cend.status == 0, cend.describe());
+}
+
+namespace {
+
+const char* chromium_bin = "/usr/bin/chromium";
+
+bool have_chromium() { return ::access(chromium_bin, X_OK) == 0; }
+
+// Headless Chromium on `url`, kept from the network: every host name but
+// 127.0.0.1 resolves to nothing and its background services are off, so it
+// sends no packet off the machine. `what`: "--dump-dom" (the DOM once the
+// page's script has run, on stdout) or "--screenshot=FILE".
+proc_result chromium(const std::string& url, const std::string& what, const std::string& profile) {
+  return run_process({chromium_bin, "--headless", "--no-sandbox", "--disable-gpu",
+                      "--user-data-dir=" + profile, "--no-first-run",
+                      "--disable-background-networking", "--disable-component-update",
+                      "--disable-sync", "--disable-default-apps", "--disable-extensions",
+                      "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1",
+                      "--window-size=1000,1600", "--virtual-time-budget=8000", what, url});
+}
+
+// The pixels of a PNG as RGB, read with libpng.
+struct rgb_image {
+  uint32_t width = 0, height = 0;
+  std::vector<uint8_t> rgb;
+  [[nodiscard]] size_t count(uint8_t r, uint8_t g, uint8_t b) const {
+    size_t n = 0;
+    for (size_t i = 0; i + 2 < rgb.size(); i += 3)
+      n += rgb[i] == r && rgb[i + 1] == g && rgb[i + 2] == b;
+    return n;
+  }
+};
+
+std::optional<rgb_image> read_png(const std::string& path) {
+  png_image img{};
+  img.version = PNG_IMAGE_VERSION;
+  if (!png_image_begin_read_from_file(&img, path.c_str()))
+    return std::nullopt;
+  img.format = PNG_FORMAT_RGB;
+  rgb_image out;
+  out.width = img.width;
+  out.height = img.height;
+  out.rgb.resize(PNG_IMAGE_SIZE(img));
+  if (!png_image_finish_read(&img, nullptr, out.rgb.data(), 0, nullptr)) {
+    png_image_free(&img);
+    return std::nullopt;
+  }
+  return out;
+}
+
+bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
+size_t occurrences(const std::string& s, const std::string& part) {
+  size_t n = 0;
+  for (auto at = s.find(part); at != std::string::npos; at = s.find(part, at + part.size()))
+    ++n;
+  return n;
+}
+
+} // namespace
+
+TEST_CASE("status: a coordinator's /status page shows its 3 nodes and their sandboxes, in "
+          "headless Chromium" * skip_unless(have_chromium(), "needs Debian's chromium (tools/setup "
+                                                             "installs it)")) {
+  scoped_dir dir("status-cluster");
+  auto key = dir.path + "/cluster.key";
+  {
+    std::ofstream f{key};
+    f << std::string(64, 'b') << "\n";
+  }
+  REQUIRE(::chmod(key.c_str(), 0600) == 0);
+  auto cport = free_port();
+  auto coordinator = "127.0.0.1:" + std::to_string(cport);
+  background coord({env_path("DSECD_BIN"), "--coordinator", "--listen", coordinator, "--state",
+                    actor_layers(), "--cluster-key", key, "--metrics", "127.0.0.1:0"});
+  REQUIRE_MESSAGE(coord.wait_for_output("/metrics (and"), coord.out() << coord.err());
+  auto at = coord.out().find("metrics on http://127.0.0.1:");
+  REQUIRE(at != std::string::npos);
+  auto mport = static_cast<uint16_t>(std::atoi(coord.out().c_str() + at + 28));
+  std::vector<std::unique_ptr<background>> nodes;
+  for (int i = 0; i < 2; ++i) {
+    nodes.push_back(std::make_unique<background>(std::vector<std::string>{
+      env_path("DSECD_BIN"), "--join", coordinator, "--listen", "127.0.0.1:0", "--state",
+      dir.path + "/node-" + std::to_string(i), "--cluster-key", key}));
+    REQUIRE_MESSAGE(nodes.back()->wait_for_output("listening on"), nodes.back()->err());
+  }
+  httplib::Client m("127.0.0.1", mport);
+  nlohmann::json st;
+  auto status = [&] {
+    auto r = m.Get("/status.json");
+    REQUIRE(r);
+    REQUIRE(r->status == 200);
+    st = nlohmann::json::parse(r->body);
+  };
+  auto nodes_up = [&] {
+    size_t up = 0;
+    for (const auto& n : st["nodes"])
+      up += n["up"].get<bool>();
+    return up;
+  };
+  REQUIRE_MESSAGE(eventually([&] {
+                    status();
+                    return nodes_up() == 3;
+                  }),
+                  st.dump());
+
+  // Sandboxes on the cluster, held while the page is looked at.
+  test_system ts;
+  caf::actor_system sys{ts.cfg};
+  auto c = connect(sys, cport);
+  auto s = c->open_session({}, true);
+  REQUIRE_MESSAGE(s, describe(s.error_value()));
+  constexpr size_t n = 12;
+  auto ids = (*s)->create(env_of(), n);
+  REQUIRE_MESSAGE(ids, describe(ids.error_value()));
+  REQUIRE(ids->size() == n);
+  // The nodes' heartbeats tell the coordinator; the history's last sample has them.
+  auto live_in = [](const nlohmann::json& by_node) {
+    double sum = 0;
+    for (const auto& [_, v] : by_node.items())
+      sum += v.get<double>();
+    return sum;
+  };
+  CHECK_MESSAGE(eventually([&] {
+                  status();
+                  double now_live = 0;
+                  for (const auto& x : st["nodes"])
+                    now_live += x["live"].get<double>();
+                  return now_live == n && !st["history"].empty()
+                         && live_in(st["history"].back()["nodes_live"]) == n;
+                }),
+                st.dump());
+  // The rates add up to the counts: the creates of this daemon's own node, in
+  // the intervals since it started.
+  double integral = -1, created = -1;
+  CHECK_MESSAGE(eventually([&] {
+                  status();
+                  integral = 0;
+                  for (const auto& h : st["history"])
+                    integral += h["creates_per_s"].get<double>() * h["dt_s"].get<double>();
+                  created = st["sandboxes"]["created"].get<double>();
+                  return std::abs(integral - created) < 1e-6;
+                }),
+                "creates/s over the history add up to " << integral << ", the node made "
+                                                        << created);
+
+  // The page in a real browser: its script fetched /status.json and drew it.
+  auto page = "http://127.0.0.1:" + std::to_string(mport) + "/status";
+  auto dom = chromium(page, "--dump-dom", dir.path + "/chromium");
+  REQUIRE_MESSAGE(dom.status == 0, dom.describe());
+  CHECK_MESSAGE(occurrences(dom.out, "<tr class=\"node\"") == 3, dom.out);
+  CHECK(contains(dom.out, "data-node=\"" + coordinator + "\""));
+  CHECK(occurrences(dom.out, ">up</td>") == 3);
+  CHECK(contains(dom.out, "data-rendered="));
+  CHECK(contains(dom.out, "data-series=\"creates/s\""));
+  CHECK(contains(dom.out, "data-series=\"" + coordinator + "\"")); // live per node
+  CHECK(contains(dom.out, "<p id=\"error\"></p>"));                 // no fetch error shown
+  // And what it looks like: the plots' colours are on the screenshot.
+  auto shot = dir.path + "/status.png";
+  auto r = chromium(page, "--screenshot=" + shot, dir.path + "/chromium");
+  REQUIRE_MESSAGE(r.status == 0, r.describe());
+  auto img = read_png(shot);
+  REQUIRE_MESSAGE(img, "cannot read " << shot);
+  CHECK(img->width == 1000);
+  CHECK(img->count(0x22, 0xaa, 0x77) > 20); // #2a7: creates/s, p50, the first node's line
+  CHECK(img->count(0x44, 0x77, 0xcc) > 20); // #47c: destroys/s, the second node's line
+  CHECK(img->count(0xcc, 0x33, 0x33) > 20); // #c33: failures/s, p99, the third node's line
+
+  for (const auto& id : *ids)
+    CHECK((*s)->destroy(id));
+  CHECK(eventually_gone(*c, *ids));
+  c.reset();
+  for (auto& x : nodes) {
+    x->kill(SIGTERM);
+    auto end = x->wait();
+    CHECK_MESSAGE(end.status == 0, end.describe());
+  }
   coord.kill(SIGTERM);
   auto cend = coord.wait();
   CHECK_MESSAGE(cend.status == 0, cend.describe());
