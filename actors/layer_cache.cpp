@@ -133,6 +133,17 @@ struct layer_cache_state {
     std::string from_name;
     layer_meta meta;               // as the source described it
     layer_kind kind = layer_kind::base;
+    // What is fetched, one blob after the other: the layer's image, or the
+    // lowers of an OCI image that the store lacks (a lower shared with an
+    // image the node has is not fetched again).
+    struct blob {
+      std::string digest;
+      uint64_t size = 0;
+    };
+    std::vector<blob> blobs;
+    size_t current = 0;            // the blob being fetched
+    std::vector<staged_file> done; // an image's fetched blobs, checked, in order
+    uint64_t bytes = 0;            // fetched and checked so far
     std::optional<staged_file> file; // in the store's tmp/, hashed as it is written
     uint64_t next_offset = 0;      // the next byte to ask for
     uint32_t in_flight = 0;
@@ -332,7 +343,7 @@ void end_fetch(cache_ptr self, const std::string& ref, std::optional<error> fail
     cm.fetch_failed.inc();
   } else {
     cm.fetched.inc();
-    cm.fetch_bytes.inc(it->second.meta.size);
+    cm.fetch_bytes.inc(it->second.bytes);
     cm.fetch_seconds.observe(
       std::chrono::duration<double>(std::chrono::steady_clock::now() - it->second.started)
         .count());
@@ -388,34 +399,71 @@ void fail_request(cache_ptr self, const std::string& ref, const caf::error& e) {
   fail_fetch(self, ref, err.code, why);
 }
 
-// Checks what the staged file holds against what the source described, then
-// installs the layer in the store.
-void finish_fetch(cache_ptr self, const std::string& ref) {
+void pump(cache_ptr self, const std::string& ref);
+
+// Stages a file for the job's current blob and starts fetching it.
+void start_blob(cache_ptr self, const std::string& ref);
+
+// Installs what was fetched: the layer's image, or an OCI image's lowers (each
+// already checked) with the config and manifest the source described.
+void install(cache_ptr self, const std::string& ref) {
   auto& s = self->state;
   auto& job = s.fetches.at(ref);
-  auto& file = *job.file;
-  if (file.size() != job.meta.size)
-    return fail_fetch(self, ref, errc::malformed,
-                      "size mismatch: got " + std::to_string(file.size())
-                        + " bytes, the source described " + std::to_string(job.meta.size));
-  if (file.digest() != job.meta.digest)
-    return fail_fetch(self, ref, errc::malformed,
-                      "digest mismatch: the bytes received hash to " + file.digest()
-                        + ", the source described " + job.meta.digest);
   auto parsed = parse_layer_ref(ref);
-  auto r = s.eng->layers().import(job.kind, *parsed, job.meta.digest, job.meta.size,
-                                  job.meta.created, job.meta.source, std::move(file));
-  job.file.reset();
+  expected<import_result> r = make_error(errc::invalid_argument, "nothing fetched");
+  if (job.meta.lowers.empty()) {
+    r = s.eng->layers().import(job.kind, *parsed, job.meta.digest, job.meta.size,
+                               job.meta.created, job.meta.source, std::move(*job.file),
+                               job.meta.on);
+    job.file.reset();
+  } else {
+    std::vector<image_lower> lowers;
+    for (size_t i = 0; i < job.meta.lowers.size(); ++i) {
+      image_lower l;
+      l.digest = job.meta.lowers[i];
+      l.size = job.meta.lower_sizes[i];
+      for (size_t b = 0; b < job.blobs.size(); ++b)
+        if (job.blobs[b].digest == l.digest)
+          l.image = job.done[b].path(); // fetched; else stored already
+      lowers.push_back(std::move(l));
+    }
+    r = s.eng->layers().commit_image(*parsed, std::move(lowers), job.meta.config,
+                                     job.meta.manifest, job.meta.source);
+    job.done.clear();
+  }
   // A layer of that name built here meanwhile: the acquire uses the local one.
   if (!r && r.error_value().code != errc::already_exists)
     return fail_fetch(self, ref, r.error_value().code,
                       "cannot install it: " + r.error_value().to_string());
   ++s.fetched;
-  s.fetched_bytes += job.meta.size;
+  s.fetched_bytes += job.bytes;
   end_fetch(self, ref, std::nullopt);
 }
 
-void pump(cache_ptr self, const std::string& ref);
+// Checks what the staged file holds against what the source described; then
+// the next blob, or the install.
+void finish_blob(cache_ptr self, const std::string& ref) {
+  auto& s = self->state;
+  auto& job = s.fetches.at(ref);
+  auto& file = *job.file;
+  const auto& want = job.blobs[job.current];
+  if (file.size() != want.size)
+    return fail_fetch(self, ref, errc::malformed,
+                      "size mismatch: got " + std::to_string(file.size()) + " bytes of "
+                        + want.digest + ", the source described " + std::to_string(want.size));
+  if (file.digest() != want.digest)
+    return fail_fetch(self, ref, errc::malformed,
+                      "digest mismatch: the bytes received hash to " + file.digest()
+                        + ", the source described " + want.digest);
+  job.bytes += want.size;
+  if (job.meta.lowers.empty())
+    return install(self, ref);
+  job.done.push_back(std::move(file));
+  job.file.reset();
+  if (++job.current < job.blobs.size())
+    return start_blob(self, ref);
+  install(self, ref);
+}
 
 // A chunk arrived: written (and hashed) in order, early ones kept until their turn.
 void on_chunk(cache_ptr self, const std::string& ref, uint64_t job_id, uint64_t offset,
@@ -430,7 +478,7 @@ void on_chunk(cache_ptr self, const std::string& ref, uint64_t job_id, uint64_t 
     return fail_fetch(self, ref, errc::malformed,
                       "size mismatch: the source sent " + std::to_string(data.size())
                         + " bytes at offset " + std::to_string(offset) + " of "
-                        + job.meta.digest + ", not " + std::to_string(length)
+                        + job.blobs[job.current].digest + ", not " + std::to_string(length)
                         + " (its image is not the size it described)");
   job.early.emplace(offset, std::move(data));
   while (!job.early.empty() && job.early.begin()->first == job.file->size()) {
@@ -440,21 +488,22 @@ void on_chunk(cache_ptr self, const std::string& ref, uint64_t job_id, uint64_t 
                         "cannot write it: " + w.error_value().to_string());
     job.early.erase(job.early.begin());
   }
-  if (job.file->size() == job.meta.size && job.in_flight == 0)
-    return finish_fetch(self, ref);
+  if (job.file->size() == job.blobs[job.current].size && job.in_flight == 0)
+    return finish_blob(self, ref);
   pump(self, ref);
 }
 
 // Keeps up to fetches_in_flight chunk requests going.
 void pump(cache_ptr self, const std::string& ref) {
   auto& job = self->state.fetches.at(ref);
-  while (job.in_flight < fetches_in_flight && job.next_offset < job.meta.size) {
+  const auto& want = job.blobs[job.current];
+  while (job.in_flight < fetches_in_flight && job.next_offset < want.size) {
     auto offset = job.next_offset;
-    auto length = static_cast<uint32_t>(std::min<uint64_t>(fetch_chunk, job.meta.size - offset));
+    auto length = static_cast<uint32_t>(std::min<uint64_t>(fetch_chunk, want.size - offset));
     job.next_offset += length;
     ++job.in_flight;
     self
-      ->request(job.from, fetch_timeout, fetch_atom::value, self->state.key, job.meta.digest,
+      ->request(job.from, fetch_timeout, fetch_atom::value, self->state.key, want.digest,
                 offset, length)
       .then(
         [=, id = job.id](const internal_key& k, std::string& data) {
@@ -488,15 +537,47 @@ void on_described(cache_ptr self, const std::string& ref, layer_meta& meta) {
   auto kind = parse_layer_kind(meta.kind);
   if (!kind)
     return fail_fetch(self, ref, errc::malformed, kind.error_value().message);
-  auto file = s.eng->layers().stage("fetch");
+  job.blobs.clear();
+  if (meta.lowers.empty()) {
+    job.blobs.push_back({meta.digest, meta.size});
+  } else {
+    // An OCI image: its lowers, topmost first, the top one its digest.
+    if (*kind != layer_kind::base || meta.lowers.size() != meta.lower_sizes.size()
+        || meta.lowers.front() != meta.digest)
+      return fail_fetch(self, ref, errc::malformed,
+                        "it described an image whose lowers do not match its digest, sizes "
+                        "or kind");
+    for (size_t i = 0; i < meta.lowers.size(); ++i) {
+      const auto& d = meta.lowers[i];
+      if (!store::is_digest(d))
+        return fail_fetch(self, ref, errc::malformed,
+                          "it described a malformed lower digest '" + d.substr(0, 80) + "'");
+      bool listed = false;
+      for (const auto& b : job.blobs)
+        listed = listed || b.digest == d;
+      if (!listed && !s.eng->layers().open_blob(d)) // a lower twice, or stored already
+        job.blobs.push_back({d, meta.lower_sizes[i]});
+    }
+  }
+  job.meta = std::move(meta);
+  job.kind = *kind;
+  job.current = 0;
+  if (job.blobs.empty()) // every lower is stored already
+    return install(self, ref);
+  start_blob(self, ref);
+}
+
+void start_blob(cache_ptr self, const std::string& ref) {
+  auto& job = self->state.fetches.at(ref);
+  auto file = self->state.eng->layers().stage("fetch");
   if (!file)
     return fail_fetch(self, ref, file.error_value().code,
                       "cannot stage it: " + file.error_value().to_string());
-  job.meta = std::move(meta);
-  job.kind = *kind;
   job.file.emplace(std::move(*file));
-  if (job.meta.size == 0)
-    return finish_fetch(self, ref);
+  job.next_offset = 0;
+  job.early.clear();
+  if (job.blobs[job.current].size == 0)
+    return finish_blob(self, ref);
   pump(self, ref);
 }
 

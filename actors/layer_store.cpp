@@ -61,13 +61,6 @@ struct layer_store_state {
   expected<layer_meta> describe(const std::string& text) const {
     DSEC_TRY(ref, parse_layer_ref(text));
     DSEC_TRY(info, st->find(ref));
-    // An OCI image (several lowers) does not travel yet: layer_meta names one image.
-    if (info.lowers.size() > 1)
-      return make_error(errc::unsupported,
-                        "layer " + text + " is an OCI image of "
-                          + std::to_string(info.lowers.size())
-                          + " lowers: nodes cannot fetch images from a layer source yet "
-                            "(pull or import it on each node)");
     layer_meta m;
     m.ref = info.ref.to_string();
     m.kind = to_string(info.kind);
@@ -75,6 +68,19 @@ struct layer_store_state {
     m.size = info.size;
     m.created = info.created;
     m.source = info.source;
+    m.on = info.on;
+    if (!info.lowers.empty()) {
+      // An OCI image: each lower travels as its own blob.
+      for (size_t i = 0; i < info.lowers.size() && i < info.blob_paths.size(); ++i) {
+        struct stat sb{};
+        if (::stat(info.blob_paths[i].c_str(), &sb) != 0)
+          return sys_error("cannot stat a lower of image " + text, info.blob_paths[i]);
+        m.lowers.push_back(info.lowers[i]);
+        m.lower_sizes.push_back(static_cast<uint64_t>(sb.st_size));
+      }
+      m.config = info.config;
+      m.manifest = info.manifest;
+    }
     return m;
   }
 

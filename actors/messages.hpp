@@ -429,13 +429,22 @@ struct layer_meta {
   std::string source;   ///< what it was built from, on the node that built it
   /// A diff layer's record of the environment it sits on (layer_info::on).
   std::string on;
+  /// An OCI image (layer_info::lowers; empty for every other layer): its
+  /// lowers' blob digests, topmost first (lowers[0] == digest), each one's
+  /// bytes, and the config and manifest digest it keeps. `size` is then the
+  /// sum. A node fetches only the lowers its store lacks.
+  std::vector<std::string> lowers;
+  std::vector<uint64_t> lower_sizes;
+  std::string config;
+  std::string manifest;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, layer_meta& x) {
   return f(caf::meta::type_name("dsec.layer_meta"), x.ref, x.kind, x.digest, x.size,
            x.created, x.source,
-           /* snapshots */ x.on);
+           /* snapshots */ x.on,
+           /* OCI images */ x.lowers, x.lower_sizes, x.config, x.manifest);
 }
 
 /// What a node's heartbeat carries (node -> coordinator, one message per

@@ -641,3 +641,84 @@ TEST_CASE("a daemon mounts each image layer once for every sandbox of every imag
   s.dsec({"layer", "rm", "da@1"});
   s.dsec({"layer", "rm", "db@1"});
 }
+
+TEST_CASE("a cluster node fetches an image from its coordinator: each lower once, shared ones "
+          "not again, with the config" * skip_unless(have("python3"), "needs python3")) {
+  auto& s = suite::get();
+  auto work = s.scratch();
+  auto layout = work / "layout";
+  json config = {{"Env", {"FOO=from-image"}}, {"WorkingDir", "/data"}};
+  make_layout(layout, json::array({
+    {{"tag", "a"}, {"config", config},
+     {"layers", json::array({busybox_layer("cluster"), lower_data(), upper_data()})}},
+    {{"tag", "b"}, {"layers", json::array({busybox_layer("cluster"), lower_data(),
+                                           layer(json::array({file("data/b-only", "b\n")}))})}},
+  }));
+  for (auto [ref, tag] : {std::pair{"ca@1", "a"}, std::pair{"cb@1", "b"}}) {
+    auto r = s.dsec({"layer", "import", ref, "oci:" + layout + ":" + tag});
+    REQUIRE_MESSAGE(r.status == 0, r.describe());
+  }
+  auto local_a = sandbox_view("ca@1");
+  auto local_b = sandbox_view("cb@1");
+  // A coordinator over the suite's store that runs nothing itself (--slots 0),
+  // and a node with an empty store of its own: every sandbox goes to the node,
+  // which fetches the images' lowers from the coordinator.
+  auto key = work / "cluster.key";
+  write_file(key, std::string(64, 'c') + "\n");
+  REQUIRE(::chmod(key.c_str(), 0600) == 0);
+  fs::path node_state = work / "node-state";
+  fs::create_directories(node_state);
+  background coord{{env_path("DSECD_BIN"), "--coordinator", "--listen", "127.0.0.1:0", "--state",
+                    s.state(), "--slots", "0", "--cluster-key", key}};
+  REQUIRE_MESSAGE(coord.wait_for_output("\n"), coord.err());
+  auto addr = coord.out().substr(coord.out().find("listening on ") + 13);
+  addr.resize(addr.find(' '));
+  background node{{env_path("DSECD_BIN"), "--join", addr, "--listen", "127.0.0.1:0", "--state",
+                   node_state, "--cluster-key", key}};
+  REQUIRE_MESSAGE(node.wait_for_output("joined the cluster"), node.out() << node.err());
+  auto node_blobs = [&] {
+    std::set<std::string> out;
+    if (fs::exists(node_state / "blobs/sha256"))
+      for (const auto& e : fs::directory_iterator(node_state / "blobs/sha256"))
+        out.insert("sha256:" + e.path().filename().string());
+    return out;
+  };
+  auto view = [&](const std::string& base) {
+    auto r = s.dsec({"--connect", addr, "run", "--base", base, "--", "sh", "-c",
+                     "cd / && find data | sort | while read p; do if test -L \"$p\"; then echo "
+                     "\"$p -> $(readlink \"$p\")\"; elif test -d \"$p\"; then echo \"$p/\"; else "
+                     "echo \"$p: $(cat \"$p\")\"; fi; done"});
+    CHECK_MESSAGE(r.status == 0, r.describe());
+    return r.out;
+  };
+  auto a = lowers_of("ca@1"), b = lowers_of("cb@1");
+  REQUIRE(a.size() == 3);
+  REQUIRE(b.size() == 3);
+  CHECK(view("ca@1") == local_a);
+  // The node stored exactly a's three lowers, and the image as the coordinator has it.
+  CHECK(node_blobs() == std::set<std::string>(a.begin(), a.end()));
+  auto inspect = run_process({env_path("DSEC_BIN"), "--state", node_state, "layer", "inspect",
+                               "ca@1"});
+  REQUIRE_MESSAGE(inspect.status == 0, inspect.describe());
+  for (const auto& d : a)
+    CHECK_MESSAGE(inspect.out.find(d) != std::string::npos, inspect.out);
+  CHECK_MESSAGE(inspect.out.find("FOO=from-image") != std::string::npos, inspect.out);
+  CHECK_MESSAGE(inspect.out.find("/data") != std::string::npos, inspect.out);
+  // b shares a's two lowest layers: only its top one is fetched.
+  CHECK(view("cb@1") == local_b);
+  auto all = node_blobs();
+  CHECK(all.size() == 4);
+  CHECK(all.count(b[0]) == 1);
+  // A second sandbox of a fetches nothing more.
+  CHECK(view("ca@1") == local_a);
+  CHECK(node_blobs().size() == 4);
+
+  node.kill(SIGTERM);
+  auto nend = node.wait();
+  CHECK_MESSAGE(nend.status == 0, nend.describe());
+  coord.kill(SIGTERM);
+  auto cend = coord.wait();
+  CHECK_MESSAGE(cend.status == 0, cend.describe());
+  s.dsec({"layer", "rm", "ca@1"});
+  s.dsec({"layer", "rm", "cb@1"});
+}
