@@ -43,8 +43,9 @@ struct vm_event {
 // and the thread; the thread holds it until it has reaped QEMU.
 class vm_worker : public std::enable_shared_from_this<vm_worker> {
 public:
-  vm_worker(sandbox_actor owner, microvm_options opts, store* st, environment env)
-    : owner_(std::move(owner)), opts_(std::move(opts)), store_(st), env_(std::move(env)) {}
+  vm_worker(sandbox_actor owner, microvm_options opts, engine* eng, environment env)
+    : owner_(std::move(owner)), opts_(std::move(opts)), eng_(eng), store_(&eng->layers()),
+      env_(std::move(env)) {}
 
   void start() {
     auto self = shared_from_this();
@@ -105,6 +106,14 @@ private:
       for (const auto& p : l.blob_paths())
         opts_.layers.push_back(p);
     opts_.cancel = &stop_;
+    // QEMU in a cgroup of its own, bounded by the guest's size (microvm.hpp).
+    auto cgroups = eng_->cgroups();
+    if (!cgroups) {
+      post({vm_event::kind::failed, std::move(cgroups).error_value().in_step("microvm_cgroup"),
+            {}, {}, {}});
+      return;
+    }
+    opts_.cgroups = *cgroups;
     auto vm = microvm::boot(opts_);
     if (!vm) {
       post({vm_event::kind::failed, std::move(vm).error_value().in_step("boot_microvm"), {}, {}, {}});
@@ -134,6 +143,7 @@ private:
 
   sandbox_actor owner_;
   microvm_options opts_;
+  engine* eng_;
   store* store_;
   environment env_;
   std::atomic<bool> stop_{false};
@@ -349,8 +359,8 @@ sandbox_actor::behavior_type vm_impl(self_ptr self, sandbox_config cfg,
     o.cpus = static_cast<unsigned>(std::ceil(env.cpus));
   o.disk = env.disk;
   o.hostname = st.cfg.id;
-  st.worker = std::make_shared<vm_worker>(sandbox_actor{self}, std::move(o),
-                                          &st.cfg.eng->layers(), env);
+  o.cgroup_name = st.cfg.id;
+  st.worker = std::make_shared<vm_worker>(sandbox_actor{self}, std::move(o), st.cfg.eng, env);
   self->monitor(st.cfg.session);
   self->set_down_handler([=](caf::down_msg& dm) {
     auto& s = self->state;

@@ -194,7 +194,7 @@ expected<void> microvm::start_once(const microvm_options& opts) {
       append += " tsc_early_khz=" + khz;
   }
   std::vector<std::string> args = {
-      qemu, "-M", machine, "-accel", accel_ == microvm_accel::kvm ? "kvm" : "tcg",
+      qemu, "-M", machine, "-accel", accel_ == microvm_accel::kvm ? "kvm" : "tcg,tb-size=128",
       "-m", std::to_string(opts.memory >> 20) + "M", "-smp", std::to_string(opts.cpus),
       "-nodefaults", "-no-user-config", "-nographic", "-no-reboot",
       "-kernel", opts.guest.kernel, "-initrd", opts.guest.initrd, "-append", append,
@@ -217,6 +217,17 @@ expected<void> microvm::start_once(const microvm_options& opts) {
     argv.push_back(a.data());
   argv.push_back(nullptr);
 
+  // QEMU's cgroup, fresh for each attempt (the last one's went with its QEMU).
+  cgroup_.reset();
+  std::vector<int> join;
+  if (opts.cgroups) {
+    auto cg = opts.cgroups->create(opts.cgroup_name, opts.qemu_limits());
+    if (!cg)
+      return std::move(cg).error_value().in_step("microvm cgroup");
+    cgroup_.emplace(std::move(*cg));
+    join = cgroup_->join_fds();
+  }
+
   pid_t parent = ::getpid();
   started_ = std::chrono::steady_clock::now();
   pid_t pid = ::fork();
@@ -227,6 +238,10 @@ expected<void> microvm::start_once(const microvm_options& opts) {
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (::getppid() != parent)
       ::_exit(127);
+    // Into QEMU's cgroup before anything of QEMU runs (its threads follow).
+    for (int fd : join)
+      if (::write(fd, "0", 1) != 1)
+        ::_exit(126);
     int devnull = ::open("/dev/null", O_RDONLY);
     ::dup2(devnull, 0);
     ::dup2(guest_console.get(), 1);
@@ -242,6 +257,8 @@ expected<void> microvm::start_once(const microvm_options& opts) {
   }
   pid_ = pid;
   pidfd_.reset(sys::pidfd_open(pid, 0));
+  if (cgroup_)
+    cgroup_->close_join_fds();
   return {};
 }
 
@@ -253,12 +270,25 @@ void microvm::kill_qemu() {
     }
     pid_ = -1;
   }
+  cgroup_.reset(); // empty now: removed (or back in the pool)
   pidfd_.reset();
   channel_.reset();
   console_.reset();
 }
 
 microvm::~microvm() { kill_qemu(); }
+
+limits microvm_options::qemu_limits() const {
+  limits l;
+  l.memory_bytes = memory + qemu_overhead;
+  l.pids = 256;
+  l.cpus = static_cast<double>(cpus);
+  return l;
+}
+
+std::vector<std::string> microvm::cgroup_paths() const {
+  return cgroup_ ? cgroup_->paths() : std::vector<std::string>{};
+}
 
 std::string microvm::console_tail() const { return console_tail_; }
 

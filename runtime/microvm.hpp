@@ -29,6 +29,9 @@
 #include <string_view>
 #include <vector>
 
+#include <optional>
+
+#include "runtime/cgroup.hpp"
 #include "runtime/error.hpp"
 #include "runtime/fd.hpp"
 #include "runtime/vm_proto.h"
@@ -70,6 +73,19 @@ struct microvm_options {
   /// When set and it turns true, boot() stops waiting (errc::closed): a
   /// sandbox destroyed while it boots.
   const std::atomic<bool>* cancel = nullptr;
+  /// Where QEMU's own cgroup is made (engine::cgroups()); none: QEMU runs
+  /// in the caller's cgroup. With it, QEMU (every thread of it) joins a cgroup
+  /// named `cgroup_name` before it execs, bounded by qemu_limits(): the
+  /// guest's RAM plus QEMU's own (qemu_overhead), tasks, and `cpus` of CPU
+  /// time. It goes when the VM does.
+  const cgroup_root* cgroups = nullptr;
+  std::string cgroup_name;
+  /// What QEMU may use on top of the guest's RAM: its own code, devices, I/O
+  /// buffers, and under TCG its translation cache (bounded at 128 MiB).
+  static constexpr uint64_t qemu_overhead = 384ull << 20;
+  /// The limits of QEMU's cgroup: memory = RAM + qemu_overhead, at most 256
+  /// tasks, `cpus` CPUs of time.
+  [[nodiscard]] limits qemu_limits() const;
 };
 
 /// Where a boot's time went (host wall clock, and the guest's CLOCK_BOOTTIME).
@@ -106,6 +122,8 @@ public:
   [[nodiscard]] pid_t pid() const noexcept { return pid_; }
   [[nodiscard]] microvm_accel accel() const noexcept { return accel_; }
   [[nodiscard]] const microvm_boot_times& boot_times() const noexcept { return times_; }
+  /// QEMU's cgroup directories (empty without options.cgroups).
+  [[nodiscard]] std::vector<std::string> cgroup_paths() const;
   /// The last bytes of the guest console and QEMU's stderr (for errors).
   [[nodiscard]] std::string console_tail() const;
 
@@ -148,6 +166,7 @@ private:
 
   pid_t pid_ = -1;
   unique_fd pidfd_;
+  std::optional<sandbox_cgroup> cgroup_; ///< QEMU's, when options.cgroups is set
   unique_fd channel_; ///< the agent port (a socketpair end), non-blocking
   unique_fd console_; ///< console and QEMU's stderr
   unique_fd wake_;    ///< an eventfd

@@ -51,6 +51,30 @@ size_t qemu_processes() {
   return n;
 }
 
+// The cgroup lines of the QEMU children of this process (/proc/PID/cgroup).
+std::vector<std::string> qemu_cgroups() {
+  std::vector<std::string> out;
+  DIR* d = ::opendir("/proc");
+  if (!d)
+    return out;
+  while (auto* e = ::readdir(d)) {
+    if (std::atoi(e->d_name) <= 0)
+      continue;
+    std::ifstream f("/proc/" + std::string(e->d_name) + "/stat");
+    std::string stat;
+    std::getline(f, stat);
+    auto rp = stat.rfind(')');
+    if (rp == std::string::npos || stat.find("(qemu-system") == std::string::npos
+        || std::atoi(stat.c_str() + rp + 4) != ::getpid())
+      continue;
+    std::ifstream c("/proc/" + std::string(e->d_name) + "/cgroup");
+    for (std::string line; std::getline(c, line);)
+      out.push_back(line);
+  }
+  ::closedir(d);
+  return out;
+}
+
 bool eventually_no_qemu() {
   for (int i = 0; i < 600; ++i) {
     if (qemu_processes() == 0)
@@ -110,6 +134,18 @@ TEST_CASE("the microvm backend: create, exec with status, stdin and streaming, d
   REQUIRE_MESSAGE(ids->size() == 1, (failures.empty() ? std::string("no failure told") : failures.front()));
   auto id = ids->front();
   CHECK(qemu_processes() == 1);
+  // QEMU runs in a memory cgroup below dsec's own (v2's single line, or v1's memory line).
+  bool bounded = false;
+  for (const auto& line : qemu_cgroups())
+    if ((line.rfind("0::", 0) == 0 || line.find(":memory:") != std::string::npos)
+        && line.find("/dsec/") != std::string::npos)
+      bounded = true;
+  CHECK_MESSAGE(bounded, "QEMU's cgroups: " << [&] {
+    std::string all;
+    for (const auto& l : qemu_cgroups())
+      all += l + "; ";
+    return all;
+  }());
 
   auto r = s->exec(id, cmd({"sh", "-c", "cat /etc/layer-file; hostname; echo e >&2; exit 5"}));
   REQUIRE_MESSAGE(r, describe(r.error_value()));

@@ -15,6 +15,7 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <thread>
 
 #include "runtime/microvm.hpp"
@@ -245,6 +246,46 @@ TEST_CASE("kill -9 of the process that owns a microVM: QEMU dies with it" *
   int st;
   ::waitpid(owner, &st, 0);
   CHECK(process_gone(qpid));
+}
+
+TEST_CASE("QEMU runs in a cgroup of its own, bounded by the guest's size; it goes with the VM" *
+          skip_unless(have_guest(), "needs qemu-system-x86_64 and a guest kernel (tools/microvm-guest)")) {
+  auto& s = suite::get();
+  auto root = cgroup_root::detect();
+  REQUIRE_MESSAGE(root, (root ? "" : root.error_value().message));
+  auto o = options_for({s.blob_of(base_layer)});
+  o.cgroups = &*root;
+  o.cgroup_name = "vm-cgroup-test-" + std::to_string(::getpid());
+  auto vm = microvm::boot(o);
+  REQUIRE_MESSAGE(vm, (vm ? "" : vm.error_value().message));
+  auto paths = (*vm)->cgroup_paths();
+  REQUIRE(!paths.empty());
+  auto read = [](const std::string& path) {
+    std::ifstream f(path);
+    std::string all((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    return all;
+  };
+  bool memory_seen = false;
+  for (const auto& p : paths) {
+    INFO(p);
+    // QEMU is in it, with every thread of it.
+    auto procs = read(p + "/cgroup.procs");
+    CHECK(procs == std::to_string((*vm)->pid()) + "\n");
+    for (const char* f : {"/memory.max", "/memory.limit_in_bytes"})
+      if (std::ifstream(p + f)) {
+        memory_seen = true;
+        CHECK(std::stoull(read(p + f)) == o.memory + microvm_options::qemu_overhead);
+      }
+  }
+  CHECK(memory_seen);
+  // The VM runs in it.
+  std::string out;
+  auto st = (*vm)->exec({"echo", "bounded"}, {}, [&](int, std::string_view b) { out += b; });
+  REQUIRE_MESSAGE(st, (st ? "" : st.error_value().message));
+  CHECK(out == "bounded\n");
+  vm->reset();
+  for (const auto& p : paths)
+    CHECK_MESSAGE(::access(p.c_str(), F_OK) != 0, p << " is left");
 }
 
 } // TEST_SUITE
