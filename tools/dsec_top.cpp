@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <ctime>
 #include <optional>
 #include <string>
@@ -25,7 +26,8 @@
 
 namespace {
 
-const char* usage = R"(usage: dsec top [--interval DUR] [--iterations N] [--token FILE] HOST:PORT...
+const char* usage = R"(usage: dsec top [--interval DUR] [--iterations N] [--token FILE] [--tls DIR]
+                HOST:PORT...
 
 A terminal view of the daemons whose `dsecd --metrics HOST:PORT` addresses are
 given, redrawn every --interval (default 1s): for each, its creates per second,
@@ -38,6 +40,9 @@ oldest heartbeat) is on the line below the table.
   --interval DUR   between two redraws (100ms to 1h)
   --iterations N   stop after N redraws (default: until interrupted)
   --token FILE     the bearer token of a dsecd started with --metrics-token
+  --tls DIR        HTTPS, for a dsecd started with --tls: the daemons'
+                   certificates must be signed by DIR/ca.pem, and this
+                   presents DIR/cert.pem and DIR/key.pem (signed by that CA)
   -h, --help       this text
 )";
 
@@ -61,7 +66,7 @@ int main(int argc, char** argv) {
   dsec::cli::args a{argc, argv, 1};
   std::chrono::milliseconds interval{1000};
   uint64_t iterations = 0;
-  std::string token;
+  std::string token, tls;
   std::vector<target> targets;
   auto bad = [](const std::string& m) {
     std::fprintf(stderr, "dsec top: %s\nTry 'dsec top --help'.\n", m.c_str());
@@ -91,6 +96,11 @@ int main(int argc, char** argv) {
     } else if (opt("--iterations")) {
       if (!dsec::cli::parse_uint(v, 1'000'000'000, iterations) || iterations == 0)
         return bad("--iterations: expected a whole number from 1, got '" + v + "'");
+    } else if (opt("--tls")) {
+      for (const char* f : {"/ca.pem", "/cert.pem", "/key.pem"})
+        if (::access((v + f).c_str(), R_OK) != 0)
+          return bad("--tls: cannot read " + v + f + ": " + std::strerror(errno));
+      tls = v;
     } else if (opt("--token")) {
       auto t = dsec::load_metrics_token(v);
       if (!t) {
@@ -134,7 +144,13 @@ int main(int argc, char** argv) {
     out += line;
     std::string cluster;
     for (auto& t : targets) {
-      httplib::Client c(t.host, t.port);
+      auto where = (tls.empty() ? "http://" : "https://") + t.name;
+      httplib::Client c = tls.empty() ? httplib::Client(where)
+                                      : httplib::Client(where, tls + "/cert.pem", tls + "/key.pem");
+      if (!tls.empty()) {
+        c.set_ca_cert_path(tls + "/ca.pem");
+        c.enable_server_certificate_verification(true);
+      }
       c.set_connection_timeout(std::chrono::milliseconds(800));
       c.set_read_timeout(std::chrono::milliseconds(800));
       httplib::Headers h;

@@ -438,6 +438,28 @@ TEST_CASE("metrics: with --tls, /metrics needs a certificate of the daemon's CA,
   httplib::Client plain("127.0.0.1", mport);
   auto p = plain.Get("/metrics");
   CHECK((!p || p->status != 200));
+  // dsec top with --tls and the token shows the daemon's row; without --tls
+  // it cannot read it, and says so in the row.
+  auto where = "127.0.0.1:" + std::to_string(mport);
+  auto top = run_process({env_path("DSEC_BIN"), "top", "--iterations", "1", "--tls", good,
+                          "--token", token_file, where});
+  CHECK_MESSAGE(top.status == 0, top.describe());
+  auto row = top.out.find(where);
+  REQUIRE_MESSAGE(row != std::string::npos, top.out);
+  auto row_text = top.out.substr(row, top.out.find('\n', row) - row);
+  CHECK_MESSAGE(row_text.find("unreachable") == std::string::npos, row_text);
+  CHECK_MESSAGE(row_text.find("HTTP") == std::string::npos, row_text);
+  std::istringstream fields(row_text);
+  size_t n = 0;
+  for (std::string f; fields >> f;)
+    ++n;
+  CHECK_MESSAGE(n >= 10, row_text); // the name and every column, up to its RSS
+  top = run_process({env_path("DSEC_BIN"), "top", "--iterations", "1", "--token", token_file,
+                     where});
+  CHECK_MESSAGE(top.out.find("unreachable") != std::string::npos, top.describe());
+  top = run_process({env_path("DSEC_BIN"), "top", "--tls", dir.path + "/none", where});
+  CHECK(top.status == 2);
+  CHECK_MESSAGE(top.err.find(dir.path + "/none/ca.pem") != std::string::npos, top.describe());
   // A token file open to others is refused before dsecd starts.
   REQUIRE(::chmod(token_file.c_str(), 0644) == 0);
   auto r = run_process({env_path("DSECD_BIN"), "--listen", "127.0.0.1:0", "--state",
