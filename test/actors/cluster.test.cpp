@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "actors/cluster_map.hpp"
+#include "actors/sandbox_id.hpp"
 #include "test/actors/common.hpp"
 #include "test/support/host.hpp"
 
@@ -985,9 +986,19 @@ TEST_CASE("kill -9 of the coordinator mid-session, `tools/cluster restart coordi
     }, 60s), "listed " << listed.size());
     auto t_usable = clock_type::now();
     std::set<std::string> before_ids(ids->begin(), ids->end()), now_ids;
-    for (const auto& i : listed)
+    for (const auto& i : listed) {
       now_ids.insert(i.id);
+      // Its id names its node (actors/sandbox_id.hpp), and its session came
+      // back with its name.
+      CHECK_MESSAGE(names_node(i.id, i.node), i.id << " on " << i.node);
+      CHECK(i.session == (*s)->id());
+    }
     CHECK(now_ids == before_ids);
+    // By id, without the session (the command line's path): the node the id
+    // names answers.
+    auto by_id = c->exec(ids->back(), cmd({"/bin/busybox", "cat", "/tmp/mark"}));
+    REQUIRE_MESSAGE(by_id, describe(by_id.error_value()));
+    CHECK(by_id->out == ids->back() + "\n");
     // Each still runs, with what it had (not re-created).
     for (const auto& id : *ids) {
       auto e = (*s)->exec(id, cmd({"/bin/busybox", "cat", "/tmp/mark"}));
