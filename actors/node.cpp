@@ -922,9 +922,18 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
       auto& s = self->state;
       if (!genuine(k, s.cfg.key, "adopt (node)"))
         return refuse("adopt");
-      if (!session)
-        return to_caf(make_error(errc::invalid_argument, "adopt: no session given"));
       uint32_t n = 0;
+      // No session: the coordinator will not adopt them (their session keeps
+      // a trajectory log, and is resumed from it, rebuilding them under
+      // their ids): they go now rather than at the grace.
+      if (!session) {
+        for (const auto& [id, e] : s.live)
+          if (e.ready && e.handle && e.session_id == session_id) {
+            caf::anon_send(e.handle, destroy_atom::value, s.cfg.key);
+            ++n;
+          }
+        return {s.cfg.key, n};
+      }
       for (const auto& [id, e] : s.live)
         if (e.ready && e.handle && e.session_id == session_id) {
           // Each tells the session itself (adopt_atom) if it was orphaned.

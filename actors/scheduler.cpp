@@ -951,12 +951,19 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
         caf::anon_send(sess, join_atom::value, process_key(), m.where);
       // The sandboxes it kept after losing its coordinator (this one, before
       // a restart): their sessions are rebuilt if need be and adopt them.
-      // One with a trajectory log is left to its trainer's resume (its
-      // sandboxes go at the node's --orphan-grace).
+      // Those of a session with a trajectory log are destroyed instead: the
+      // trainer's client resumes it from its log, which rebuilds them.
       size_t adopted = 0, left = 0;
       for (auto& h : held) {
-        if (h.options.trajectory || !check_name(h.id, "a session id")) {
+        if (!check_name(h.id, "a session id"))
+          continue;
+        if (h.options.trajectory) {
+          // Its log rebuilds them (the trainer's client resumes it): they
+          // go now, so that their ids are free for the rebuilds.
           left += h.sandboxes.size();
+          self->request(m.node, std::chrono::seconds(10), adopt_atom::value, s.cfg.key, h.id,
+                        session_actor{})
+            .then([](const internal_key&, uint32_t) {}, [](caf::error&) {});
           continue;
         }
         auto it = s.sessions.find(h.id);
@@ -972,7 +979,7 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
                     " into their sessions%s\n",
                     m.name.c_str(), adopted + left, adopted,
                     left > 0 ? (", " + std::to_string(left)
-                                + " of sessions with trajectory logs left to their resume")
+                                + " of sessions with trajectory logs destroyed, to be rebuilt by their resume")
                                  .c_str()
                              : "");
         std::fflush(stdout);

@@ -951,6 +951,16 @@ TEST_CASE("kill -9 of the coordinator mid-session, `tools/cluster restart coordi
       REQUIRE_MESSAGE(r, describe(r.error_value()));
       REQUIRE(r->exit_code == 0);
     }
+    // A session with a trajectory log: not adopted, but resumed from its log
+    // by the reconnecting client (its sandbox rebuilt from its pack).
+    auto logged = c->open_session({.quota = 2, .trajectory = true});
+    REQUIRE_MESSAGE(logged, describe(logged.error_value()));
+    auto lids = (*logged)->create(env, 1);
+    REQUIRE_MESSAGE(lids, describe(lids.error_value()));
+    {
+      auto w = (*logged)->exec(lids->front(), cmd({"/bin/busybox", "sh", "-c", "echo t > /mark-t"}));
+      REQUIRE_MESSAGE(w, describe(w.error_value()));
+    }
     // A command in flight when the coordinator dies.
     waiter<exec_result> inflight;
     (*s)->exec_async(ids->front(), cmd({"/bin/busybox", "sleep", "60"}), inflight.done());
@@ -1010,6 +1020,20 @@ TEST_CASE("kill -9 of the coordinator mid-session, `tools/cluster restart coordi
             << " ms; the session listed its 30 sandboxes "
             << std::chrono::duration_cast<std::chrono::milliseconds>(t_usable - t_restarted).count()
             << " ms after it returned");
+    // The logged session was resumed (docs/trajectory.md): the trainer's
+    // command given again is answered from the log; the next one runs in the
+    // sandbox rebuilt from the pack after it, which has the file.
+    {
+      auto again = (*logged)->exec(lids->front(),
+                                   cmd({"/bin/busybox", "sh", "-c", "echo t > /mark-t"}));
+      REQUIRE_MESSAGE(again, describe(again.error_value()));
+      CHECK(again->exit_code == 0);
+      auto back = (*logged)->exec(lids->front(), cmd({"/bin/busybox", "cat", "/mark-t"}));
+      REQUIRE_MESSAGE(back, describe(back.error_value()));
+      CHECK_MESSAGE(back->out == "t\n", "exit " << back->exit_code << ": " << back->err);
+      auto lc = (*logged)->close();
+      CHECK_MESSAGE(lc, describe(lc.error_value()));
+    }
     // The session's name and quota came back with it.
     auto found = c->find_session("restart-me");
     CHECK_MESSAGE(found, describe(found.error_value()));
