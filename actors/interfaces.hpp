@@ -227,8 +227,9 @@ using node_actor = caf::typed_actor<
   caf::replies_to<pool_atom, internal_key, environment, uint32_t, session_actor,
                   std::string>::with<internal_key, uint32_t>,
   /// After a coordinator restart: the node's orphaned sandboxes of session
-  /// `id` belong to `session` from now on (each tells it, adopt_atom).
-  /// Replies how many were asked to.
+  /// `id` belong to `session` from now on (each tells it, adopt_atom); a null
+  /// `session` destroys them instead (a session with a trajectory log, which
+  /// its resume rebuilds). Replies how many were asked to.
   caf::replies_to<adopt_atom, internal_key, std::string, session_actor>::with<internal_key,
                                                                                uint32_t>,
   // ---- process surface ----
