@@ -103,17 +103,56 @@ expected<void> client::configure(caf::actor_system_config& cfg, const tls_option
 }
 
 client::client(caf::actor_system& sys, scheduler_actor scheduler)
-  : sys_(&sys), scheduler_(std::move(scheduler)) {
+  : sys_(&sys), link_(std::make_shared<client_link>()) {
+  link_->scheduler = std::move(scheduler);
   // The trainer's identity: owned sessions monitor it.
   identity_ = sys.spawn(watcher_impl);
 }
 
 client::~client() {
+  if (reconnector_)
+    caf::anon_send_exit(reconnector_, caf::exit_reason::user_shutdown);
   caf::anon_send_exit(identity_, caf::exit_reason::user_shutdown);
 }
 
-expected<std::unique_ptr<client>> client::connect(caf::actor_system& sys,
-                                                  const std::string& host, uint16_t port) {
+scheduler_actor client::scheduler() const {
+  return link_->get();
+}
+
+uint64_t client::reconnects() const {
+  std::lock_guard<std::mutex> g{link_->mu};
+  return link_->reconnects;
+}
+
+bool client::wait_connected(std::chrono::milliseconds d) const {
+  std::unique_lock<std::mutex> lk{link_->mu};
+  return link_->cv.wait_for(lk, d, [&] { return link_->up; });
+}
+
+session_actor session::handle() const {
+  return link_->get();
+}
+
+std::unique_ptr<session> client::make_session(session_actor h, std::string id,
+                                              const session_options& opts, bool owned) {
+  auto l = std::make_shared<session_link>();
+  l->handle = std::move(h);
+  l->id = id;
+  l->options = opts;
+  l->owned = owned;
+  std::unique_ptr<session> out{new session(*this, l, std::move(id))};
+  l->closed = out->closed_;
+  std::lock_guard<std::mutex> g{link_->mu};
+  std::erase_if(link_->sessions, [](const std::weak_ptr<session_link>& w) { return w.expired(); });
+  link_->sessions.push_back(std::move(l));
+  return out;
+}
+
+namespace {
+
+// Connects to host:port (the error names a dsecd there).
+expected<scheduler_actor> reach(caf::actor_system& sys, const std::string& host,
+                                uint16_t port) {
   auto s = dsec::connect(sys, host, port, sys.message_types<scheduler_actor>());
   if (!s) {
     auto e = std::move(s).error_value();
@@ -123,8 +162,127 @@ expected<std::unique_ptr<client>> client::connect(caf::actor_system& sys,
       e.message.insert(prefix.size(), "a dsecd at ");
     return e;
   }
-  return std::unique_ptr<client>{
-    new client(sys, caf::actor_cast<scheduler_actor>(std::move(*s)))};
+  return caf::actor_cast<scheduler_actor>(std::move(*s));
+}
+
+using reconnect_atom = caf::atom_constant<caf::atom("reconnect")>;
+
+// A connected client's reconnector (detached: its connects block its own
+// thread only). It monitors the scheduler; when the link drops (the daemon
+// died or restarted) it connects again, to each of the client's addresses in
+// turn, with backoff (100 ms doubling to 2 s), then reattaches every session
+// handle the client made that was not closed: an opened one by its id and
+// options (the daemon finds it, or rebuilds it for the sandboxes its nodes
+// kept: docs/cluster.md), one with a trajectory log by resuming it. Calls
+// meanwhile fail with errc::disconnected (their helpers watch the old actors).
+caf::behavior reconnector_impl(caf::event_based_actor* self, std::shared_ptr<client_link> link,
+                               caf::actor identity) {
+  struct state {
+    size_t next = 0;
+    std::chrono::milliseconds backoff{0};
+    caf::actor_addr watched;
+  };
+  auto st = std::make_shared<state>();
+  auto watch = [=] {
+    auto sch = link->get();
+    if (!sch)
+      return;
+    st->watched = sch.address();
+    self->monitor(sch);
+  };
+  watch();
+  self->set_down_handler([=](caf::down_msg& dm) {
+    if (dm.source != st->watched)
+      return;
+    {
+      std::lock_guard<std::mutex> g{link->mu};
+      link->up = false;
+    }
+    st->backoff = std::chrono::milliseconds(0);
+    self->send(self, reconnect_atom::value);
+  });
+  return {
+    [=](reconnect_atom) {
+      const auto& addrs = link->addresses;
+      if (addrs.empty())
+        return;
+      const auto& [host, port] = addrs[st->next++ % addrs.size()];
+      auto sch = reach(self->system(), host, port);
+      if (!sch) {
+        using std::chrono::milliseconds;
+        st->backoff = st->backoff.count() == 0 ? milliseconds(100)
+                                               : std::min(milliseconds(2000), st->backoff * 2);
+        self->delayed_send(self, st->backoff, reconnect_atom::value);
+        return;
+      }
+      std::vector<std::shared_ptr<session_link>> sessions;
+      {
+        std::lock_guard<std::mutex> g{link->mu};
+        link->scheduler = *sch;
+        ++link->reconnects;
+        for (auto& w : link->sessions)
+          if (auto l = w.lock(); l && !(l->closed && l->closed->load()))
+            sessions.push_back(std::move(l));
+      }
+      watch();
+      auto left = std::make_shared<size_t>(sessions.size());
+      auto settle = [=] {
+        if (*left > 0 && --*left > 0)
+          return;
+        {
+          std::lock_guard<std::mutex> g{link->mu};
+          link->up = true;
+        }
+        link->cv.notify_all();
+      };
+      if (sessions.empty()) {
+        *left = 1;
+        settle();
+      }
+      for (auto& l : sessions) {
+        auto trainer = l->owned ? identity : caf::actor{};
+        auto got = [=](session_actor& h, std::string&) {
+          l->set(std::move(h));
+          settle();
+        };
+        auto failed = [=](caf::error&) { settle(); }; // its calls fail: the actor is gone
+        if (l->options.trajectory)
+          self->request(*sch, std::chrono::seconds(30), resume_atom::value, l->id, trainer)
+            .then(got, failed);
+        else
+          self->request(*sch, std::chrono::seconds(30), reattach_atom::value, l->id, l->options,
+                        l->owned, trainer)
+            .then(got, failed);
+      }
+    },
+  };
+}
+
+} // namespace
+
+expected<std::unique_ptr<client>> client::connect(caf::actor_system& sys,
+                                                  const std::string& host, uint16_t port) {
+  return connect(sys, std::vector<std::pair<std::string, uint16_t>>{{host, port}});
+}
+
+expected<std::unique_ptr<client>>
+client::connect(caf::actor_system& sys,
+                const std::vector<std::pair<std::string, uint16_t>>& addresses) {
+  if (addresses.empty())
+    return make_error(errc::invalid_argument, "connect: no address given");
+  std::optional<error> last;
+  for (const auto& [host, port] : addresses) {
+    auto s = reach(sys, host, port);
+    if (!s) {
+      last = std::move(s).error_value();
+      continue;
+    }
+    std::unique_ptr<client> c{new client(sys, std::move(*s))};
+    c->link_->addresses = addresses;
+    c->reconnector_ = sys.spawn<caf::detached>(reconnector_impl, c->link_, c->identity_);
+    return c;
+  }
+  return std::move(*last);
 }
 
 std::unique_ptr<client> client::attach(caf::actor_system& sys, scheduler_actor scheduler) {
@@ -151,7 +309,7 @@ expected<std::unique_ptr<session>> client::resume_session(const std::string& id,
 
 expected<std::unique_ptr<session>> client::find_session(const std::string& id) {
   DSEC_TRY(h, blocking<session_actor>([&](auto& w) {
-             async_call<session_actor>(*sys_, identity_, scheduler_, w.done(),
+             async_call<session_actor>(*sys_, identity_, scheduler(), w.done(),
                                        lookup_atom::value, id);
            }));
   // Found by its name: the handle carries the session's id.
@@ -161,7 +319,7 @@ expected<std::unique_ptr<session>> client::find_session(const std::string& id) {
       if (x.state == "live" && x.id != id && x.name == id)
         real = x.id;
   }
-  return std::unique_ptr<session>{new session(*this, std::move(h), real)};
+  return make_session(std::move(h), real, session_options{}, false);
 }
 
 expected<exec_result> client::exec(const std::string& id, const exec_request& req,
@@ -186,7 +344,7 @@ expected<void> client::destroy(const std::string& id) {
 expected<void> client::set_network(const std::string& id, const std::vector<std::string>& allow,
                                    const std::vector<std::string>& deny) {
   return blocking<void>([&](auto& w) {
-    async_call<bool>(*sys_, identity_, scheduler_, as_void(w.done()), network_atom::value, id,
+    async_call<bool>(*sys_, identity_, scheduler(), as_void(w.done()), network_atom::value, id,
                      allow, deny);
   });
 }
@@ -205,7 +363,7 @@ expected<node_stats> client::stats() {
 
 expected<std::vector<member_info>> client::cluster() {
   return blocking<std::vector<member_info>>([&](auto& w) {
-    async_call<std::vector<member_info>>(*sys_, identity_, scheduler_, w.done(),
+    async_call<std::vector<member_info>>(*sys_, identity_, scheduler(), w.done(),
                                          cluster_atom::value);
   });
 }
@@ -256,11 +414,11 @@ void client::open_session_async(const session_options& opts,
                                 completion<std::unique_ptr<session>> done, bool owned) {
   auto trainer = owned ? identity_ : caf::actor{};
   async_open(
-    *sys_, identity_, scheduler_,
-    [this, done = std::move(done)](expected<opened_session> o) {
+    *sys_, identity_, scheduler(),
+    [this, opts, owned, done = std::move(done)](expected<opened_session> o) {
       if (!o)
         return done(std::move(o).error_value());
-      done(std::unique_ptr<session>{new session(*this, std::move(o->first), std::move(o->second))});
+      done(make_session(std::move(o->first), std::move(o->second), opts, owned));
     },
     open_atom::value, opts, trainer);
 }
@@ -269,11 +427,13 @@ void client::resume_session_async(const std::string& id,
                                   completion<std::unique_ptr<session>> done, bool owned) {
   auto trainer = owned ? identity_ : caf::actor{};
   async_open(
-    *sys_, identity_, scheduler_,
-    [this, done = std::move(done)](expected<opened_session> o) {
+    *sys_, identity_, scheduler(),
+    [this, owned, done = std::move(done)](expected<opened_session> o) {
       if (!o)
         return done(std::move(o).error_value());
-      done(std::unique_ptr<session>{new session(*this, std::move(o->first), std::move(o->second))});
+      session_options opts;
+      opts.trajectory = true; // a reconnect resumes it again
+      done(make_session(std::move(o->first), std::move(o->second), opts, owned));
     },
     resume_atom::value, id, trainer);
 }
@@ -283,27 +443,27 @@ void client::exec_async(const std::string& id, const exec_request& req,
   if (on_output) {
     auto r = req;
     r.stream = true;
-    return async_streamed_exec(*sys_, identity_, scheduler_, std::move(done),
+    return async_streamed_exec(*sys_, identity_, scheduler(), std::move(done),
                                std::move(on_output), exec_atom::value, id, r);
   }
-  async_call<exec_result>(*sys_, identity_, scheduler_, std::move(done), exec_atom::value, id,
+  async_call<exec_result>(*sys_, identity_, scheduler(), std::move(done), exec_atom::value, id,
                           req);
 }
 
 void client::put_async(const std::string& id, const std::string& dir, std::string tar,
                        completion<uint64_t> done) {
-  async_call<uint64_t>(*sys_, identity_, scheduler_, std::move(done), put_atom::value, id, dir,
+  async_call<uint64_t>(*sys_, identity_, scheduler(), std::move(done), put_atom::value, id, dir,
                        std::move(tar));
 }
 
 void client::get_async(const std::string& id, const std::string& path,
                        completion<std::string> done) {
-  async_call<std::string>(*sys_, identity_, scheduler_, std::move(done), get_atom::value, id,
+  async_call<std::string>(*sys_, identity_, scheduler(), std::move(done), get_atom::value, id,
                           path);
 }
 
 void client::destroy_async(const std::string& id, completion<void> done) {
-  async_call<bool>(*sys_, identity_, scheduler_, as_void(std::move(done)), destroy_atom::value,
+  async_call<bool>(*sys_, identity_, scheduler(), as_void(std::move(done)), destroy_atom::value,
                    id);
 }
 
@@ -317,21 +477,21 @@ void client::list_async(completion<std::vector<sandbox_info>> done) {
 }
 
 void client::list_all_async(completion<sandbox_list> done) {
-  async_call<sandbox_list>(*sys_, identity_, scheduler_, std::move(done), list_atom::value);
+  async_call<sandbox_list>(*sys_, identity_, scheduler(), std::move(done), list_atom::value);
 }
 
 void client::stats_async(completion<node_stats> done) {
-  async_call<node_stats>(*sys_, identity_, scheduler_, std::move(done), stats_atom::value);
+  async_call<node_stats>(*sys_, identity_, scheduler(), std::move(done), stats_atom::value);
 }
 
 void client::cordon_async(const std::string& node, bool on, completion<uint32_t> done) {
-  async_call<uint32_t>(*sys_, identity_, scheduler_, std::move(done), cordon_atom::value, node,
+  async_call<uint32_t>(*sys_, identity_, scheduler(), std::move(done), cordon_atom::value, node,
                        on);
 }
 
 void client::drain_async(const std::string& node, std::chrono::milliseconds timeout,
                          completion<uint32_t> done) {
-  async_call<uint32_t>(*sys_, identity_, scheduler_, std::move(done), drain_atom::value, node,
+  async_call<uint32_t>(*sys_, identity_, scheduler(), std::move(done), drain_atom::value, node,
                        static_cast<uint64_t>(std::max<int64_t>(0, timeout.count())));
 }
 
@@ -340,7 +500,7 @@ void client::answer_async(const std::string& id, const chronus_feedback& fb,
   auto msg = feedback_bytes(fb);
   if (!msg)
     return done(std::move(msg).error_value());
-  async_call<bool>(*sys_, identity_, scheduler_, as_void(std::move(done)), feedback_atom::value,
+  async_call<bool>(*sys_, identity_, scheduler(), as_void(std::move(done)), feedback_atom::value,
                    id, std::move(*msg));
 }
 
@@ -348,20 +508,20 @@ void client::answer_async(const std::string& id, const chronus_feedback& fb,
 
 expected<uint32_t> client::pool(const environment& env, uint32_t size) {
   return blocking<uint32_t>([&](auto& w) {
-    async_call<uint32_t>(*sys_, identity_, scheduler_, w.done(), pool_atom::value, env, size);
+    async_call<uint32_t>(*sys_, identity_, scheduler(), w.done(), pool_atom::value, env, size);
   });
 }
 
 expected<std::vector<session_summary>> client::sessions() {
   return blocking<std::vector<session_summary>>([&](auto& w) {
-    async_call<std::vector<session_summary>>(*sys_, identity_, scheduler_, w.done(),
+    async_call<std::vector<session_summary>>(*sys_, identity_, scheduler(), w.done(),
                                              sessions_atom::value);
   });
 }
 
 expected<std::vector<pool_info>> client::pools() {
   return blocking<std::vector<pool_info>>([&](auto& w) {
-    async_call<std::vector<pool_info>>(*sys_, identity_, scheduler_, w.done(), pool_atom::value);
+    async_call<std::vector<pool_info>>(*sys_, identity_, scheduler(), w.done(), pool_atom::value);
   });
 }
 

@@ -161,6 +161,11 @@ private:
 
 class session;
 
+namespace detail {
+struct client_link;  // the connection, the addresses, the sessions to reattach (client.cpp)
+struct session_link; // a session's handle, options and owner (client.cpp)
+} // namespace detail
+
 /// A sandbox a create made: its id, and its key (create_labels: the create's
 /// key K for a create of one, K#i for the i-th sandbox announced of several,
 /// "#N" or "#N#i" for a create without a key).
@@ -213,9 +218,17 @@ public:
   static expected<void> configure(caf::actor_system_config& cfg, const tls_options& tls);
 
   /// Connects to the dsecd at host:port, over TLS when the system was
-  /// configured with it.
+  /// configured with it. When that connection drops later (the daemon died or
+  /// restarted), the client reconnects by itself, with backoff (100 ms
+  /// doubling to 2 s), and reattaches its sessions (docs/cluster.md, "When the
+  /// coordinator dies"): a call in flight meanwhile, or made before the link
+  /// is back, fails with errc::disconnected (retry it); none hangs.
   static expected<std::unique_ptr<client>> connect(caf::actor_system& sys,
                                                    const std::string& host, uint16_t port);
+  /// The same with several addresses of the daemon (host, port): the first
+  /// that answers; a reconnect tries each in turn.
+  static expected<std::unique_ptr<client>>
+  connect(caf::actor_system& sys, const std::vector<std::pair<std::string, uint16_t>>& addresses);
 
   /// Uses a scheduler of this process (an embedded daemon).
   static std::unique_ptr<client> attach(caf::actor_system& sys, scheduler_actor scheduler);
@@ -326,7 +339,13 @@ public:
                   completion<std::vector<std::string>> done);
 
   [[nodiscard]] caf::actor_system& system() { return *sys_; }
-  [[nodiscard]] const scheduler_actor& scheduler() const { return scheduler_; }
+  /// The daemon's scheduler as the client reaches it now (a reconnect
+  /// replaces it).
+  [[nodiscard]] scheduler_actor scheduler() const;
+  /// How many times the client reconnected (after the link dropped) so far.
+  [[nodiscard]] uint64_t reconnects() const;
+  /// Waits at most `d` until the client is connected (again): true if it is.
+  bool wait_connected(std::chrono::milliseconds d) const;
 
   ~client();
   client(const client&) = delete;
@@ -335,10 +354,14 @@ public:
 private:
   friend class session;
   client(caf::actor_system& sys, scheduler_actor scheduler);
+  /// A session handle this client made, remembered for reattaching.
+  std::unique_ptr<session> make_session(session_actor h, std::string id,
+                                        const session_options& opts, bool owned);
 
   caf::actor_system* sys_;
-  scheduler_actor scheduler_;
-  caf::actor identity_; // what owned sessions monitor
+  std::shared_ptr<detail::client_link> link_;
+  caf::actor identity_;    // what owned sessions monitor
+  caf::actor reconnector_; // watches the scheduler, reconnects (a connected client's)
 };
 
 class session {
@@ -470,15 +493,17 @@ public:
   void fork_async(const std::string& id, uint32_t count,
                   completion<std::vector<std::string>> done);
 
-  [[nodiscard]] const session_actor& handle() const { return handle_; }
+  /// The session's actor as the client reaches it now (a reattach after a
+  /// reconnect replaces it).
+  [[nodiscard]] session_actor handle() const;
 
   /// An owned session is closed with its client, not with this handle.
   ~session() = default;
 
 private:
   friend class client;
-  session(client& c, session_actor h, std::string id)
-    : client_(&c), handle_(std::move(h)), id_(std::move(id)),
+  session(client& c, std::shared_ptr<detail::session_link> link, std::string id)
+    : client_(&c), link_(std::move(link)), id_(std::move(id)),
       closed_(std::make_shared<std::atomic<bool>>(false)) {}
   void create_async_impl(const environment& env, uint32_t count,
                          std::optional<create_labels> labels,
@@ -489,7 +514,7 @@ private:
   [[nodiscard]] std::optional<error> closed_error() const;
 
   client* client_;
-  session_actor handle_;
+  std::shared_ptr<detail::session_link> link_;
   std::string id_;
   std::shared_ptr<std::atomic<bool>> closed_;
 };

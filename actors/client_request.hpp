@@ -8,8 +8,11 @@
 #include <caf/event_based_actor.hpp>
 #include <caf/send.hpp>
 
+#include <atomic>
+#include <condition_variable>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -19,6 +22,45 @@
 #include "actors/types.hpp"
 
 namespace dsec::detail {
+
+// A session handle's shared part: the session's actor as the client reaches
+// it now (a reattach after a reconnect replaces it), and what a reattach
+// needs to ask for it again.
+struct session_link {
+  mutable std::mutex mu;
+  session_actor handle;
+  std::string id;
+  session_options options;
+  bool owned = false;
+  std::shared_ptr<std::atomic<bool>> closed; // close() succeeded on the handle
+
+  session_actor get() const {
+    std::lock_guard<std::mutex> g{mu};
+    return handle;
+  }
+  void set(session_actor h) {
+    std::lock_guard<std::mutex> g{mu};
+    handle = std::move(h);
+  }
+};
+
+// A client's connection: the daemon's scheduler as it reaches it now, the
+// addresses it may reconnect to (none: an embedded daemon's), and the
+// session handles it made (reattached after each reconnect).
+struct client_link {
+  mutable std::mutex mu;
+  std::condition_variable cv; // the link came back
+  scheduler_actor scheduler;
+  bool up = true;
+  std::vector<std::pair<std::string, uint16_t>> addresses;
+  std::vector<std::weak_ptr<session_link>> sessions;
+  uint64_t reconnects = 0;
+
+  scheduler_actor get() const {
+    std::lock_guard<std::mutex> g{mu};
+    return scheduler;
+  }
+};
 
 // What a reply is to the caller: one value as it is; the scheduler's list,
 // two values (the sandboxes, the nodes that did not answer), as one.

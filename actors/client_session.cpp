@@ -142,7 +142,7 @@ void session::create_async_impl(const environment& env, uint32_t count,
   b->done = std::move(done);
   b->on_ready = std::move(on_ready);
   b->on_failed = std::move(on_failed);
-  auto h = handle_;
+  auto h = handle();
   auto owner = watch_owner(client_->identity_);
   client_->sys_->spawn([b, h, owner, env, count,
                         labels](caf::event_based_actor* self) -> caf::behavior {
@@ -198,7 +198,7 @@ void session::create_async_impl(const environment& env, uint32_t count,
 void session::find_async(const std::string& key, completion<sandbox_info> done) {
   if (auto e = closed_error())
     return done(*e);
-  async_call<sandbox_info>(*client_->sys_, client_->identity_, handle_, std::move(done),
+  async_call<sandbox_info>(*client_->sys_, client_->identity_, handle(), std::move(done),
                            lookup_atom::value, key);
 }
 
@@ -209,10 +209,10 @@ void session::exec_async(const std::string& id, const exec_request& req,
   if (on_output) {
     auto r = req;
     r.stream = true;
-    return async_streamed_exec(*client_->sys_, client_->identity_, handle_, std::move(done),
+    return async_streamed_exec(*client_->sys_, client_->identity_, handle(), std::move(done),
                                std::move(on_output), exec_atom::value, id, r);
   }
-  async_call<exec_result>(*client_->sys_, client_->identity_, handle_, std::move(done),
+  async_call<exec_result>(*client_->sys_, client_->identity_, handle(), std::move(done),
                           exec_atom::value, id, req);
 }
 
@@ -220,7 +220,7 @@ void session::put_async(const std::string& id, const std::string& dir, std::stri
                         completion<uint64_t> done) {
   if (auto e = closed_error())
     return done(*e);
-  async_call<uint64_t>(*client_->sys_, client_->identity_, handle_, std::move(done),
+  async_call<uint64_t>(*client_->sys_, client_->identity_, handle(), std::move(done),
                        put_atom::value, id, dir, std::move(tar));
 }
 
@@ -228,14 +228,14 @@ void session::get_async(const std::string& id, const std::string& path,
                         completion<std::string> done) {
   if (auto e = closed_error())
     return done(*e);
-  async_call<std::string>(*client_->sys_, client_->identity_, handle_, std::move(done),
+  async_call<std::string>(*client_->sys_, client_->identity_, handle(), std::move(done),
                           get_atom::value, id, path);
 }
 
 void session::destroy_async(const std::string& id, completion<void> done) {
   if (auto e = closed_error())
     return done(*e);
-  async_call<bool>(*client_->sys_, client_->identity_, handle_, as_void(std::move(done)),
+  async_call<bool>(*client_->sys_, client_->identity_, handle(), as_void(std::move(done)),
                    destroy_atom::value, id);
 }
 
@@ -246,7 +246,7 @@ void session::set_ttl_async(const std::string& id, std::chrono::milliseconds ttl
   if (ttl.count() <= 0)
     return done(make_error(errc::invalid_argument,
                            "set_ttl " + id + ": the TTL must be positive"));
-  async_call<uint64_t>(*client_->sys_, client_->identity_, handle_, std::move(done),
+  async_call<uint64_t>(*client_->sys_, client_->identity_, handle(), std::move(done),
                        lifetime_atom::value, id, static_cast<uint64_t>(ttl.count()));
 }
 
@@ -254,14 +254,14 @@ void session::set_network_async(const std::string& id, std::vector<std::string> 
                                 std::vector<std::string> deny, completion<void> done) {
   if (auto e = closed_error())
     return done(*e);
-  async_call<bool>(*client_->sys_, client_->identity_, handle_, as_void(std::move(done)),
+  async_call<bool>(*client_->sys_, client_->identity_, handle(), as_void(std::move(done)),
                    network_atom::value, id, std::move(allow), std::move(deny));
 }
 
 void session::list_async(completion<std::vector<sandbox_info>> done) {
   if (auto e = closed_error())
     return done(*e);
-  async_call<std::vector<sandbox_info>>(*client_->sys_, client_->identity_, handle_,
+  async_call<std::vector<sandbox_info>>(*client_->sys_, client_->identity_, handle(),
                                         std::move(done), list_atom::value);
 }
 
@@ -269,7 +269,7 @@ void session::close_async(completion<uint32_t> done) {
   if (auto e = closed_error())
     return done(*e);
   async_call<uint32_t>(
-    *client_->sys_, client_->identity_, handle_,
+    *client_->sys_, client_->identity_, handle(),
     [closed = closed_, done = std::move(done)](expected<uint32_t> n) {
       if (n)
         closed->store(true);
@@ -285,7 +285,7 @@ void session::answer_async(const std::string& id, const chronus_feedback& fb,
   auto msg = feedback_bytes(fb);
   if (!msg)
     return done(std::move(msg).error_value());
-  async_call<bool>(*client_->sys_, client_->identity_, handle_, as_void(std::move(done)),
+  async_call<bool>(*client_->sys_, client_->identity_, handle(), as_void(std::move(done)),
                    feedback_atom::value, id, std::move(*msg));
 }
 
@@ -295,7 +295,7 @@ expected<uint32_t> session::pool(const environment& env, uint32_t size) {
   return blocking<uint32_t>([&](auto& w) {
     if (auto e = closed_error())
       return w.done()(*e);
-    async_call<uint32_t>(*client_->sys_, client_->identity_, handle_, w.done(), pool_atom::value,
+    async_call<uint32_t>(*client_->sys_, client_->identity_, handle(), w.done(), pool_atom::value,
                          env, size);
   });
 }
@@ -318,7 +318,7 @@ void session::call_async(const environment& env, const exec_request& req,
                          completion<exec_result> done) {
   if (auto e = closed_error())
     return done(*e);
-  async_call<exec_result>(*client_->sys_, client_->identity_, handle_, std::move(done),
+  async_call<exec_result>(*client_->sys_, client_->identity_, handle(), std::move(done),
                           call_atom::value, as_function(env), req);
 }
 

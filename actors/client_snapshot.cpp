@@ -86,18 +86,18 @@ expected<std::vector<std::string>> client::fork(const std::string& id, uint32_t 
 }
 
 void client::pause_async(const std::string& id, bool on, completion<bool> done) {
-  async_call<bool>(*sys_, identity_, scheduler_, std::move(done), pause_atom::value, id, on);
+  async_call<bool>(*sys_, identity_, scheduler(), std::move(done), pause_atom::value, id, on);
 }
 
 void client::snapshot_async(const std::string& id, const std::string& ref,
                             completion<std::string> done) {
-  async_call<std::string>(*sys_, identity_, scheduler_, std::move(done), snapshot_atom::value,
+  async_call<std::string>(*sys_, identity_, scheduler(), std::move(done), snapshot_atom::value,
                           id, ref);
 }
 
 void client::fork_async(const std::string& id, uint32_t count,
                         completion<std::vector<std::string>> done) {
-  fork_batch(*sys_, identity_, scheduler_, id, count, std::move(done));
+  fork_batch(*sys_, identity_, scheduler(), id, count, std::move(done));
 }
 
 // ---- in a session ------------------------------------------------------------------
@@ -129,14 +129,14 @@ expected<std::vector<std::string>> session::fork(const std::string& id, uint32_t
 void session::pause_async(const std::string& id, bool on, completion<bool> done) {
   if (auto e = closed_error())
     return done(*e);
-  async_call<bool>(*client_->sys_, client_->identity_, handle_, std::move(done),
+  async_call<bool>(*client_->sys_, client_->identity_, handle(), std::move(done),
                    pause_atom::value, id, on);
 }
 
 void session::pause_all_async(bool on, completion<uint32_t> done) {
   if (auto e = closed_error())
     return done(*e);
-  async_call<uint32_t>(*client_->sys_, client_->identity_, handle_, std::move(done),
+  async_call<uint32_t>(*client_->sys_, client_->identity_, handle(), std::move(done),
                        pause_atom::value, on);
 }
 
@@ -144,7 +144,7 @@ void session::snapshot_async(const std::string& id, const std::string& ref,
                              completion<std::string> done) {
   if (auto e = closed_error())
     return done(*e);
-  async_call<std::string>(*client_->sys_, client_->identity_, handle_, std::move(done),
+  async_call<std::string>(*client_->sys_, client_->identity_, handle(), std::move(done),
                           snapshot_atom::value, id, ref);
 }
 
@@ -152,7 +152,7 @@ void session::fork_async(const std::string& id, uint32_t count,
                          completion<std::vector<std::string>> done) {
   if (auto e = closed_error())
     return done(*e);
-  fork_batch(*client_->sys_, client_->identity_, handle_, id, count, std::move(done));
+  fork_batch(*client_->sys_, client_->identity_, handle(), id, count, std::move(done));
 }
 
 } // namespace dsec

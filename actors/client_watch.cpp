@@ -134,7 +134,7 @@ start_watch(caf::actor_system& sys, const session_actor& h,
 expected<std::unique_ptr<event_stream>> session::watch() {
   if (auto e = closed_error())
     return *e;
-  return start_watch(*client_->sys_, handle_, {});
+  return start_watch(*client_->sys_, handle(), {});
 }
 
 expected<std::unique_ptr<event_stream>>
@@ -143,7 +143,7 @@ session::watch(std::function<void(const chronus_event&)> on_event) {
     return *e;
   if (!on_event)
     return make_error(errc::invalid_argument, "watch: no callback given");
-  return start_watch(*client_->sys_, handle_, std::move(on_event));
+  return start_watch(*client_->sys_, handle(), std::move(on_event));
 }
 
 expected<std::unique_ptr<event_stream>>
@@ -153,7 +153,7 @@ session::watch(std::function<void(const chronus_event&)> on_event,
     return *e;
   if (!on_event)
     return make_error(errc::invalid_argument, "watch: no callback given");
-  return start_watch(*client_->sys_, handle_, std::move(on_event), std::move(on_end));
+  return start_watch(*client_->sys_, handle(), std::move(on_event), std::move(on_end));
 }
 
 } // namespace dsec

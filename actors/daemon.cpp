@@ -148,6 +148,8 @@ expected<std::unique_ptr<daemon>> daemon::start(caf::actor_system& sys,
   nc.pool_pressure_file = opts.pool_pressure_file;
   nc.pool_pressure_avg10 = opts.pool_pressure_avg10;
   nc.microvm = opts.microvm;
+  if (!opts.join_host.empty())
+    nc.orphan_grace = opts.orphan_grace; // its sessions live on the coordinator
   d->node_ = spawn_node(sys, std::move(nc));
   scheduler_config sc;
   sc.node = d->node_;
@@ -163,6 +165,7 @@ expected<std::unique_ptr<daemon>> daemon::start(caf::actor_system& sys,
   sc.coordinator = opts.coordinator;
   sc.store = d->layer_store_;
   sc.beat_timeout = opts.beat_timeout;
+  sc.orphan_grace = opts.orphan_grace;
   sc.door = opts.door;
   sc.key = d->key_;
   if (!opts.join_host.empty())

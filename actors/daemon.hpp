@@ -63,8 +63,10 @@ struct daemon_options {
   caf::actor connector;
   std::chrono::milliseconds beat_interval{500};
   std::chrono::milliseconds beat_timeout{1500};
-  /// How long a node whose coordinator was lost keeps its sandboxes.
-  std::chrono::milliseconds orphan_grace{5000};
+  /// How long a node whose coordinator was lost keeps its ready sandboxes
+  /// for a restarted coordinator to adopt; on a coordinator, how long a
+  /// session it rebuilt from its nodes' reports waits for its trainer.
+  std::chrono::milliseconds orphan_grace{60000};
   /// What the published port's door refused, for node stats (actors/door.hpp);
   /// null: not published, or behind TLS.
   std::shared_ptr<door_counts> door;

@@ -100,6 +100,15 @@ using sandbox_actor = caf::typed_actor<
   /// (The session as a caf::actor: session_actor is declared after this.)
   caf::replies_to<claim_atom, internal_key, caf::actor, std::string, uint64_t,
                   uint64_t>::with<bool>,
+  /// From its node, after a coordinator restart (docs/cluster.md): a sandbox
+  /// whose session's process went away (orphaned, kept for its node's
+  /// --orphan-grace) belongs to `session` from now on (the restarted
+  /// coordinator's session of the same id), and tells it so (adopt_atom).
+  /// Nothing happens if it was not orphaned (or cannot be adopted).
+  caf::reacts_to<adopt_atom, internal_key, caf::actor>,
+  /// Process surface: the orphan grace of its `n`th orphaning ran out: if it
+  /// is still orphaned, it is destroyed.
+  caf::reacts_to<orphan_atom, internal_key, uint64_t>,
   // ---- snapshots (issue 16), member surface ----
   /// Pauses (true: freezes its processes, stops its TTL clock) or resumes
   /// (false) it; replies whether its state changed.
@@ -170,6 +179,16 @@ using session_actor = caf::typed_actor<
   /// node `where` is a member (again): what comes from it now is of its new
   /// membership, not of the one that was lost
   caf::reacts_to<join_atom, internal_key, caf::node_id>,
+  /// From one of its sandboxes (member surface): it was kept by its node while
+  /// the coordinator was gone, and is this session's again (a restarted
+  /// coordinator's session rebuilt from the nodes' reports).
+  caf::reacts_to<adopt_atom, internal_key, std::string, sandbox_actor>,
+  /// From the scheduler (process surface): `trainer` owns the session from
+  /// now on (a trainer's client reattached after a coordinator restart).
+  caf::reacts_to<reattach_atom, internal_key, caf::actor>,
+  /// Process surface: a rebuilt owned session's wait for its trainer ran out
+  /// (it closes if none reattached).
+  caf::reacts_to<orphan_atom, internal_key>,
   // ---- snapshots (issue 16), client surface ----
   /// Pauses (true) or resumes (false) one of its sandboxes; replies whether
   /// its state changed.
@@ -207,7 +226,15 @@ using node_actor = caf::typed_actor<
   /// pool_info. Replies the size set (actors/warm_pool.hpp).
   caf::replies_to<pool_atom, internal_key, environment, uint32_t, session_actor,
                   std::string>::with<internal_key, uint32_t>,
+  /// After a coordinator restart: the node's orphaned sandboxes of session
+  /// `id` belong to `session` from now on (each tells it, adopt_atom); a null
+  /// `session` destroys them instead (a session with a trajectory log, which
+  /// its resume rebuilds). Replies how many were asked to.
+  caf::replies_to<adopt_atom, internal_key, std::string, session_actor>::with<internal_key,
+                                                                               uint32_t>,
   // ---- process surface ----
+  /// The sandboxes it holds, by session (for a join report: held_session).
+  caf::replies_to<held_atom, internal_key>::with<internal_key, std::vector<held_session>>,
   caf::reacts_to<pressure_atom, internal_key>,                ///< check memory pressure
   caf::reacts_to<gone_atom, internal_key, std::string, bool>, ///< from a sandbox: id, created ok
   caf::reacts_to<timeout_atom, internal_key, uint64_t>,     ///< a drain's timeout ran out
@@ -226,6 +253,12 @@ using scheduler_actor = caf::typed_actor<
   /// Reopens a session from its trajectory log (docs/trajectory.md).
   caf::replies_to<resume_atom, std::string, caf::actor>::with<session_actor, std::string>,
   caf::replies_to<lookup_atom, std::string>::with<session_actor>, ///< a session by id
+  /// A trainer's client after its coordinator restarted: the session `id`
+  /// it had (opened with `options`, owned or not) is found, or rebuilt empty
+  /// under that id (the nodes' reports then bring its sandboxes back), and,
+  /// owned, is owned by `trainer` from now on. Replies the session and its id.
+  caf::replies_to<reattach_atom, std::string, session_options, bool,
+                  caf::actor>::with<session_actor, std::string>,
   /// The live sessions (the daemon's "default" too) and the resumable logs.
   caf::replies_to<sessions_atom>::with<std::vector<session_summary>>,
   // by sandbox id, for the command line (no session needed)

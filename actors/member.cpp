@@ -61,9 +61,22 @@ struct member_state {
   uint64_t beats = 0;
   std::string last_error;    // said once, not every retry
   uint64_t attempt = 0;      // connects started (a helper's answer names its own)
+  std::chrono::milliseconds backoff{0}; // the next retry's delay (0: the first, 100 ms)
 };
 
 using self_ptr = member_actor::stateful_pointer<member_state>;
+
+// When to try joining again: 100 ms, doubling to 2 s (reset once joined).
+std::chrono::milliseconds next_retry(member_state& s) {
+  using std::chrono::milliseconds;
+  s.backoff = s.backoff.count() == 0 ? milliseconds(100)
+                                     : std::min(milliseconds(2000), s.backoff * 2);
+  return s.backoff;
+}
+
+void retry_join(member_actor::stateful_pointer<member_state> self) {
+  self->delayed_send(self, next_retry(self->state), join_atom::value, process_key());
+}
 
 void say(const std::string& what) {
   std::printf("dsecd: %s\n", what.c_str());
@@ -124,9 +137,34 @@ void make_report(self_ptr self, bool all_layers, std::function<void(node_report)
       [=](caf::error&) { failed(); });
 }
 
+void join_with(self_ptr self, scheduler_actor coord, node_report r);
+
 void join(self_ptr self, scheduler_actor coord) {
-  make_report(self, true, [=](node_report r) {
+  make_report(self, true, [=](node_report r0) {
+    // The sandboxes the node kept after losing its coordinator (by
+    // session): a restarted coordinator adopts them.
+    self->request(self->state.cfg.node, std::chrono::seconds(5), held_atom::value, process_key())
+      .then(
+        [=](const internal_key& k, std::vector<held_session>& held) mutable {
+          auto r = std::move(r0);
+          if (genuine(k, process_key(), "a reply to held"))
+            r.held = std::move(held);
+          join_with(self, coord, std::move(r));
+        },
+        [=](caf::error&) mutable { join_with(self, coord, std::move(r0)); });
+  }, [=] {
+    // The node did not answer (busy): try again.
+    self->state.joining = false;
+    retry_join(self);
+  });
+}
+
+void join_with(self_ptr self, scheduler_actor coord, node_report r) {
+  {
     auto& s = self->state;
+    size_t kept = 0;
+    for (const auto& h : r.held)
+      kept += h.sandboxes.size();
     self
       ->request(coord, std::chrono::seconds(10), join_atom::value, s.cfg.key, std::move(r),
                 s.cfg.node, s.cfg.store)
@@ -136,21 +174,25 @@ void join(self_ptr self, scheduler_actor coord) {
           if (!genuine(k, s.cfg.key, "a reply to join")) {
             s.joining = false;
             say_error(self, "joining the cluster of " + s.where
-                              + ": the reply did not carry the cluster's key (retrying every "
-                                "second)");
-            self->delayed_send(self, std::chrono::seconds(1), join_atom::value, process_key());
+                              + ": the reply did not carry the cluster's key (retrying with "
+                                "backoff)");
+            retry_join(self);
             return;
           }
           s.joining = false;
           s.set_joined(true);
           s.coordinator = coord;
           s.last_error.clear();
+          s.backoff = std::chrono::milliseconds(0);
           if (coord.node() != self->node()) {
             self->monitor(coord);
             if (src && s.cfg.cache)
               self->send(s.cfg.cache, source_atom::value, process_key(), std::move(src),
                          "the coordinator " + s.where);
-            say("joined the cluster of " + s.where + " as " + s.cfg.name);
+            say("joined the cluster of " + s.where + " as " + s.cfg.name
+                + (kept > 0 ? " (reporting the " + std::to_string(kept)
+                                + " sandboxes it kept)"
+                            : std::string{}));
           }
         },
         [=](caf::error& e) {
@@ -164,14 +206,10 @@ void join(self_ptr self, scheduler_actor coord) {
                      : " (this node's key, from " + s.cfg.key_file
                          + ", is not the cluster's: give it a copy of the coordinator's)";
           say_error(self, "joining the cluster of " + s.where + ": " + err.message + hint
-                            + " (retrying every second)");
-          self->delayed_send(self, std::chrono::seconds(1), join_atom::value, process_key());
+                            + " (retrying with backoff, up to every 2 s)");
+          retry_join(self);
         });
-  }, [=] {
-    // The node did not answer (busy): try again.
-    self->state.joining = false;
-    self->delayed_send(self, std::chrono::seconds(1), join_atom::value, process_key());
-  });
+  }
 }
 
 // The coordinator is gone (or forgot us): the node's sandboxes belonged to its
@@ -197,10 +235,18 @@ member_actor::behavior_type member_impl(self_ptr self, member_config cfg) {
     if (!s.coordinator || dm.source != s.coordinator.address()
         || !really_down(s.coordinator, "a down message of the coordinator"))
       return;
+    // Its sandboxes are kept (each for --orphan-grace, actors/sandbox.cpp)
+    // for a coordinator restarted on the same address, which this node joins
+    // again as soon as it answers, reporting them (node_report.held).
     say("lost the coordinator " + s.where + " (" + in_words(dm.reason)
-        + "): its sandboxes here end with their sessions; whatever is left goes in "
-        + std::to_string(s.cfg.grace.count()) + " ms, then this node joins again");
-    leave(self, s.cfg.grace, "grace period over: destroyed {} sandboxes left of the lost coordinator");
+        + "): its ready sandboxes here are kept for " + std::to_string(s.cfg.grace.count())
+        + " ms (--orphan-grace) for a coordinator restarted there; joining again");
+    s.set_joined(false);
+    self->demonitor(s.coordinator.address());
+    s.coordinator = nullptr;
+    ++s.epoch;
+    s.backoff = std::chrono::milliseconds(0);
+    retry_join(self);
   });
   self->send(self, join_atom::value, process_key());
   self->send(self, beat_atom::value, process_key());
@@ -251,15 +297,15 @@ member_actor::behavior_type member_impl(self_ptr self, member_config cfg) {
       if (!why.empty()) {
         s.joining = false;
         say_error(self, "cannot join the coordinator " + s.where + ": " + why
-                          + " (retrying every second)");
-        self->delayed_send(self, std::chrono::seconds(1), join_atom::value, process_key());
+                          + " (retrying with backoff, up to every 2 s)");
+        retry_join(self);
         return;
       }
       if (!coord) {
         s.joining = false;
         say_error(self, "joining the cluster of " + s.where
-                          + ": nothing is published there (retrying every second)");
-        self->delayed_send(self, std::chrono::seconds(1), join_atom::value, process_key());
+                          + ": nothing is published there (retrying with backoff, up to every 2 s)");
+        retry_join(self);
         return;
       }
       join(self, std::move(coord));

@@ -3,10 +3,13 @@
 // second until the coordinator answers), sends one heartbeat per interval
 // (capacity, and the node's layers when they changed), and hands the
 // coordinator's layer store to the node's layer_cache. When the coordinator is
-// lost (its connection drops) it waits the grace period, destroys every
-// sandbox of the node (their sessions lived on the coordinator) and joins
-// again; when the coordinator says it no longer knows the node (it was
-// declared lost while it did not answer), it does the same at once.
+// lost (its connection drops) it joins again at once, retrying with backoff
+// (100 ms doubling to 2 s): the node's ready sandboxes are kept meanwhile, each
+// for `grace` (--orphan-grace, actors/sandbox.cpp), and its join report names
+// them by session (node_report.held) for a restarted coordinator to adopt.
+// When the coordinator says it no longer knows the node (it was declared lost
+// while it did not answer), it destroys every sandbox of the node and joins
+// again.
 #pragma once
 
 #include <caf/actor.hpp>
@@ -32,7 +35,7 @@ struct member_config {
   /// null: the actor system's middleman.
   caf::actor connector;
   std::chrono::milliseconds interval{500};
-  std::chrono::milliseconds grace{5000};
+  std::chrono::milliseconds grace{60000}; ///< --orphan-grace (for its messages)
   /// The member key (the cluster's) and the file it came from (for messages).
   internal_key key;
   std::string key_file;

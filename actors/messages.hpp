@@ -75,6 +75,11 @@ using snapshot_atom = caf::atom_constant<caf::atom("snapshot")>;
 using fork_atom = caf::atom_constant<caf::atom("fork")>;
 // `dsec session list` (the scheduler's sessions)
 using sessions_atom = caf::atom_constant<caf::atom("sessions")>;
+// a coordinator restart (docs/cluster.md, "When the coordinator dies")
+using adopt_atom = caf::atom_constant<caf::atom("adopt")>;
+using orphan_atom = caf::atom_constant<caf::atom("orphan")>;
+using held_atom = caf::atom_constant<caf::atom("held")>;
+using reattach_atom = caf::atom_constant<caf::atom("reattach")>;
 
 // ---- what a sandbox is made of --------------------------------------------------
 
@@ -126,12 +131,18 @@ struct placement {
   /// sandboxes it has no slot for; false when the cluster's scheduler places
   /// them elsewhere instead.
   bool report_refusals = true;
+  /// The session's options and whether a trainer owns it: the node keeps
+  /// them with its sandboxes, so that a coordinator restarted after a crash
+  /// learns them back from the node (node_report.held).
+  session_options session;
+  bool owned = false;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, placement& x) {
   return f(caf::meta::type_name("dsec.placement"), x.request, x.session_id, x.ttl_ms,
-           x.keep_upper, x.id, x.seed_pack, x.seed_manifest, x.report_refusals);
+           x.keep_upper, x.id, x.seed_pack, x.seed_manifest, x.report_refusals, x.session,
+           x.owned);
 }
 
 /// What a create call carries besides its environment (docs/trajectory.md):
@@ -447,6 +458,21 @@ typename Inspector::result_type inspect(Inspector& f, layer_meta& x) {
            /* OCI images */ x.lowers, x.lower_sizes, x.config, x.manifest);
 }
 
+/// The sandboxes a node holds for one session of its coordinator, as its
+/// join report says after it lost the coordinator (docs/cluster.md): a
+/// restarted coordinator rebuilds the session from this and adopts them.
+struct held_session {
+  std::string id;            ///< the session's id
+  session_options options;   ///< as its creates carried them
+  bool owned = false;        ///< a trainer owned it (it ends if none comes back)
+  std::vector<std::string> sandboxes; ///< their ids
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, held_session& x) {
+  return f(caf::meta::type_name("dsec.held_session"), x.id, x.options, x.owned, x.sandboxes);
+}
+
 /// What a node's heartbeat carries (node -> coordinator, one message per
 /// interval however much changed).
 struct node_report {
@@ -471,13 +497,17 @@ struct node_report {
   /// Its warm pools (node_stats.pools); `live` leaves their idle sandboxes
   /// out (a create placed there takes their slots).
   std::vector<pool_info> pools;
+  /// In a join report only: the sandboxes it kept after losing its
+  /// coordinator (its --orphan-grace), by session, for the coordinator to
+  /// adopt (docs/cluster.md, "When the coordinator dies").
+  std::vector<held_session> held;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, node_report& x) {
   return f(caf::meta::type_name("dsec.node_report"), x.name, x.slots, x.live, x.creating,
            x.created, x.failed, x.destroyed, x.layers_sent, x.layers, x.fetched_layers,
-           x.fetched_bytes, x.backends, x.cordoned, x.pools);
+           x.fetched_bytes, x.backends, x.cordoned, x.pools, x.held);
 }
 
 /// One node as `dsec cluster status` shows it.

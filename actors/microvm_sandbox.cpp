@@ -531,6 +531,14 @@ sandbox_actor::behavior_type vm_impl(self_ptr self, sandbox_config cfg,
       if (genuine(k, process_key(), "ttl (sandbox)") && setting == self->state.ttl_setting)
         begin_destroy(self);
     },
+    // Never orphaned (a microVM ends with its session, even when its
+    // coordinator's process went away): nothing to adopt.
+    [=](adopt_atom, const internal_key& k, const caf::actor&) {
+      (void) genuine(k, process_key(), "adopt (microvm sandbox)");
+    },
+    [=](orphan_atom, const internal_key& k, uint64_t) {
+      (void) genuine(k, process_key(), "orphan (microvm sandbox)");
+    },
     [=](claim_atom, const internal_key& k, const caf::actor&, const std::string&, uint64_t,
         uint64_t) -> caf::result<bool> {
       if (!genuine(k, process_key(), "claim (microvm sandbox)"))

@@ -23,6 +23,7 @@
 
 #include "actors/backend.hpp"
 #include "actors/sandbox.hpp"
+#include "actors/sandbox_id.hpp"
 #include "actors/types.hpp"
 #include "runtime/engine.hpp"
 #include "runtime/container.hpp"
@@ -124,8 +125,12 @@ struct node_state {
     uint64_t memory = 0; // modelled (a sim node's)
     mclock::time_point admitted{}; // for dsec_sandbox_create_seconds
     backend_metrics* m = nullptr;
+    std::string session_id; // whose it is (empty: a pool's, unclaimed)
   };
   std::unordered_map<std::string, entry> live;
+  // What each session's creates said of it (placement.session, .owned), for
+  // a join report after the coordinator was lost (held_session).
+  std::unordered_map<std::string, std::pair<session_options, bool>> session_meta;
   std::unordered_set<std::string> paused; // snapshots (issue 16): its sandboxes paused now
   // The backends it offers (actors/backend.hpp), by name. A simulated node
   // has none: it models the container backend itself (sim_sandbox).
@@ -206,12 +211,20 @@ std::string sim_id(node_state& s) {
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
     z ^= z >> 31;
-    std::string id(12, '0');
-    for (size_t i = 0; i < 12; ++i)
+    std::string id = node_tag(s.cfg.name) + std::string(8, '0');
+    for (size_t i = 4; i < 12; ++i)
       id[i] = hex[(z >> (4 * i)) & 15];
     if (!s.live.count(id))
       return id;
   }
+}
+
+// A new id for a sandbox of this node: it names the node (actors/sandbox_id.hpp)
+// and no live one has it.
+std::string fresh_id(node_state& s) {
+  for (;;)
+    if (auto id = sandbox_id_on(s.cfg.name); !s.live.count(id))
+      return id;
 }
 
 // The memory a node admits sandboxes up to (node_config::memory): a
@@ -325,7 +338,7 @@ void refill_pools(self_ptr self) {
     const auto* p = s.pools.find(pid);
     for (uint32_t i = 0; i < n; ++i) {
       sandbox_config sc;
-      sc.id = new_sandbox_id();
+      sc.id = fresh_id(s);
       sc.session_id = p->owner ? p->owner_id : "pool";
       sc.env = p->env;
       sc.env.ttl_ms = 0; // none while pooled; the claim gives it one
@@ -365,6 +378,7 @@ uint32_t claim_pooled(self_ptr self, const environment& env, uint32_t count,
     if (!id)
       break;
     auto& e = s.live.at(*id);
+    e.session_id = pl.session_id;
     // (Its answer matters only if it is gone already: then nobody told the
     // session, and its request would wait for ever.)
     self->request(e.handle, std::chrono::seconds(30), claim_atom::value, process_key(),
@@ -528,6 +542,8 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
                                                            + " already lives on node "
                                                            + s.cfg.name));
       }
+      if (pl.session_id != "pool")
+        s.session_meta[pl.session_id] = {pl.session, pl.owned};
       // A cordoned node hands out no pooled sandbox either.
       uint32_t claimed = s.cordoned || s.shutting_down ? 0 : claim_pooled(self, env, count, session, pl);
       count -= claimed;
@@ -573,7 +589,8 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
         for (uint32_t i = 0; i < admitted; ++i) {
           auto id = pl.id.empty() ? sim_id(s) : pl.id;
           auto h = spawn_sim_sandbox(self->system(), shared, id, request);
-          s.live.emplace(std::move(id), node_state::entry{std::move(h), false, each, t0, bm});
+          s.live.emplace(std::move(id),
+                         node_state::entry{std::move(h), false, each, t0, bm, pl.session_id});
           s.memory_admitted += each;
           ++s.creating;
           ++s.starting;
@@ -581,7 +598,7 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
       }
       for (uint32_t i = 0; i < admitted && !s.cfg.sim; ++i) {
         sandbox_config sc;
-        sc.id = pl.id.empty() ? new_sandbox_id() : pl.id;
+        sc.id = pl.id.empty() ? fresh_id(s) : pl.id;
         sc.session_id = pl.session_id;
         sc.env = env;
         if (sc.env.ttl_ms == 0)
@@ -599,8 +616,9 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
         sc.seed_manifest = pl.seed_manifest;
         sc.trajectories = s.cfg.trajectories;
         sc.key = s.cfg.key;
+        sc.orphan_grace = s.cfg.orphan_grace;
         s.live.emplace(sc.id, node_state::entry{{}, false, each, mclock::now(),
-                                                &metrics_of(env.backend)});
+                                                &metrics_of(env.backend), pl.session_id});
         if (microvm)
           s.microvm_ids.insert(sc.id);
         s.memory_admitted += each;
@@ -867,6 +885,63 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
     [=](pressure_atom, const internal_key& k) {
       if (genuine(k, process_key(), "pressure (node)"))
         check_pressure(self);
+    },
+    [=](held_atom, const internal_key& k)
+      -> caf::result<internal_key, std::vector<held_session>> {
+      auto& s = self->state;
+      if (!genuine(k, process_key(), "held (node)"))
+        return refuse("held");
+      // The ready sandboxes of each session (a pool's unclaimed ones have
+      // none); those still being created went with their session.
+      std::map<std::string, held_session> by;
+      for (const auto& [id, e] : s.live) {
+        if (!e.ready || !e.handle || e.session_id.empty() || s.pools.pooled(id))
+          continue;
+        auto& h = by[e.session_id];
+        if (h.id.empty()) {
+          h.id = e.session_id;
+          if (auto m = s.session_meta.find(e.session_id); m != s.session_meta.end()) {
+            h.options = m->second.first;
+            h.owned = m->second.second;
+          }
+        }
+        h.sandboxes.push_back(id);
+      }
+      // Forget what no live sandbox needs any more.
+      std::erase_if(s.session_meta, [&](const auto& kv) {
+        return std::none_of(s.live.begin(), s.live.end(),
+                            [&](const auto& e) { return e.second.session_id == kv.first; });
+      });
+      std::vector<held_session> out;
+      for (auto& [sid, h] : by)
+        out.push_back(std::move(h));
+      return {process_key(), std::move(out)};
+    },
+    [=](adopt_atom, const internal_key& k, const std::string& session_id,
+        const session_actor& session) -> caf::result<internal_key, uint32_t> {
+      auto& s = self->state;
+      if (!genuine(k, s.cfg.key, "adopt (node)"))
+        return refuse("adopt");
+      uint32_t n = 0;
+      // No session: the coordinator will not adopt them (their session keeps
+      // a trajectory log, and is resumed from it, rebuilding them under
+      // their ids): they go now rather than at the grace.
+      if (!session) {
+        for (const auto& [id, e] : s.live)
+          if (e.ready && e.handle && e.session_id == session_id) {
+            caf::anon_send(e.handle, destroy_atom::value, s.cfg.key);
+            ++n;
+          }
+        return {s.cfg.key, n};
+      }
+      for (const auto& [id, e] : s.live)
+        if (e.ready && e.handle && e.session_id == session_id) {
+          // Each tells the session itself (adopt_atom) if it was orphaned.
+          self->send(e.handle, adopt_atom::value, process_key(),
+                     caf::actor_cast<caf::actor>(session));
+          ++n;
+        }
+      return {s.cfg.key, n};
     },
     [=](reset_atom, const internal_key& k) -> caf::result<uint32_t> {
       auto& s = self->state;

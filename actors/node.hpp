@@ -61,6 +61,10 @@ struct node_config {
   /// Set: the node offers "microvm" too, with these slots of its own (they
   /// count against the node's slots as well).
   std::optional<microvm_node_config> microvm;
+  /// A node of a cluster: how long a sandbox whose session's process went
+  /// away (the coordinator died) is kept for a restarted coordinator to adopt
+  /// (dsecd --orphan-grace); 0: it is destroyed at once.
+  std::chrono::milliseconds orphan_grace{0};
 };
 
 node_actor spawn_node(caf::actor_system& sys, node_config cfg);

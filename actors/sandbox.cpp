@@ -201,6 +201,10 @@ struct sandbox_state {
   uint64_t ttl_left_ms = 0;
   bool snapshotting = false;
   caf::typed_response_promise<internal_key, std::string> snapshot_rp;
+  // Orphaned: its session's process went away (the coordinator died); kept
+  // for cfg.orphan_grace for a restarted coordinator to adopt (adopt_atom).
+  bool orphaned = false;
+  uint64_t orphanings = 0; // the orphan timer that counts
 };
 
 using self_ptr = sandbox_actor::stateful_pointer<sandbox_state>;
@@ -854,8 +858,20 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
   self->set_down_handler([=](caf::down_msg& dm) {
     auto& s = self->state;
     if (dm.source == s.cfg.session.address()) {
-      if (really_down(s.cfg.session, "a down message of a sandbox's session"))
-        begin_destroy(self);
+      if (!really_down(s.cfg.session, "a down message of a sandbox's session"))
+        return;
+      // The session's process went away (its connection dropped: the
+      // coordinator died, or the network failed) rather than the session
+      // ending: a ready sandbox is kept for the orphan grace, for a restarted
+      // coordinator to adopt (docs/cluster.md, "When the coordinator dies").
+      if (dm.reason == caf::exit_reason::remote_link_unreachable && s.cfg.orphan_grace.count() > 0
+          && !s.pooled && s.ph == phase::ready && s.cfg.session.node() != self->node()) {
+        s.orphaned = true;
+        self->delayed_send(self, s.cfg.orphan_grace, orphan_atom::value, process_key(),
+                           ++s.orphanings);
+        return;
+      }
+      begin_destroy(self);
       return;
     }
     for (auto& [eid, x] : s.execs)
@@ -1231,6 +1247,27 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
       s.end_why = "reached its TTL and was destroyed";
       s.end_code = errc::closed;
       self->send(s.cfg.session, ttl_atom::value, s.cfg.key, s.cfg.id); // before its gone_atom
+      begin_destroy(self);
+    },
+    [=](adopt_atom, const internal_key& k, const caf::actor& session) {
+      auto& s = self->state;
+      if (!genuine(k, process_key(), "adopt (sandbox)"))
+        return;
+      if (!s.orphaned || !session || s.ph != phase::ready)
+        return;
+      auto sess = caf::actor_cast<session_actor>(session);
+      s.orphaned = false;
+      s.cfg.session = sess;
+      self->monitor(sess);
+      s.route->set(sess);
+      self->send(sess, adopt_atom::value, s.cfg.key, s.cfg.id, sandbox_actor{self});
+    },
+    [=](orphan_atom, const internal_key& k, uint64_t n) {
+      auto& s = self->state;
+      if (!genuine(k, process_key(), "orphan (sandbox)") || !s.orphaned || n != s.orphanings)
+        return;
+      s.end_why = "was destroyed: its coordinator went away and no restarted one adopted it "
+                  "within the node's --orphan-grace";
       begin_destroy(self);
     },
     [=](claim_atom, const internal_key& k, const caf::actor& session,

@@ -52,6 +52,10 @@ struct sandbox_config {
   /// to a create (claim_atom) it tells no session anything, has no TTL and
   /// refuses every command; `session` is the pool's owner (null: the node's).
   bool pooled = false;
+  /// When its session's process goes away (its connection dropped), it is
+  /// kept this long (orphaned: idle, its TTL running) for a restarted
+  /// coordinator to adopt (adopt_atom); 0: destroyed at once.
+  std::chrono::milliseconds orphan_grace{0};
 };
 
 sandbox_actor spawn_sandbox(caf::actor_system& sys, sandbox_config cfg);

@@ -25,6 +25,7 @@
 #include <unordered_map>
 
 #include "actors/cluster_map.hpp"
+#include "actors/sandbox_id.hpp"
 #include "actors/session.hpp"
 #include "actors/trajectory.hpp"
 #include "actors/types.hpp"
@@ -346,10 +347,29 @@ void place_more(self_ptr self, const std::shared_ptr<place_job>& job) {
   job->rp.deliver(s.cfg.key, job->admitted);
 }
 
-// Finds a sandbox by id: on the node, or (a coordinator) on whichever node
-// has it, asking them all at once (the command line's by-id verbs only).
+// Finds a sandbox by id: on the node, or (a coordinator) on the node its id
+// names (actors/sandbox_id.hpp), else on whichever node has it, asking all the
+// others at once (a sandbox a resumed session rebuilt elsewhere).
+template <class Found, class Fail>
+void find_box(self_ptr self, const std::string& id, Found found, Fail fail, bool named_only);
+
 template <class Found, class Fail>
 void find_box(self_ptr self, const std::string& id, Found found, Fail fail) {
+  auto& s = self->state;
+  if (!s.cfg.coordinator)
+    return find_box(self, id, std::move(found), std::move(fail), false);
+  bool any = false;
+  for (const auto& [mid, m] : s.members)
+    any = any || names_node(id, m.name);
+  if (!any)
+    return find_box(self, id, std::move(found), std::move(fail), false);
+  find_box(self, id, found, [=](const caf::error&) mutable {
+    find_box(self, id, found, fail, false); // not there: it may live elsewhere
+  }, true);
+}
+
+template <class Found, class Fail>
+void find_box(self_ptr self, const std::string& id, Found found, Fail fail, bool named_only) {
   auto& s = self->state;
   if (!s.cfg.coordinator) {
     self->request(s.cfg.node, std::chrono::seconds(30), lookup_atom::value, s.cfg.key, id)
@@ -368,12 +388,14 @@ void find_box(self_ptr self, const std::string& id, Found found, Fail fail) {
     bool answered = false;
   };
   auto p = std::make_shared<pending>();
-  p->left = s.members.size();
+  for (const auto& [mid, m] : s.members)
+    p->left += !named_only || names_node(id, m.name);
   if (p->left == 0) {
     fail(to_caf(make_error(errc::not_found, "no sandbox " + id + " (no node in the cluster)")));
     return;
   }
   for (auto& [mid, m] : s.members)
+    if (!named_only || names_node(id, m.name))
     self->request(m.node, std::chrono::seconds(10), lookup_atom::value, s.cfg.key, id)
       .then(
         [=](const internal_key& k, sandbox_actor& sb) mutable {
@@ -519,9 +541,9 @@ caf::typed_response_promise<std::vector<pool_info>> gather_pools(self_ptr self);
 // `log_dir`: it gets the trajectories dir (every session but the default).
 session_actor start_session(self_ptr self, const std::string& id, session_options opts,
                             caf::actor trainer, std::shared_ptr<const trajectory_plan> resume,
-                            bool log_dir) {
+                            bool log_dir, bool recovered = false, bool owned = false) {
   auto& s = self->state;
-  s.summaries[id] = {id, opts.name, "live", static_cast<bool>(trainer),
+  s.summaries[id] = {id, opts.name, "live", static_cast<bool>(trainer) || owned,
                      opts.trajectory || resume != nullptr, opts.quota, 0};
   session_config sc;
   sc.id = id;
@@ -533,8 +555,34 @@ session_actor start_session(self_ptr self, const std::string& id, session_option
   sc.resume = std::move(resume);
   sc.cluster = s.cfg.coordinator;
   sc.key = s.cfg.key;
+  sc.recovered = recovered;
+  sc.owned = owned || static_cast<bool>(sc.trainer);
+  sc.reattach_grace = s.cfg.orphan_grace;
   auto sess = spawn_session(self->system(), std::move(sc));
   s.sessions.emplace(id, sess);
+  return sess;
+}
+
+// A session a restarted coordinator rebuilds under its old id (docs/cluster.md,
+// "When the coordinator dies"): from a node's report of the sandboxes it kept
+// (no trainer yet: an owned one waits --orphan-grace for it), or from a
+// trainer's reattach. Its name is taken back if nobody took it meanwhile.
+session_actor recover_session(self_ptr self, const std::string& id, session_options opts,
+                              bool owned, caf::actor trainer) {
+  auto& s = self->state;
+  if (opts.quota == 0)
+    opts.quota = session_options{}.quota;
+  opts.trajectory = false; // (one with a log is resumed instead: see reattach)
+  if (!opts.name.empty() && (s.session_names.count(opts.name) || s.sessions.count(opts.name)))
+    opts.name.clear();
+  if (!opts.name.empty())
+    s.session_names.emplace(opts.name, id);
+  std::printf("dsecd: session %s rebuilt (%s)\n", id.c_str(),
+              trainer ? "its trainer reattached" : "a node reported its sandboxes");
+  std::fflush(stdout);
+  auto sess = start_session(self, id, std::move(opts), std::move(trainer), nullptr, true, true,
+                            owned);
+  publish(self);
   return sess;
 }
 
@@ -672,6 +720,34 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
                                 std::make_shared<const trajectory_plan>(std::move(*plan)), true);
       publish(self);
       return {sess, id};
+    },
+    [=](reattach_atom, const std::string& id, session_options& opts, bool owned,
+        const caf::actor& trainer) -> caf::result<session_actor, std::string> {
+      auto& s = self->state;
+      if (s.shutting_down)
+        return to_caf(make_error(errc::overloaded, "the daemon is shutting down"));
+      if (auto v = check_name(id, "a session id"); !v)
+        return to_caf(v.error_value());
+      if (!s.cfg.joined.empty())
+        return to_caf(make_error(errc::unsupported,
+                                 "node " + s.cfg.name + " belongs to the cluster of "
+                                   + s.cfg.joined + ": reattach sessions there"));
+      auto it = s.sessions.find(id);
+      if (it != s.sessions.end()) {
+        if (owned && trainer)
+          caf::anon_send(it->second, reattach_atom::value, process_key(), trainer);
+        if (owned)
+          s.summaries[id].owned = true;
+        return {it->second, id};
+      }
+      if (opts.quota == 0)
+        return to_caf(make_error(errc::invalid_argument, "a session's quota must be at least 1"));
+      if (opts.trajectory)
+        return to_caf(make_error(errc::not_found,
+                                 "session " + id + " is not live here: it keeps a trajectory "
+                                 "log, resume it (docs/trajectory.md)"));
+      return {recover_session(self, id, std::move(opts), owned, owned ? trainer : caf::actor{}),
+              id};
     },
     [=](sessions_atom) -> std::vector<session_summary> {
       return list_sessions(self->state);
@@ -861,6 +937,8 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
       m.store = std::move(store);
       m.layers = std::move(rep.layers);
       rep.layers.clear();
+      auto held = std::move(rep.held);
+      rep.held.clear();
       m.last = std::move(rep);
       m.joined_ms = unix_ms();
       if (s.view)
@@ -871,6 +949,41 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
       // Sessions that lived through its loss may place there again.
       for (auto& [sid, sess] : s.sessions)
         caf::anon_send(sess, join_atom::value, process_key(), m.where);
+      // The sandboxes it kept after losing its coordinator (this one, before
+      // a restart): their sessions are rebuilt if need be and adopt them.
+      // Those of a session with a trajectory log are destroyed instead: the
+      // trainer's client resumes it from its log, which rebuilds them.
+      size_t adopted = 0, left = 0;
+      for (auto& h : held) {
+        if (!check_name(h.id, "a session id"))
+          continue;
+        if (h.options.trajectory) {
+          // Its log rebuilds them (the trainer's client resumes it): they
+          // go now, so that their ids are free for the rebuilds.
+          left += h.sandboxes.size();
+          self->request(m.node, std::chrono::seconds(10), adopt_atom::value, s.cfg.key, h.id,
+                        session_actor{})
+            .then([](const internal_key&, uint32_t) {}, [](caf::error&) {});
+          continue;
+        }
+        auto it = s.sessions.find(h.id);
+        auto sess = it != s.sessions.end()
+                      ? it->second
+                      : recover_session(self, h.id, h.options, h.owned, caf::actor{});
+        adopted += h.sandboxes.size();
+        self->request(m.node, std::chrono::seconds(10), adopt_atom::value, s.cfg.key, h.id, sess)
+          .then([](const internal_key&, uint32_t) {}, [](caf::error&) {});
+      }
+      if (adopted + left > 0) {
+        std::printf("dsecd: node %s kept %zu sandboxes of the coordinator before: %zu adopted"
+                    " into their sessions%s\n",
+                    m.name.c_str(), adopted + left, adopted,
+                    left > 0 ? (", " + std::to_string(left)
+                                + " of sessions with trajectory logs destroyed, to be rebuilt by their resume")
+                                 .c_str()
+                             : "");
+        std::fflush(stdout);
+      }
       std::printf("dsecd: node %s joined (%u slots, %zu layers)%s\n", m.name.c_str(),
                   m.last.slots, m.layers.size(), m.local ? " (this process)" : "");
       std::fflush(stdout);

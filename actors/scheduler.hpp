@@ -32,6 +32,9 @@ struct scheduler_config {
   layer_store_actor store;
   /// A node with no heartbeat for this long is lost.
   std::chrono::milliseconds beat_timeout{1500};
+  /// A session a restarted coordinator rebuilt from its nodes' reports waits
+  /// this long for its trainer to reattach (dsecd --orphan-grace).
+  std::chrono::milliseconds orphan_grace{60000};
   /// A node that joined a coordinator (its address): sessions are opened
   /// there; this scheduler only serves the node's own sandboxes by id.
   std::string joined;

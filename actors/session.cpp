@@ -511,6 +511,8 @@ caf::result<uint32_t> start_batch(self_ptr self, environment env, uint32_t count
   placement pl;
   pl.request = req;
   pl.session_id = s.cfg.id;
+  pl.session = s.cfg.options;
+  pl.owned = s.cfg.trainer || s.cfg.owned;
   pl.ttl_ms = s.cfg.options.default_ttl_ms;
   pl.keep_upper = s.log.has_value();
   self
@@ -631,6 +633,10 @@ session_actor::behavior_type session_impl(self_ptr self, session_config cfg) {
   }
   if (st.cfg.resume)
     arrange_resume(self, *st.cfg.resume);
+  // Rebuilt by a restarted coordinator from a node's report: an owned one
+  // closes unless its trainer reattaches in time (docs/cluster.md).
+  if (st.cfg.recovered && st.cfg.owned && !st.cfg.trainer)
+    self->delayed_send(self, st.cfg.reattach_grace, orphan_atom::value, process_key());
   self->set_down_handler([=](caf::down_msg& dm) {
     auto& s = self->state;
     if (s.cfg.trainer && dm.source == s.cfg.trainer.address()) {
@@ -816,6 +822,42 @@ session_actor::behavior_type session_impl(self_ptr self, session_config cfg) {
         const std::string& why) {
       if (genuine(k, process_key(), "lost (session)"))
         node_lost(self, where, name, why);
+    },
+    [=](adopt_atom, const internal_key& k, const std::string& id, const sandbox_actor& sb) {
+      // One of its sandboxes, kept by its node while the coordinator was
+      // gone: this session's again (docs/cluster.md).
+      auto& s = self->state;
+      if (!genuine(k, s.cfg.key, "adopt (session)") || !sb)
+        return;
+      if (s.closing) {
+        caf::anon_send(sb, destroy_atom::value, s.cfg.key);
+        return;
+      }
+      s.sandboxes[id] = sb;
+      s.lost_boxes.erase(id);
+      s.ended.erase(id);
+    },
+    [=](reattach_atom, const internal_key& k, const caf::actor& trainer) {
+      auto& s = self->state;
+      if (!genuine(k, process_key(), "reattach (session)") || !trainer || s.closing)
+        return;
+      if (s.cfg.trainer == trainer)
+        return;
+      if (s.cfg.trainer)
+        self->demonitor(s.cfg.trainer.address());
+      s.cfg.trainer = trainer;
+      s.cfg.owned = true;
+      self->monitor(trainer);
+    },
+    [=](orphan_atom, const internal_key& k) {
+      auto& s = self->state;
+      if (!genuine(k, process_key(), "orphan (session)") || s.cfg.trainer || s.closing)
+        return;
+      std::printf("dsecd: session %s: no trainer reattached within --orphan-grace: closing it"
+                  " (%zu sandboxes)\n",
+                  s.cfg.id.c_str(), s.sandboxes.size());
+      std::fflush(stdout);
+      close_session(self);
     },
     [=](join_atom, const internal_key& k, const caf::node_id& where) {
       // A node lost while it hung has destroyed what it had and joined

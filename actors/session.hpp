@@ -40,6 +40,12 @@ struct session_config {
   bool cluster = false;
   /// The member key (actors/surface.hpp): the cluster's, or this daemon's own.
   internal_key key;
+  /// Rebuilt by a restarted coordinator (docs/cluster.md): from a node's
+  /// report (held_session) or a trainer's reattach. An owned one without a
+  /// trainer yet waits `reattach_grace` for one to reattach, then closes.
+  bool recovered = false;
+  bool owned = false;
+  std::chrono::milliseconds reattach_grace{60000};
 };
 
 session_actor spawn_session(caf::actor_system& sys, session_config cfg);

@@ -211,6 +211,8 @@ void materialize(self_ptr self, const std::string& id, std::function<void()> the
   placement pl;
   pl.request = req;
   pl.session_id = s.cfg.id;
+  pl.session = s.cfg.options;
+  pl.owned = s.cfg.trainer || s.cfg.owned;
   pl.ttl_ms = s.cfg.options.default_ttl_ms;
   pl.keep_upper = true;
   pl.id = id;

@@ -256,6 +256,14 @@ sandbox_actor::behavior_type sim_impl(self_ptr self, std::shared_ptr<const sim_c
       if (genuine(k, process_key(), "ttl (sandbox)") && setting == self->state.ttl_setting)
         begin_destroy(self);
     },
+    // Never orphaned (a simulated sandbox ends with its session, even when its
+    // coordinator's process went away): nothing to adopt.
+    [=](adopt_atom, const internal_key& k, const caf::actor&) {
+      (void) genuine(k, process_key(), "adopt (sim sandbox)");
+    },
+    [=](orphan_atom, const internal_key& k, uint64_t) {
+      (void) genuine(k, process_key(), "orphan (sim sandbox)");
+    },
     [=](claim_atom, const internal_key& k, const caf::actor&, const std::string&, uint64_t,
         uint64_t) -> caf::result<bool> {
       if (!genuine(k, process_key(), "claim (sim sandbox)"))

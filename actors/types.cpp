@@ -151,6 +151,7 @@ void register_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<session_summary>("dsec.session_summary");
   cfg.add_message_type<layer_set>("dsec.layer_set");
   cfg.add_message_type<layer_meta>("dsec.layer_meta");
+  cfg.add_message_type<held_session>("dsec.held_session");
   cfg.add_message_type<node_report>("dsec.node_report");
   cfg.add_message_type<member_info>("dsec.member_info");
   cfg.add_message_type<chronus_event_msg>("dsec.chronus_event");

@@ -160,8 +160,13 @@ Options:
   --beat-interval DUR    between two heartbeats of a node (default 500ms)
   --beat-timeout DUR     a coordinator counts a node without a heartbeat for
                          this long as lost (default 1500ms)
-  --orphan-grace DUR     a node that lost its coordinator destroys the
-                         sandboxes it made for it after this (default 5s)
+  --orphan-grace DUR     a node that lost its coordinator keeps its ready
+                         sandboxes this long (default 60s) and joins again
+                         as soon as a coordinator answers on that address,
+                         reporting them: a restarted coordinator adopts them
+                         into their sessions; those not adopted by then are
+                         destroyed. On a coordinator: how long a session it
+                         rebuilt that way waits for its trainer to reattach
   --client-timeout DUR   drop a connection (a client's, a node's) that sent
                          nothing, not even CAF's heartbeat, for this long
                          (default 30s). dsec's clients send a heartbeat every

@@ -7,6 +7,7 @@
     d.kill()              # SIGKILL (by its pid), as a crash: returns (exit status, stdout);
                           # the state dir stays
     d.restart()           # a new dsecd on the same state dir (a new port: d.address)
+    d.restart(same_port=True)  # ... on the port it had (a client reconnects by itself)
 
     Daemon(tls=True)      # dsecd --tls d.tls (certificates from tools/tls-certs,
                           # $DSEC_TLS_CERTS); d.other_tls: another CA's
@@ -135,9 +136,9 @@ class Daemon:
         _write(os.path.join(tool, "opt", "grader", "grade.sh"), "#!/bin/sh\necho graded\n", 0o755)
         self._layer("tool", "grader@1", tool)
 
-    def _start(self):
+    def _start(self, port=0):
         self.proc = subprocess.Popen(
-            [self.dsecd, "--listen", "127.0.0.1:0", "--state", self.state]
+            [self.dsecd, "--listen", f"127.0.0.1:{port}", "--state", self.state]
             + (["--tls", self.tls] if self.tls else []),
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=_die_with_parent)
         self.janitor.stdin.write(f"pid {self.proc.pid}\n")
@@ -174,13 +175,14 @@ class Daemon:
             self.proc = None
         return status, out.decode(errors="replace")
 
-    def restart(self):
+    def restart(self, same_port=False):
         """Starts a new dsecd on the same state dir (after kill() or a crash);
-        it listens on a new port: read d.address again."""
+        it listens on a new port (read d.address again), or with `same_port`
+        on the one it had."""
         if self.proc is not None and self.proc.poll() is None:
             raise RuntimeError(f"dsecd (pid {self.proc.pid}) is still running")
         self.proc = None
-        self._start()
+        self._start(self.port if same_port else 0)
 
     def stop(self):
         """Stops dsecd (SIGTERM, by its pid) and removes the directory;

@@ -526,5 +526,40 @@ class Keys(unittest.TestCase):
         self.assertEqual(s.close(), 1)  # the fresh one; the others were never rebuilt
 
 
+
+class Reconnect(unittest.TestCase):
+    """The client reconnects by itself (docs/cluster.md, "When the coordinator
+    dies"): a call while its daemon is gone raises Disconnected (retryable);
+    once a daemon is back on the same address the same Session works again."""
+
+    def test_a_session_goes_on_after_its_daemon_comes_back_on_its_port(self):
+        d = Daemon()
+        self.addCleanup(d.stop)
+        c = dsec.connect(d.address)
+        self.addCleanup(c.close)
+        s = c.session(quota=4, name="py-reconnect")
+        sb = s.create("py@1")[0]
+        self.assertEqual(sb.exec("echo hi").stdout, b"hi\n")
+        d.kill()
+        with self.assertRaises(dsec.Disconnected) as cm:
+            sb.exec("true")
+        self.assertTrue(cm.exception.retryable)
+        d.restart(same_port=True)
+        # A single daemon's sandboxes died with it (a cluster's nodes keep
+        # theirs): the session comes back under its id, empty, and serves.
+        deadline = time.time() + 60
+        while True:
+            try:
+                again = s.create("py@1")[0]
+                break
+            except dsec.Disconnected:
+                if time.time() > deadline:
+                    raise
+                time.sleep(0.1)
+        self.assertEqual(again.exec("echo back").stdout, b"back\n")
+        self.assertIn(s.id, [x.id for x in c.sessions() if x.state == "live"])
+        self.assertEqual(s.close(), 1)
+
+
 if __name__ == "__main__":
     unittest.main()

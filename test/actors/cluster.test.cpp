@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "actors/cluster_map.hpp"
+#include "actors/sandbox_id.hpp"
 #include "test/actors/common.hpp"
 #include "test/support/host.hpp"
 
@@ -858,8 +859,8 @@ TEST_CASE("a hung node whose connection times out first (--client-timeout < --be
   CHECK(eventually([&] { return cl.up() == 3; }, 60s));
 }
 
-TEST_CASE("the coordinator dies: after the grace period each node destroys its sandboxes; nodes "
-          "rejoin a restarted coordinator") {
+TEST_CASE("the coordinator dies and none comes back: each node keeps its sandboxes for "
+          "--orphan-grace, then destroys them; nodes rejoin a coordinator started later") {
   auto before = settled_snapshot();
   {
     cluster cl(2, {}, {"--orphan-grace", "500ms"});
@@ -880,18 +881,177 @@ TEST_CASE("the coordinator dies: after the grace period each node destroys its s
     s->reset();
     cl.coord->stop(SIGKILL);
     for (size_t i = 0; i < 2; ++i) {
+      CHECK(cl.nodes[i]->bg.wait_for_output("are kept for 500 ms (--orphan-grace)", 10s));
       CHECK_MESSAGE(eventually([&] {
         auto st = direct[i]->stats();
         return st && st->live == 0;
       }, 60s), cl.nodes[i]->bg.out());
-      CHECK(cl.nodes[i]->bg.wait_for_output("of the lost coordinator", 10s));
     }
-    // A new coordinator on the same port: the nodes join it again.
+    // A new coordinator on the same port: the nodes join it again, with
+    // nothing to report.
     cl.coord = std::make_unique<dsecd_proc>(std::vector<std::string>{
       "--coordinator", "--slots", "200", "--listen", "127.0.0.1:" + std::to_string(port)});
     cl.c = connect(cl.sys, cl.coord->port);
     CHECK(eventually([&] { return cl.up() == 3; }, 60s));
+    CHECK(cl.coord->bg.out().find("kept") == std::string::npos);
   }
+  check_nothing_left(before);
+}
+
+TEST_CASE("kill -9 of the coordinator mid-session, `tools/cluster restart coordinator`: the "
+          "trainer's client reconnects by itself, its session goes on with the sandboxes it "
+          "had (exec works), new creates work, a call in flight failed with disconnected; "
+          "nothing left after down") {
+  auto before = settled_snapshot();
+  temp_dir dir{"/tmp", "dsec-coord-restart"};
+  auto cdir = dir / "c";
+  int base = 30000 + static_cast<int>(::getpid() % 20000);
+  spawn_options o;
+  o.kill_after = std::chrono::seconds(180);
+  auto script = env_path("DSEC_CLUSTER_SCRIPT");
+  ::setenv("DSECD", env_path("DSECD_BIN").c_str(), 1);
+  ::setenv("DSEC", suite::get().dsec_bin().c_str(), 1);
+  ::unsetenv("DSEC_TLS");
+  // The coordinator runs no sandbox (--coordinator-slots 0): those of its
+  // own node would die with its process.
+  auto up = run_process({script, "up", "2", "--dir", cdir, "--port", std::to_string(base),
+                         "--slots", "50", "--coordinator-slots", "0", "--", "--orphan-grace",
+                         "120s"},
+                        o);
+  REQUIRE_MESSAGE(up.status == 0, up.describe());
+  auto pid_of = [&](const std::string& name) {
+    std::ifstream f(cdir + "/" + name + "/pid");
+    pid_t pid = 0;
+    f >> pid;
+    return pid;
+  };
+  {
+    temp_dir src;
+    REQUIRE(::mkdir((src / "bin").c_str(), 0755) == 0);
+    auto cp = run_process({"/bin/cp", "/bin/busybox", src / "bin/busybox"});
+    REQUIRE(cp.status == 0);
+    auto built = run_process({suite::get().dsec_bin(), "--state", cdir + "/coordinator/state",
+                              "layer", "build", "--kind", "base", "crbase@1", src.path()});
+    REQUIRE_MESSAGE(built.status == 0, built.describe());
+    environment env;
+    env.base = "crbase@1";
+    test_system ts;
+    caf::actor_system sys{ts.cfg};
+    auto c = connect(sys, static_cast<uint16_t>(base));
+    auto s = c->open_session({.quota = 40, .name = "restart-me"});
+    REQUIRE(s);
+    auto ids = (*s)->create(env, 30);
+    REQUIRE_MESSAGE(ids, describe(ids.error_value()));
+    REQUIRE(ids->size() == 30);
+    auto spread = by_node(**s);
+    CHECK_MESSAGE(spread.size() == 2, spread_text(spread));
+    // Something in every sandbox that must still be there afterwards.
+    for (const auto& id : *ids) {
+      auto r = (*s)->exec(id, cmd({"/bin/busybox", "sh", "-c", "echo " + id + " > /tmp/mark"}));
+      REQUIRE_MESSAGE(r, describe(r.error_value()));
+      REQUIRE(r->exit_code == 0);
+    }
+    // A session with a trajectory log: not adopted, but resumed from its log
+    // by the reconnecting client (its sandbox rebuilt from its pack).
+    auto logged = c->open_session({.quota = 2, .trajectory = true});
+    REQUIRE_MESSAGE(logged, describe(logged.error_value()));
+    auto lids = (*logged)->create(env, 1);
+    REQUIRE_MESSAGE(lids, describe(lids.error_value()));
+    {
+      auto w = (*logged)->exec(lids->front(), cmd({"/bin/busybox", "sh", "-c", "echo t > /mark-t"}));
+      REQUIRE_MESSAGE(w, describe(w.error_value()));
+    }
+    // A command in flight when the coordinator dies.
+    waiter<exec_result> inflight;
+    (*s)->exec_async(ids->front(), cmd({"/bin/busybox", "sleep", "60"}), inflight.done());
+
+    pid_t old = pid_of("coordinator");
+    REQUIRE(old > 0);
+    REQUIRE(::kill(old, SIGKILL) == 0);
+    auto r = inflight.get(); // never hangs: the link dropped
+    REQUIRE_FALSE(r);
+    CHECK_MESSAGE(r.error_value().code == errc::disconnected, describe(r.error_value()));
+    // Calls made before the coordinator is back fail the same way.
+    auto early = (*s)->list();
+    CHECK_FALSE(early);
+    if (!early)
+      CHECK(early.error_value().code == errc::disconnected);
+
+    auto t0 = clock_type::now();
+    auto rs = run_process({script, "restart", "coordinator", "--dir", cdir}, o);
+    REQUIRE_MESSAGE(rs.status == 0, rs.describe());
+    auto t_restarted = clock_type::now();
+    CHECK(pid_of("coordinator") != old);
+    // The client reconnects by itself and reattaches the session: the same
+    // handle lists the 30 sandboxes (each adopted as its node reported it).
+    REQUIRE(c->wait_connected(60s));
+    CHECK(c->reconnects() >= 1);
+    std::vector<sandbox_info> listed;
+    CHECK_MESSAGE(eventually([&] {
+      auto l = (*s)->list();
+      if (!l)
+        return false;
+      listed = *l;
+      return listed.size() == 30;
+    }, 60s), "listed " << listed.size());
+    auto t_usable = clock_type::now();
+    std::set<std::string> before_ids(ids->begin(), ids->end()), now_ids;
+    for (const auto& i : listed) {
+      now_ids.insert(i.id);
+      // Its id names its node (actors/sandbox_id.hpp), and its session came
+      // back with its name.
+      CHECK_MESSAGE(names_node(i.id, i.node), i.id << " on " << i.node);
+      CHECK(i.session == (*s)->id());
+    }
+    CHECK(now_ids == before_ids);
+    // By id, without the session (the command line's path): the node the id
+    // names answers.
+    auto by_id = c->exec(ids->back(), cmd({"/bin/busybox", "cat", "/tmp/mark"}));
+    REQUIRE_MESSAGE(by_id, describe(by_id.error_value()));
+    CHECK(by_id->out == ids->back() + "\n");
+    // Each still runs, with what it had (not re-created).
+    for (const auto& id : *ids) {
+      auto e = (*s)->exec(id, cmd({"/bin/busybox", "cat", "/tmp/mark"}));
+      REQUIRE_MESSAGE(e, id << ": " << describe(e.error_value()));
+      CHECK(e->out == id + "\n");
+    }
+    MESSAGE("coordinator restart: tools/cluster restart took "
+            << std::chrono::duration_cast<std::chrono::milliseconds>(t_restarted - t0).count()
+            << " ms; the session listed its 30 sandboxes "
+            << std::chrono::duration_cast<std::chrono::milliseconds>(t_usable - t_restarted).count()
+            << " ms after it returned");
+    // The logged session was resumed (docs/trajectory.md): the trainer's
+    // command given again is answered from the log; the next one runs in the
+    // sandbox rebuilt from the pack after it, which has the file.
+    {
+      auto again = (*logged)->exec(lids->front(),
+                                   cmd({"/bin/busybox", "sh", "-c", "echo t > /mark-t"}));
+      REQUIRE_MESSAGE(again, describe(again.error_value()));
+      CHECK(again->exit_code == 0);
+      auto back = (*logged)->exec(lids->front(), cmd({"/bin/busybox", "cat", "/mark-t"}));
+      REQUIRE_MESSAGE(back, describe(back.error_value()));
+      CHECK_MESSAGE(back->out == "t\n", "exit " << back->exit_code << ": " << back->err);
+      auto lc = (*logged)->close();
+      CHECK_MESSAGE(lc, describe(lc.error_value()));
+    }
+    // The session's name and quota came back with it.
+    auto found = c->find_session("restart-me");
+    CHECK_MESSAGE(found, describe(found.error_value()));
+    auto more = (*s)->create(env, 11);
+    CHECK_FALSE(more); // 30 + 11 > quota 40
+    more = (*s)->create(env, 5);
+    REQUIRE_MESSAGE(more, describe(more.error_value()));
+    CHECK(more->size() == 5);
+    auto e = (*s)->exec(more->front(), cmd({"/bin/busybox", "true"}));
+    CHECK_MESSAGE(e, describe(e.error_value()));
+    auto closed = (*s)->close();
+    REQUIRE_MESSAGE(closed, describe(closed.error_value()));
+    CHECK(*closed == 35);
+  }
+  auto down = run_process({script, "down", "--dir", cdir}, o);
+  CHECK_MESSAGE(down.status == 0, down.describe());
+  struct stat st {};
+  CHECK(::stat(cdir.c_str(), &st) != 0);
   check_nothing_left(before);
 }
 
