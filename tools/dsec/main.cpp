@@ -47,6 +47,7 @@ Verbs of a daemon (dsecd), with --connect HOST:PORT before the verb:
   cluster status        the cluster's nodes (a coordinator)
   call, pool set|ls     the function backend and warm pools
   net ID                change an egress sandbox's network policy
+  expose ID PORT        forward a port of the node to PORT inside a sandbox
   pause, resume         freeze a sandbox (its TTL stopped) and thaw it
   snapshot, fork        a sandbox's files as a diff layer; N sandboxes from them
 
