@@ -383,15 +383,23 @@ TEST_CASE("the forwarder bounds connections per port, passes half-closes, closes
   REQUIRE(run_process({ip_bin(), "-n", ns, "link", "set", "lo", "up"}).status == 0);
   unique_fd nsfd(::open(("/run/netns/" + ns).c_str(), O_RDONLY | O_CLOEXEC));
   REQUIRE(nsfd);
-  // A process in it (the forwarder finds the namespace through a pidfd).
+  // A process in it (the forwarder finds the namespace through a pidfd),
+  // which says when it is there.
+  int ready[2];
+  REQUIRE(::pipe2(ready, O_CLOEXEC) == 0);
   pid_t child = ::fork();
   REQUIRE(child >= 0);
   if (child == 0) {
     if (::setns(nsfd.get(), CLONE_NEWNET) < 0)
       ::_exit(1);
+    (void) !::write(ready[1], "x", 1);
     ::pause();
     ::_exit(0);
   }
+  ::close(ready[1]);
+  char in_ns = 0;
+  REQUIRE(::read(ready[0], &in_ns, 1) == 1);
+  ::close(ready[0]);
   struct reap_t {
     pid_t pid;
     ~reap_t() {
@@ -416,6 +424,8 @@ TEST_CASE("the forwarder bounds connections per port, passes half-closes, closes
       server.reset();
   }).join();
   REQUIRE(server);
+  timeval tv{30, 0}; // safety nets against a hang, not thresholds
+  ::setsockopt(server.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
   port_forward_options o;
   o.per_port = 2;
   auto fw = port_forwarder::start(o);
@@ -430,6 +440,7 @@ TEST_CASE("the forwarder bounds connections per port, passes half-closes, closes
   auto dial = [&] {
     unique_fd c(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
     REQUIRE(::connect(c.get(), reinterpret_cast<sockaddr*>(&to), sizeof to) == 0);
+    ::setsockopt(c.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     return c;
   };
   // Two are joined to the server (it accepts them and echoes a byte)...
@@ -438,6 +449,7 @@ TEST_CASE("the forwarder bounds connections per port, passes half-closes, closes
   for (int i = 0; i < 2; ++i) {
     inner.emplace_back(::accept4(server.get(), nullptr, nullptr, SOCK_CLOEXEC));
     REQUIRE(inner.back());
+    ::setsockopt(inner.back().get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
   }
   REQUIRE(::send(inner[0].get(), "1", 1, 0) == 1);
   char ch = 0;
@@ -445,8 +457,6 @@ TEST_CASE("the forwarder bounds connections per port, passes half-closes, closes
   CHECK(ch == '1');
   // ...the third is over the limit: reset at once, counted as refused.
   auto c3 = dial();
-  timeval tv{30, 0};
-  ::setsockopt(c3.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
   CHECK(::recv(c3.get(), &ch, 1, 0) <= 0);
   auto st = (*fw)->stats();
   CHECK(st.forwards == 1);
@@ -467,7 +477,6 @@ TEST_CASE("the forwarder bounds connections per port, passes half-closes, closes
   auto port = (*f)->host_port();
   f->reset();
   CHECK_FALSE(listening(port));
-  ::setsockopt(c1.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
   errno = 0;
   CHECK(::recv(c1.get(), &ch, 1, 0) < 0);
   CHECK(errno == ECONNRESET);
