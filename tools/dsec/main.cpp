@@ -161,7 +161,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   for (const char* d : {"ps", "inspect", "exec", "cp", "rm", "session", "node", "cluster", "call", "pool",
-                        "feedback"})
+                        "feedback", "net", "expose", "pause", "resume", "snapshot", "fork"})
     if (verb == d) {
       std::fprintf(stderr,
                    "dsec: '%s' is a verb of a daemon: give --connect HOST:PORT before it "
