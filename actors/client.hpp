@@ -262,6 +262,9 @@ public:
   /// runtime/net_policy.hpp); new connections see it at once.
   expected<void> set_network(const std::string& id, const std::vector<std::string>& allow,
                              const std::vector<std::string>& deny);
+  /// Port exposure: forwards a port of sandbox `id`'s node to TCP `port`
+  /// inside it (loopback and egress sandboxes); returns where to connect.
+  expected<exposed_port> expose(const std::string& id, uint16_t port);
   /// Every sandbox of the daemon (of every node, through a coordinator);
   /// the sandboxes of a node that did not answer within 3 s are left out:
   /// list_all names those nodes.
@@ -408,6 +411,10 @@ public:
   /// connections see it at once, established ones go on.
   expected<void> set_network(const std::string& id, const std::vector<std::string>& allow,
                              const std::vector<std::string>& deny);
+  /// Port exposure: forwards a port of its node to TCP `port` inside sandbox
+  /// `id` (loopback and egress sandboxes); returns where to connect. The
+  /// forward ends with the sandbox.
+  expected<exposed_port> expose(const std::string& id, uint16_t port);
   expected<std::vector<sandbox_info>> list();
 
   /// Destroys every sandbox of the session and ends it; returns how many.
@@ -456,6 +463,7 @@ public:
                      completion<uint64_t> done);
   void set_network_async(const std::string& id, std::vector<std::string> allow,
                          std::vector<std::string> deny, completion<void> done);
+  void expose_async(const std::string& id, uint16_t port, completion<exposed_port> done);
   void list_async(completion<std::vector<sandbox_info>> done);
   void close_async(completion<uint32_t> done);
   void answer_async(const std::string& id, const chronus_feedback& fb, completion<void> done);

@@ -82,6 +82,10 @@ expected<void> session::set_network(const std::string& id, const std::vector<std
   return blocking<void>([&](auto& w) { set_network_async(id, allow, deny, w.done()); });
 }
 
+expected<exposed_port> session::expose(const std::string& id, uint16_t port) {
+  return blocking<exposed_port>([&](auto& w) { expose_async(id, port, w.done()); });
+}
+
 expected<std::vector<sandbox_info>> session::list() {
   return blocking<std::vector<sandbox_info>>([&](auto& w) { list_async(w.done()); });
 }
@@ -256,6 +260,14 @@ void session::set_network_async(const std::string& id, std::vector<std::string> 
     return done(*e);
   async_call<bool>(*client_->sys_, client_->identity_, handle(), as_void(std::move(done)),
                    network_atom::value, id, std::move(allow), std::move(deny));
+}
+
+void session::expose_async(const std::string& id, uint16_t port,
+                           completion<exposed_port> done) {
+  if (auto e = closed_error())
+    return done(*e);
+  async_call<exposed_port>(*client_->sys_, client_->identity_, handle_, std::move(done),
+                           expose_atom::value, id, port);
 }
 
 void session::list_async(completion<std::vector<sandbox_info>> done) {

@@ -101,6 +101,11 @@ expected<std::unique_ptr<daemon>> daemon::start(caf::actor_system& sys,
     d->egress_ = std::move(net);
     d->engine_->set_network(d->egress_.get());
   }
+  {
+    DSEC_TRY(fw, port_forwarder::start(opts.ports));
+    d->ports_ = std::move(fw);
+    d->engine_->set_ports(d->ports_.get());
+  }
   auto defaults = opts.defaults ? *opts.defaults
                                 : derive_defaults(machine_resources::probe(), opts.slots,
                                                   opts.oversubscribe);

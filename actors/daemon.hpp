@@ -22,6 +22,7 @@
 #include "runtime/defaults.hpp"
 #include "runtime/egress.hpp"
 #include "runtime/engine.hpp"
+#include "runtime/port_forward.hpp"
 
 namespace dsec {
 
@@ -47,6 +48,9 @@ struct daemon_options {
   /// Egress networking (dsecd --uplink, docs/network.md); nullopt: none.
   /// Its tag is filled from state_dir when empty.
   std::optional<egress_options> egress;
+  /// Exposed ports (dsecd --expose-address, docs/network.md): where they
+  /// listen, and their bounds.
+  port_forward_options ports;
   /// Trajectory logs unused for this long are removed; 0: kept until closed.
   std::chrono::milliseconds trajectory_keep{std::chrono::hours(24 * 7)};
   /// The microVM backend (dsecd --microvm-slots, docs/microvm.md); nullopt: none.
@@ -127,6 +131,7 @@ private:
   caf::actor_system* sys_ = nullptr;
   std::unique_ptr<engine> engine_;
   std::unique_ptr<egress_network> egress_; ///< the engine points at it
+  std::unique_ptr<port_forwarder> ports_;  ///< the engine points at it
   layer_cache_actor cache_;
   layer_store_actor layer_store_;
   node_actor node_;

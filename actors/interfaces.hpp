@@ -85,6 +85,9 @@ using sandbox_actor = caf::typed_actor<
   /// rules): new connections see it at once. Egress sandboxes only.
   caf::replies_to<network_atom, internal_key, std::vector<std::string>,
                   std::vector<std::string>>::with<bool>,
+  /// Forwards a port of the node to `port` inside it (loopback and egress
+  /// sandboxes only; docs/network.md); replies where it is.
+  caf::replies_to<expose_atom, internal_key, uint16_t>::with<exposed_port>,
   // process surface: from the reactor thread and timers
   caf::reacts_to<event_atom, internal_key>,                  ///< init has something to say
   caf::reacts_to<output_atom, internal_key, uint64_t, uint8_t, std::string,
@@ -141,6 +144,8 @@ using session_actor = caf::typed_actor<
   /// Sets the egress policy of one of its sandboxes (allow, deny).
   caf::replies_to<network_atom, std::string, std::vector<std::string>,
                   std::vector<std::string>>::with<bool>,
+  /// Exposes a port of one of its sandboxes on its node; replies where.
+  caf::replies_to<expose_atom, std::string, uint16_t>::with<exposed_port>,
   caf::replies_to<list_atom>::with<std::vector<sandbox_info>>,
   /// Destroys every sandbox of the session and ends it; replies how many.
   caf::replies_to<close_atom>::with<uint32_t>,
@@ -270,6 +275,8 @@ using scheduler_actor = caf::typed_actor<
   /// Sets a sandbox's egress policy (allow, deny), `dsec net ID`.
   caf::replies_to<network_atom, std::string, std::vector<std::string>,
                   std::vector<std::string>>::with<bool>,
+  /// Exposes a port of a sandbox on its node, `dsec expose ID PORT`.
+  caf::replies_to<expose_atom, std::string, uint16_t>::with<exposed_port>,
   /// Every node's sandboxes, and the names of the nodes that did not answer
   /// within 3 s (their sandboxes are not in the list).
   caf::replies_to<list_atom>::with<std::vector<sandbox_info>, std::vector<std::string>>,

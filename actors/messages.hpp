@@ -41,6 +41,8 @@ using ttl_atom = caf::atom_constant<caf::atom("ttl")>;
 using lifetime_atom = caf::atom_constant<caf::atom("lifetime")>;
 /// Egress networking (issue 14): a live sandbox's network policy.
 using network_atom = caf::atom_constant<caf::atom("network")>;
+/// Port exposure (issue 14): a port of a live sandbox forwarded from the node.
+using expose_atom = caf::atom_constant<caf::atom("expose")>;
 using signal_atom = caf::atom_constant<caf::atom("signal")>;
 using shutdown_atom = caf::atom_constant<caf::atom("shutdown")>;
 using done_atom = caf::atom_constant<caf::atom("done")>;
@@ -90,7 +92,8 @@ typename Inspector::result_type inspect(Inspector& f, environment& x) {
   return f(caf::meta::type_name("dsec.environment"), x.base, x.workdir, x.tools, x.memory,
            x.pids, x.cpus, x.disk, x.net, x.ttl_ms, x.backend, x.chronus,
            x.egress, x.allow, x.deny, // networking (issue 14)
-           /* snapshots */ x.snapshot);
+           /* snapshots */ x.snapshot,
+           /* port exposure */ x.expose);
 }
 
 /// How a session is opened.
@@ -262,6 +265,25 @@ typename Inspector::result_type inspect(Inspector& f, chronus_feedback_msg& x) {
 
 // ---- what is there ----------------------------------------------------------------
 
+/// A port of a sandbox that its node forwards (docs/network.md, "Exposed
+/// ports"): TCP to host:host_port on the node reaches `port` on the
+/// sandbox's loopback, inside its network namespace.
+struct exposed_port {
+  uint16_t port = 0;      ///< inside the sandbox
+  std::string host;       ///< the node's address (dsecd --expose-address)
+  uint16_t host_port = 0; ///< on the node, chosen by the kernel
+  /// "HOST:PORT" (IPv6 hosts in brackets), what a trainer connects to.
+  [[nodiscard]] std::string address() const {
+    return (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":"
+           + std::to_string(host_port);
+  }
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, exposed_port& x) {
+  return f(caf::meta::type_name("dsec.exposed_port"), x.port, x.host, x.host_port);
+}
+
 struct sandbox_info {
   std::string id;
   std::string session;
@@ -275,12 +297,15 @@ struct sandbox_info {
   /// session's list and lookup, empty in the node's.
   std::string key;
   std::map<std::string, std::string> tags;
+  /// Its exposed ports (environment::expose and later expose calls), in the
+  /// order they were exposed.
+  std::vector<exposed_port> exposed;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, sandbox_info& x) {
   return f(caf::meta::type_name("dsec.sandbox_info"), x.id, x.session, x.state, x.env,
-           x.created_ms, x.ttl_left_ms, x.running, x.node, x.key, x.tags);
+           x.created_ms, x.ttl_left_ms, x.running, x.node, x.key, x.tags, x.exposed);
 }
 
 /// One session of a daemon, for `dsec session list` (the scheduler's
@@ -397,6 +422,11 @@ struct node_stats {
   uint32_t egress_sandboxes = 0;
   uint64_t egress_allowed = 0;
   uint64_t egress_denied = 0;
+  /// Port exposure: ports forwarded now, and the connections forwarded and
+  /// refused (the per-port limit, or nothing listening inside) since start.
+  uint32_t exposed_ports = 0;
+  uint64_t exposed_connections = 0;
+  uint64_t exposed_refused = 0;
   /// Sandboxes paused now (`dsec pause`; in `live` too).
   uint32_t paused = 0;
 };
@@ -413,7 +443,8 @@ typename Inspector::result_type inspect(Inspector& f, node_stats& x) {
            x.cgroups_made, x.backends, x.memory_capacity, x.memory_admitted, x.cordoned,
            x.pools, x.pooled, x.memory_pressure,
            x.egress_sandboxes, x.egress_allowed, x.egress_denied,
-           /* snapshots */ x.paused);
+           /* snapshots */ x.paused,
+           /* port exposure */ x.exposed_ports, x.exposed_connections, x.exposed_refused);
 }
 
 /// The layers of one sandbox, mounted by the node's layer_cache: directory fds

@@ -511,6 +511,11 @@ sandbox_actor::behavior_type vm_impl(self_ptr self, sandbox_config cfg,
         return refuse("network");
       return not_for_vm(self->state, "network (a microVM's network is none)");
     },
+    [=](expose_atom, const internal_key& k, uint16_t) -> caf::result<exposed_port> {
+      if (!genuine(k, self->state.cfg.key, "expose (sandbox)"))
+        return refuse("expose");
+      return not_for_vm(self->state, "expose (a microVM's network is none)");
+    },
     [=](event_atom, const internal_key& k) {
       if (genuine(k, process_key(), "event (sandbox)"))
         on_events(self);

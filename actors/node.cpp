@@ -1,6 +1,7 @@
 #include "actors/node.hpp"
 
 #include "runtime/egress.hpp"
+#include "runtime/port_forward.hpp"
 
 #include <caf/actor_system.hpp>
 #include <caf/send.hpp>
@@ -734,6 +735,12 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
           ns.egress_sandboxes = static_cast<uint32_t>(net->attached());
           ns.egress_allowed = c.allowed;
           ns.egress_denied = c.denied;
+        }
+        if (auto* fw = s.cfg.eng->ports()) {
+          auto c = fw->stats();
+          ns.exposed_ports = static_cast<uint32_t>(c.forwards);
+          ns.exposed_connections = c.accepted;
+          ns.exposed_refused = c.refused;
         }
         ns.chronus_events = c.events;
         ns.chronus_answered = c.answered;

@@ -1,6 +1,7 @@
 #include "actors/sandbox.hpp"
 
 #include "runtime/egress.hpp"
+#include "runtime/port_forward.hpp"
 
 #include <caf/actor_system.hpp>
 #include <caf/event_based_actor.hpp>
@@ -193,6 +194,9 @@ struct sandbox_state {
   // Egress networking (env.egress; runtime/egress.hpp): its veth, /31 and
   // policy; released after the container (its veth goes with its netns).
   std::unique_ptr<egress_link> egress;
+  // Exposed ports (runtime/port_forward.hpp), in the order exposed: closed
+  // when its destruction begins (the address stops answering at once).
+  std::vector<std::unique_ptr<port_forward>> exposed;
   // ---- snapshots (issue 16) ----
   // Paused by `dsec pause` (its TTL clock stopped: ttl_left_ms is what was
   // left), or frozen for a snapshot in progress (commands wait for the thaw).
@@ -305,6 +309,31 @@ void maybe_finish(self_ptr self, uint64_t eid) {
 
 void begin_destroy(self_ptr self);
 
+exposed_port describe(const port_forward& f) {
+  return exposed_port{f.port(), f.host(), f.host_port()};
+}
+
+// Forwards a port of the node to `port` on the sandbox's loopback (its
+// network namespace: loopback and egress sandboxes).
+expected<exposed_port> expose_port(self_ptr self, uint16_t port) {
+  auto& s = self->state;
+  std::vector<uint16_t> ports;
+  for (const auto& f : s.exposed)
+    ports.push_back(f->port());
+  ports.push_back(port);
+  environment e = s.cfg.env;
+  e.expose.clear();
+  DSEC_TRY_VOID(check_expose(e, ports));
+  auto* fw = s.cfg.eng->ports();
+  if (!fw)
+    return make_error(errc::unsupported, "node " + s.cfg.node_name + " forwards no ports");
+  if (!s.box || s.box->pidfd() < 0)
+    return make_error(errc::not_found, "sandbox " + s.cfg.id + " has no process to forward to");
+  DSEC_TRY(f, fw->expose(s.box->pidfd(), port));
+  s.exposed.push_back(std::move(f));
+  return describe(*s.exposed.back());
+}
+
 // What a failed tar of put or get (`what`: "get /work/x") means: a missing
 // file or directory is not_found, a full disk too_large, anything else
 // `otherwise` (a put's archive that tar refuses is the trainer's bad input, a
@@ -357,6 +386,7 @@ void finish_destroy(self_ptr self) {
   if (s.token) // a waiting `chronus feedback` hears that the session is gone
     s.cfg.eng->chronus().remove(s.cfg.id, true);
   s.token.reset();
+  s.exposed.clear();
   s.box.reset();
   s.egress.reset();
   if (s.lease != 0)
@@ -385,6 +415,7 @@ void begin_destroy(self_ptr self) {
     return;
   s.ph = phase::destroying;
   s.destroy_t0 = clock_type::now();
+  s.exposed.clear(); // its ports stop answering now
   if (!s.box) {
     if (!s.acquiring) // else the cache's answer finishes it, releasing the layers
       finish_destroy(self);
@@ -933,6 +964,9 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
             return fail_creation(self, link.error_value());
           s.egress = std::move(*link);
         }
+        for (auto port : s.cfg.env.expose)
+          if (auto r = expose_port(self, port); !r)
+            return fail_creation(self, std::move(r).error_value().in_step("expose_ports"));
         if (s.cfg.env.chronus) {
           auto token = chronus_token::generate();
           if (!token)
@@ -1126,6 +1160,8 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
         info.ttl_left_ms = left.count() > 0 ? static_cast<uint64_t>(left.count()) : 0;
       }
       info.running = static_cast<uint32_t>(s.execs.size());
+      for (const auto& f : s.exposed)
+        info.exposed.push_back(describe(*f));
       return info;
     },
     [=](event_atom, const internal_key& k) {
@@ -1237,6 +1273,21 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
       s.cfg.env.allow = allow;
       s.cfg.env.deny = deny;
       return true;
+    },
+    [=](expose_atom, const internal_key& k, uint16_t port) -> caf::result<exposed_port> {
+      if (!genuine(k, self->state.cfg.key, "expose (sandbox)"))
+        return refuse("expose");
+      auto& s = self->state;
+      if (s.ph != phase::ready)
+        return to_caf(make_error(errc::invalid_argument,
+                                 "sandbox " + s.cfg.id + " is "
+                                   + (s.ph == phase::creating ? "still being created"
+                                                              : "being destroyed")));
+      auto r = expose_port(self, port);
+      if (!r)
+        return to_caf(make_error(r.error_value().code,
+                                 "sandbox " + s.cfg.id + ": " + r.error_value().message));
+      return *r;
     },
     [=](ttl_atom, const internal_key& k, uint64_t setting) {
       if (!genuine(k, process_key(), "ttl (sandbox)"))

@@ -809,6 +809,9 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
         const std::vector<std::string>& deny) {
       return by_id<bool>(self, id, network_atom::value, allow, deny);
     },
+    [=](expose_atom, const std::string& id, uint16_t port) {
+      return by_id<exposed_port>(self, id, expose_atom::value, port);
+    },
     // ---- snapshots (issue 16) ----
     [=](pause_atom, const std::string& id, bool on) {
       return by_id<bool>(self, id, pause_atom::value, on);

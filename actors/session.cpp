@@ -794,6 +794,16 @@ session_actor::behavior_type session_impl(self_ptr self, session_config cfg) {
         [=](const error& e) mutable { rp.deliver(to_caf(e)); });
       return {};
     },
+    [=](expose_atom, const std::string& id, uint16_t port) -> caf::delegated<exposed_port> {
+      auto rp = self->make_response_promise<exposed_port>();
+      with_sandbox(
+        self, id,
+        [=](sandbox_actor sb) mutable {
+          forward_to<exposed_port>(self, sb, rp, expose_atom::value, port);
+        },
+        [=](const error& e) mutable { rp.deliver(to_caf(e)); });
+      return {};
+    },
     [=](list_atom) -> caf::result<std::vector<sandbox_info>> { return list_sandboxes(self); },
     [=](watch_atom, const caf::actor& watcher) -> caf::result<uint64_t> {
       auto& s = self->state;

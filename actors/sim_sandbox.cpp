@@ -252,6 +252,11 @@ sandbox_actor::behavior_type sim_impl(self_ptr self, std::shared_ptr<const sim_c
       return to_caf(make_error(errc::unsupported,
                                "a simulated sandbox has no network policy to change"));
     },
+    [=](expose_atom, const internal_key& k, uint16_t) -> caf::result<exposed_port> {
+      if (!genuine(k, self->state.c->key, "expose (sandbox)"))
+        return refuse("expose");
+      return to_caf(make_error(errc::unsupported, "a simulated sandbox has no port to expose"));
+    },
     [=](ttl_atom, const internal_key& k, uint64_t setting) {
       if (genuine(k, process_key(), "ttl (sandbox)") && setting == self->state.ttl_setting)
         begin_destroy(self);

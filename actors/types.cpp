@@ -145,6 +145,7 @@ void register_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<output_chunk>("dsec.output_chunk");
   cfg.add_message_type<ready_ids>("dsec.ready_ids");
   cfg.add_message_type<sandbox_info>("dsec.sandbox_info");
+  cfg.add_message_type<exposed_port>("dsec.exposed_port");
   cfg.add_message_type<backend_offer>("dsec.backend_offer");
   cfg.add_message_type<node_stats>("dsec.node_stats");
   cfg.add_message_type<pool_info>("dsec.pool_info");

@@ -21,6 +21,7 @@
 namespace dsec {
 
 class egress_network; // runtime/egress.hpp
+class port_forwarder; // runtime/port_forward.hpp
 
 struct engine_options {
   std::string state_dir;      ///< the layer store
@@ -64,11 +65,16 @@ public:
   /// by whoever set it; null: egress sandboxes are refused.
   [[nodiscard]] egress_network* network() const { return network_; }
   void set_network(egress_network* n) { network_ = n; }
+  /// The node's forwarder of exposed ports (runtime/port_forward.hpp), owned
+  /// by whoever set it; null: exposing a port is refused.
+  [[nodiscard]] port_forwarder* ports() const { return ports_; }
+  void set_ports(port_forwarder* p) { ports_ = p; }
 
   ~engine();
 
 private:
   egress_network* network_ = nullptr;
+  port_forwarder* ports_ = nullptr;
   engine() = default;
   std::optional<store> store_;
   std::vector<std::unique_ptr<spawner>> spawners_;

@@ -76,6 +76,7 @@ expected<void> environment::validate() const {
     for (const auto& r : *rules)
       if (auto p = parse_net_rule(r); !p)
         return std::move(p).error_value();
+  DSEC_TRY_VOID(check_expose(*this, expose));
   bool known = false;
   for (auto b : known_backends())
     known = known || b == backend;
@@ -87,6 +88,44 @@ expected<void> environment::validate() const {
                       "backend '" + backend + "' is not available (only " + names + ")");
   }
   return {};
+}
+
+expected<void> check_expose(const environment& env, const std::vector<uint16_t>& ports) {
+  if (ports.empty())
+    return {};
+  if (!env.net)
+    return make_error(errc::invalid_argument,
+                      "--expose " + std::to_string(ports.front())
+                        + ": a sandbox of network none has no network namespace of its own to"
+                          " forward to (give it --network loopback, --net, or --network egress)");
+  if (env.backend != backend_container)
+    return make_error(errc::unsupported, "--expose: the " + env.backend
+                                           + " backend has no exposed ports (only container)");
+  if (ports.size() > environment::max_exposed)
+    return make_error(errc::invalid_argument,
+                      "--expose: a sandbox exposes at most "
+                        + std::to_string(environment::max_exposed) + " ports, this one "
+                        + std::to_string(ports.size()));
+  for (size_t i = 0; i < ports.size(); ++i) {
+    if (ports[i] == 0)
+      return make_error(errc::invalid_argument, "--expose 0: expected a TCP port from 1 to 65535");
+    for (size_t j = 0; j < i; ++j)
+      if (ports[j] == ports[i])
+        return make_error(errc::already_exists,
+                          "--expose " + std::to_string(ports[i]) + ": that port is already exposed");
+  }
+  return {};
+}
+
+expected<uint16_t> parse_port(std::string_view text, std::string_view what) {
+  unsigned v = 0;
+  bool ok = !text.empty() && text.size() <= 5;
+  for (char ch : text)
+    ok = ok && ch >= '0' && ch <= '9' && (v = v * 10 + static_cast<unsigned>(ch - '0'), true);
+  if (!ok || v == 0 || v > 65535)
+    return make_error(errc::invalid_argument, std::string{what} + " '" + std::string{text}
+                                                + "': expected a TCP port from 1 to 65535");
+  return static_cast<uint16_t>(v);
 }
 
 const char* environment::network() const {
@@ -157,6 +196,13 @@ std::string environment::difference(const environment& other, std::string_view a
   add("egress", egress ? "on" : "off", o.egress ? "on" : "off");
   add("allow", join(allow), join(o.allow));
   add("deny", join(deny), join(o.deny));
+  auto ports = [](const std::vector<uint16_t>& v) {
+    std::string out;
+    for (auto p : v)
+      out += (out.empty() ? "" : ",") + std::to_string(p);
+    return out;
+  };
+  add("expose", ports(expose), ports(o.expose));
   add("ttl_ms", std::to_string(ttl_ms), std::to_string(o.ttl_ms));
   add("chronus", chronus ? "on" : "off", o.chronus ? "on" : "off");
   add("backend", backend, o.backend);
@@ -194,6 +240,10 @@ std::string environment::to_json() const {
   };
   rules("allow", allow);
   rules("deny", deny);
+  o += ", \"expose\": [";
+  for (size_t i = 0; i < expose.size(); ++i)
+    o += (i ? ", " : "") + std::to_string(expose[i]);
+  o += "]";
   o += ", \"ttl_ms\": " + std::to_string(ttl_ms) + ", \"backend\": ";
   json_string(o, backend);
   o += std::string{", \"chronus\": "} + (chronus ? "true" : "false") + ", \"snapshot\": ";

@@ -61,6 +61,12 @@ struct environment {
   std::vector<std::string> deny;
   /// The most rules one policy may have (allow and deny together).
   static constexpr size_t max_rules = 256;
+  /// TCP ports inside the sandbox that its node forwards from a port of its
+  /// own from creation on (docs/network.md, "Exposed ports"): needs a
+  /// network of its own (loopback or egress); each 1-65535, no repeats.
+  std::vector<uint16_t> expose;
+  /// The most ports one sandbox may expose.
+  static constexpr size_t max_exposed = 32;
   /// "none", "loopback" or "egress".
   [[nodiscard]] const char* network() const;
   /// Sets net and egress from "none", "loopback" or "egress"; the error names
@@ -101,12 +107,20 @@ struct environment {
 
   /// One JSON object of every field (`dsec inspect`, `ps --json`): base,
   /// workdir (null if none), tools, memory, pids, cpus, disk, network (none,
-  /// loopback, egress), allow, deny, ttl_ms,
+  /// loopback, egress), allow, deny, expose, ttl_ms,
   /// backend, chronus, snapshot (null if none).
   [[nodiscard]] std::string to_json() const;
 
   friend bool operator==(const environment&, const environment&) = default;
 };
+
+/// Whether `env` may expose `ports` (its own and later ones): a network of
+/// its own (loopback or egress), a container, ports 1-65535 without repeats
+/// (errc::already_exists for one given twice), at most max_exposed.
+expected<void> check_expose(const environment& env, const std::vector<uint16_t>& ports);
+
+/// A TCP port from 1 to 65535 in decimal; the error names `what` and the text.
+expected<uint16_t> parse_port(std::string_view text, std::string_view what);
 
 /// The error for a layer that is not of the kind its slot needs: "SLOT REF is
 /// a KIND layer, not a WANT layer" (errc::wrong_kind), or nothing when it is.

@@ -134,6 +134,11 @@ Options:
   --deny-range CIDR      one more range egress sandboxes never reach unless a
                          rule names it (repeatable), besides private, link-
                          local, metadata and the node's own addresses
+  --expose-address ADDR  where exposed ports listen (`dsec expose`, `run
+                         --expose`; docs/network.md): each is a fresh port of
+                         ADDR (an IPv4 or IPv6 address of this node; 0.0.0.0
+                         for all) forwarded by dsecd to a port on a sandbox's
+                         loopback. Default 127.0.0.1
   --coordinator          be a cluster's coordinator: nodes join it (--join), it
                          holds the sessions and places every sandbox over the
                          nodes (this one among them, filled last) with
@@ -351,6 +356,10 @@ int main(int argc, char** argv) {
       if (!o.d.egress)
         o.d.egress.emplace();
       o.d.egress->deny_ranges.push_back(v);
+    } else if (opt("--expose-address")) {
+      if (v.empty())
+        return bad("--expose-address: expected an address of this node (e.g. 127.0.0.1)");
+      o.d.ports.address = v;
     } else if (opt("--state")) {
       o.d.state_dir = v;
     } else if (opt("--cluster-key")) {

@@ -70,6 +70,7 @@ ExecResult = _dsec.ExecResult
 SessionInfo = _dsec.SessionInfo
 SandboxInfo = _dsec.SandboxInfo
 SandboxList = _dsec.SandboxList
+ExposedPort = _dsec.ExposedPort
 NodeStats = _dsec.NodeStats
 BackendOffer = _dsec.BackendOffer
 
@@ -85,7 +86,7 @@ _Done = Callable[[Any, Optional[BaseException]], None]
 
 __all__ = [
     "connect", "Client", "Session", "Sandbox", "Batch", "Event", "ExecResult", "ExecStream",
-    "AsyncExecStream", "SandboxInfo", "SandboxList", "NodeStats", "BackendOffer", "Files", "SessionInfo",
+    "AsyncExecStream", "SandboxInfo", "SandboxList", "ExposedPort", "NodeStats", "BackendOffer", "Files", "SessionInfo",
     "FileInfo",
     "Error", "InvalidArgument", "NotFound", "AlreadyExists", "WrongKind", "InUse", "Malformed",
     "TooLarge", "Unauthenticated", "Unauthorized", "Overloaded", "SystemFailure", "ToolFailed",
@@ -175,7 +176,8 @@ def _parse_address(address: object) -> tuple[str, int]:
 def _environment(base: object, workdir: object, tools: Iterable[str] | None, memory: object,
                  pids: object, cpus: object, disk: object, net: object, chronus: object,
                  ttl: object, snapshot: object = None,
-                 backend: object = "container") -> _dsec.Environment:
+                 backend: object = "container",
+                 expose: Iterable[int] | None = None) -> _dsec.Environment:
     env = _dsec.Environment()
     env.backend = _str("backend", backend, allow_empty=False)
     if snapshot is not None:  # snapshots (issue 16): the layers come from the diff
@@ -200,7 +202,16 @@ def _environment(base: object, workdir: object, tools: Iterable[str] | None, mem
     env.net = bool(net)
     env.chronus = bool(chronus)
     env.ttl_ms = 0 if ttl is None else _seconds_ms("ttl", ttl)
+    env.expose = [_port("expose[]", p) for p in (expose or ())]
     return env
+
+
+def _port(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name}: expected a TCP port (int), got {type(value).__name__}")
+    if not 1 <= value <= 65535:
+        raise ValueError(f"{name}: expected a TCP port from 1 to 65535, got {value}")
+    return value
 
 
 def _request(cmd: object, timeout: object, env: object, cwd: object, user: object,
@@ -596,7 +607,7 @@ class Session:
                cpus: float | None = None, disk: Size | None = None, net: bool = False,
                chronus: bool = False, ttl: Seconds | None = None, key: str | None = None,
                tags: Mapping[str, str] | None = None, snapshot: str | None = None,
-               backend: str = "container") -> Batch:
+               backend: str = "container", expose: Sequence[int] = ()) -> Batch:
         """Creates `count` sandboxes of base + workdir + tools (NAME@VERSION
         each; the last tool on top) and returns them as a Batch (a list).
 
@@ -618,9 +629,13 @@ class Session:
 
         backend: "container" (default) or "microvm": a QEMU microVM booting
         the same layers (docs/microvm.md), on a node that offers it.
+
+        expose: TCP ports inside each sandbox that its node forwards from a
+        fresh port of its own (dsecd --expose-address) from creation on; needs
+        net=True. Sandbox.ports() says where; Sandbox.expose() adds one later.
         """
         env = _environment(base, workdir, tools, memory, pids, cpus, disk, net, chronus, ttl,
-                           snapshot, backend)
+                           snapshot, backend, expose)
         count = _int("count", count, hi=1_000_000)
         made, failures = self._s.create(env, count, *_labels(key, tags))
         return _batch(self, made, failures, count)
@@ -631,8 +646,10 @@ class Session:
                            cpus: float | None = None, disk: Size | None = None,
                            net: bool = False, chronus: bool = False, ttl: Seconds | None = None,
                            key: str | None = None,
-                           tags: Mapping[str, str] | None = None) -> Batch:
-        env = _environment(base, workdir, tools, memory, pids, cpus, disk, net, chronus, ttl)
+                           tags: Mapping[str, str] | None = None,
+                           expose: Sequence[int] = ()) -> Batch:
+        env = _environment(base, workdir, tools, memory, pids, cpus, disk, net, chronus, ttl,
+                           expose=expose)
         count = _int("count", count, hi=1_000_000)
         fut, done = _future()
         self._s.create_async(env, count, *_labels(key, tags), done)
@@ -645,14 +662,14 @@ class Session:
                    memory: Size | None = None, pids: int | None = None,
                    cpus: float | None = None, disk: Size | None = None, net: bool = False,
                    chronus: bool = False, ttl: Seconds | None = None, key: str | None = None,
-                   tags: Mapping[str, str] | None = None) -> Sandbox:
+                   tags: Mapping[str, str] | None = None, expose: Sequence[int] = ()) -> Sandbox:
         """Creates one sandbox (create()'s arguments, without count) and returns
         it: a Sandbox, not a Batch. If it could not be made, raises why (a
         dsec.Error) rather than returning an empty Batch with a failure.
         ``Sandbox.key`` is `key`, or the one dsec picked ("#N")."""
         return _one(self.create(base, workdir, tools, 1, memory=memory, pids=pids, cpus=cpus,
                                 disk=disk, net=net, chronus=chronus, ttl=ttl, key=key,
-                                tags=tags))
+                                tags=tags, expose=expose))
 
     async def create_one_async(self, base: str, workdir: str | None = None,
                                tools: Sequence[str] = (), *, memory: Size | None = None,
@@ -660,10 +677,11 @@ class Session:
                                disk: Size | None = None, net: bool = False,
                                chronus: bool = False, ttl: Seconds | None = None,
                                key: str | None = None,
-                               tags: Mapping[str, str] | None = None) -> Sandbox:
+                               tags: Mapping[str, str] | None = None,
+                               expose: Sequence[int] = ()) -> Sandbox:
         return _one(await self.create_async(base, workdir, tools, 1, memory=memory, pids=pids,
                                             cpus=cpus, disk=disk, net=net, chronus=chronus,
-                                            ttl=ttl, key=key, tags=tags))
+                                            ttl=ttl, key=key, tags=tags, expose=expose))
 
     def find(self, key: str) -> Sandbox | None:
         """The Sandbox with this key (a create's key=, or KEY#i of a batch), or
@@ -1191,6 +1209,29 @@ class Sandbox:
         self.session._s.set_ttl_async(self.id, _seconds_ms("ttl", ttl), done)
         left = await fut
         return float(left) / 1000.0
+
+    # ---- port exposure (issue 14) -----------------------------------------------------
+
+    def expose(self, port: int) -> str:
+        """Forwards a fresh port of the sandbox's node (dsecd --expose-address,
+        127.0.0.1 by default) to TCP `port` on the sandbox's loopback, and
+        returns where to connect, "HOST:PORT". The sandbox needs a network of
+        its own (net=True); a port already exposed raises AlreadyExists. The
+        forward ends with the sandbox."""
+        return str(self.session._s.expose(self.id, _port("port", port)).address)
+
+    async def expose_async(self, port: int) -> str:
+        fut, done = _future()
+        self.session._s.expose_async(self.id, _port("port", port), done)
+        got: ExposedPort = await fut
+        return str(got.address)
+
+    def ports(self) -> dict[int, str]:
+        """Its exposed ports: {port inside: "HOST:PORT" on its node}."""
+        for info in self.session._s.list():
+            if info.id == self.id:
+                return {int(p.port): str(p.address) for p in info.exposed}
+        raise NotFound(f"sandbox {self.id} is not in its session")
 
     # ---- snapshots (issue 16) ---------------------------------------------------------
 

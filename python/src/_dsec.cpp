@@ -619,6 +619,7 @@ void bind_values(py::module_& m) {
     .def_readwrite("egress", &environment::egress)
     .def_readwrite("allow", &environment::allow)
     .def_readwrite("deny", &environment::deny)
+    .def_readwrite("expose", &environment::expose)
     .def_readwrite("snapshot", &environment::snapshot)
     .def("__repr__", [](const environment& e) {
       std::string tools;
@@ -684,6 +685,16 @@ void bind_values(py::module_& m) {
       return "<dsec SessionInfo " + x.id + (x.name.empty() ? "" : " name=" + x.name)
              + " state=" + x.state + ">";
     });
+  py::class_<exposed_port>(m, "ExposedPort",
+                           "A port of a sandbox its node forwards: TCP to `address` "
+                           "(host:host_port) reaches `port` on the sandbox's loopback.")
+    .def_readonly("port", &exposed_port::port, "inside the sandbox")
+    .def_readonly("host", &exposed_port::host, "the node's address (dsecd --expose-address)")
+    .def_readonly("host_port", &exposed_port::host_port)
+    .def_property_readonly("address", &exposed_port::address, "\"HOST:PORT\"")
+    .def("__repr__", [](const exposed_port& p) {
+      return "<dsec ExposedPort " + std::to_string(p.port) + " at " + p.address() + ">";
+    });
   py::class_<sandbox_info>(m, "SandboxInfo", "A sandbox as `list()` shows it.")
     .def_readonly("id", &sandbox_info::id)
     .def_readonly("session", &sandbox_info::session)
@@ -695,6 +706,7 @@ void bind_values(py::module_& m) {
     .def_readonly("node", &sandbox_info::node)
     .def_readonly("key", &sandbox_info::key, "its key (create's key=), in its session's list")
     .def_readonly("tags", &sandbox_info::tags, "its create's tags, in its session's list")
+    .def_readonly("exposed", &sandbox_info::exposed, "its exposed ports (ExposedPort)")
     .def("__repr__", [](const sandbox_info& i) {
       return "<dsec SandboxInfo " + i.id + (i.key.empty() ? "" : " key=" + i.key)
              + " session=" + i.session + " state=" + i.state + ">";
@@ -1167,6 +1179,21 @@ void bind_session(py::module_& m) {
              ps.get()->set_ttl_async(id, std::chrono::milliseconds(ms), to_waiter(out, s.tok));
            }
            return value_or_raise(await_outcome(out));
+         })
+    .def("expose",
+         [](py_session& ps, const std::string& id, uint16_t port) {
+           waiter<exposed_port> out;
+           {
+             auto s = ps.co().start();
+             ps.get()->expose_async(id, port, to_waiter(out, s.tok));
+           }
+           return value_or_raise(await_outcome(out));
+         })
+    .def("expose_async",
+         [](py_session& ps, const std::string& id, uint16_t port, py::object done) {
+           auto s = ps.co().start();
+           ps.get()->expose_async(id, port,
+                                  to_python<exposed_port>(std::move(done), s.tok, identity{}));
          })
     .def("set_ttl_async",
          [](py_session& ps, const std::string& id, uint64_t ms, py::object done) {

@@ -3,6 +3,7 @@ files, errors, sessions, asyncio at scale, Chronus, and that nothing is left."""
 
 import asyncio
 import os
+import socket
 import subprocess
 import tempfile
 import threading
@@ -668,6 +669,74 @@ class Chronus(Base):
             with self.assertRaises(ValueError) as cm:
                 sb.exec("true", pristine=True)
             self.assertIn("trusted", str(cm.exception))
+
+
+class ExposedPorts(Base):
+    """Port exposure (docs/network.md): a server in a sandbox answers the
+    trainer through a port of the node (loopback only)."""
+
+    @staticmethod
+    def fetch(address):
+        host, port = address.rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=30) as c:
+            c.sendall(b"GET / HTTP/1.0\r\n\r\n")
+            got = b""
+            while True:
+                chunk = c.recv(65536)
+                if not chunk:
+                    break
+                got += chunk
+        return got.split(b"\r\n\r\n", 1)[-1]
+
+    def serve(self, sb, port, body):
+        sb.exec(f"mkdir -p /srv && echo {body} > /srv/index.html && "
+                f"/bin/busybox httpd -p 127.0.0.1:{port} -h /srv", check=True)
+
+    def test_expose_at_create_and_later(self):
+        with self.c.session(quota=3) as s:
+            a = s.create_one("py@1", net=True, expose=[8080])
+            self.serve(a, 8080, "from-a")
+            ports = a.ports()
+            self.assertEqual(list(ports), [8080])
+            self.assertTrue(ports[8080].startswith("127.0.0.1:"))
+            self.assertEqual(self.fetch(ports[8080]), b"from-a\n")
+            info = {i.id: i for i in s.list()}[a.id]
+            self.assertEqual([(p.port, p.address) for p in info.exposed], [(8080, ports[8080])])
+            # Later, on another sandbox, the same inner port: another port of the node.
+            b = s.create_one("py@1", net=True)
+            self.serve(b, 8080, "from-b")
+            at = b.expose(8080)
+            self.assertNotEqual(at, ports[8080])
+            self.assertEqual(self.fetch(at), b"from-b\n")
+            # Refusals name what is wrong.
+            with self.assertRaises(dsec.AlreadyExists):
+                b.expose(8080)
+            with self.assertRaises(ValueError):
+                b.expose(0)
+            with self.assertRaises(TypeError):
+                b.expose("8080")
+            none = s.create_one("py@1")
+            with self.assertRaises(dsec.InvalidArgument) as cm:
+                none.expose(8080)
+            self.assertIn("network none", str(cm.exception))
+            none.close()
+            with self.assertRaises(dsec.InvalidArgument):
+                s.create("py@1", expose=[8080])
+            # Gone with its sandbox.
+            a.close()
+            host, port = ports[8080].rsplit(":", 1)
+            with self.assertRaises(ConnectionRefusedError):
+                socket.create_connection((host, int(port)), timeout=30).close()
+            self.assertEqual(self.fetch(at), b"from-b\n")
+
+    def test_expose_async(self):
+        async def main():
+            async with self.c.session(quota=1) as s:
+                sb = await s.create_one_async("py@1", net=True)
+                self.serve(sb, 9000, "async")
+                at = await sb.expose_async(9000)
+                self.assertEqual(self.fetch(at), b"async\n")
+        asyncio.run(main())
 
 
 class Conveniences(Base):

@@ -281,6 +281,14 @@ TEST_CASE("an egress sandbox reaches what its policy allows, nothing else"
   auto to_b = s->exec(id, cmd({"/usr/bin/probe", "http-get", b_addr, "9000", "1500"}));
   REQUIRE(to_b);
   CHECK(to_b->out.rfind("ok", 0) != 0);
+  // An exposed port reaches the egress sandbox's loopback whatever its
+  // policy (the forwarded connection never crosses its veth or the table).
+  auto hello = s->exec(id, cmd({"/usr/bin/probe", "tcp-listen", "7000"}));
+  REQUIRE(hello);
+  auto exposed = s->expose(id, 7000);
+  REQUIRE_MESSAGE(exposed, describe(exposed.error_value()));
+  auto via = run_process({probe(), "tcp-connect", std::to_string(exposed->host_port)});
+  CHECK_MESSAGE(via.out == "ok hello\n", via.describe());
   // The stats count what was allowed and denied.
   auto st = node_stats_of(*e.c);
   CHECK(st.egress_sandboxes == 2);

@@ -787,6 +787,32 @@ static int serve(int s) {
   return 0;
 }
 
+/* Like tcp-listen, but the daemon child keeps every connection it accepts
+ * open and never reads from it (a server that stalls its clients). */
+static int cmd_tcp_hold(const char *port) {
+  struct sockaddr_in a;
+  tcp_addr(&a, port);
+  int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  int one = 1;
+  if (s < 0 || setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) < 0
+      || bind(s, (struct sockaddr *)&a, sizeof a) < 0 || listen(s, 16) < 0)
+    return failed();
+  fflush(stdout);
+  pid_t p = fork();
+  if (p < 0)
+    return failed();
+  if (p == 0) {
+    int null = open("/dev/null", O_RDWR);
+    dup2(null, 0);
+    dup2(null, 1);
+    dup2(null, 2);
+    for (;;)
+      (void)accept(s, NULL, NULL); /* kept open, never read */
+  }
+  printf("listening\n");
+  return 0;
+}
+
 /* Connects; prints "ok" and the server's greeting, or the errno name. */
 static int connect_to(int domain, const struct sockaddr *a, socklen_t len) {
   int s = socket(domain, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -1152,6 +1178,7 @@ int main(int argc, char **argv) {
   if (IS("tcp-listen", 1)) return cmd_tcp_listen(a1);
   if (IS("tcp-connect", 1)) return cmd_tcp_connect(a1);
   if (IS("tcp-listen-all", 1)) return cmd_tcp_listen_all(a1);
+  if (IS("tcp-hold", 1)) return cmd_tcp_hold(a1);
   if (IS("if-addr", 1)) return cmd_if_addr(a1);
   if (IS("http-get", 3)) return cmd_http_get(a1, a2, argv[4]);
   if (IS("seqpacket-send", 2)) return cmd_seqpacket_send(a1, a2);

@@ -47,6 +47,7 @@ Verbs of a daemon (dsecd), with --connect HOST:PORT before the verb:
   cluster status        the cluster's nodes (a coordinator)
   call, pool set|ls     the function backend and warm pools
   net ID                change an egress sandbox's network policy
+  expose ID PORT        forward a port of the node to PORT inside a sandbox
   pause, resume         freeze a sandbox (its TTL stopped) and thaw it
   snapshot, fork        a sandbox's files as a diff layer; N sandboxes from them
 
@@ -160,7 +161,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   for (const char* d : {"ps", "inspect", "exec", "cp", "rm", "session", "node", "cluster", "call", "pool",
-                        "feedback"})
+                        "feedback", "net", "expose", "pause", "resume", "snapshot", "fork"})
     if (verb == d) {
       std::fprintf(stderr,
                    "dsec: '%s' is a verb of a daemon: give --connect HOST:PORT before it "

@@ -48,6 +48,8 @@ Verbs:
                                     (from a warm pool), destroyed after
   pool set|ls                       warm pools of ready sandboxes
   net ID [--allow R] [--deny R]     change an egress sandbox's network policy
+  expose ID PORT                    forward a port of its node to PORT inside
+                                    sandbox ID; prints HOST:PORT
   pause ID... | resume ID...        freeze sandboxes (TTL stopped), thaw them
   snapshot ID --as NAME@VERSION     its writable layer as a diff layer
   fork ID [-n N]                    N new sandboxes with its files; prints their ids
@@ -130,6 +132,8 @@ int main(int argc, char** argv) {
     return remote::pool_main(ctx, a);
   if (verb == "net")
     return remote::net_main(ctx, a);
+  if (verb == "expose")
+    return remote::expose_main(ctx, a);
   if (verb == "pause" || verb == "resume")
     return remote::pause_main(ctx, a, verb == "pause");
   if (verb == "snapshot")

@@ -56,6 +56,7 @@ int feedback_main(context& c, args& a);
 int call_main(context& c, args& a);     // tools/dsec/remote_VERB.cpp
 int pool_main(context& c, args& a);     // tools/dsec/remote_VERB.cpp
 int net_main(context& c, args& a);      // egress policy (issue 14)
+int expose_main(context& c, args& a);   // port exposure (issue 14)
 // snapshots (issue 16): tools/dsec/remote_pause.cpp (pause: on, resume: !on),
 // remote_snapshot.cpp, remote_fork.cpp
 int pause_main(context& c, args& a, bool on);

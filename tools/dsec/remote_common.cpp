@@ -236,7 +236,14 @@ std::string sandbox_json(const sandbox_info& i) {
     o += ": ";
     json_string(o, v);
   }
-  o += "}, \"environment\": " + i.env.to_json() + "}";
+  o += "}, \"exposed\": [";
+  for (size_t k = 0; k < i.exposed.size(); ++k) {
+    o += std::string{k ? ", " : ""} + "{\"port\": " + std::to_string(i.exposed[k].port)
+         + ", \"address\": ";
+    json_string(o, i.exposed[k].address());
+    o += "}";
+  }
+  o += "], \"environment\": " + i.env.to_json() + "}";
   return o;
 }
 

@@ -164,6 +164,8 @@ int node_main(context& ctx, args& a) {
               u(s.chronus_invalid), u(s.chronus_flooding), u(s.chronus_refused_connections));
   std::printf("egress          %u sandboxes, %llu packets allowed, %llu denied\n",
               s.egress_sandboxes, u(s.egress_allowed), u(s.egress_denied));
+  std::printf("exposed ports   %u now, %llu connections forwarded, %llu refused\n",
+              s.exposed_ports, u(s.exposed_connections), u(s.exposed_refused));
   std::printf("clients refused %llu (before their first message)\n", u(s.refused_clients));
   std::printf("refused internal %llu (internal messages without the cluster's key, and "
               "CAF's own messages from a connection: docs/security.md)\n",

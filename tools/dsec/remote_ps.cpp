@@ -27,6 +27,8 @@ Lists the daemon's sandboxes, oldest first:
   TTL LEFT     until it is destroyed by its TTL ("-": none)
   RUNNING      commands running in it now
   NODE         the node it lives on (a cluster's; docs/cluster.md)
+  PORTS        its exposed ports, PORT->HOST:HOSTPORT ("-": none; `dsec
+               expose`, `run --expose`)
 
 Through a coordinator, each node gets 3 s to answer: a node that does not
 (hung, or cut off and not yet lost) is named on stderr after the rows of the
@@ -140,12 +142,18 @@ int ps_main(context& ctx, args& a) {
   }
   auto now = unix_ms();
   std::vector<std::vector<std::string>> rows;
-  rows.push_back({"ID", "SESSION", "STATE", "ENVIRONMENT", "AGE", "TTL LEFT", "RUNNING", "NODE"});
-  for (const auto& i : v)
+  rows.push_back(
+    {"ID", "SESSION", "STATE", "ENVIRONMENT", "AGE", "TTL LEFT", "RUNNING", "NODE", "PORTS"});
+  for (const auto& i : v) {
+    std::string ports;
+    for (const auto& p : i.exposed)
+      ports += (ports.empty() ? "" : ",") + std::to_string(p.port) + "->" + p.address();
     rows.push_back({i.id, i.session, i.state, layers_of(i.env),
                     i.created_ms ? age(now > i.created_ms ? now - i.created_ms : 0) : "-",
                     i.env.ttl_ms && i.created_ms ? age(i.ttl_left_ms) : "-",
-                    std::to_string(i.running), i.node.empty() ? "-" : i.node});
+                    std::to_string(i.running), i.node.empty() ? "-" : i.node,
+                    ports.empty() ? "-" : ports});
+  }
   std::vector<size_t> width(rows.front().size(), 0);
   for (const auto& r : rows)
     for (size_t k = 0; k < r.size(); ++k)

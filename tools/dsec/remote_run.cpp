@@ -100,6 +100,12 @@ Isolation and limits:
                            (docs/network.md)
   --deny RULE              denied even where an --allow rule says otherwise
                            (`dsec net ID` changes both on a live sandbox)
+  --expose PORT            forward a fresh port of the node (its
+                           --expose-address, 127.0.0.1 unless set) to TCP PORT on
+                           the sandbox's loopback (repeatable; needs --net or
+                           --network loopback|egress). Printed to stderr as
+                           `dsec: ID: port PORT at HOST:HOSTPORT`; `dsec ps` shows
+                           it; `dsec expose ID PORT` adds one later
   --memory SIZE            memory limit (e.g. 512m, 2g); OOM kills inside. It
                            also bounds the writable layer (a tmpfs: its pages are
                            charged to the sandbox). Default: the node's
@@ -192,6 +198,21 @@ private:
 
   std::shared_ptr<state> st_; // shared with the signal thread, which outlives us
 };
+
+// The ports a sandbox exposes from its creation (--expose), where the node
+// forwards them from, on stderr (stdout stays the id or the command's own).
+void print_exposed(session& s, const std::string& id, const environment& env) {
+  if (env.expose.empty())
+    return;
+  auto all = s.list();
+  if (!all)
+    return (void) fail(all.error_value());
+  for (const auto& info : *all)
+    if (info.id == id)
+      for (const auto& p : info.exposed)
+        std::fprintf(stderr, "dsec: %s: port %u at %s\n", id.c_str(),
+                     static_cast<unsigned>(p.port), p.address().c_str());
+}
 
 } // namespace
 
@@ -349,6 +370,7 @@ int run_main(context& ctx, args& a) {
       return fail(make_error(errc::sandbox_failed, "the daemon created no sandbox"),
                   dsec_failed);
     const auto& id = ids->front();
+    print_exposed(**s, id, env);
     req.detach = true;
     auto r = (*s)->exec(id, req);
     guard.disarm();
@@ -402,6 +424,7 @@ int run_main(context& ctx, args& a) {
     return dsec_failed;
   }
   id = ids->front();
+  print_exposed(*s, id, env);
   auto r = s->exec(id, req, [&](uint8_t stream, std::string_view data) {
     if (!write_all(stream == 2 ? 2 : 1, data) && errno == EPIPE)
       guard.abandon(nullptr, broken_pipe_status); // quietly, as SIGPIPE would

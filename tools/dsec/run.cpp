@@ -171,6 +171,9 @@ std::optional<int> parse(args& a, run_args& r) {
   if (r.sb.env.egress)
     return usage_error("run", "--network egress needs a node daemon with an uplink (dsecd "
                               "--uplink IFACE): use dsec --connect HOST:PORT run");
+  if (!r.sb.env.expose.empty())
+    return usage_error("run", "--expose needs a node daemon, which forwards the port: use"
+                              " dsec --connect HOST:PORT run --net --expose PORT");
   r.cmd.cwd = r.cs.cwd;
   r.cmd.uid = r.cs.uid;
   r.cmd.gid = r.cs.gid;

@@ -167,6 +167,13 @@ parsed parse_sandbox_option(args& a, std::string_view verb, sandbox_options& s) 
     env.deny.push_back(v);
     return parsed::yes;
   }
+  DSEC_OPT("--expose") {
+    auto port = parse_port(v, "--expose");
+    if (!port)
+      return bad(verb, port.error_value().message);
+    env.expose.push_back(*port);
+    return parsed::yes;
+  }
   return parsed::no;
 }
 
