@@ -44,6 +44,7 @@ struct cluster_view {
     std::atomic<bool> up{false};
     std::atomic<int64_t> last_beat_ns{0}; // steady clock
     std::atomic<uint32_t> slots{0}, live{0};
+    std::atomic<uint64_t> created{0}, destroyed{0}, failed{0}; // since the node started
     std::atomic<bool> cordoned{false};
   };
   std::mutex mu; // guards the map, not the values
@@ -68,6 +69,9 @@ struct cluster_view {
     n.last_beat_ns = now_ns();
     n.slots = rep.slots;
     n.live = rep.live;
+    n.created = rep.created;
+    n.destroyed = rep.destroyed;
+    n.failed = rep.failed;
     n.cordoned = rep.cordoned;
   }
   void collect(std::vector<metrics::sample_family>& out) {
@@ -81,7 +85,17 @@ struct cluster_view {
       live{"dsec_cluster_node_live", "A node's live sandboxes, as its last heartbeat said.",
            "gauge", {}},
       cordoned{"dsec_cluster_node_cordoned", "1 while a node is cordoned or draining.",
-               "gauge", {}};
+               "gauge", {}},
+      created{"dsec_cluster_node_creates_total",
+              "Sandboxes a node made ready since it started, as its last heartbeat said.",
+              "counter", {}},
+      destroyed{"dsec_cluster_node_destroys_total",
+                "Sandboxes of a node that ended since it started, as its last heartbeat said.",
+                "counter", {}},
+      failed{"dsec_cluster_node_failures_total",
+             "Sandboxes a node refused or lost before they were ready, as its last heartbeat "
+             "said.",
+             "counter", {}};
 
     auto now = now_ns();
     {
@@ -95,9 +109,12 @@ struct cluster_view {
         slots.samples.emplace_back(l, n->slots.load());
         live.samples.emplace_back(l, n->live.load());
         cordoned.samples.emplace_back(l, n->cordoned ? 1 : 0);
+        created.samples.emplace_back(l, static_cast<double>(n->created.load()));
+        destroyed.samples.emplace_back(l, static_cast<double>(n->destroyed.load()));
+        failed.samples.emplace_back(l, static_cast<double>(n->failed.load()));
       }
     }
-    for (auto* f : {&up, &age, &slots, &live, &cordoned})
+    for (auto* f : {&up, &age, &slots, &live, &cordoned, &created, &destroyed, &failed})
       out.push_back(std::move(*f));
   }
 };

@@ -64,9 +64,16 @@ void status_history::sample() {
   auto s = scrape(reg_); // outside the lock: collectors may take a while
   point p;
   p.t = unix_now();
-  p.creates = sum_of(s, "dsec_sandbox_creates_total");
-  p.destroys = sum_of(s, "dsec_sandbox_destroys_total");
-  p.failures = sum_of(s, "dsec_sandbox_failures_total");
+  // A coordinator's rates are its cluster's (its nodes' heartbeat counters);
+  // any other daemon's its own.
+  bool cluster = false;
+  for (const auto& x : s)
+    cluster = cluster || x.name == "dsec_cluster_node_creates_total";
+  p.creates = sum_of(s, cluster ? "dsec_cluster_node_creates_total" : "dsec_sandbox_creates_total");
+  p.destroys =
+    sum_of(s, cluster ? "dsec_cluster_node_destroys_total" : "dsec_sandbox_destroys_total");
+  p.failures =
+    sum_of(s, cluster ? "dsec_cluster_node_failures_total" : "dsec_sandbox_failures_total");
   p.live = sum_of(s, "dsec_sandboxes_live");
   p.create_seconds = histogram_of(s, "dsec_sandbox_create_seconds");
   p.node_live = by_label(s, "dsec_cluster_node_live", "node");
@@ -108,6 +115,12 @@ std::string status_history::json() const {
     n["heartbeat_age_s"] = age.count(node) ? njson(age[node]) : njson(nullptr);
     j["nodes"].push_back(std::move(n));
   }
+  if (!up.empty())
+    j["cluster"] = {{"created", sum_of(s, "dsec_cluster_node_creates_total")},
+                    {"destroyed", sum_of(s, "dsec_cluster_node_destroys_total")},
+                    {"failed", sum_of(s, "dsec_cluster_node_failures_total")},
+                    {"live", sum_of(s, "dsec_cluster_node_live")}};
+  j["rates_of"] = up.empty() ? "this daemon" : "the cluster (the nodes' heartbeats)";
   j["sessions"] = sum_of(s, "dsec_sessions");
   j["sandboxes"] = {{"live", sum_of(s, "dsec_sandboxes_live")},
                     {"creating", sum_of(s, "dsec_sandboxes_creating")},
@@ -176,7 +189,8 @@ svg text{font-size:11px}figure{margin:0.5em 0}figcaption{font-weight:bold}
 <table id="layers"><tbody></tbody></table>
 <h2>The last minutes</h2>
 <figure id="plot-rates"><figcaption>per second: creates, destroys, failures</figcaption></figure>
-<figure id="plot-latency"><figcaption>create latency, ms (p50, p99 per interval)</figcaption></figure>
+<figure id="plot-latency"><figcaption>create latency of this daemon's own node, ms (p50, p99 per
+interval)</figcaption></figure>
 <figure id="plot-live"><figcaption>live sandboxes per node</figcaption></figure>
 <script>
 "use strict";
@@ -279,6 +293,8 @@ function render(s) {
   rows("layers", [["cache", bytes(l.cache_bytes)], ["hits", fmt(l.hits)], ["misses", fmt(l.misses)],
                   ["evictions", fmt(l.evictions)], ["fetches", fmt(l.fetches)],
                   ["fetched", bytes(l.fetch_bytes)]]);
+  document.querySelector("#plot-rates figcaption").textContent =
+    "per second, of " + s.rates_of + ": creates, destroys, failures";
   const h = s.history;
   const pts = key => h.map(p => [p.t - s.now, p[key]]);
   plot("plot-rates", [{name: "creates/s", points: pts("creates_per_s")},
