@@ -1013,10 +1013,12 @@ class Process:
             if loop is not None:
                 aq: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
                 self._async_q = aq
+                out_loop = loop
 
                 def to_loop(stream_name: str, chunk: bytes) -> None:
                     try:
-                        loop.call_soon_threadsafe(aq.put_nowait, ("out", (stream_name, chunk)))
+                        out_loop.call_soon_threadsafe(aq.put_nowait,
+                                                      ("out", (stream_name, chunk)))
                     except RuntimeError:
                         pass
                 out = to_loop
@@ -1032,6 +1034,7 @@ class Process:
             fut: asyncio.Future[Any] = loop.create_future()
             self._end_fut = fut
             aq2 = self._async_q
+            end_loop = loop
 
             def settle(value: object, exc: BaseException | None) -> None:
                 _settle(fut, value, exc)
@@ -1040,7 +1043,7 @@ class Process:
 
             def end_on_loop(value: object, exc: BaseException | None) -> None:
                 try:
-                    loop.call_soon_threadsafe(settle, value, exc)
+                    end_loop.call_soon_threadsafe(settle, value, exc)
                 except RuntimeError:
                     pass
             done = end_on_loop
@@ -1253,18 +1256,22 @@ class Sandbox:
         return Process(self, req, check, loop, on_output, stream)
 
     @overload
-    async def exec_async(self, cmd: Command, *, timeout: Seconds | None = None, env: Env | None = None,
-                         cwd: str | None = None, user: User | None = None, input: Data | None = None,
-                         trusted: bool = False, idempotent: bool = False, max_output: int | None = None,
-                         pristine: bool = False, check: bool = False, background: Literal[False] = False,
+    async def exec_async(self, cmd: Command, *, timeout: Seconds | None = None,
+                         env: Env | None = None, cwd: str | None = None,
+                         user: User | None = None, input: Data | None = None,
+                         trusted: bool = False, idempotent: bool = False,
+                         max_output: int | None = None, pristine: bool = False,
+                         check: bool = False, background: Literal[False] = False,
                          stdin: None = None, stream: Literal[False] = False,
                          on_output: None = None) -> ExecResult: ...
 
     @overload
-    async def exec_async(self, cmd: Command, *, timeout: Seconds | None = None, env: Env | None = None,
-                         cwd: str | None = None, user: User | None = None, input: Data | None = None,
-                         trusted: bool = False, idempotent: bool = False, max_output: int | None = None,
-                         pristine: bool = False, check: bool = False, background: Literal[True],
+    async def exec_async(self, cmd: Command, *, timeout: Seconds | None = None,
+                         env: Env | None = None, cwd: str | None = None,
+                         user: User | None = None, input: Data | None = None,
+                         trusted: bool = False, idempotent: bool = False,
+                         max_output: int | None = None, pristine: bool = False,
+                         check: bool = False, background: Literal[True],
                          stdin: bool | None = None, stream: bool = False,
                          on_output: OutputFn | None = None) -> Process: ...
 

@@ -1033,7 +1033,8 @@ public:
       py::gil_scoped_release nogil;
       p->close_stdin_async(to_waiter(w, s.tok));
     }
-    value_or_raise(await_outcome(w));
+    if (auto r = await_outcome(w); !r)
+      raise(std::move(r).error_value());
   }
   void signal(int sig) {
     waiter<void> w;
@@ -1043,7 +1044,8 @@ public:
       py::gil_scoped_release nogil;
       p->signal_async(sig, to_waiter(w, s.tok));
     }
-    value_or_raise(await_outcome(w));
+    if (auto r = await_outcome(w); !r)
+      raise(std::move(r).error_value());
   }
   exec_result wait() {
     std::shared_ptr<process> p;

@@ -1440,6 +1440,9 @@ TEST_CASE("remote exec -i and run -i stream 100 MB of stdin with back-pressure: 
     CHECK(out.substr(0, 64) == to_hex(h.finish()));
     // Had either held the input, it would be more than 90 MB larger. The
     // bounds leave room for the processes' own size.
+    MESSAGE("100 MiB through " << args.front() << " -i: dsec's peak RSS " << dsec_peak
+                               << " KiB; dsecd's RSS " << dsecd_before << " -> " << dsecd_at
+                               << " KiB at 90 MiB");
     REQUIRE(dsec_peak > 0);
     CHECK_MESSAGE(dsec_peak < 48u * 1024, "dsec's peak RSS " << dsec_peak << " KiB");
     REQUIRE(dsecd_at > 0);
