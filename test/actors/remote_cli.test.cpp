@@ -1467,6 +1467,22 @@ TEST_CASE("remote exec -i and run -i stream 100 MB of stdin with back-pressure: 
     CHECK_FALSE(all);
     CHECK_MESSAGE(p.finish() == 3, slurp(p.err_path));
   }
+  SUBCASE("SIGINT to exec -i stops the command as without -i: says so, exits 130") {
+    std::vector<std::string> argv{d.dsec_bin, "--connect", d.where, "exec", "-i", id, "--",
+                                  "cat"};
+    fed_process p(argv, scratch.path());
+    REQUIRE(p.write("echoed\n"));
+    // cat runs and copies what it reads (our stdin is still open).
+    REQUIRE(eventually([&] { return slurp(p.out_path) == "echoed\n"; }));
+    ::kill(p.pid, SIGINT);
+    CHECK(p.finish() == 128 + SIGINT);
+    CHECK_MESSAGE(contains(slurp(p.err_path), "SIGINT: stopping the command (the sandbox stays)"),
+                  slurp(p.err_path));
+    CHECK(eventually([&] {
+      auto rows = ps(d);
+      return rows.size() == 1 && rows[0].running == "1"; // its sleep only
+    }));
+  }
   auto r = d.dsec({"rm", id});
   CHECK_MESSAGE(r.status == 0, r.describe());
   d.finish();
