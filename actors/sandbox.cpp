@@ -569,11 +569,9 @@ void pump_stdin(self_ptr self, uint64_t eid) {
   }
   if (in.pending() == 0 && in.close_after) {
     // The pipe closes here (or once a watch still armed is cancelled): the
-    // command reads its end.
-    if (in.watch != 0)
-      s.cfg.eng->io().cancel(in.watch);
-    x.in.reset();
-    return;
+    // command reads its end. Senders that came after the close hear it.
+    return end_stdin(s, x, "the stdin of command " + std::to_string(eid) + " in sandbox "
+                             + s.cfg.id + " was closed");
   }
   if (in.pending() > 0 && in.watch == 0) {
     sandbox_actor me = self;

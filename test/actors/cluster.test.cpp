@@ -1368,8 +1368,6 @@ TEST_CASE("cluster status lists the warm pools of every node") {
   REQUIRE(cl.c->pool(env_of(), 0));
 }
 
-} // namespace dsec::test
-
 TEST_CASE("process handles through the coordinator: a command on another node gets stdin, a "
           "signal and its end, through the session and by id") {
   auto before = settled_snapshot();
@@ -1427,3 +1425,5 @@ TEST_CASE("process handles through the coordinator: a command on another node ge
   }
   check_nothing_left(before);
 }
+
+} // namespace dsec::test
