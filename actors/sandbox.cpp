@@ -10,6 +10,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -526,6 +527,30 @@ command make_command(const exec_request& req) {
   return c;
 }
 
+// write(2) that never raises SIGPIPE, whatever the process does with it (an
+// embedded daemon runs in its trainer's process, which may not ignore it):
+// SIGPIPE is blocked on this thread around the write, and one the write
+// raised is taken back before the mask is restored.
+ssize_t write_without_sigpipe(int fd, const char* data, size_t size) {
+  sigset_t pipe_set, old, pending;
+  sigemptyset(&pipe_set);
+  sigaddset(&pipe_set, SIGPIPE);
+  sigemptyset(&pending);
+  ::sigpending(&pending);
+  bool was_pending = sigismember(&pending, SIGPIPE) == 1;
+  ::pthread_sigmask(SIG_BLOCK, &pipe_set, &old);
+  auto n = ::write(fd, data, size);
+  int err = errno;
+  if (n < 0 && err == EPIPE && !was_pending) {
+    timespec zero{};
+    while (::sigtimedwait(&pipe_set, nullptr, &zero) < 0 && errno == EINTR) {
+    }
+  }
+  ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  errno = err;
+  return n;
+}
+
 // Moves a command's stdin along: writes what the pipe takes (never
 // blocking: the command reads at its own pace), lets waiting senders into the
 // buffer as it empties, closes the pipe once asked and drained, and watches
@@ -540,7 +565,7 @@ void pump_stdin(self_ptr self, uint64_t eid) {
   auto& in = *x.in;
   for (;;) {
     while (in.pending() > 0) {
-      auto n = ::write(in.fd->get(), in.buf.data() + in.off, in.pending());
+      auto n = write_without_sigpipe(in.fd->get(), in.buf.data() + in.off, in.pending());
       if (n > 0) {
         in.off += static_cast<size_t>(n);
         continue;

@@ -266,3 +266,32 @@ TEST_CASE("bad handle requests are refused and named") {
     CHECK(r.error_value().code == errc::not_found);
   }
 }
+
+TEST_CASE("a command that closes its stdin: its writers hear closed, and the daemon's process "
+          "gets no SIGPIPE") {
+  embedded n;
+  auto s = open_one(*n.c);
+  auto id = make_one(*s);
+  // An embedded daemon lives in its trainer's process, which may keep
+  // SIGPIPE's default (death): this one does, from here on in this case
+  // (test/support's run_process ignores it).
+  struct restore {
+    void (*was)(int) = ::signal(SIGPIPE, SIG_DFL);
+    ~restore() { ::signal(SIGPIPE, was); }
+  } r0;
+  // It closes its stdin and runs on: the pipe has no reader left (EPIPE).
+  auto p = s->start(id, with_stdin({"sh", "-c", "exec 0<&-; echo closed; exec sleep 1000"}));
+  REQUIRE(p->id());
+  auto w = p->write(std::string(8u << 20, 'q'));
+  REQUIRE_FALSE(w);
+  CHECK(w.error_value().code == errc::closed);
+  REQUIRE(p->signal(SIGKILL));
+  auto r = p->wait();
+  REQUIRE_MESSAGE(r, describe(r.error_value()));
+  CHECK(r->signal == SIGKILL);
+  CHECK((r->out.empty() || r->out == "closed\n")); // (killed maybe before its echo)
+  // Still alive and serving.
+  auto again = s->exec(id, cmd({"echo", "alive"}));
+  REQUIRE(again);
+  CHECK(again->out == "alive\n");
+}
