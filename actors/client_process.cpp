@@ -2,20 +2,18 @@
 // 20 and 23). One helper actor makes the exec request and holds it until the
 // command ends: the sandbox tells it the command's id (an output_chunk of
 // stream 0), streams the output to it when asked, and SIGKILLs the command if
-// it goes away (cancel() kills it). The stdin and signal verbs go by sandbox
+// it goes away (cancel() makes the helper go). The stdin and signal verbs go by sandbox
 // id and command id, through the scheduler (client::start) or the session
 // (session::start), as every by-sandbox verb does.
 #include <caf/actor_system.hpp>
 #include <caf/event_based_actor.hpp>
 #include <caf/send.hpp>
 
-#include <signal.h>
-
+#include <condition_variable>
 #include <memory>
 #include <mutex>
-#include <string>
-#include <condition_variable>
 #include <optional>
+#include <string>
 #include <utility>
 #include <variant>
 
