@@ -351,7 +351,7 @@ expected<void> client::set_network(const std::string& id, const std::vector<std:
 
 expected<exposed_port> client::expose(const std::string& id, uint16_t port) {
   return blocking<exposed_port>([&](auto& w) {
-    async_call<exposed_port>(*sys_, identity_, scheduler_, w.done(), expose_atom::value, id,
+    async_call<exposed_port>(*sys_, identity_, scheduler(), w.done(), expose_atom::value, id,
                              port);
   });
 }

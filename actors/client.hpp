@@ -207,6 +207,56 @@ struct sandbox_list {
   std::vector<std::string> missing;
 };
 
+/// A command started with a handle (client::start, session::start; issues 20
+/// and 23, docs/actors.md "Process handles"): it runs while the caller sends
+/// it stdin and signals, and its end is waited for when the caller likes.
+/// Dropping the handle does not stop the command (its end is still collected,
+/// and the daemon keeps it running); cancel() does. Thread-safe.
+///
+///   auto p = c->start(id, {.argv = {"cat"}, .handle = true, .open_stdin = true});
+///   (*p)->write("hello\n");   // returns once the daemon took the bytes
+///   (*p)->close_stdin();
+///   auto r = (*p)->wait();    // exec_result, its output collected
+class process {
+public:
+  struct state;
+  explicit process(std::shared_ptr<state> st) : st_(std::move(st)) {}
+
+  /// The sandbox it runs in.
+  [[nodiscard]] const std::string& sandbox() const;
+  /// Its id in the sandbox, once it runs (waits for that); the error if it
+  /// could not be started (then wait() gives the same).
+  expected<uint64_t> id();
+  /// Sends `data` to its stdin (exec_request.open_stdin); returns once the
+  /// daemon took the bytes into the command's bounded buffer (stdin_buffer),
+  /// so a command that does not read makes the writer wait. Larger data goes
+  /// in pieces of max_stdin_chunk. errc::closed once its stdin is closed, the
+  /// command closed it or ended.
+  expected<void> write(std::string_view data);
+  /// Ends its stdin (after what was written).
+  expected<void> close_stdin();
+  /// Sends signal `sig` to its process group.
+  expected<void> signal(int sig);
+  /// Its end: the result as exec() gives it (output collected unless it
+  /// was streamed to the start call's on_output).
+  expected<exec_result> wait();
+  /// Waits at most `d`: true once it ended (wait() then returns at once).
+  bool wait_for(std::chrono::milliseconds d);
+  /// Stops it: the daemon SIGKILLs the command (its requester went away);
+  /// wait() then gives errc::closed ("cancelled") at once.
+  void cancel();
+
+  // Asynchronous forms: `done` runs once, on one of CAF's threads. Writes
+  // in flight at once may reach the command in any order: to keep the order,
+  // start the next write in the previous one's `done`.
+  void write_async(std::string data, completion<uint64_t> done);
+  void close_stdin_async(completion<void> done);
+  void signal_async(int sig, completion<void> done);
+
+private:
+  std::shared_ptr<state> st_;
+};
+
 class client {
 public:
   /// Prepares an actor system config for a client (middleman, message types).
@@ -255,6 +305,14 @@ public:
   // By sandbox id, without a session (the command line's verbs).
   expected<exec_result> exec(const std::string& id, const exec_request& req,
                              const output_fn& on_output = {});
+  /// Starts a command with a process handle (`req.handle` is set for it) and
+  /// returns at once; with `on_output` its output is streamed there (on one
+  /// of CAF's threads, in order, before the end) instead of collected.
+  /// `on_end`, if given, runs once with what wait() returns (on one of CAF's
+  /// threads, or on the cancelling one).
+  std::unique_ptr<process> start(const std::string& id, const exec_request& req,
+                                 output_fn on_output = {},
+                                 completion<exec_result> on_end = {});
   expected<uint64_t> put(const std::string& id, const std::string& dir, std::string tar);
   expected<std::string> get(const std::string& id, const std::string& path);
   expected<void> destroy(const std::string& id);
@@ -401,6 +459,10 @@ public:
   /// there instead, as it comes.
   expected<exec_result> exec(const std::string& id, const exec_request& req,
                              const output_fn& on_output = {});
+  /// As client::start, through this session.
+  std::unique_ptr<process> start(const std::string& id, const exec_request& req,
+                                 output_fn on_output = {},
+                                 completion<exec_result> on_end = {});
   expected<uint64_t> put(const std::string& id, const std::string& dir, std::string tar);
   expected<std::string> get(const std::string& id, const std::string& path);
   expected<void> destroy(const std::string& id);

@@ -266,7 +266,7 @@ void session::expose_async(const std::string& id, uint16_t port,
                            completion<exposed_port> done) {
   if (auto e = closed_error())
     return done(*e);
-  async_call<exposed_port>(*client_->sys_, client_->identity_, handle_, std::move(done),
+  async_call<exposed_port>(*client_->sys_, client_->identity_, handle(), std::move(done),
                            expose_atom::value, id, port);
 }
 

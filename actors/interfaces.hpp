@@ -63,6 +63,14 @@ using sandbox_actor = caf::typed_actor<
   // member surface (from its session, the scheduler and its node)
   caf::replies_to<exec_atom, internal_key, exec_request>::with<exec_result>,
   caf::replies_to<signal_atom, internal_key, int32_t>::with<bool>, ///< to every running command
+  /// Process handles (exec_request.handle): to command `exec` only (its
+  /// process group); not_found once it ended.
+  caf::replies_to<signal_atom, internal_key, uint64_t, int32_t>::with<bool>,
+  /// Bytes for the stdin of command `exec` (exec_request.open_stdin), then,
+  /// with `close`, its end. Replies the bytes taken once they are in the
+  /// sandbox's buffer (stdin_buffer): a command that does not read holds the
+  /// reply back. errc::closed once its stdin is closed or it stopped reading.
+  caf::replies_to<stdin_atom, internal_key, uint64_t, std::string, bool>::with<uint64_t>,
   /// Unpacks a tar archive into a directory of the sandbox; replies its size.
   caf::replies_to<put_atom, internal_key, std::string, std::string>::with<uint64_t>,
   /// Packs a file or directory of the sandbox as a tar archive.
@@ -94,6 +102,7 @@ using sandbox_actor = caf::typed_actor<
                  bool>,                                      ///< exec, stream, data, eof
   caf::reacts_to<reaped_atom, internal_key>,                 ///< init's pidfd is readable
   caf::reacts_to<timeout_atom, internal_key, uint64_t>,      ///< a command's deadline
+  caf::reacts_to<stdin_atom, internal_key, uint64_t>,        ///< a command's stdin pipe has room
   caf::reacts_to<ttl_atom, internal_key, uint64_t>,          ///< its TTL ran out (of this setting)
   /// From its node: a sandbox of a warm pool (actors/warm_pool.hpp) is handed
   /// to a create: it belongs to `session` (id `session_id`) from now on, as a
@@ -163,6 +172,11 @@ using session_actor = caf::typed_actor<
   /// one has a ready one), runs the command, destroys the sandbox; replies the
   /// command's result once the sandbox is gone.
   caf::replies_to<call_atom, environment, exec_request>::with<exec_result>,
+  /// Process handles (exec_request.handle): a running command of one of its
+  /// sandboxes, by the sandbox's id and the command's: a signal to it, and
+  /// bytes (then, with `close`, the end) for its stdin, as sandbox_actor's.
+  caf::replies_to<signal_atom, std::string, uint64_t, int32_t>::with<bool>,
+  caf::replies_to<stdin_atom, std::string, uint64_t, std::string, bool>::with<uint64_t>,
   // ---- member surface: from the nodes and their sandboxes ----
   /// an Event from the node's Chronus endpoint
   caf::reacts_to<chronus_atom, internal_key, chronus_event_msg>,
@@ -272,6 +286,9 @@ using scheduler_actor = caf::typed_actor<
   caf::replies_to<get_atom, std::string, std::string>::with<std::string>,
   caf::replies_to<destroy_atom, std::string>::with<bool>,
   caf::replies_to<feedback_atom, std::string, chronus_feedback_msg>::with<bool>,
+  /// Process handles: as session_actor's, by sandbox id.
+  caf::replies_to<signal_atom, std::string, uint64_t, int32_t>::with<bool>,
+  caf::replies_to<stdin_atom, std::string, uint64_t, std::string, bool>::with<uint64_t>,
   /// Sets a sandbox's egress policy (allow, deny), `dsec net ID`.
   caf::replies_to<network_atom, std::string, std::vector<std::string>,
                   std::vector<std::string>>::with<bool>,

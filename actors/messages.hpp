@@ -82,6 +82,8 @@ using adopt_atom = caf::atom_constant<caf::atom("adopt")>;
 using orphan_atom = caf::atom_constant<caf::atom("orphan")>;
 using held_atom = caf::atom_constant<caf::atom("held")>;
 using reattach_atom = caf::atom_constant<caf::atom("reattach")>;
+// process handles (issues 20, 23): a running command's stdin
+using stdin_atom = caf::atom_constant<caf::atom("stdin")>;
 
 // ---- what a sandbox is made of --------------------------------------------------
 
@@ -191,14 +193,32 @@ struct exec_request {
   /// layers without anything the agent wrote (a private /tmp), with the agent's
   /// root read-only at /.dsec/agent (docs/chronus.md).
   bool pristine = false;
+  /// A process handle (issues 20, 23; docs/actors.md, "Process handles"): the
+  /// requester is told the command's id in its sandbox as soon as it runs
+  /// (an output_chunk of stream 0, empty data, `exec` the id), which the
+  /// stdin and signal verbs name it by; and the command is SIGKILLed when
+  /// the requester goes away (a cancelled call, a client that died), as a
+  /// streamed one is. The reply is still the command's end.
+  bool handle = false;
+  /// With `handle`: the command's stdin is a pipe that `input` starts and
+  /// the stdin verb feeds (with back-pressure) until it is closed; without
+  /// it, stdin is `input` and then its end, as for any command.
+  bool open_stdin = false;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, exec_request& x) {
   return f(caf::meta::type_name("dsec.exec_request"), x.argv, x.env, x.cwd, x.uid, x.gid,
            x.timeout_ms, x.input, x.stream, x.detach, x.max_output, x.trusted,
-           x.idempotent, x.pristine);
+           x.idempotent, x.pristine,
+           /* process handles */ x.handle, x.open_stdin);
 }
+
+/// Process handles: the most bytes one stdin message may carry, and what a
+/// sandbox keeps of a command's stdin beyond its pipe before it stops taking
+/// more (a stdin message then waits for its reply until the command reads).
+constexpr size_t max_stdin_chunk = 1u << 20;
+constexpr size_t stdin_buffer = 256u << 10;
 
 /// How a command ended, and its output when it was collected.
 struct exec_result {
@@ -221,6 +241,8 @@ typename Inspector::result_type inspect(Inspector& f, exec_result& x) {
 }
 
 /// A piece of a streamed command's output: stream 1 is stdout, 2 stderr.
+/// Stream 0 (process handles, exec_request.handle): no output, but the news
+/// that the command runs, with `exec` its id in sandbox `sandbox`.
 struct output_chunk {
   std::string sandbox;
   uint64_t exec = 0;

@@ -395,6 +395,8 @@ sandbox_actor::behavior_type vm_impl(self_ptr self, sandbox_config cfg,
         return not_for_vm(s, "Chronus (trusted commands)");
       if (req.uid >= 0 || req.gid >= 0)
         return not_for_vm(s, "--user");
+      if (req.handle || req.open_stdin)
+        return not_for_vm(s, "process handles (background commands, streamed stdin)");
       auto listener = self->current_sender();
       auto id = ++s.next_id;
       auto& x = s.execs[id];
@@ -441,6 +443,18 @@ sandbox_actor::behavior_type vm_impl(self_ptr self, sandbox_config cfg,
         s.worker->queue(VM_SIGNAL, id, {reinterpret_cast<const char*>(&sig), 4});
       return true;
     },
+    [=](signal_atom, const internal_key& k, uint64_t, int32_t) -> caf::result<bool> {
+      if (!genuine(k, self->state.cfg.key, "signal (sandbox)"))
+        return refuse("signal");
+      return not_for_vm(self->state, "process handles");
+    },
+    [=](stdin_atom, const internal_key& k, uint64_t, std::string&,
+        bool) -> caf::result<uint64_t> {
+      if (!genuine(k, self->state.cfg.key, "stdin (sandbox)"))
+        return refuse("stdin");
+      return not_for_vm(self->state, "process handles");
+    },
+    [=](stdin_atom, const internal_key&, uint64_t) {}, // (no stdin pipe of ours)
     [=](put_atom, const internal_key& k, const std::string&,
         const std::string&) -> caf::result<uint64_t> {
       if (!genuine(k, self->state.cfg.key, "put (sandbox)"))

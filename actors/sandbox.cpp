@@ -11,6 +11,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -113,10 +114,31 @@ struct pipe_reader {
   }
 };
 
+// A handle's stdin (exec_request.open_stdin): the pipe's write end (ours,
+// non-blocking; shared with the reactor's watch of it, so that it closes only
+// once no watch holds it), the bytes waiting to go into it (at most
+// stdin_buffer before a sender waits), and the senders waiting for room.
+struct stdin_feed {
+  std::shared_ptr<unique_fd> fd;
+  std::string buf;
+  size_t off = 0;
+  bool close_after = false; // close once buf is written
+  uint64_t watch = 0;       // the reactor's token while a POLLOUT watch is armed
+  struct waiting {
+    std::string data;
+    bool close;
+    caf::typed_response_promise<uint64_t> rp;
+  };
+  std::deque<waiting> waiters;
+  [[nodiscard]] size_t pending() const { return buf.size() - off; }
+};
+
 // A command in flight, and what to do when it ends.
 struct exec_state {
   uint64_t id = 0; // the container's id of it
   bool stream = false;
+  bool handle = false; // exec_request.handle: the listener hears its id, and it dies with it
+  std::optional<stdin_feed> in; // exec_request.open_stdin, until closed
   bool detach = false;
   uint64_t max_output = 0;
   caf::strong_actor_ptr listener; // gets output_chunk when streaming
@@ -260,6 +282,20 @@ void watch_exit(self_ptr self) {
   });
 }
 
+// Ends a command's stdin feed, now: what waits in it is dropped, and those
+// waiting to send hear `why` (errc::closed).
+void end_stdin(sandbox_state& s, exec_state& x, const std::string& why) {
+  if (!x.in)
+    return;
+  auto& in = *x.in;
+  if (in.watch != 0)
+    s.cfg.eng->io().cancel(in.watch); // its callback drops its copy of the fd
+  auto e = to_caf(make_error(errc::closed, why));
+  for (auto& w : in.waiters)
+    w.rp.deliver(e);
+  x.in.reset();
+}
+
 void finish_exec(self_ptr self, uint64_t eid) {
   auto& s = self->state;
   auto it = s.execs.find(eid);
@@ -267,6 +303,7 @@ void finish_exec(self_ptr self, uint64_t eid) {
     return;
   auto& x = it->second;
   x.finished = true;
+  end_stdin(s, x, "the command ended");
   exec_result r;
   r.exit_code = x.status.shell_code(); // 128+N for a signal N, as shells and the CLI say
   r.signal = x.status.signal;
@@ -290,6 +327,7 @@ void fail_exec(self_ptr self, uint64_t eid, error e) {
   if (it == s.execs.end() || it->second.finished)
     return;
   it->second.finished = true;
+  end_stdin(s, it->second, "the command ended");
   auto done = std::move(it->second.done);
   s.execs.erase(it);
   if (done)
@@ -357,6 +395,8 @@ void finish_destroy(self_ptr self) {
   auto& s = self->state;
   auto pending = std::move(s.execs);
   s.execs.clear();
+  for (auto& [eid, x] : pending)
+    end_stdin(s, x, "sandbox " + s.cfg.id + " is gone");
   for (auto& [eid, x] : pending)
     if (!x.finished && x.done)
       x.done(s.failure.empty()
@@ -469,6 +509,9 @@ void on_event(self_ptr self, const container_event& ev) {
           continue;
         if (ev.what == container_event::kind::started) {
           x.started = true;
+          if (x.handle && x.listener) // its id, for the stdin and signal verbs
+            caf::anon_send(caf::actor_cast<caf::actor>(x.listener),
+                           output_chunk{s.cfg.id, eid, 0, {}});
           if (x.detach) {
             // The caller only wanted it started; nobody waits for the end.
             auto done = std::move(x.done);
@@ -479,6 +522,7 @@ void on_event(self_ptr self, const container_event& ev) {
         } else if (ev.what == container_event::kind::exited) {
           x.exited = true;
           x.status = ev.status;
+          end_stdin(s, x, "the command ended");
           if (x.detach) {
             s.execs.erase(eid);
             return;
@@ -518,6 +562,125 @@ command make_command(const exec_request& req) {
   return c;
 }
 
+// write(2) that never raises SIGPIPE, whatever the process does with it (an
+// embedded daemon runs in its trainer's process, which may not ignore it):
+// SIGPIPE is blocked on this thread around the write, and one the write
+// raised is taken back before the mask is restored.
+ssize_t write_without_sigpipe(int fd, const char* data, size_t size) {
+  sigset_t pipe_set, old, pending;
+  sigemptyset(&pipe_set);
+  sigaddset(&pipe_set, SIGPIPE);
+  sigemptyset(&pending);
+  ::sigpending(&pending);
+  bool was_pending = sigismember(&pending, SIGPIPE) == 1;
+  ::pthread_sigmask(SIG_BLOCK, &pipe_set, &old);
+  auto n = ::write(fd, data, size);
+  int err = errno;
+  if (n < 0 && err == EPIPE && !was_pending) {
+    timespec zero{};
+    while (::sigtimedwait(&pipe_set, nullptr, &zero) < 0 && errno == EINTR) {
+    }
+  }
+  ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  errno = err;
+  return n;
+}
+
+// Moves a command's stdin along: writes what the pipe takes (never
+// blocking: the command reads at its own pace), lets waiting senders into the
+// buffer as it empties, closes the pipe once asked and drained, and watches
+// for room when the pipe is full. A command that closed its stdin (EPIPE)
+// ends the feed.
+void pump_stdin(self_ptr self, uint64_t eid) {
+  auto& s = self->state;
+  auto it = s.execs.find(eid);
+  if (it == s.execs.end() || !it->second.in)
+    return;
+  auto& x = it->second;
+  auto& in = *x.in;
+  for (;;) {
+    while (in.pending() > 0) {
+      auto n = write_without_sigpipe(in.fd->get(), in.buf.data() + in.off, in.pending());
+      if (n > 0) {
+        in.off += static_cast<size_t>(n);
+        continue;
+      }
+      if (n < 0 && errno == EINTR)
+        continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+        break;
+      return end_stdin(s, x, "the command closed its stdin");
+    }
+    if (in.off == in.buf.size()) {
+      in.buf.clear();
+      in.off = 0;
+    } else if (in.off > stdin_buffer) {
+      in.buf.erase(0, in.off);
+      in.off = 0;
+    }
+    // Room: the next waiting sender's bytes go in (it hears how many).
+    if (in.waiters.empty() || in.pending() >= stdin_buffer || in.close_after)
+      break;
+    auto w = std::move(in.waiters.front());
+    in.waiters.pop_front();
+    in.buf += w.data;
+    in.close_after = w.close;
+    w.rp.deliver(static_cast<uint64_t>(w.data.size()));
+  }
+  if (in.pending() == 0 && in.close_after) {
+    // The pipe closes here (or once a watch still armed is cancelled): the
+    // command reads its end. Senders that came after the close hear it.
+    return end_stdin(s, x, "the stdin of command " + std::to_string(eid) + " in sandbox "
+                             + s.cfg.id + " was closed");
+  }
+  if (in.pending() > 0 && in.watch == 0) {
+    sandbox_actor me = self;
+    in.watch = s.cfg.eng->io().watch(in.fd->get(), POLLOUT, [me, eid, fd = in.fd](int res) {
+      if (res != -ECANCELED)
+        caf::anon_send(me, stdin_atom::value, process_key(), eid);
+    });
+  }
+}
+
+// The stdin verb: `data` (then, with `close`, the end) for command `eid`.
+caf::result<uint64_t> feed_stdin(self_ptr self, uint64_t eid, std::string& data, bool close) {
+  auto& s = self->state;
+  auto it = s.execs.find(eid);
+  if (it == s.execs.end() || it->second.finished)
+    return to_caf(make_error(errc::not_found, "no command " + std::to_string(eid)
+                                                + " runs in sandbox " + s.cfg.id));
+  auto& x = it->second;
+  if (!x.in)
+    return to_caf(make_error(errc::closed, "the stdin of command " + std::to_string(eid)
+                                             + " in sandbox " + s.cfg.id
+                                             + (x.handle ? " is closed (or it ended)"
+                                                         : " was not left open (open_stdin)")));
+  if (data.size() > max_stdin_chunk)
+    return to_caf(make_error(errc::too_large, "stdin: at most " + std::to_string(max_stdin_chunk)
+                                                + " bytes a message, got "
+                                                + std::to_string(data.size())));
+  auto& in = *x.in;
+  if (in.close_after)
+    return to_caf(make_error(errc::closed, "the stdin of command " + std::to_string(eid)
+                                             + " in sandbox " + s.cfg.id + " is being closed"));
+  if (in.waiters.empty() && in.pending() < stdin_buffer) {
+    auto n = static_cast<uint64_t>(data.size());
+    in.buf += data;
+    in.close_after = close;
+    pump_stdin(self, eid);
+    return n;
+  }
+  // Full: the sender waits for its reply until the command reads. A few
+  // senders may wait; more is a client that does not wait for its replies.
+  if (in.waiters.size() >= 8)
+    return to_caf(make_error(errc::overloaded,
+                             "stdin of command " + std::to_string(eid)
+                               + ": 8 messages wait already (wait for their replies)"));
+  auto rp = self->make_response_promise<uint64_t>();
+  in.waiters.push_back({std::move(data), close, rp});
+  return rp;
+}
+
 // Starts a command; `done` runs once with its result. `listener` gets the
 // output when it is streamed (the requester: take it before making a response
 // promise, which takes the sender away from the current message).
@@ -555,10 +718,24 @@ void start_exec(self_ptr self, const exec_request& req, caf::strong_actor_ptr li
                            "a pristine command must be a trusted one (--pristine needs "
                            "--trusted)"));
   }
+  if (req.open_stdin && (!req.handle || req.detach))
+    return done(make_error(errc::invalid_argument,
+                           "an open stdin needs a process handle (exec_request.handle) and "
+                           "a command that is not detached"));
   stdio io;
   unique_fd in, out_w, err_w;
-  std::shared_ptr<unique_fd> out_r, err_r;
-  if (!req.input.empty()) {
+  std::shared_ptr<unique_fd> out_r, err_r, in_w;
+  if (req.open_stdin) {
+    // A pipe: the command's end blocks like any; ours never does (the
+    // stdin verb fills it as the command reads, stdin_feed).
+    int p[2];
+    if (::pipe2(p, O_CLOEXEC) < 0)
+      return done(sys_error("pipe for stdin"));
+    in.reset(p[0]);
+    in_w = std::make_shared<unique_fd>(p[1]);
+    ::fcntl(p[1], F_SETFL, O_NONBLOCK);
+    io.in = in.get();
+  } else if (!req.input.empty()) {
     // A memfd: the command reads its input at its own pace, we never block.
     in.reset(static_cast<int>(::syscall(SYS_memfd_create, "dsec-stdin", MFD_CLOEXEC)));
     if (!in || ::write(in.get(), req.input.data(), req.input.size())
@@ -591,18 +768,25 @@ void start_exec(self_ptr self, const exec_request& req, caf::strong_actor_ptr li
   auto& x = s.execs[eid];
   x.id = *id;
   x.stream = req.stream;
+  x.handle = req.handle;
   x.detach = req.detach;
   x.max_output = req.max_output;
   x.t0 = clock_type::now();
+  if (in_w) {
+    x.in.emplace();
+    x.in->fd = std::move(in_w);
+    x.in->buf = req.input; // first, whatever the buffer's bound
+  }
   x.done = [cmd, done = std::move(done)](expected<exec_result> r) {
     if (!r && (r.error_value().step == "execve" || r.error_value().step == "chdir"
                || r.error_value().step == "setuid"))
       return done(container::describe_exec_failure(cmd, std::move(r).error_value()));
     done(std::move(r));
   };
-  if (req.stream && listener) {
+  if ((req.stream || req.handle) && listener) {
     // Nobody to stream to any more (the client died, its connection
-    // dropped): the command is killed rather than left running unread.
+    // dropped, a handle's call was cancelled): the command is killed rather
+    // than left running unread.
     self->monitor(listener);
     x.listener = std::move(listener);
   }
@@ -616,6 +800,8 @@ void start_exec(self_ptr self, const exec_request& req, caf::strong_actor_ptr li
   if (req.timeout_ms > 0)
     self->delayed_send(self, std::chrono::milliseconds(req.timeout_ms), timeout_atom::value,
                        process_key(), eid);
+  if (x.in && !x.in->buf.empty())
+    pump_stdin(self, eid);
 }
 
 void on_output(self_ptr self, uint64_t eid, uint8_t stream, std::string& data, bool eof) {
@@ -1050,6 +1236,37 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
       for (auto& [eid, x] : s.execs)
         (void) s.box->signal(x.id, sig);
       return true;
+    },
+    [=](signal_atom, const internal_key& k, uint64_t eid, int32_t sig) -> caf::result<bool> {
+      auto& s = self->state;
+      if (!genuine(k, s.cfg.key, "signal (sandbox)"))
+        return refuse("signal");
+      if (sig <= 0 || sig >= NSIG)
+        return to_caf(make_error(errc::invalid_argument,
+                                 "signal " + std::to_string(sig) + " is not a signal"));
+      auto it = s.execs.find(eid);
+      if (!s.box || it == s.execs.end() || it->second.exited || it->second.finished)
+        return to_caf(make_error(errc::not_found, "no command " + std::to_string(eid)
+                                                    + " runs in sandbox " + s.cfg.id));
+      if (auto r = s.box->signal(it->second.id, sig); !r)
+        return to_caf(r.error_value());
+      return true;
+    },
+    [=](stdin_atom, const internal_key& k, uint64_t eid, std::string& data,
+        bool close) -> caf::result<uint64_t> {
+      if (!genuine(k, self->state.cfg.key, "stdin (sandbox)"))
+        return refuse("stdin");
+      return feed_stdin(self, eid, data, close);
+    },
+    [=](stdin_atom, const internal_key& k, uint64_t eid) {
+      if (!genuine(k, process_key(), "stdin room (sandbox)"))
+        return;
+      auto& s = self->state;
+      auto it = s.execs.find(eid);
+      if (it == s.execs.end() || !it->second.in)
+        return;
+      it->second.in->watch = 0;
+      pump_stdin(self, eid);
     },
     [=](put_atom, const internal_key& k, const std::string& dir,
         const std::string& tar) -> caf::result<uint64_t> {

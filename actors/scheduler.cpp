@@ -819,6 +819,12 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
     [=](feedback_atom, const std::string& id, const chronus_feedback_msg& fb) {
       return by_id<bool>(self, id, feedback_atom::value, fb);
     },
+    [=](signal_atom, const std::string& id, uint64_t eid, int32_t sig) {
+      return by_id<bool>(self, id, signal_atom::value, eid, sig);
+    },
+    [=](stdin_atom, const std::string& id, uint64_t eid, std::string& data, bool close) {
+      return by_id<uint64_t>(self, id, stdin_atom::value, eid, std::move(data), close);
+    },
     [=](destroy_atom, const std::string& id) {
       return by_id<bool>(self, id, destroy_atom::value);
     },

@@ -274,7 +274,8 @@ caf::actor spawn_relay(self_ptr self, sandbox_actor sb, caf::strong_actor_ptr re
 void forward_exec(self_ptr self, const sandbox_actor& sb, exec_request req,
                   caf::strong_actor_ptr requester, caf::typed_response_promise<exec_result> rp) {
   auto& s = self->state;
-  if (!req.stream || !s.cfg.cluster || sb.node() == self->node())
+  // (A handle's command tells its requester its id: through a relay too.)
+  if (!(req.stream || req.handle) || !s.cfg.cluster || sb.node() == self->node())
     return forward_to<exec_result>(self, sb, rp, exec_atom::value, std::move(req));
   auto relay = spawn_relay(self, sb, std::move(requester), nullptr, 0);
   ask<exec_result>(
@@ -1091,7 +1092,30 @@ session_actor::behavior_type session_impl(self_ptr self, session_config cfg) {
       return set_pool(self, std::move(env), size);
     },
     [=](call_atom, environment& env, exec_request& req) -> caf::result<exec_result> {
+      if (req.handle || req.open_stdin)
+        return to_caf(make_error(errc::invalid_argument,
+                                 "a function call's command has no process handle (start it"
+                                 " in a sandbox of your own instead)"));
       return function_call(self, std::move(env), std::move(req));
+    },
+    // ---- process handles (exec_request.handle) ----
+    [=](signal_atom, const std::string& id, uint64_t eid,
+        int32_t sig) -> caf::delegated<bool> {
+      auto sb = find(self, id);
+      if (!sb)
+        return fail_with<bool>(self, sb.error_value());
+      auto rp = self->make_response_promise<bool>();
+      forward_to<bool>(self, *sb, rp, signal_atom::value, eid, sig);
+      return {};
+    },
+    [=](stdin_atom, const std::string& id, uint64_t eid, std::string& data,
+        bool close) -> caf::delegated<uint64_t> {
+      auto sb = find(self, id);
+      if (!sb)
+        return fail_with<uint64_t>(self, sb.error_value());
+      auto rp = self->make_response_promise<uint64_t>();
+      forward_to<uint64_t>(self, *sb, rp, stdin_atom::value, eid, std::move(data), close);
+      return {};
     },
     // ---- snapshots (issue 16): actors/session_snapshot.cpp ----
     [=](pause_atom, const std::string& id, bool on) -> caf::result<bool> {

@@ -145,7 +145,9 @@ void logged_exec(self_ptr self, const std::string& id, sandbox_actor sb, exec_re
       [rp](const error& e) mutable { rp.deliver(to_caf(e)); });
   };
   auto fail = [rp](caf::error& e) mutable { rp.deliver(e); };
-  if (!req.stream) {
+  // A handle's command tells whoever asked its id (and dies with it): the
+  // relay, which forwards that too.
+  if (!req.stream && !req.handle) {
     ask<exec_result>(
       self, sb, sb, on_result, fail, [rp](const error& e) mutable { rp.deliver(to_caf(e)); },
       exec_atom::value, self->state.cfg.key, req);

@@ -139,6 +139,10 @@ sandbox_actor::behavior_type sim_impl(self_ptr self, std::shared_ptr<const sim_c
         return to_caf(make_error(errc::invalid_argument,
                                  "a pristine command must be a trusted one (--pristine needs "
                                  "--trusted)"));
+      if (req.handle || req.open_stdin)
+        return to_caf(make_error(errc::unsupported,
+                                 "process handles: sandbox " + s.id
+                                   + " is simulated (dsecd --backend sim): it runs no process"));
       // Detached: it "runs" and nobody waits; streamed: no output to stream.
       if (req.detach || s.c->model.exec.count() == 0)
         return exec_result{};
@@ -178,6 +182,20 @@ sandbox_actor::behavior_type sim_impl(self_ptr self, std::shared_ptr<const sim_c
         return to_caf(make_error(errc::not_found, "sandbox " + s.id + " is not running"));
       return true;
     },
+    [=](signal_atom, const internal_key& k, uint64_t, int32_t) -> caf::result<bool> {
+      if (!genuine(k, self->state.c->key, "signal (sandbox)"))
+        return refuse("signal");
+      return to_caf(make_error(errc::not_found, "sandbox " + self->state.id
+                                                  + " is simulated: no command runs in it"));
+    },
+    [=](stdin_atom, const internal_key& k, uint64_t, std::string&,
+        bool) -> caf::result<uint64_t> {
+      if (!genuine(k, self->state.c->key, "stdin (sandbox)"))
+        return refuse("stdin");
+      return to_caf(make_error(errc::not_found, "sandbox " + self->state.id
+                                                  + " is simulated: no command runs in it"));
+    },
+    [=](stdin_atom, const internal_key&, uint64_t) {},
     [=](put_atom, const internal_key& k, const std::string& dir,
         const std::string& tar) -> caf::result<uint64_t> {
       auto& s = self->state;

@@ -20,10 +20,12 @@ import math
 import numbers
 import os
 import posixpath
+import queue
+import signal as _signal
 import threading
 import weakref
 from typing import (TYPE_CHECKING, Any, AsyncIterator, Callable, Iterable, Iterator, List,
-                    Mapping, NamedTuple, Optional, Sequence, Union)
+                    Literal, Mapping, NamedTuple, Optional, Sequence, Union, overload)
 
 
 def _import_extension() -> Any:
@@ -82,6 +84,7 @@ Seconds = Union[int, float]
 Command = Union[str, Sequence[str]]
 Env = Union[Mapping[str, str], Sequence[str]]
 User = Union[int, tuple[int, int]]
+OutputFn = Callable[[str, bytes], object]  # f(stream, chunk): stream "stdout" or "stderr"
 _Done = Callable[[Any, Optional[BaseException]], None]
 
 __all__ = [
@@ -91,7 +94,7 @@ __all__ = [
     "Error", "InvalidArgument", "NotFound", "AlreadyExists", "WrongKind", "InUse", "Malformed",
     "TooLarge", "Unauthenticated", "Unauthorized", "Overloaded", "SystemFailure", "ToolFailed",
     "Timeout", "SandboxFailed", "Disconnected", "Lost", "Unsupported", "Closed", "CommandFailed",
-    "Paused", "Answer", "Data", "Size", "Seconds", "Command", "Env", "User",
+    "Paused", "Answer", "Data", "Size", "Seconds", "Command", "Env", "User", "Process",
 ]
 
 # ---- clients still open at exit are closed before the interpreter goes ---------------
@@ -990,6 +993,181 @@ class AsyncExecStream:
         raise StopAsyncIteration
 
 
+_STDIN_PIECE = 128 << 10  # what one stdin message carries (the daemon takes each when it has room)
+
+
+class Process:
+    """A command running in the background: ``sb.exec(..., background=True)``
+    (or ``await sb.exec_async(..., background=True)``) returns one at once.
+
+    ``wait()`` / ``await wait_async()`` give its ExecResult (``check=True`` of
+    the exec applies then); ``kill(sig)`` signals its process group (SIGKILL by
+    default); ``send_stdin(data)`` feeds its stdin, returning once the daemon
+    took the bytes (it holds at most 256 KiB of a command's stdin: a command
+    that does not read makes the sender wait); ``close_stdin()`` ends it. Its
+    output is collected into the result, or, with ``on_output=f`` given to
+    exec, passed to ``f(stream, chunk)`` as it comes (on one of dsec's
+    threads), or, with ``stream=True``, read by iterating the Process
+    (``for stream, chunk in p`` from exec, ``async for`` from exec_async).
+    ``pid`` is its id in the sandbox (not a pid of the host). Dropping the
+    Process does not stop the command; ``cancel()`` does (SIGKILL), and so
+    does the end of its client.
+    """
+
+    def __init__(self, sandbox: Sandbox, req: _dsec.ExecRequest, check: bool,
+                 loop: asyncio.AbstractEventLoop | None, on_output: OutputFn | None,
+                 stream: bool) -> None:
+        self.sandbox = sandbox
+        self._req = req
+        self._check = check
+        self._loop = loop
+        self._sync_q: queue.SimpleQueue[tuple[str, Any]] | None = None
+        self._async_q: asyncio.Queue[tuple[str, Any]] | None = None
+        self._end_fut: asyncio.Future[Any] | None = None
+        self._streamed_end = False
+        self.result: ExecResult | None = None
+        out: Callable[[str, bytes], object] | None = on_output
+        if stream:
+            if loop is not None:
+                aq: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+                self._async_q = aq
+                out_loop = loop
+
+                def to_loop(stream_name: str, chunk: bytes) -> None:
+                    try:
+                        out_loop.call_soon_threadsafe(aq.put_nowait,
+                                                      ("out", (stream_name, chunk)))
+                    except RuntimeError:
+                        pass
+                out = to_loop
+            else:
+                sq: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+                self._sync_q = sq
+
+                def to_queue(stream_name: str, chunk: bytes) -> None:
+                    sq.put(("out", (stream_name, chunk)))
+                out = to_queue
+        done: _Done | None = None
+        if loop is not None:
+            fut: asyncio.Future[Any] = loop.create_future()
+            self._end_fut = fut
+            aq2 = self._async_q
+            end_loop = loop
+
+            def settle(value: object, exc: BaseException | None) -> None:
+                _settle(fut, value, exc)
+                if aq2 is not None:
+                    aq2.put_nowait(("end", (value, exc)))
+
+            def end_on_loop(value: object, exc: BaseException | None) -> None:
+                try:
+                    end_loop.call_soon_threadsafe(settle, value, exc)
+                except RuntimeError:
+                    pass
+            done = end_on_loop
+        elif self._sync_q is not None:
+            sq2 = self._sync_q
+
+            def end_to_queue(value: object, exc: BaseException | None) -> None:
+                sq2.put(("end", (value, exc)))
+            done = end_to_queue
+        self._n = sandbox.session._s.start(sandbox.id, req, out, done)
+
+    def __repr__(self) -> str:
+        return f"<dsec.Process in {self.sandbox.id}: {list(self._req.argv)!r}>"
+
+    @property
+    def pid(self) -> int:
+        """Its id in its sandbox, once it runs (waits for that); raises why it
+        could not be started."""
+        return self._n.id()
+
+    def _checked(self, result: ExecResult) -> ExecResult:
+        self.result = result
+        return self.sandbox._checked(self._req, result, self._check)
+
+    def wait(self) -> ExecResult:
+        """Waits for its end; returns its ExecResult (raises as exec would)."""
+        return self._checked(self._n.wait())
+
+    async def wait_async(self) -> ExecResult:
+        if self._end_fut is None:
+            raise RuntimeError("wait_async: this Process was started by exec(), not "
+                               "exec_async(): use wait()")
+        try:
+            result: ExecResult = await asyncio.shield(self._end_fut)
+        except asyncio.CancelledError:
+            raise
+        return self._checked(result)
+
+    @property
+    def done(self) -> bool:
+        """True once it ended (wait() then returns at once)."""
+        return self._n.done()
+
+    def kill(self, sig: int = _signal.SIGKILL) -> None:
+        """Sends signal `sig` (SIGKILL by default) to its process group."""
+        self._n.signal(_int("sig", sig, lo=1, hi=64))
+
+    async def kill_async(self, sig: int = _signal.SIGKILL) -> None:
+        fut, done = _future()
+        self._n.signal_async(_int("sig", sig, lo=1, hi=64), done)
+        await fut
+
+    def send_stdin(self, data: Data) -> None:
+        """Writes `data` (bytes or str) to its stdin; returns once the daemon
+        took it. dsec.Closed once its stdin is closed or it ended."""
+        self._n.write(_bytes("data", data))
+
+    async def send_stdin_async(self, data: Data) -> None:
+        b = _bytes("data", data)
+        for off in range(0, len(b), _STDIN_PIECE):  # in order: one piece at a time
+            fut, done = _future()
+            self._n.write_async(b[off:off + _STDIN_PIECE], done)
+            await fut
+
+    def close_stdin(self) -> None:
+        """Ends its stdin (after what was sent)."""
+        self._n.close_stdin()
+
+    async def close_stdin_async(self) -> None:
+        fut, done = _future()
+        self._n.close_stdin_async(done)
+        await fut
+
+    def cancel(self) -> None:
+        """Stops it: the daemon SIGKILLs the command; wait() raises dsec.Closed."""
+        self._n.cancel()
+
+    # ---- its output, with stream=True ----
+
+    def __iter__(self) -> Iterator[tuple[str, bytes]]:
+        if self._sync_q is None:
+            raise TypeError("iterate a Process of exec(..., background=True, stream=True)")
+        while not self._streamed_end:
+            kind, item = self._sync_q.get()
+            if kind == "out":
+                yield item
+                continue
+            self._streamed_end = True
+        return
+
+    def __aiter__(self) -> AsyncIterator[tuple[str, bytes]]:
+        if self._async_q is None:
+            raise TypeError("async for over a Process of exec_async(..., background=True, "
+                            "stream=True)")
+        return self._aiter()
+
+    async def _aiter(self) -> AsyncIterator[tuple[str, bytes]]:
+        assert self._async_q is not None
+        while not self._streamed_end:
+            kind, item = await self._async_q.get()
+            if kind == "out":
+                yield item
+                continue
+            self._streamed_end = True
+
+
 class Sandbox:
     """One sandbox of a session. ``close()`` (or ``with``, ``async with``) destroys it.
     ``key`` is its key (None for a handle made by ``session.sandbox(id)``);
@@ -1031,10 +1209,28 @@ class Sandbox:
 
     # ---- commands ------------------------------------------------------------------------
 
+    @overload
     def exec(self, cmd: Command, *, timeout: Seconds | None = None, env: Env | None = None,
              cwd: str | None = None, user: User | None = None, input: Data | None = None,
              trusted: bool = False, idempotent: bool = False, max_output: int | None = None,
-             pristine: bool = False, check: bool = False) -> ExecResult:
+             pristine: bool = False, check: bool = False, background: Literal[False] = False,
+             stdin: None = None, stream: Literal[False] = False,
+             on_output: None = None) -> ExecResult: ...
+
+    @overload
+    def exec(self, cmd: Command, *, timeout: Seconds | None = None, env: Env | None = None,
+             cwd: str | None = None, user: User | None = None, input: Data | None = None,
+             trusted: bool = False, idempotent: bool = False, max_output: int | None = None,
+             pristine: bool = False, check: bool = False, background: Literal[True],
+             stdin: bool | None = None, stream: bool = False,
+             on_output: OutputFn | None = None) -> Process: ...
+
+    def exec(self, cmd: Command, *, timeout: Seconds | None = None, env: Env | None = None,
+             cwd: str | None = None, user: User | None = None, input: Data | None = None,
+             trusted: bool = False, idempotent: bool = False, max_output: int | None = None,
+             pristine: bool = False, check: bool = False, background: bool = False,
+             stdin: bool | None = None, stream: bool = False,
+             on_output: OutputFn | None = None) -> ExecResult | Process:
         """Runs a command and collects its output; returns an ExecResult.
 
         cmd: a str runs under /bin/sh -c; a list is the argv. timeout: seconds,
@@ -1052,22 +1248,80 @@ class Sandbox:
         N killed it (a timeout kills with SIGKILL: 137, timed_out True), as
         shells and the command line say; result.ok is exit code 0.
         check=True raises dsec.CommandFailed (with the result) unless it is.
+
+        background=True returns a Process at once instead (see Process): its
+        stdin stays open for send_stdin() until close_stdin() unless
+        stdin=False (then it is `input` and its end); on_output=f(stream,
+        chunk) streams its output to f, stream=True to the Process's
+        iteration, else it is collected into its result.
         """
         req = _request(cmd, timeout, env, cwd, user, input, trusted, idempotent, max_output,
                        pristine)
+        if background:
+            return self._start(req, check, None, stdin, stream, on_output)
+        if stdin or stream or on_output is not None:
+            raise ValueError("stdin, stream and on_output are for background=True (or use "
+                             "exec_stream)")
         return self._checked(req, self.session._s.exec(self.id, req), check)
+
+    def _start(self, req: _dsec.ExecRequest, check: bool,
+               loop: asyncio.AbstractEventLoop | None, stdin: bool | None, stream: bool,
+               on_output: OutputFn | None) -> Process:
+        if stream and on_output is not None:
+            raise ValueError("stream=True and on_output: choose one way to take the output")
+        req.handle = True
+        req.open_stdin = True if stdin is None else bool(stdin)
+        return Process(self, req, check, loop, on_output, stream)
+
+    @overload
+    async def exec_async(self, cmd: Command, *, timeout: Seconds | None = None,
+                         env: Env | None = None, cwd: str | None = None,
+                         user: User | None = None, input: Data | None = None,
+                         trusted: bool = False, idempotent: bool = False,
+                         max_output: int | None = None, pristine: bool = False,
+                         check: bool = False, background: Literal[False] = False,
+                         stdin: None = None, stream: Literal[False] = False,
+                         on_output: None = None) -> ExecResult: ...
+
+    @overload
+    async def exec_async(self, cmd: Command, *, timeout: Seconds | None = None,
+                         env: Env | None = None, cwd: str | None = None,
+                         user: User | None = None, input: Data | None = None,
+                         trusted: bool = False, idempotent: bool = False,
+                         max_output: int | None = None, pristine: bool = False,
+                         check: bool = False, background: Literal[True],
+                         stdin: bool | None = None, stream: bool = False,
+                         on_output: OutputFn | None = None) -> Process: ...
 
     async def exec_async(self, cmd: Command, *, timeout: Seconds | None = None,
                          env: Env | None = None, cwd: str | None = None,
                          user: User | None = None, input: Data | None = None,
                          trusted: bool = False, idempotent: bool = False,
                          max_output: int | None = None, pristine: bool = False,
-                         check: bool = False) -> ExecResult:
+                         check: bool = False, background: bool = False,
+                         stdin: bool | None = None, stream: bool = False,
+                         on_output: OutputFn | None = None) -> ExecResult | Process:
+        """The asyncio exec. Cancelling the awaiting task stops the command in
+        the sandbox (SIGKILL). background=True returns a Process at once, as
+        exec's does, with wait_async() and ``async for`` over its output
+        (stream=True)."""
         req = _request(cmd, timeout, env, cwd, user, input, trusted, idempotent, max_output,
                        pristine)
+        if background:
+            return self._start(req, check, asyncio.get_running_loop(), stdin, stream,
+                               on_output)
+        if stdin or stream or on_output is not None:
+            raise ValueError("stdin, stream and on_output are for background=True (or use "
+                             "exec_stream_async)")
+        # A handle: the command dies with its call, so a cancelled await stops it.
+        req.handle = True
         fut, done = _future()
-        self.session._s.exec_async(self.id, req, done)
-        result: ExecResult = await fut
+        p = self.session._s.start(self.id, req, None, done)
+        try:
+            result: ExecResult = await fut
+        except asyncio.CancelledError:
+            p.cancel()
+            raise
         return self._checked(req, result, check)
 
     def _checked(self, req: _dsec.ExecRequest, result: ExecResult, check: bool) -> ExecResult:

@@ -247,6 +247,7 @@ struct core_state {
   std::mutex reg_mu;          // the registries below
   std::map<uint64_t, std::shared_ptr<session>> sessions;
   std::map<uint64_t, std::shared_ptr<event_stream>> streams;
+  std::map<uint64_t, std::shared_ptr<process>> processes;
   uint64_t next_key = 1;
 
   std::string where;
@@ -256,6 +257,7 @@ struct core_state {
     std::lock_guard<std::mutex> once{close_mu};
     std::map<uint64_t, std::shared_ptr<session>> ss;
     std::map<uint64_t, std::shared_ptr<event_stream>> es;
+    std::map<uint64_t, std::shared_ptr<process>> ps;
     {
       std::unique_lock<std::shared_mutex> lk{start_mu};
       if (closed)
@@ -266,8 +268,10 @@ struct core_state {
       std::lock_guard<std::mutex> g{reg_mu};
       ss.swap(sessions);
       es.swap(streams);
+      ps.swap(processes);
     }
     es.clear(); // their helpers quit
+    ps.clear(); // (their commands' ends come with the client's)
     ss.clear();
     cl.reset(); // owned sessions end on the daemon; calls in flight fail
     g->wait_idle();
@@ -398,6 +402,28 @@ public:
     if (PyGILState_Check()) {
       py::gil_scoped_release nogil;
       s.reset();
+    }
+  }
+
+  uint64_t add_process(std::unique_ptr<process> p) {
+    std::lock_guard<std::mutex> g{st_->reg_mu};
+    auto key = st_->next_key++;
+    st_->processes.emplace(key, std::shared_ptr<process>{std::move(p)});
+    return key;
+  }
+  std::shared_ptr<process> process_of(uint64_t key) {
+    std::lock_guard<std::mutex> g{st_->reg_mu};
+    auto it = st_->processes.find(key);
+    if (it == st_->processes.end())
+      raise(make_error(errc::disconnected, "this process handle was released"));
+    return it->second;
+  }
+  void drop_process(uint64_t key) {
+    std::shared_ptr<process> p;
+    std::lock_guard<std::mutex> g{st_->reg_mu};
+    if (auto it = st_->processes.find(key); it != st_->processes.end()) {
+      p = std::move(it->second);
+      st_->processes.erase(it);
     }
   }
 
@@ -643,7 +669,9 @@ void bind_values(py::module_& m) {
     .def_readwrite("max_output", &exec_request::max_output)
     .def_readwrite("trusted", &exec_request::trusted)
     .def_readwrite("idempotent", &exec_request::idempotent)
-    .def_readwrite("pristine", &exec_request::pristine);
+    .def_readwrite("pristine", &exec_request::pristine)
+    .def_readwrite("handle", &exec_request::handle)
+    .def_readwrite("open_stdin", &exec_request::open_stdin);
 
   py::class_<exec_result>(m, "ExecResult", "How a command ended, and its output.")
     .def_readonly("exit_code", &exec_result::exit_code)
@@ -942,6 +970,119 @@ void bind_client(py::module_& m) {
     });
 }
 
+// A command started with a handle (Session.start; dsec.Process wraps it).
+class py_process {
+public:
+  py_process(core_ptr c, uint64_t key) : core_(std::move(c)), key_(key) {}
+  ~py_process() {
+    if (!core_->closed())
+      core_->drop_process(key_);
+  }
+  py_process(const py_process&) = delete;
+  py_process& operator=(const py_process&) = delete;
+
+  core& co() { return *core_; }
+  std::shared_ptr<process> get() { return core_->process_of(key_); }
+
+  // Its id once it runs (the GIL released meanwhile).
+  uint64_t id() {
+    std::shared_ptr<process> p;
+    {
+      auto s = co().start();
+      p = get();
+    }
+    expected<uint64_t> r = make_error(errc::disconnected, "");
+    {
+      py::gil_scoped_release nogil;
+      r = p->id();
+    }
+    return value_or_raise(std::move(r));
+  }
+  // The asynchronous verbs: `done(value, exc)` as the other *_async calls.
+  // (write_async and friends may wait for the id: without the GIL.)
+  void write_async(const py::bytes& data, py::object done) {
+    auto s = co().start();
+    auto p = get();
+    auto fin = to_python<uint64_t>(std::move(done), s.tok, identity{});
+    std::string bytes{data};
+    py::gil_scoped_release nogil;
+    p->write_async(std::move(bytes), std::move(fin));
+  }
+  void close_stdin_async(py::object done) {
+    auto s = co().start();
+    auto p = get();
+    auto fin = to_python<void>(std::move(done), s.tok, identity{});
+    py::gil_scoped_release nogil;
+    p->close_stdin_async(std::move(fin));
+  }
+  void signal_async(int sig, py::object done) {
+    auto s = co().start();
+    auto p = get();
+    auto fin = to_python<void>(std::move(done), s.tok, identity{});
+    py::gil_scoped_release nogil;
+    p->signal_async(sig, std::move(fin));
+  }
+  // The blocking verbs (interruptible waits, as every blocking call).
+  void write(const py::bytes& data) {
+    std::string bytes{data};
+    constexpr size_t piece = 128u << 10; // each waits for room in the daemon
+    for (size_t off = 0; off < bytes.size(); off += piece) {
+      waiter<uint64_t> w;
+      {
+        auto s = co().start();
+        auto p = get();
+        py::gil_scoped_release nogil;
+        p->write_async(bytes.substr(off, piece), to_waiter(w, s.tok));
+      }
+      value_or_raise(await_outcome(w));
+    }
+  }
+  void close_stdin() {
+    waiter<void> w;
+    {
+      auto s = co().start();
+      auto p = get();
+      py::gil_scoped_release nogil;
+      p->close_stdin_async(to_waiter(w, s.tok));
+    }
+    if (auto r = await_outcome(w); !r)
+      raise(std::move(r).error_value());
+  }
+  void signal(int sig) {
+    waiter<void> w;
+    {
+      auto s = co().start();
+      auto p = get();
+      py::gil_scoped_release nogil;
+      p->signal_async(sig, to_waiter(w, s.tok));
+    }
+    if (auto r = await_outcome(w); !r)
+      raise(std::move(r).error_value());
+  }
+  exec_result wait() {
+    std::shared_ptr<process> p;
+    {
+      auto s = co().start();
+      p = get();
+    }
+    wait_interruptibly([&](std::chrono::milliseconds d) { return p->wait_for(d); });
+    return value_or_raise(p->wait());
+  }
+  bool done() {
+    auto p = get();
+    return p->wait_for(0ms);
+  }
+  void cancel() {
+    auto p = get();
+    py::gil_scoped_release nogil;
+    p->cancel();
+  }
+
+private:
+  core_ptr core_;
+  uint64_t key_;
+};
+
 void bind_session(py::module_& m) {
   py::class_<py_session>(m, "Session")
     .def_property_readonly("id", &py_session::id)
@@ -1010,6 +1151,56 @@ void bind_session(py::module_& m) {
            auto s = ps.co().start();
            ps.get()->exec_async(id, req, to_python<exec_result>(std::move(done), s.tok, identity{}));
          })
+    .def("start",
+         [](py_session& ps, const std::string& id, const exec_request& req, py::object on_output,
+            py::object done) {
+           // A process handle: on_output(stream name, bytes) with the GIL, in
+           // order, before done(result, exc); either may be None.
+           std::unique_ptr<process> p;
+           {
+             auto s = ps.co().start();
+             output_fn out;
+             std::shared_ptr<py_ref> out_ref;
+             if (!on_output.is_none()) {
+               out_ref = std::make_shared<py_ref>(std::move(on_output));
+               out = [out_ref](uint8_t stream, std::string_view data) {
+                 if (!python_alive())
+                   return;
+                 t_in_completion = true;
+                 {
+                   py::gil_scoped_acquire gil;
+                   try {
+                     if (out_ref->obj)
+                       out_ref->obj(stream == 2 ? "stderr" : "stdout",
+                                    py::bytes(data.data(), data.size()));
+                   } catch (py::error_already_set& e) {
+                     e.discard_as_unraisable("dsec: a process's output callback");
+                   }
+                 }
+                 t_in_completion = false;
+               };
+             }
+             completion<exec_result> fin;
+             if (!done.is_none())
+               fin = to_python<exec_result>(std::move(done), s.tok, identity{});
+             else
+               fin = [tok = s.tok](expected<exec_result>) { tok->release(); };
+             completion<exec_result> end = [fin, out_ref](expected<exec_result> r) mutable {
+               if (out_ref && python_alive()) {
+                 t_in_completion = true;
+                 out_ref->drop();
+                 t_in_completion = false;
+               }
+               fin(std::move(r));
+             };
+             py::gil_scoped_release nogil;
+             p = ps.get()->start(id, req, std::move(out), std::move(end));
+           }
+           auto key = ps.co().add_process(std::move(p));
+           return std::make_unique<py_process>(ps.shared(), key);
+         },
+         py::arg("id"), py::arg("req"), py::arg("on_output") = py::none(),
+         py::arg("done") = py::none())
     .def("exec_stream",
          [](py_session& ps, const std::string& id, const exec_request& req) {
            auto q = std::make_shared<py_exec_stream::queue>();
@@ -1326,6 +1517,18 @@ void bind_streams(py::module_& m) {
     .def_property_readonly("backlog", &py_event_stream::backlog);
 
   py::class_<py_watch>(m, "Watch").def("stop", &py_watch::stop);
+
+  py::class_<py_process>(m, "Process", "A command started with a handle (Session.start).")
+    .def("id", &py_process::id, "its id in the sandbox, once it runs")
+    .def("write", &py_process::write)
+    .def("write_async", &py_process::write_async)
+    .def("close_stdin", &py_process::close_stdin)
+    .def("close_stdin_async", &py_process::close_stdin_async)
+    .def("signal", &py_process::signal)
+    .def("signal_async", &py_process::signal_async)
+    .def("wait", &py_process::wait)
+    .def("done", &py_process::done)
+    .def("cancel", &py_process::cancel);
 }
 
 } // namespace

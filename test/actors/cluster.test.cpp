@@ -1528,4 +1528,62 @@ TEST_CASE("cluster status lists the warm pools of every node") {
   REQUIRE(cl.c->pool(env_of(), 0));
 }
 
+TEST_CASE("process handles through the coordinator: a command on another node gets stdin, a "
+          "signal and its end, through the session and by id") {
+  auto before = settled_snapshot();
+  {
+    cluster cl(1);
+    auto s = cl.c->open_session({.quota = 40});
+    REQUIRE_MESSAGE(s, describe(s.error_value()));
+    auto ids = (*s)->create(env_of(), 20);
+    REQUIRE_MESSAGE(ids, describe(ids.error_value()));
+    auto spread = by_node(**s);
+    REQUIRE_MESSAGE(!spread[cl.node_name(0)].empty(), spread_text(spread));
+    auto id = spread[cl.node_name(0)].front(); // on the node, not the coordinator
+    auto req = cmd({"wc", "-c"});
+    req.handle = true;
+    req.open_stdin = true;
+    auto check_feed = [&](std::unique_ptr<process> p) {
+      auto eid = p->id();
+      REQUIRE_MESSAGE(eid, describe(eid.error_value()));
+      REQUIRE(p->write(std::string(600u << 10, 'z'))); // beyond the node's buffer
+      REQUIRE(p->close_stdin());
+      auto r = p->wait();
+      REQUIRE_MESSAGE(r, describe(r.error_value()));
+      CHECK(r->out == std::to_string(600u << 10) + "\n");
+    };
+    SUBCASE("through the session (its relay)") {
+      check_feed((*s)->start(id, req));
+    }
+    SUBCASE("by id, through the coordinator's scheduler") {
+      check_feed(cl.c->start(id, req));
+    }
+    SUBCASE("a signal, and cancel") {
+      auto sleeper = cmd({"sleep", "1000"});
+      sleeper.handle = true;
+      auto p = (*s)->start(id, sleeper);
+      REQUIRE(p->id());
+      REQUIRE(p->signal(SIGTERM));
+      auto r = p->wait();
+      REQUIRE_MESSAGE(r, describe(r.error_value()));
+      CHECK(r->signal == SIGTERM);
+      auto q = cl.c->start(id, sleeper);
+      REQUIRE(q->id());
+      q->cancel();
+      CHECK(eventually([&] {
+        auto l = cl.c->list();
+        if (!l)
+          return false;
+        for (const auto& i : *l)
+          if (i.id == id)
+            return i.running == 0;
+        return false;
+      }));
+    }
+    auto n = (*s)->close();
+    REQUIRE(n);
+  }
+  check_nothing_left(before);
+}
+
 } // namespace dsec::test

@@ -15,17 +15,20 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
 #include <exception>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "runtime/sha256.hpp"
 #include "runtime/store.hpp"
 #include "test/actors/common.hpp"
 #include "test/support/fixture.hpp"
@@ -1312,4 +1315,175 @@ TEST_CASE("remote: pause, resume, snapshot, run --snapshot, fork and session pau
   for (const auto& l : *all)
     if (l.kind == layer_kind::diff)
       CHECK(st->remove(l.ref));
+}
+
+namespace {
+
+// A process's resident set (VmRSS) or peak (VmHWM) in KiB, from
+// /proc/PID/status; 0 if it cannot be read.
+uint64_t proc_kib(pid_t pid, const std::string& field) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind(field + ":", 0) == 0)
+      return std::strtoull(line.c_str() + field.size() + 1, nullptr, 10);
+  return 0;
+}
+
+// `argv` with its stdin a pipe we write to, its stdout and stderr files.
+struct fed_process {
+  pid_t pid = -1;
+  int in = -1;
+  std::string out_path, err_path;
+
+  fed_process(const std::vector<std::string>& argv, const std::string& dir) {
+    out_path = dir + "/out";
+    err_path = dir + "/err";
+    // Our writes to a reader that went away fail with EPIPE, not SIGPIPE.
+    ::signal(SIGPIPE, SIG_IGN);
+    int p[2];
+    REQUIRE(::pipe2(p, O_CLOEXEC) == 0);
+    pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      ::signal(SIGPIPE, SIG_DFL);
+      ::dup2(p[0], 0);
+      int o = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+      int e = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+      ::dup2(o, 1);
+      ::dup2(e, 2);
+      std::vector<char*> args;
+      for (const auto& a : argv)
+        args.push_back(const_cast<char*>(a.c_str()));
+      args.push_back(nullptr);
+      ::execv(args[0], args.data());
+      ::_exit(127);
+    }
+    ::close(p[0]);
+    in = p[1];
+  }
+  // Writes all of `data`; false if the reader went away.
+  bool write(std::string_view data) const {
+    while (!data.empty()) {
+      auto n = ::write(in, data.data(), data.size());
+      if (n < 0 && errno == EINTR)
+        continue;
+      if (n <= 0)
+        return false;
+      data.remove_prefix(static_cast<size_t>(n));
+    }
+    return true;
+  }
+  int finish() {
+    if (in >= 0)
+      ::close(in);
+    in = -1;
+    int st = 0;
+    while (::waitpid(pid, &st, 0) < 0 && errno == EINTR) {
+    }
+    pid = -1;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  }
+  ~fed_process() {
+    if (pid > 0) {
+      ::kill(pid, SIGKILL);
+      finish();
+    }
+  }
+};
+
+std::string slurp(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+} // namespace
+
+TEST_CASE("remote exec -i and run -i stream 100 MB of stdin with back-pressure: neither dsec "
+          "nor dsecd holds it") {
+  daemon_proc d;
+  auto made = d.run({"--detach"}, {"sleep", "1000"});
+  REQUIRE_MESSAGE(made.status == 0, made.describe());
+  auto id = made.out.substr(0, made.out.find('\n'));
+  auto scratch = suite::get().scratch();
+  constexpr size_t total = 100u << 20;
+  constexpr size_t piece = 1u << 20;
+  // Bytes that differ per piece, so that order matters to the digest.
+  auto piece_of = [](size_t i) {
+    std::string s(piece, '\0');
+    for (size_t k = 0; k < piece; ++k)
+      s[k] = static_cast<char>((k * 131 + i * 7) & 0xff);
+    return s;
+  };
+  auto feed = [&](const std::vector<std::string>& args) {
+    std::vector<std::string> argv{d.dsec_bin, "--connect", d.where};
+    argv.insert(argv.end(), args.begin(), args.end());
+    fed_process p(argv, scratch.path());
+    sha256 h;
+    uint64_t dsecd_before = proc_kib(d.bg.pid(), "VmRSS");
+    uint64_t dsec_peak = 0, dsecd_at = 0;
+    for (size_t i = 0; i * piece < total; ++i) {
+      auto s = piece_of(i);
+      h.update(s.data(), s.size());
+      REQUIRE_MESSAGE(p.write(s), "dsec stopped reading at piece " << i << ": "
+                                                                   << slurp(p.err_path));
+      if (i == 90) { // 90 MB taken by dsec (our pipe holds 64 KiB), the end not yet
+        dsec_peak = proc_kib(p.pid, "VmHWM");
+        dsecd_at = proc_kib(d.bg.pid(), "VmRSS");
+      }
+    }
+    int status = p.finish();
+    auto out = slurp(p.out_path);
+    CHECK_MESSAGE(status == 0, slurp(p.err_path));
+    CHECK(out.substr(0, 64) == to_hex(h.finish()));
+    // Had either held the input, it would be more than 90 MB larger. The
+    // bounds leave room for the processes' own size.
+    MESSAGE("100 MiB through " << args.front() << " -i: dsec's peak RSS " << dsec_peak
+                               << " KiB; dsecd's RSS " << dsecd_before << " -> " << dsecd_at
+                               << " KiB at 90 MiB");
+    REQUIRE(dsec_peak > 0);
+    CHECK_MESSAGE(dsec_peak < 48u * 1024, "dsec's peak RSS " << dsec_peak << " KiB");
+    REQUIRE(dsecd_at > 0);
+    CHECK_MESSAGE(dsecd_at < dsecd_before + 48u * 1024,
+                  "dsecd's RSS went from " << dsecd_before << " to " << dsecd_at << " KiB");
+  };
+  SUBCASE("exec -i") {
+    feed({"exec", "-i", id, "--", "sha256sum"});
+  }
+  SUBCASE("run -i") {
+    feed({"run", "-i", "--base", tar_base, "--", "sha256sum"});
+  }
+  SUBCASE("a command that stops reading ends the feed; dsec exits with its status") {
+    std::vector<std::string> argv{d.dsec_bin, "--connect", d.where, "exec", "-i", id, "--",
+                                  "sh", "-c", "head -c 1000 > /dev/null; exit 3"};
+    fed_process p(argv, scratch.path());
+    // It reads 1000 bytes and ends: the rest of ours is not read, and our
+    // writes stop once dsec ends (EPIPE), never 100 MB later.
+    bool all = true;
+    for (size_t i = 0; i * piece < total && all; ++i)
+      all = p.write(piece_of(i));
+    CHECK_FALSE(all);
+    CHECK_MESSAGE(p.finish() == 3, slurp(p.err_path));
+  }
+  SUBCASE("SIGINT to exec -i stops the command as without -i: says so, exits 130") {
+    std::vector<std::string> argv{d.dsec_bin, "--connect", d.where, "exec", "-i", id, "--",
+                                  "cat"};
+    fed_process p(argv, scratch.path());
+    REQUIRE(p.write("echoed\n"));
+    // cat runs and copies what it reads (our stdin is still open).
+    REQUIRE(eventually([&] { return slurp(p.out_path) == "echoed\n"; }));
+    ::kill(p.pid, SIGINT);
+    CHECK(p.finish() == 128 + SIGINT);
+    CHECK_MESSAGE(contains(slurp(p.err_path), "SIGINT: stopping the command (the sandbox stays)"),
+                  slurp(p.err_path));
+    CHECK(eventually([&] {
+      auto rows = ps(d);
+      return rows.size() == 1 && rows[0].running == "1"; // its sleep only
+    }));
+  }
+  auto r = d.dsec({"rm", id});
+  CHECK_MESSAGE(r.status == 0, r.describe());
+  d.finish();
 }

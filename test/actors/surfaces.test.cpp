@@ -468,6 +468,13 @@ TEST_CASE("surfaces: the old attack (a placement and a pack naming a root-only f
     auto g = ask_raw<std::string>(a.sys, sandbox, get_atom::value, guessed_key(),
                                   std::string{"/etc"});
     check_refused(g, "get");
+    // Process handles: a command's stdin and its signal, by its id.
+    auto in = ask_raw<uint64_t>(a.sys, sandbox, stdin_atom::value, guessed_key(), uint64_t{1},
+                                std::string{"x"}, false);
+    check_refused(in, "stdin");
+    auto sig = ask_raw<bool>(a.sys, sandbox, signal_atom::value, guessed_key(), uint64_t{1},
+                             int32_t{9}); // SIGKILL
+    check_refused(sig, "signal");
   }
   // Everything above was handled (the sandbox and the scheduler answered).
   CHECK(wire.events() == 0);
@@ -475,7 +482,7 @@ TEST_CASE("surfaces: the old attack (a placement and a pack naming a root-only f
   CHECK(entries(v.dir.path()) == 1);
   CHECK(contents("/etc/shadow") == shadow_before);
   auto after = node_stats_of(*a.c);
-  CHECK(after.refused_internal >= before.refused_internal + 4);
+  CHECK(after.refused_internal >= before.refused_internal + 6);
   CHECK(after.live == 1);
   // The client's own verbs still work, through the session.
   auto r = (*s)->exec(id, cmd({"/bin/sh", "-c", "echo fine"}));

@@ -1,11 +1,20 @@
 #include "tools/dsec/remote_common.hpp"
 
+#include "actors/client.hpp"
+
 #include "runtime/json.hpp"
 
 #include <caf/actor_system.hpp>
 #include <caf/actor_system_config.hpp>
 
 #include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <thread>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -265,6 +274,47 @@ int take_sandbox_ids(args& a, std::string_view verb, const char* usage,
   if (ids.empty())
     return usage_error(verb, "no sandbox id given (" + std::string{synopsis} + ")");
   return -1;
+}
+
+} // namespace dsec::cli::remote
+
+namespace dsec::cli::remote {
+
+expected<exec_result> feed_stdin_and_wait(const std::shared_ptr<process>& p, bool& feeding) {
+  auto running = std::make_shared<std::atomic<bool>>(true);
+  auto failure = std::make_shared<std::optional<error>>();
+  // (The thread owns a share of the handle: it may outlive this call.)
+  std::thread feeder([p, running, failure] {
+    std::string buf(128u << 10, '\0');
+    for (;;) {
+      auto n = ::read(0, buf.data(), buf.size());
+      if (n < 0 && errno == EINTR)
+        continue;
+      if (n < 0) {
+        failure->emplace(make_error(errc::system_error,
+                                    std::string{"reading our stdin: "} + std::strerror(errno)));
+        (void) p->close_stdin();
+        break;
+      }
+      if (n == 0) {
+        (void) p->close_stdin(); // closed already (it ended): nothing to say
+        break;
+      }
+      // Waits while the daemon holds its bound of the command's stdin.
+      if (!p->write(std::string_view{buf.data(), static_cast<size_t>(n)}))
+        break; // it closed its stdin or ended: the rest is not for it
+    }
+    running->store(false);
+  });
+  auto r = p->wait();
+  feeding = running->load();
+  if (feeding)
+    feeder.detach();
+  else
+    feeder.join();
+  if (!feeding && *failure && r)
+    std::fprintf(stderr, "dsec: %s\n", (*failure)->message.c_str());
+  return r;
 }
 
 } // namespace dsec::cli::remote

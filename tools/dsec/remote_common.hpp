@@ -4,6 +4,7 @@
 #pragma once
 
 #include <chrono>
+#include <memory>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -99,5 +100,23 @@ extern const int broken_pipe_status;
 /// Writes streamed output to our stdout (1) or stderr (2); exits with
 /// broken_pipe_status when the reader left.
 void print_output(uint8_t stream, std::string_view data);
+
+} // namespace dsec::cli::remote
+
+namespace dsec {
+class process;
+}
+
+namespace dsec::cli::remote {
+
+/// -i through a daemon: feeds our stdin (fd 0) to `p`'s command as it reads
+/// it (a process handle with open_stdin: at most max_stdin_chunk bytes are
+/// in flight from us, and the daemon holds at most stdin_buffer more, so a
+/// large input never sits whole in either), then closes its stdin at our
+/// end of file; returns the command's end. A command that closes its stdin
+/// or ends first just stops the feed. `feeding` tells whether the reader of
+/// fd 0 is still blocked in read(2) then: the caller must then leave with
+/// _exit (after flushing), not return, as that thread still holds `p`.
+expected<exec_result> feed_stdin_and_wait(const std::shared_ptr<process>& p, bool& feeding);
 
 } // namespace dsec::cli::remote

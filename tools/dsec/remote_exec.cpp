@@ -1,6 +1,7 @@
 // dsec --connect HOST:PORT exec: a command in one of the daemon's sandboxes, its
 // output streamed to ours as it comes.
 #include <pthread.h>
+#include <unistd.h>
 #include <signal.h>
 #include <string.h>
 
@@ -23,9 +24,14 @@ Runs CMD in the daemon's sandbox ID, streams its stdout and stderr to ours as
 they come, and exits with its status.
 
 Options:
-  -i, --stdin            send the whole of our stdin to CMD as its input (read
-                         to the end first); without it CMD's stdin is empty
-                         (dsec says so when ours holds data)
+  -i, --stdin            stream our stdin to CMD as it reads it (with
+                         back-pressure: dsec reads on only as the daemon takes
+                         it, and the daemon holds at most 256 KiB of it beyond
+                         CMD's pipe), then its end; if CMD closes its stdin or
+                         ends first, the rest is not read. With --detach our
+                         stdin is read to its end first and sent whole.
+                         Without -i CMD's stdin is empty (dsec says so when
+                         ours holds data)
   -e, --env KEY[=VALUE]  add or replace a variable (repeatable); a bare
                          KEY takes our own value (none: left out); the defaults are
                          PATH, HOME=/root, LANG=C.UTF-8 and the daemon's TERM
@@ -126,7 +132,8 @@ int exec_main(context& ctx, args& a) {
     return usage_error(verb, "--pristine needs --trusted");
   auto req = make_request(cs, std::move(argv));
   f.apply(req);
-  if (f.input) {
+  if (f.input && f.detach) {
+    // Nobody stays to feed it: the input goes whole, up front.
     auto in = read_all(0, "stdin", "reading");
     if (!in)
       return fail(in.error_value());
@@ -144,6 +151,21 @@ int exec_main(context& ctx, args& a) {
     if (!r)
       return exec_error(r.error_value(), 1);
     return 0;
+  }
+  if (f.input) {
+    // Streamed as CMD reads it, through a process handle (back-pressure:
+    // neither we nor the daemon hold more than a bounded piece of it).
+    req.open_stdin = true;
+    std::shared_ptr<process> p = (*c)->start(id, req, print_output);
+    bool feeding = false;
+    auto r = feed_stdin_and_wait(p, feeding);
+    int rc = r ? status_of(*r, cs.timeout) : exec_error(r.error_value(), 1);
+    if (feeding) { // our reader still waits on our stdin, holding the handle
+      std::fflush(stdout);
+      std::fflush(stderr);
+      ::_exit(rc);
+    }
+    return rc;
   }
   auto r = (*c)->exec(id, req, print_output);
   if (!r)

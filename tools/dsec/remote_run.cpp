@@ -70,9 +70,12 @@ Layers (in the daemon's store):
                            adds tools above it; no --base or --workdir
 
 Environment of the command:
-  -i, --stdin              send the whole of our stdin to CMD as its input (read
-                           to the end first); without it CMD's stdin is empty
-                           (dsec says so when ours holds data)
+  -i, --stdin              stream our stdin to CMD as it reads it, then its end
+                           (back-pressure: dsec reads on only as the daemon takes
+                           it; the daemon holds at most 256 KiB beyond CMD's
+                           pipe); with --detach it is read to its end first and
+                           sent whole. Without -i CMD's stdin is empty (dsec
+                           says so when ours holds data)
   -e, --env KEY[=VALUE]    add or replace a variable (repeatable); a bare
                            KEY takes our own value (none: left out); the defaults
                            are PATH, HOME=/root, LANG=C.UTF-8 and the daemon's TERM
@@ -333,7 +336,7 @@ int run_main(context& ctx, args& a) {
     env.ttl_ms = static_cast<uint64_t>(ttl->count());
   auto req = make_request(cs, std::move(argv));
   f.apply(req);
-  if (f.input) {
+  if (f.input && f.detach) { // nobody stays to feed it: whole, up front
     auto in = read_all(0, "stdin", "reading");
     if (!in)
       return fail(in.error_value(), dsec_failed);
@@ -425,15 +428,30 @@ int run_main(context& ctx, args& a) {
   }
   id = ids->front();
   print_exposed(*s, id, env);
-  auto r = s->exec(id, req, [&](uint8_t stream, std::string_view data) {
+  auto on_output = [&guard](uint8_t stream, std::string_view data) {
     if (!write_all(stream == 2 ? 2 : 1, data) && errno == EPIPE)
       guard.abandon(nullptr, broken_pipe_status); // quietly, as SIGPIPE would
-  });
+  };
+  expected<exec_result> r = make_error(errc::sandbox_failed, "not run");
+  bool feeding = false;
+  if (f.input) {
+    // Streamed as CMD reads it (remote_exec.cpp's -i).
+    req.open_stdin = true;
+    std::shared_ptr<process> p = s->start(id, req, on_output);
+    r = feed_stdin_and_wait(p, feeding);
+  } else {
+    r = s->exec(id, req, on_output);
+  }
   // If a signal is being handled, this waits for it (and dsec ends there),
   // rather than report the sandbox it destroys.
   guard.disarm();
   int rc = r ? status_of(*r, cs.timeout) : exec_error(r.error_value(), dsec_failed);
   cleanup(id);
+  if (feeding) { // our reader still waits on our stdin, holding the handle
+    std::fflush(stdout);
+    std::fflush(stderr);
+    ::_exit(rc);
+  }
   return rc;
 }
 
