@@ -239,6 +239,12 @@ caf::behavior reconnector_impl(caf::event_based_actor* self, std::shared_ptr<cli
         *left = 1;
         settle();
       }
+      // No timeouts on these requests: a request's timeout is a delayed message
+      // that holds this actor until it fires, and an actor system being
+      // destroyed waits for its detached actors to be gone (a client destroyed
+      // within 30 s of a reconnect hung its actor system's destructor). A
+      // scheduler that dies meanwhile fails them (its down message starts the
+      // next reconnect).
       for (auto& l : sessions) {
         auto trainer = l->owned ? identity : caf::actor{};
         auto got = [=](session_actor& h, std::string&) {
@@ -247,10 +253,10 @@ caf::behavior reconnector_impl(caf::event_based_actor* self, std::shared_ptr<cli
         };
         auto failed = [=](caf::error&) { settle(); }; // its calls fail: the actor is gone
         if (l->options.trajectory)
-          self->request(*sch, std::chrono::seconds(30), resume_atom::value, l->id, trainer)
+          self->request(*sch, caf::infinite, resume_atom::value, l->id, trainer)
             .then(got, failed);
         else
-          self->request(*sch, std::chrono::seconds(30), reattach_atom::value, l->id, l->options,
+          self->request(*sch, caf::infinite, reattach_atom::value, l->id, l->options,
                         l->owned, trainer)
             .then(got, failed);
       }

@@ -131,7 +131,7 @@ std::shared_ptr<process::state> make_state(caf::actor_system& sys, caf::actor ow
 
 std::unique_ptr<process> client::start(const std::string& id, const exec_request& req,
                                        output_fn on_output, completion<exec_result> on_end) {
-  auto st = make_state(*sys_, identity_, scheduler_, id);
+  auto st = make_state(*sys_, identity_, scheduler(), id);
   st->on_end = std::move(on_end);
   spawn_starter(st, req, std::move(on_output));
   return std::make_unique<process>(std::move(st));
@@ -139,7 +139,7 @@ std::unique_ptr<process> client::start(const std::string& id, const exec_request
 
 std::unique_ptr<process> session::start(const std::string& id, const exec_request& req,
                                         output_fn on_output, completion<exec_result> on_end) {
-  auto st = make_state(*client_->sys_, client_->identity_, handle_, id);
+  auto st = make_state(*client_->sys_, client_->identity_, handle(), id);
   st->on_end = std::move(on_end);
   if (auto e = closed_error())
     st->set_end(*e);

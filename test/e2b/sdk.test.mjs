@@ -297,11 +297,11 @@ test('envdVersion 0.5.7 and the SDK paths it selects', async () => {
     assert.equal((await sbx.commands.run('id -u', { user: 'root' })).stdout, '0\n')
     // >= 0.3.0: the stdin flag may be sent
     assert.equal((await sbx.commands.run('echo x', { stdin: false })).stdout, 'x\n')
-    // >= 0.5.2: closeStdin is a CloseStdin call, which dsec-e2b refuses clearly
-    const h = await sbx.commands.run('sleep 30', { background: true, stdin: true })
-    await assert.rejects(h.closeStdin(), /CloseStdin/)
-    await assert.rejects(h.sendStdin('data'), /SendInput/)
-    await h.kill()
+    // >= 0.5.2: closeStdin is a CloseStdin call
+    const h = await sbx.commands.run('cat', { background: true, stdin: true })
+    await h.sendStdin('data')
+    await h.closeStdin()
+    assert.equal((await h.wait()).stdout, 'data')
     // no PTY: a clear error
     await assert.rejects(sbx.pty.create({ cols: 80, rows: 24 }), /PTY/)
     // >= 0.5.7: octet-stream uploads (tested in 'files'); gzip uploads are refused clearly
@@ -311,4 +311,42 @@ test('envdVersion 0.5.7 and the SDK paths it selects', async () => {
   }
 })
 
-test('not implemented by dsec-e2b: PTY, stdin, watchDir', { skip: 'dsec-e2b has no PTY, no stdin after start and no WatchDir (docs/e2b.md)' }, () => {})
+test('stdin: sendStdin feeds a running command, closeStdin ends it; without stdin: true it is refused', async () => {
+  const sbx = await Sandbox.create('base')
+  try {
+    // A command that answers each line as it reads it: stdin goes while it runs.
+    const out = []
+    const h = await sbx.commands.run('while read l; do echo "got $l"; done; echo eof', {
+      background: true, stdin: true, onStdout: (d) => out.push(d),
+    })
+    await h.sendStdin('one\n')
+    await h.sendStdin(new TextEncoder().encode('two\n'))
+    // 1 MiB in one call: the gateway sends it in pieces, each once dsec took the one before.
+    const big = 'x'.repeat(1024 * 1024 - 1) + '\n'
+    await h.sendStdin(big)
+    await h.closeStdin()
+    const r = await h.wait()
+    assert.equal(r.exitCode, 0)
+    const lines = r.stdout.split('\n')
+    assert.equal(lines[0], 'got one')
+    assert.equal(lines[1], 'got two')
+    assert.equal(lines[2], 'got ' + 'x'.repeat(1024 * 1024 - 1))
+    assert.equal(lines[3], 'eof')
+    assert.ok(out.join('').startsWith('got one\n'))
+    // Its stdin is closed now, and the command ended: both are refused.
+    await assert.rejects(h.sendStdin('late\n'))
+    // Started without stdin: true, its stdin is closed (empty) from the start.
+    const n = await sbx.commands.run('sleep 30', { background: true })
+    await assert.rejects(n.sendStdin('x'), /stdin is closed/)
+    assert.equal(await sbx.commands.kill(n.pid), true) // the refusal left it and the sandbox as they were
+    // Killed through its handle (SIGKILL to its process group); then it is gone.
+    const k = await sbx.commands.run('sleep 30', { background: true })
+    assert.equal(await sbx.commands.kill(k.pid), true)
+    await assert.rejects(k.wait())
+    assert.equal(await sbx.commands.kill(k.pid), false)
+  } finally {
+    await sbx.kill()
+  }
+})
+
+test('not implemented by dsec-e2b: PTY, StreamInput, watchDir', { skip: 'dsec-e2b has no PTY, no StreamInput (client-streamed stdin) and no WatchDir (docs/e2b.md)' }, () => {})

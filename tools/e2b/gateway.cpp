@@ -17,7 +17,9 @@
 #include <random>
 #include <regex>
 #include <set>
+#include <csignal>
 #include <cstring>
+#include <optional>
 #include <sstream>
 
 #include "actors/client.hpp"
@@ -84,6 +86,30 @@ std::string base64(std::string_view in) {
     out += b64chars[(v >> 6) & 63];
     out += '=';
   }
+  return out;
+}
+
+// Standard base64 (padding optional); nullopt for anything else.
+std::optional<std::string> unbase64(std::string_view in) {
+  while (!in.empty() && in.back() == '=')
+    in.remove_suffix(1);
+  std::string out;
+  out.reserve(in.size() * 3 / 4);
+  uint32_t acc = 0;
+  int bits = 0;
+  for (char c : in) {
+    const char* at = c == '\0' ? nullptr : std::strchr(b64chars, c);
+    if (!at)
+      return std::nullopt;
+    acc = (acc << 6) | static_cast<uint32_t>(at - b64chars);
+    bits += 6;
+    if (bits >= 8) {
+      bits -= 8;
+      out += static_cast<char>((acc >> bits) & 0xff);
+    }
+  }
+  if (bits >= 6) // a lone sixth character encodes nothing
+    return std::nullopt;
   return out;
 }
 
@@ -431,6 +457,9 @@ struct process {
   std::mutex mu;
   std::vector<std::shared_ptr<responder>> subs; // streams that get its events
   bool ended = false;
+  /// The command's handle in dsec (docs/actors.md "Process handles"): its
+  /// stdin (when started with stdin: true) and its signals. Under `mu`.
+  std::shared_ptr<dsec::process> handle;
 };
 
 struct sandbox {
@@ -523,6 +552,10 @@ struct gateway::impl {
   void start(std::shared_ptr<sandbox> s, http_request& req, std::shared_ptr<responder> r);
   void attach(std::shared_ptr<sandbox> s, http_request& req, std::shared_ptr<responder> r);
   void signal(std::shared_ptr<sandbox> s, const json& body, std::shared_ptr<responder> r);
+  void input(std::shared_ptr<sandbox> s, const std::string& method, const json& body,
+             std::shared_ptr<responder> r);
+  /// The running process `pid` of `s` with its handle; replies not_found otherwise.
+  std::shared_ptr<process> running(sandbox& s, uint32_t pid, responder& r);
   void fs(std::shared_ptr<sandbox> s, const std::string& method, const json& body,
           std::shared_ptr<responder> r);
   void get_file(std::shared_ptr<sandbox> s, http_request& req, std::shared_ptr<responder> r);
@@ -1004,11 +1037,12 @@ void gateway::impl::envd(http_request& req, std::shared_ptr<responder> r) {
   }
   if (method == "SendSignal")
     return signal(s, body, r);
-  if (method == "SendInput" || method == "StreamInput" || method == "CloseStdin" ||
-      method == "Update")
+  if (method == "SendInput" || method == "CloseStdin")
+    return input(s, method, body, r);
+  if (method == "StreamInput" || method == "Update")
     return connect_error(*r, "unimplemented",
                          "dsec-e2b does not implement process." + method +
-                           " (a command's stdin is closed; no PTY)");
+                           " (stdin goes by SendInput; no PTY)");
   return connect_error(*r, "unimplemented", "no such method: process." + method);
 }
 
@@ -1090,6 +1124,11 @@ void gateway::impl::start(std::shared_ptr<sandbox> s, http_request& req,
   }
   if (auto t = req.header("connect-timeout-ms"); !t.empty())
     x.timeout_ms = std::strtoull(t.c_str(), nullptr, 10);
+  // stdin: true keeps the command's stdin open for SendInput and CloseStdin;
+  // else it is closed (empty), as envd does.
+  x.handle = true;
+  x.open_stdin = body->contains("stdin") && (*body)["stdin"].is_boolean()
+                 && (*body)["stdin"].get<bool>();
   auto p = std::make_shared<process>();
   p->config = pc;
   if (body->contains("tag") && (*body)["tag"].is_string())
@@ -1099,21 +1138,24 @@ void gateway::impl::start(std::shared_ptr<sandbox> s, http_request& req,
     p->pid = s->next_pid++;
     s->procs[p->pid] = p;
   }
-  // The command runs under a small sh that records its pid (for SendSignal),
-  // then execs it: its exit status and signals are the command's.
-  x.argv = {"/bin/sh", "-c",
-            "f=/tmp/.dsec-e2b/" + std::to_string(p->pid) +
-              "; { echo $$ > $f; } 2>/dev/null || { mkdir -p /tmp/.dsec-e2b && echo $$ > $f; }; "
-              "exec \"$@\"",
-            "sh"};
-  x.argv.insert(x.argv.end(), argv.begin(), argv.end());
+  x.argv = std::move(argv);
+  // Under p->mu until the handle is kept: output and the end (on CAF's
+  // threads) wait for it, and a SendInput that follows the start event finds it.
+  std::lock_guard<std::mutex> started{p->mu};
   r->start_stream(200, "application/connect+json");
   r->write(envelope(0, json{{"event", {{"start", {{"pid", p->pid}}}}}}));
   r->keepalive(keepalive_of(req), envelope(0, json{{"event", {{"keepalive", json::object()}}}}));
   p->subs.push_back(r);
   auto timeout = x.timeout_ms;
-  sess(s->key).exec_async(
+  p->handle = sess(s->key).start(
     s->id, x,
+    [p](uint8_t stream, std::string_view data) {
+      auto frame = envelope(
+        0, json{{"event", {{"data", {{stream == 2 ? "stderr" : "stdout", base64(data)}}}}}});
+      std::lock_guard<std::mutex> g{p->mu};
+      for (auto& sub : p->subs)
+        sub->write(frame);
+    },
     [this, s, p, timeout](expected<exec_result> res) {
       std::vector<std::shared_ptr<responder>> subs;
       {
@@ -1124,6 +1166,7 @@ void gateway::impl::start(std::shared_ptr<sandbox> s, http_request& req,
         std::lock_guard<std::mutex> g{p->mu};
         subs.swap(p->subs);
         p->ended = true;
+        p->handle.reset();
       }
       std::string tail;
       if (!res) {
@@ -1160,13 +1203,6 @@ void gateway::impl::start(std::shared_ptr<sandbox> s, http_request& req,
         sub->write(tail);
         sub->finish();
       }
-    },
-    [p](uint8_t stream, std::string_view data) {
-      auto frame = envelope(
-        0, json{{"event", {{"data", {{stream == 2 ? "stderr" : "stdout", base64(data)}}}}}});
-      std::lock_guard<std::mutex> g{p->mu};
-      for (auto& sub : p->subs)
-        sub->write(frame);
     });
 }
 
@@ -1194,44 +1230,127 @@ void gateway::impl::attach(std::shared_ptr<sandbox> s, http_request& req,
   p->subs.push_back(r);
 }
 
-void gateway::impl::signal(std::shared_ptr<sandbox> s, const json& body,
-                           std::shared_ptr<responder> r) {
-  auto pid = pid_of(body);
+std::shared_ptr<process> gateway::impl::running(sandbox& s, uint32_t pid, responder& r) {
+  std::shared_ptr<process> p;
   {
     std::lock_guard<std::mutex> g{mu};
-    if (!s->procs.count(pid))
-      return connect_error(*r, "not_found", "process with pid " + std::to_string(pid) + " not found");
+    if (auto it = s.procs.find(pid); it != s.procs.end())
+      p = it->second;
   }
-  std::string sig = "KILL";
+  if (p) {
+    std::lock_guard<std::mutex> g{p->mu};
+    if (p->handle && !p->ended)
+      return p;
+  }
+  connect_error(r, "not_found", "process with pid " + std::to_string(pid) + " not found");
+  return nullptr;
+}
+
+void gateway::impl::signal(std::shared_ptr<sandbox> s, const json& body,
+                           std::shared_ptr<responder> r) {
+  int sig = SIGKILL;
   if (body.contains("signal")) {
     const auto& v = body["signal"];
     if (v == "SIGNAL_SIGTERM" || v == 15)
-      sig = "TERM";
+      sig = SIGTERM;
     else if (v == "SIGNAL_SIGKILL" || v == 9)
-      sig = "KILL";
+      sig = SIGKILL;
     else
       return connect_error(*r, "invalid_argument", "signal must be SIGNAL_SIGKILL or SIGNAL_SIGTERM");
   }
-  // The pid file is written as the command starts: wait for it (at most 5 s).
-  // The command's process group first (no "--": busybox's kill reports it as a
-  // bad pid after signalling, and a retry on the reaped pid then failed).
-  script(*s,
-         "f=/tmp/.dsec-e2b/$1; i=0; while [ ! -s $f ] && [ $i -lt 50 ]; do sleep 0.1; "
-         "i=$((i+1)); done; p=$(cat $f 2>/dev/null) || exit 3; "
-         "kill -s $2 -$p 2>/dev/null || kill -s $2 $p || exit 6",
-         {std::to_string(pid), sig}, [this, s, r, pid](expected<exec_result> res) {
-           if (!res) {
-             if (sandbox_gone(res.error_value()))
-               forget(s->id);
-             return connect_error(*r, connect_code(res.error_value()), describe(res.error_value()));
-           }
-           if (res->exit_code != 0) {
-             std::fprintf(stderr, "dsec-e2b: SendSignal to pid %u of %s: exit %d: %s\n", pid, s->id.c_str(), res->exit_code, res->err.c_str());
-             return connect_error(*r, "not_found",
-                                  "process with pid " + std::to_string(pid) + " not found");
-           }
-           r->reply(200, "application/json", "{}");
-         });
+  auto pid = pid_of(body);
+  auto p = running(*s, pid, *r);
+  if (!p)
+    return;
+  std::shared_ptr<dsec::process> h;
+  {
+    std::lock_guard<std::mutex> g{p->mu};
+    h = p->handle;
+  }
+  if (!h)
+    return connect_error(*r, "not_found", "process with pid " + std::to_string(pid) + " not found");
+  // The command's process group, by its handle.
+  h->signal_async(sig, [this, s, r, pid](expected<void> res) {
+    if (res)
+      return r->reply(200, "application/json", "{}");
+    // `closed`: the command ended (its handle says so), not the sandbox.
+    if (res.error_value().code == errc::lost)
+      forget(s->id);
+    if (res.error_value().code == errc::not_found || res.error_value().code == errc::closed)
+      return connect_error(*r, "not_found", "process with pid " + std::to_string(pid) + " not found");
+    connect_error(*r, connect_code(res.error_value()), describe(res.error_value()));
+  });
+}
+
+// SendInput {process: {pid}, input: {stdin: BASE64}} and CloseStdin {process:
+// {pid}}: through the command's handle, whose daemon side buffers a bounded
+// amount (the reply waits while the command does not read).
+void gateway::impl::input(std::shared_ptr<sandbox> s, const std::string& method,
+                          const json& body, std::shared_ptr<responder> r) {
+  auto pid = pid_of(body);
+  std::string data;
+  if (method == "SendInput") {
+    if (!body.contains("input") || !body["input"].is_object())
+      return connect_error(*r, "invalid_argument", "input is missing");
+    const auto& in = body["input"];
+    if (in.contains("pty"))
+      return connect_error(*r, "unimplemented", "dsec-e2b does not implement PTYs");
+    if (!in.contains("stdin") || !in["stdin"].is_string())
+      return connect_error(*r, "invalid_argument", "input.stdin must be base64 bytes");
+    auto d = unbase64(in["stdin"].get<std::string>());
+    if (!d)
+      return connect_error(*r, "invalid_argument", "input.stdin is not valid base64");
+    data = std::move(*d);
+  }
+  auto p = running(*s, pid, *r);
+  if (!p)
+    return;
+  std::shared_ptr<dsec::process> h;
+  {
+    std::lock_guard<std::mutex> g{p->mu};
+    h = p->handle;
+  }
+  if (!h)
+    return connect_error(*r, "not_found", "process with pid " + std::to_string(pid) + " not found");
+  auto answer = [this, s, r, pid, method](const error* e) {
+    if (!e)
+      return r->reply(200, "application/json", "{}");
+    // `closed` is the command's stdin here (or the command), not the sandbox.
+    if (e->code == errc::lost)
+      forget(s->id);
+    if (e->code == errc::closed)
+      return connect_error(*r, "failed_precondition",
+                           "process with pid " + std::to_string(pid)
+                             + ": its stdin is closed (start it with stdin: true; "
+                               "CloseStdin or its end closed it): "
+                             + e->message);
+    connect_error(*r, connect_code(*e), describe(*e));
+  };
+  if (method == "CloseStdin")
+    return h->close_stdin_async([answer](expected<void> res) {
+      answer(res ? nullptr : &res.error_value());
+    });
+  // One piece after another, each sent once the daemon took the one before.
+  auto rest = std::make_shared<std::string>(std::move(data));
+  auto step = std::make_shared<std::function<void()>>();
+  *step = [h, rest, step, answer]() {
+    if (rest->empty()) {
+      *step = nullptr; // breaks the cycle
+      return answer(nullptr);
+    }
+    auto n = std::min<size_t>(rest->size(), 128 * 1024);
+    std::string piece = rest->substr(0, n);
+    rest->erase(0, n);
+    h->write_async(std::move(piece), [step, answer](expected<uint64_t> res) {
+      if (!res) {
+        auto e = res.error_value();
+        *step = nullptr;
+        return answer(&e);
+      }
+      (*step)();
+    });
+  };
+  (*step)();
 }
 
 void gateway::impl::fs(std::shared_ptr<sandbox> s, const std::string& method, const json& body,
