@@ -905,7 +905,7 @@ TEST_CASE("kill -9 of the coordinator mid-session, `tools/cluster restart coordi
   auto before = settled_snapshot();
   temp_dir dir{"/tmp", "dsec-coord-restart"};
   auto cdir = dir / "c";
-  int base = 30000 + static_cast<int>(::getpid() % 20000);
+  int base = 10000 + static_cast<int>(::getpid() % 5000);
   spawn_options o;
   o.kill_after = std::chrono::seconds(180);
   auto script = env_path("DSEC_CLUSTER_SCRIPT");
@@ -1060,7 +1060,7 @@ TEST_CASE("tools/cluster up 2 | status | down: joined, usable, then nothing left
   temp_dir dir{"/tmp", "dsec-tools-cluster"};
   auto cdir = dir / "c";
   // Ports: a range unlikely to be in use; the script refuses taken ones.
-  int base = 20000 + static_cast<int>(::getpid() % 20000);
+  int base = 15000 + static_cast<int>(::getpid() % 5000);
   spawn_options o;
   o.kill_after = std::chrono::seconds(180);
   auto script = env_path("DSEC_CLUSTER_SCRIPT");
@@ -1129,7 +1129,7 @@ TEST_CASE("tools/cluster restart: a node killed with kill -9 comes back with its
   auto before = settled_snapshot();
   temp_dir dir{"/tmp", "dsec-tools-cluster-restart"};
   auto cdir = dir / "c";
-  int base = 25000 + static_cast<int>(::getpid() % 20000);
+  int base = 20000 + static_cast<int>(::getpid() % 5000);
   spawn_options o;
   o.kill_after = std::chrono::seconds(180);
   auto script = env_path("DSEC_CLUSTER_SCRIPT");
@@ -1290,7 +1290,7 @@ TEST_CASE("tools/cluster up -- --tls DIR: waits with TLS, its hints say --tls, s
   auto made = run_process({certs, dir / "tls"});
   REQUIRE_MESSAGE(made.status == 0, made.describe());
   auto cdir = dir / "c";
-  int base = 40000 + static_cast<int>(::getpid() % 20000);
+  int base = 25000 + static_cast<int>(::getpid() % 5000);
   ::setenv("DSECD", env_path("DSECD_BIN").c_str(), 1);
   ::setenv("DSEC", suite::get().dsec_bin().c_str(), 1);
   ::unsetenv("DSEC_TLS");
