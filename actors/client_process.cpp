@@ -167,14 +167,22 @@ std::optional<error> ended_already(process::state& st) {
                                     + ")");
 }
 
+// The id a stdin verb goes to: closed when the command ended or does not run.
+expected<uint64_t> stdin_target(process& p, process::state& st) {
+  if (auto e = ended_already(st))
+    return *e;
+  auto eid = p.id();
+  if (!eid)
+    return make_error(errc::closed,
+                      "stdin of a command that does not run: " + eid.error_value().message);
+  return eid;
+}
+
 void process::write_async(std::string data, completion<uint64_t> done) {
   auto st = st_;
-  if (auto e = ended_already(*st))
-    return done(*e);
-  auto eid = id();
+  auto eid = stdin_target(*this, *st);
   if (!eid)
-    return done(make_error(errc::closed, "stdin of a command that does not run: "
-                                           + eid.error_value().message));
+    return done(std::move(eid).error_value());
   st->with_dest([&](auto& dest) {
     async_call<uint64_t>(*st->sys, st->owner, dest, std::move(done), stdin_atom::value,
                          st->sandbox, *eid, std::move(data), false);
@@ -195,12 +203,9 @@ expected<void> process::write(std::string_view data) {
 
 void process::close_stdin_async(completion<void> done) {
   auto st = st_;
-  if (auto e = ended_already(*st))
-    return done(*e);
-  auto eid = id();
+  auto eid = stdin_target(*this, *st);
   if (!eid)
-    return done(make_error(errc::closed, "stdin of a command that does not run: "
-                                           + eid.error_value().message));
+    return done(std::move(eid).error_value());
   st->with_dest([&](auto& dest) {
     async_call<uint64_t>(
       *st->sys, st->owner, dest,

@@ -161,6 +161,21 @@ struct scheduler_state {
 
 using self_ptr = scheduler_actor::stateful_pointer<scheduler_state>;
 
+// Why the scheduler refuses to resume or reattach session `id` (`verb`):
+// shutting down, a malformed id, or a node of a cluster (its coordinator
+// serves sessions); nothing when it may.
+std::optional<error> refuse_session_verb(const scheduler_state& s, const std::string& id,
+                                         const char* verb) {
+  if (s.shutting_down)
+    return make_error(errc::overloaded, "the daemon is shutting down");
+  if (auto v = check_name(id, "a session id"); !v)
+    return v.error_value();
+  if (!s.cfg.joined.empty())
+    return make_error(errc::unsupported, "node " + s.cfg.name + " belongs to the cluster of "
+                                           + s.cfg.joined + ": " + verb + " sessions there");
+  return std::nullopt;
+}
+
 // The scheduler's levels for /metrics: its sessions (not its default one) and
 // what waits in its mailbox, sampled by its busiest handlers.
 void publish(self_ptr self) {
@@ -711,14 +726,8 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
     [=](resume_atom, const std::string& id,
         const caf::actor& trainer) -> caf::result<session_actor, std::string> {
       auto& s = self->state;
-      if (s.shutting_down)
-        return to_caf(make_error(errc::overloaded, "the daemon is shutting down"));
-      if (auto v = check_name(id, "a session id"); !v)
-        return to_caf(v.error_value());
-      if (!s.cfg.joined.empty())
-        return to_caf(make_error(errc::unsupported,
-                                 "node " + s.cfg.name + " belongs to the cluster of "
-                                   + s.cfg.joined + ": resume sessions there"));
+      if (auto e = refuse_session_verb(s, id, "resume"))
+        return to_caf(*e);
       if (s.sessions.count(id))
         return to_caf(make_error(errc::in_use, "session " + id
                                                  + " is live: use it, or close it, rather"
@@ -741,14 +750,8 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
     [=](reattach_atom, const std::string& id, session_options& opts, bool owned,
         const caf::actor& trainer) -> caf::result<session_actor, std::string> {
       auto& s = self->state;
-      if (s.shutting_down)
-        return to_caf(make_error(errc::overloaded, "the daemon is shutting down"));
-      if (auto v = check_name(id, "a session id"); !v)
-        return to_caf(v.error_value());
-      if (!s.cfg.joined.empty())
-        return to_caf(make_error(errc::unsupported,
-                                 "node " + s.cfg.name + " belongs to the cluster of "
-                                   + s.cfg.joined + ": reattach sessions there"));
+      if (auto e = refuse_session_verb(s, id, "reattach"))
+        return to_caf(*e);
       auto it = s.sessions.find(id);
       if (it != s.sessions.end()) {
         if (owned && trainer)
