@@ -470,6 +470,28 @@ expected<std::pair<std::string, std::string>> get_manifest(client& cl, const std
 
 // ---- pull ----------------------------------------------------------------------------
 
+std::string progress_bar(uint64_t done, uint64_t total, double seconds) {
+  constexpr int width = 24;
+  double f = total > 0 ? std::min(1.0, static_cast<double>(done) / static_cast<double>(total)) : 1;
+  int full = static_cast<int>(f * width);
+  std::string bar = "[";
+  for (int i = 0; i < width; ++i)
+    bar += i < full ? '=' : i == full ? '>' : ' ';
+  bar += "] ";
+  char buf[96];
+  double mib = static_cast<double>(done) / (1 << 20), all = static_cast<double>(total) / (1 << 20);
+  double rate = seconds > 0 ? mib / seconds : 0;
+  std::string eta = "--";
+  if (rate > 0 && total > done) {
+    auto left = static_cast<long>((all - mib) / rate);
+    eta = std::to_string(left / 60) + "m" + (left % 60 < 10 ? "0" : "") + std::to_string(left % 60)
+          + "s";
+  }
+  std::snprintf(buf, sizeof buf, "%3d%% %.1f/%.1f MiB, %.1f MiB/s, %s left",
+                static_cast<int>(f * 100), mib, all, rate, eta.c_str());
+  return bar + buf;
+}
+
 expected<pull_result> pull(store& st, const reference& ref, const layer_ref& as,
                            const pull_options& o) {
   auto started = std::chrono::steady_clock::now();
@@ -533,6 +555,18 @@ expected<pull_result> pull(store& st, const reference& ref, const layer_ref& as,
   }
   std::vector<oci::layer_source> layers;
   std::vector<std::string> fetched_files;
+  // The whole pull's bar: the bytes of the layers still to download.
+  auto needs_download = [&](const oci::descriptor& l) {
+    struct stat sb{};
+    return !st.image_lower_for(l.digest)
+           && !(::stat((downloads + "/" + l.digest.substr(7)).c_str(), &sb) == 0
+                && S_ISREG(sb.st_mode));
+  };
+  uint64_t total = 0, done = 0;
+  for (const auto& l : man.layers)
+    if (needs_download(l))
+      total += l.size;
+  auto pull_t0 = std::chrono::steady_clock::now();
   for (size_t i = 0; i < man.layers.size(); ++i) {
     const auto& l = man.layers[i];
     auto file = downloads + "/" + l.digest.substr(7);
@@ -557,7 +591,10 @@ expected<pull_result> pull(store& st, const reference& ref, const layer_ref& as,
     auto t0 = std::chrono::steady_clock::now();
     std::function<void(uint64_t)> on_bytes = [&](uint64_t n) {
       double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      say(label + ": " + std::to_string(n >> 20) + "/" + std::to_string(l.size >> 20) + " MiB, "
+      double all_s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - pull_t0).count();
+      say(progress_bar(done + n, total, all_s) + "  " + label + ": " + std::to_string(n >> 20)
+            + "/" + std::to_string(l.size >> 20) + " MiB, "
             + std::to_string(static_cast<int>(s > 0 ? (n >> 20) / s : 0)) + " MiB/s",
           true);
     };
@@ -577,6 +614,7 @@ expected<pull_result> pull(store& st, const reference& ref, const layer_ref& as,
     if (::fsync(fd.get()) != 0 || ::rename(tmp.c_str(), file.c_str()) != 0)
       return fail(sys_error("cannot keep the download", file));
     out.bytes_fetched += r->bytes;
+    done += l.size;
     ++out.blobs_fetched;
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     say(label + ": " + std::to_string(r->bytes) + " bytes in " + std::to_string(s).substr(0, 5)

@@ -74,6 +74,10 @@ struct pull_result {
   double seconds = 0;
 };
 
+/// The pull's overall bar on a terminal: `[=====>   ]  42% 12.0/28.5 MiB,
+/// 3.1 MiB/s, 0m05s left` for `done` of `total` bytes in `seconds`.
+std::string progress_bar(uint64_t done, uint64_t total, double seconds);
+
 /// Pulls `ref` into `st` as base layer `as`.
 expected<pull_result> pull(store& st, const reference& ref, const layer_ref& as,
                            const pull_options& options);
