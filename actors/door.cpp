@@ -14,6 +14,7 @@
 
 #include "actors/types.hpp"
 #include "runtime/peer.hpp"
+#include "runtime/log.hpp"
 
 namespace dsec {
 
@@ -33,10 +34,9 @@ public:
     std::string why;
     if (!admits(fd, why)) {
       auto n = ++policy_.counts->refused;
-      // Say the first few, then every thousandth: a flood must not fill the log.
-      if (n <= 10 || n % 1000 == 0)
-        std::fprintf(stderr, "dsecd: refused a connection (%llu so far): %s\n",
-                     static_cast<unsigned long long>(n), why.c_str());
+      // Once per 10 s, with a count: a flood must not fill the log.
+      log::refusal("door", "peer", "refused a connection",
+                   {{"why", why}, {"refused_total", std::to_string(n)}});
       ::close(fd);
       fd = net::invalid_native_socket;
       return true;

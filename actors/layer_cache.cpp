@@ -305,6 +305,10 @@ struct layer_cache_state {
         le.digests.push_back((*e)->digests[i]);
         out.fds.push_back(*fd);
       }
+      if (&sl == &slots->back()) { // the base: its config gives the commands' defaults
+        out.config = (*e)->lease->info().config;
+        out.base_lowers = static_cast<uint32_t>(std::min((*e)->digests.size(), paths.size()));
+      }
     }
     out.lease = next_lease++;
     leases.emplace(out.lease, std::move(le));

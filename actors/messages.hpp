@@ -170,10 +170,13 @@ typename Inspector::result_type inspect(Inspector& f, create_labels& x) {
 
 /// A command to run in a sandbox.
 struct exec_request {
+  /// Empty: the base image's Entrypoint and Cmd (an error if it has none).
   std::vector<std::string> argv;
-  std::vector<std::string> env;  ///< "K=V" added to (or replacing) the defaults
-  std::string cwd = "/";
-  int32_t uid = -1;              ///< -1: root of the sandbox
+  std::vector<std::string> env;  ///< "K=V" over the defaults (dsec's, under the image's Env)
+  /// Empty: the base image's WorkingDir, else /.
+  std::string cwd;
+  /// -1: the base image's User, else root of the sandbox.
+  int32_t uid = -1;
   int32_t gid = -1;
   uint64_t timeout_ms = 0;       ///< 0: none; then the command's group is killed
   std::string input;             ///< bytes for stdin
@@ -474,11 +477,17 @@ typename Inspector::result_type inspect(Inspector& f, node_stats& x) {
 struct layer_set {
   uint64_t lease = 0;
   std::vector<int> fds;
+  /// The base image's config (layer_info::config, one line of JSON; empty for
+  /// a base that is not an OCI image) and how many of `fds`, the last ones,
+  /// are its lowers: the defaults of the sandbox's commands
+  /// (runtime/image_config.hpp) come from them.
+  std::string config;
+  uint32_t base_lowers = 0;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, layer_set& x) {
-  return f(caf::meta::type_name("dsec.layer_set"), x.lease, x.fds);
+  return f(caf::meta::type_name("dsec.layer_set"), x.lease, x.fds, x.config, x.base_lowers);
 }
 
 // ---- the cluster (docs/cluster.md) ---------------------------------------------------

@@ -411,7 +411,7 @@ sandbox_actor::behavior_type vm_impl(self_ptr self, sandbox_config cfg,
       }
       std::vector<std::string> envv = {"HOME=/root", "TERM=xterm"};
       envv.insert(envv.end(), req.env.begin(), req.env.end());
-      s.worker->queue(VM_EXEC, id, microvm::exec_payload(req.argv, envv, req.cwd));
+      s.worker->queue(VM_EXEC, id, microvm::exec_payload(req.argv, envv, req.cwd.empty() ? "/" : req.cwd));
       for (size_t off = 0; off < req.input.size(); off += 65536)
         s.worker->queue(VM_STDIN, id, std::string_view(req.input).substr(off, 65536));
       s.worker->queue(VM_STDIN, id, {});

@@ -33,6 +33,8 @@
 #include "runtime/clock.hpp"
 #include "runtime/metrics.hpp"
 #include "runtime/container.hpp"
+#include "runtime/image_config.hpp"
+#include "runtime/log.hpp"
 #include "runtime/pack.hpp"
 #include "runtime/engine.hpp"
 #include "runtime/sys.hpp"
@@ -188,6 +190,10 @@ struct sandbox_state {
   std::string end_why = "was destroyed (by its trainer, its session closing, or its node stopping)";
   errc end_code = errc::sandbox_failed;
   bool acquiring = true; // the layer cache has not answered yet
+  // What a command leaves out comes from the base image's config (Env,
+  // WorkingDir, User, Entrypoint, Cmd; runtime/image_config.hpp), made once
+  // when the layers arrive.
+  command_defaults defaults;
   bool creation_failed_told = false; // the session heard failed_atom for it
   // Chronus (env.chronus): the secret frames on /run/chronus.sock must carry
   // (it never leaves the node); the sandbox is served by the engine's endpoint
@@ -310,6 +316,9 @@ void finish_exec(self_ptr self, uint64_t eid) {
   r.timed_out = x.timed_out;
   r.truncated = x.truncated;
   r.oom_killed = r.signal == SIGKILL && s.box && s.box->oom_killed();
+  if (r.oom_killed)
+    log::refusal("sandbox", "oom", "a command was killed: out of memory (its --memory limit)",
+                 {{"sandbox", s.cfg.id}, {"session", s.cfg.session_id}});
   r.out = std::move(x.out);
   r.err = std::move(x.err);
   r.duration_us = static_cast<uint64_t>(
@@ -443,6 +452,11 @@ void finish_destroy(self_ptr self) {
   if (s.destroy_t0 != clock_type::time_point{})
     destroy_seconds().observe(
       std::chrono::duration<double>(clock_type::now() - s.destroy_t0).count());
+  if (log::enabled(log::level::info))
+    log::write(log::level::info, "sandbox", was_created ? "destroyed" : "ended before it was ready",
+               {{"sandbox", s.cfg.id},
+                {"session", s.cfg.session_id},
+                {"why", s.failure.empty() ? s.end_why : s.failure}});
   for (auto& rp : s.destroy_waiters)
     rp.deliver(true);
   s.destroy_waiters.clear();
@@ -480,6 +494,10 @@ void fail_creation(self_ptr self, const error& e) {
   if (!s.pooled)
     self->send(s.cfg.session, failed_atom::value, s.cfg.key, to_caf(e), s.cfg.request);
   s.failure = e.to_string();
+  // Once per cause (an unknown layer is not_found, a full node overloaded...).
+  log::refusal("sandbox", to_string(e.code), "a sandbox could not be created",
+               {{"sandbox", s.cfg.id}, {"session", s.cfg.session_id}, {"step", e.step},
+                {"error", e.message}});
   begin_destroy(self);
 }
 
@@ -489,6 +507,12 @@ void on_event(self_ptr self, const container_event& ev) {
     case container_event::kind::ready: {
       s.ph = phase::ready;
       s.created_ms = unix_ms();
+      if (log::enabled(log::level::info))
+        log::write(log::level::info, "sandbox", s.pooled ? "ready (warm pool)" : "ready",
+                   {{"sandbox", s.cfg.id},
+                    {"session", s.cfg.session_id},
+                    {"node", s.cfg.node_name},
+                    {"base", s.cfg.env.base.empty() ? s.cfg.env.snapshot : s.cfg.env.base}});
       self->send(s.cfg.node, ready_atom::value, process_key(), s.cfg.id);
       if (s.pooled)
         break; // waits for a claim: no session, no TTL yet
@@ -545,20 +569,38 @@ void on_event(self_ptr self, const container_event& ev) {
   }
 }
 
-command make_command(const exec_request& req) {
+// put and get run their tar as the sandbox's root, from /.
+void as_root_at_root(exec_request& req) {
+  req.uid = 0;
+  req.gid = 0;
+  req.cwd = "/";
+}
+
+// The command of `req`, what it leaves out taken from the image's config
+// (docs/images.md, "The image config"): its argv, else Entrypoint + Cmd; dsec's
+// environment under the image's Env under the request's; its cwd, else
+// WorkingDir, else /; its user, else the image's User, else root. A gid alone
+// keeps the user's uid.
+expected<command> make_command(const exec_request& req, const command_defaults& d) {
   command c;
-  c.argv = req.argv;
-  c.env = command::default_env();
-  for (const auto& kv : req.env) {
-    auto key = kv.substr(0, kv.find('=') + 1);
-    std::erase_if(c.env, [&](const std::string& e) { return e.rfind(key, 0) == 0; });
-    c.env.push_back(kv);
-  }
-  c.cwd = req.cwd.empty() ? "/" : req.cwd;
+  c.argv = req.argv.empty() ? d.argv : req.argv;
+  if (c.argv.empty() || c.argv[0].empty())
+    return make_error(errc::invalid_argument,
+                      req.argv.empty() ? "no command given, and the sandbox's image has no "
+                                         "Entrypoint or Cmd"
+                                       : "no command given");
+  c.env = merge_env(d.env, req.env);
+  c.cwd = req.cwd.empty() ? d.cwd : req.cwd;
+  if (req.uid < 0 && d.user_error)
+    return *d.user_error;
   if (req.uid >= 0)
     c.uid = static_cast<uint32_t>(req.uid);
+  else if (d.user)
+    c.uid = d.user->uid;
   if (req.gid >= 0)
     c.gid = static_cast<uint32_t>(req.gid);
+  else if (req.uid < 0 && d.user)
+    c.gid = d.user->gid;
   return c;
 }
 
@@ -697,13 +739,14 @@ void start_exec(self_ptr self, const exec_request& req, caf::strong_actor_ptr li
     return done(make_error(errc::paused, "sandbox " + s.cfg.id
                                            + " is paused: resume it first (dsec resume "
                                            + s.cfg.id + ", sb.resume())"));
-  if (req.argv.empty() || req.argv[0].empty())
-    return done(make_error(errc::invalid_argument, "no command given"));
   for (const auto& kv : req.env)
     if (kv.find('=') == std::string::npos || kv.front() == '=')
       return done(make_error(errc::invalid_argument, "bad environment entry '" + kv
                                                        + "' (expected KEY=VALUE)"));
-  auto cmd = make_command(req);
+  auto made = make_command(req, s.defaults);
+  if (!made)
+    return done(std::move(made).error_value());
+  auto cmd = std::move(*made);
   if (req.trusted) {
     if (!s.token)
       return done(make_error(errc::invalid_argument,
@@ -1113,6 +1156,18 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
           finish_destroy(self);
           return;
         }
+        // The image's /etc/passwd (for a User by name) from its own lowers,
+        // never from the tree the agent writes.
+        auto defaults = command_defaults::of(ls.config, [&]() -> std::optional<std::string> {
+          auto n = std::min<size_t>(ls.base_lowers, ls.fds.size());
+          for (size_t i = ls.fds.size() - n; i < ls.fds.size(); ++i)
+            if (auto text = read_image_passwd(ls.fds[i]))
+              return text;
+          return std::nullopt;
+        });
+        if (!defaults)
+          return fail_creation(self, std::move(defaults).error_value().in_step("image_config"));
+        s.defaults = std::move(*defaults);
         build_extras x;
         x.id = s.cfg.id;
         // Always: snapshots read it (a dup of a descriptor; packs still need
@@ -1282,6 +1337,7 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
       exec_request req;
       req.argv = {"tar", "-x", "-f", "-", "-C", dir};
       req.env = {put_get_path};
+      as_root_at_root(req); // whatever the image's User and WorkingDir
       req.input = tar;
       req.max_output = 64 * 1024;
       req.timeout_ms = put_get_timeout_ms;
@@ -1327,6 +1383,7 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
       exec_request req;
       req.argv = {"tar", "-c", "-f", "-", "-C", parent, name.empty() ? "." : name};
       req.env = {put_get_path};
+      as_root_at_root(req); // whatever the image's User and WorkingDir
       req.max_output = 256ull << 20;
       req.timeout_ms = put_get_timeout_ms;
       start_exec(self, req, nullptr, [rp, path](expected<exec_result> r) mutable {

@@ -1,4 +1,5 @@
 #include "actors/scheduler.hpp"
+#include "runtime/log.hpp"
 
 #include <caf/actor_system.hpp>
 #include <caf/actor_system_config.hpp>
@@ -270,6 +271,7 @@ void lose(self_ptr self, uint32_t id, const std::string& why) {
     s.view->of(m.name).up = false;
   std::printf("dsecd: node %s lost: %s\n", m.name.c_str(), why.c_str());
   std::fflush(stdout);
+  log::write(log::level::warn, "cluster", "node lost", {{"node", m.name}, {"why", why}});
   member_info info;
   info.name = m.name;
   info.state = "lost";
@@ -590,6 +592,14 @@ session_actor start_session(self_ptr self, const std::string& id, session_option
   sc.recovered = recovered;
   sc.owned = owned || static_cast<bool>(sc.trainer);
   sc.reattach_grace = s.cfg.orphan_grace;
+  if (log::enabled(log::level::info)) {
+    auto client = sc.trainer ? to_string(sc.trainer.node()) : std::string{"none"};
+    log::write(log::level::info, "session",
+               recovered ? "rebuilt" : sc.resume ? "resumed" : "opened",
+               {{"session", id}, {"name", sc.options.name}, {"client_node", client.substr(0, 12)},
+                {"quota", std::to_string(sc.options.quota)},
+                {"trajectory", sc.options.trajectory || sc.resume ? "yes" : "no"}});
+  }
   auto sess = spawn_session(self->system(), std::move(sc));
   s.sessions.emplace(id, sess);
   return sess;
@@ -1016,6 +1026,9 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
       std::printf("dsecd: node %s joined (%u slots, %zu layers)%s\n", m.name.c_str(),
                   m.last.slots, m.layers.size(), m.local ? " (this process)" : "");
       std::fflush(stdout);
+      log::write(log::level::info, "cluster", "node joined",
+                 {{"node", m.name}, {"slots", std::to_string(m.last.slots)},
+                  {"adopted", std::to_string(adopted)}});
       return {s.cfg.key, s.cfg.store};
     },
     [=](beat_atom, const internal_key& k, node_report& rep) -> caf::result<internal_key, bool> {

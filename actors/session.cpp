@@ -12,6 +12,7 @@
 #include <filesystem>
 
 #include "actors/session_state.hpp"
+#include "runtime/log.hpp"
 
 namespace dsec {
 
@@ -82,6 +83,8 @@ void maybe_end(self_ptr self) {
       std::filesystem::remove_all(s.dir, ec);
     }
   }
+  log::write(log::level::info, "session", s.keep_log ? "ended, its log kept for a resume" : "closed",
+             {{"session", s.cfg.id}, {"sandboxes_closed", std::to_string(s.closed_count)}});
   // The scheduler first: once close() has returned, the session is not found.
   caf::anon_send(s.cfg.scheduler, gone_atom::value, process_key(), s.cfg.id);
   for (auto& rp : s.close_waiters)
@@ -600,8 +603,11 @@ caf::result<uint32_t> create_call(self_ptr self, environment env, uint32_t count
       return claim_logged(self, gi, std::move(env), count, listener, std::move(labels));
     }
   }
-  if (auto e = over_quota(self, count))
+  if (auto e = over_quota(self, count)) {
+    log::refusal("session", "quota", "a create did not fit the session's quota",
+                 {{"session", s.cfg.id}, {"error", e->message}});
     return to_caf(*e);
+  }
   return start_batch(self, std::move(env), count, listener, std::move(labels), labeled, 0, 0,
                      0);
 }
@@ -624,11 +630,10 @@ session_actor::behavior_type session_impl(self_ptr self, session_config cfg) {
     self->monitor(st.cfg.trainer);
   if (st.cfg.options.trajectory) {
     if (st.cfg.trajectories.empty()) {
-      std::fprintf(stderr, "dsecd: session %s: no place for trajectory logs\n",
-                   st.cfg.id.c_str());
+      log::write(log::level::error, "trajectory", "no place for trajectory logs",
+                 {{"session", st.cfg.id}});
     } else if (auto r = open_log(self); !r) {
-      std::fprintf(stderr, "dsecd: session %s: trajectory log: %s\n", st.cfg.id.c_str(),
-                   r.error_value().message.c_str());
+      log::write(log::level::error, "trajectory", r.error_value().message, {{"session", st.cfg.id}});
       st.log.reset();
     }
   }

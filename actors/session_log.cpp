@@ -8,6 +8,7 @@
 #include <system_error>
 
 #include "actors/session_state.hpp"
+#include "runtime/log.hpp"
 
 namespace dsec::session_detail {
 
@@ -20,8 +21,7 @@ void commit(self_ptr self, const trajectory_record& rec, std::function<void()> t
     return;
   }
   if (auto r = s.log->append(encode_record(rec)); !r)
-    std::fprintf(stderr, "dsecd: session %s: trajectory log: %s\n", s.cfg.id.c_str(),
-                 r.error_value().message.c_str());
+    log::write(log::level::error, "trajectory", r.error_value().message, {{"session", s.cfg.id}});
   if (then)
     s.after_sync.push_back(std::move(then));
   if (!s.flush_scheduled) {
@@ -39,8 +39,7 @@ void append_only(self_ptr self, const trajectory_record& rec) {
   if (!s.log)
     return;
   if (auto r = s.log->append(encode_record(rec)); !r)
-    std::fprintf(stderr, "dsecd: session %s: trajectory log: %s\n", s.cfg.id.c_str(),
-                 r.error_value().message.c_str());
+    log::write(log::level::error, "trajectory", r.error_value().message, {{"session", s.cfg.id}});
 }
 
 void flush(self_ptr self) {
@@ -48,8 +47,7 @@ void flush(self_ptr self) {
   s.flush_scheduled = false;
   if (s.log) {
     if (auto r = s.log->sync(); !r)
-      std::fprintf(stderr, "dsecd: session %s: trajectory log: %s\n", s.cfg.id.c_str(),
-                   r.error_value().message.c_str());
+      log::write(log::level::error, "trajectory", r.error_value().message, {{"session", s.cfg.id}});
   }
   auto waiting = std::move(s.after_sync);
   s.after_sync.clear();

@@ -13,7 +13,10 @@
 #include <openssl/x509.h>
 #include <openssl/x509_vfy.h>
 
+#include <arpa/inet.h>
 #include <dlfcn.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -29,6 +32,7 @@
 
 #include "actors/types.hpp"
 #include "runtime/endpoint.hpp"
+#include "runtime/log.hpp"
 
 namespace dsec {
 
@@ -259,7 +263,31 @@ int SSL_write(SSL* ssl, const void* buf, int num) {
 int SSL_accept(SSL* ssl) {
   static const auto openssl = next_definition<int (*)(SSL*)>("SSL_accept");
   ERR_clear_error();
-  return openssl(ssl);
+  int r = openssl(ssl);
+  if (r <= 0) {
+    // A handshake that failed, not one that waits for more bytes: a refused
+    // peer (no certificate, another CA, not TLS at all), logged once per 10 s.
+    int e = SSL_get_error(ssl, r);
+    if (e != SSL_ERROR_WANT_READ && e != SSL_ERROR_WANT_WRITE) {
+      char why[256] = "the handshake failed";
+      if (auto code = ERR_peek_error(); code != 0)
+        ERR_error_string_n(code, why, sizeof why);
+      std::string peer = "?";
+      sockaddr_storage sa{};
+      socklen_t len = sizeof sa;
+      char host[INET6_ADDRSTRLEN] = "";
+      if (::getpeername(SSL_get_fd(ssl), reinterpret_cast<sockaddr*>(&sa), &len) == 0) {
+        if (sa.ss_family == AF_INET)
+          ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(&sa)->sin_addr, host, sizeof host);
+        else if (sa.ss_family == AF_INET6)
+          ::inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(&sa)->sin6_addr, host,
+                      sizeof host);
+        peer = host;
+      }
+      dsec::log::refusal("tls", "handshake", "refused a TLS peer", {{"peer", peer}, {"why", why}});
+    }
+  }
+  return r;
 }
 
 int SSL_connect(SSL* ssl) {

@@ -105,30 +105,6 @@ bool supported_layer(std::string_view t) {
 
 // ---- documents ---------------------------------------------------------------------
 
-std::string image_config::to_json() const {
-  json j = json::object();
-  j["Env"] = env;
-  j["WorkingDir"] = working_dir;
-  j["User"] = user;
-  j["Entrypoint"] = entrypoint;
-  j["Cmd"] = cmd;
-  return j.dump(-1, ' ', false, json::error_handler_t::replace);
-}
-
-expected<image_config> image_config::from_json(std::string_view text) {
-  DSEC_TRY(j, parse_json(text, "image config"));
-  image_config c;
-  DSEC_TRY(env, strings_at(j, "Env", "image config"));
-  DSEC_TRY(ep, strings_at(j, "Entrypoint", "image config"));
-  DSEC_TRY(cmd, strings_at(j, "Cmd", "image config"));
-  c.env = std::move(env);
-  c.entrypoint = std::move(ep);
-  c.cmd = std::move(cmd);
-  c.working_dir = string_at(j, "WorkingDir");
-  c.user = string_at(j, "User");
-  return c;
-}
-
 std::string platform::to_string() const {
   return os + "/" + architecture + (variant.empty() ? "" : "/" + variant);
 }

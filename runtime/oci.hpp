@@ -22,7 +22,7 @@
 // tree becomes one image.
 //
 // The image config's Env, WorkingDir, User, Entrypoint and Cmd are kept
-// (image_config) in the layer's ref and shown by `dsec layer inspect`.
+// (runtime/image_config.hpp) in the layer's ref and shown by `dsec layer inspect`.
 #pragma once
 
 #include <cstdint>
@@ -33,28 +33,11 @@
 #include <vector>
 
 #include "runtime/error.hpp"
+#include "runtime/image_config.hpp"
 #include "runtime/layer.hpp"
 #include "runtime/store.hpp"
 
 namespace dsec::oci {
-
-/// What dsec keeps of an image's config (the "config" object of the OCI
-/// image config): the defaults of the sandbox's commands.
-struct image_config {
-  std::vector<std::string> env; ///< "K=V"
-  std::string working_dir;
-  std::string user;
-  std::vector<std::string> entrypoint;
-  std::vector<std::string> cmd;
-
-  /// One line of JSON: {"Env":[...],"WorkingDir":"...","User":"...",
-  /// "Entrypoint":[...],"Cmd":[...]} (the OCI names).
-  [[nodiscard]] std::string to_json() const;
-  /// Reads to_json()'s output (or an OCI config's "config" object).
-  static expected<image_config> from_json(std::string_view json);
-
-  friend bool operator==(const image_config&, const image_config&) = default;
-};
 
 /// os/architecture[/variant], as in an index's platform.
 struct platform {

@@ -145,7 +145,7 @@ TEST_CASE("OCI documents: platforms, unsupported media types, the config kept") 
   CHECK(cfg->config.working_dir == "/w");
   auto line = cfg->config.to_json();
   CHECK(line.find('\n') == std::string::npos);
-  auto back = oci::image_config::from_json(line);
+  auto back = dsec::image_config::from_json(line);
   REQUIRE(back);
   CHECK(*back == cfg->config);
 }
@@ -188,4 +188,15 @@ TEST_CASE("unpack_layer: whiteouts become 0/0 devices, opaque markers an xattr, 
   auto through = unpack(make_tar({{"l", AE_IFLNK, t.path}, {"l/planted", AE_IFREG, "x"}}), root2);
   REQUIRE(!through);
   CHECK(::access((t.path + "/planted").c_str(), F_OK) != 0);
+}
+
+TEST_CASE("a pull's overall bar: percent, MiB done of all, rate and time left") {
+  auto half = dsec::registry::progress_bar(50u << 20, 100u << 20, 10);
+  CHECK(half == "[============>           ]  50% 50.0/100.0 MiB, 5.0 MiB/s, 0m10s left");
+  auto done = dsec::registry::progress_bar(100u << 20, 100u << 20, 20);
+  CHECK(done == "[========================] 100% 100.0/100.0 MiB, 5.0 MiB/s, -- left");
+  auto start = dsec::registry::progress_bar(0, 3u << 20, 0);
+  CHECK(start == "[>                       ]   0% 0.0/3.0 MiB, 0.0 MiB/s, -- left");
+  // Nothing to download (every layer stored): full, not a division by zero.
+  CHECK(dsec::registry::progress_bar(0, 0, 1).find("100%") != std::string::npos);
 }

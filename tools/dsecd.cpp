@@ -28,6 +28,7 @@
 #include "runtime/net_policy.hpp"
 #include "actors/warm_pool.hpp"
 #include "actors/door.hpp"
+#include "runtime/log.hpp"
 #include "actors/transport.hpp"
 #include "actors/types.hpp"
 #include "runtime/defaults.hpp"
@@ -172,6 +173,13 @@ Options:
                          into their sessions; those not adopted by then are
                          destroyed. On a coordinator: how long a session it
                          rebuilt that way waits for its trainer to reattach
+  --log-format F         text (default) or json: the format of the log lines on
+                         stderr, each with a time, a level, the component and
+                         the ids involved (sandbox=, session=, node=);
+                         docs/observability.md, "Logs"
+  --log-level L          debug, info (default: sandboxes and sessions made and
+                         ended, nodes joined and lost), warn (refusals, once per
+                         cause every 10 s) or error
   --client-timeout DUR   drop a connection (a client's, a node's) that sent
                          nothing, not even CAF's heartbeat, for this long
                          (default 30s). dsec's clients send a heartbeat every
@@ -231,6 +239,7 @@ struct options {
   std::chrono::milliseconds client_timeout{30000};
   std::optional<dsec::metrics_http_options> metrics;
   std::string metrics_token_file;
+  dsec::log::options log; ///< --log-format, --log-level
 };
 
 // 127.0.0.0/8 or ::1: only this machine's processes can connect.
@@ -309,6 +318,12 @@ int main(int argc, char** argv) {
           && inet_pton(AF_INET6, m.host.c_str(), &a6) != 1)
         return bad("--metrics: " + m.host + " is not an IPv4 or IPv6 address");
       o.metrics = m;
+    } else if (opt("--log-format")) {
+      if (!dsec::log::parse_format(v, o.log.fmt))
+        return bad("--log-format: expected text or json, got '" + v + "'");
+    } else if (opt("--log-level")) {
+      if (!dsec::log::parse_level(v, o.log.min))
+        return bad("--log-level: expected debug, info, warn or error, got '" + v + "'");
     } else if (opt("--metrics-token")) {
       if (v.empty())
         return bad("--metrics-token: expected a file holding the token");
@@ -545,6 +560,8 @@ int main(int argc, char** argv) {
     return bad(std::string{sim_flag} + " is for --backend sim");
   if (backend_sim)
     o.d.sim = model;
+  // The log's writer thread, from here on (runtime/log.hpp).
+  dsec::log::configure(o.log);
   {
     auto d = dsec::derive_defaults(dsec::machine_resources::probe(), o.d.slots,
                                    o.d.oversubscribe);
@@ -726,6 +743,11 @@ int main(int argc, char** argv) {
                 dsec::format_endpoint(o.host, *port).c_str(), tls.c_str(),
                 o.d.state_dir.c_str(), o.d.slots, o.d.oversubscribe, o.d.spawners, o.threads,
                 role.c_str(), o.d.defaults->describe().c_str());
+  dsec::log::write(dsec::log::level::info, "daemon", "listening",
+                   {{"address", dsec::format_endpoint(o.host, *port)},
+                    {"role", o.d.coordinator ? "coordinator"
+                             : o.d.join_host.empty() ? "node" : "member"},
+                    {"tls", o.tls.enabled() ? "yes" : "no"}});
   // /metrics, /healthz, /readyz (docs/observability.md): on threads of their
   // own, reading what the actors publish in atomics.
   std::atomic<bool> stopping{false};
@@ -782,5 +804,9 @@ int main(int argc, char** argv) {
   else
     std::fprintf(stderr, "dsecd: shutdown: %s\n", n.error_value().to_string().c_str());
   d->reset();
+  dsec::log::write(dsec::log::level::info, "daemon", "stopped",
+                   {{"signal", ::sigabbrev_np(sig)},
+                    {"destroyed", n ? std::to_string(*n) : std::string{"?"}}});
+  dsec::log::flush_and_stop();
   return n ? 0 : 1;
 }

@@ -1235,8 +1235,10 @@ class Sandbox:
 
         cmd: a str runs under /bin/sh -c; a list is the argv. timeout: seconds,
         then the command's process group is killed (result.timed_out). env:
-        {NAME: VALUE} added to the defaults; cwd: the directory (default /);
-        user: a uid, or (uid, gid) (default: the sandbox's root); input: bytes
+        {NAME: VALUE} added to the defaults (dsec's, under an OCI base image's
+        Env); cwd: the directory (default: the image's WorkingDir, else /);
+        user: a uid, or (uid, gid) (default: the image's User, else the
+        sandbox's root); input: bytes
         (or str) for stdin; trusted: a grader in a Chronus sandbox (it talks
         to Chronus over its own channel, and dsec's `chronus` comes first in its
         PATH); pristine (with trusted): its root is the sandbox's layers without

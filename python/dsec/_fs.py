@@ -73,7 +73,8 @@ class Files:
         from .errors import CommandFailed, NotFound, Unsupported
         full = [BUSYBOX] + argv
         try:
-            r = self._sb.exec(full, input=input)
+            # As root, from /, as put and get are, whatever the image's User.
+            r = self._sb.exec(full, input=input, user=0, cwd="/")
         except NotFound as e:
             if e.step != "execve":
                 raise

@@ -642,6 +642,98 @@ TEST_CASE("a daemon mounts each image layer once for every sandbox of every imag
   s.dsec({"layer", "rm", "db@1"});
 }
 
+TEST_CASE("a daemon's sandboxes take the image config: Entrypoint + Cmd, Env, WorkingDir, User "
+          "by name; options win; put and get stay root" *
+          skip_unless(have("python3"), "needs python3")) {
+  auto& s = suite::get();
+  auto work = s.scratch();
+  auto layout = work / "layout";
+  json config = {{"Env", {"FOO=from-image"}},
+                 {"WorkingDir", "data"},
+                 {"User", "agent"},
+                 {"Entrypoint", {"sh", "-c"}},
+                 {"Cmd", {"echo $FOO; pwd; id -u; id -g; echo $HOME"}}};
+  make_layout(layout, json::array({
+    {{"tag", "c"}, {"config", config},
+     {"layers", json::array({busybox_layer("config"), lower_data()})}},
+    {{"tag", "ghost"}, {"config", {{"User", "ghost"}}},
+     {"layers", json::array({busybox_layer("config"), lower_data()})}},
+    {{"tag", "plain"}, {"layers", json::array({busybox_layer("config"), lower_data()})}},
+  }));
+  for (auto [ref, tag] : {std::pair{"dcfg@1", "c"}, std::pair{"dghost@1", "ghost"},
+                          std::pair{"dplain@1", "plain"}}) {
+    auto r = s.dsec({"layer", "import", ref, "oci:" + layout + ":" + tag});
+    REQUIRE_MESSAGE(r.status == 0, r.describe());
+  }
+  background daemon{{env_path("DSECD_BIN"), "--listen", "127.0.0.1:0", "--state", s.state(),
+                     "--slots", "8"}};
+  REQUIRE_MESSAGE(daemon.wait_for_output("\n"), daemon.err());
+  auto addr = daemon.out().substr(daemon.out().find("listening on ") + 13);
+  addr.resize(addr.find(' '));
+  auto remote = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), {"--connect", addr});
+    return s.dsec(args);
+  };
+
+  // No command: the image's Entrypoint + Cmd, as its user (by name, from its
+  // /etc/passwd, whose entry gives HOME), in its WorkingDir, with its Env.
+  auto r = remote({"run", "--base", "dcfg@1"});
+  CHECK_MESSAGE(r.status == 0, r.describe());
+  CHECK(r.out == "from-image\n/data\n1234\n1235\n/home\n");
+  // Each option wins over the image's default.
+  r = remote({"run", "--base", "dcfg@1", "--env", "FOO=given", "--cwd", "/", "--user", "7:8", "--",
+              "sh", "-c", "echo $FOO; pwd; id -u; id -g"});
+  CHECK_MESSAGE(r.status == 0, r.describe());
+  CHECK(r.out == "given\n/\n7\n8\n");
+
+  // exec in a detached sandbox takes the same defaults.
+  r = remote({"run", "--detach", "--base", "dcfg@1", "--", "sleep", "600"});
+  REQUIRE_MESSAGE(r.status == 0, r.describe());
+  auto id = lines_of(r.out).at(0);
+  r = remote({"exec", id, "--", "sh", "-c", "pwd; id -u"});
+  CHECK_MESSAGE(r.status == 0, r.describe());
+  CHECK(r.out == "/data\n1234\n");
+  r = remote({"exec", "--user", "0", id, "--", "id", "-u"});
+  CHECK_MESSAGE(r.status == 0, r.describe());
+  CHECK(r.out == "0\n");
+  // put and get run as the sandbox's root: /data is root's (0755), which the
+  // image's user could not write.
+  auto local = work / "hello.txt";
+  write_file(local, "hello\n");
+  r = remote({"cp", local, id + ":/data/"});
+  CHECK_MESSAGE(r.status == 0, r.describe());
+  r = remote({"exec", id, "--", "sh", "-c", "cat /data/hello.txt; touch /data/mine || echo denied"});
+  CHECK(r.out.find("hello\n") == 0);
+  CHECK_MESSAGE(r.out.find("denied") != std::string::npos, r.describe());
+  auto back = work / "back";
+  fs::create_directories(back);
+  r = remote({"cp", id + ":/data/hello.txt", back});
+  CHECK_MESSAGE(r.status == 0, r.describe());
+  CHECK(read_file(back + "/hello.txt") == "hello\n");
+  remote({"rm", id});
+
+  // A User the image cannot resolve fails the commands that take it, naming it.
+  r = remote({"run", "--base", "dghost@1", "--", "id", "-u"});
+  CHECK(r.status != 0);
+  CHECK_MESSAGE(r.err.find("the image's User 'ghost'") != std::string::npos, r.describe());
+  r = remote({"run", "--base", "dghost@1", "--user", "0", "--", "id", "-u"});
+  CHECK_MESSAGE(r.status == 0, r.describe());
+  CHECK(r.out == "0\n");
+  // No command and none in the image.
+  r = remote({"run", "--base", "dplain@1"});
+  CHECK(r.status != 0);
+  CHECK_MESSAGE(r.err.find("has no Entrypoint or Cmd") != std::string::npos, r.describe());
+  // An image without a config: dsec's defaults, as before.
+  r = remote({"run", "--base", "dplain@1", "--", "sh", "-c", "pwd; id -u; echo $HOME"});
+  CHECK_MESSAGE(r.status == 0, r.describe());
+  CHECK(r.out == "/\n0\n/root\n");
+
+  daemon.kill(SIGTERM);
+  daemon.wait();
+  for (const char* ref : {"dcfg@1", "dghost@1", "dplain@1"})
+    s.dsec({"layer", "rm", ref});
+}
+
 TEST_CASE("a cluster node fetches an image from its coordinator: each lower once, shared ones "
           "not again, with the config" * skip_unless(have("python3"), "needs python3")) {
   auto& s = suite::get();
@@ -695,6 +787,12 @@ TEST_CASE("a cluster node fetches an image from its coordinator: each lower once
   REQUIRE(a.size() == 3);
   REQUIRE(b.size() == 3);
   CHECK(view("ca@1") == local_a);
+  // The config came along: the node's sandbox takes its Env and WorkingDir.
+  {
+    auto r = s.dsec({"--connect", addr, "run", "--base", "ca@1", "--", "sh", "-c", "echo $FOO; pwd"});
+    CHECK_MESSAGE(r.status == 0, r.describe());
+    CHECK(r.out == "from-image\n/data\n");
+  }
   // The node stored exactly a's three lowers, and the image as the coordinator has it.
   CHECK(node_blobs() == std::set<std::string>(a.begin(), a.end()));
   auto inspect = run_process({env_path("DSEC_BIN"), "--state", node_state, "layer", "inspect",

@@ -187,7 +187,8 @@ exec_request make_request(const command_spec& cs, std::vector<std::string> argv)
   exec_request req;
   req.argv = std::move(argv);
   req.env = cs.env;
-  req.cwd = cs.cwd;
+  if (cs.cwd_given) // else the image's WorkingDir, or /
+    req.cwd = cs.cwd;
   if (cs.uid)
     req.uid = static_cast<int32_t>(*cs.uid);
   if (cs.gid)

@@ -34,12 +34,14 @@ Options:
                          ours holds data)
   -e, --env KEY[=VALUE]  add or replace a variable (repeatable); a bare
                          KEY takes our own value (none: left out); the defaults are
-                         PATH, HOME=/root, LANG=C.UTF-8 and the daemon's TERM
+                         PATH, HOME=/root, LANG=C.UTF-8 and the daemon's TERM,
+                         under an OCI image's Env
   --env-file FILE        variables from FILE, a KEY[=VALUE] a line (# and
                          blank lines skipped)
-  -w, --cwd DIR          working directory inside the sandbox (default /)
-  -u, --user UID[:GID]   run as this uid/gid of the sandbox (default 0, the
-                         sandbox's root)
+  -w, --cwd DIR          working directory inside the sandbox (default: an OCI
+                         image's WorkingDir, else /)
+  -u, --user UID[:GID]   run as this uid/gid of the sandbox (default: an OCI
+                         image's User, else 0, the sandbox's root)
   --timeout DUR          kill CMD (and its process group) after DUR, e.g. 30s,
                          500ms, 2m; then the exit status is 124
   --trusted              run CMD as a trusted command (a grader): it reaches

@@ -24,10 +24,10 @@ namespace dsec::cli::remote {
 
 namespace {
 
-const char* run_usage = R"(usage: dsec --connect HOST:PORT run [OPTIONS] -- CMD [ARGS...]
+const char* run_usage = R"(usage: dsec --connect HOST:PORT run [OPTIONS] [-- CMD [ARGS...]]
 
 Creates a sandbox in the daemon from layers of the daemon's store and runs CMD
-in it. Without --detach, CMD's stdout and stderr are streamed to ours as they
+in it (without CMD: an OCI image's Entrypoint and Cmd). Without --detach, CMD's stdout and stderr are streamed to ours as they
 come, dsec exits with its status, and the sandbox is destroyed: it lives in a
 session of its own, which the daemon closes when CMD ends, when dsec is
 interrupted (SIGINT, SIGTERM, SIGHUP) or when dsec dies. With --detach, dsec
@@ -78,12 +78,15 @@ Environment of the command:
                            says so when ours holds data)
   -e, --env KEY[=VALUE]    add or replace a variable (repeatable); a bare
                            KEY takes our own value (none: left out); the defaults
-                           are PATH, HOME=/root, LANG=C.UTF-8 and the daemon's TERM
+                           are PATH, HOME=/root, LANG=C.UTF-8 and the daemon's TERM,
+                           under an OCI image's Env
   --env-file FILE          variables from FILE, a KEY[=VALUE] a line (# and
                            blank lines skipped)
-  -w, --cwd DIR            working directory inside the sandbox (default /)
-  -u, --user UID[:GID]     run as this uid/gid of the sandbox (default 0, the
-                           sandbox's root, which has no privileges on the host)
+  -w, --cwd DIR            working directory inside the sandbox (default: an OCI
+                           image's WorkingDir, else /)
+  -u, --user UID[:GID]     run as this uid/gid of the sandbox (default: an OCI
+                           image's User, else 0, the sandbox's root, which has no
+                           privileges on the host)
 
 Isolation and limits:
   --net                    a private network namespace with a working loopback;
@@ -312,8 +315,6 @@ int run_main(context& ctx, args& a) {
     return usage_error(verb, "unexpected argument '" + std::string{a.peek()}
                                + "' (put the command after --)");
   }
-  if (argv.empty())
-    return usage_error(verb, "no command given (run [OPTIONS] -- CMD [ARGS...])");
   if (f.trusted && !chronus)
     return usage_error(verb, "--trusted needs --chronus (a trusted command needs a sandbox "
                              "with Chronus)");

@@ -11,12 +11,11 @@
 
 #include <fcntl.h>
 
-#include <nlohmann/json.hpp>
-
 #include "runtime/builder.hpp"
 #include "runtime/cgroup.hpp"
 #include "runtime/container.hpp"
 #include "runtime/defaults.hpp"
+#include "runtime/image_config.hpp"
 #include "runtime/layer.hpp"
 #include "runtime/mount.hpp"
 #include "runtime/spawner.hpp"
@@ -181,106 +180,43 @@ std::optional<int> parse(args& a, run_args& r) {
   return std::nullopt;
 }
 
-// The uid and gid of user `name` in the image's /etc/passwd: the first of its
-// lowers (topmost first) that has one, read from its mounted image.
-std::optional<std::pair<uint32_t, uint32_t>> image_user(const std::vector<std::string>& blobs,
-                                                        const std::string& name) {
+// The image's /etc/passwd: that of the first of its lowers (topmost first)
+// that has one, read from its mounted image.
+std::optional<std::string> image_passwd(const std::vector<std::string>& blobs) {
   for (const auto& b : blobs) {
     auto m = layer_mount::open(b, -1);
     if (!m)
       return std::nullopt;
-    int fd = ::openat(m->dir_fd(), "etc/passwd", O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-    if (fd < 0)
-      continue;
-    std::string text;
-    char buf[4096];
-    ssize_t n;
-    while ((n = ::read(fd, buf, sizeof buf)) > 0 && text.size() < (1u << 20))
-      text.append(buf, static_cast<size_t>(n));
-    ::close(fd);
-    size_t pos = 0;
-    while (pos < text.size()) {
-      auto nl = text.find('\n', pos);
-      auto line = text.substr(pos, nl == std::string::npos ? std::string::npos : nl - pos);
-      pos = nl == std::string::npos ? text.size() : nl + 1;
-      std::vector<std::string> f;
-      size_t i = 0;
-      while (f.size() < 4) {
-        auto c = line.find(':', i);
-        f.push_back(line.substr(i, c == std::string::npos ? std::string::npos : c - i));
-        if (c == std::string::npos)
-          break;
-        i = c + 1;
-      }
-      uint64_t uid = 0, gid = 0;
-      if (f.size() == 4 && f[0] == name && parse_uint(f[2], 65535, uid)
-          && parse_uint(f[3], 65535, gid))
-        return std::pair{static_cast<uint32_t>(uid), static_cast<uint32_t>(gid)};
-    }
-    return std::nullopt;
+    if (auto text = read_image_passwd(m->dir_fd()))
+      return text;
   }
   return std::nullopt;
 }
 
 // Env, WorkingDir, User, Entrypoint and Cmd of an OCI image's config
-// (layer_info::config) as the command's defaults; options given win.
+// (layer_info::config) as the command's defaults (runtime/image_config.hpp);
+// options given win.
 std::optional<int> apply_image_config(const layer_info& base,
                                       const std::vector<std::string>& blobs, run_args& r) {
   if (base.config.empty())
     return std::nullopt;
-  auto j = nlohmann::json::parse(base.config, nullptr, false);
-  if (j.is_discarded() || !j.is_object())
-    return std::nullopt;
-  auto strings = [&](const char* key) {
-    std::vector<std::string> out;
-    if (auto it = j.find(key); it != j.end() && it->is_array())
-      for (const auto& v : *it)
-        if (v.is_string())
-          out.push_back(v.get<std::string>());
-    return out;
-  };
-  auto text = [&](const char* key) {
-    auto it = j.find(key);
-    return it != j.end() && it->is_string() ? it->get<std::string>() : std::string{};
-  };
-  if (r.cmd.argv.empty()) {
-    r.cmd.argv = strings("Entrypoint");
-    for (auto& c : strings("Cmd"))
-      r.cmd.argv.push_back(std::move(c));
+  auto d = command_defaults::of(base.config, [&] { return image_passwd(blobs); });
+  if (!d) {
+    std::fprintf(stderr, "dsec: run: %s\n", d.error_value().message.c_str());
+    return 125;
   }
-  std::vector<std::string> env;
-  for (auto& e : strings("Env"))
-    if (e.find('=') != std::string::npos && e.front() != '=')
-      env.push_back(std::move(e));
-  env.insert(env.end(), r.cs.env.begin(), r.cs.env.end());
-  r.cmd.env = merge_env(command::default_env(), env);
-  if (!r.cs.cwd_given && !text("WorkingDir").empty()) {
-    r.cmd.cwd = text("WorkingDir");
-    if (r.cmd.cwd.front() != '/')
-      r.cmd.cwd = "/" + r.cmd.cwd;
+  if (r.cmd.argv.empty())
+    r.cmd.argv = d->argv;
+  r.cmd.env = merge_env(d->env, r.cs.env);
+  if (!r.cs.cwd_given)
+    r.cmd.cwd = d->cwd;
+  if (!r.cs.user_given && d->user_error) {
+    std::fprintf(stderr, "dsec: run: %s\n", d->user_error->message.c_str());
+    return 125;
   }
-  if (auto user = text("User"); !r.cs.user_given && !user.empty()) {
-    auto colon = user.find(':');
-    auto u = user.substr(0, colon);
-    auto g = colon == std::string::npos ? std::string{} : user.substr(colon + 1);
-    uint64_t uid = 0, gid = 0;
-    if (parse_uint(u, 65535, uid)) {
-      gid = uid;
-    } else if (auto found = image_user(blobs, u)) {
-      uid = found->first;
-      gid = found->second;
-    } else {
-      std::fprintf(stderr, "dsec: run: the image's User '%s' is not a number below 65536 nor a "
-                           "user of its /etc/passwd\n", user.c_str());
-      return 125;
-    }
-    if (!g.empty() && !parse_uint(g, 65535, gid)) {
-      std::fprintf(stderr, "dsec: run: the image's User '%s' names a group that is not a number "
-                           "(only numeric groups are supported)\n", user.c_str());
-      return 125;
-    }
-    r.cmd.uid = static_cast<uint32_t>(uid);
-    r.cmd.gid = static_cast<uint32_t>(gid);
+  if (!r.cs.user_given && d->user) {
+    r.cmd.uid = d->user->uid;
+    r.cmd.gid = d->user->gid;
   }
   return std::nullopt;
 }

@@ -264,14 +264,4 @@ std::optional<int> check_sandbox_options(std::string_view verb, const sandbox_op
   return std::nullopt;
 }
 
-std::vector<std::string> merge_env(std::vector<std::string> env,
-                                   const std::vector<std::string>& overrides) {
-  for (const auto& kv : overrides) {
-    auto key = kv.substr(0, kv.find('=') + 1);
-    std::erase_if(env, [&](const std::string& e) { return e.rfind(key, 0) == 0; });
-    env.push_back(kv);
-  }
-  return env;
-}
-
 } // namespace dsec::cli

@@ -54,9 +54,4 @@ parsed parse_command_option(args& a, std::string_view verb, command_spec& c);
 /// when all is well.
 std::optional<int> check_sandbox_options(std::string_view verb, const sandbox_options& s);
 
-/// The whole environment of a command: `defaults` with `overrides` added (a
-/// KEY= in overrides replaces the default of that KEY).
-std::vector<std::string> merge_env(std::vector<std::string> defaults,
-                                   const std::vector<std::string>& overrides);
-
 } // namespace dsec::cli
