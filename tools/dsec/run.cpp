@@ -154,7 +154,8 @@ std::optional<int> parse(args& a, run_args& r) {
       // The options of a daemon's run: say where they belong, not "unknown".
       static constexpr std::string_view daemon_only[] = {
         "--detach", "--session", "--ttl", "--key", "--tag", "--chronus", "--trusted",
-        "--pristine", "--idempotent", "-i", "--stdin", "--backend"};
+        "--pristine", "--idempotent", "-i", "--stdin", "--backend", "-t", "--tty", "-it",
+        "-ti"};
       auto opt = a.peek().substr(0, a.peek().find('='));
       for (auto d : daemon_only)
         if (opt == d)
