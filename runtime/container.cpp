@@ -333,7 +333,7 @@ expected<container_event> container::next_event() {
   // or a truncated message, fails the receive (EMSGSIZE), closing them.
   int fd = -1;
   size_t nfds = 0;
-  auto len = unix_socket::recv(ctl_.get(), buf, sizeof buf, &fd, 1, &nfds);
+  auto len = unix_socket::recv(ctl_.get(), buf, sizeof buf, &fd, 1, &nfds, MSG_DONTWAIT);
   if (len < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
     return ev;
   if (len < 0 && errno == EMSGSIZE)

@@ -384,15 +384,15 @@ void handle_exec(init_state& s, size_t len, const int* fds, size_t nfds) {
       return;
     }
     pty_fds[0] = pty_fds[1] = pty_fds[2] = slave;
-    fds = pty_fds;
   }
+  const int* const cmd_fds = master >= 0 ? pty_fds : fds;
   vfork_result r{0, 0};
   pid_t pid;
   {
     raised_oom_score raised;
     pid = ::vfork();
     if (pid == 0)
-      exec_child(m, cwd, argv_buf, envp_buf, fds, exec_extras{}, &r);
+      exec_child(m, cwd, argv_buf, envp_buf, cmd_fds, exec_extras{}, &r);
   }
   if (slave >= 0)
     ::close(slave); // the command holds it: its last close ends the master's stream
