@@ -154,9 +154,11 @@ int exec_main(context& ctx, args& a) {
     req.input = std::move(*in);
   }
   note_unsent_stdin(f);
+  // Before any thread starts (the actor system's, the signal thread below):
+  // they inherit the mask, so SIGWINCH reaches only the thread that waits for it.
+  prepare_terminal(f);
   if (!f.detach) // before the actor system's threads start, which inherit the mask
     stop_on_interrupt();
-  prepare_terminal(f);
   auto c = ctx.connect();
   if (!c)
     return fail(c.error_value());
