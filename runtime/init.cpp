@@ -119,6 +119,16 @@ struct vfork_result {
   sigset_t all;
   sigemptyset(&all);
   ::sigprocmask(SIG_SETMASK, &all, nullptr);
+  // Every signal at its default action: an ignored one survives execve, and
+  // the zygote inherits dsecd's (a daemon started in the background of a
+  // script ignores SIGINT and SIGQUIT), which would make ^C on a terminal,
+  // or a trainer's SIGINT, do nothing. (The vfork child has its own copy of
+  // the handlers: init's are not touched.)
+  struct sigaction dfl{};
+  dfl.sa_handler = SIG_DFL;
+  for (int sig = 1; sig < NSIG; ++sig)
+    if (sig != SIGKILL && sig != SIGSTOP)
+      (void) ::sigaction(sig, &dfl, nullptr);
   // Its own session and process group: no controlling terminal (so TIOCSTI on
   // a terminal passed in from the host fails), and signals reach the whole job.
   ::setsid();
