@@ -1521,6 +1521,13 @@ def wait_for(text, limit=120):  # a safety net, never a measure
                 sys.exit("dsec ended before %r: %r" % (text, buf))
 wait_for(b"30 90")
 during = termios.tcgetattr(slave)
+if os.environ.get("PTY_DRIVER_TERM"):  # dsec interrupted: its terminal restored all the same
+    os.kill(pid, 15)
+    _, st = os.waitpid(pid, 0)
+    print("status", os.waitstatus_to_exitcode(st))
+    print("raw", int(not (during[3] & termios.ECHO) and not (during[3] & termios.ICANON)))
+    print("restored", int(termios.tcgetattr(slave) == before))
+    sys.exit(0)
 os.write(master, b"hi\r")
 wait_for(b"got=hi")
 wait_for(b"waiting")
@@ -1566,6 +1573,18 @@ TEST_CASE("remote exec -it and run -it on a real terminal; -t without one") {
   }
   SUBCASE("run -i -t") {
     drive({"run", "-i", "-t", "--base", tar_base, "--", "sh", "-c", pty_script});
+  }
+  SUBCASE("exec -it stopped by SIGTERM: our terminal is restored") {
+    spawn_options o;
+    o.in_child = [] { ::setenv("PTY_DRIVER_TERM", "1", 1); };
+    auto r = run_process({"/usr/bin/python3", "-c", pty_driver, d.dsec_bin, "--connect", d.where,
+                          "exec", "-it", id, "--", "sh", "-c", pty_script},
+                         o);
+    INFO(r.describe());
+    REQUIRE(r.status == 0);
+    CHECK(contains(r.out, "status 143\n"));
+    CHECK(contains(r.out, "raw 1\n"));
+    CHECK(contains(r.out, "restored 1\n"));
   }
   SUBCASE("-t without a terminal of ours: 24x80, no raw mode, CMD's status") {
     auto r = d.dsec({"exec", "-t", id, "--", "sh", "-c",
