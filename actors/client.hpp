@@ -237,6 +237,9 @@ public:
   expected<void> close_stdin();
   /// Sends signal `sig` to its process group.
   expected<void> signal(int sig);
+  /// Sets its terminal's window size (exec_request.tty); its foreground
+  /// process group gets SIGWINCH. invalid_argument without a terminal.
+  expected<void> resize(uint16_t rows, uint16_t cols);
   /// Its end: the result as exec() gives it (output collected unless it
   /// was streamed to the start call's on_output).
   expected<exec_result> wait();
@@ -252,6 +255,7 @@ public:
   void write_async(std::string data, completion<uint64_t> done);
   void close_stdin_async(completion<void> done);
   void signal_async(int sig, completion<void> done);
+  void resize_async(uint16_t rows, uint16_t cols, completion<void> done);
 
 private:
   std::shared_ptr<state> st_;

@@ -238,6 +238,25 @@ expected<void> process::signal(int sig) {
   return blocking<void>([&](auto& w) { signal_async(sig, w.done()); });
 }
 
+void process::resize_async(uint16_t rows, uint16_t cols, completion<void> done) {
+  auto st = st_;
+  if (auto e = ended_already(*st))
+    return done(make_error(errc::closed, "resize of a command that ended (in sandbox "
+                                           + st->sandbox + ")"));
+  auto eid = id();
+  if (!eid)
+    return done(make_error(errc::not_found, "resize of a command that does not run: "
+                                              + eid.error_value().message));
+  st->with_dest([&](auto& dest) {
+    async_call<bool>(*st->sys, st->owner, dest, as_void(std::move(done)), resize_atom::value,
+                     st->sandbox, *eid, rows, cols);
+  });
+}
+
+expected<void> process::resize(uint16_t rows, uint16_t cols) {
+  return blocking<void>([&](auto& w) { resize_async(rows, cols, w.done()); });
+}
+
 expected<exec_result> process::wait() {
   std::unique_lock<std::mutex> lk{st_->mu};
   st_->cv.wait(lk, [&] { return st_->end.has_value(); });

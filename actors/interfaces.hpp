@@ -71,6 +71,10 @@ using sandbox_actor = caf::typed_actor<
   /// sandbox's buffer (stdin_buffer): a command that does not read holds the
   /// reply back. errc::closed once its stdin is closed or it stopped reading.
   caf::replies_to<stdin_atom, internal_key, uint64_t, std::string, bool>::with<uint64_t>,
+  /// Terminals (exec_request.tty): the window size (rows, columns) of
+  /// command `exec`'s terminal; its foreground process group gets SIGWINCH.
+  /// invalid_argument if it has none, not_found once it ended.
+  caf::replies_to<resize_atom, internal_key, uint64_t, uint16_t, uint16_t>::with<bool>,
   /// Unpacks a tar archive into a directory of the sandbox; replies its size.
   caf::replies_to<put_atom, internal_key, std::string, std::string>::with<uint64_t>,
   /// Packs a file or directory of the sandbox as a tar archive.
@@ -177,6 +181,8 @@ using session_actor = caf::typed_actor<
   /// bytes (then, with `close`, the end) for its stdin, as sandbox_actor's.
   caf::replies_to<signal_atom, std::string, uint64_t, int32_t>::with<bool>,
   caf::replies_to<stdin_atom, std::string, uint64_t, std::string, bool>::with<uint64_t>,
+  /// Terminals: a command's window size (rows, columns), as sandbox_actor's.
+  caf::replies_to<resize_atom, std::string, uint64_t, uint16_t, uint16_t>::with<bool>,
   // ---- member surface: from the nodes and their sandboxes ----
   /// an Event from the node's Chronus endpoint
   caf::reacts_to<chronus_atom, internal_key, chronus_event_msg>,
@@ -289,6 +295,8 @@ using scheduler_actor = caf::typed_actor<
   /// Process handles: as session_actor's, by sandbox id.
   caf::replies_to<signal_atom, std::string, uint64_t, int32_t>::with<bool>,
   caf::replies_to<stdin_atom, std::string, uint64_t, std::string, bool>::with<uint64_t>,
+  /// Terminals: a command's window size (rows, columns), as sandbox_actor's.
+  caf::replies_to<resize_atom, std::string, uint64_t, uint16_t, uint16_t>::with<bool>,
   /// Sets a sandbox's egress policy (allow, deny), `dsec net ID`.
   caf::replies_to<network_atom, std::string, std::vector<std::string>,
                   std::vector<std::string>>::with<bool>,

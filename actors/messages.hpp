@@ -84,6 +84,8 @@ using held_atom = caf::atom_constant<caf::atom("held")>;
 using reattach_atom = caf::atom_constant<caf::atom("reattach")>;
 // process handles (issues 20, 23): a running command's stdin
 using stdin_atom = caf::atom_constant<caf::atom("stdin")>;
+// terminals (issue 23): a running command's window size
+using resize_atom = caf::atom_constant<caf::atom("resize")>;
 
 // ---- what a sandbox is made of --------------------------------------------------
 
@@ -207,6 +209,19 @@ struct exec_request {
   /// the stdin verb feeds (with back-pressure) until it is closed; without
   /// it, stdin is `input` and then its end, as for any command.
   bool open_stdin = false;
+  /// A pseudo-terminal (issue 23; docs/actors.md, "Terminals"): the command is
+  /// a session leader whose controlling terminal is a pty of the sandbox's
+  /// own devpts, at its stdin, stdout and stderr; TERM is xterm-256color
+  /// unless `env` sets it. Its output is one stream (stdout: `out`, or
+  /// output_chunk stream 1). Its input is `input`, then (with open_stdin) what
+  /// the stdin verb sends; closing stdin types the terminal's end-of-file
+  /// character (VEOF, ^D) instead of closing anything, and without
+  /// open_stdin that comes right after `input`. The resize verb sets its
+  /// window size. Not with `trusted` or `detach`; refused (errc::unsupported)
+  /// by backends without terminals (microvm, sim, function calls).
+  bool tty = false;
+  uint16_t rows = 0; ///< with tty: its window size; 0: 24 rows, 80 columns
+  uint16_t cols = 0;
 };
 
 template <class Inspector>
@@ -214,7 +229,8 @@ typename Inspector::result_type inspect(Inspector& f, exec_request& x) {
   return f(caf::meta::type_name("dsec.exec_request"), x.argv, x.env, x.cwd, x.uid, x.gid,
            x.timeout_ms, x.input, x.stream, x.detach, x.max_output, x.trusted,
            x.idempotent, x.pristine,
-           /* process handles */ x.handle, x.open_stdin);
+           /* process handles */ x.handle, x.open_stdin,
+           /* terminals */ x.tty, x.rows, x.cols);
 }
 
 /// Process handles: the most bytes one stdin message may carry, and what a

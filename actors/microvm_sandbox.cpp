@@ -391,6 +391,8 @@ sandbox_actor::behavior_type vm_impl(self_ptr self, sandbox_config cfg,
         if (kv.find('=') == std::string::npos || kv.front() == '=')
           return to_caf(make_error(errc::invalid_argument,
                                    "bad environment entry '" + kv + "' (expected KEY=VALUE)"));
+      if (req.tty)
+        return not_for_vm(s, "terminals (exec -t, pty=)");
       if (req.trusted || req.pristine)
         return not_for_vm(s, "Chronus (trusted commands)");
       if (req.uid >= 0 || req.gid >= 0)
@@ -455,6 +457,12 @@ sandbox_actor::behavior_type vm_impl(self_ptr self, sandbox_config cfg,
       return not_for_vm(self->state, "process handles");
     },
     [=](stdin_atom, const internal_key&, uint64_t) {}, // (no stdin pipe of ours)
+    [=](resize_atom, const internal_key& k, uint64_t, uint16_t,
+        uint16_t) -> caf::result<bool> {
+      if (!genuine(k, self->state.cfg.key, "resize (sandbox)"))
+        return refuse("resize");
+      return not_for_vm(self->state, "terminals (exec -t, pty=)");
+    },
     [=](put_atom, const internal_key& k, const std::string&,
         const std::string&) -> caf::result<uint64_t> {
       if (!genuine(k, self->state.cfg.key, "put (sandbox)"))

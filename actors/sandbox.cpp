@@ -36,6 +36,7 @@
 #include "runtime/image_config.hpp"
 #include "runtime/log.hpp"
 #include "runtime/pack.hpp"
+#include "runtime/pty.hpp"
 #include "runtime/engine.hpp"
 #include "runtime/sys.hpp"
 #include "runtime/freezer.hpp"
@@ -126,6 +127,11 @@ struct stdin_feed {
   size_t off = 0;
   bool close_after = false; // close once buf is written
   uint64_t watch = 0;       // the reactor's token while a POLLOUT watch is armed
+  // A terminal's (exec_request.tty): fd is its master, set once the command
+  // runs (until then buf only fills); closing types its VEOF (eof_sent) and
+  // then only drops our share of the master, which the output reader keeps.
+  bool pty = false;
+  bool eof_sent = false;
   struct waiting {
     std::string data;
     bool close;
@@ -142,6 +148,12 @@ struct exec_state {
   bool handle = false; // exec_request.handle: the listener hears its id, and it dies with it
   std::optional<stdin_feed> in; // exec_request.open_stdin, until closed
   bool detach = false;
+  // exec_request.tty: the terminal's master once the command runs (shared
+  // with the output reader and the stdin feed), and a window size asked for
+  // before that.
+  bool tty = false;
+  std::shared_ptr<unique_fd> master;
+  std::optional<pty::window> size_pending;
   uint64_t max_output = 0;
   caf::strong_actor_ptr listener; // gets output_chunk when streaming
   std::string out, err;
@@ -501,7 +513,30 @@ void fail_creation(self_ptr self, const error& e) {
   begin_destroy(self);
 }
 
-void on_event(self_ptr self, const container_event& ev) {
+void pump_stdin(self_ptr self, uint64_t eid);
+
+// A terminal's command runs: its master is the output (stream 1: one stream
+// for both, as a terminal has), its stdin and its window.
+void attach_terminal(self_ptr self, uint64_t eid, exec_state& x, unique_fd master) {
+  auto& s = self->state;
+  if (!master) { // init sent none (it always does): nothing to read
+    x.out_eof = true;
+    return;
+  }
+  x.master = std::make_shared<unique_fd>(std::move(master));
+  if (x.size_pending)
+    (void) pty::resize(x.master->get(), *x.size_pending);
+  x.size_pending.reset();
+  sandbox_actor me = self;
+  auto& io_loop = s.cfg.eng->io();
+  io_loop.watch(x.master->get(), POLLIN, pipe_reader{x.master, me, &io_loop, eid, 1});
+  if (x.in) {
+    x.in->fd = x.master;
+    pump_stdin(self, eid);
+  }
+}
+
+void on_event(self_ptr self, container_event& ev) {
   auto& s = self->state;
   switch (ev.what) {
     case container_event::kind::ready: {
@@ -533,6 +568,8 @@ void on_event(self_ptr self, const container_event& ev) {
           continue;
         if (ev.what == container_event::kind::started) {
           x.started = true;
+          if (x.tty)
+            attach_terminal(self, eid, x, std::move(ev.pty));
           if (x.handle && x.listener) // its id, for the stdin and signal verbs
             caf::anon_send(caf::actor_cast<caf::actor>(x.listener),
                            output_chunk{s.cfg.id, eid, 0, {}});
@@ -640,6 +677,8 @@ void pump_stdin(self_ptr self, uint64_t eid) {
     return;
   auto& x = it->second;
   auto& in = *x.in;
+  if (!in.fd)
+    return; // a terminal's command not yet running: its bytes wait in buf
   for (;;) {
     while (in.pending() > 0) {
       auto n = write_without_sigpipe(in.fd->get(), in.buf.data() + in.off, in.pending());
@@ -668,6 +707,15 @@ void pump_stdin(self_ptr self, uint64_t eid) {
     in.buf += w.data;
     in.close_after = w.close;
     w.rp.deliver(static_cast<uint64_t>(w.data.size()));
+  }
+  if (in.pending() == 0 && in.close_after && in.pty && !in.eof_sent) {
+    // A terminal is not closed: its end-of-file character is typed, which
+    // ends a read of the command at the start of a line (in the middle of
+    // one it hands over the line first, as ^D does on a terminal).
+    in.buf.assign(1, pty::eof_char(in.fd->get()));
+    in.off = 0;
+    in.eof_sent = true;
+    return pump_stdin(self, eid);
   }
   if (in.pending() == 0 && in.close_after) {
     // The pipe closes here (or once a watch still armed is cancelled): the
@@ -761,6 +809,26 @@ void start_exec(self_ptr self, const exec_request& req, caf::strong_actor_ptr li
                            "a pristine command must be a trusted one (--pristine needs "
                            "--trusted)"));
   }
+  if (req.tty) {
+    if (req.trusted)
+      return done(make_error(errc::unsupported,
+                             "a terminal (tty) for a trusted command: the agent, root in its "
+                             "sandbox, can open the sandbox's terminals, so a trusted "
+                             "command's input and output never go through one"));
+    if (req.detach)
+      return done(make_error(errc::unsupported,
+                             "a terminal (tty) for a detached command: nobody would read it"
+                             " (leave out -t, or stay attached)"));
+    cmd.pty = pty_size{req.rows != 0 ? req.rows : uint16_t{24},
+                       req.cols != 0 ? req.cols : uint16_t{80}};
+    bool term = false;
+    for (const auto& kv : req.env)
+      term = term || kv.starts_with("TERM=");
+    if (!term) {
+      std::erase_if(cmd.env, [](const std::string& e) { return e.starts_with("TERM="); });
+      cmd.env.emplace_back("TERM=xterm-256color");
+    }
+  }
   if (req.open_stdin && (!req.handle || req.detach))
     return done(make_error(errc::invalid_argument,
                            "an open stdin needs a process handle (exec_request.handle) and "
@@ -768,7 +836,9 @@ void start_exec(self_ptr self, const exec_request& req, caf::strong_actor_ptr li
   stdio io;
   unique_fd in, out_w, err_w;
   std::shared_ptr<unique_fd> out_r, err_r, in_w;
-  if (req.open_stdin) {
+  if (req.tty) {
+    // The terminal is its stdin, stdout and stderr (init makes it).
+  } else if (req.open_stdin) {
     // A pipe: the command's end blocks like any; ours never does (the
     // stdin verb fills it as the command reads, stdin_feed).
     int p[2];
@@ -787,7 +857,7 @@ void start_exec(self_ptr self, const exec_request& req, caf::strong_actor_ptr li
       return done(sys_error("preparing the command's stdin"));
     io.in = in.get();
   }
-  if (!req.detach) {
+  if (!req.detach && !req.tty) {
     int p[2];
     if (::pipe2(p, O_CLOEXEC | O_NONBLOCK) < 0)
       return done(sys_error("pipe for stdout"));
@@ -820,6 +890,15 @@ void start_exec(self_ptr self, const exec_request& req, caf::strong_actor_ptr li
     x.in->fd = std::move(in_w);
     x.in->buf = req.input; // first, whatever the buffer's bound
   }
+  if (req.tty) {
+    // Its input goes to the master once it runs: `input`, then what the
+    // stdin verb sends, or (without open_stdin) its end right away.
+    x.tty = true;
+    x.in.emplace();
+    x.in->pty = true;
+    x.in->buf = req.input;
+    x.in->close_after = !req.open_stdin;
+  }
   x.done = [cmd, done = std::move(done)](expected<exec_result> r) {
     if (!r && (r.error_value().step == "execve" || r.error_value().step == "chdir"
                || r.error_value().step == "setuid"))
@@ -833,7 +912,9 @@ void start_exec(self_ptr self, const exec_request& req, caf::strong_actor_ptr li
     self->monitor(listener);
     x.listener = std::move(listener);
   }
-  if (!req.detach) {
+  if (req.tty) {
+    x.out_eof = false; // until the master's reader sees the end (attach_terminal)
+  } else if (!req.detach) {
     x.out_eof = x.err_eof = false;
     sandbox_actor me = self;
     auto& io_loop = s.cfg.eng->io();
@@ -1312,6 +1393,31 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
       if (!genuine(k, self->state.cfg.key, "stdin (sandbox)"))
         return refuse("stdin");
       return feed_stdin(self, eid, data, close);
+    },
+    [=](resize_atom, const internal_key& k, uint64_t eid, uint16_t rows,
+        uint16_t cols) -> caf::result<bool> {
+      if (!genuine(k, self->state.cfg.key, "resize (sandbox)"))
+        return refuse("resize");
+      auto& s = self->state;
+      auto it = s.execs.find(eid);
+      if (it == s.execs.end() || it->second.finished)
+        return to_caf(make_error(errc::not_found, "no command " + std::to_string(eid)
+                                                    + " runs in sandbox " + s.cfg.id));
+      auto& x = it->second;
+      if (!x.tty)
+        return to_caf(make_error(errc::invalid_argument,
+                                 "command " + std::to_string(eid) + " in sandbox " + s.cfg.id
+                                   + " has no terminal (it was not started with a tty)"));
+      if (rows == 0 || cols == 0)
+        return to_caf(make_error(errc::invalid_argument,
+                                 "a terminal needs at least 1 row and 1 column"));
+      if (!x.master) { // not running yet: set when it does
+        x.size_pending = pty::window{rows, cols};
+        return true;
+      }
+      if (auto r = pty::resize(x.master->get(), pty::window{rows, cols}); !r)
+        return to_caf(r.error_value());
+      return true;
     },
     [=](stdin_atom, const internal_key& k, uint64_t eid) {
       if (!genuine(k, process_key(), "stdin room (sandbox)"))

@@ -838,6 +838,9 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
     [=](stdin_atom, const std::string& id, uint64_t eid, std::string& data, bool close) {
       return by_id<uint64_t>(self, id, stdin_atom::value, eid, std::move(data), close);
     },
+    [=](resize_atom, const std::string& id, uint64_t eid, uint16_t rows, uint16_t cols) {
+      return by_id<bool>(self, id, resize_atom::value, eid, rows, cols);
+    },
     [=](destroy_atom, const std::string& id) {
       return by_id<bool>(self, id, destroy_atom::value);
     },

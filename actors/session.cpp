@@ -1097,6 +1097,10 @@ session_actor::behavior_type session_impl(self_ptr self, session_config cfg) {
       return set_pool(self, std::move(env), size);
     },
     [=](call_atom, environment& env, exec_request& req) -> caf::result<exec_result> {
+      if (req.tty)
+        return to_caf(make_error(errc::unsupported,
+                                 "terminals (exec -t, pty=) in a function call: start the command"
+                                 " in a sandbox of your own instead"));
       if (req.handle || req.open_stdin)
         return to_caf(make_error(errc::invalid_argument,
                                  "a function call's command has no process handle (start it"
@@ -1120,6 +1124,15 @@ session_actor::behavior_type session_impl(self_ptr self, session_config cfg) {
         return fail_with<uint64_t>(self, sb.error_value());
       auto rp = self->make_response_promise<uint64_t>();
       forward_to<uint64_t>(self, *sb, rp, stdin_atom::value, eid, std::move(data), close);
+      return {};
+    },
+    [=](resize_atom, const std::string& id, uint64_t eid, uint16_t rows,
+        uint16_t cols) -> caf::delegated<bool> {
+      auto sb = find(self, id);
+      if (!sb)
+        return fail_with<bool>(self, sb.error_value());
+      auto rp = self->make_response_promise<bool>();
+      forward_to<bool>(self, *sb, rp, resize_atom::value, eid, rows, cols);
       return {};
     },
     // ---- snapshots (issue 16): actors/session_snapshot.cpp ----

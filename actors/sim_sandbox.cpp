@@ -131,6 +131,9 @@ sandbox_actor::behavior_type sim_impl(self_ptr self, std::shared_ptr<const sim_c
         return not_ready(s);
       if (req.argv.empty() || req.argv[0].empty())
         return to_caf(make_error(errc::invalid_argument, "no command given"));
+      if (req.tty)
+        return to_caf(make_error(errc::unsupported, "terminals (exec -t, pty=): sandbox " + s.id
+                                                      + " is simulated and has none"));
       if (req.trusted && !s.c->env.chronus)
         return to_caf(make_error(errc::invalid_argument,
                                  "a trusted command needs a sandbox made with Chronus; sandbox "
@@ -196,6 +199,14 @@ sandbox_actor::behavior_type sim_impl(self_ptr self, std::shared_ptr<const sim_c
                                                   + " is simulated: no command runs in it"));
     },
     [=](stdin_atom, const internal_key&, uint64_t) {},
+    [=](resize_atom, const internal_key& k, uint64_t, uint16_t,
+        uint16_t) -> caf::result<bool> {
+      if (!genuine(k, self->state.c->key, "resize (sandbox)"))
+        return refuse("resize");
+      return to_caf(make_error(errc::unsupported, "terminals (exec -t, pty=): sandbox "
+                                                    + self->state.id
+                                                    + " is simulated and has none"));
+    },
     [=](put_atom, const internal_key& k, const std::string& dir,
         const std::string& tar) -> caf::result<uint64_t> {
       auto& s = self->state;

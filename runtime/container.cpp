@@ -16,6 +16,7 @@
 #include <cstring>
 
 #include "runtime/mount.hpp"
+#include "runtime/pty.hpp"
 #include "runtime/security.hpp"
 #include "runtime/spawner.hpp"
 #include "runtime/sys.hpp"
@@ -328,13 +329,20 @@ expected<container_event> container::next_event() {
   if (destroyed_ || init_gone_)
     return make_error(errc::sandbox_failed, "sandbox " + id_ + " is gone");
   alignas(8) char buf[256];
-  auto len = sys::retry([&] { return ::recv(ctl_.get(), buf, sizeof buf, MSG_DONTWAIT); });
+  // At most one descriptor comes (a terminal's master with `started`); more,
+  // or a truncated message, fails the receive (EMSGSIZE), closing them.
+  int fd = -1;
+  size_t nfds = 0;
+  auto len = unix_socket::recv(ctl_.get(), buf, sizeof buf, &fd, 1, &nfds, MSG_DONTWAIT);
   if (len < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
     return ev;
+  if (len < 0 && errno == EMSGSIZE)
+    return make_error(errc::sandbox_failed, "the sandbox init sent an oversized message");
   if (len <= 0) {
     init_gone_ = true;
     return init_died();
   }
+  unique_fd attached{nfds == 1 ? fd : -1}; // closed unless a `started` takes it
   proto::header h;
   if (static_cast<size_t>(len) < sizeof h)
     return make_error(errc::sandbox_failed, "the sandbox init sent a short message");
@@ -369,6 +377,13 @@ expected<container_event> container::next_event() {
     std::memcpy(&m, buf, sizeof m);
     ev.what = container_event::kind::started;
     ev.id = m.id;
+    if (attached) {
+      // Init's word that this is the command's terminal is not enough: only
+      // a pty master is kept, made non-blocking here (dsec never waits on it).
+      if (!pty::is_master(attached.get()) || ::fcntl(attached.get(), F_SETFL, O_NONBLOCK) < 0)
+        return make_error(errc::sandbox_failed, "the sandbox init sent a terminal that is not one");
+      ev.pty = std::move(attached);
+    }
   } else if (is(proto::type::exited, sizeof(proto::exited))) {
     proto::exited m;
     std::memcpy(&m, buf, sizeof m);
@@ -436,7 +451,10 @@ expected<bool> container::pump(std::optional<clock_type::time_point> deadline) {
     if (p.id != ev.id)
       continue;
     switch (ev.what) {
-      case container_event::kind::started: p.started = true; break;
+      case container_event::kind::started:
+        p.started = true;
+        p.pty = std::move(ev.pty);
+        break;
       case container_event::kind::exited:
         p.done = true;
         p.status = ev.status;
@@ -480,6 +498,13 @@ expected<uint64_t> container::send_exec(const command& cmd, const stdio& io) {
   if (cmd.pristine && !cmd.trusted)
     return make_error(errc::invalid_argument,
                       "a pristine command must be a trusted one (--pristine needs --trusted)");
+  if (cmd.pty && cmd.trusted)
+    return make_error(errc::unsupported,
+                      "a terminal (pty) for a trusted command: the sandbox's own processes can "
+                      "open its terminals, so a trusted command's input and output never go "
+                      "through one");
+  if (cmd.pty && (cmd.pty->rows == 0 || cmd.pty->cols == 0))
+    return make_error(errc::invalid_argument, "a terminal needs at least 1 row and 1 column");
   // A trusted command: its PATH starts with dsec's own bin dir, and it finds its
   // channel at fd 3. A token or channel the caller passed is not kept.
   const std::vector<std::string>* env = &cmd.env;
@@ -519,6 +544,11 @@ expected<uint64_t> container::send_exec(const command& cmd, const stdio& io) {
     m.flags |= proto::exec_trusted;
   if (cmd.pristine)
     m.flags |= proto::exec_pristine;
+  if (cmd.pty) {
+    m.flags |= proto::exec_pty;
+    m.rows = cmd.pty->rows;
+    m.cols = cmd.pty->cols;
+  }
   size_t need = sizeof m + cmd.cwd.size() + 1;
   for (const auto& s : cmd.argv)
     need += s.size() + 1;
@@ -548,16 +578,17 @@ expected<uint64_t> container::send_exec(const command& cmd, const stdio& io) {
     put(s);
   unique_fd devnull;
   auto fd_or_null = [&](int fd) {
-    if (fd >= 0)
+    if (fd >= 0 || cmd.pty)
       return fd;
     if (!devnull)
       devnull.reset(::open("/dev/null", O_RDWR | O_CLOEXEC));
     return devnull.get();
   };
   int fds[3] = {fd_or_null(io.in), fd_or_null(io.out), fd_or_null(io.err)};
-  if (fds[0] < 0 || fds[1] < 0 || fds[2] < 0)
+  if (!cmd.pty && (fds[0] < 0 || fds[1] < 0 || fds[2] < 0))
     return sys_error("open", "/dev/null");
-  if (unix_socket::send(ctl_.get(), msg_.data(), need, fds, 3) < 0) {
+  // A terminal's command gets the slave from init: nothing attached.
+  if (unix_socket::send(ctl_.get(), msg_.data(), need, fds, cmd.pty ? 0 : 3) < 0) {
     if (errno == EPIPE || errno == ECONNRESET) {
       init_gone_ = true;
       return init_died();
@@ -582,6 +613,13 @@ expected<uint64_t> container::exec(const command& cmd, const stdio& io) {
     DSEC_TRY(more, pump({}));
     (void) more;
   }
+}
+
+unique_fd container::take_pty(uint64_t id) {
+  for (auto& p : cmds_)
+    if (p.id == id)
+      return std::move(p.pty);
+  return {};
 }
 
 expected<exit_status> container::wait(uint64_t id,

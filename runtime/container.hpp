@@ -69,6 +69,12 @@ struct container_options {
   std::string seed_blobs;
 };
 
+/// A command's pseudo-terminal (command::pty): its window size.
+struct pty_size {
+  uint16_t rows = 24;
+  uint16_t cols = 80;
+};
+
 /// A command to run in a sandbox.
 struct command {
   std::vector<std::string> argv;
@@ -91,6 +97,15 @@ struct command {
   /// without its writable layer (nothing the agent wrote), a private /tmp, and
   /// the agent's root read-only at /.dsec/agent. Needs `trusted`.
   bool pristine = false;
+  /// Run it on a pseudo-terminal of the sandbox's own devpts, of this size
+  /// (docs/security.md, "Terminals"): init opens the master through the
+  /// devpts it kept from setup (no path of the sandbox), the command is a
+  /// session leader whose controlling terminal is the slave, at its stdin,
+  /// stdout and stderr (the stdio given is not used). The master comes with
+  /// `started` (container_event::pty; take_pty() in the synchronous API). Not
+  /// for trusted commands (errc::unsupported): the agent, root in the sandbox,
+  /// can open the terminals of its devpts.
+  std::optional<pty_size> pty;
 
   /// PATH, HOME=/root, TERM (from the host if set), LANG=C.UTF-8.
   static std::vector<std::string> default_env();
@@ -132,6 +147,10 @@ struct container_event {
   uint64_t id = 0;
   exit_status status;
   std::optional<error> failure;
+  /// `started` of a command::pty command: the terminal's master, checked to
+  /// be a pty master, non-blocking and close-on-exec. Its reads end with EIO
+  /// once every holder of the slave closed it.
+  unique_fd pty;
 };
 
 class container {
@@ -209,6 +228,10 @@ public:
   /// not_found for a missing program, with the program's name).
   expected<uint64_t> exec(const command& cmd, const stdio& io);
 
+  /// A command::pty command's terminal master, once it runs (exec() returned
+  /// its id); the caller owns it. Invalid if there is none, or taken already.
+  unique_fd take_pty(uint64_t id);
+
   /// Waits for a command to end. With a deadline, errc::timeout once it passes
   /// (the command keeps running). errc::sandbox_failed if the sandbox died.
   expected<exit_status>
@@ -269,6 +292,7 @@ private:
     bool done = false;
     exit_status status;
     std::optional<error> failure;
+    unique_fd pty;
   };
   std::vector<pending> cmds_;
   std::vector<char> msg_; // reused exec message buffer

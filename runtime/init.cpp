@@ -6,7 +6,9 @@
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/ioctl.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/signalfd.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -24,6 +26,7 @@ namespace dsec {
 
 bool init_resets_oom_score_adj = false;
 int init_oom_score_fd = -1;
+int init_devpts_fd = -1;
 
 namespace {
 
@@ -116,6 +119,16 @@ struct vfork_result {
   sigset_t all;
   sigemptyset(&all);
   ::sigprocmask(SIG_SETMASK, &all, nullptr);
+  // Every signal at its default action: an ignored one survives execve, and
+  // the zygote inherits dsecd's (a daemon started in the background of a
+  // script ignores SIGINT and SIGQUIT), which would make ^C on a terminal,
+  // or a trainer's SIGINT, do nothing. (The vfork child has its own copy of
+  // the handlers: init's are not touched.)
+  struct sigaction dfl{};
+  dfl.sa_handler = SIG_DFL;
+  for (int sig = 1; sig < NSIG; ++sig)
+    if (sig != SIGKILL && sig != SIGSTOP)
+      (void) ::sigaction(sig, &dfl, nullptr);
   // Its own session and process group: no controlling terminal (so TIOCSTI on
   // a terminal passed in from the host fails), and signals reach the whole job.
   ::setsid();
@@ -147,6 +160,12 @@ struct vfork_result {
       fail(proto::exec_stage::fork);
   static_assert(proto::trusted_channel_fd == 3);
   sys::close_range(static_cast<unsigned>(n), ~0U, 0);
+  // A terminal's command: the slave (now at 0, 1 and 2) becomes the
+  // controlling terminal of the session setsid() made above; its process
+  // group is the terminal's foreground group (^C reaches it, a shell's job
+  // control works).
+  if ((m.flags & proto::exec_pty) && ::ioctl(0, TIOCSCTTY, 0) < 0)
+    fail(proto::exec_stage::fork);
   // The helper keeps CAP_SYS_CHROOT for the line above; its commands do not.
   if (x.trusted && security::drop_capabilities() < 0)
     fail(proto::exec_stage::fork);
@@ -203,7 +222,8 @@ bool parse_exec(size_t len, size_t nfds, proto::exec& m, const char*& cwd) {
   std::memcpy(&m, buf, sizeof m);
   const char* data = buf + sizeof m;
   size_t data_len = len - sizeof m;
-  bool ok = nfds == 3 && m.data_len == data_len && m.argc >= 1 && m.argc < 65536
+  bool pty = (m.flags & proto::exec_pty) != 0;
+  bool ok = nfds == (pty ? 0U : 3U) && m.data_len == data_len && m.argc >= 1 && m.argc < 65536
             && m.envc < 65536 && data_len > 0 && data[data_len - 1] == '\0';
   // Split the strings: cwd, argv..., env...
   cwd = data;
@@ -284,6 +304,46 @@ void start_trusted(init_state& s, const proto::exec& m, size_t len, const int* f
   send_or_exit(s.ctl, &fail, sizeof fail);
 }
 
+// A pseudo-terminal for command `m` (proto::exec_pty): its master, opened
+// from the sandbox's devpts through init_devpts_fd (never a path of the
+// sandbox; O_NONBLOCK, so not even a stranger file could make init wait), and
+// in `slave` its peer (TIOCGPTPEER: no path either), both close-on-exec.
+// Returns -errno on failure.
+int open_pty(const proto::exec& m, int& slave) {
+  if (init_devpts_fd < 0)
+    return -ENOTTY;
+  int master = ::openat(init_devpts_fd, "ptmx",
+                        O_RDWR | O_NOCTTY | O_NONBLOCK | O_CLOEXEC | O_NOFOLLOW);
+  if (master < 0)
+    return -errno;
+  struct stat st;
+  int unlock = 0;
+  winsize ws{};
+  ws.ws_row = m.rows;
+  ws.ws_col = m.cols;
+  int err = 0;
+  if (::fstat(master, &st) < 0)
+    err = errno;
+  else if (!S_ISCHR(st.st_mode))
+    err = ENOTTY;
+  else if (::ioctl(master, TIOCSPTLCK, &unlock) < 0 || ::ioctl(master, TIOCSWINSZ, &ws) < 0)
+    err = errno;
+  if (err == 0) {
+    slave = ::ioctl(master, TIOCGPTPEER, O_RDWR | O_NOCTTY | O_CLOEXEC);
+    if (slave < 0)
+      err = errno;
+  }
+  if (err != 0) {
+    ::close(master);
+    return -err;
+  }
+  // The command's own terminal, as login(1) would make it: owned by the user
+  // it runs as (devpts made it init's, the sandbox's root).
+  if (m.flags & proto::exec_set_ids)
+    (void) !::fchown(slave, m.uid, static_cast<gid_t>(-1));
+  return master;
+}
+
 // Parses one exec message and starts the command. Malformed messages are
 // answered with exec_failed(EPROTO).
 void handle_exec(init_state& s, size_t len, const int* fds, size_t nfds) {
@@ -304,6 +364,15 @@ void handle_exec(init_state& s, size_t len, const int* fds, size_t nfds) {
     send_or_exit(s.ctl, &fail, sizeof fail);
     return;
   }
+  if ((m.flags & proto::exec_pty) && (m.flags & proto::exec_trusted)) {
+    // A terminal of the sandbox's devpts is open to the agent (root in the
+    // sandbox): a trusted command's I/O must not go through one. dsec
+    // refuses this before sending it.
+    fail.stage = static_cast<uint32_t>(proto::exec_stage::fork);
+    fail.err = EPERM;
+    send_or_exit(s.ctl, &fail, sizeof fail);
+    return;
+  }
   if (m.flags & proto::exec_trusted) {
     start_trusted(s, m, len, fds);
     return;
@@ -314,25 +383,39 @@ void handle_exec(init_state& s, size_t len, const int* fds, size_t nfds) {
     send_or_exit(s.ctl, &fail, sizeof fail);
     return;
   }
+  int master = -1, slave = -1;
+  int pty_fds[3];
+  if (m.flags & proto::exec_pty) {
+    master = open_pty(m, slave);
+    if (master < 0) {
+      fail.stage = static_cast<uint32_t>(proto::exec_stage::fork);
+      fail.err = -master;
+      send_or_exit(s.ctl, &fail, sizeof fail);
+      return;
+    }
+    pty_fds[0] = pty_fds[1] = pty_fds[2] = slave;
+  }
+  const int* const cmd_fds = master >= 0 ? pty_fds : fds;
   vfork_result r{0, 0};
   pid_t pid;
   {
     raised_oom_score raised;
     pid = ::vfork();
     if (pid == 0)
-      exec_child(m, cwd, argv_buf, envp_buf, fds, exec_extras{}, &r);
+      exec_child(m, cwd, argv_buf, envp_buf, cmd_fds, exec_extras{}, &r);
   }
-  if (pid < 0) {
-    fail.stage = static_cast<uint32_t>(proto::exec_stage::fork);
-    fail.err = errno;
-    send_or_exit(s.ctl, &fail, sizeof fail);
-    return;
-  }
-  if (r.err != 0) {
-    int st;
-    sys::retry([&] { return ::waitpid(pid, &st, 0); });
-    fail.stage = r.stage;
-    fail.err = r.err;
+  if (slave >= 0)
+    ::close(slave); // the command holds it: its last close ends the master's stream
+  if (pid < 0 || r.err != 0) {
+    int err = pid < 0 ? errno : r.err;
+    if (pid > 0) {
+      int st;
+      sys::retry([&] { return ::waitpid(pid, &st, 0); });
+    }
+    if (master >= 0)
+      ::close(master);
+    fail.stage = pid < 0 ? static_cast<uint32_t>(proto::exec_stage::fork) : r.stage;
+    fail.err = err;
     send_or_exit(s.ctl, &fail, sizeof fail);
     return;
   }
@@ -340,6 +423,13 @@ void handle_exec(init_state& s, size_t len, const int* fds, size_t nfds) {
   proto::started st;
   st.id = m.id;
   st.pid = pid;
+  if (master >= 0) {
+    // The master goes to dsec; init keeps nothing of the terminal.
+    if (unix_socket::send(s.ctl, &st, sizeof st, &master, 1) < 0)
+      ::_exit(0);
+    ::close(master);
+    return;
+  }
   send_or_exit(s.ctl, &st, sizeof st);
 }
 
@@ -411,6 +501,11 @@ void helper_exec(int sock, size_t len, const int* fds, size_t nfds) {
   fail.stage = static_cast<uint32_t>(proto::exec_stage::fork);
   if (!ok) {
     fail.err = EPROTO;
+    helper_reply(sock, &fail, sizeof fail);
+    return;
+  }
+  if (m.flags & proto::exec_pty) {
+    fail.err = EPERM; // init never forwards one (no terminal for trusted commands)
     helper_reply(sock, &fail, sizeof fail);
     return;
   }
@@ -505,6 +600,9 @@ int start_trusted_helper(int ctl, char* argv_begin, size_t argv_len, int channel
     ::close(sv[0]);
     if (init_oom_score_fd >= 0)
       ::close(init_oom_score_fd);
+    if (init_devpts_fd >= 0)
+      ::close(init_devpts_fd); // trusted commands get no terminal
+    init_devpts_fd = -1;
     helper_channel = channel;
     helper_pristine = pristine;
     // It dies with init: init is pid 1 of the sandbox's pid namespace, so its

@@ -51,6 +51,16 @@ extern bool init_resets_oom_score_adj;
 /// each fork, so that its children start there, and goes back to 0.
 extern int init_oom_score_fd;
 
+/// The root of the sandbox's own devpts instance, an O_PATH descriptor the
+/// zygote's child opened right after mounting it (before any command of the
+/// sandbox ran), or -1. Init opens pseudo-terminals (proto::exec_pty) through
+/// it, never through a path of the sandbox: an agent that renames, replaces
+/// or symlinks /dev/pts, or /dev/ptmx, changes nothing for init. (devpts
+/// itself lets nobody create, rename or remove its entries, and the sandbox
+/// holds no CAP_SYS_ADMIN to mount over them.) The trusted helper and the
+/// commands do not inherit it.
+extern int init_devpts_fd;
+
 /// Serves `ctl` until it closes; never returns. `helper`: the trusted helper's
 /// socket (start_trusted_helper), or -1 when there is none: trusted commands
 /// are then refused.

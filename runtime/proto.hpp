@@ -154,9 +154,18 @@ constexpr uint32_t exec_set_ids = 1; ///< uid/gid are set: switch to them
 constexpr uint32_t exec_trusted = 2; ///< started by the trusted helper (spawn_chronus)
 /// With exec_trusted: the command's root is the pristine root, not the agent's.
 constexpr uint32_t exec_pristine = 4;
+/// On a pseudo-terminal (untrusted commands only): init opens its master from
+/// the sandbox's devpts instance, through the descriptor of that instance's
+/// root it took at setup (no path of the sandbox is looked up), takes the slave
+/// with TIOCGPTPEER, sets the window size (rows, cols), and starts the command
+/// as a session leader whose controlling terminal is the slave, at its stdin,
+/// stdout and stderr. No descriptors are attached to the exec; `started`
+/// comes with the master attached (init keeps no copy of either end).
+constexpr uint32_t exec_pty = 8;
 
 /// Followed by `data_len` bytes: cwd NUL, argc args each NUL-terminated, then
-/// envc "K=V" strings each NUL-terminated. stdin, stdout, stderr attached.
+/// envc "K=V" strings each NUL-terminated. stdin, stdout, stderr attached
+/// (none with exec_pty).
 struct exec {
   header h{magic, type::exec};
   uint64_t id = 0;
@@ -166,6 +175,9 @@ struct exec {
   uint32_t argc = 0;
   uint32_t envc = 0;
   uint32_t data_len = 0;
+  uint16_t rows = 0; ///< exec_pty: the terminal's window size
+  uint16_t cols = 0;
+  uint32_t pad = 0;
 };
 
 /// Largest exec message (header + strings). SEQPACKET messages must fit the
@@ -178,6 +190,7 @@ struct signal {
   int32_t sig = 0;
 };
 
+/// With exec_pty, the terminal's master is attached.
 struct started {
   header h{magic, type::started};
   uint64_t id = 0;

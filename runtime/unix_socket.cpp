@@ -35,7 +35,7 @@ ssize_t send(int sock, const void* buf, size_t len, const int* fds, size_t nfds)
   return n;
 }
 
-ssize_t recv(int sock, void* buf, size_t cap, int* fds, size_t max, size_t* nfds) {
+ssize_t recv(int sock, void* buf, size_t cap, int* fds, size_t max, size_t* nfds, int flags) {
   iovec iov{buf, cap};
   msghdr msg{};
   msg.msg_iov = &iov;
@@ -45,7 +45,7 @@ ssize_t recv(int sock, void* buf, size_t cap, int* fds, size_t max, size_t* nfds
   msg.msg_controllen = sizeof(control);
   ssize_t n;
   do
-    n = ::recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
+    n = ::recvmsg(sock, &msg, MSG_CMSG_CLOEXEC | flags);
   while (n < 0 && errno == EINTR);
   if (nfds)
     *nfds = 0;

@@ -20,7 +20,9 @@ ssize_t send(int sock, const void* buf, size_t len, const int* fds, size_t nfds)
 /// and their count in `*nfds`. Returns bytes received, 0 on EOF, or -1 with errno.
 /// A truncated message or surplus descriptors fail with EMSGSIZE (the extra
 /// descriptors are closed), so a peer cannot smuggle or overflow anything.
-ssize_t recv(int sock, void* buf, size_t cap, int* fds, size_t max, size_t* nfds);
+/// `flags` are recvmsg's (MSG_DONTWAIT: EAGAIN rather than wait).
+ssize_t recv(int sock, void* buf, size_t cap, int* fds, size_t max, size_t* nfds,
+             int flags = 0);
 
 /// socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC).
 int pair(int out[2]);

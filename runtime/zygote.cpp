@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <grp.h>
 #include <linux/capability.h>
+#include <linux/magic.h>
 #include <linux/sched.h>
 #include <net/if.h>
 #include <poll.h>
@@ -17,6 +18,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -358,6 +360,16 @@ void close_all_but(int* keep, size_t n) {
   if (::mount("devpts", "/mnt/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC,
               "newinstance,ptmxmode=0666,mode=0620,gid=5") < 0)
     child_fail(c, S::mount_devpts, "/dev/pts", errno);
+  // Its root, kept by init for the sandbox's terminals (init_devpts_fd): no
+  // process of the sandbox exists yet, so this is the instance just mounted.
+  init_devpts_fd = ::open("/mnt/dev/pts", O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  {
+    struct statfs fs{};
+    if (init_devpts_fd < 0 || ::fstatfs(init_devpts_fd, &fs) < 0)
+      child_fail(c, S::mount_devpts, "/dev/pts", errno);
+    if (fs.f_type != DEVPTS_SUPER_MAGIC)
+      child_fail(c, S::mount_devpts, "/dev/pts", ENOTTY);
+  }
   mark(c, S::mount_devpts);
   bool chronus = (req.flags & proto::spawn_chronus) != 0;
   int channel = -1, pristine = -1;
@@ -410,8 +422,8 @@ void close_all_but(int* keep, size_t n) {
   // Of the zygote's descriptors (its pool, its epoll, our parent's stdio) only
   // the control socket stays, and in a Chronus sandbox the helper's two.
   {
-    int keep[4] = {c.ctl, channel, pristine, init_oom_score_fd};
-    close_all_but(keep, 4);
+    int keep[5] = {c.ctl, channel, pristine, init_oom_score_fd, init_devpts_fd};
+    close_all_but(keep, 5);
   }
   // A Chronus sandbox: the trusted helper stays in the sandbox's Landlock
   // domain, init (and every untrusted command it starts) enters a nested one.

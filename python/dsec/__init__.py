@@ -84,6 +84,8 @@ Seconds = Union[int, float]
 Command = Union[str, Sequence[str]]
 Env = Union[Mapping[str, str], Sequence[str]]
 User = Union[int, tuple[int, int]]
+# A terminal for a command: True (24 rows, 80 columns) or (rows, cols).
+Pty = Union[bool, tuple[int, int]]
 OutputFn = Callable[[str, bytes], object]  # f(stream, chunk): stream "stdout" or "stderr"
 _Done = Callable[[Any, Optional[BaseException]], None]
 
@@ -94,7 +96,7 @@ __all__ = [
     "Error", "InvalidArgument", "NotFound", "AlreadyExists", "WrongKind", "InUse", "Malformed",
     "TooLarge", "Unauthenticated", "Unauthorized", "Overloaded", "SystemFailure", "ToolFailed",
     "Timeout", "SandboxFailed", "Disconnected", "Lost", "Unsupported", "Closed", "CommandFailed",
-    "Paused", "Answer", "Data", "Size", "Seconds", "Command", "Env", "User", "Process",
+    "Paused", "Answer", "Data", "Size", "Seconds", "Command", "Env", "User", "Pty", "Process",
 ]
 
 # ---- clients still open at exit are closed before the interpreter goes ---------------
@@ -215,6 +217,22 @@ def _port(name: str, value: object) -> int:
     if not 1 <= value <= 65535:
         raise ValueError(f"{name}: expected a TCP port from 1 to 65535, got {value}")
     return value
+
+
+def _set_pty(req: _dsec.ExecRequest, pty: object) -> None:
+    """exec's pty=: True, or (rows, cols)."""
+    if pty is False or pty is None:
+        return
+    if pty is True:
+        rows, cols = 24, 80
+    elif isinstance(pty, tuple) and len(pty) == 2:
+        rows = _int("pty (rows)", pty[0], lo=1, hi=65535)
+        cols = _int("pty (cols)", pty[1], lo=1, hi=65535)
+    else:
+        raise TypeError(f"pty: expected True or (rows, cols), got {pty!r}")
+    req.tty = True
+    req.rows = rows
+    req.cols = cols
 
 
 def _request(cmd: object, timeout: object, env: object, cwd: object, user: object,
@@ -1114,6 +1132,18 @@ class Process:
         self._n.signal_async(_int("sig", sig, lo=1, hi=64), done)
         await fut
 
+    def resize(self, rows: int, cols: int) -> None:
+        """Sets the window size of its terminal (exec(..., pty=...)); its
+        foreground process group gets SIGWINCH. dsec.InvalidArgument without
+        a terminal."""
+        self._n.resize(_int("rows", rows, lo=1, hi=65535), _int("cols", cols, lo=1, hi=65535))
+
+    async def resize_async(self, rows: int, cols: int) -> None:
+        fut, done = _future()
+        self._n.resize_async(_int("rows", rows, lo=1, hi=65535),
+                             _int("cols", cols, lo=1, hi=65535), done)
+        await fut
+
     def send_stdin(self, data: Data) -> None:
         """Writes `data` (bytes or str) to its stdin; returns once the daemon
         took it. dsec.Closed once its stdin is closed or it ended."""
@@ -1213,7 +1243,7 @@ class Sandbox:
     def exec(self, cmd: Command, *, timeout: Seconds | None = None, env: Env | None = None,
              cwd: str | None = None, user: User | None = None, input: Data | None = None,
              trusted: bool = False, idempotent: bool = False, max_output: int | None = None,
-             pristine: bool = False, check: bool = False, background: Literal[False] = False,
+             pristine: bool = False, check: bool = False, pty: Pty = False, background: Literal[False] = False,
              stdin: None = None, stream: Literal[False] = False,
              on_output: None = None) -> ExecResult: ...
 
@@ -1221,14 +1251,14 @@ class Sandbox:
     def exec(self, cmd: Command, *, timeout: Seconds | None = None, env: Env | None = None,
              cwd: str | None = None, user: User | None = None, input: Data | None = None,
              trusted: bool = False, idempotent: bool = False, max_output: int | None = None,
-             pristine: bool = False, check: bool = False, background: Literal[True],
+             pristine: bool = False, check: bool = False, pty: Pty = False, background: Literal[True],
              stdin: bool | None = None, stream: bool = False,
              on_output: OutputFn | None = None) -> Process: ...
 
     def exec(self, cmd: Command, *, timeout: Seconds | None = None, env: Env | None = None,
              cwd: str | None = None, user: User | None = None, input: Data | None = None,
              trusted: bool = False, idempotent: bool = False, max_output: int | None = None,
-             pristine: bool = False, check: bool = False, background: bool = False,
+             pristine: bool = False, check: bool = False, pty: Pty = False, background: bool = False,
              stdin: bool | None = None, stream: bool = False,
              on_output: OutputFn | None = None) -> ExecResult | Process:
         """Runs a command and collects its output; returns an ExecResult.
@@ -1256,9 +1286,21 @@ class Sandbox:
         stdin=False (then it is `input` and its end); on_output=f(stream,
         chunk) streams its output to f, stream=True to the Process's
         iteration, else it is collected into its result.
+
+        pty=True (24 rows, 80 columns) or pty=(rows, cols) runs it on a
+        terminal of the sandbox: it is a session leader with the terminal as
+        its controlling terminal, stdin, stdout and stderr (TERM is
+        xterm-256color unless env sets it); its output is one stream
+        (result.stdout, stream "stdout"), with the terminal's echo and \\r\\n.
+        Its input is `input` and then its end (^D); in the background,
+        send_stdin() types into it (b"\\x03" is ^C: SIGINT to its foreground
+        process group), close_stdin() types ^D, and Process.resize(rows, cols)
+        changes its window (SIGWINCH). Not with trusted; microVM sandboxes
+        and function calls have no terminals (dsec.Unsupported).
         """
         req = _request(cmd, timeout, env, cwd, user, input, trusted, idempotent, max_output,
                        pristine)
+        _set_pty(req, pty)
         if background:
             return self._start(req, check, None, stdin, stream, on_output)
         if stdin or stream or on_output is not None:
@@ -1281,7 +1323,7 @@ class Sandbox:
                          user: User | None = None, input: Data | None = None,
                          trusted: bool = False, idempotent: bool = False,
                          max_output: int | None = None, pristine: bool = False,
-                         check: bool = False, background: Literal[False] = False,
+                         check: bool = False, pty: Pty = False, background: Literal[False] = False,
                          stdin: None = None, stream: Literal[False] = False,
                          on_output: None = None) -> ExecResult: ...
 
@@ -1291,7 +1333,7 @@ class Sandbox:
                          user: User | None = None, input: Data | None = None,
                          trusted: bool = False, idempotent: bool = False,
                          max_output: int | None = None, pristine: bool = False,
-                         check: bool = False, background: Literal[True],
+                         check: bool = False, pty: Pty = False, background: Literal[True],
                          stdin: bool | None = None, stream: bool = False,
                          on_output: OutputFn | None = None) -> Process: ...
 
@@ -1300,7 +1342,7 @@ class Sandbox:
                          user: User | None = None, input: Data | None = None,
                          trusted: bool = False, idempotent: bool = False,
                          max_output: int | None = None, pristine: bool = False,
-                         check: bool = False, background: bool = False,
+                         check: bool = False, pty: Pty = False, background: bool = False,
                          stdin: bool | None = None, stream: bool = False,
                          on_output: OutputFn | None = None) -> ExecResult | Process:
         """The asyncio exec. Cancelling the awaiting task stops the command in
@@ -1309,6 +1351,7 @@ class Sandbox:
         (stream=True)."""
         req = _request(cmd, timeout, env, cwd, user, input, trusted, idempotent, max_output,
                        pristine)
+        _set_pty(req, pty)
         if background:
             return self._start(req, check, asyncio.get_running_loop(), stdin, stream,
                                on_output)

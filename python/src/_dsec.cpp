@@ -671,7 +671,10 @@ void bind_values(py::module_& m) {
     .def_readwrite("idempotent", &exec_request::idempotent)
     .def_readwrite("pristine", &exec_request::pristine)
     .def_readwrite("handle", &exec_request::handle)
-    .def_readwrite("open_stdin", &exec_request::open_stdin);
+    .def_readwrite("open_stdin", &exec_request::open_stdin)
+    .def_readwrite("tty", &exec_request::tty)
+    .def_readwrite("rows", &exec_request::rows)
+    .def_readwrite("cols", &exec_request::cols);
 
   py::class_<exec_result>(m, "ExecResult", "How a command ended, and its output.")
     .def_readonly("exit_code", &exec_result::exit_code)
@@ -1022,7 +1025,25 @@ public:
     py::gil_scoped_release nogil;
     p->signal_async(sig, std::move(fin));
   }
+  void resize_async(uint16_t rows, uint16_t cols, py::object done) {
+    auto s = co().start();
+    auto p = get();
+    auto fin = to_python<void>(std::move(done), s.tok, identity{});
+    py::gil_scoped_release nogil;
+    p->resize_async(rows, cols, std::move(fin));
+  }
   // The blocking verbs (interruptible waits, as every blocking call).
+  void resize(uint16_t rows, uint16_t cols) {
+    waiter<void> w;
+    {
+      auto s = co().start();
+      auto p = get();
+      py::gil_scoped_release nogil;
+      p->resize_async(rows, cols, to_waiter(w, s.tok));
+    }
+    if (auto r = await_outcome(w); !r)
+      raise(std::move(r).error_value());
+  }
   void write(const py::bytes& data) {
     std::string bytes{data};
     constexpr size_t piece = 128u << 10; // each waits for room in the daemon
@@ -1526,6 +1547,8 @@ void bind_streams(py::module_& m) {
     .def("close_stdin_async", &py_process::close_stdin_async)
     .def("signal", &py_process::signal)
     .def("signal_async", &py_process::signal_async)
+    .def("resize", &py_process::resize)
+    .def("resize_async", &py_process::resize_async)
     .def("wait", &py_process::wait)
     .def("done", &py_process::done)
     .def("cancel", &py_process::cancel);

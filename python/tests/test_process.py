@@ -181,5 +181,71 @@ class AsyncBackground(unittest.TestCase):
         asyncio.run(main())
 
 
+class Terminals(unittest.TestCase):
+    """exec(..., pty=...): a terminal of the sandbox (issue 23)."""
+
+    def setUp(self):
+        self.c = dsec.connect(D.address)
+        self.addCleanup(self.c.close)
+
+    def test_a_command_on_a_terminal_sees_one_of_the_size_asked(self):
+        with self.c.session(quota=1, ttl=120) as s:
+            sb = s.create("py@1")[0]
+            r = sb.exec("busybox tty; [ -t 0 ] && [ -t 2 ] && echo ttys; busybox stty size; "
+                        "echo TERM=$TERM; exit 3", pty=(31, 97))
+            self.assertEqual(r.exit_code, 3)
+            self.assertEqual(r.stderr, b"")
+            self.assertIn(b"/dev/pts/", r.stdout)
+            self.assertIn(b"ttys\r\n31 97\r\nTERM=xterm-256color\r\n", r.stdout)
+            self.assertIn(b"24 80\r\n", sb.exec("busybox stty size", pty=True).stdout)
+            self.assertEqual(sb.exec("[ -t 0 ] || echo none").stdout, b"none\n")
+            with self.assertRaises(TypeError):
+                sb.exec("true", pty="yes")  # type: ignore[arg-type]
+            with self.assertRaises(ValueError):
+                sb.exec("true", pty=(0, 80))
+
+    def test_resize_stdin_and_ctrl_c_in_the_background(self):
+        with self.c.session(quota=1, ttl=120) as s:
+            sb = s.create("py@1")[0]
+            seen = []
+            lock = threading.Lock()
+
+            def on_output(stream, chunk):
+                with lock:
+                    seen.append((stream, chunk))
+
+            def text():
+                with lock:
+                    return b"".join(c for _, c in seen)
+
+            p = sb.exec("trap 'busybox stty size; echo winched' WINCH; trap 'echo int; exit 6' "
+                        "INT; read -r x; echo got=$x; while :; do sleep 0.05; done",
+                        background=True, pty=(20, 50), on_output=on_output)
+            p.send_stdin(b"hello\n")
+            self.assertTrue(eventually(lambda: b"got=hello\r\n" in text()), text())
+            p.resize(44, 120)
+            self.assertTrue(eventually(lambda: b"44 120\r\nwinched" in text()), text())
+            p.send_stdin(b"\x03")  # ^C: SIGINT to its foreground process group
+            r = p.wait()
+            self.assertEqual(r.exit_code, 6, text())
+            self.assertIn(b"int\r\n", text())
+            self.assertTrue(all(stream == "stdout" for stream, _ in seen), seen)
+            # A command without a terminal cannot be resized.
+            q = sb.exec(["sleep", "100"], background=True)
+            with self.assertRaises(dsec.InvalidArgument):
+                q.resize(10, 10)
+            q.kill()
+            self.assertEqual(q.wait().signal, signal.SIGKILL)
+
+    def test_close_stdin_types_eof(self):
+        with self.c.session(quota=1, ttl=120) as s:
+            sb = s.create("py@1")[0]
+            p = sb.exec(["cat"], background=True, pty=True)
+            p.send_stdin("line\n")
+            p.close_stdin()
+            r = p.wait()
+            self.assertEqual((r.exit_code, r.stdout), (0, b"line\r\nline\r\n"))
+
+
 if __name__ == "__main__":
     unittest.main()

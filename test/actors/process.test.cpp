@@ -295,3 +295,218 @@ TEST_CASE("a command that closes its stdin: its writers hear closed, and the dae
   REQUIRE(again);
   CHECK(again->out == "alive\n");
 }
+
+// ---- terminals (exec_request.tty; issue 23) ----------------------------------------
+
+namespace {
+
+exec_request on_tty(std::vector<std::string> argv, uint16_t rows = 0, uint16_t cols = 0) {
+  auto r = cmd(std::move(argv));
+  r.tty = true;
+  r.rows = rows;
+  r.cols = cols;
+  r.timeout_ms = 300'000; // a safety net should a case hang, never a measure
+  return r;
+}
+
+// A started terminal command's streamed output, for waiting on.
+struct tty_out {
+  std::mutex mu;
+  std::string text;
+  output_fn fn() {
+    return [this](uint8_t stream, std::string_view d) {
+      std::lock_guard<std::mutex> g{mu};
+      CHECK(stream == 1); // a terminal is one stream
+      text += d;
+    };
+  }
+  bool has(const std::string& part) {
+    std::lock_guard<std::mutex> g{mu};
+    return text.find(part) != std::string::npos;
+  }
+  std::string get() {
+    std::lock_guard<std::mutex> g{mu};
+    return text;
+  }
+};
+
+bool has(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
+} // namespace
+
+TEST_CASE("a terminal: the command's stdin, stdout and stderr are a pty of the sandbox, of the "
+          "size asked, TERM set, one output stream") {
+  embedded n;
+  auto s = open_one(*n.c);
+  auto id = make_one(*s);
+  auto r = s->exec(id, on_tty({"sh", "-c",
+                               "busybox tty; [ -t 0 ] && [ -t 1 ] && [ -t 2 ] && echo all-ttys; "
+                               "busybox stty size; echo TERM=$TERM; echo to-stderr >&2; exit 42"},
+                              33, 101));
+  REQUIRE_MESSAGE(r, describe(r.error_value()));
+  CHECK(r->exit_code == 42);
+  CHECK(r->err.empty()); // stderr is the terminal too
+  INFO(r->out);
+  CHECK(has(r->out, "/dev/pts/"));
+  CHECK(has(r->out, "all-ttys\r\n")); // the terminal's output processing: \r\n
+  CHECK(has(r->out, "33 101\r\n"));
+  CHECK(has(r->out, "TERM=xterm-256color\r\n"));
+  CHECK(has(r->out, "to-stderr\r\n"));
+  // The default size, and a TERM the request sets.
+  auto req = on_tty({"sh", "-c", "busybox stty size; echo TERM=$TERM"});
+  req.env = {"TERM=vt100"};
+  auto d = s->exec(id, req);
+  REQUIRE_MESSAGE(d, describe(d.error_value()));
+  CHECK(has(d->out, "24 80\r\n"));
+  CHECK(has(d->out, "TERM=vt100\r\n"));
+  // Without one, the same command has no terminal.
+  auto plain = s->exec(id, cmd({"sh", "-c", "[ -t 0 ] || [ -t 1 ] || echo no-tty"}));
+  REQUIRE(plain);
+  CHECK(plain->out == "no-tty\n");
+  // `input` is typed in, then ^D ends it: cat sees its end.
+  auto in = on_tty({"cat"});
+  in.input = "typed\n";
+  auto c = s->exec(id, in);
+  REQUIRE_MESSAGE(c, describe(c.error_value()));
+  CHECK(c->exit_code == 0);
+  CHECK(c->out == "typed\r\ntyped\r\n"); // its echo, then cat's copy
+}
+
+TEST_CASE("a terminal through a handle: stdin typed in, ^D on close, resize with SIGWINCH") {
+  embedded n;
+  auto s = open_one(*n.c);
+  auto id = make_one(*s);
+  SUBCASE("stdin, then its close types ^D") {
+    auto req = on_tty({"sh", "-c", "read -r line; echo got=$line; cat; echo cat-ended"});
+    req.handle = req.open_stdin = true;
+    tty_out out;
+    auto p = s->start(id, req, out.fn());
+    REQUIRE(p->write("hello\n"));
+    REQUIRE(eventually([&] { return out.has("got=hello\r\n"); }));
+    REQUIRE(p->write("more\n"));
+    REQUIRE(p->close_stdin());
+    auto r = p->wait();
+    REQUIRE_MESSAGE(r, describe(r.error_value()));
+    CHECK(r->exit_code == 0);
+    INFO(out.get());
+    CHECK(out.has("more\r\nmore\r\n"));
+    CHECK(out.has("cat-ended\r\n"));
+  }
+  SUBCASE("resize: stty size and a shell's WINCH trap see the new size") {
+    auto req = on_tty({"sh", "-c",
+                       "trap 'busybox stty size; echo winched; exit 3' WINCH; busybox stty size;"
+                       " echo ready; while :; do sleep 0.05; done"},
+                      20, 60);
+    req.handle = true;
+    tty_out out;
+    auto p = s->start(id, req, out.fn());
+    REQUIRE(eventually([&] { return out.has("ready\r\n"); }));
+    CHECK(out.has("20 60\r\n"));
+    REQUIRE(p->resize(41, 133));
+    auto r = p->wait();
+    REQUIRE_MESSAGE(r, describe(r.error_value()));
+    INFO(out.get());
+    CHECK(r->exit_code == 3);
+    CHECK(out.has("41 133\r\nwinched\r\n"));
+    // It ended: resize has nothing to resize.
+    auto late = p->resize(10, 10);
+    REQUIRE_FALSE(late);
+  }
+  SUBCASE("^C interrupts the foreground sleep of sh, which goes on") {
+    auto req = on_tty({"sh", "-c",
+                       "trap 'echo trapped' INT; echo ready; sleep 100; echo after=$?; exit 5"});
+    req.handle = req.open_stdin = true;
+    tty_out out;
+    auto p = s->start(id, req, out.fn());
+    REQUIRE(eventually([&] { return out.has("ready\r\n"); }));
+    // Once its sleep runs (a ^C before it would not reach the sleep).
+    REQUIRE(eventually([&] {
+      auto ps = s->exec(id, cmd({"sh", "-c", "ps | grep -v grep | grep -q 'sleep 100'"}));
+      return ps && ps->exit_code == 0;
+    }));
+    REQUIRE(p->write("\x03"));
+    auto r = p->wait();
+    REQUIRE_MESSAGE(r, describe(r.error_value()));
+    INFO(out.get());
+    CHECK(r->exit_code == 5);
+    CHECK(out.has("trapped\r\n"));
+    CHECK(out.has("after=130\r\n")); // the sleep died of SIGINT
+  }
+  SUBCASE("signals go to its process group; the exit status says which") {
+    auto req = on_tty({"sleep", "100"});
+    req.handle = true;
+    auto p = s->start(id, req);
+    REQUIRE(p->id());
+    REQUIRE(p->signal(SIGTERM));
+    auto r = p->wait();
+    REQUIRE_MESSAGE(r, describe(r.error_value()));
+    CHECK(r->signal == SIGTERM);
+    CHECK(r->exit_code == 128 + SIGTERM);
+  }
+  SUBCASE("its timeout kills it") {
+    auto req = on_tty({"sh", "-c", "echo started; sleep 100"});
+    req.timeout_ms = 200;
+    auto r = s->exec(id, req);
+    REQUIRE_MESSAGE(r, describe(r.error_value()));
+    CHECK(r->timed_out);
+    CHECK(r->signal == SIGKILL);
+  }
+  // Nothing is left running in the sandbox.
+  CHECK(eventually([&] { return running_in(*n.c, id) == 0; }));
+}
+
+TEST_CASE("a terminal works whatever the sandbox did to /dev (init never looks up a path)") {
+  embedded n;
+  auto s = open_one(*n.c);
+  auto id = make_one(*s);
+  // The agent replaces /dev/ptmx with a fifo and puts a link to nowhere at
+  // /dev/console: dsec's terminals do not go through either.
+  auto bad = s->exec(id, cmd({"sh", "-c",
+                              "rm -f /dev/ptmx; busybox mkfifo /dev/ptmx && "
+                              "busybox ln -sf /nowhere /dev/console && echo done"}));
+  REQUIRE(bad);
+  REQUIRE(bad->out == "done\n");
+  auto r = s->exec(id, on_tty({"sh", "-c", "[ -t 0 ] && busybox stty size"}, 12, 34));
+  REQUIRE_MESSAGE(r, describe(r.error_value()));
+  CHECK(r->exit_code == 0);
+  CHECK(r->out == "12 34\r\n");
+}
+
+TEST_CASE("bad terminal requests are refused and named") {
+  embedded n;
+  auto s = open_one(*n.c);
+  auto id = make_one(*s);
+  SUBCASE("with detach") {
+    auto req = on_tty({"sleep", "1"});
+    req.detach = true;
+    auto r = s->exec(id, req);
+    REQUIRE_FALSE(r);
+    CHECK(r.error_value().code == errc::unsupported);
+    CHECK(has(r.error_value().message, "detached"));
+  }
+  SUBCASE("resize of a command without one") {
+    auto req = cmd({"sleep", "100"});
+    req.handle = true;
+    auto p = s->start(id, req);
+    REQUIRE(p->id());
+    auto r = p->resize(10, 20);
+    REQUIRE_FALSE(r);
+    CHECK(r.error_value().code == errc::invalid_argument);
+    CHECK(has(r.error_value().message, "no terminal"));
+    REQUIRE(p->signal(SIGKILL));
+    REQUIRE(p->wait());
+  }
+  SUBCASE("a resize to nothing") {
+    auto req = on_tty({"sleep", "100"});
+    req.handle = true;
+    auto p = s->start(id, req);
+    REQUIRE(p->id());
+    auto r = p->resize(0, 20);
+    REQUIRE_FALSE(r);
+    CHECK(r.error_value().code == errc::invalid_argument);
+    REQUIRE(p->signal(SIGKILL));
+    REQUIRE(p->wait());
+  }
+}

@@ -1487,3 +1487,119 @@ TEST_CASE("remote exec -i and run -i stream 100 MB of stdin with back-pressure: 
   CHECK_MESSAGE(r.status == 0, r.describe());
   d.finish();
 }
+
+// A real pseudo-terminal, made by Python's pty module, as dsec's terminal: it
+// runs argv as a session leader with the pty as its controlling terminal (30
+// rows, 90 columns), types into it, resizes it, and reports what it saw.
+const char* pty_driver = R"PY(
+import os, sys, pty, select, time, fcntl, termios, struct
+argv = sys.argv[1:]
+master, slave = pty.openpty()
+fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 90, 0, 0))
+before = termios.tcgetattr(slave)
+pid = os.fork()
+if pid == 0:
+    os.setsid()
+    fcntl.ioctl(slave, termios.TIOCSCTTY, 0)
+    for fd in (0, 1, 2):
+        os.dup2(slave, fd)
+    os.close(master)
+    os.close(slave)
+    os.execv(argv[0], argv)
+buf = b""
+def wait_for(text, limit=120):  # a safety net, never a measure
+    global buf
+    end = time.monotonic() + limit
+    while text not in buf:
+        if time.monotonic() > end:
+            sys.exit("no %r in %r" % (text, buf))
+        r, _, _ = select.select([master], [], [], 0.5)
+        if r:
+            try:
+                buf += os.read(master, 4096)
+            except OSError:
+                sys.exit("dsec ended before %r: %r" % (text, buf))
+wait_for(b"30 90")
+during = termios.tcgetattr(slave)
+if os.environ.get("PTY_DRIVER_TERM"):  # dsec interrupted: its terminal restored all the same
+    os.kill(pid, 15)
+    _, st = os.waitpid(pid, 0)
+    print("status", os.waitstatus_to_exitcode(st))
+    print("raw", int(not (during[3] & termios.ECHO) and not (during[3] & termios.ICANON)))
+    print("restored", int(termios.tcgetattr(slave) == before))
+    sys.exit(0)
+os.write(master, b"hi\r")
+wait_for(b"got=hi")
+wait_for(b"waiting")
+fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 100, 0, 0))
+wait_for(b"winched")
+os.write(master, b"\x03")
+wait_for(b"interrupted")
+_, st = os.waitpid(pid, 0)
+after = termios.tcgetattr(slave)
+print("status", os.waitstatus_to_exitcode(st))
+print("raw", int(not (during[3] & termios.ECHO) and not (during[3] & termios.ICANON)))
+print("restored", int(after == before))
+print("resized", int(b"40 100" in buf))
+print(repr(buf))
+)PY";
+
+// What the sandbox runs on its terminal for pty_driver.
+const char* pty_script =
+  "busybox stty size; read x; echo got=$x; "
+  "trap 'busybox stty size; echo winched' WINCH; trap 'echo interrupted; exit 7' INT; "
+  "echo waiting; while :; do sleep 0.05; done";
+
+TEST_CASE("remote exec -it and run -it on a real terminal; -t without one") {
+  daemon_proc d;
+  auto id = d.detached();
+  auto drive = [&](const std::vector<std::string>& args) {
+    std::vector<std::string> argv{"/usr/bin/python3", "-c", pty_driver, d.dsec_bin, "--connect",
+                                  d.where};
+    argv.insert(argv.end(), args.begin(), args.end());
+    auto r = run_process(argv);
+    CHECK_FALSE_MESSAGE(r.safety_killed, r.describe());
+    INFO(r.describe());
+    REQUIRE(r.status == 0);
+    // Our terminal was raw while CMD ran (so ^C was a key for its terminal,
+    // which made it SIGINT there) and is restored after; its size followed ours.
+    CHECK(contains(r.out, "status 7\n"));
+    CHECK(contains(r.out, "raw 1\n"));
+    CHECK(contains(r.out, "restored 1\n"));
+    CHECK(contains(r.out, "resized 1\n"));
+  };
+  SUBCASE("exec -it") {
+    drive({"exec", "-it", id, "--", "sh", "-c", pty_script});
+  }
+  SUBCASE("run -i -t") {
+    drive({"run", "-i", "-t", "--base", tar_base, "--", "sh", "-c", pty_script});
+  }
+  SUBCASE("exec -it stopped by SIGTERM: our terminal is restored") {
+    spawn_options o;
+    o.in_child = [] { ::setenv("PTY_DRIVER_TERM", "1", 1); };
+    auto r = run_process({"/usr/bin/python3", "-c", pty_driver, d.dsec_bin, "--connect", d.where,
+                          "exec", "-it", id, "--", "sh", "-c", pty_script},
+                         o);
+    INFO(r.describe());
+    REQUIRE(r.status == 0);
+    CHECK(contains(r.out, "status 143\n"));
+    CHECK(contains(r.out, "raw 1\n"));
+    CHECK(contains(r.out, "restored 1\n"));
+  }
+  SUBCASE("-t without a terminal of ours: 24x80, no raw mode, CMD's status") {
+    auto r = d.dsec({"exec", "-t", id, "--", "sh", "-c",
+                     "[ -t 0 ] && busybox stty size && echo TERM=$TERM; exit 4"});
+    CHECK_MESSAGE(r.status == 4, r.describe());
+    CHECK_MESSAGE(r.out == "24 80\r\nTERM=xterm-256color\r\n", r.describe());
+    CHECK(r.err.empty());
+    r = d.run({"-t"}, {"sh", "-c", "[ -t 1 ] && echo tty; cat; echo ended"});
+    CHECK_MESSAGE(r.status == 0, r.describe());
+    CHECK_MESSAGE(r.out == "tty\r\nended\r\n", r.describe()); // its stdin: ^D at once
+    r = d.dsec({"exec", "-t", "--detach", id, "--", "true"});
+    CHECK_MESSAGE(r.status == 2, r.describe());
+    CHECK_MESSAGE(contains(r.err, "--detach"), r.describe());
+  }
+  auto r = d.dsec({"rm", id});
+  CHECK_MESSAGE(r.status == 0, r.describe());
+  d.finish();
+}

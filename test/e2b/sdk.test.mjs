@@ -302,8 +302,6 @@ test('envdVersion 0.5.7 and the SDK paths it selects', async () => {
     await h.sendStdin('data')
     await h.closeStdin()
     assert.equal((await h.wait()).stdout, 'data')
-    // no PTY: a clear error
-    await assert.rejects(sbx.pty.create({ cols: 80, rows: 24 }), /PTY/)
     // >= 0.5.7: octet-stream uploads (tested in 'files'); gzip uploads are refused clearly
     await assert.rejects(sbx.files.write('/tmp/gz', 'data', { gzip: true }), /Content-Encoding/)
   } finally {
@@ -349,4 +347,48 @@ test('stdin: sendStdin feeds a running command, closeStdin ends it; without stdi
   }
 })
 
-test('not implemented by dsec-e2b: PTY, StreamInput, watchDir', { skip: 'dsec-e2b has no PTY, no StreamInput (client-streamed stdin) and no WatchDir (docs/e2b.md)' }, () => {})
+test('pty: create with a size, sendInput, resize, ^C to the foreground job, kill', async () => {
+  const sbx = await Sandbox.create('base')
+  try {
+    const enc = (t) => new TextEncoder().encode(t)
+    const dec = new TextDecoder()
+    let out = ''
+    // Polled with a generous cap (a safety net, never a measure).
+    const waitFor = async (text) => {
+      for (let i = 0; i < 2400 && !out.includes(text); i++) await new Promise((r) => setTimeout(r, 50))
+      assert.ok(out.includes(text), `no ${JSON.stringify(text)} in ${JSON.stringify(out)}`)
+    }
+    const h = await sbx.pty.create({ cols: 91, rows: 27, onData: (d) => { out += dec.decode(d, { stream: true }) } })
+    assert.ok(h.pid > 0)
+    // bash -i -l on a terminal of the sandbox: what it prints (not what we typed) is checked.
+    await sbx.pty.sendInput(h.pid, enc('stty size; tty; echo TERM=$TERM\n'))
+    await waitFor('27 91')
+    await waitFor('/dev/pts/')
+    await waitFor('TERM=xterm-256color')
+    await sbx.pty.resize(h.pid, { cols: 120, rows: 40 })
+    await sbx.pty.sendInput(h.pid, enc('stty size\n'))
+    await waitFor('40 120')
+    // ^C reaches the foreground job (once it runs), and bash goes on.
+    await sbx.pty.sendInput(h.pid, enc('sleep 100\n'))
+    for (let i = 0; i < 2400; i++) {
+      const ps = await sbx.commands.run('ps | grep -v grep | grep -c "sleep 100" || true')
+      if (ps.stdout.trim() !== '0') break
+      await new Promise((r) => setTimeout(r, 50))
+    }
+    await sbx.pty.sendInput(h.pid, enc('\x03'))
+    await sbx.pty.sendInput(h.pid, enc('echo after=$?\n'))
+    await waitFor('after=130')
+    // A command started without a pty has none to resize.
+    const plain = await sbx.commands.run('sleep 30', { background: true })
+    await assert.rejects(sbx.pty.resize(plain.pid, { cols: 10, rows: 10 }), /no pty/)
+    assert.equal(await sbx.commands.kill(plain.pid), true)
+    // kill: SIGKILL to its process group; then it is gone.
+    assert.equal(await sbx.pty.kill(h.pid), true)
+    await assert.rejects(h.wait())
+    assert.equal(await sbx.pty.kill(h.pid), false)
+  } finally {
+    await sbx.kill()
+  }
+})
+
+test('not implemented by dsec-e2b: StreamInput, watchDir', { skip: 'dsec-e2b has no StreamInput (client-streamed stdin) and no WatchDir (docs/e2b.md)' }, () => {})

@@ -77,6 +77,23 @@ TEST_CASE("stdin passes through") {
   CHECK(r.out == "done\n");
 }
 
+TEST_CASE("-t: the command on a terminal of the sandbox, our stdin typed into it") {
+  auto& s = suite::get();
+  auto r = s.run({"-t"}, {"sh", "-c",
+                          "[ -t 0 ] && [ -t 1 ] && [ -t 2 ] && busybox stty size && "
+                          "echo TERM=$TERM && echo err >&2; exit 6"});
+  CHECK_MESSAGE(r.status == 6, r.out << r.err);
+  // Without a terminal of ours: 24x80; one stream (stderr is the terminal).
+  CHECK(r.out == "24 80\r\nTERM=xterm-256color\r\nerr\r\n");
+  CHECK(r.err == "");
+  spawn_options o;
+  o.input = "typed\n";
+  r = s.run({"-t"}, {"sh", "-c", "cat; echo cat-ended"}, o);
+  CHECK(r.status == 0);
+  // The terminal's echo, cat's copy, then our end of file as ^D.
+  CHECK(r.out == "typed\r\ntyped\r\ncat-ended\r\n");
+}
+
 TEST_CASE("a program that cannot be run gives 127 or 126 and names it") {
   auto& s = suite::get();
   auto r = s.run({}, {"no-such-program", "arg"});

@@ -180,6 +180,10 @@ TEST_CASE("the microvm backend: create, exec with status, stdin and streaming, d
 
   auto pause = s->pause(id);
   check_error(pause, errc::unsupported, "microVM");
+  auto on_tty = cmd({"sh"});
+  on_tty.tty = true;
+  auto t = s->exec(id, on_tty);
+  check_error(t, errc::unsupported, "terminals");
 
   st = n.c->stats();
   REQUIRE(st);

@@ -3,10 +3,12 @@
 #include "actors/client.hpp"
 
 #include "runtime/json.hpp"
+#include "runtime/pty.hpp"
 
 #include <caf/actor_system.hpp>
 #include <caf/actor_system_config.hpp>
 
+#include <pthread.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -118,6 +120,14 @@ bool parse_exec_flag(args& a, exec_flags& f) {
     }
   if (a.flag("-i") || a.flag("--stdin")) {
     f.input = true;
+    return true;
+  }
+  if (a.flag("-t") || a.flag("--tty")) {
+    f.tty = true;
+    return true;
+  }
+  if (a.flag("-it") || a.flag("-ti")) {
+    f.input = f.tty = true;
     return true;
   }
   return false;
@@ -315,6 +325,61 @@ expected<exec_result> feed_stdin_and_wait(const std::shared_ptr<process>& p, boo
     feeder.join();
   if (!feeding && *failure && r)
     std::fprintf(stderr, "dsec: %s\n", (*failure)->message.c_str());
+  return r;
+}
+
+void prepare_terminal(const exec_flags& f) {
+  if (!f.tty)
+    return;
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGWINCH);
+  ::pthread_sigmask(SIG_BLOCK, &set, nullptr);
+}
+
+expected<exec_result>
+run_on_terminal(const std::function<std::shared_ptr<process>(exec_request&)>& start,
+                exec_request req, bool input, bool& feeding) {
+  auto local_size = [] {
+    for (int fd : {0, 1, 2})
+      if (auto w = pty::size_of(fd))
+        return w;
+    return std::optional<pty::window>{};
+  };
+  auto w = local_size().value_or(pty::window{});
+  req.tty = true;
+  req.rows = w.rows;
+  req.cols = w.cols;
+  req.open_stdin = input;
+  // Our keys go as they are (^C is a byte for the sandbox's terminal, which
+  // makes it SIGINT there), and what it echoes is all we show.
+  if (input && ::isatty(0))
+    (void) pty::make_raw(0);
+  std::shared_ptr<process> p = start(req);
+  // Our window's changes go to its terminal (the thread holds no share of
+  // the handle: it may outlive it).
+  std::weak_ptr<process> weak = p;
+  std::thread([weak, local_size] {
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGWINCH);
+    for (;;) {
+      int sig = 0;
+      if (::sigwait(&set, &sig) != 0)
+        continue;
+      auto proc = weak.lock();
+      if (!proc)
+        return;
+      if (auto now = local_size())
+        proc->resize_async(now->rows, now->cols, [](expected<void>) {});
+    }
+  }).detach();
+  expected<exec_result> r = make_error(errc::sandbox_failed, "not run");
+  if (input)
+    r = feed_stdin_and_wait(p, feeding);
+  else
+    r = p->wait();
+  pty::restore();
   return r;
 }
 

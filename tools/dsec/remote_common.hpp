@@ -6,6 +6,7 @@
 #include <chrono>
 #include <memory>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -35,9 +36,10 @@ std::optional<int> check_daemon_sandbox_options(std::string_view verb, const san
 int take_session_id(args& a, std::string_view verb, std::string& id);
 
 /// The flags of a command that `exec` and `run` share: -i/--stdin, --trusted,
-/// --pristine, --idempotent, --detach.
+/// --pristine, --idempotent, --detach, -t/--tty (and -it).
 struct exec_flags {
   bool input = false, trusted = false, pristine = false, idempotent = false, detach = false;
+  bool tty = false;
   /// Sets the request's trusted, pristine and idempotent.
   void apply(exec_request& req) const {
     req.trusted = trusted;
@@ -118,5 +120,20 @@ namespace dsec::cli::remote {
 /// fd 0 is still blocked in read(2) then: the caller must then leave with
 /// _exit (after flushing), not return, as that thread still holds `p`.
 expected<exec_result> feed_stdin_and_wait(const std::shared_ptr<process>& p, bool& feeding);
+
+/// -t: blocks SIGWINCH in this thread, before the actor system's threads
+/// start (they inherit the mask), so that run_on_terminal's thread alone
+/// takes it. Nothing without -t.
+void prepare_terminal(const exec_flags& f);
+
+/// -t through a daemon: CMD on a terminal of its sandbox (exec_request.tty),
+/// sized as ours (the first of our stdin, stdout, stderr that is a terminal;
+/// 24x80 if none is), resized on each SIGWINCH. With `input` (-i) our stdin
+/// is streamed as it is (feed_stdin_and_wait; its end types ^D there) and,
+/// when it is a terminal, put in raw mode until we leave, by any way out
+/// (pty::restore). `start` starts the request with a process handle.
+expected<exec_result>
+run_on_terminal(const std::function<std::shared_ptr<process>(exec_request&)>& start,
+                exec_request req, bool input, bool& feeding);
 
 } // namespace dsec::cli::remote

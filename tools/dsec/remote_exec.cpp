@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "runtime/pty.hpp"
 #include "tools/dsec/remote.hpp"
 #include "tools/dsec/remote_common.hpp"
 #include "tools/dsec/run_options.hpp"
@@ -32,6 +33,16 @@ Options:
                          stdin is read to its end first and sent whole.
                          Without -i CMD's stdin is empty (dsec says so when
                          ours holds data)
+  -t, --tty              run CMD on a terminal of the sandbox (a pty: CMD is a
+                         session leader with it as controlling terminal, at its
+                         stdin, stdout and stderr; one output stream), sized as
+                         ours (24x80 when we have none) and resized with our
+                         window; TERM=xterm-256color unless -e sets it. With -i
+                         (-it) our stdin goes as it is: a terminal of ours is in
+                         raw mode while CMD runs (restored on every way out), so
+                         ^C, ^Z, ^D are keys for CMD's terminal, not for dsec;
+                         the end of our stdin types ^D there. Without -i CMD's
+                         terminal gets ^D at once. Not with --detach or --trusted
   -e, --env KEY[=VALUE]  add or replace a variable (repeatable); a bare
                          KEY takes our own value (none: left out); the defaults are
                          PATH, HOME=/root, LANG=C.UTF-8 and the daemon's TERM,
@@ -86,6 +97,7 @@ void stop_on_interrupt() {
     int sig = 0;
     while (::sigwait(&set, &sig) != 0) {
     }
+    pty::restore(); // a terminal of ours in raw mode (-it) is itself again
     std::fprintf(stderr, "dsec: SIG%s: stopping the command (the sandbox stays)\n",
                  ::sigabbrev_np(sig));
     std::fflush(stdout);
@@ -132,6 +144,8 @@ int exec_main(context& ctx, args& a) {
     return usage_error(verb, "no command given (exec [OPTIONS] ID -- CMD [ARGS...])");
   if (f.pristine && !f.trusted)
     return usage_error(verb, "--pristine needs --trusted");
+  if (f.tty && f.detach)
+    return usage_error(verb, "-t needs dsec to stay: not with --detach");
   auto req = make_request(cs, std::move(argv));
   f.apply(req);
   if (f.input && f.detach) {
@@ -142,6 +156,9 @@ int exec_main(context& ctx, args& a) {
     req.input = std::move(*in);
   }
   note_unsent_stdin(f);
+  // Before any thread starts (the actor system's, the signal thread below):
+  // they inherit the mask, so SIGWINCH reaches only the thread that waits for it.
+  prepare_terminal(f);
   if (!f.detach) // before the actor system's threads start, which inherit the mask
     stop_on_interrupt();
   auto c = ctx.connect();
@@ -153,6 +170,18 @@ int exec_main(context& ctx, args& a) {
     if (!r)
       return exec_error(r.error_value(), 1);
     return 0;
+  }
+  if (f.tty) {
+    bool feeding = false;
+    auto r = run_on_terminal(
+      [&](exec_request& q) -> std::shared_ptr<process> { return (*c)->start(id, q, print_output); },
+      req, f.input, feeding);
+    int rc = r ? status_of(*r, cs.timeout) : exec_error(r.error_value(), 1);
+    std::fflush(stdout);
+    std::fflush(stderr);
+    if (feeding) // our reader still waits on our stdin, holding the handle
+      ::_exit(rc);
+    return rc;
   }
   if (f.input) {
     // Streamed as CMD reads it, through a process handle (back-pressure:

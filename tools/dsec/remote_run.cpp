@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "runtime/units.hpp"
+#include "runtime/pty.hpp"
 #include "tools/dsec/remote.hpp"
 #include "tools/dsec/remote_common.hpp"
 #include "tools/dsec/run_options.hpp"
@@ -76,6 +77,10 @@ Environment of the command:
                            pipe); with --detach it is read to its end first and
                            sent whole. Without -i CMD's stdin is empty (dsec
                            says so when ours holds data)
+  -t, --tty                CMD on a terminal of the sandbox (a pty), sized as
+                           ours and resized with it; with -i (-it) our stdin goes
+                           as it is, ours in raw mode while CMD runs (as `exec -t`
+                           does: see `dsec exec --help`). Not with --detach
   -e, --env KEY[=VALUE]    add or replace a variable (repeatable); a bare
                            KEY takes our own value (none: left out); the defaults
                            are PATH, HOME=/root, LANG=C.UTF-8 and the daemon's TERM,
@@ -190,6 +195,7 @@ private:
 
   [[noreturn]] static void finish(state& st, const char* why, int status) {
     std::lock_guard<std::mutex> g{st.mu}; // held until _exit: the main thread waits
+    pty::restore(); // a terminal of ours in raw mode (-it) is itself again
     if (!st.done && st.sess) {
       if (why)
         std::fprintf(stderr, "dsec: %s: destroying the sandbox\n", why);
@@ -345,6 +351,9 @@ int run_main(context& ctx, args& a) {
   }
 
   note_unsent_stdin(f);
+  if (f.tty && f.detach)
+    return usage_error(verb, "-t needs dsec to stay: not with --detach");
+  prepare_terminal(f); // before the actor system's threads
   // SIGINT, SIGTERM, SIGHUP: the sandbox goes (it is not half made and left).
   interrupt_guard guard;
   // One sandbox, with the key and tags if given (a resumed session gives a
@@ -435,7 +444,11 @@ int run_main(context& ctx, args& a) {
   };
   expected<exec_result> r = make_error(errc::sandbox_failed, "not run");
   bool feeding = false;
-  if (f.input) {
+  if (f.tty) {
+    r = run_on_terminal(
+      [&](exec_request& q) -> std::shared_ptr<process> { return s->start(id, q, on_output); },
+      req, f.input, feeding);
+  } else if (f.input) {
     // Streamed as CMD reads it (remote_exec.cpp's -i).
     req.open_stdin = true;
     std::shared_ptr<process> p = s->start(id, req, on_output);

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include <fcntl.h>
+#include <poll.h>
 
 #include "runtime/builder.hpp"
 #include "runtime/cgroup.hpp"
@@ -18,6 +19,7 @@
 #include "runtime/image_config.hpp"
 #include "runtime/layer.hpp"
 #include "runtime/mount.hpp"
+#include "runtime/pty.hpp"
 #include "runtime/spawner.hpp"
 #include "runtime/store.hpp"
 #include "runtime/units.hpp"
@@ -58,6 +60,15 @@ Environment of the command:
   -u, --user UID[:GID]     run as this uid/gid of the sandbox (default 0, the
                            sandbox's root, which has no privileges on the host)
   --hostname NAME          the sandbox's hostname (default: its id)
+  -t, --tty                CMD on a terminal of the sandbox (a pty: its
+                           controlling terminal, stdin, stdout and stderr, one
+                           output stream), sized as ours (24x80 when we have
+                           none) and resized with our window; our stdin goes to
+                           it as it is, a terminal of ours in raw mode while CMD
+                           runs (restored on every way out: ^C, ^Z are keys for
+                           CMD's terminal); the end of our stdin types ^D there.
+                           TERM=xterm-256color unless -e sets it. (-it is the
+                           same: a local run always passes its stdin)
 
 A base made of an OCI image (dsec layer import | pull) gives the defaults of
 its config: its Env under the --env given, its WorkingDir unless --cwd, its
@@ -96,9 +107,69 @@ path).
 )";
 
 volatile sig_atomic_t pending_signal = 0;
+volatile sig_atomic_t window_changed = 0;
 
 void on_signal(int sig) {
   pending_signal = sig;
+}
+
+void on_winch(int) {
+  window_changed = 1;
+}
+
+// -t: one step of the terminal's traffic, waiting at most `ms`: our stdin (as
+// it is) into its master, its output to our stdout. False once the master
+// reads its end (EIO: every holder of the slave closed it).
+bool relay_terminal(int master, bool& stdin_open, int ms) {
+  pollfd pf[2] = {{master, POLLIN, 0}, {stdin_open ? 0 : -1, POLLIN, 0}};
+  if (::poll(pf, 2, ms) < 0)
+    return true; // EINTR: a signal to forward
+  char buf[16384];
+  if (pf[0].revents) {
+    for (;;) {
+      auto n = ::read(master, buf, sizeof buf);
+      if (n > 0) {
+        size_t off = 0;
+        while (off < static_cast<size_t>(n)) {
+          auto w = ::write(1, buf + off, static_cast<size_t>(n) - off);
+          if (w < 0 && errno == EINTR)
+            continue;
+          if (w <= 0)
+            break; // our stdout is gone: its output is dropped
+          off += static_cast<size_t>(w);
+        }
+        continue;
+      }
+      if (n < 0 && errno == EINTR)
+        continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+        break;
+      return false;
+    }
+  }
+  if (stdin_open && pf[1].revents) {
+    auto n = ::read(0, buf, sizeof buf);
+    if (n > 0) {
+      // The master is non-blocking: wait for room rather than drop keys.
+      size_t off = 0;
+      while (off < static_cast<size_t>(n)) {
+        auto w = ::write(master, buf + off, static_cast<size_t>(n) - off);
+        if (w > 0) {
+          off += static_cast<size_t>(w);
+        } else if (w < 0 && (errno == EAGAIN || errno == EINTR)) {
+          pollfd out{master, POLLOUT, 0};
+          (void) ::poll(&out, 1, 100);
+        } else {
+          break; // it ended
+        }
+      }
+    } else if (n == 0 || (errno != EINTR && errno != EAGAIN)) {
+      stdin_open = false; // our end of file: its terminal's is ^D
+      char eof = pty::eof_char(master);
+      (void) !::write(master, &eof, 1);
+    }
+  }
+  return true;
 }
 
 struct run_args {
@@ -107,6 +178,7 @@ struct run_args {
   build_extras extras;
   command cmd;
   bool timings = false;
+  bool tty = false;
 };
 
 // Parses the options; returns an exit status on error.
@@ -149,6 +221,10 @@ std::optional<int> parse(args& a, run_args& r) {
       r.timings = true;
       continue;
     }
+    if (a.flag("-t") || a.flag("--tty") || a.flag("-it") || a.flag("-ti")) {
+      r.tty = true;
+      continue;
+    }
     if (a.at_option()) {
       // The options of a daemon's run: say where they belong, not "unknown".
       static constexpr std::string_view daemon_only[] = {
@@ -177,6 +253,15 @@ std::optional<int> parse(args& a, run_args& r) {
   r.cmd.uid = r.cs.uid;
   r.cmd.gid = r.cs.gid;
   r.cmd.env = merge_env(command::default_env(), r.cs.env);
+  if (r.tty) {
+    bool term = false;
+    for (const auto& kv : r.cs.env)
+      term = term || kv.starts_with("TERM=") || kv == "TERM";
+    if (!term) {
+      std::erase_if(r.cmd.env, [](const std::string& e) { return e.starts_with("TERM="); });
+      r.cmd.env.emplace_back("TERM=xterm-256color");
+    }
+  }
   return std::nullopt;
 }
 
@@ -334,7 +419,25 @@ int run_main(const global_options& g, args& a) {
   if (r.timings)
     print_timings(**c, std::chrono::duration<double, std::milli>(t_ready - t_create).count());
 
+  if (r.tty) {
+    r.cmd.pty = pty_size{};
+    for (int fd : {0, 1, 2})
+      if (auto w = pty::size_of(fd)) {
+        r.cmd.pty = pty_size{w->rows, w->cols};
+        break;
+      }
+    struct sigaction wa{};
+    wa.sa_handler = on_winch;
+    sigemptyset(&wa.sa_mask);
+    ::sigaction(SIGWINCH, &wa, nullptr);
+    if (::isatty(0))
+      (void) pty::make_raw(0); // restored by atexit, and below
+  }
   auto id = (*c)->exec(r.cmd, stdio{0, 1, 2});
+  unique_fd master = id ? (*c)->take_pty(*id) : unique_fd{};
+  bool stdin_open = true, master_open = r.tty;
+  if (!id)
+    pty::restore();
   if (!id) {
     auto& e = id.error_value();
     fail(e);
@@ -349,8 +452,31 @@ int run_main(const global_options& g, args& a) {
     // Wake up now and then to forward signals.
     auto slice = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
     auto until = deadline && *deadline < slice ? *deadline : slice;
+    if (master_open) {
+      // The terminal's traffic, and the command's end polled in between.
+      if (window_changed) {
+        window_changed = 0;
+        for (int fd : {0, 1, 2})
+          if (auto w = pty::size_of(fd)) {
+            (void) pty::resize(master.get(), *w);
+            break;
+          }
+      }
+      master_open = relay_terminal(master.get(), stdin_open, 50);
+      until = std::chrono::steady_clock::now();
+    }
     auto res = (*c)->wait(*id, until);
     if (res) {
+      if (master) { // what it printed last (a slave held by a background
+        // process does not keep us: only what is there now)
+        bool no_stdin = false;
+        while (master_open && relay_terminal(master.get(), no_stdin, 0)) {
+          pollfd pf{master.get(), POLLIN, 0};
+          if (::poll(&pf, 1, 0) <= 0)
+            break;
+        }
+        pty::restore();
+      }
       bool oom = (*c)->oom_killed();
       auto status = *res;
       if (status.signal != 0)

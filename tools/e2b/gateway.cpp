@@ -454,6 +454,7 @@ struct process {
   uint32_t pid = 0;
   json config; // ProcessConfig as given
   std::string tag;
+  bool pty = false; // started with `pty`: its output is data {pty}, its input input {pty}
   std::mutex mu;
   std::vector<std::shared_ptr<responder>> subs; // streams that get its events
   bool ended = false;
@@ -552,6 +553,7 @@ struct gateway::impl {
   void start(std::shared_ptr<sandbox> s, http_request& req, std::shared_ptr<responder> r);
   void attach(std::shared_ptr<sandbox> s, http_request& req, std::shared_ptr<responder> r);
   void signal(std::shared_ptr<sandbox> s, const json& body, std::shared_ptr<responder> r);
+  void update(std::shared_ptr<sandbox> s, const json& body, std::shared_ptr<responder> r);
   void input(std::shared_ptr<sandbox> s, const std::string& method, const json& body,
              std::shared_ptr<responder> r);
   /// The running process `pid` of `s` with its handle; replies not_found otherwise.
@@ -1039,10 +1041,12 @@ void gateway::impl::envd(http_request& req, std::shared_ptr<responder> r) {
     return signal(s, body, r);
   if (method == "SendInput" || method == "CloseStdin")
     return input(s, method, body, r);
-  if (method == "StreamInput" || method == "Update")
+  if (method == "Update")
+    return update(s, body, r);
+  if (method == "StreamInput")
     return connect_error(*r, "unimplemented",
                          "dsec-e2b does not implement process." + method +
-                           " (stdin goes by SendInput; no PTY)");
+                           " (stdin goes by SendInput)");
   return connect_error(*r, "unimplemented", "no such method: process." + method);
 }
 
@@ -1077,6 +1081,20 @@ uint32_t pid_of(const json& body) {
   return 0;
 }
 
+// pty {size {cols, rows}} (Start, Update): rows, cols.
+std::optional<std::pair<uint16_t, uint16_t>> pty_size_of(const json& pty) {
+  if (!pty.is_object() || !pty.contains("size") || !pty["size"].is_object())
+    return std::nullopt;
+  const auto& z = pty["size"];
+  auto dim = [&](const char* k) -> uint32_t {
+    return z.contains(k) && z[k].is_number_unsigned() ? z[k].get<uint32_t>() : 0;
+  };
+  uint32_t cols = dim("cols"), rows = dim("rows");
+  if (cols == 0 || rows == 0 || cols > 65535 || rows > 65535)
+    return std::nullopt;
+  return std::pair{static_cast<uint16_t>(rows), static_cast<uint16_t>(cols)};
+}
+
 std::chrono::milliseconds keepalive_of(const http_request& req) {
   auto v = req.header("keepalive-ping-interval");
   long secs = 50;
@@ -1091,8 +1109,16 @@ void gateway::impl::start(std::shared_ptr<sandbox> s, http_request& req,
   auto body = enveloped(req.body);
   if (!body)
     return stream_error(*r, "invalid_argument", "the request is not one enveloped JSON message");
-  if (body->contains("pty") && !(*body)["pty"].is_null())
-    return stream_error(*r, "unimplemented", "dsec-e2b does not implement PTYs");
+  // pty {size {cols, rows}}: the command on a terminal of its sandbox
+  // (exec_request.tty), its input by SendInput {pty}, its size by Update.
+  std::optional<std::pair<uint16_t, uint16_t>> pty_size;
+  if (body->contains("pty") && !(*body)["pty"].is_null()) {
+    auto size = pty_size_of((*body)["pty"]);
+    if (!size)
+      return stream_error(*r, "invalid_argument",
+                          "pty.size must be {cols, rows}, each from 1 to 65535");
+    pty_size = *size;
+  }
   if (!body->contains("process") || !(*body)["process"].is_object())
     return stream_error(*r, "invalid_argument", "process is missing");
   const auto& pc = (*body)["process"];
@@ -1131,6 +1157,13 @@ void gateway::impl::start(std::shared_ptr<sandbox> s, http_request& req,
                  && (*body)["stdin"].get<bool>();
   auto p = std::make_shared<process>();
   p->config = pc;
+  if (pty_size) {
+    x.tty = true;
+    x.rows = pty_size->first;
+    x.cols = pty_size->second;
+    x.open_stdin = true; // a terminal's input stays open, as envd's does
+    p->pty = true;
+  }
   if (body->contains("tag") && (*body)["tag"].is_string())
     p->tag = (*body)["tag"].get<std::string>();
   {
@@ -1150,8 +1183,8 @@ void gateway::impl::start(std::shared_ptr<sandbox> s, http_request& req,
   p->handle = sess(s->key).start(
     s->id, x,
     [p](uint8_t stream, std::string_view data) {
-      auto frame = envelope(
-        0, json{{"event", {{"data", {{stream == 2 ? "stderr" : "stdout", base64(data)}}}}}});
+      const char* name = p->pty ? "pty" : stream == 2 ? "stderr" : "stdout";
+      auto frame = envelope(0, json{{"event", {{"data", {{name, base64(data)}}}}}});
       std::lock_guard<std::mutex> g{p->mu};
       for (auto& sub : p->subs)
         sub->write(frame);
@@ -1282,6 +1315,42 @@ void gateway::impl::signal(std::shared_ptr<sandbox> s, const json& body,
   });
 }
 
+// Update {process: {pid}, pty: {size: {cols, rows}}}: a terminal's window
+// size, through the command's handle (its foreground process group gets
+// SIGWINCH).
+void gateway::impl::update(std::shared_ptr<sandbox> s, const json& body,
+                           std::shared_ptr<responder> r) {
+  if (!body.contains("pty") || body["pty"].is_null())
+    return r->reply(200, "application/json", "{}"); // nothing to update
+  auto size = pty_size_of(body["pty"]);
+  if (!size)
+    return connect_error(*r, "invalid_argument",
+                         "pty.size must be {cols, rows}, each from 1 to 65535");
+  auto pid = pid_of(body);
+  auto p = running(*s, pid, *r);
+  if (!p)
+    return;
+  std::shared_ptr<dsec::process> h;
+  {
+    std::lock_guard<std::mutex> g{p->mu};
+    h = p->handle;
+  }
+  if (!h)
+    return connect_error(*r, "not_found", "process with pid " + std::to_string(pid) + " not found");
+  h->resize_async(size->first, size->second, [this, s, r, pid](expected<void> res) {
+    if (res)
+      return r->reply(200, "application/json", "{}");
+    if (res.error_value().code == errc::lost)
+      forget(s->id);
+    if (res.error_value().code == errc::not_found || res.error_value().code == errc::closed)
+      return connect_error(*r, "not_found", "process with pid " + std::to_string(pid) + " not found");
+    if (res.error_value().code == errc::invalid_argument)
+      return connect_error(*r, "failed_precondition",
+                           "process with pid " + std::to_string(pid) + " has no pty");
+    connect_error(*r, connect_code(res.error_value()), describe(res.error_value()));
+  });
+}
+
 // SendInput {process: {pid}, input: {stdin: BASE64}} and CloseStdin {process:
 // {pid}}: through the command's handle, whose daemon side buffers a bounded
 // amount (the reply waits while the command does not read).
@@ -1293,13 +1362,16 @@ void gateway::impl::input(std::shared_ptr<sandbox> s, const std::string& method,
     if (!body.contains("input") || !body["input"].is_object())
       return connect_error(*r, "invalid_argument", "input is missing");
     const auto& in = body["input"];
-    if (in.contains("pty"))
-      return connect_error(*r, "unimplemented", "dsec-e2b does not implement PTYs");
-    if (!in.contains("stdin") || !in["stdin"].is_string())
-      return connect_error(*r, "invalid_argument", "input.stdin must be base64 bytes");
-    auto d = unbase64(in["stdin"].get<std::string>());
+    // input {pty} types into a terminal; input {stdin} writes to a stdin
+    // (both through the handle's stdin verb).
+    const char* field = in.contains("pty") ? "pty" : "stdin";
+    if (!in.contains(field) || !in[field].is_string())
+      return connect_error(*r, "invalid_argument",
+                           std::string{"input."} + field + " must be base64 bytes");
+    auto d = unbase64(in[field].get<std::string>());
     if (!d)
-      return connect_error(*r, "invalid_argument", "input.stdin is not valid base64");
+      return connect_error(*r, "invalid_argument",
+                           std::string{"input."} + field + " is not valid base64");
     data = std::move(*d);
   }
   auto p = running(*s, pid, *r);
