@@ -455,6 +455,11 @@ sandbox_actor::behavior_type vm_impl(self_ptr self, sandbox_config cfg,
       return not_for_vm(self->state, "process handles");
     },
     [=](stdin_atom, const internal_key&, uint64_t) {}, // (no stdin pipe of ours)
+    [=](credit_atom, const internal_key& k, uint64_t, uint64_t) -> caf::result<bool> {
+      if (!genuine(k, self->state.cfg.key, "credit (sandbox)"))
+        return refuse("credit");
+      return false; // streamed output of a microVM is not flow-controlled
+    },
     [=](put_atom, const internal_key& k, const std::string&,
         const std::string&) -> caf::result<uint64_t> {
       if (!genuine(k, self->state.cfg.key, "put (sandbox)"))

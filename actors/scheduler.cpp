@@ -828,6 +828,9 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
     [=](stdin_atom, const std::string& id, uint64_t eid, std::string& data, bool close) {
       return by_id<uint64_t>(self, id, stdin_atom::value, eid, std::move(data), close);
     },
+    [=](credit_atom, const std::string& id, uint64_t eid, uint64_t bytes) {
+      return by_id<bool>(self, id, credit_atom::value, eid, bytes);
+    },
     [=](destroy_atom, const std::string& id) {
       return by_id<bool>(self, id, destroy_atom::value);
     },

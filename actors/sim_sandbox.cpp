@@ -196,6 +196,11 @@ sandbox_actor::behavior_type sim_impl(self_ptr self, std::shared_ptr<const sim_c
                                                   + " is simulated: no command runs in it"));
     },
     [=](stdin_atom, const internal_key&, uint64_t) {},
+    [=](credit_atom, const internal_key& k, uint64_t, uint64_t) -> caf::result<bool> {
+      if (!genuine(k, self->state.c->key, "credit (sandbox)"))
+        return refuse("credit");
+      return false; // no command runs in it
+    },
     [=](put_atom, const internal_key& k, const std::string& dir,
         const std::string& tar) -> caf::result<uint64_t> {
       auto& s = self->state;
