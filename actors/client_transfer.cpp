@@ -21,6 +21,8 @@
 
 namespace dsec {
 
+using namespace detail;
+
 source_fn fd_source(int fd) {
   return [fd](char* buf, size_t size) -> expected<size_t> {
     for (;;) {

@@ -586,7 +586,7 @@ TEST_CASE("remote run --detach, then ps, exec, cp and rm") {
     auto local = suite::get().scratch();
     make_tree(local / "tree");
     // cp - ID:DIR: the tar stream on stdin unpacked in DIR.
-    auto tar = host_tar((local / "tree").string());
+    auto tar = host_tar(local / "tree");
     auto r = d.dsec({"cp", "-", id + ":/tmp"}, tar);
     REQUIRE_MESSAGE(r.status == 0, r.describe());
     r = d.dsec({"exec", id, "--", "sh", "-c", "sha256sum < /tmp/sub/data.bin; cat /tmp/a.txt"});
@@ -596,7 +596,7 @@ TEST_CASE("remote run --detach, then ps, exec, cp and rm") {
     r = d.dsec({"cp", id + ":/tmp/sub", "-"});
     REQUIRE_MESSAGE(r.status == 0, r.describe());
     auto out = suite::get().scratch();
-    host_untar(r.out, out.path().string());
+    host_untar(r.out, out.path());
     CHECK(sha256_of(out / "sub/data.bin") == sha256_of(local / "tree/sub/data.bin"));
     // cp FILE ID:/dir/newname: not a directory there, so the new name.
     r = d.dsec({"cp", local / "tree/a.txt", id + ":/tmp/renamed.txt"});

@@ -368,8 +368,11 @@ int cp_main(context& ctx, args& a) {
   if (!unpacked)
     q.finish(true); // stops the get (its sink fails, the daemon kills its tar)
   else
-    while (q.pop().value_or(std::string_view{}).size() > 0) {
-    } // what follows the archive's end
+    for (;;) { // what follows the archive's end
+      auto rest = q.pop();
+      if (!rest || rest->empty())
+        break;
+    }
   getter.join();
   if (!unpacked && !get_ended)
     return side_failed("source", src, std::move(unpacked).error_value());
