@@ -11,7 +11,10 @@
 #
 #   perf/transfer_bench.sh [-s "100 1024"] BUILD_DIR...   (sizes in MiB)
 #
-# Needs root and busybox. Leaves nothing behind.
+# The files and the copies go to $DSEC_BENCH_DATA (default: the temporary
+# dir; /dev/shm keeps a full disk out of it), the state dir to $TMPDIR or
+# /tmp (its images are mounted: not on a tmpfs). Needs root and busybox.
+# Leaves nothing behind.
 set -euo pipefail
 
 sizes="100 1024"
@@ -26,16 +29,17 @@ shift $((OPTIND - 1))
 [ $# -ge 1 ] || set -- "$(dirname "$0")/../build"
 
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/dsec-transfer-bench.XXXXXX")
+data=$(mktemp -d "${DSEC_BENCH_DATA:-$tmp}/dsec-transfer-data.XXXXXX")
 pid=
 cleanup() {
   [ -n "$pid" ] && kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null
-  rm -rf "$tmp"
+  rm -rf "$tmp" "$data"
 }
 trap cleanup EXIT
-mkdir -p "$tmp/base/bin" "$tmp/data"
+mkdir -p "$tmp/base/bin"
 cp /bin/busybox "$tmp/base/bin/busybox"
 for a in sh cat rm sleep tar true; do ln -s busybox "$tmp/base/bin/$a"; done
-for s in $sizes; do head -c $((s * 1048576)) /dev/urandom > "$tmp/data/f$s"; done
+for s in $sizes; do head -c $((s * 1048576)) /dev/urandom > "$data/f$s"; done
 ms() { date +%s%N | cut -c1-13; }
 hwm() { awk '/VmHWM/ {print int($2 / 1024)}' "/proc/$1/status"; }
 mbs() { awk -v b="$1" -v t="$2" 'BEGIN { if (t < 1) t = 1; printf "%.0f", b / 1048576 / (t / 1000) }'; }
@@ -58,13 +62,13 @@ for build in "$@"; do
   d() { "$dsec" --connect "$addr" "$@"; }
   id=$(d run --detach --base bb@1 --memory 3g --disk 2500m -- sh -c 'exec sleep 100000')
   for s in $sizes; do
-    f=$tmp/data/f$s
+    f=$data/f$s
     bytes=$((s * 1048576))
     # the baseline: the host's tar into the host's tar
-    rm -rf "$tmp/base-out"; mkdir "$tmp/base-out"
-    t0=$(ms); tar -c -C "$tmp/data" "f$s" | tar -x -C "$tmp/base-out"; t1=$(ms)
+    rm -rf "$data/base-out"; mkdir "$data/base-out"
+    t0=$(ms); tar -c -C "$data" "f$s" | tar -x -C "$data/base-out"; t1=$(ms)
     base=$(mbs $bytes $((t1 - t0)))
-    rm -rf "$tmp/base-out"
+    rm -rf "$data/base-out"
     # put
     echo 5 > "/proc/$pid/clear_refs"
     t0=$(ms)
@@ -75,17 +79,17 @@ for build in "$@"; do
       echo "| $build | ${s} MiB | put | fails: $(head -c 120 "$tmp/err" | tr '\n|' '  ') | | | $(hwm $pid) MiB | |"
     fi
     # get
-    rm -rf "$tmp/out"; mkdir "$tmp/out"
+    rm -rf "$data/out"; mkdir "$data/out"
     echo 5 > "/proc/$pid/clear_refs"
     t0=$(ms)
-    if /usr/bin/time -f %M -o "$tmp/cli" "$dsec" --connect "$addr" cp "$id:/tmp/f$s" "$tmp/out" 2>"$tmp/err"; then
+    if /usr/bin/time -f %M -o "$tmp/cli" "$dsec" --connect "$addr" cp "$id:/tmp/f$s" "$data/out" 2>"$tmp/err"; then
       t1=$(ms); r=$(mbs $bytes $((t1 - t0)))
-      cmp -s "$f" "$tmp/out/f$s" || echo "transfer_bench: the get of f$s differs" >&2
+      cmp -s "$f" "$data/out/f$s" || echo "transfer_bench: the get of f$s differs" >&2
       echo "| $build | ${s} MiB | get | $((t1 - t0)) ms | $r | $(awk -v a=$r -v b=$base 'BEGIN{printf "%.2f", a/b}') (tar\|tar $base MB/s) | $(hwm $pid) MiB | $(( $(tail -1 "$tmp/cli") / 1024 )) MiB |"
     else
       echo "| $build | ${s} MiB | get | fails: $(head -c 120 "$tmp/err" | tr '\n|' '  ') | | | $(hwm $pid) MiB | |"
     fi
-    rm -rf "$tmp/out"
+    rm -rf "$data/out"
     d exec "$id" -- rm -f "/tmp/f$s" >/dev/null
   done
   d rm "$id" >/dev/null
