@@ -291,3 +291,40 @@ TEST_CASE("transfer through a coordinator relaying to a node: 64 MiB round trip 
   CHECK(c1 - c0 < 32 * MiB);
   s->close();
 }
+
+TEST_CASE("transfer in a session with a trajectory log: a 96 MiB put leaves no copy of its bytes in "
+          "the log (its pack is refused, logged why); a small one is packed") {
+  payload p{96 * MiB};
+  dsecd_proc d;
+  test_system ts;
+  caf::actor_system sys{ts.cfg};
+  auto c = connect(sys, d.port);
+  session_options o;
+  o.trajectory = true;
+  auto sr = c->open_session(o);
+  REQUIRE_MESSAGE(sr, describe(sr.error_value()));
+  auto& s = *sr;
+  auto id = make_one(*s, big_env(256 * MiB));
+  auto dir = actor_layers() + "/trajectories/" + s->id();
+  auto du = [&] {
+    auto r = run_process({"/usr/bin/du", "-sb", dir});
+    REQUIRE_MESSAGE(r.status == 0, r.describe());
+    return std::stoull(r.out);
+  };
+  unique_fd in{::open((p.dir / "in.tar").c_str(), O_RDONLY | O_CLOEXEC)};
+  auto put = s->put_from(id, "/tmp", fd_source(in.get()));
+  REQUIRE_MESSAGE(put, describe(put.error_value()));
+  auto big = du();
+  MESSAGE("the log after a 96 MiB put: " << big << " bytes");
+  CHECK(big < 4 * MiB);
+  // The control: a command that is not idempotent makes a pack, and a small
+  // file it made is packed (its blob is in the log)... but the big file
+  // still refuses the pack: so remove it first.
+  auto r = s->exec(id, cmd({"sh", "-c", "rm /tmp/data.bin; head -c 300000 /dev/urandom > /tmp/small.bin"}));
+  REQUIRE(r);
+  CHECK(r->exit_code == 0);
+  auto after = du();
+  MESSAGE("the log after a 300 kB file too: " << after << " bytes");
+  CHECK(after > big + 250000);
+  s->close();
+}
