@@ -130,7 +130,18 @@ expected<bool> remote_is_dir(client& c, const std::string& id, const std::string
     return std::move(r).error_value();
   if (r->exit_code != 0)
     return false;
-  return r->out.size() >= 512 && r->out[156] == '5';
+  if (r->out.size() < 512)
+    return true; // it cannot say: into PATH, as before renames existed
+  // The header must be PATH's own (the sandbox's tar may be anything): else
+  // it cannot say either.
+  std::string got{r->out.data(), ::strnlen(r->out.data(), 100)};
+  while (got.size() > 1 && got.back() == '/')
+    got.pop_back();
+  if (got.rfind("./", 0) == 0)
+    got.erase(0, 2);
+  if (got != name)
+    return true;
+  return r->out[156] == '5';
 }
 
 // A BRE that matches `s` literally (GNU tar's --transform).
