@@ -385,6 +385,9 @@ sandbox_actor::behavior_type vm_impl(self_ptr self, sandbox_config cfg,
         return refuse("exec");
       if (s.ph != phase::ready)
         return not_ready(s);
+      if (req.transfer != transfer_none) // a streamed put or get (docs/actors.md, "Transfers")
+        return not_for_vm(s, req.transfer == transfer_put ? "put of tar archives"
+                                                          : "get of tar archives");
       if (req.argv.empty() || req.argv[0].empty())
         return to_caf(make_error(errc::invalid_argument, "no command given"));
       for (const auto& kv : req.env)

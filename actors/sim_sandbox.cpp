@@ -129,6 +129,8 @@ sandbox_actor::behavior_type sim_impl(self_ptr self, std::shared_ptr<const sim_c
         return refuse("exec");
       if (s.ph != phase::ready)
         return not_ready(s);
+      if (req.transfer != transfer_none) // a streamed put or get (docs/actors.md, "Transfers")
+        return no_files(s, req.transfer == transfer_put ? "put" : "get");
       if (req.argv.empty() || req.argv[0].empty())
         return to_caf(make_error(errc::invalid_argument, "no command given"));
       if (req.trusted && !s.c->env.chronus)
