@@ -335,13 +335,7 @@ expected<exec_result> client::exec(const std::string& id, const exec_request& re
     [&](auto& w) { exec_async(id, req, w.done(), w.relay(on_output)); });
 }
 
-expected<uint64_t> client::put(const std::string& id, const std::string& dir, std::string tar) {
-  return blocking<uint64_t>([&](auto& w) { put_async(id, dir, std::move(tar), w.done()); });
-}
-
-expected<std::string> client::get(const std::string& id, const std::string& path) {
-  return blocking<std::string>([&](auto& w) { get_async(id, path, w.done()); });
-}
+// put and get: actors/client_transfer.cpp
 
 expected<void> client::destroy(const std::string& id) {
   return blocking<void>([&](auto& w) { destroy_async(id, w.done()); });

@@ -48,6 +48,15 @@ namespace dsec {
 /// Called with each piece of a streamed command's output: stream 1 stdout, 2 stderr.
 using output_fn = std::function<void(uint8_t stream, std::string_view data)>;
 
+/// Streamed transfers (put_from, get_into; docs/actors.md, "Transfers"). A
+/// source fills up to `size` bytes at `buf` and returns how many, 0 at the
+/// end; an error stops the put. It runs on the calling thread.
+using source_fn = std::function<expected<size_t>(char* buf, size_t size)>;
+/// A sink takes each piece of a get's tar stream in order (on the calling
+/// thread, which acknowledges it to the daemon once the sink returns: a slow
+/// sink slows the sandbox's tar, never grows a buffer); an error stops the get.
+using sink_fn = std::function<expected<void>(std::string_view data)>;
+
 /// Called once with the outcome of an asynchronous call (the `*_async` members
 /// below). It runs on one of CAF's threads: keep it short, do not throw, and
 /// never wait there for another call of this client. (Only a request refused
@@ -256,6 +265,11 @@ public:
   void close_stdin_async(completion<void> done);
   void signal_async(int sig, completion<void> done);
   void resize_async(uint16_t rows, uint16_t cols, completion<void> done);
+  /// Flow control (exec_request.window): acknowledges `bytes` of streamed
+  /// output as consumed, so the daemon sends more. The start call's
+  /// on_output does it by itself once it returns, except for a get transfer
+  /// (get_into acknowledges what its sink took).
+  void credit(uint64_t bytes);
 
 private:
   std::shared_ptr<state> st_;
@@ -317,8 +331,23 @@ public:
   std::unique_ptr<process> start(const std::string& id, const exec_request& req,
                                  output_fn on_output = {},
                                  completion<exec_result> on_end = {});
+  /// Whole-buffer transfers: a put of up to transfer_single (1 MiB) is one
+  /// message (a session's trajectory log matches it by its digest on
+  /// resume); a larger one, and every get, are thin wrappers of put_from and
+  /// get_into.
   expected<uint64_t> put(const std::string& id, const std::string& dir, std::string tar);
   expected<std::string> get(const std::string& id, const std::string& path);
+  /// Streams a tar archive from `src` into directory `dir` of sandbox `id`
+  /// (its tar unpacks it as it comes), in pieces, each sent once the daemon
+  /// took the one before; returns the bytes sent. A failing source cancels
+  /// the transfer (what tar unpacked so far stays).
+  expected<uint64_t> put_from(const std::string& id, const std::string& dir,
+                              const source_fn& src);
+  /// Streams a tar archive of `path` (file or directory) of sandbox `id`
+  /// into `sink`, at the sink's pace; returns the bytes. The daemon holds at
+  /// most a window (transfer_window) of it, however slow the sink.
+  expected<uint64_t> get_into(const std::string& id, const std::string& path,
+                              const sink_fn& sink);
   expected<void> destroy(const std::string& id);
   /// Egress networking: replaces the policy of egress sandbox `id` (rules of
   /// runtime/net_policy.hpp); new connections see it at once.
@@ -467,8 +496,14 @@ public:
   std::unique_ptr<process> start(const std::string& id, const exec_request& req,
                                  output_fn on_output = {},
                                  completion<exec_result> on_end = {});
+  /// As client's (a session's put of more than transfer_single, and its
+  /// put_from, are logged as a transfer: docs/trajectory.md).
   expected<uint64_t> put(const std::string& id, const std::string& dir, std::string tar);
   expected<std::string> get(const std::string& id, const std::string& path);
+  expected<uint64_t> put_from(const std::string& id, const std::string& dir,
+                              const source_fn& src);
+  expected<uint64_t> get_into(const std::string& id, const std::string& path,
+                              const sink_fn& sink);
   expected<void> destroy(const std::string& id);
   /// Sets a sandbox's TTL: it is destroyed `ttl` (1 s to 30 days) from now,
   /// whatever it had before; returns the milliseconds left (as list() shows).

@@ -74,6 +74,14 @@ struct process::state {
 
 namespace {
 
+// Flow control: `bytes` of command `eid`'s streamed output were consumed.
+void send_credit(const std::shared_ptr<process::state>& st, uint64_t eid, uint64_t bytes) {
+  st->with_dest([&](auto& dest) {
+    async_call<bool>(*st->sys, st->owner, dest, [](expected<bool>) {}, credit_atom::value,
+                     st->sandbox, eid, bytes);
+  });
+}
+
 // The helper: asks for the command, takes its id and its output, and hands
 // the end to the state. close_atom (cancel) makes it go, and the sandbox
 // SIGKILLs the command its requester left.
@@ -82,9 +90,15 @@ void spawn_starter(const std::shared_ptr<process::state>& st, exec_request req,
   req.handle = true;
   if (on_output)
     req.stream = true;
+  if (on_output && req.window == 0 && req.transfer == transfer_none)
+    req.window = 1u << 20; // streamed output is flow-controlled (credit below)
+  // A get's consumer credits what its sink took (get_into); other streamed
+  // output is credited once on_output returned.
+  bool auto_credit = req.window > 0 && req.transfer == transfer_none;
   st->with_dest([&](auto& dest) {
     st->helper = st->sys->spawn([st, dest, owner = st->owner, id = st->sandbox,
-                                 req = std::move(req), on_output = std::move(on_output)](
+                                 req = std::move(req), on_output = std::move(on_output),
+                                 auto_credit](
                                   caf::event_based_actor* self) mutable -> caf::behavior {
       watch_lost(self, dest, owner, [st](error e) { st->set_end(std::move(e)); });
       self->request(dest, caf::infinite, exec_atom::value, id, std::move(req))
@@ -103,8 +117,11 @@ void spawn_starter(const std::shared_ptr<process::state>& st, exec_request req,
         [=](output_chunk& c) {
           if (c.stream == 0)
             st->set_id(c.exec);
-          else if (on_output)
+          else if (on_output) {
             on_output(c.stream, c.data);
+            if (auto_credit)
+              send_credit(st, c.exec, c.data.size());
+          }
         },
         [=](close_atom) {
           unwatch(self, dest, owner);
@@ -266,6 +283,12 @@ expected<exec_result> process::wait() {
 bool process::wait_for(std::chrono::milliseconds d) {
   std::unique_lock<std::mutex> lk{st_->mu};
   return st_->cv.wait_for(lk, d, [&] { return st_->end.has_value(); });
+}
+
+void process::credit(uint64_t bytes) {
+  auto eid = id();
+  if (eid && bytes > 0)
+    send_credit(st_, *eid, bytes);
 }
 
 void process::cancel() {

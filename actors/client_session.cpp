@@ -61,13 +61,7 @@ expected<exec_result> session::exec(const std::string& id, const exec_request& r
     [&](auto& w) { exec_async(id, req, w.done(), w.relay(on_output)); });
 }
 
-expected<uint64_t> session::put(const std::string& id, const std::string& dir, std::string tar) {
-  return blocking<uint64_t>([&](auto& w) { put_async(id, dir, std::move(tar), w.done()); });
-}
-
-expected<std::string> session::get(const std::string& id, const std::string& path) {
-  return blocking<std::string>([&](auto& w) { get_async(id, path, w.done()); });
-}
+// put and get: actors/client_transfer.cpp
 
 expected<void> session::destroy(const std::string& id) {
   return blocking<void>([&](auto& w) { destroy_async(id, w.done()); });

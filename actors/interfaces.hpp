@@ -75,6 +75,10 @@ using sandbox_actor = caf::typed_actor<
   /// command `exec`'s terminal; its foreground process group gets SIGWINCH.
   /// invalid_argument if it has none, not_found once it ended.
   caf::replies_to<resize_atom, internal_key, uint64_t, uint16_t, uint16_t>::with<bool>,
+  /// Flow control (exec_request.window): the requester of streamed command
+  /// `exec` consumed `bytes` more of its output. False when no such command
+  /// runs (it ended: credit after the end is not an error).
+  caf::replies_to<credit_atom, internal_key, uint64_t, uint64_t>::with<bool>,
   /// Unpacks a tar archive into a directory of the sandbox; replies its size.
   caf::replies_to<put_atom, internal_key, std::string, std::string>::with<uint64_t>,
   /// Packs a file or directory of the sandbox as a tar archive.
@@ -183,6 +187,8 @@ using session_actor = caf::typed_actor<
   caf::replies_to<stdin_atom, std::string, uint64_t, std::string, bool>::with<uint64_t>,
   /// Terminals: a command's window size (rows, columns), as sandbox_actor's.
   caf::replies_to<resize_atom, std::string, uint64_t, uint16_t, uint16_t>::with<bool>,
+  /// Flow control of a streamed command's output, as sandbox_actor's.
+  caf::replies_to<credit_atom, std::string, uint64_t, uint64_t>::with<bool>,
   // ---- member surface: from the nodes and their sandboxes ----
   /// an Event from the node's Chronus endpoint
   caf::reacts_to<chronus_atom, internal_key, chronus_event_msg>,
@@ -297,6 +303,7 @@ using scheduler_actor = caf::typed_actor<
   caf::replies_to<stdin_atom, std::string, uint64_t, std::string, bool>::with<uint64_t>,
   /// Terminals: a command's window size (rows, columns), as sandbox_actor's.
   caf::replies_to<resize_atom, std::string, uint64_t, uint16_t, uint16_t>::with<bool>,
+  caf::replies_to<credit_atom, std::string, uint64_t, uint64_t>::with<bool>,
   /// Sets a sandbox's egress policy (allow, deny), `dsec net ID`.
   caf::replies_to<network_atom, std::string, std::vector<std::string>,
                   std::vector<std::string>>::with<bool>,

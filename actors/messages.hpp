@@ -86,6 +86,8 @@ using reattach_atom = caf::atom_constant<caf::atom("reattach")>;
 using stdin_atom = caf::atom_constant<caf::atom("stdin")>;
 // terminals (issue 23): a running command's window size
 using resize_atom = caf::atom_constant<caf::atom("resize")>;
+// streamed output's flow control (issue 20): bytes the requester consumed
+using credit_atom = caf::atom_constant<caf::atom("credit")>;
 
 // ---- what a sandbox is made of --------------------------------------------------
 
@@ -222,7 +224,25 @@ struct exec_request {
   bool tty = false;
   uint16_t rows = 0; ///< with tty: its window size; 0: 24 rows, 80 columns
   uint16_t cols = 0;
+  /// Flow control of streamed output (issue 20; docs/actors.md, "Transfers"):
+  /// with `stream`, at most this many bytes of output are sent to the
+  /// requester and not yet acknowledged with the credit verb (credit_atom,
+  /// by sandbox and command id); beyond it the sandbox stops reading the
+  /// command's pipes, so the command waits. 0: no bound (as before).
+  uint64_t window = 0;
+  /// A file transfer (transfer_kind; docs/actors.md, "Transfers"): the
+  /// sandbox runs its own tar (argv, env, timeout and output limits are its
+  /// own, not the request's): transfer_put unpacks the tar stream written to
+  /// the command's stdin (a handle's open stdin) into the directory
+  /// `transfer_path`; transfer_get streams a tar archive of `transfer_path`
+  /// (a file or a directory) to the requester as stdout, with `window`.
+  /// Errors are put's and get's (a missing path names it).
+  uint8_t transfer = 0;
+  std::string transfer_path;
 };
+
+/// exec_request.transfer
+enum transfer_kind : uint8_t { transfer_none = 0, transfer_put = 1, transfer_get = 2 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, exec_request& x) {
@@ -230,7 +250,8 @@ typename Inspector::result_type inspect(Inspector& f, exec_request& x) {
            x.timeout_ms, x.input, x.stream, x.detach, x.max_output, x.trusted,
            x.idempotent, x.pristine,
            /* process handles */ x.handle, x.open_stdin,
-           /* terminals */ x.tty, x.rows, x.cols);
+           /* terminals */ x.tty, x.rows, x.cols,
+           /* transfers */ x.window, x.transfer, x.transfer_path);
 }
 
 /// Process handles: the most bytes one stdin message may carry, and what a

@@ -385,6 +385,9 @@ sandbox_actor::behavior_type vm_impl(self_ptr self, sandbox_config cfg,
         return refuse("exec");
       if (s.ph != phase::ready)
         return not_ready(s);
+      if (req.transfer != transfer_none) // a streamed put or get (docs/actors.md, "Transfers")
+        return not_for_vm(s, req.transfer == transfer_put ? "put of tar archives"
+                                                          : "get of tar archives");
       if (req.argv.empty() || req.argv[0].empty())
         return to_caf(make_error(errc::invalid_argument, "no command given"));
       for (const auto& kv : req.env)
@@ -462,6 +465,11 @@ sandbox_actor::behavior_type vm_impl(self_ptr self, sandbox_config cfg,
       if (!genuine(k, self->state.cfg.key, "resize (sandbox)"))
         return refuse("resize");
       return not_for_vm(self->state, "terminals (exec -t, pty=)");
+    },
+    [=](credit_atom, const internal_key& k, uint64_t, uint64_t) -> caf::result<bool> {
+      if (!genuine(k, self->state.cfg.key, "credit (sandbox)"))
+        return refuse("credit");
+      return false; // streamed output of a microVM is not flow-controlled
     },
     [=](put_atom, const internal_key& k, const std::string&,
         const std::string&) -> caf::result<uint64_t> {

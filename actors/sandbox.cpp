@@ -28,6 +28,7 @@
 
 #include "actors/backend.hpp"
 #include "actors/trajectory.hpp"
+#include "actors/transfer.hpp"
 #include "actors/types.hpp"
 #include "runtime/builder.hpp"
 #include "runtime/clock.hpp"
@@ -72,8 +73,13 @@ constexpr uint64_t put_get_timeout_ms = 5 * 60 * 1000;
 // put's and get's PATH: the image's tar first, else the static busybox of the
 // system layer (/.dsec/libexec/tar, store::system_layer), so an image without tar
 // can still take and give files.
-constexpr const char* put_get_path =
-  "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/.dsec/libexec";
+constexpr const char* put_get_path = transfer_tar_path;
+
+// The most new file contents one pack of the writable layer stores (issue
+// 20, docs/trajectory.md "What a log costs"): a step that changed more is
+// logged without a pack (its pack_error says why), and a resume cannot
+// rebuild the sandbox past it.
+constexpr uint64_t pack_max_new_bytes = 64ull << 20;
 
 // What a put or get that found no tar says.
 const char* no_tar = "found no tar: the image has none and this node's system layer has no "
@@ -89,6 +95,10 @@ struct pipe_reader {
   reactor* io;
   uint64_t exec;
   uint8_t stream;
+  // Flow-controlled (exec_request.window): the sandbox re-arms the watch
+  // itself once the requester has room, so at most one read is in its
+  // mailbox per stream.
+  bool manual = false;
 
   void operator()(int res) const {
     if (res < 0)
@@ -112,7 +122,7 @@ struct pipe_reader {
     if (!data.empty() || eof)
       caf::anon_send(sandbox, output_atom::value, process_key(), exec, stream, std::move(data),
                      eof);
-    if (!eof)
+    if (!eof && !manual)
       io->watch(fd->get(), POLLIN, *this);
   }
 };
@@ -163,6 +173,13 @@ struct exec_state {
   exit_status status;
   clock_type::time_point t0;
   std::function<void(expected<exec_result>)> done;
+  // ---- transfers and flow control (issue 20; docs/actors.md, "Transfers") ----
+  uint8_t transfer = transfer_none;
+  uint64_t window = 0;  // exec_request.window; 0: no flow control
+  uint64_t unacked = 0; // bytes sent to the listener and not yet credited
+  std::optional<pipe_reader> reader[2]; // stdout, stderr: re-armed by us with a window
+  bool parked[2] = {false, false};     // not re-armed: waiting for credit
+  bool flowing = false; // a get's stdout goes out (before: held back in `out`)
 };
 
 enum class phase { creating, ready, destroying };
@@ -322,6 +339,14 @@ void finish_exec(self_ptr self, uint64_t eid) {
   auto& x = it->second;
   x.finished = true;
   end_stdin(s, x, "the command ended");
+  if (x.transfer == transfer_get && !x.flowing) {
+    // Its whole archive was held back (transfer_hold_back): it goes out now,
+    // before the end, if tar succeeded; a failed get sends no bytes.
+    if (x.status.shell_code() == 0 && !x.timed_out && !x.out.empty() && x.listener)
+      caf::anon_send(caf::actor_cast<caf::actor>(x.listener),
+                     output_chunk{s.cfg.id, eid, 1, std::move(x.out)});
+    x.out.clear();
+  }
   exec_result r;
   r.exit_code = x.status.shell_code(); // 128+N for a signal N, as shells and the CLI say
   r.signal = x.status.signal;
@@ -771,12 +796,95 @@ caf::result<uint64_t> feed_stdin(self_ptr self, uint64_t eid, std::string& data,
   return rp;
 }
 
+// A transfer (exec_request.transfer) as the command the sandbox runs: its
+// own tar, PATH, limits and handle settings; only the path, the window and
+// the user come from the request.
+expected<exec_request> transfer_command(const exec_request& in) {
+  const auto& path = in.transfer_path;
+  const char* verb = in.transfer == transfer_put ? "put" : "get";
+  if (in.transfer != transfer_put && in.transfer != transfer_get)
+    return make_error(errc::invalid_argument,
+                      "transfer " + std::to_string(in.transfer) + " is not put (1) or get (2)");
+  if (path.empty() || path.front() != '/')
+    return make_error(errc::invalid_argument, std::string{verb} + ": the "
+                                                + (in.transfer == transfer_put ? "destination"
+                                                                               : "path")
+                                                + " must be an absolute path, not '" + path
+                                                + "'");
+  if (!in.argv.empty() || in.detach || in.trusted)
+    return make_error(errc::invalid_argument,
+                      std::string{verb} + ": a transfer has no argv of its own, and is neither "
+                                          "detached nor trusted");
+  exec_request r;
+  r.env = {put_get_path};
+  // The sandbox's root by default, from /, whatever the image's User and
+  // WorkingDir (as_root_at_root): transfers are the operator's.
+  as_root_at_root(r);
+  if (in.uid >= 0) {
+    r.uid = in.uid;
+    r.gid = in.gid;
+  }
+  r.timeout_ms = put_get_timeout_ms;
+  r.max_output = 64 * 1024; // tar's complaints; a get's stdout streams
+  r.handle = true;
+  r.transfer = in.transfer;
+  r.transfer_path = path;
+  if (in.transfer == transfer_put) {
+    r.argv = {"tar", "-x", "-f", "-", "-C", path};
+    r.open_stdin = true;
+    return r;
+  }
+  if (path.find_first_not_of('/') == std::string::npos)
+    // tar would walk /proc and /dev, whose files change size as it reads.
+    return make_error(errc::invalid_argument,
+                      "get: the whole root (/) cannot be copied (it holds /proc and /dev); name "
+                      "a directory, e.g. /work or /tmp");
+  auto slash = path.find_last_of('/');
+  std::string parent = slash == 0 ? "/" : path.substr(0, slash);
+  std::string name = path.substr(slash + 1);
+  r.argv = {"tar", "-c", "-f", "-", "-C", parent, name.empty() ? "." : name};
+  r.stream = true;
+  r.window = in.window > 0 ? in.window : transfer_window;
+  return r;
+}
+
+// What a transfer's tar ended with, as put's and get's errors say it.
+expected<exec_result> transfer_outcome(const exec_request& req, expected<exec_result> r) {
+  bool put = req.transfer == transfer_put;
+  auto what = put ? "put into " + req.transfer_path : "get " + req.transfer_path;
+  if (!r) {
+    auto e = std::move(r).error_value();
+    if (e.code == errc::not_found && e.step == "execve")
+      e.message = std::string{put ? "put " : "get "} + no_tar + ": " + e.message;
+    return e;
+  }
+  if (r->timed_out)
+    return make_error(errc::timeout, what + ": the sandbox's tar did not finish in "
+                                       + std::to_string(put_get_timeout_ms / 1000) + " s");
+  if (r->exit_code != 0 || r->signal != 0)
+    return tar_failure(what, *r, put ? errc::invalid_argument : errc::tool_failed);
+  r->out.clear();
+  r->err.clear();
+  return r;
+}
+
 // Starts a command; `done` runs once with its result. `listener` gets the
 // output when it is streamed (the requester: take it before making a response
 // promise, which takes the sender away from the current message).
-void start_exec(self_ptr self, const exec_request& req, caf::strong_actor_ptr listener,
+void start_exec(self_ptr self, const exec_request& req_in, caf::strong_actor_ptr listener,
                 std::function<void(expected<exec_result>)> done) {
   auto& s = self->state;
+  exec_request transfer_req;
+  if (req_in.transfer != transfer_none) {
+    auto t = transfer_command(req_in);
+    if (!t)
+      return done(std::move(t).error_value());
+    transfer_req = std::move(*t);
+    done = [done = std::move(done), t = transfer_req](expected<exec_result> r) {
+      done(transfer_outcome(t, std::move(r)));
+    };
+  }
+  const exec_request& req = req_in.transfer != transfer_none ? transfer_req : req_in;
   if (s.ph == phase::creating)
     return done(make_error(errc::invalid_argument, "sandbox " + s.cfg.id + " is not ready yet"));
   if (s.ph != phase::ready)
@@ -885,6 +993,8 @@ void start_exec(self_ptr self, const exec_request& req, caf::strong_actor_ptr li
   x.detach = req.detach;
   x.max_output = req.max_output;
   x.t0 = clock_type::now();
+  x.transfer = req.transfer;
+  x.window = req.stream ? req.window : 0;
   if (in_w) {
     x.in.emplace();
     x.in->fd = std::move(in_w);
@@ -918,8 +1028,11 @@ void start_exec(self_ptr self, const exec_request& req, caf::strong_actor_ptr li
     x.out_eof = x.err_eof = false;
     sandbox_actor me = self;
     auto& io_loop = s.cfg.eng->io();
-    io_loop.watch(out_r->get(), POLLIN, pipe_reader{out_r, me, &io_loop, eid, 1});
-    io_loop.watch(err_r->get(), POLLIN, pipe_reader{err_r, me, &io_loop, eid, 2});
+    bool manual = x.window > 0;
+    x.reader[0].emplace(pipe_reader{out_r, me, &io_loop, eid, 1, manual});
+    x.reader[1].emplace(pipe_reader{err_r, me, &io_loop, eid, 2, manual});
+    io_loop.watch(out_r->get(), POLLIN, *x.reader[0]);
+    io_loop.watch(err_r->get(), POLLIN, *x.reader[1]);
   }
   if (req.timeout_ms > 0)
     self->delayed_send(self, std::chrono::milliseconds(req.timeout_ms), timeout_atom::value,
@@ -928,14 +1041,61 @@ void start_exec(self_ptr self, const exec_request& req, caf::strong_actor_ptr li
     pump_stdin(self, eid);
 }
 
+// Flow control: watches a manual reader's pipe again while the requester
+// has room (less than the window unacknowledged), else parks it until credit.
+void rearm(self_ptr self, exec_state& x, int i) {
+  if (!x.reader[i] || !x.reader[i]->manual)
+    return;
+  // A get's stderr is collected (bounded), and its held-back start too.
+  bool needs_room = x.listener && (x.transfer == transfer_none || (i == 0 && x.flowing));
+  if (needs_room && x.unacked >= x.window) {
+    x.parked[i] = true;
+    return;
+  }
+  x.parked[i] = false;
+  self->state.cfg.eng->io().watch(x.reader[i]->fd->get(), POLLIN, *x.reader[i]);
+}
+
+// The credit verb: the requester consumed `bytes` of command `eid`'s output.
+bool take_credit(self_ptr self, uint64_t eid, uint64_t bytes) {
+  auto& s = self->state;
+  auto it = s.execs.find(eid);
+  if (it == s.execs.end() || it->second.finished)
+    return false;
+  auto& x = it->second;
+  x.unacked -= std::min(bytes, x.unacked);
+  bool woke = false;
+  for (int i = 0; i < 2; ++i)
+    if (x.parked[i]) {
+      rearm(self, x, i);
+      woke = woke || !x.parked[i];
+    }
+  if (woke && x.exited) // the drain timer found it parked: look again later
+    self->delayed_send(self, std::chrono::milliseconds(200), timeout_atom::value, process_key(),
+                       eid | (1ull << 63));
+  return true;
+}
+
 void on_output(self_ptr self, uint64_t eid, uint8_t stream, std::string& data, bool eof) {
   auto& s = self->state;
   auto it = s.execs.find(eid);
   if (it == s.execs.end())
     return; // finished already: late output is dropped
   auto& x = it->second;
-  if (!data.empty()) {
-    if (x.stream && x.listener) {
+  bool held = x.transfer == transfer_get && stream == 1 && !x.flowing;
+  if (held && x.out.size() + data.size() >= transfer_hold_back) {
+    // Enough to be an archive: what was held back goes out first.
+    x.flowing = true;
+    data.insert(0, x.out);
+    x.out.clear();
+    held = false;
+  }
+  if (held) {
+    x.out += data;
+  } else if (!data.empty()) {
+    // A transfer's stderr is collected for its error, never streamed.
+    if (x.stream && x.listener && !(x.transfer != transfer_none && stream == 2)) {
+      x.unacked += data.size();
       caf::anon_send(caf::actor_cast<caf::actor>(x.listener),
                      output_chunk{s.cfg.id, eid, stream, std::move(data)});
     } else {
@@ -956,6 +1116,8 @@ void on_output(self_ptr self, uint64_t eid, uint8_t stream, std::string& data, b
   if (eof) {
     (stream == 1 ? x.out_eof : x.err_eof) = true;
     maybe_finish(self, eid);
+  } else if (x.window > 0) {
+    rearm(self, x, stream == 1 ? 0 : 1);
   }
 }
 
@@ -990,6 +1152,7 @@ void run_pack(self_ptr self) {
         a->quit();
         pack_limits lim;
         lim.cancel = cancel.get();
+        lim.max_new_bytes = pack_max_new_bytes;
         std::string manifest;
         auto st = write_pack(upper->get(), pack_path, blob_dir, *cache, uid_base, &manifest,
                              inline_limit, lim);
@@ -1220,6 +1383,9 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
           && really_down(x.listener, "a down message of a streamed command's listener")) {
         x.listener = nullptr;
         (void) s.box->signal(x.id, SIGKILL);
+        for (int i = 0; i < 2; ++i) // nobody will credit it: read (and drop) to the end
+          if (x.parked[i])
+            rearm(self, x, i);
       }
   });
   self->request(s.cfg.cache, caf::infinite, acquire_atom::value, process_key(), s.cfg.env)
@@ -1419,6 +1585,11 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
         return to_caf(r.error_value());
       return true;
     },
+    [=](credit_atom, const internal_key& k, uint64_t eid, uint64_t bytes) -> caf::result<bool> {
+      if (!genuine(k, self->state.cfg.key, "credit (sandbox)"))
+        return refuse("credit");
+      return take_credit(self, eid, bytes);
+    },
     [=](stdin_atom, const internal_key& k, uint64_t eid) {
       if (!genuine(k, process_key(), "stdin room (sandbox)"))
         return;
@@ -1596,6 +1767,10 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
       if (it == s.execs.end())
         return;
       if (drain) {
+        // A flow-controlled one waiting for credit is not done: its pipe
+        // still holds output the requester will take (take_credit looks again).
+        if (it->second.parked[0] || it->second.parked[1])
+          return;
         finish_exec(self, eid); // exited; stop waiting for the pipes
         return;
       }

@@ -841,6 +841,9 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
     [=](resize_atom, const std::string& id, uint64_t eid, uint16_t rows, uint16_t cols) {
       return by_id<bool>(self, id, resize_atom::value, eid, rows, cols);
     },
+    [=](credit_atom, const std::string& id, uint64_t eid, uint64_t bytes) {
+      return by_id<bool>(self, id, credit_atom::value, eid, bytes);
+    },
     [=](destroy_atom, const std::string& id) {
       return by_id<bool>(self, id, destroy_atom::value);
     },

@@ -686,6 +686,15 @@ session_actor::behavior_type session_impl(self_ptr self, session_config cfg) {
       // Who streamed output goes to: take it before the promise takes it away.
       auto requester = self->current_sender();
       auto rp = self->make_response_promise<exec_result>();
+      if (req.transfer == transfer_get) {
+        // A get changes nothing: never logged nor answered from the log, as
+        // the whole-buffer get (a sandbox still replaying is rebuilt first).
+        with_sandbox(
+          self, id,
+          [=](sandbox_actor sb) mutable { forward_exec(self, sb, req, requester, rp); },
+          [=](const error& e) mutable { rp.deliver(to_caf(e)); });
+        return {};
+      }
       if (req.detach && !req.idempotent) {
         rp.deliver(to_caf(make_error(errc::invalid_argument,
                                      "a detached command in a session with a trajectory log"
@@ -1133,6 +1142,17 @@ session_actor::behavior_type session_impl(self_ptr self, session_config cfg) {
         return fail_with<bool>(self, sb.error_value());
       auto rp = self->make_response_promise<bool>();
       forward_to<bool>(self, *sb, rp, resize_atom::value, eid, rows, cols);
+      return {};
+    },
+    [=](credit_atom, const std::string& id, uint64_t eid,
+        uint64_t bytes) -> caf::delegated<bool> {
+      auto rp = self->make_response_promise<bool>();
+      auto sb = find(self, id);
+      if (!sb) { // gone, or not rebuilt (a replayed command streams from the log)
+        rp.deliver(false);
+        return {};
+      }
+      forward_to<bool>(self, *sb, rp, credit_atom::value, eid, bytes);
       return {};
     },
     // ---- snapshots (issue 16): actors/session_snapshot.cpp ----

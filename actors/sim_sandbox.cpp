@@ -129,6 +129,8 @@ sandbox_actor::behavior_type sim_impl(self_ptr self, std::shared_ptr<const sim_c
         return refuse("exec");
       if (s.ph != phase::ready)
         return not_ready(s);
+      if (req.transfer != transfer_none) // a streamed put or get (docs/actors.md, "Transfers")
+        return no_files(s, req.transfer == transfer_put ? "put" : "get");
       if (req.argv.empty() || req.argv[0].empty())
         return to_caf(make_error(errc::invalid_argument, "no command given"));
       if (req.tty)
@@ -206,6 +208,11 @@ sandbox_actor::behavior_type sim_impl(self_ptr self, std::shared_ptr<const sim_c
       return to_caf(make_error(errc::unsupported, "terminals (exec -t, pty=): sandbox "
                                                     + self->state.id
                                                     + " is simulated and has none"));
+    },
+    [=](credit_atom, const internal_key& k, uint64_t, uint64_t) -> caf::result<bool> {
+      if (!genuine(k, self->state.c->key, "credit (sandbox)"))
+        return refuse("credit");
+      return false; // no command runs in it
     },
     [=](put_atom, const internal_key& k, const std::string& dir,
         const std::string& tar) -> caf::result<uint64_t> {

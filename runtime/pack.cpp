@@ -233,11 +233,22 @@ struct writer {
     }
     // What fstat says now, not what a sandbox appending forever would make it.
     uint64_t size = static_cast<uint64_t>(fs.st_size);
+    auto too_much = [&] {
+      return make_error(errc::too_large,
+                        "the pack would store more than " + std::to_string(lim.max_new_bytes >> 20)
+                          + " MiB of new file contents (/" + path + " has "
+                          + std::to_string(size) + " bytes): the trajectory log keeps no copy"
+                          + " of them, so a resume cannot rebuild the sandbox past this step");
+    };
+    if (lim.max_new_bytes > 0 && size > lim.max_new_bytes)
+      return too_much(); // not even read
     DSEC_TRY(first, hash(f.get(), size, -1, path));
     auto digest = first.first;
     uint64_t total = first.second;
     auto hex = to_hex(digest);
     if (::faccessat(blob_fd, hex.c_str(), F_OK, AT_SYMLINK_NOFOLLOW) != 0) {
+      if (lim.max_new_bytes > 0 && st.new_bytes + size > lim.max_new_bytes)
+        return too_much();
       // Unique among the sandboxes of this process packing the same content
       // at once; the last rename wins, with the same bytes.
       static std::atomic<uint64_t> seq{0};

@@ -84,6 +84,10 @@ struct pack_limits {
   uint32_t max_depth = 256;          ///< directory levels below the root
   uint64_t max_entries = 1'000'000;  ///< names in one pack
   uint64_t time_limit_ms = 120'000;  ///< the whole pack, reads included
+  /// Bytes of new blobs one pack may store (0: no bound): a pack that would
+  /// store more fails with errc::too_large before it copies the file that
+  /// crosses it (issue 20: a session's log does not keep a huge put's bytes).
+  uint64_t max_new_bytes = 0;
   const std::atomic<bool>* cancel = nullptr; ///< checked between entries and reads
 };
 

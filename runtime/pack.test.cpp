@@ -374,6 +374,37 @@ TEST_CASE("a pack is bounded: too deep is skipped, too many names or a cancel fa
   ::close(ufd);
 }
 
+TEST_CASE("a pack stores at most max_new_bytes of new contents: beyond, it fails and writes no "
+          "blob of the file that crosses it") {
+  temp_dir t{"/tmp", "dsec-pack-test"};
+  auto up = t.path() + "/upper";
+  fs::create_directories(up);
+  write_file(up + "/small", std::string(1000, 's'));
+  write_file(up + "/big", std::string(5000, 'b'));
+  auto blobs = t.path() + "/blobs";
+  int ufd = open_dir(up);
+  {
+    dsec::pack_cache cache;
+    dsec::pack_limits lim;
+    lim.max_new_bytes = 4096; // small fits, big does not
+    auto st = dsec::write_pack(ufd, t.path() + "/p", blobs, cache, 0, nullptr, 0, lim);
+    REQUIRE_FALSE(st);
+    CHECK(st.error_value().code == dsec::errc::too_large);
+    CHECK_MESSAGE(st.error_value().message.find("/big has 5000 bytes") != std::string::npos,
+                  st.error_value().message);
+    CHECK(count_files(blobs) <= 1); // at most small's blob: never big's
+  }
+  {
+    dsec::pack_cache cache;
+    dsec::pack_limits lim;
+    lim.max_new_bytes = 8192; // the control: both fit
+    auto st = dsec::write_pack(ufd, t.path() + "/p2", blobs, cache, 0, nullptr, 0, lim);
+    REQUIRE_MESSAGE(st, st.error_value().to_string());
+    CHECK(count_files(blobs) == 2);
+  }
+  ::close(ufd);
+}
+
 TEST_CASE("restore opens only regular files: a fifo as the pack or as a blob is an error, not a wait") {
   temp_dir t{"/tmp", "dsec-pack-test"};
   auto up = t.path() + "/upper";

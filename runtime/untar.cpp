@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <set>
 #include <vector>
 
@@ -63,6 +64,7 @@ struct extractor {
   const std::string& shown;
   mode_t umask;
   const std::string& top;
+  const std::string& rename; // with `top`: the name `top` gets here
   untar_result res;
   std::set<std::string> files;   // regular files this archive made: hard link targets
   std::set<std::string> dropped; // fifos and devices left out
@@ -162,6 +164,10 @@ struct extractor {
     auto name = join(parts, parts.size());
     if (!top.empty() && parts[0] != top)
       return refuse("'" + name + "' is not inside '" + top + "', the copied name");
+    if (!rename.empty()) {
+      parts[0] = rename;
+      name = join(parts, parts.size());
+    }
     const auto& base = parts.back();
     struct timespec times[2] = {
       {0, UTIME_OMIT},
@@ -173,6 +179,8 @@ struct extractor {
     mode_t mode = archive_entry_perm(e) & 0777 & ~umask;
     if (const char* link = archive_entry_hardlink(e)) {
       DSEC_TRY(target, components(link, "its hard link's target"));
+      if (!rename.empty() && !target.empty() && target[0] == top)
+        target[0] = rename;
       auto tname = join(target, target.size());
       if (dropped.count(tname)) {
         res.skipped.push_back(name + " (a hard link to a device node or fifo)");
@@ -281,6 +289,71 @@ struct extractor {
 
 } // namespace
 
+namespace {
+
+// untar_stream's reader, as libarchive's read callback; its error is kept.
+struct stream_source {
+  const untar_reader* read;
+  std::optional<error> failed;
+};
+
+la_ssize_t read_piece(struct archive* a, void* data, const void** buf) {
+  auto* src = static_cast<stream_source*>(data);
+  auto piece = (*src->read)();
+  if (!piece) {
+    src->failed = piece.error_value();
+    archive_set_error(a, EIO, "%s", piece.error_value().message.c_str());
+    return -1;
+  }
+  *buf = piece->data();
+  return static_cast<la_ssize_t>(piece->size());
+}
+
+expected<untar_result> unpack(struct archive* a, int dest_fd, const std::string& dest_shown,
+                              mode_t umask, const std::string& top, const std::string& rename,
+                              const stream_source* src) {
+  extractor x{dest_fd, dest_shown, umask, top, rename, {}, {}, {}, {}, {}, {}};
+  for (;;) {
+    struct archive_entry* e = nullptr;
+    int r = archive_read_next_header(a, &e);
+    if (r == ARCHIVE_EOF)
+      break;
+    if (src && src->failed)
+      return *src->failed;
+    if (r == ARCHIVE_WARN)
+      x.res.warnings.emplace_back(archive_error_string(a));
+    else if (r != ARCHIVE_OK)
+      return refuse(std::string{"it does not read as tar after "} + std::to_string(x.res.entries)
+                    + " entries: " + archive_error_string(a));
+    DSEC_TRY_VOID(x.entry(a, e));
+    if (src && src->failed)
+      return *src->failed;
+  }
+  if (src && src->failed)
+    return *src->failed;
+  DSEC_TRY_VOID(x.finish());
+  return std::move(x.res);
+}
+
+} // namespace
+
+expected<untar_result> untar_stream(int dest_fd, const std::string& dest_shown,
+                                    const untar_reader& read, mode_t umask,
+                                    const std::string& top, const std::string& rename) {
+  std::unique_ptr<struct archive, archive_deleter> a{archive_read_new()};
+  if (!a)
+    return make_error(errc::system_error, "libarchive: out of memory");
+  archive_read_support_format_tar(a.get());
+  archive_read_support_filter_none(a.get());
+  stream_source src{&read, {}};
+  if (archive_read_open(a.get(), &src, nullptr, read_piece, nullptr) != ARCHIVE_OK) {
+    if (src.failed)
+      return *src.failed;
+    return refuse(std::string{"it does not read as tar: "} + archive_error_string(a.get()));
+  }
+  return unpack(a.get(), dest_fd, dest_shown, umask, top, rename, &src);
+}
+
 expected<untar_result> untar_beneath(int dest_fd, const std::string& dest_shown,
                                      std::string_view archive, mode_t umask,
                                      const std::string& top) {
@@ -292,21 +365,7 @@ expected<untar_result> untar_beneath(int dest_fd, const std::string& dest_shown,
   archive_read_support_filter_none(a.get());
   if (archive_read_open_memory(a.get(), archive.data(), archive.size()) != ARCHIVE_OK)
     return refuse(std::string{"it does not read as tar: "} + archive_error_string(a.get()));
-  extractor x{dest_fd, dest_shown, umask, top, {}, {}, {}, {}, {}, {}};
-  for (;;) {
-    struct archive_entry* e = nullptr;
-    int r = archive_read_next_header(a.get(), &e);
-    if (r == ARCHIVE_EOF)
-      break;
-    if (r == ARCHIVE_WARN)
-      x.res.warnings.emplace_back(archive_error_string(a.get()));
-    else if (r != ARCHIVE_OK)
-      return refuse(std::string{"it does not read as tar after "} + std::to_string(x.res.entries)
-                    + " entries: " + archive_error_string(a.get()));
-    DSEC_TRY_VOID(x.entry(a.get(), e));
-  }
-  DSEC_TRY_VOID(x.finish());
-  return std::move(x.res);
+  return unpack(a.get(), dest_fd, dest_shown, umask, top, {}, nullptr);
 }
 
 } // namespace dsec

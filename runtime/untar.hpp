@@ -33,6 +33,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -54,5 +55,16 @@ struct untar_result {
 expected<untar_result> untar_beneath(int dest_fd, const std::string& dest_shown,
                                      std::string_view archive, mode_t umask,
                                      const std::string& top = {});
+
+/// Where untar_stream reads the archive: the next piece (valid until the next
+/// call), empty at the end; an error stops the unpacking with it.
+using untar_reader = std::function<expected<std::string_view>()>;
+
+/// The same, reading the archive as it comes (`dsec cp ID:PATH DST` streams
+/// it). With `rename` (and `top`), the copied name `top` lands as `rename`
+/// (`cp ID:/x/a.txt ./b.txt`), its entries below it likewise.
+expected<untar_result> untar_stream(int dest_fd, const std::string& dest_shown,
+                                    const untar_reader& read, mode_t umask,
+                                    const std::string& top = {}, const std::string& rename = {});
 
 } // namespace dsec

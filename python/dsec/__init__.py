@@ -21,10 +21,12 @@ import numbers
 import os
 import posixpath
 import queue
+import shutil
 import signal as _signal
+import tempfile
 import threading
 import weakref
-from typing import (TYPE_CHECKING, Any, AsyncIterator, Callable, Iterable, Iterator, List,
+from typing import (TYPE_CHECKING, Any, AsyncIterator, BinaryIO, Callable, Iterable, Iterator, List,
                     Literal, Mapping, NamedTuple, Optional, Sequence, Union, overload)
 
 
@@ -79,6 +81,10 @@ BackendOffer = _dsec.BackendOffer
 # What the calls accept (each is checked at run time, with a TypeError or a
 # ValueError naming the argument).
 Data = Union[bytes, bytearray, memoryview, str]
+# put's data: bytes or text, or a local file to stream (a path or a binary file object)
+PutData = Union[bytes, bytearray, memoryview, str, "os.PathLike[str]", BinaryIO]
+# get's `into`: a local path or a binary file object to stream into
+GetInto = Union[str, "os.PathLike[str]", BinaryIO]
 Size = Union[int, str]
 Seconds = Union[int, float]
 Command = Union[str, Sequence[str]]
@@ -1407,18 +1413,53 @@ class Sandbox:
         in the image (dsec's static busybox at /.dsec/libexec does the work)."""
         return Files(self)
 
-    def put(self, path: str, data: Data, *, mode: int = 0o644,
+    def put(self, path: str, data: PutData, *, mode: int = 0o644,
             mtime: float | None = None) -> None:
         """Writes bytes (or a str, as UTF-8) to the file `path` of the sandbox,
         owned by its root, with `mode`; missing parent directories are made.
 
+        data may also be a local file, as a path (os.PathLike, e.g.
+        pathlib.Path: a plain str is the text to write) or a binary file
+        object (read from where it is to its end): that streams, in pieces,
+        each sent once the daemon took the one before, so neither this
+        process nor the daemon holds the file (docs/actors.md, "Transfers").
+        A file object that cannot say its size (a pipe) is first spooled to
+        a temporary file.
+
         mtime: the file's modification time, in seconds since the epoch; by
         default the time of the call. A resumed session recognises the same
-        put in its log whatever its time (the daemon compares the files, not
-        their times), and a sandbox rebuilt from its log has the first time.
+        put of bytes in its log whatever its time (the daemon compares the
+        files, not their times), and a sandbox rebuilt from its log has the
+        first time; a streamed put is recognised by its path alone.
         """
-        tar = _put_tar(path, data, mode, mtime)
-        self.session._s.put(self.id, "/", tar)
+        if isinstance(data, (bytes, bytearray, memoryview, str)):
+            tar = _put_tar(path, data, mode, mtime)
+            self.session._s.put(self.id, "/", tar)
+            return
+        self._put_stream(path, data, mode, mtime)
+
+    def _put_stream(self, path: str, data: object, mode: int, mtime: float | None) -> int:
+        path = _files.check_path(path)
+        _put_tar("/x", b"", mode, mtime)  # the same checks of mode and mtime
+        if isinstance(data, os.PathLike):
+            with open(data, "rb") as f:
+                return self._put_file(path, f, mode, mtime)
+        if not hasattr(data, "read"):
+            raise TypeError(f"data: expected bytes, str, a path or a binary file object, got "
+                            f"{type(data).__name__}")
+        return self._put_file(path, data, mode, mtime)
+
+    def _put_file(self, path: str, f: Any, mode: int, mtime: float | None) -> int:
+        size = _files._size_of(f)
+        if size is None:  # a pipe, a socket: spooled to disk, never held in memory
+            with tempfile.TemporaryFile() as spool:
+                shutil.copyfileobj(f, spool, 1 << 20)
+                size = spool.tell()
+                spool.seek(0)
+                stream = _files.FileTarStream(path, spool, size, mode, mtime)
+                return self.session._s.put_from(self.id, "/", stream.read)
+        stream = _files.FileTarStream(path, f, size, mode, mtime)
+        return self.session._s.put_from(self.id, "/", stream.read)
 
     async def put_async(self, path: str, data: Data, *, mode: int = 0o644,
                         mtime: float | None = None) -> None:
@@ -1442,11 +1483,24 @@ class Sandbox:
         """The sandbox's file or directory `path` as a tar archive (bytes)."""
         return self.session._s.get(self.id, _files.check_path(path))
 
-    def get(self, path: str) -> bytes:
+    @overload
+    def get(self, path: str) -> bytes: ...
+
+    @overload
+    def get(self, path: str, into: GetInto) -> int: ...
+
+    def get(self, path: str, into: GetInto | None = None) -> bytes | int:
         """The bytes of the file `path` of the sandbox. A symlink is followed
         (up to 8 links); a directory raises IsADirectoryError (get_tree reads
-        one); a missing file raises dsec.NotFound."""
+        one); a missing file raises dsec.NotFound.
+
+        into: a binary file object (written from where it is) or a local path
+        (str or os.PathLike, made or replaced) to stream the file into,
+        at the pace it is written, instead of returning it; then the number of
+        bytes written is returned."""
         path = _files.check_path(path)
+        if into is not None:
+            return self._get_into(path, into)
         for _ in range(9):
             one = _files.read_one(self.session._s.get(self.id, path), path)
             if one[0] == "file":
@@ -1464,6 +1518,96 @@ class Sandbox:
                 return one[1]
             path = self._follow(path, one)
         raise ValueError(f"get {path}: more than 8 symbolic links")
+
+    def _get_into(self, path: str, into: GetInto) -> int:
+        local: str | os.PathLike[str] | None = None
+        target: Any = None
+        if isinstance(into, (str, os.PathLike)):
+            local = into
+        else:
+            target = into
+        opened: Any = None
+        written = 0
+
+        def write(b: bytes) -> None:
+            nonlocal opened, target, written
+            if target is None and local is not None:
+                opened = target = open(local, "wb")
+            target.write(b)
+            written += len(b)
+        try:
+            for _ in range(9):
+                reader = _files.TopFileReader(path, write)
+                self.session._s.get_into(self.id, path, reader.feed)
+                if reader.kind == "file":
+                    if target is None:  # an empty file
+                        write(b"")
+                    return written
+                if reader.kind is None:
+                    raise ValueError(f"get {path}: the daemon's archive is empty")
+                path = self._follow(path, ("symlink", reader.target) if reader.kind == "symlink"
+                                    else ("dir", None))
+            raise ValueError(f"get {path}: more than 8 symbolic links")
+        finally:
+            if opened is not None:
+                opened.close()
+
+    def read_stream(self, path: str) -> Iterator[bytes]:
+        """The bytes of the file `path` of the sandbox as an iterator of
+        pieces, streamed at the pace they are consumed (a get into a queue
+        of four pieces, on a thread of its own; leaving the iteration early
+        cancels the transfer). Errors as get's, raised by the iteration."""
+        path = _files.check_path(path)
+        q: queue.Queue[Any] = queue.Queue(maxsize=4)
+        stop = threading.Event()
+        end = object()
+
+        class _Stopped(Exception):
+            pass
+
+        def put(item: Any) -> None:
+            while True:
+                if stop.is_set():
+                    raise _Stopped()
+                try:
+                    q.put(item, timeout=0.1)
+                    return
+                except queue.Full:
+                    continue
+
+        class _Writer:
+            def write(self, b: bytes) -> int:
+                put(b)
+                return len(b)
+
+        def run() -> None:
+            try:
+                self._get_into(path, _Writer())  # type: ignore[arg-type]  # (a writer: enough)
+                put(end)
+            except _Stopped:
+                pass
+            except BaseException as e:  # handed to the iterating thread
+                try:
+                    put(e)
+                except _Stopped:
+                    pass
+
+        t = threading.Thread(target=run, name="dsec-read-stream", daemon=True)
+
+        def pieces() -> Iterator[bytes]:
+            t.start()
+            try:
+                while True:
+                    item = q.get()
+                    if item is end:
+                        return
+                    if isinstance(item, BaseException):
+                        raise item
+                    yield item
+            finally:
+                stop.set()
+                t.join()
+        return pieces()
 
     @staticmethod
     def _follow(path: str, one: _files.One) -> str:

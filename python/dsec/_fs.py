@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import posixpath
 import stat as _stat
-from typing import TYPE_CHECKING, List, Literal, NamedTuple, Union
+from typing import TYPE_CHECKING, Iterator, List, Literal, NamedTuple, Union, overload
 
 from . import _files
 
 if TYPE_CHECKING:
-    from . import Sandbox
+    from . import PutData, Sandbox
 
 BUSYBOX = "/.dsec/libexec/busybox"
 
@@ -88,13 +88,28 @@ class Files:
                            path=path)
         raise CommandFailed(self._sb.id, full, r)
 
-    def write(self, path: str, data: Union[bytes, str], *, mode: int = 0o644) -> None:
+    def write(self, path: str, data: "PutData", *, mode: int = 0o644) -> None:
         """Writes bytes (a str as UTF-8) to the file `path`; missing parent
-        directories are made (Sandbox.put)."""
+        directories are made (Sandbox.put). A local path (os.PathLike) or a
+        binary file object streams (Sandbox.put)."""
         self._sb.put(path, data, mode=mode)
 
-    def read(self, path: str) -> bytes:
-        """The bytes of the file `path`, following symlinks (Sandbox.get)."""
+    @overload
+    def read(self, path: str) -> bytes: ...
+
+    @overload
+    def read(self, path: str, *, stream: Literal[False]) -> bytes: ...
+
+    @overload
+    def read(self, path: str, *, stream: Literal[True]) -> Iterator[bytes]: ...
+
+    def read(self, path: str, *, stream: bool = False) -> Union[bytes, Iterator[bytes]]:
+        """The bytes of the file `path`, following symlinks (Sandbox.get).
+        With stream=True, an iterator of its pieces, streamed at the pace
+        they are consumed (Sandbox.read_stream); Sandbox.get(path, into=f)
+        streams into a file."""
+        if stream:
+            return self._sb.read_stream(path)
         return self._sb.get(path)
 
     def read_text(self, path: str, encoding: str = "utf-8") -> str:

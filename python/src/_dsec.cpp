@@ -31,6 +31,7 @@
 #include <cmath>
 #include <condition_variable>
 #include <cstdint>
+#include <cstring>
 #include <deque>
 #include <map>
 #include <memory>
@@ -1289,6 +1290,76 @@ void bind_session(py::module_& m) {
              ps.get()->put_async(id, dir, std::move(t), to_waiter(out, s.tok));
            }
            return value_or_raise(await_outcome(out));
+         })
+    // Streamed transfers (actors/transfer.hpp): the loop runs here without
+    // the GIL; read(n) / write(bytes) are called with it, one piece at a
+    // time, so no whole transfer is ever in one buffer. An exception from
+    // them (or a signal) cancels the transfer and is raised here.
+    .def("put_from",
+         [](py_session& ps, const std::string& id, const std::string& dir, py::object read) {
+           std::shared_ptr<py::error_already_set> raised;
+           auto src = [&](char* buf, size_t size) -> expected<size_t> {
+             py::gil_scoped_acquire gil;
+             try {
+               if (PyErr_CheckSignals() != 0)
+                 throw py::error_already_set();
+               py::object got = read(size);
+               if (!PyBytes_Check(got.ptr()))
+                 throw py::type_error("put_from: read(n) must return bytes");
+               char* data = nullptr;
+               Py_ssize_t n = 0;
+               PyBytes_AsStringAndSize(got.ptr(), &data, &n);
+               if (static_cast<size_t>(n) > size)
+                 throw py::value_error("put_from: read(n) returned more than n bytes");
+               std::memcpy(buf, data, static_cast<size_t>(n));
+               return static_cast<size_t>(n);
+             } catch (py::error_already_set& e) {
+               raised = std::make_shared<py::error_already_set>(std::move(e));
+             } catch (std::exception& e) {
+               PyErr_SetString(PyExc_RuntimeError, e.what());
+               raised = std::make_shared<py::error_already_set>();
+             }
+             return make_error(errc::closed, "put: the source raised");
+           };
+           expected<uint64_t> r = uint64_t{0};
+           {
+             auto s = ps.co().start();
+             auto sess = ps.get();
+             py::gil_scoped_release nogil;
+             r = sess->put_from(id, dir, src);
+           }
+           if (raised)
+             throw *raised;
+           return value_or_raise(std::move(r));
+         })
+    .def("get_into",
+         [](py_session& ps, const std::string& id, const std::string& path, py::object write) {
+           std::shared_ptr<py::error_already_set> raised;
+           auto sink = [&](std::string_view d) -> expected<void> {
+             py::gil_scoped_acquire gil;
+             try {
+               if (PyErr_CheckSignals() != 0)
+                 throw py::error_already_set();
+               write(py::bytes(d.data(), d.size()));
+               return {};
+             } catch (py::error_already_set& e) {
+               raised = std::make_shared<py::error_already_set>(std::move(e));
+             } catch (std::exception& e) {
+               PyErr_SetString(PyExc_RuntimeError, e.what());
+               raised = std::make_shared<py::error_already_set>();
+             }
+             return make_error(errc::closed, "get: the sink raised");
+           };
+           expected<uint64_t> r = uint64_t{0};
+           {
+             auto s = ps.co().start();
+             auto sess = ps.get();
+             py::gil_scoped_release nogil;
+             r = sess->get_into(id, path, sink);
+           }
+           if (raised)
+             throw *raised;
+           return value_or_raise(std::move(r));
          })
     .def("put_async",
          [](py_session& ps, const std::string& id, const std::string& dir, const py::bytes& tar,

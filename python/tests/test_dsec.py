@@ -2,7 +2,10 @@
 files, errors, sessions, asyncio at scale, Chronus, and that nothing is left."""
 
 import asyncio
+import hashlib
+import io
 import os
+import pathlib
 import socket
 import subprocess
 import tempfile
@@ -171,6 +174,59 @@ class Files(Base):
             with self.assertRaises(TypeError):
                 sb.put("/tmp/x", 42)
 
+
+    def test_streamed_put_and_get_from_and_into_file_objects(self):
+        # 24 MiB: many pieces of 512 KiB; never one buffer of it in the extension.
+        data = os.urandom(24 << 20)
+        digest = hashlib.sha256(data).hexdigest()
+        with self.c.session(quota=1, ttl=120) as s, tempfile.TemporaryDirectory() as local:
+            sb = s.create("py@1", memory="512m", disk="128m")[0]
+            src = os.path.join(local, "src.bin")
+            with open(src, "wb") as f:
+                f.write(data)
+            # a binary file object, streamed from where it is
+            with open(src, "rb") as f:
+                sb.put("/tmp/a.bin", f)
+            self.assertEqual(sb.exec("sha256sum /tmp/a.bin").stdout.split()[0].decode(), digest)
+            # a path (os.PathLike), and files.write of a pipe's reading end (spooled)
+            sb.files.write("/tmp/b.bin", pathlib.Path(src))
+            r, w = os.pipe()
+            with os.fdopen(w, "wb") as wf:
+                wf.write(b"through a pipe\n")
+            with os.fdopen(r, "rb") as rf:
+                sb.put("/tmp/c.txt", rf)
+            self.assertEqual(sb.get("/tmp/c.txt"), b"through a pipe\n")
+            # get into a file object and into a path, and read(stream=True)
+            out = io.BytesIO()
+            self.assertEqual(sb.get("/tmp/b.bin", into=out), len(data))
+            self.assertEqual(hashlib.sha256(out.getvalue()).hexdigest(), digest)
+            dst = os.path.join(local, "dst.bin")
+            self.assertEqual(sb.get("/tmp/a.bin", into=dst), len(data))
+            with open(dst, "rb") as f:
+                self.assertEqual(hashlib.sha256(f.read()).hexdigest(), digest)
+            h = hashlib.sha256()
+            n = 0
+            for piece in sb.files.read("/tmp/a.bin", stream=True):
+                self.assertLessEqual(len(piece), 2 << 20)
+                h.update(piece)
+                n += 1
+            self.assertEqual(h.hexdigest(), digest)
+            self.assertGreater(n, 4)
+            # leaving the iteration early cancels the get; the sandbox goes on
+            it = sb.files.read("/tmp/a.bin", stream=True)
+            next(it)
+            it.close()
+            self.assertEqual(sb.exec("echo ok").stdout, b"ok\n")
+            # a symlink is followed, a missing file names itself
+            sb.exec("ln -s /tmp/c.txt /tmp/link")
+            out = io.BytesIO()
+            sb.get("/tmp/link", into=out)
+            self.assertEqual(out.getvalue(), b"through a pipe\n")
+            with self.assertRaises(dsec.NotFound) as cm:
+                sb.get("/no/such/file", into=io.BytesIO())
+            self.assertIn("/no/such/file", str(cm.exception))
+            with self.assertRaises(dsec.NotFound):
+                list(sb.files.read("/no/such/file", stream=True))
 
     def test_get_tree_refuses_names_that_leave_the_tree(self):
         # The sandbox controls the archive get returns: here its tar is

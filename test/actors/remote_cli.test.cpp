@@ -559,9 +559,10 @@ TEST_CASE("remote run --detach, then ps, exec, cp and rm") {
     CHECK_MESSAGE(contains(r.err, id + ":/tmp/not-there"), r.describe());
     CHECK(fs::is_empty(out.path()));
     write_file(out / "f", "f\n");
-    r = d.dsec({"cp", out / "f", id + ":/no-such-dir"});
+    r = d.dsec({"cp", out / "f", id + ":/no-such-dir/f"});
     CHECK_MESSAGE(r.status == 1, r.describe());
-    CHECK_MESSAGE(contains(r.err, id + ":/no-such-dir"), r.describe());
+    CHECK_MESSAGE(contains(r.err, id + ":/no-such-dir/f"), r.describe());
+    CHECK_MESSAGE(contains(r.err, "no such file or directory"), r.describe());
     r = d.dsec({"cp", out / "missing", id + ":/tmp"});
     CHECK_MESSAGE(r.status == 1, r.describe());
     CHECK_MESSAGE(contains(r.err, out / "missing"), r.describe());
@@ -569,9 +570,59 @@ TEST_CASE("remote run --detach, then ps, exec, cp and rm") {
     CHECK_MESSAGE(r.status == 1, r.describe());
     CHECK_MESSAGE(contains(r.err, "the whole root (/) cannot be copied"), r.describe());
     CHECK(std::distance(fs::directory_iterator(out.path()), fs::directory_iterator{}) == 1);
-    r = d.dsec({"cp", id + ":/etc/passwd", out / "missing"});
+    r = d.dsec({"cp", id + ":/etc/passwd", out / "missing/passwd"});
     CHECK_MESSAGE(r.status == 1, r.describe());
     CHECK_MESSAGE(contains(r.err, out / "missing"), r.describe());
+    // A get of a missing path writes nothing to stdout: its error only.
+    r = d.dsec({"cp", id + ":/tmp/not-there", "-"});
+    CHECK_MESSAGE(r.status == 1, r.describe());
+    CHECK_MESSAGE(r.out.empty(), r.describe());
+    CHECK_MESSAGE(contains(r.err, "no such file or directory"), r.describe());
+    r = d.dsec({"cp", "-", id + ":/no-such-dir"}, "not a tar");
+    CHECK_MESSAGE(r.status == 1, r.describe());
+    CHECK_MESSAGE(contains(r.err, id + ":/no-such-dir"), r.describe());
+  }
+  SUBCASE("cp - (tar streams on stdin and stdout) and cp renames, as docker cp") {
+    auto local = suite::get().scratch();
+    make_tree(local / "tree");
+    // cp - ID:DIR: the tar stream on stdin unpacked in DIR.
+    auto tar = host_tar(local / "tree");
+    auto r = d.dsec({"cp", "-", id + ":/tmp"}, tar);
+    REQUIRE_MESSAGE(r.status == 0, r.describe());
+    r = d.dsec({"exec", id, "--", "sh", "-c", "sha256sum < /tmp/sub/data.bin; cat /tmp/a.txt"});
+    CHECK_MESSAGE(r.status == 0, r.describe());
+    CHECK(r.out == sha256_of(local / "tree/sub/data.bin") + "  -\nalpha\n");
+    // cp ID:PATH -: a tar stream of PATH on stdout.
+    r = d.dsec({"cp", id + ":/tmp/sub", "-"});
+    REQUIRE_MESSAGE(r.status == 0, r.describe());
+    auto out = suite::get().scratch();
+    host_untar(r.out, out.path());
+    CHECK(sha256_of(out / "sub/data.bin") == sha256_of(local / "tree/sub/data.bin"));
+    // cp FILE ID:/dir/newname: not a directory there, so the new name.
+    r = d.dsec({"cp", local / "tree/a.txt", id + ":/tmp/renamed.txt"});
+    REQUIRE_MESSAGE(r.status == 0, r.describe());
+    r = d.dsec({"exec", id, "--", "cat", "/tmp/renamed.txt"});
+    CHECK(r.out == "alpha\n");
+    // ... and a directory into an existing directory keeps its name.
+    r = d.dsec({"exec", id, "--", "mkdir", "/tmp/into"});
+    r = d.dsec({"cp", local / "tree", id + ":/tmp/into"});
+    REQUIRE_MESSAGE(r.status == 0, r.describe());
+    r = d.dsec({"exec", id, "--", "cat", "/tmp/into/tree/a.txt"});
+    CHECK(r.out == "alpha\n");
+    // A directory under a new name.
+    r = d.dsec({"cp", local / "tree", id + ":/tmp/tree2"});
+    REQUIRE_MESSAGE(r.status == 0, r.describe());
+    r = d.dsec({"exec", id, "--", "cat", "/tmp/tree2/a.txt"});
+    CHECK(r.out == "alpha\n");
+    // cp ID:/path/file LOCALNEW: the new name here.
+    r = d.dsec({"cp", id + ":/tmp/renamed.txt", out / "local.txt"});
+    REQUIRE_MESSAGE(r.status == 0, r.describe());
+    CHECK(read_file(out / "local.txt") == "alpha\n");
+    CHECK_FALSE(fs::exists(out / "renamed.txt"));
+    // ... and a directory under a new local name.
+    r = d.dsec({"cp", id + ":/tmp/tree2", out / "tree3"});
+    REQUIRE_MESSAGE(r.status == 0, r.describe());
+    CHECK(sha256_of(out / "tree3/sub/data.bin") == sha256_of(local / "tree/sub/data.bin"));
   }
   SUBCASE("a --memory limit applies to exec, which says OOM") {
     auto limited = d.detached({"--memory", "16m"});
