@@ -757,14 +757,24 @@ void pump_stdin(self_ptr self, uint64_t eid) {
   }
 }
 
+// Command `eid` while it has not finished, else null; and the error the
+// by-command verbs (stdin, signal, resize) give for one that does not run.
+exec_state* running(sandbox_state& s, uint64_t eid) {
+  auto it = s.execs.find(eid);
+  return it == s.execs.end() || it->second.finished ? nullptr : &it->second;
+}
+error not_running(const sandbox_state& s, uint64_t eid) {
+  return make_error(errc::not_found,
+                    "no command " + std::to_string(eid) + " runs in sandbox " + s.cfg.id);
+}
+
 // The stdin verb: `data` (then, with `close`, the end) for command `eid`.
 caf::result<uint64_t> feed_stdin(self_ptr self, uint64_t eid, std::string& data, bool close) {
   auto& s = self->state;
-  auto it = s.execs.find(eid);
-  if (it == s.execs.end() || it->second.finished)
-    return to_caf(make_error(errc::not_found, "no command " + std::to_string(eid)
-                                                + " runs in sandbox " + s.cfg.id));
-  auto& x = it->second;
+  auto* found = running(s, eid);
+  if (!found)
+    return to_caf(not_running(s, eid));
+  auto& x = *found;
   if (!x.in)
     return to_caf(make_error(errc::closed, "the stdin of command " + std::to_string(eid)
                                              + " in sandbox " + s.cfg.id
@@ -1546,11 +1556,10 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
       if (sig <= 0 || sig >= NSIG)
         return to_caf(make_error(errc::invalid_argument,
                                  "signal " + std::to_string(sig) + " is not a signal"));
-      auto it = s.execs.find(eid);
-      if (!s.box || it == s.execs.end() || it->second.exited || it->second.finished)
-        return to_caf(make_error(errc::not_found, "no command " + std::to_string(eid)
-                                                    + " runs in sandbox " + s.cfg.id));
-      if (auto r = s.box->signal(it->second.id, sig); !r)
+      auto* x = running(s, eid);
+      if (!s.box || !x || x->exited)
+        return to_caf(not_running(s, eid));
+      if (auto r = s.box->signal(x->id, sig); !r)
         return to_caf(r.error_value());
       return true;
     },
@@ -1565,11 +1574,10 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
       if (!genuine(k, self->state.cfg.key, "resize (sandbox)"))
         return refuse("resize");
       auto& s = self->state;
-      auto it = s.execs.find(eid);
-      if (it == s.execs.end() || it->second.finished)
-        return to_caf(make_error(errc::not_found, "no command " + std::to_string(eid)
-                                                    + " runs in sandbox " + s.cfg.id));
-      auto& x = it->second;
+      auto* found = running(s, eid);
+      if (!found)
+        return to_caf(not_running(s, eid));
+      auto& x = *found;
       if (!x.tty)
         return to_caf(make_error(errc::invalid_argument,
                                  "command " + std::to_string(eid) + " in sandbox " + s.cfg.id

@@ -238,6 +238,14 @@ struct registry {
   }
 };
 
+// The HOST:PORT a dsecd started with --listen 127.0.0.1:0 says it listens on.
+std::string address_of(background& d) {
+  REQUIRE_MESSAGE(d.wait_for_output("\n"), d.err());
+  auto addr = d.out().substr(d.out().find("listening on ") + 13);
+  addr.resize(addr.find(' '));
+  return addr;
+}
+
 std::vector<std::string> split(const std::string& s) {
   std::vector<std::string> out;
   size_t i = 0;
@@ -611,9 +619,7 @@ TEST_CASE("a daemon mounts each image layer once for every sandbox of every imag
   }
   background daemon{{env_path("DSECD_BIN"), "--listen", "127.0.0.1:0", "--state", s.state(),
                      "--slots", "8"}};
-  REQUIRE_MESSAGE(daemon.wait_for_output("\n"), daemon.err());
-  auto addr = daemon.out().substr(daemon.out().find("listening on ") + 13);
-  addr.resize(addr.find(' '));
+  auto addr = address_of(daemon);
   auto mounted = [&] {
     auto r = s.dsec({"--connect", addr, "node", "stats"});
     REQUIRE_MESSAGE(r.status == 0, r.describe());
@@ -667,9 +673,7 @@ TEST_CASE("a daemon's sandboxes take the image config: Entrypoint + Cmd, Env, Wo
   }
   background daemon{{env_path("DSECD_BIN"), "--listen", "127.0.0.1:0", "--state", s.state(),
                      "--slots", "8"}};
-  REQUIRE_MESSAGE(daemon.wait_for_output("\n"), daemon.err());
-  auto addr = daemon.out().substr(daemon.out().find("listening on ") + 13);
-  addr.resize(addr.find(' '));
+  auto addr = address_of(daemon);
   auto remote = [&](std::vector<std::string> args) {
     args.insert(args.begin(), {"--connect", addr});
     return s.dsec(args);
@@ -762,9 +766,7 @@ TEST_CASE("a cluster node fetches an image from its coordinator: each lower once
   fs::create_directories(node_state);
   background coord{{env_path("DSECD_BIN"), "--coordinator", "--listen", "127.0.0.1:0", "--state",
                     s.state(), "--slots", "0", "--cluster-key", key}};
-  REQUIRE_MESSAGE(coord.wait_for_output("\n"), coord.err());
-  auto addr = coord.out().substr(coord.out().find("listening on ") + 13);
-  addr.resize(addr.find(' '));
+  auto addr = address_of(coord);
   background node{{env_path("DSECD_BIN"), "--join", addr, "--listen", "127.0.0.1:0", "--state",
                    node_state, "--cluster-key", key}};
   REQUIRE_MESSAGE(node.wait_for_output("joined the cluster"), node.out() << node.err());

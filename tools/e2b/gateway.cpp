@@ -556,8 +556,8 @@ struct gateway::impl {
   void update(std::shared_ptr<sandbox> s, const json& body, std::shared_ptr<responder> r);
   void input(std::shared_ptr<sandbox> s, const std::string& method, const json& body,
              std::shared_ptr<responder> r);
-  /// The running process `pid` of `s` with its handle; replies not_found otherwise.
-  std::shared_ptr<process> running(sandbox& s, uint32_t pid, responder& r);
+  /// The handle of the running process `pid` of `s`; replies not_found otherwise.
+  std::shared_ptr<dsec::process> handle_of(sandbox& s, uint32_t pid, responder& r);
   void fs(std::shared_ptr<sandbox> s, const std::string& method, const json& body,
           std::shared_ptr<responder> r);
   void get_file(std::shared_ptr<sandbox> s, http_request& req, std::shared_ptr<responder> r);
@@ -1263,7 +1263,7 @@ void gateway::impl::attach(std::shared_ptr<sandbox> s, http_request& req,
   p->subs.push_back(r);
 }
 
-std::shared_ptr<process> gateway::impl::running(sandbox& s, uint32_t pid, responder& r) {
+std::shared_ptr<dsec::process> gateway::impl::handle_of(sandbox& s, uint32_t pid, responder& r) {
   std::shared_ptr<process> p;
   {
     std::lock_guard<std::mutex> g{mu};
@@ -1273,7 +1273,7 @@ std::shared_ptr<process> gateway::impl::running(sandbox& s, uint32_t pid, respon
   if (p) {
     std::lock_guard<std::mutex> g{p->mu};
     if (p->handle && !p->ended)
-      return p;
+      return p->handle;
   }
   connect_error(r, "not_found", "process with pid " + std::to_string(pid) + " not found");
   return nullptr;
@@ -1292,16 +1292,9 @@ void gateway::impl::signal(std::shared_ptr<sandbox> s, const json& body,
       return connect_error(*r, "invalid_argument", "signal must be SIGNAL_SIGKILL or SIGNAL_SIGTERM");
   }
   auto pid = pid_of(body);
-  auto p = running(*s, pid, *r);
-  if (!p)
-    return;
-  std::shared_ptr<dsec::process> h;
-  {
-    std::lock_guard<std::mutex> g{p->mu};
-    h = p->handle;
-  }
+  auto h = handle_of(*s, pid, *r);
   if (!h)
-    return connect_error(*r, "not_found", "process with pid " + std::to_string(pid) + " not found");
+    return;
   // The command's process group, by its handle.
   h->signal_async(sig, [this, s, r, pid](expected<void> res) {
     if (res)
@@ -1327,16 +1320,9 @@ void gateway::impl::update(std::shared_ptr<sandbox> s, const json& body,
     return connect_error(*r, "invalid_argument",
                          "pty.size must be {cols, rows}, each from 1 to 65535");
   auto pid = pid_of(body);
-  auto p = running(*s, pid, *r);
-  if (!p)
-    return;
-  std::shared_ptr<dsec::process> h;
-  {
-    std::lock_guard<std::mutex> g{p->mu};
-    h = p->handle;
-  }
+  auto h = handle_of(*s, pid, *r);
   if (!h)
-    return connect_error(*r, "not_found", "process with pid " + std::to_string(pid) + " not found");
+    return;
   h->resize_async(size->first, size->second, [this, s, r, pid](expected<void> res) {
     if (res)
       return r->reply(200, "application/json", "{}");
@@ -1374,16 +1360,9 @@ void gateway::impl::input(std::shared_ptr<sandbox> s, const std::string& method,
                            std::string{"input."} + field + " is not valid base64");
     data = std::move(*d);
   }
-  auto p = running(*s, pid, *r);
-  if (!p)
-    return;
-  std::shared_ptr<dsec::process> h;
-  {
-    std::lock_guard<std::mutex> g{p->mu};
-    h = p->handle;
-  }
+  auto h = handle_of(*s, pid, *r);
   if (!h)
-    return connect_error(*r, "not_found", "process with pid " + std::to_string(pid) + " not found");
+    return;
   auto answer = [this, s, r, pid, method](const error* e) {
     if (!e)
       return r->reply(200, "application/json", "{}");
