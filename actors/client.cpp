@@ -330,9 +330,13 @@ expected<std::unique_ptr<session>> client::find_session(const std::string& id) {
 
 expected<exec_result> client::exec(const std::string& id, const exec_request& req,
                                    const output_fn& on_output) {
-  // The output, if streamed, is written on this thread, as it comes.
-  return blocking<exec_result>(
-    [&](auto& w) { exec_async(id, req, w.done(), w.relay(on_output)); });
+  // The output, if streamed, is written on this thread, as it comes, and
+  // credited once written (blocking_streamed_exec).
+  return blocking<exec_result>([&](auto& w) {
+    if (!on_output)
+      return exec_async(id, req, w.done());
+    blocking_streamed_exec(*sys_, identity_, scheduler(), w, on_output, id, req);
+  });
 }
 
 // put and get: actors/client_transfer.cpp
@@ -447,12 +451,9 @@ void client::resume_session_async(const std::string& id,
 
 void client::exec_async(const std::string& id, const exec_request& req,
                         completion<exec_result> done, output_fn on_output) {
-  if (on_output) {
-    auto r = req;
-    r.stream = true;
+  if (on_output)
     return async_streamed_exec(*sys_, identity_, scheduler(), std::move(done),
-                               std::move(on_output), exec_atom::value, id, r);
-  }
+                               std::move(on_output), id, req);
   async_call<exec_result>(*sys_, identity_, scheduler(), std::move(done), exec_atom::value, id,
                           req);
 }

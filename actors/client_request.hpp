@@ -167,14 +167,35 @@ inline caf::actor watch_owner(const caf::actor& identity) {
   return t_blocking_call ? caf::actor{} : identity;
 }
 
+// Flow control of a streamed exec whose output is consumed elsewhere (a
+// blocking call's waiting thread, which runs the relayed on_output): the
+// helper notes the command's id, and whoever consumed a chunk calls consumed(),
+// which credits it to the daemon. Chunks of command 0 (a session's replay
+// from its log) are nobody's to credit.
+struct output_ack {
+  std::atomic<uint64_t> exec{0};
+  std::function<void(uint64_t exec, uint64_t bytes)> send;
+  void consumed(uint64_t bytes) const {
+    if (auto e = exec.load(); e != 0 && bytes != 0 && send)
+      send(e, bytes);
+  }
+};
+
 // The request path of every call, blocking or not: a helper actor makes the
 // request and hands the outcome to `done` on its CAF thread. `done` runs exactly once: with
 // the reply, the error, or `disconnected` when `dest` or `owner` goes away.
+// With `credit` (a streamed exec whose request has a window), each chunk of
+// output is acknowledged to `dest` once `on_output` returned (the credit verb,
+// docs/actors.md "Transfers"), so the sandbox sends no more than the window
+// ahead of what was consumed; with `ack` as well, on_output only hands the
+// chunk on, and what consumes it acknowledges it (output_ack).
 template <class Result, class Handle, class... Ts>
 void async_request(caf::actor_system& sys, const caf::actor& owner, const Handle& dest,
-                   completion<Result> done, output_fn on_output, Ts... xs) {
+                   completion<Result> done, output_fn on_output, bool credit,
+                   std::shared_ptr<output_ack> ack, Ts... xs) {
   auto fin = std::make_shared<completion<Result>>(std::move(done));
-  sys.spawn([fin, owner = watch_owner(owner), dest, on_output = std::move(on_output),
+  sys.spawn([fin, owner = watch_owner(owner), dest, on_output = std::move(on_output), credit,
+             ack = std::move(ack),
              ... xs = std::move(xs)](caf::event_based_actor* self) mutable -> caf::behavior {
     watch_lost(self, dest, owner, [fin](error e) { (*fin)(std::move(e)); });
     self->request(dest, caf::infinite, std::move(xs)...)
@@ -192,8 +213,14 @@ void async_request(caf::actor_system& sys, const caf::actor& owner, const Handle
     // A streamed exec's output comes to the helper (it made the request).
     return {
       [=](output_chunk& c) {
+        if (ack)
+          ack->exec = c.exec;
         if (on_output)
           on_output(c.stream, c.data);
+        if (credit && !ack && !c.data.empty())
+          self->request(dest, caf::infinite, credit_atom::value, c.sandbox, c.exec,
+                        static_cast<uint64_t>(c.data.size()))
+            .then([](bool) {}, [](caf::error&) {}); // a command that ended: nothing owed
       },
     };
   });
@@ -202,7 +229,8 @@ void async_request(caf::actor_system& sys, const caf::actor& owner, const Handle
 template <class Result, class Handle, class... Ts>
 void async_call(caf::actor_system& sys, const caf::actor& owner, const Handle& dest,
                 completion<Result> done, Ts... xs) {
-  async_request<Result>(sys, owner, dest, std::move(done), output_fn{}, std::move(xs)...);
+  async_request<Result>(sys, owner, dest, std::move(done), output_fn{}, false, nullptr,
+                        std::move(xs)...);
 }
 
 // A reply of `true` (destroy, feedback) as expected<void>.
@@ -216,12 +244,40 @@ inline completion<bool> as_void(completion<void> done) {
 }
 
 // exec_async with streamed output: each chunk goes to `on_output` before
-// `done` gets the result.
-template <class Handle, class... Ts>
+// `done` gets the result; `req.window` (streamed_window unless set) bounds what
+// the sandbox sends ahead of what on_output took (with `ack`: of what its
+// consumer acknowledged).
+constexpr uint64_t streamed_window = 1u << 20;
+template <class Handle>
 void async_streamed_exec(caf::actor_system& sys, const caf::actor& owner, const Handle& dest,
-                         completion<exec_result> done, output_fn on_output, Ts... xs) {
-  async_request<exec_result>(sys, owner, dest, std::move(done), std::move(on_output),
-                             std::move(xs)...);
+                         completion<exec_result> done, output_fn on_output,
+                         const std::string& id, exec_request req,
+                         std::shared_ptr<output_ack> ack = nullptr) {
+  req.stream = true;
+  if (req.window == 0)
+    req.window = streamed_window;
+  async_request<exec_result>(sys, owner, dest, std::move(done), std::move(on_output), true,
+                             std::move(ack), exec_atom::value, id, std::move(req));
+}
+
+// The blocking form of a streamed exec: on_output runs on the waiting thread,
+// and each chunk is credited once it returned, so a caller that is slow to
+// consume holds the command back instead of queueing its output.
+template <class Handle, class Waiter>
+void blocking_streamed_exec(caf::actor_system& sys, const caf::actor& owner, const Handle& dest,
+                            Waiter& w, const output_fn& on_output, const std::string& id,
+                            const exec_request& req) {
+  auto ack = std::make_shared<output_ack>();
+  ack->send = [&sys, owner, dest, id](uint64_t exec, uint64_t bytes) {
+    async_call<bool>(sys, owner, dest, [](expected<bool>) {}, credit_atom::value, id, exec,
+                     bytes);
+  };
+  auto consume = [on_output, ack](uint8_t stream, std::string_view data) {
+    on_output(stream, data);
+    ack->consumed(data.size());
+  };
+  async_streamed_exec(sys, owner, dest, w.done(), w.relay(output_fn{consume}), id, req,
+                      std::move(ack));
 }
 
 // The blocking form of a call: `start(w)` starts the asynchronous call with

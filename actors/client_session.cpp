@@ -56,9 +56,15 @@ expected<sandbox_info> session::find(const std::string& key) {
 
 expected<exec_result> session::exec(const std::string& id, const exec_request& req,
                                     const output_fn& on_output) {
-  // The output, if streamed, is written on this thread, as it comes.
-  return blocking<exec_result>(
-    [&](auto& w) { exec_async(id, req, w.done(), w.relay(on_output)); });
+  // The output, if streamed, is written on this thread, as it comes, and
+  // credited once written (blocking_streamed_exec).
+  return blocking<exec_result>([&](auto& w) {
+    if (!on_output)
+      return exec_async(id, req, w.done());
+    if (auto e = closed_error())
+      return w.done()(*e);
+    blocking_streamed_exec(*client_->sys_, client_->identity_, handle(), w, on_output, id, req);
+  });
 }
 
 // put and get: actors/client_transfer.cpp
@@ -204,12 +210,9 @@ void session::exec_async(const std::string& id, const exec_request& req,
                          completion<exec_result> done, output_fn on_output) {
   if (auto e = closed_error())
     return done(*e);
-  if (on_output) {
-    auto r = req;
-    r.stream = true;
+  if (on_output)
     return async_streamed_exec(*client_->sys_, client_->identity_, handle(), std::move(done),
-                               std::move(on_output), exec_atom::value, id, r);
-  }
+                               std::move(on_output), id, req);
   async_call<exec_result>(*client_->sys_, client_->identity_, handle(), std::move(done),
                           exec_atom::value, id, req);
 }

@@ -1042,7 +1042,6 @@ TEST_CASE("remote errors: status, message, and the daemon serves on") {
            {{"node"}, "expected 'stats'"},
            {{"node", "frob"}, "unknown sub-verb 'frob'"},
            {{"run", "--", "true"}, "--base NAME@VERSION is required"},
-           {{"run", "--base", tar_base}, "no command given"},
            {{"run", "--base", tar_base, "--hostname", "h", "--", "true"}, "--hostname"},
            {{"run", "--base", tar_base, "--frob", "--", "true"}, "unknown option '--frob'"},
            {{"run", "--base", tar_base, "--env", "=NOKEY", "--", "true"}, "--env"}}) {

@@ -1386,8 +1386,12 @@ void gateway::impl::input(std::shared_ptr<sandbox> s, const std::string& method,
   auto step = std::make_shared<std::function<void()>>();
   *step = [h, rest, step, answer]() {
     if (rest->empty()) {
+      // Resetting *step destroys this very lambda (and its captures): what
+      // runs after it must be a copy of its own (a use-after-free crashed
+      // dsec-e2b now and then at the end of a SendInput).
+      auto done = answer;
       *step = nullptr; // breaks the cycle
-      return answer(nullptr);
+      return done(nullptr);
     }
     auto n = std::min<size_t>(rest->size(), 128 * 1024);
     std::string piece = rest->substr(0, n);
