@@ -324,22 +324,36 @@ def _future() -> tuple[asyncio.Future[Any], _Done]:
 
 # ---- the client ----------------------------------------------------------------------------
 
-def connect(address: str, *, threads: int = 2,
+def connect(address: str | Sequence[str], *, threads: int = 2,
             tls: str | os.PathLike[str] | None = None) -> Client:
     """Connects to the dsecd at "HOST:PORT"; returns a Client (a context manager).
 
-    ValueError for a malformed address; dsec.Disconnected, saying why, when no
-    dsecd answers there. `threads`: the client's CAF scheduler threads. `tls`:
-    a directory with ca.pem, cert.pem and key.pem (tools/tls-certs makes it)
-    to speak TLS, as a dsecd started with --tls requires; a missing or bad
-    file raises dsec.NotFound or dsec.InvalidArgument naming it.
+    `address` may name several addresses of the daemon (a list, or one str
+    with commas: "10.0.0.1:7070,10.0.0.2:7070"): the first that answers is
+    used, and when its link drops (a coordinator restarted elsewhere) the
+    client reconnects to each in turn and its sessions go on
+    (docs/cluster.md). ValueError for a malformed address; dsec.Disconnected,
+    saying why, when no dsecd answers at any. `threads`: the client's CAF
+    scheduler threads. `tls`: a directory with ca.pem, cert.pem and key.pem
+    (tools/tls-certs makes it) to speak TLS, as a dsecd started with --tls
+    requires; a missing or bad file raises dsec.NotFound or
+    dsec.InvalidArgument naming it.
     """
-    host, port = _parse_address(address)
+    if isinstance(address, str):
+        parts = [a.strip() for a in address.split(",")] if "," in address else [address]
+    elif isinstance(address, (list, tuple)):
+        parts = list(address)
+    else:
+        raise TypeError("address: expected 'HOST:PORT' (or several, as a list or with commas), "
+                        f"got {type(address).__name__}")
+    if not parts:
+        raise ValueError("address: no address given")
+    addresses = [_parse_address(a) for a in parts]
     if tls is not None:
         tls = os.fspath(tls)
         if not isinstance(tls, str) or not tls:
             raise ValueError(f"tls: expected a directory, got {tls!r}")
-    return Client(_dsec.Client(host, port, _int("threads", threads, lo=1, hi=256), tls or ""))
+    return Client(_dsec.Client(addresses, _int("threads", threads, lo=1, hi=256), tls or ""))
 
 
 class Client:

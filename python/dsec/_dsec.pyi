@@ -6,7 +6,7 @@ it and is the interface to use. Keep this file in step with the bindings
 with mypy --strict, and that each name here exists in the built module).
 """
 
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, List, Optional, Tuple
 
 # An asynchronous call's completion: done(value, None) or done(None, exception),
 # on one of the client's CAF threads, with the GIL.
@@ -245,7 +245,8 @@ class RawEvent:
     def answer(self) -> Optional[tuple[float, str, bytes, bool]]: ...
 
 class Client:
-    def __init__(self, host: str, port: int, threads: int = 2, tls: str = "") -> None: ...
+    def __init__(self, addresses: List[Tuple[str, int]], threads: int = 2,
+                 tls: str = "") -> None: ...
     @property
     def closed(self) -> bool: ...
     @property

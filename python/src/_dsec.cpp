@@ -289,9 +289,13 @@ struct started {
 
 class core {
 public:
-  core(const std::string& host, uint16_t port, size_t threads, const std::string& tls_dir)
+  // The daemon at the first of `addresses` that answers; a reconnect tries
+  // each in turn (client::connect). `where` names them all.
+  core(const std::vector<std::pair<std::string, uint16_t>>& addresses, size_t threads,
+       const std::string& tls_dir)
     : st_(std::make_unique<core_state>()) {
-    st_->where = format_endpoint(host, port);
+    for (const auto& [host, port] : addresses)
+      st_->where += (st_->where.empty() ? "" : ",") + format_endpoint(host, port);
     st_->cfg = std::make_unique<caf::actor_system_config>();
     if (auto ok = client::configure(*st_->cfg, tls_options{tls_dir}); !ok) {
       auto e = std::move(ok).error_value();
@@ -302,7 +306,7 @@ public:
     st_->cfg->set("scheduler.max-threads", threads);
     st_->cfg->set("logger.console", caf::atom("none"));
     st_->sys = std::make_unique<caf::actor_system>(*st_->cfg);
-    auto c = client::connect(*st_->sys, host, port);
+    auto c = client::connect(*st_->sys, addresses);
     if (!c) {
       st_->sys.reset();
       raise(std::move(c).error_value());
@@ -812,15 +816,17 @@ void bind_values(py::module_& m) {
 
 void bind_client(py::module_& m) {
   py::class_<core, core_ptr>(m, "Client")
-    .def(py::init([](const std::string& host, uint16_t port, size_t threads,
+    .def(py::init([](std::vector<std::pair<std::string, uint16_t>> addresses, size_t threads,
                      const std::string& tls) {
            if (threads < 1 || threads > 256)
              raise(make_error(errc::invalid_argument,
                               "threads: expected 1 to 256, got " + std::to_string(threads)));
+           if (addresses.empty())
+             raise(make_error(errc::invalid_argument, "address: no address given"));
            py::gil_scoped_release nogil;
-           return std::make_shared<core>(host, port, threads, tls);
+           return std::make_shared<core>(addresses, threads, tls);
          }),
-         py::arg("host"), py::arg("port"), py::arg("threads") = 2, py::arg("tls") = "")
+         py::arg("addresses"), py::arg("threads") = 2, py::arg("tls") = "")
     .def_property_readonly("closed", &core::closed)
     .def_property_readonly("address", &core::where)
     .def("close", &core::close)

@@ -335,6 +335,30 @@ class Attach(Base):
         self.assertNotIn(s.id, [x.id for x in self.c.sessions() if x.state == "live"])
 
 
+class Addresses(Base):
+    def test_several_addresses_the_first_that_answers(self):
+        # A port nobody listens on (bound, never listening), then the daemon.
+        with socket.socket() as dead:
+            dead.bind(("127.0.0.1", 0))
+            nobody = f"127.0.0.1:{dead.getsockname()[1]}"
+            for spec in ([nobody, D.address], f"{nobody}, {D.address}"):
+                with dsec.connect(spec) as c:
+                    self.assertEqual(c.address, f"{nobody},{D.address}")
+                    with c.session(quota=1, ttl=60) as s:
+                        sb = s.create(base="py@1")[0]
+                        self.assertEqual(sb.exec(["echo", "through the second"]).stdout,
+                                         b"through the second\n")
+            with self.assertRaises(dsec.Disconnected) as cm:
+                dsec.connect([nobody])
+            self.assertIn(nobody, str(cm.exception))
+        with self.assertRaises(ValueError):
+            dsec.connect([])
+        with self.assertRaises(ValueError):
+            dsec.connect([D.address, "localhost"])
+        with self.assertRaises(TypeError):
+            dsec.connect(7070)  # type: ignore[arg-type]
+
+
 class Errors(Base):
     def test_errors_map_to_their_classes_and_name_the_input(self):
         with self.assertRaises(ValueError) as cm:
