@@ -631,13 +631,6 @@ void on_event(self_ptr self, container_event& ev) {
   }
 }
 
-// put and get run their tar as the sandbox's root, from /.
-void as_root_at_root(exec_request& req) {
-  req.uid = 0;
-  req.gid = 0;
-  req.cwd = "/";
-}
-
 // The command of `req`, what it leaves out taken from the image's config
 // (docs/images.md, "The image config"): its argv, else Entrypoint + Cmd; dsec's
 // environment under the image's Env under the request's; its cwd, else
@@ -828,12 +821,10 @@ expected<exec_request> transfer_command(const exec_request& in) {
   exec_request r;
   r.env = {put_get_path};
   // The sandbox's root by default, from /, whatever the image's User and
-  // WorkingDir (as_root_at_root): transfers are the operator's.
-  as_root_at_root(r);
-  if (in.uid >= 0) {
-    r.uid = in.uid;
-    r.gid = in.gid;
-  }
+  // WorkingDir: transfers are the operator's.
+  r.cwd = "/";
+  r.uid = in.uid >= 0 ? in.uid : 0;
+  r.gid = in.uid >= 0 ? in.gid : 0;
   r.timeout_ms = put_get_timeout_ms;
   r.max_output = 64 * 1024; // tar's complaints; a get's stdout streams
   r.handle = true;
@@ -858,12 +849,13 @@ expected<exec_request> transfer_command(const exec_request& in) {
   return r;
 }
 
-// What a transfer's tar ended with, as put's and get's errors say it.
-expected<exec_result> transfer_outcome(const exec_request& req, expected<exec_result> r) {
-  bool put = req.transfer == transfer_put;
-  auto what = put ? "put into " + req.transfer_path : "get " + req.transfer_path;
+// How a put's or get's tar (of `path`) failed, as their errors say it;
+// nothing when it succeeded.
+std::optional<error> tar_error(bool put, const std::string& path,
+                               const expected<exec_result>& r) {
+  auto what = put ? "put into " + path : "get " + path;
   if (!r) {
-    auto e = std::move(r).error_value();
+    auto e = r.error_value();
     if (e.code == errc::not_found && e.step == "execve")
       e.message = std::string{put ? "put " : "get "} + no_tar + ": " + e.message;
     return e;
@@ -873,8 +865,33 @@ expected<exec_result> transfer_outcome(const exec_request& req, expected<exec_re
                                        + std::to_string(put_get_timeout_ms / 1000) + " s");
   if (r->exit_code != 0 || r->signal != 0)
     return tar_failure(what, *r, put ? errc::invalid_argument : errc::tool_failed);
+  return std::nullopt;
+}
+
+// What a transfer's tar ended with, as put's and get's errors say it.
+expected<exec_result> transfer_outcome(const exec_request& req, expected<exec_result> r) {
+  if (auto e = tar_error(req.transfer == transfer_put, req.transfer_path, r))
+    return *e;
   r->out.clear();
   r->err.clear();
+  return r;
+}
+
+// The whole-buffer put and get (put_atom, get_atom): the transfer's own
+// command (transfer_command), with `tar` as its input and its output
+// collected (at most 256 MiB) instead of streamed.
+expected<exec_request> whole_buffer_command(uint8_t kind, const std::string& path,
+                                            const std::string& tar) {
+  exec_request in;
+  in.transfer = kind;
+  in.transfer_path = path;
+  DSEC_TRY(r, transfer_command(in));
+  r.transfer = transfer_none; // run as it is, its outcome is the caller's
+  r.handle = r.open_stdin = r.stream = false;
+  r.window = 0;
+  r.input = tar;
+  if (kind == transfer_get)
+    r.max_output = 256ull << 20;
   return r;
 }
 
@@ -1612,83 +1629,34 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
         const std::string& tar) -> caf::result<uint64_t> {
       if (!genuine(k, self->state.cfg.key, "put (sandbox)"))
         return refuse("put");
+      auto req = whole_buffer_command(transfer_put, dir, tar);
+      if (!req)
+        return to_caf(req.error_value());
       auto rp = self->make_response_promise<uint64_t>();
-      if (dir.empty() || dir.front() != '/') {
-        rp.deliver(to_caf(make_error(errc::invalid_argument,
-                                     "put: the destination must be an absolute path, not '"
-                                       + dir + "'")));
-        return rp;
-      }
-      exec_request req;
-      req.argv = {"tar", "-x", "-f", "-", "-C", dir};
-      req.env = {put_get_path};
-      as_root_at_root(req); // whatever the image's User and WorkingDir
-      req.input = tar;
-      req.max_output = 64 * 1024;
-      req.timeout_ms = put_get_timeout_ms;
-      uint64_t size = tar.size();
-      start_exec(self, req, nullptr, [rp, size, dir](expected<exec_result> r) mutable {
-        if (!r) {
-          auto e = std::move(r).error_value();
-          if (e.code == errc::not_found && e.step == "execve")
-            e.message = std::string{"put "} + no_tar + ": " + e.message;
-          rp.deliver(to_caf(e));
-        } else if (r->timed_out) {
-          rp.deliver(to_caf(make_error(errc::timeout,
-                                       "put into " + dir + ": the sandbox's tar did not finish in "
-                                         + std::to_string(put_get_timeout_ms / 1000) + " s")));
-        } else if (r->exit_code != 0 || r->signal != 0) {
-          rp.deliver(to_caf(tar_failure("put into " + dir, *r, errc::invalid_argument)));
-        } else {
+      start_exec(self, *req, nullptr,
+                 [rp, size = uint64_t{tar.size()}, dir](expected<exec_result> r) mutable {
+        if (auto e = tar_error(true, dir, r))
+          rp.deliver(to_caf(*e));
+        else
           rp.deliver(size);
-        }
       });
       return rp;
     },
     [=](get_atom, const internal_key& k, const std::string& path) -> caf::result<std::string> {
       if (!genuine(k, self->state.cfg.key, "get (sandbox)"))
         return refuse("get");
+      auto req = whole_buffer_command(transfer_get, path, {});
+      if (!req)
+        return to_caf(req.error_value());
       auto rp = self->make_response_promise<std::string>();
-      if (path.empty() || path.front() != '/') {
-        rp.deliver(to_caf(make_error(errc::invalid_argument,
-                                     "get: the path must be absolute, not '" + path + "'")));
-        return rp;
-      }
-      if (path.find_first_not_of('/') == std::string::npos) {
-        // tar would walk /proc and /dev, whose files change size as it reads.
-        rp.deliver(to_caf(make_error(
-          errc::invalid_argument,
-          "get: the whole root (/) cannot be copied (it holds /proc and /dev); name a "
-          "directory, e.g. /work or /tmp")));
-        return rp;
-      }
-      auto slash = path.find_last_of('/');
-      std::string parent = slash == 0 ? "/" : path.substr(0, slash);
-      std::string name = path.substr(slash + 1);
-      exec_request req;
-      req.argv = {"tar", "-c", "-f", "-", "-C", parent, name.empty() ? "." : name};
-      req.env = {put_get_path};
-      as_root_at_root(req); // whatever the image's User and WorkingDir
-      req.max_output = 256ull << 20;
-      req.timeout_ms = put_get_timeout_ms;
-      start_exec(self, req, nullptr, [rp, path](expected<exec_result> r) mutable {
-        if (!r) {
-          auto e = std::move(r).error_value();
-          if (e.code == errc::not_found && e.step == "execve")
-            e.message = std::string{"get "} + no_tar + ": " + e.message;
-          rp.deliver(to_caf(e));
-        } else if (r->timed_out) {
-          rp.deliver(to_caf(make_error(errc::timeout,
-                                       "get " + path + ": the sandbox's tar did not finish in "
-                                         + std::to_string(put_get_timeout_ms / 1000) + " s")));
-        } else if (r->exit_code != 0 || r->signal != 0) {
-          rp.deliver(to_caf(tar_failure("get " + path, *r, errc::tool_failed)));
-        } else if (r->truncated) {
+      start_exec(self, *req, nullptr, [rp, path](expected<exec_result> r) mutable {
+        if (auto e = tar_error(false, path, r))
+          rp.deliver(to_caf(*e));
+        else if (r->truncated)
           rp.deliver(to_caf(make_error(errc::invalid_argument,
                                        "get " + path + ": larger than 256 MiB")));
-        } else {
+        else
           rp.deliver(std::move(r->out));
-        }
       });
       return rp;
     },

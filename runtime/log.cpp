@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "runtime/io.hpp"
 #include "runtime/json.hpp"
 
 namespace dsec::log {
@@ -53,17 +54,8 @@ void append_text_value(std::string& out, std::string_view v) {
     json_string(out, v);
 }
 
-void write_fully(int fd, const std::string& data) {
-  size_t off = 0;
-  while (off < data.size()) {
-    auto n = ::write(fd, data.data() + off, data.size() - off);
-    if (n < 0 && errno == EINTR)
-      continue;
-    if (n <= 0)
-      return; // nowhere to write to: the lines are lost, nothing else is
-    off += static_cast<size_t>(n);
-  }
-}
+// Lines that cannot be written (nowhere to write to) are lost, nothing else.
+void write_fully(int fd, const std::string& data) { (void) write_all(fd, data, "the log"); }
 
 struct cause_state {
   int64_t last_ms = 0;

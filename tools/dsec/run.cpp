@@ -17,6 +17,7 @@
 #include "runtime/container.hpp"
 #include "runtime/defaults.hpp"
 #include "runtime/image_config.hpp"
+#include "runtime/io.hpp"
 #include "runtime/layer.hpp"
 #include "runtime/mount.hpp"
 #include "runtime/pty.hpp"
@@ -129,15 +130,8 @@ bool relay_terminal(int master, bool& stdin_open, int ms) {
     for (;;) {
       auto n = ::read(master, buf, sizeof buf);
       if (n > 0) {
-        size_t off = 0;
-        while (off < static_cast<size_t>(n)) {
-          auto w = ::write(1, buf + off, static_cast<size_t>(n) - off);
-          if (w < 0 && errno == EINTR)
-            continue;
-          if (w <= 0)
-            break; // our stdout is gone: its output is dropped
-          off += static_cast<size_t>(w);
-        }
+        // Our stdout gone: its output is dropped.
+        (void) write_all(1, std::string_view(buf, static_cast<size_t>(n)), "stdout");
         continue;
       }
       if (n < 0 && errno == EINTR)

@@ -556,6 +556,11 @@ struct gateway::impl {
   void update(std::shared_ptr<sandbox> s, const json& body, std::shared_ptr<responder> r);
   void input(std::shared_ptr<sandbox> s, const std::string& method, const json& body,
              std::shared_ptr<responder> r);
+  /// The reply to a process verb done through its handle (signal, update):
+  /// {} once done; not_found for a command that ended; an invalid_argument
+  /// as failed_precondition "process with pid N IF_INVALID" when given.
+  completion<void> answer_of(std::shared_ptr<sandbox> s, std::shared_ptr<responder> r,
+                             uint32_t pid, std::string if_invalid = {});
   /// The handle of the running process `pid` of `s`; replies not_found otherwise.
   std::shared_ptr<dsec::process> handle_of(sandbox& s, uint32_t pid, responder& r);
   void fs(std::shared_ptr<sandbox> s, const std::string& method, const json& body,
@@ -1296,16 +1301,27 @@ void gateway::impl::signal(std::shared_ptr<sandbox> s, const json& body,
   if (!h)
     return;
   // The command's process group, by its handle.
-  h->signal_async(sig, [this, s, r, pid](expected<void> res) {
+  h->signal_async(sig, answer_of(s, r, pid));
+}
+
+completion<void> gateway::impl::answer_of(std::shared_ptr<sandbox> s,
+                                          std::shared_ptr<responder> r, uint32_t pid,
+                                          std::string if_invalid) {
+  return [this, s, r, pid, if_invalid](expected<void> res) {
     if (res)
       return r->reply(200, "application/json", "{}");
-    // `closed`: the command ended (its handle says so), not the sandbox.
-    if (res.error_value().code == errc::lost)
+    const auto& e = res.error_value();
+    if (e.code == errc::lost)
       forget(s->id);
-    if (res.error_value().code == errc::not_found || res.error_value().code == errc::closed)
-      return connect_error(*r, "not_found", "process with pid " + std::to_string(pid) + " not found");
-    connect_error(*r, connect_code(res.error_value()), describe(res.error_value()));
-  });
+    // `closed`: the command ended (its handle says so), not the sandbox.
+    if (e.code == errc::not_found || e.code == errc::closed)
+      return connect_error(*r, "not_found",
+                           "process with pid " + std::to_string(pid) + " not found");
+    if (e.code == errc::invalid_argument && !if_invalid.empty())
+      return connect_error(*r, "failed_precondition",
+                           "process with pid " + std::to_string(pid) + " " + if_invalid);
+    connect_error(*r, connect_code(e), describe(e));
+  };
 }
 
 // Update {process: {pid}, pty: {size: {cols, rows}}}: a terminal's window
@@ -1323,18 +1339,7 @@ void gateway::impl::update(std::shared_ptr<sandbox> s, const json& body,
   auto h = handle_of(*s, pid, *r);
   if (!h)
     return;
-  h->resize_async(size->first, size->second, [this, s, r, pid](expected<void> res) {
-    if (res)
-      return r->reply(200, "application/json", "{}");
-    if (res.error_value().code == errc::lost)
-      forget(s->id);
-    if (res.error_value().code == errc::not_found || res.error_value().code == errc::closed)
-      return connect_error(*r, "not_found", "process with pid " + std::to_string(pid) + " not found");
-    if (res.error_value().code == errc::invalid_argument)
-      return connect_error(*r, "failed_precondition",
-                           "process with pid " + std::to_string(pid) + " has no pty");
-    connect_error(*r, connect_code(res.error_value()), describe(res.error_value()));
-  });
+  h->resize_async(size->first, size->second, answer_of(s, r, pid, "has no pty"));
 }
 
 // SendInput {process: {pid}, input: {stdin: BASE64}} and CloseStdin {process:
