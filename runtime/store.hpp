@@ -299,9 +299,10 @@ public:
   /// mount points, /dev symlinks, and the Chronus client at
   /// /.dsec/bin/chronus, linked at /usr/local/bin/chronus, and a static
   /// busybox at /.dsec/libexec/busybox with /.dsec/libexec/tar, put's and get's tar
-  /// when the image has none) that goes on top of every sandbox's layers.
+  /// when the image has none), and dsec-watch at /.dsec/libexec/watch,
+  /// that goes on top of every sandbox's layers.
   /// Built on first use (needs CAP_MKNOD), then reused; named
-  /// system-vN-<digest of the chronus and busybox binaries>.erofs.
+  /// system-vN-<digest of the chronus, busybox and dsec-watch binaries>.erofs.
   expected<std::string> system_layer();
 
   /// The static busybox that goes into the system layer: $DSEC_BUSYBOX (an
@@ -314,6 +315,11 @@ public:
   /// else `chronus` beside this program (or ../tools/, ../libexec/dsec/), else
   /// the installed one.
   static expected<std::string> find_chronus();
+
+  /// dsec-watch, the directory watcher that goes into the system layer at
+  /// /.dsec/libexec/watch: $DSEC_WATCH, else beside this program (as
+  /// find_chronus looks).
+  static expected<std::string> find_watch();
 
   // ---- OCI images (store_image.cpp) ----
 

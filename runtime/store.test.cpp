@@ -504,6 +504,10 @@ TEST_CASE("store: the system layer has the device nodes and is built once") {
   auto linked = dump(*path, "/usr/local/bin/chronus");
   CHECK(linked.find("regular file") != std::string::npos);
   CHECK(dump(*path, "/.dsec/agent").find("directory") != std::string::npos);
+  // dsec-watch, the watcher of Sandbox.files.watch and WatchDir.
+  auto watch = dump(*path, "/.dsec/libexec/watch");
+  CHECK(watch.find("regular file") != std::string::npos);
+  CHECK(watch.find("0755") != std::string::npos);
   // The static busybox (tools/setup installs busybox-static), with the tar
   // that put and get fall back on.
   auto bb = dsec::store::find_busybox();

@@ -138,7 +138,14 @@ expected<bool> is_static_elf(int fd, const std::string& path) {
   return true;
 }
 
-expected<void> make_system_tree(const std::string& root, int chronus_fd, int busybox_fd) {
+// Copies dsec-watch (from `fd`) to .dsec/libexec/watch: what Sandbox.files.watch
+// and dsec-e2b's WatchDir run in the sandbox (tools/watch/dsec_watch.c).
+expected<void> add_watch(const std::string& root, int fd) {
+  return copy_program(fd, join(root, ".dsec/libexec/watch"), "dsec-watch");
+}
+
+expected<void> make_system_tree(const std::string& root, int chronus_fd, int busybox_fd,
+                                int watch_fd) {
   if (::mkdir(root.c_str(), 0755) != 0 || ::chmod(root.c_str(), 0755) != 0)
     return sys_error("cannot create", root);
   for (const auto& e : system_entries) {
@@ -172,13 +179,14 @@ expected<void> make_system_tree(const std::string& root, int chronus_fd, int bus
   DSEC_TRY_VOID(add_chronus(root, chronus_fd));
   if (busybox_fd >= 0)
     DSEC_TRY_VOID(add_busybox(root, busybox_fd));
+  DSEC_TRY_VOID(add_watch(root, watch_fd));
   const struct timespec epoch[2] = {{0, 0}, {0, 0}};
   for (const auto& e : system_entries) {
     auto path = join(root, e.path);
     if (::utimensat(AT_FDCWD, path.c_str(), epoch, AT_SYMLINK_NOFOLLOW) != 0)
       return sys_error("cannot set the mtime of", path);
   }
-  std::vector<const char*> added = {".dsec/bin/chronus"};
+  std::vector<const char*> added = {".dsec/bin/chronus", ".dsec/libexec/watch"};
   if (busybox_fd >= 0)
     added.insert(added.end(), {".dsec/libexec/busybox", ".dsec/libexec/tar"});
   added.insert(added.end(), {"usr/local/bin", "usr/local", "usr", ".dsec/bin", ".dsec/libexec", ".dsec"});
@@ -197,6 +205,11 @@ expected<void> make_system_tree(const std::string& root, int chronus_fd, int bus
 expected<std::string> store::find_chronus() {
   return sys::find_program("DSEC_CHRONUS", "chronus",
                            "the chronus client for the system layer");
+}
+
+expected<std::string> store::find_watch() {
+  return sys::find_program("DSEC_WATCH", "dsec-watch",
+                           "dsec-watch (the directory watcher) for the system layer");
 }
 
 expected<std::optional<std::string>> store::find_busybox() {
@@ -225,8 +238,8 @@ expected<std::optional<std::string>> store::find_busybox() {
 }
 
 expected<std::string> store::system_layer() {
-  // The image carries the chronus client and busybox: its name says which
-  // ones, so a new binary makes a new image beside the old.
+  // The image carries the chronus client, busybox and dsec-watch: its name
+  // says which ones, so a new binary makes a new image beside the old.
   DSEC_TRY(chronus, find_chronus());
   unique_fd cfd{::open(chronus.c_str(), O_RDONLY | O_CLOEXEC)};
   if (!cfd)
@@ -242,9 +255,14 @@ expected<std::string> store::system_layer() {
     DSEC_TRY(d, sha256_hex_of_file(bfd.get()));
     busybox_digest = std::move(d);
   }
+  DSEC_TRY(watch, find_watch());
+  unique_fd wfd{::open(watch.c_str(), O_RDONLY | O_CLOEXEC)};
+  if (!wfd)
+    return sys_error("cannot open dsec-watch", watch);
+  DSEC_TRY(watch_digest, sha256_hex_of_file(wfd.get()));
   sha256 h;
-  auto both = chronus_digest + "\n" + busybox_digest + "\n";
-  h.update(both.data(), both.size());
+  auto all = chronus_digest + "\n" + busybox_digest + "\n" + watch_digest + "\n";
+  h.update(all.data(), all.size());
   auto digest = to_hex(h.finish());
   auto path = join(system_dir(dir_), "system-v" + std::to_string(system_layer_version) + "-" +
                                        digest.substr(0, 16) + ".erofs");
@@ -254,7 +272,7 @@ expected<std::string> store::system_layer() {
 
   DSEC_TRY(staging, staging_dir::create(dir_, "system"));
   auto tree = join(staging.path(), "root");
-  DSEC_TRY_VOID(make_system_tree(tree, cfd.get(), bfd ? bfd.get() : -1));
+  DSEC_TRY_VOID(make_system_tree(tree, cfd.get(), bfd ? bfd.get() : -1, wfd.get()));
   auto image = join(staging.path(), "system.erofs");
   // --all-root: the nodes must be root's whoever built them.
   auto argv = mkfs_argv("", image, tree);

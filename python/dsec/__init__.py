@@ -62,7 +62,7 @@ else:
     _dsec = _import_extension()
 
 from . import _files
-from ._fs import FileInfo, Files
+from ._fs import FileEvent, FileInfo, Files, Watch
 from .errors import (Error, InvalidArgument, NotFound, AlreadyExists, WrongKind, InUse,
                      Malformed, TooLarge, Unauthenticated, Unauthorized, Overloaded, SystemFailure,
                      ToolFailed, Timeout, SandboxFailed, Disconnected, Lost, Unsupported,
@@ -98,7 +98,8 @@ _Done = Callable[[Any, Optional[BaseException]], None]
 __all__ = [
     "connect", "Client", "Session", "Sandbox", "Batch", "Event", "ExecResult", "ExecStream",
     "AsyncExecStream", "SandboxInfo", "SandboxList", "ExposedPort", "NodeStats", "BackendOffer", "Files", "SessionInfo",
-    "FileInfo",
+    "FileEvent",
+    "FileInfo", "Watch",
     "Error", "InvalidArgument", "NotFound", "AlreadyExists", "WrongKind", "InUse", "Malformed",
     "TooLarge", "Unauthenticated", "Unauthorized", "Overloaded", "SystemFailure", "ToolFailed",
     "Timeout", "SandboxFailed", "Disconnected", "Lost", "Unsupported", "Closed", "CommandFailed",

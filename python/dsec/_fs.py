@@ -11,8 +11,11 @@ changed anything there) and is parsed as untrusted.
 from __future__ import annotations
 
 import posixpath
+import queue
 import stat as _stat
-from typing import TYPE_CHECKING, Iterator, List, Literal, NamedTuple, Union, overload
+import threading
+from typing import (TYPE_CHECKING, Any, Iterator, List, Literal, NamedTuple, Union, cast,
+                    overload)
 
 from . import _files
 
@@ -20,6 +23,7 @@ if TYPE_CHECKING:
     from . import PutData, Sandbox
 
 BUSYBOX = "/.dsec/libexec/busybox"
+WATCH = "/.dsec/libexec/watch"
 
 Kind = Literal["file", "dir", "symlink", "other"]
 
@@ -68,6 +72,14 @@ class Files:
 
     def __init__(self, sandbox: Sandbox) -> None:
         self._sb = sandbox
+
+    def watch(self, path: str, *, recursive: bool = False) -> Watch:
+        """Watches the directory `path` for changes (see Watch): returns
+        once the watch is set, so every change after it is reported. With
+        recursive=True the directories under it are watched too, new ones
+        as they appear. Raises dsec.NotFound for a missing path and
+        NotADirectoryError for one that is not a directory."""
+        return Watch(self._sb, _files.check_path(path), bool(recursive))
 
     def _run(self, what: str, path: str, argv: List[str], input: bytes | None = None) -> str:
         from .errors import CommandFailed, NotFound, Unsupported
@@ -173,3 +185,154 @@ class Files:
         dst = _files.check_path(dst, "dst")
         self.stat(src)
         self._run("rename", src, ["mv", "-f", "--", src, dst])
+
+
+EventType = Literal["create", "write", "remove", "rename", "chmod"]
+
+_EVENT_TYPES = frozenset(("create", "write", "remove", "rename", "chmod"))
+
+
+class FileEvent(NamedTuple):
+    """One change seen by a Watch. `type` is create (a new entry, or one
+    moved in), write (a file's contents), remove, rename (moved away, or
+    renamed: its new name comes as a create) or chmod (mode, owner or times);
+    `name` is the path relative to the watched directory ("" for the
+    directory itself); `path` is the absolute one."""
+
+    type: EventType
+    name: str
+    path: str
+
+
+class Watch:
+    """A running watch of a sandbox directory (Files.watch): the changes in
+    it, in the order the kernel reported them (inotify). Iterate events()
+    (or the Watch itself), and close() it (or use it as a context manager):
+    it is a command of the sandbox (dsec's /.dsec/libexec/watch, from the
+    system layer) that runs until then, or until the directory goes away,
+    which ends the iteration. An "overflow" means the kernel dropped
+    changes (`overflowed` counts them). A directory that appears under a
+    recursive watch is watched at once, and what it holds then is reported
+    as created, so `mkdir -p a/b && touch a/b/f` gives a, a/b and a/b/f
+    (a file created at that moment may come twice). What it reports comes
+    from the sandbox and is parsed as untrusted."""
+
+    def __init__(self, sandbox: Sandbox, path: str, recursive: bool) -> None:
+        from .errors import NotFound, Unsupported
+        self.path = path
+        self.recursive = recursive
+        self.overflowed = 0
+        self._sb = sandbox
+        self._q: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        self._pending = b""
+        self._err = b""
+        self._ready = False
+        self._ended = False
+        self._lock = threading.Lock()
+        argv = [WATCH] + (["-r"] if recursive else []) + ["--", path]
+        try:
+            # As root, from /, as the other Files calls, with no timeout: it
+            # runs until close().
+            self._p = sandbox.exec(argv, background=True, stdin=False, user=0, cwd="/",
+                                   on_output=self._out)
+        except NotFound as e:
+            if e.step != "execve":
+                raise
+            raise Unsupported(f"watch {path}: sandbox {sandbox.id} has no {WATCH} (its node's "
+                              "dsec is older than Files.watch)", step="execve",
+                              path=WATCH) from None
+        threading.Thread(target=self._wait, name="dsec-watch", daemon=True).start()
+        kind, item = self._q.get()
+        if kind == "ready":
+            return
+        self._ended = True
+        raise self._failure(item)
+
+    def _out(self, stream: str, chunk: bytes) -> None:
+        with self._lock:
+            if stream != "stdout":
+                self._err = (self._err + chunk)[-4096:]
+                return
+            data = self._pending + chunk
+            *records, self._pending = data.split(b"\0")
+            if len(self._pending) > 65536:  # no record is that long
+                self._pending = b""
+        for raw in records:
+            rec = raw.decode("utf-8", "surrogateescape")
+            if rec == "ready":
+                self._q.put(("ready", None))
+                continue
+            if rec == "overflow":
+                self.overflowed += 1
+                continue
+            kind, _, name = rec.partition(" ")
+            if kind not in _EVENT_TYPES:
+                continue  # not a record of dsec-watch: dropped
+            full = posixpath.join(self.path, name) if name else self.path
+            self._q.put(("event", FileEvent(cast(EventType, kind), name, full)))
+
+    def _wait(self) -> None:
+        try:
+            self._q.put(("end", self._p.wait()))
+        except BaseException as e:  # noqa: BLE001 - handed to the reader
+            self._q.put(("end", e))
+
+    def _failure(self, item: Any) -> BaseException:
+        from .errors import CommandFailed, NotFound
+        if isinstance(item, BaseException):
+            return item
+        err = self._err.decode("utf-8", "replace").strip()
+        if item.exit_code == 3:
+            return NotFound(f"watch {self.path}: no such directory in sandbox {self._sb.id}",
+                            path=self.path)
+        if item.exit_code == 5:
+            return NotADirectoryError(f"watch {self.path}: not a directory in sandbox "
+                                      f"{self._sb.id}")
+        return CommandFailed(self._sb.id, list(self._p._req.argv), item) if not err else \
+            RuntimeError(f"watch {self.path} in sandbox {self._sb.id}: {err}")
+
+    @property
+    def ended(self) -> bool:
+        """True once the watch ended (closed, or its directory went away)."""
+        return self._ended
+
+    def events(self, timeout: float | None = None) -> Iterator[FileEvent]:
+        """The changes, as FileEvent, as they come. The iteration ends when
+        none came for `timeout` seconds (None: it waits until the watch
+        ends), and when the watch ends (the directory was removed or moved
+        away, or close() was called); a watch that failed raises why."""
+        from .errors import Closed
+        while not self._ended:
+            try:
+                kind, item = self._q.get(timeout=timeout)
+            except queue.Empty:
+                return
+            if kind == "event":
+                yield item
+            elif kind == "end":
+                self._ended = True
+                if isinstance(item, Closed):
+                    return  # close()
+                if isinstance(item, BaseException):
+                    raise item
+                if item.exit_code != 0 and item.signal == 0:
+                    raise self._failure(item)
+
+    def __iter__(self) -> Iterator[FileEvent]:
+        return self.events()
+
+    def close(self) -> None:
+        """Stops the watch (its command in the sandbox is killed)."""
+        if not self._ended and not self._p.done:
+            self._p.cancel()
+        self._ended = True
+
+    def __enter__(self) -> Watch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"<dsec.Watch of {self.path} in {self._sb.id}"
+                f"{' (recursive)' if self.recursive else ''}{' ended' if self._ended else ''}>")

@@ -301,6 +301,86 @@ class FilesWithoutTools(Base):
             self.assertEqual(f.list("/work/sub")[0].name, "run")
 
 
+class FilesWatch(Base):
+    """Sandbox.files.watch: dsec's own watcher (/.dsec/libexec/watch) in the
+    sandbox, its changes in order, its end, and nothing left running."""
+
+    def watchers(self, sb):
+        r = sb.exec("for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline; echo; done",
+                    check=True)
+        return [x for x in r.stdout.decode().splitlines() if "/.dsec/libexec/watch" in x]
+
+    def assertSubsequence(self, want, got):
+        it = iter(got)
+        for w in want:
+            self.assertTrue(any(g == w for g in it), f"{w} missing (or out of order) in {got}")
+
+    def collect(self, w, last):
+        got = []
+        for ev in w.events(timeout=20):
+            got.append((ev.type, ev.name))
+            if (ev.type, ev.name) == last:
+                return got
+        self.fail(f"{last} never came; got {got}")
+
+    def test_watch_reports_changes_in_order_and_ends(self):
+        with self.c.session(quota=1, ttl=120) as s:
+            sb = s.create("py@1")[0]
+            sb.exec("mkdir -p /work/old /work/keep", check=True)
+            with sb.files.watch("/work", recursive=True) as w:
+                self.assertEqual(len(self.watchers(sb)), 1)
+                sb.exec("echo hi > /work/a && chmod 600 /work/a && mkdir -p /work/n/d && "
+                        "echo x > /work/n/d/f && mv /work/a /work/old/b && rm -r /work/n && "
+                        "touch /work/done", check=True)
+                got = self.collect(w, ("create", "done"))
+                self.assertSubsequence(
+                    [("create", "a"), ("write", "a"), ("chmod", "a"), ("create", "n"),
+                     ("create", "n/d"), ("create", "n/d/f"), ("write", "n/d/f"),
+                     ("rename", "a"), ("create", "old/b"), ("remove", "n/d/f"),
+                     ("remove", "n/d"), ("remove", "n")], got)
+                self.assertEqual(got.count(("create", "n/d")), 1, got)
+            # close() kills it in the sandbox
+            deadline = time.time() + 20
+            while self.watchers(sb) and time.time() < deadline:
+                time.sleep(0.05)
+            self.assertEqual(self.watchers(sb), [])
+            self.assertTrue(w.ended)
+
+            # Not recursive: a subdirectory's changes are not its own; the
+            # directory going away ends the iteration.
+            w = sb.files.watch("/work/keep")
+            sb.exec("mkdir /work/keep/sub && touch /work/keep/sub/x /work/keep/top && "
+                    "rm -r /work/keep", check=True)
+            evs = list(w.events(timeout=20))
+            names = [(e.type, e.name) for e in evs]
+            self.assertIn(("create", "sub"), names)
+            self.assertIn(("create", "top"), names)
+            self.assertNotIn("sub/x", [n for _, n in names])
+            self.assertEqual(names[-1], ("remove", ""))
+            self.assertEqual(evs[-1].path, "/work/keep")
+            self.assertEqual([e.path for e in evs if e.name == "top"][0], "/work/keep/top")
+            self.assertTrue(w.ended)
+
+            with self.assertRaises(dsec.NotFound) as cm:
+                sb.files.watch("/no/such")
+            self.assertIn("/no/such", str(cm.exception))
+            sb.files.write("/work/file", b"1")
+            with self.assertRaises(NotADirectoryError):
+                sb.files.watch("/work/file")
+            with self.assertRaises(ValueError):
+                sb.files.watch("relative")
+            self.assertEqual(self.watchers(sb), [])
+
+    def test_watch_in_a_bare_image_and_odd_names(self):
+        with self.c.session(quota=1, ttl=120) as s:
+            sb = s.create("bare@1")[0]  # no shell, no coreutils
+            sb.files.make_dir("/work")
+            with sb.files.watch("/work") as w:
+                sb.files.write("/work/name with\nnewline and \xe9", b"x")
+                got = self.collect(w, ("create", "name with\nnewline and \xe9"))
+                self.assertTrue(got)
+
+
 class Attach(Base):
     def test_a_second_client_attaches_to_a_live_session(self):
         with self.c.session(quota=2, ttl=120, name="attach-me") as s:

@@ -391,4 +391,60 @@ test('pty: create with a size, sendInput, resize, ^C to the foreground job, kill
   }
 })
 
-test('not implemented by dsec-e2b: StreamInput, watchDir', { skip: 'dsec-e2b has no StreamInput (client-streamed stdin) and no WatchDir (docs/e2b.md)' }, () => {})
+test('watchDir: events in order, recursive or not, stop ends the watcher, errors', async () => {
+  const sbx = await Sandbox.create('base')
+  try {
+    // Polled with a generous cap (a safety net, never a measure).
+    const until = async (what, ok) => {
+      for (let i = 0; i < 2400 && !(await ok()); i++) await new Promise((r) => setTimeout(r, 50))
+      assert.ok(await ok(), what)
+    }
+    const watchers = async () => (await sbx.commands.run(
+      "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline; echo; done")).stdout
+      .split('\n').filter((l) => l.includes('/.dsec/libexec/watch'))
+    await sbx.files.makeDir('/work/w/keep')
+    const events = []
+    const h = await sbx.files.watchDir('/work/w', (e) => { events.push(`${e.type} ${e.name}`) },
+      { recursive: true })
+    assert.equal((await watchers()).length, 1)
+    await sbx.files.write('/work/w/a.txt', 'hi')
+    await sbx.commands.run('mkdir -p /work/w/sub/deep && echo x > /work/w/sub/deep/f && ' +
+      'mv /work/w/a.txt /work/w/keep/b.txt && rm -r /work/w/sub && touch /work/w/done')
+    await until(`no "create done" in ${JSON.stringify(events)}`, () => events.includes('create done'))
+    let at = -1
+    for (const want of ['create a.txt', 'create sub', 'create sub/deep', 'create sub/deep/f',
+      'write sub/deep/f', 'rename a.txt', 'create keep/b.txt', 'remove sub/deep/f',
+      'remove sub/deep', 'remove sub', 'create done']) {
+      const i = events.indexOf(want, at + 1)
+      assert.ok(i > at, `${want} missing or out of order in ${JSON.stringify(events)}`)
+      at = i
+    }
+    // stop(): the gateway sees the stream closed and kills the watcher.
+    await h.stop()
+    await until('the watcher still runs after stop()', async () => (await watchers()).length === 0)
+
+    // Not recursive: what happens in a subdirectory is not reported.
+    const top = []
+    let ended = null
+    const h2 = await sbx.files.watchDir('/work/w', (e) => { top.push(`${e.type} ${e.name}`) },
+      { onExit: (err) => { ended = err === undefined ? 'ok' : String(err) } })
+    await sbx.commands.run('touch /work/w/keep/inner /work/w/outer')
+    await until(`no "create outer" in ${JSON.stringify(top)}`, () => top.includes('create outer'))
+    assert.ok(!top.some((e) => e.includes('inner')), JSON.stringify(top))
+    // The directory going away ends the stream (onExit without an error).
+    await sbx.commands.run('rm -r /work/w')
+    await until('the stream did not end with its directory', () => ended !== null)
+    assert.equal(ended, 'ok')
+    assert.equal(top[top.length - 1], 'remove ')
+    await h2.stop()
+    await until('a watcher is left', async () => (await watchers()).length === 0)
+
+    await assert.rejects(sbx.files.watchDir('/no/such', () => {}), (e) => /not found/.test(e.message))
+    await sbx.files.write('/work/file', '1')
+    await assert.rejects(sbx.files.watchDir('/work/file', () => {}), (e) => /not a directory/.test(e.message))
+  } finally {
+    await sbx.kill()
+  }
+})
+
+test('not implemented by dsec-e2b: StreamInput', { skip: 'dsec-e2b has no StreamInput (client-streamed stdin; docs/e2b.md)' }, () => {})

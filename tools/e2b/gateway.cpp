@@ -114,7 +114,8 @@ std::optional<std::string> unbase64(std::string_view in) {
 }
 
 std::string envelope(uint8_t flags, const json& j) {
-  std::string body = j.dump();
+  // Names from a sandbox need not be UTF-8: such bytes become U+FFFD.
+  std::string body = j.dump(-1, ' ', false, json::error_handler_t::replace);
   std::string out;
   out.reserve(body.size() + 5);
   out.push_back(static_cast<char>(flags));
@@ -565,6 +566,7 @@ struct gateway::impl {
   std::shared_ptr<dsec::process> handle_of(sandbox& s, uint32_t pid, responder& r);
   void fs(std::shared_ptr<sandbox> s, const std::string& method, const json& body,
           std::shared_ptr<responder> r);
+  void watch_dir(std::shared_ptr<sandbox> s, http_request& req, std::shared_ptr<responder> r);
   void get_file(std::shared_ptr<sandbox> s, http_request& req, std::shared_ptr<responder> r);
   void put_files(std::shared_ptr<sandbox> s, http_request& req, std::shared_ptr<responder> r);
 
@@ -1006,13 +1008,8 @@ void gateway::impl::envd(http_request& req, std::shared_ptr<responder> r) {
                            {"message", "a streaming call needs application/connect+json (dsec-e2b "
                                        "speaks Connect's JSON codec only)"}}
                         .dump());
-    if (method == "WatchDir") {
-      r->start_stream(200, "application/connect+json");
-      r->write(envelope(2, json{{"error",
-                                 {{"code", "unimplemented"},
-                                  {"message", "dsec-e2b does not implement WatchDir"}}}}));
-      return r->finish();
-    }
+    if (method == "WatchDir")
+      return watch_dir(s, req, r);
     return method == "Start" ? start(s, req, r) : attach(s, req, r);
   }
   if (ct.rfind("application/json", 0) != 0)
@@ -1266,6 +1263,155 @@ void gateway::impl::attach(std::shared_ptr<sandbox> s, http_request& req,
   r->write(envelope(0, json{{"event", {{"start", {{"pid", pid}}}}}}));
   r->keepalive(keepalive_of(req), envelope(0, json{{"event", {{"keepalive", json::object()}}}}));
   p->subs.push_back(r);
+}
+
+namespace {
+// What a WatchDir stream knows of its watcher (dsec-watch in the sandbox,
+// tools/watch): its records come in pieces on CAF's threads.
+struct dir_watch {
+  std::mutex mu;
+  std::string pending;  // a record cut short by its piece
+  std::string err;      // the watcher's stderr (its last 4 KiB)
+  bool started = false; // the start event was sent: the watch is set
+  std::shared_ptr<dsec::process> handle;
+};
+
+const char* event_type_of(std::string_view t) {
+  if (t == "create") return "EVENT_TYPE_CREATE";
+  if (t == "write") return "EVENT_TYPE_WRITE";
+  if (t == "remove") return "EVENT_TYPE_REMOVE";
+  if (t == "rename") return "EVENT_TYPE_RENAME";
+  if (t == "chmod") return "EVENT_TYPE_CHMOD";
+  return nullptr;
+}
+} // namespace
+
+// WatchDir {path, recursive}: dsec's watcher (/.dsec/libexec/watch, from the
+// system layer) runs in the sandbox as a command with a handle; the stream
+// starts once it says `ready`, each record is a filesystem event, and the
+// client going away kills it.
+void gateway::impl::watch_dir(std::shared_ptr<sandbox> s, http_request& req,
+                              std::shared_ptr<responder> r) {
+  auto body = enveloped(req.body);
+  if (!body)
+    return stream_error(*r, "invalid_argument", "the request is not one enveloped JSON message");
+  std::string given = body->contains("path") && (*body)["path"].is_string()
+                        ? (*body)["path"].get<std::string>()
+                        : std::string{};
+  auto path = resolve(s->cwd, given);
+  if (!path)
+    return stream_error(*r, "invalid_argument", "path: " + path.error_value().message);
+  bool recursive = body->contains("recursive") && (*body)["recursive"].is_boolean()
+                   && (*body)["recursive"].get<bool>();
+  exec_request x;
+  x.argv = {"/.dsec/libexec/watch"};
+  if (recursive)
+    x.argv.push_back("-r");
+  x.argv.insert(x.argv.end(), {"--", *path});
+  x.cwd = "/";
+  x.uid = x.gid = 0; // as the other filesystem calls: the sandbox's root
+  x.stream = true;
+  x.handle = true;
+  if (auto t = req.header("connect-timeout-ms"); !t.empty())
+    x.timeout_ms = std::strtoull(t.c_str(), nullptr, 10);
+  auto w = std::make_shared<dir_watch>();
+  auto every = keepalive_of(req);
+  auto where = *path;
+  std::lock_guard<std::mutex> held{w->mu};
+  w->handle = sess(s->key).start(
+    s->id, x,
+    [w, r, every](uint8_t stream, std::string_view data) {
+      std::lock_guard<std::mutex> g{w->mu};
+      if (stream == 2) {
+        w->err.append(data);
+        if (w->err.size() > 4096)
+          w->err.erase(0, w->err.size() - 4096);
+        return;
+      }
+      w->pending.append(data);
+      size_t at = 0;
+      for (size_t nul; (nul = w->pending.find('\0', at)) != std::string::npos; at = nul + 1) {
+        std::string_view rec{w->pending.data() + at, nul - at};
+        if (rec == "ready" && !w->started) {
+          w->started = true;
+          r->start_stream(200, "application/connect+json");
+          r->write(envelope(0, json{{"start", json::object()}}));
+          r->keepalive(every, envelope(0, json{{"keepalive", json::object()}}));
+          // Nobody listens any more: the watcher ends.
+          std::weak_ptr<dir_watch> ww = w;
+          r->on_gone([ww] {
+            if (auto w = ww.lock()) {
+              std::shared_ptr<dsec::process> h;
+              {
+                std::lock_guard<std::mutex> g{w->mu};
+                h = w->handle;
+              }
+              if (h)
+                h->signal_async(SIGKILL, [](expected<void>) {});
+            }
+          });
+          continue;
+        }
+        auto sp = rec.find(' ');
+        const char* type = w->started && sp != std::string_view::npos
+                             ? event_type_of(rec.substr(0, sp))
+                             : nullptr;
+        if (type) // else "overflow" (envd has no event for it), or not dsec-watch's
+          r->write(envelope(0, json{{"filesystem",
+                                     {{"name", std::string{rec.substr(sp + 1)}},
+                                      {"type", type}}}}));
+      }
+      w->pending.erase(0, at);
+      if (w->pending.size() > 65536) // no record is that long
+        w->pending.clear();
+    },
+    [this, s, w, r, where, timeout = x.timeout_ms](expected<exec_result> res) {
+      std::string err;
+      bool started;
+      {
+        std::lock_guard<std::mutex> g{w->mu};
+        started = w->started;
+        err = w->err;
+        w->handle.reset();
+      }
+      while (!err.empty() && (err.back() == '\n' || err.back() == ' '))
+        err.pop_back();
+      auto end = [&](const std::string& code, const std::string& msg) {
+        if (!started)
+          return stream_error(*r, code, msg);
+        r->write(envelope(2, json{{"error", {{"code", code}, {"message", msg}}}}));
+        r->finish();
+      };
+      if (!res) {
+        const auto& e = res.error_value();
+        if (sandbox_gone(e))
+          forget(s->id);
+        if (e.code == errc::not_found && e.message.find("/.dsec/libexec/watch") != std::string::npos)
+          return end("unimplemented", "sandbox '" + s->id + "' has no /.dsec/libexec/watch "
+                                      "(its node's dsec is older than WatchDir)");
+        return end(sandbox_gone(e) ? "unavailable" : connect_code(e),
+                   "sandbox '" + s->id + "': " + describe(e));
+      }
+      if (res->timed_out)
+        return end("deadline_exceeded", "the watch's timeout of " + std::to_string(timeout) +
+                                          " ms passed");
+      if (res->signal != 0 && started) { // killed: its client went away, or the sandbox ends
+        r->write(envelope(2, json::object()));
+        return r->finish();
+      }
+      switch (res->exit_code) {
+      case 0: // the directory went away
+        if (!started)
+          return end("internal", "the watcher of " + where + " ended before it was ready");
+        r->write(envelope(2, json::object()));
+        return r->finish();
+      case 3: return end("not_found", "path not found: " + where);
+      case 5: return end("invalid_argument", "path is not a directory: " + where);
+      default:
+        return end("internal", "watching " + where + ": " +
+                                 (err.empty() ? "exit " + std::to_string(res->exit_code) : err));
+      }
+    });
 }
 
 std::shared_ptr<dsec::process> gateway::impl::handle_of(sandbox& s, uint32_t pid, responder& r) {

@@ -16,11 +16,14 @@
 
 #include <atomic>
 #include <cctype>
+#include <cerrno>
 #include <deque>
 #include <optional>
 #include <thread>
 
 #include "runtime/hex.hpp"
+
+#include <sys/socket.h>
 
 namespace dsec::e2b {
 
@@ -70,6 +73,47 @@ public:
       next_write();
   }
 
+  // The client went away (a write failed, or it closed its end while a
+  // stream was being written): the connection is closed and the current
+  // response's on_gone callback runs, once.
+  void lose() {
+    if (!broken_) {
+      broken_ = true;
+      queue_.clear();
+      timer_.cancel();
+      beast::error_code ignore;
+      sock_.shutdown(tcp::socket::shutdown_both, ignore);
+      sock_.close(ignore);
+      writing_ = false;
+    }
+    if (auto f = std::move(on_gone_)) {
+      on_gone_ = nullptr;
+      f();
+    }
+  }
+
+  // While a stream is written, notices the client closing its end (a
+  // readable socket with nothing to read): the handler learns at once that
+  // nobody listens, not at its next write.
+  void watch_peer() {
+    sock_.async_wait(tcp::socket::wait_read,
+                     [self = shared_from_this(), gen = generation_](beast::error_code ec) {
+                       if (ec || self->generation_ != gen || self->broken_ ||
+                           (self->done_ && !self->writing_))
+                         return;
+                       char b;
+                       auto n = ::recv(self->sock_.native_handle(), &b, 1,
+                                       MSG_PEEK | MSG_DONTWAIT);
+                       if (n > 0)
+                         return; // bytes of a next request: read after this response
+                       if (n < 0 && (errno == EAGAIN || errno == EINTR))
+                         return self->watch_peer();
+                       self->lose();
+                     });
+  }
+
+  [[nodiscard]] bool writing() const { return writing_; }
+  std::function<void()> on_gone_; // the current response's
   bool keep_alive_ = true;
   bool broken_ = false;     // a write failed
   bool done_ = false;       // the response's last part is queued
@@ -117,19 +161,12 @@ private:
     auto it = std::move(queue_.front());
     queue_.pop_front();
     it.j([self = shared_from_this(), last = it.last](beast::error_code ec) {
-      if (ec) {
-        self->broken_ = true;
-        self->queue_.clear();
-        self->timer_.cancel();
-        beast::error_code ignore;
-        self->sock_.shutdown(tcp::socket::shutdown_both, ignore);
-        self->sock_.close(ignore);
-        self->writing_ = false;
-        return;
-      }
+      if (ec)
+        return self->lose();
       if (last) {
         self->timer_.cancel();
         self->writing_ = false;
+        self->on_gone_ = nullptr;
         if (self->keep_alive_) {
           self->read();
         } else {
@@ -197,6 +234,7 @@ public:
                                     [res, sr, k](beast::error_code ec, size_t) { k(ec); });
         },
         false);
+      c.watch_peer();
     });
   }
 
@@ -236,6 +274,15 @@ public:
   }
 
   [[nodiscard]] bool gone() const override { return gone_.load(); }
+
+  void on_gone(std::function<void()> f) override {
+    on_strand([f = std::move(f)](connection& c) mutable {
+      if (c.broken_)
+        return f();
+      if (!c.done_ || c.writing())
+        c.on_gone_ = std::move(f);
+    });
+  }
 
   std::weak_ptr<conn_responder> self_;
 

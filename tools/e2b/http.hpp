@@ -50,6 +50,10 @@ public:
   virtual void finish() = 0;
   /// True once a write failed: the client is gone.
   [[nodiscard]] virtual bool gone() const = 0;
+  /// Runs `f` once (on the server's thread) if the client goes away before
+  /// the response ends: a write fails, or, while a stream is written, it
+  /// closes its end. At once if it is gone already.
+  virtual void on_gone(std::function<void()> f) = 0;
 };
 
 using handler = std::function<void(http_request, std::shared_ptr<responder>)>;
