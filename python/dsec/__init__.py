@@ -62,7 +62,7 @@ else:
     _dsec = _import_extension()
 
 from . import _files
-from ._fs import FileEvent, FileInfo, Files, Watch
+from ._fs import AsyncWatch, FileEvent, FileInfo, Files, Watch
 from .errors import (Error, InvalidArgument, NotFound, AlreadyExists, WrongKind, InUse,
                      Malformed, TooLarge, Unauthenticated, Unauthorized, Overloaded, SystemFailure,
                      ToolFailed, Timeout, SandboxFailed, Disconnected, Lost, Unsupported,
@@ -99,7 +99,7 @@ __all__ = [
     "connect", "Client", "Session", "Sandbox", "Batch", "Event", "ExecResult", "ExecStream",
     "AsyncExecStream", "SandboxInfo", "SandboxList", "ExposedPort", "NodeStats", "BackendOffer", "Files", "SessionInfo",
     "FileEvent",
-    "FileInfo", "Watch",
+    "FileInfo", "Watch", "AsyncWatch",
     "Error", "InvalidArgument", "NotFound", "AlreadyExists", "WrongKind", "InUse", "Malformed",
     "TooLarge", "Unauthenticated", "Unauthorized", "Overloaded", "SystemFailure", "ToolFailed",
     "Timeout", "SandboxFailed", "Disconnected", "Lost", "Unsupported", "Closed", "CommandFailed",

@@ -10,12 +10,13 @@ changed anything there) and is parsed as untrusted.
 
 from __future__ import annotations
 
+import asyncio
 import posixpath
 import queue
 import stat as _stat
 import threading
-from typing import (TYPE_CHECKING, Any, Iterator, List, Literal, NamedTuple, Union, cast,
-                    overload)
+from typing import (TYPE_CHECKING, Any, AsyncIterator, Callable, Iterator, List, Literal,
+                    NamedTuple, Union, cast, overload)
 
 from . import _files
 
@@ -80,6 +81,10 @@ class Files:
         as they appear. Raises dsec.NotFound for a missing path and
         NotADirectoryError for one that is not a directory."""
         return Watch(self._sb, _files.check_path(path), bool(recursive))
+
+    async def watch_async(self, path: str, *, recursive: bool = False) -> AsyncWatch:
+        """watch() for asyncio: an AsyncWatch, once the watch is set."""
+        return await AsyncWatch._open(self._sb, _files.check_path(path), bool(recursive))
 
     def _run(self, what: str, path: str, argv: List[str], input: bytes | None = None) -> str:
         from .errors import CommandFailed, NotFound, Unsupported
@@ -204,49 +209,33 @@ class FileEvent(NamedTuple):
     path: str
 
 
-class Watch:
-    """A running watch of a sandbox directory (Files.watch): the changes in
-    it, in the order the kernel reported them (inotify). Iterate events()
-    (or the Watch itself), and close() it (or use it as a context manager):
-    it is a command of the sandbox (dsec's /.dsec/libexec/watch, from the
-    system layer) that runs until then, or until the directory goes away,
-    which ends the iteration. An "overflow" means the kernel dropped
-    changes (`overflowed` counts them). A directory that appears under a
-    recursive watch is watched at once, and what it holds then is reported
-    as created, so `mkdir -p a/b && touch a/b/f` gives a, a/b and a/b/f
-    (a file created at that moment may come twice). What it reports comes
-    from the sandbox and is parsed as untrusted."""
+class _WatchBase:
+    """What Watch and AsyncWatch share: the watcher command, its records
+    parsed, its end. `put(kind, item)` takes ("ready", None), ("event",
+    FileEvent) and ("end", ExecResult or exception), from dsec's threads."""
 
-    def __init__(self, sandbox: Sandbox, path: str, recursive: bool) -> None:
-        from .errors import NotFound, Unsupported
+    def __init__(self, sandbox: Sandbox, path: str, recursive: bool,
+                 put: Callable[[str, Any], None]) -> None:
         self.path = path
         self.recursive = recursive
         self.overflowed = 0
         self._sb = sandbox
-        self._q: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        self._put = put
         self._pending = b""
         self._err = b""
-        self._ready = False
         self._ended = False
         self._lock = threading.Lock()
         argv = [WATCH] + (["-r"] if recursive else []) + ["--", path]
+        self._argv = argv
+        # As root, from /, as the other Files calls, with no timeout: it runs
+        # until close().
+        from .errors import NotFound
         try:
-            # As root, from /, as the other Files calls, with no timeout: it
-            # runs until close().
             self._p = sandbox.exec(argv, background=True, stdin=False, user=0, cwd="/",
                                    on_output=self._out)
         except NotFound as e:
-            if e.step != "execve":
-                raise
-            raise Unsupported(f"watch {path}: sandbox {sandbox.id} has no {WATCH} (its node's "
-                              "dsec is older than Files.watch)", step="execve",
-                              path=WATCH) from None
+            raise self._failure(e) from None
         threading.Thread(target=self._wait, name="dsec-watch", daemon=True).start()
-        kind, item = self._q.get()
-        if kind == "ready":
-            return
-        self._ended = True
-        raise self._failure(item)
 
     def _out(self, stream: str, chunk: bytes) -> None:
         with self._lock:
@@ -260,7 +249,7 @@ class Watch:
         for raw in records:
             rec = raw.decode("utf-8", "surrogateescape")
             if rec == "ready":
-                self._q.put(("ready", None))
+                self._put("ready", None)
                 continue
             if rec == "overflow":
                 self.overflowed += 1
@@ -269,16 +258,20 @@ class Watch:
             if kind not in _EVENT_TYPES:
                 continue  # not a record of dsec-watch: dropped
             full = posixpath.join(self.path, name) if name else self.path
-            self._q.put(("event", FileEvent(cast(EventType, kind), name, full)))
+            self._put("event", FileEvent(cast(EventType, kind), name, full))
 
     def _wait(self) -> None:
         try:
-            self._q.put(("end", self._p.wait()))
+            self._put("end", self._p.wait())
         except BaseException as e:  # noqa: BLE001 - handed to the reader
-            self._q.put(("end", e))
+            self._put("end", e)
 
     def _failure(self, item: Any) -> BaseException:
-        from .errors import CommandFailed, NotFound
+        from .errors import CommandFailed, NotFound, Unsupported
+        if isinstance(item, NotFound) and item.step == "execve":
+            return Unsupported(f"watch {self.path}: sandbox {self._sb.id} has no {WATCH} (its "
+                               "node's dsec is older than Files.watch)", step="execve",
+                               path=WATCH)
         if isinstance(item, BaseException):
             return item
         err = self._err.decode("utf-8", "replace").strip()
@@ -288,20 +281,59 @@ class Watch:
         if item.exit_code == 5:
             return NotADirectoryError(f"watch {self.path}: not a directory in sandbox "
                                       f"{self._sb.id}")
-        return CommandFailed(self._sb.id, list(self._p._req.argv), item) if not err else \
-            RuntimeError(f"watch {self.path} in sandbox {self._sb.id}: {err}")
+        if err:
+            return RuntimeError(f"watch {self.path} in sandbox {self._sb.id}: {err}")
+        return CommandFailed(self._sb.id, self._argv, item)
+
+    def _ends(self, item: Any) -> BaseException | None:
+        """At the end `item`: what to raise (None: the iteration just ends)."""
+        from .errors import Closed
+        self._ended = True
+        if isinstance(item, Closed):
+            return None  # close()
+        if isinstance(item, BaseException):
+            return self._failure(item)
+        if item.exit_code != 0 and item.signal == 0:
+            return self._failure(item)
+        return None
 
     @property
     def ended(self) -> bool:
         """True once the watch ended (closed, or its directory went away)."""
         return self._ended
 
+    def __repr__(self) -> str:
+        return (f"<dsec.{type(self).__name__} of {self.path} in {self._sb.id}"
+                f"{' (recursive)' if self.recursive else ''}{' ended' if self._ended else ''}>")
+
+
+class Watch(_WatchBase):
+    """A running watch of a sandbox directory (Files.watch): the changes in
+    it, in the order the kernel reported them (inotify). Iterate events()
+    (or the Watch itself), and close() it (or use it as a context manager):
+    it is a command of the sandbox (dsec's /.dsec/libexec/watch, from the
+    system layer) that runs until then, or until the directory goes away,
+    which ends the iteration. An "overflow" means the kernel dropped
+    changes (`overflowed` counts them). A directory that appears under a
+    recursive watch is watched at once, and what it holds then is reported
+    as created, so `mkdir -p a/b && touch a/b/f` gives a, a/b and a/b/f
+    (a file created at that moment may come twice). What it reports comes
+    from the sandbox and is parsed as untrusted."""
+
+    def __init__(self, sandbox: Sandbox, path: str, recursive: bool) -> None:
+        q: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        self._q = q
+        super().__init__(sandbox, path, recursive, lambda kind, item: q.put((kind, item)))
+        kind, item = q.get()
+        if kind == "ready":
+            return
+        raise self._ends(item) or self._failure(item)
+
     def events(self, timeout: float | None = None) -> Iterator[FileEvent]:
         """The changes, as FileEvent, as they come. The iteration ends when
         none came for `timeout` seconds (None: it waits until the watch
         ends), and when the watch ends (the directory was removed or moved
         away, or close() was called); a watch that failed raises why."""
-        from .errors import Closed
         while not self._ended:
             try:
                 kind, item = self._q.get(timeout=timeout)
@@ -310,13 +342,9 @@ class Watch:
             if kind == "event":
                 yield item
             elif kind == "end":
-                self._ended = True
-                if isinstance(item, Closed):
-                    return  # close()
-                if isinstance(item, BaseException):
-                    raise item
-                if item.exit_code != 0 and item.signal == 0:
-                    raise self._failure(item)
+                exc = self._ends(item)
+                if exc is not None:
+                    raise exc
 
     def __iter__(self) -> Iterator[FileEvent]:
         return self.events()
@@ -333,6 +361,61 @@ class Watch:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def __repr__(self) -> str:
-        return (f"<dsec.Watch of {self.path} in {self._sb.id}"
-                f"{' (recursive)' if self.recursive else ''}{' ended' if self._ended else ''}>")
+
+class AsyncWatch(_WatchBase):
+    """Watch for asyncio (``w = await sb.files.watch_async(dir)``): ``async
+    for ev in w.events(timeout)`` (or ``async for ev in w``), ``w.close()``,
+    ``async with``. The same events and ends as Watch."""
+
+    def __init__(self, sandbox: Sandbox, path: str, recursive: bool,
+                 loop: asyncio.AbstractEventLoop) -> None:
+        aq: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+        self._q = aq
+
+        def put(kind: str, item: Any) -> None:
+            try:
+                loop.call_soon_threadsafe(aq.put_nowait, (kind, item))
+            except RuntimeError:  # the loop is closed
+                pass
+        super().__init__(sandbox, path, recursive, put)
+
+    @classmethod
+    async def _open(cls, sandbox: Sandbox, path: str, recursive: bool) -> AsyncWatch:
+        w = cls(sandbox, path, recursive, asyncio.get_running_loop())
+        try:
+            kind, item = await w._q.get()
+        except BaseException:
+            w.close()
+            raise
+        if kind != "ready":
+            raise w._ends(item) or w._failure(item)
+        return w
+
+    async def events(self, timeout: float | None = None) -> AsyncIterator[FileEvent]:
+        """As Watch.events, awaited."""
+        while not self._ended:
+            try:
+                kind, item = await asyncio.wait_for(self._q.get(), timeout)
+            except asyncio.TimeoutError:
+                return
+            if kind == "event":
+                yield item
+            elif kind == "end":
+                exc = self._ends(item)
+                if exc is not None:
+                    raise exc
+
+    def __aiter__(self) -> AsyncIterator[FileEvent]:
+        return self.events()
+
+    def close(self) -> None:
+        """Stops the watch (its command in the sandbox is killed)."""
+        if not self._ended and not self._p.done:
+            self._p.cancel()
+        self._ended = True
+
+    async def __aenter__(self) -> AsyncWatch:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.close()

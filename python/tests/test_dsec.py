@@ -371,6 +371,25 @@ class FilesWatch(Base):
                 sb.files.watch("relative")
             self.assertEqual(self.watchers(sb), [])
 
+    def test_watch_async(self):
+        async def main():
+            s = await self.c.session_async(quota=1, ttl=120)
+            async with s:
+                sb = await s.create_one_async("py@1")
+                await sb.exec_async("mkdir -p /work/a", check=True)
+                async with await sb.files.watch_async("/work/a", recursive=True) as w:
+                    await sb.exec_async("mkdir /work/a/d && touch /work/a/d/x", check=True)
+                    got = []
+                    async for ev in w.events(timeout=20):
+                        got.append((ev.type, ev.name))
+                        if got[-1] == ("create", "d/x"):
+                            break
+                    self.assertEqual(got[-1], ("create", "d/x"), got)
+                self.assertTrue(w.ended)
+                with self.assertRaises(dsec.NotFound):
+                    await sb.files.watch_async("/no/such")
+        asyncio.run(main())
+
     def test_watch_in_a_bare_image_and_odd_names(self):
         with self.c.session(quota=1, ttl=120) as s:
             sb = s.create("bare@1")[0]  # no shell, no coreutils
