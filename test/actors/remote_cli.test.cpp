@@ -144,7 +144,7 @@ struct daemon_proc {
 
 // A row of `ps`.
 struct ps_row {
-  std::string id, session, state, env, age, ttl, running;
+  std::string id, name, session, state, env, age, ttl, running;
 };
 
 std::vector<ps_row> ps(const daemon_proc& d, const std::string& session = {}) {
@@ -160,7 +160,7 @@ std::vector<ps_row> ps(const daemon_proc& d, const std::string& session = {}) {
   for (size_t i = 1; i < l.size(); ++i) {
     std::istringstream in{l[i]};
     ps_row row;
-    in >> row.id >> row.session >> row.state >> row.env >> row.age >> row.ttl >> row.running;
+    in >> row.id >> row.name >> row.session >> row.state >> row.env >> row.age >> row.ttl >> row.running;
     REQUIRE_MESSAGE(!row.running.empty(), "a short ps row: " << l[i]);
     rows.push_back(row);
   }
@@ -651,6 +651,72 @@ TEST_CASE("remote run --detach, then ps, exec, cp and rm") {
   r = d.dsec({"exec", id, "--", "true"});
   CHECK_MESSAGE(r.status == 1, r.describe());
   CHECK_MESSAGE(contains(r.err, id), r.describe());
+  check_serving(d);
+  d.finish();
+}
+
+TEST_CASE("remote names and labels: run --name --label, ps shows and filters, a name for an id") {
+  daemon_proc d;
+  auto web = d.detached({"--name", "web", "--label", "tier=front", "--label", "team=a"});
+  auto db = d.detached({"--name", "db", "--tag", "tier=back"});
+  auto plain = d.detached();
+  auto rows = ps(d);
+  REQUIRE(rows.size() == 3);
+  std::map<std::string, std::string> name_of;
+  for (const auto& r : rows)
+    name_of[r.id] = r.name;
+  CHECK(name_of[web] == "web");
+  CHECK(name_of[db] == "db");
+  CHECK(name_of[plain] == "-");
+  auto only = [&](std::vector<std::string> filters) {
+    std::vector<std::string> args{"ps"};
+    for (auto& f : filters)
+      args.insert(args.end(), {"--filter", f});
+    auto r = d.dsec(args);
+    REQUIRE_MESSAGE(r.status == 0, r.describe());
+    std::vector<std::string> got;
+    auto l = lines_of(r.out);
+    for (size_t i = 1; i < l.size(); ++i)
+      got.push_back(l[i].substr(0, l[i].find(' ')));
+    return sorted(got);
+  };
+  CHECK(only({"name=web"}) == std::vector<std::string>{web});
+  CHECK(only({"label=tier"}) == sorted({web, db}));
+  CHECK(only({"label=tier=back"}) == std::vector<std::string>{db});
+  CHECK(only({"label=tier", "label=team=a"}) == std::vector<std::string>{web});
+  CHECK(only({"session=default"}) == sorted({web, db, plain}));
+  CHECK(only({"name=nobody"}).empty());
+  auto bad = d.dsec({"ps", "--filter", "colour=red"});
+  CHECK_MESSAGE(bad.status == 2, bad.describe());
+  CHECK_MESSAGE(contains(bad.err, "colour=red"), bad.describe());
+  // The name wherever an id goes: exec, cp, inspect, pause/resume, rm.
+  auto r = d.dsec({"exec", "web", "--", "sh", "-c", "echo hi > /tmp/f"});
+  CHECK_MESSAGE(r.status == 0, r.describe());
+  auto local = suite::get().scratch();
+  r = d.dsec({"cp", "web:/tmp/f", local.path()});
+  CHECK_MESSAGE(r.status == 0, r.describe());
+  CHECK(read_file(local / "f") == "hi\n");
+  r = d.dsec({"inspect", "db"});
+  CHECK_MESSAGE(r.status == 0, r.describe());
+  CHECK_MESSAGE(contains(r.out, "\"id\": \"" + db + "\""), r.describe());
+  r = d.dsec({"pause", "db"});
+  CHECK_MESSAGE(r.status == 0, r.describe());
+  CHECK(r.out == "paused " + db + "\n");
+  r = d.dsec({"resume", "db"});
+  CHECK(r.out == "resumed " + db + "\n");
+  // A name is unique in its session; one with an id's form is refused.
+  r = d.run({"--detach", "--name", "web"}, {"true"});
+  CHECK_MESSAGE(r.status != 0, r.describe());
+  CHECK_MESSAGE(contains(r.err, "web"), r.describe());
+  r = d.run({"--detach", "--name", "0123456789ab"}, {"true"});
+  CHECK_MESSAGE(r.status == 2, r.describe());
+  r = d.dsec({"exec", "nobody", "--", "true"});
+  CHECK_MESSAGE(r.status == 1, r.describe());
+  CHECK_MESSAGE(contains(r.err, "no sandbox nobody"), r.describe());
+  r = d.dsec({"rm", "web", "db", plain});
+  CHECK_MESSAGE(r.status == 0, r.describe());
+  CHECK(r.out == "removed " + web + "\nremoved " + db + "\nremoved " + plain + "\n");
+  CHECK(ps(d).empty());
   check_serving(d);
   d.finish();
 }

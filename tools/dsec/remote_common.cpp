@@ -13,6 +13,8 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <map>
+#include <set>
 #include <cstring>
 #include <memory>
 #include <optional>
@@ -265,6 +267,61 @@ std::string sandbox_json(const sandbox_info& i) {
   }
   o += "], \"environment\": " + i.env.to_json() + "}";
   return o;
+}
+
+bool looks_like_sandbox_id(std::string_view s) {
+  return s.size() == 12 &&
+         s.find_first_not_of("0123456789abcdef") == std::string_view::npos;
+}
+
+void fill_labels(client& c, std::vector<sandbox_info>& v) {
+  std::map<std::string, std::pair<std::string, std::map<std::string, std::string>>> by_id;
+  std::set<std::string> sessions;
+  for (const auto& i : v)
+    if (!i.session.empty())
+      sessions.insert(i.session);
+  for (const auto& sid : sessions) {
+    auto s = c.find_session(sid);
+    if (!s)
+      continue;
+    auto listed = (*s)->list();
+    if (!listed)
+      continue;
+    for (auto& i : *listed) // "#N": dsec's own key of a create without one, no name
+      by_id[i.id] = {i.key.rfind('#', 0) == 0 ? std::string{} : std::move(i.key),
+                     std::move(i.tags)};
+  }
+  for (auto& i : v)
+    if (auto it = by_id.find(i.id); it != by_id.end() && i.key.empty()) {
+      i.key = it->second.first;
+      i.tags = it->second.second;
+    }
+}
+
+expected<std::string> resolve_sandbox(client& c, const std::string& name) {
+  if (looks_like_sandbox_id(name))
+    return name;
+  DSEC_TRY(all, c.list_all());
+  fill_labels(c, all.sandboxes);
+  std::vector<const sandbox_info*> named;
+  for (const auto& i : all.sandboxes)
+    if (i.key == name)
+      named.push_back(&i);
+  if (named.size() == 1)
+    return named.front()->id;
+  if (named.empty()) {
+    std::string msg = "no sandbox " + name + " (no sandbox has that name, and a sandbox id is "
+                      "12 hex digits; `ps` shows ids and names)";
+    for (size_t k = 0; k < all.missing.size(); ++k)
+      msg += (k ? ", " : "; these nodes did not answer: ") + all.missing[k];
+    return make_error(errc::not_found, msg);
+  }
+  std::string ids;
+  for (const auto* i : named)
+    ids += (ids.empty() ? "" : ", ") + i->id + " (session " + i->session + ")";
+  return make_error(errc::invalid_argument, "the name '" + name + "' is taken in " +
+                                              std::to_string(named.size()) +
+                                              " sessions: " + ids + "; use the id");
 }
 
 int take_sandbox_ids(args& a, std::string_view verb, const char* usage,

@@ -19,6 +19,10 @@
 #include "runtime/json.hpp"
 #include "tools/dsec/run_options.hpp"
 
+namespace dsec {
+class client;
+}
+
 namespace dsec::cli::remote {
 
 /// Writes all of `data` to `fd`; false (errno set) if it cannot, e.g. EPIPE
@@ -54,6 +58,22 @@ struct exec_flags {
 /// `ids` holds them; else the exit status to return.
 int take_sandbox_ids(args& a, std::string_view verb, const char* usage,
                      std::string_view synopsis, std::vector<std::string>& ids);
+
+/// Whether `s` has the form of a sandbox id: 12 lower-case hex digits
+/// (actors/sandbox_id.hpp).
+bool looks_like_sandbox_id(std::string_view s);
+
+/// Fills in the names (keys) and tags of `v`'s sandboxes, which a node's list
+/// does not know: from their sessions' lists, one call per session. A session
+/// that does not answer leaves its sandboxes without.
+void fill_labels(client& c, std::vector<sandbox_info>& v);
+
+/// The sandbox id that `name` stands for, wherever a verb takes an id: `name`
+/// itself when it has the form of an id, else the one live sandbox whose
+/// name is `name` (`run --name`, i.e. its key), in any session. not_found when
+/// none has it (naming the nodes that did not answer, if some did not);
+/// invalid_argument when several have it (one per session: their ids).
+expected<std::string> resolve_sandbox(client& c, const std::string& name);
 
 /// Takes the current argument when it is one of those flags.
 bool parse_exec_flag(args& a, exec_flags& f);

@@ -268,11 +268,23 @@ int cp_main(context& ctx, args& a) {
   if (src_remote == dst_remote)
     return usage_error(verb, src_remote ? "both SRC and DST are in a sandbox; one must be local"
                                         : "neither SRC nor DST is in a sandbox (ID:/ABSOLUTE/PATH)");
+  // The sandbox side's id, if it was given by name (`run --name`).
+  auto named_id = [&](client& c) -> int {
+    auto& id = src_remote ? src_id : dst_id;
+    auto r = resolve_sandbox(c, id);
+    if (!r)
+      return side_failed(src_remote ? "source" : "destination", src_remote ? src : dst,
+                         std::move(r).error_value());
+    id = *r;
+    return -1;
+  };
   if (src == "-") {
     // ---- a tar stream on stdin -> a directory of the sandbox
     auto c = ctx.connect();
     if (!c)
       return fail(c.error_value());
+    if (auto rc = named_id(**c); rc >= 0)
+      return rc;
     auto put = (*c)->put_from(dst_id, dst_path, fd_source(0));
     if (!put)
       return side_failed("destination", dst, std::move(put).error_value());
@@ -285,6 +297,8 @@ int cp_main(context& ctx, args& a) {
     auto c = ctx.connect();
     if (!c)
       return fail(c.error_value());
+    if (auto rc = named_id(**c); rc >= 0)
+      return rc;
     auto got = (*c)->get_into(src_id, src_path, fd_sink(1));
     if (!got)
       return side_failed("source", src, std::move(got).error_value());
@@ -300,6 +314,8 @@ int cp_main(context& ctx, args& a) {
     auto c = ctx.connect();
     if (!c)
       return fail(c.error_value());
+    if (auto rc = named_id(**c); rc >= 0)
+      return rc;
     // docker cp: into DST when it is a directory, else as DST (a new name,
     // or a file replaced), in DST's parent.
     std::string into = dst_path, rename;
@@ -365,6 +381,8 @@ int cp_main(context& ctx, args& a) {
   auto c = ctx.connect();
   if (!c)
     return fail(c.error_value());
+  if (auto rc = named_id(**c); rc >= 0)
+    return rc;
   mode_t mask = ::umask(0);
   ::umask(mask);
   // The get runs on a thread of its own; this one unpacks as pieces come.

@@ -164,6 +164,10 @@ int exec_main(context& ctx, args& a) {
   auto c = ctx.connect();
   if (!c)
     return fail(c.error_value());
+  if (auto named = resolve_sandbox(**c, id); named)
+    id = *named;
+  else
+    return fail(named.error_value());
   if (f.detach) {
     req.detach = true;
     auto r = (*c)->exec(id, req);

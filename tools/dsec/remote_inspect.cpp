@@ -43,13 +43,27 @@ int inspect_main(context& ctx, args& a) {
   if (!all)
     return fail(all.error_value());
   std::map<std::string, const sandbox_info*> by_id;
-  for (const auto& i : all->sandboxes)
+  fill_labels(**c, all->sandboxes);
+  std::map<std::string, std::vector<const sandbox_info*>> by_name;
+  for (const auto& i : all->sandboxes) {
     by_id[i.id] = &i;
+    if (!i.key.empty())
+      by_name[i.key].push_back(&i);
+  }
   int rc = 0;
   std::string out = "[";
   bool first = true;
   for (const auto& id : ids) {
     auto it = by_id.find(id);
+    if (auto n = by_name.find(id); it == by_id.end() && n != by_name.end()) {
+      if (n->second.size() > 1) {
+        std::fprintf(stderr, "dsec: inspect: the name '%s' is taken in %zu sessions; use the id\n",
+                     id.c_str(), n->second.size());
+        rc = 1;
+        continue;
+      }
+      it = by_id.find(n->second.front()->id);
+    }
     if (it == by_id.end()) {
       std::fprintf(stderr, "dsec: inspect: no sandbox %s%s\n", id.c_str(),
                    all->missing.empty() ? "" : " (or it is on a node that did not answer)");

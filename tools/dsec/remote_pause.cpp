@@ -40,7 +40,13 @@ int pause_main(context& ctx, args& a, bool on) {
   if (!c)
     return fail(c.error_value());
   int rc = 0;
-  for (const auto& id : ids) {
+  for (const auto& given : ids) {
+    auto named = resolve_sandbox(**c, given);
+    if (!named) {
+      rc = fail(named.error_value());
+      continue;
+    }
+    const auto& id = *named;
     auto r = on ? (*c)->pause(id) : (*c)->resume(id);
     if (!r) {
       rc = fail(r.error_value());

@@ -15,10 +15,11 @@ namespace dsec::cli::remote {
 
 namespace {
 
-const char* ps_usage = R"(usage: dsec --connect HOST:PORT ps [--session ID] [--json]
+const char* ps_usage = R"(usage: dsec --connect HOST:PORT ps [--session ID] [--filter F]... [--json]
 
 Lists the daemon's sandboxes, oldest first:
   ID           the sandbox id (for exec, cp, rm)
+  NAME         its name (`run --name`, a create's key; usable as its id), "-": none
   SESSION      the session it belongs to ("default": detached by `run --detach`)
   STATE        creating, ready, running (a command runs), destroying;
                "no answer" (--session): its node did not answer in time
@@ -38,6 +39,9 @@ state "no answer" and ps exits 1 too.
 
 Options:
   --session ID   only the sandboxes of session ID (or of the session named ID)
+  --filter F     only those that match F (repeatable: all must match):
+                 name=N, label=K (has tag K), label=K=V, session=ID,
+                 state=STATE, node=HOST:PORT
   --json         a JSON array instead of the table, a sandbox a line, each as
                  `dsec inspect` prints it (times in unix ms, sizes in bytes)
   -h, --help     this text
@@ -53,6 +57,7 @@ int ps_main(context& ctx, args& a) {
   auto verb = ctx.verb("ps");
   std::string session_id;
   bool json = false;
+  std::vector<std::pair<std::string, std::string>> filters;
   while (!a.empty()) {
     if (a.help()) {
       std::fputs(ps_usage, stdout);
@@ -60,6 +65,20 @@ int ps_main(context& ctx, args& a) {
     }
     if (a.flag("--json")) {
       json = true;
+      continue;
+    }
+    std::string fv;
+    auto fgot = a.option("--filter", fv);
+    if (!fgot)
+      return usage_error(verb, fgot.error_value().message);
+    if (*fgot) {
+      auto eq = fv.find('=');
+      auto what = fv.substr(0, eq);
+      if (eq == std::string::npos || (what != "name" && what != "label" && what != "session" &&
+                                      what != "state" && what != "node"))
+        return usage_error(verb, "--filter: expected name=, label=, session=, state= or node=, "
+                                 "got '" + fv + "'");
+      filters.emplace_back(what, fv.substr(eq + 1));
       continue;
     }
     auto got = a.option("--session", session_id);
@@ -105,6 +124,28 @@ int ps_main(context& ctx, args& a) {
   }
   if (!infos)
     return fail(infos.error_value());
+  if (session_id.empty())
+    fill_labels(**c, *infos);
+  auto matches = [&](const sandbox_info& i) {
+    for (const auto& [what, v] : filters) {
+      if (what == "name" && i.key != v)
+        return false;
+      if (what == "session" && i.session != v)
+        return false;
+      if (what == "state" && i.state != v)
+        return false;
+      if (what == "node" && i.node != v)
+        return false;
+      if (what == "label") {
+        auto eq = v.find('=');
+        auto t = i.tags.find(v.substr(0, eq));
+        if (t == i.tags.end() || (eq != std::string::npos && t->second != v.substr(eq + 1)))
+          return false;
+      }
+    }
+    return true;
+  };
+  std::erase_if(*infos, [&](const sandbox_info& i) { return !matches(i); });
   auto tell_silent = [&] {
     if (silent_boxes > 0)
       std::fprintf(stderr,
@@ -143,12 +184,12 @@ int ps_main(context& ctx, args& a) {
   auto now = unix_ms();
   std::vector<std::vector<std::string>> rows;
   rows.push_back(
-    {"ID", "SESSION", "STATE", "ENVIRONMENT", "AGE", "TTL LEFT", "RUNNING", "NODE", "PORTS"});
+    {"ID", "NAME", "SESSION", "STATE", "ENVIRONMENT", "AGE", "TTL LEFT", "RUNNING", "NODE", "PORTS"});
   for (const auto& i : v) {
     std::string ports;
     for (const auto& p : i.exposed)
       ports += (ports.empty() ? "" : ",") + std::to_string(p.port) + "->" + p.address();
-    rows.push_back({i.id, i.session, i.state, layers_of(i.env),
+    rows.push_back({i.id, i.key.empty() ? "-" : i.key, i.session, i.state, layers_of(i.env),
                     i.created_ms ? age(now > i.created_ms ? now - i.created_ms : 0) : "-",
                     i.env.ttl_ms && i.created_ms ? age(i.ttl_left_ms) : "-",
                     std::to_string(i.running), i.node.empty() ? "-" : i.node,

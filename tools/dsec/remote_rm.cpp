@@ -31,7 +31,13 @@ int rm_main(context& ctx, args& a) {
   if (!c)
     return fail(c.error_value());
   int rc = 0;
-  for (const auto& id : ids) {
+  for (const auto& given : ids) {
+    auto named = resolve_sandbox(**c, given);
+    if (!named) {
+      rc = fail(named.error_value());
+      continue;
+    }
+    const auto& id = *named;
     auto r = (*c)->destroy(id);
     if (!r) {
       rc = fail(r.error_value());

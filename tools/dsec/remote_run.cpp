@@ -47,8 +47,13 @@ Sandbox and session:
   --key KEY                the create's key (e.g. an episode id): in a resumed
                            session it gets the sandbox the log made for KEY
                            (docs/trajectory.md); at most one live per session
+  --name NAME              the same as --key: the sandbox's name, which `exec`,
+                           `cp`, `rm`, `inspect`, `pause` and `resume` take
+                           wherever an id goes (unique in its session; not 12
+                           hex digits) and `ps` shows
   --tag NAME=VALUE         a tag for the sandbox (repeatable), shown by the
-                           session's list
+                           session's list and `ps --filter label=NAME=VALUE`;
+                           --label is the same
   --backend NAME           container (default) or microvm: a QEMU microVM
                            booting the same layers (docs/microvm.md), on a
                            node that offers it (dsecd --microvm-slots)
@@ -281,22 +286,33 @@ int run_main(context& ctx, args& a) {
       session_id = v;
       continue;
     }
-    got = a.option("--key", v);
+    for (const char* opt : {"--key", "--name"}) {
+      got = a.option(opt, v);
+      if (!got || *got)
+        break;
+    }
     if (!got)
       return usage_error(verb, got.error_value().message);
     if (*got) {
       if (v.empty())
-        return usage_error(verb, "--key needs a key");
+        return usage_error(verb, "--key/--name needs a name");
+      if (looks_like_sandbox_id(v))
+        return usage_error(verb, "--name '" + v + "' has the form of a sandbox id (12 hex "
+                                 "digits): choose another");
       labels.key = v;
       continue;
     }
-    got = a.option("--tag", v);
+    for (const char* opt : {"--tag", "--label"}) {
+      got = a.option(opt, v);
+      if (!got || *got)
+        break;
+    }
     if (!got)
       return usage_error(verb, got.error_value().message);
     if (*got) {
       auto eq = v.find('=');
       if (eq == std::string::npos || eq == 0)
-        return usage_error(verb, "--tag: expected NAME=VALUE, got '" + v + "'");
+        return usage_error(verb, "--tag/--label: expected NAME=VALUE, got '" + v + "'");
       labels.tags[v.substr(0, eq)] = v.substr(eq + 1);
       continue;
     }
