@@ -297,6 +297,17 @@ class _WatchBase:
             return self._failure(item)
         return None
 
+    def _take(self, kind: str, item: Any) -> FileEvent | None:
+        """One item of the queue: its event, or None (the end, after which
+        `ended` is True); raises why a watch failed."""
+        if kind == "event":
+            return cast(FileEvent, item)
+        if kind == "end":
+            exc = self._ends(item)
+            if exc is not None:
+                raise exc
+        return None
+
     @property
     def ended(self) -> bool:
         """True once the watch ended (closed, or its directory went away)."""
@@ -336,15 +347,11 @@ class Watch(_WatchBase):
         away, or close() was called); a watch that failed raises why."""
         while not self._ended:
             try:
-                kind, item = self._q.get(timeout=timeout)
+                ev = self._take(*self._q.get(timeout=timeout))
             except queue.Empty:
                 return
-            if kind == "event":
-                yield item
-            elif kind == "end":
-                exc = self._ends(item)
-                if exc is not None:
-                    raise exc
+            if ev is not None:
+                yield ev
 
     def __iter__(self) -> Iterator[FileEvent]:
         return self.events()
@@ -395,15 +402,11 @@ class AsyncWatch(_WatchBase):
         """As Watch.events, awaited."""
         while not self._ended:
             try:
-                kind, item = await asyncio.wait_for(self._q.get(), timeout)
+                ev = self._take(*await asyncio.wait_for(self._q.get(), timeout))
             except asyncio.TimeoutError:
                 return
-            if kind == "event":
-                yield item
-            elif kind == "end":
-                exc = self._ends(item)
-                if exc is not None:
-                    raise exc
+            if ev is not None:
+                yield ev
 
     def __aiter__(self) -> AsyncIterator[FileEvent]:
         return self.events()

@@ -324,6 +324,18 @@ expected<std::string> resolve_sandbox(client& c, const std::string& name) {
                                               " sessions: " + ids + "; use the id");
 }
 
+int for_each_sandbox(client& c, const std::vector<std::string>& ids,
+                     const std::function<expected<void>(const std::string& id)>& act) {
+  int rc = 0;
+  for (const auto& given : ids) {
+    auto id = resolve_sandbox(c, given);
+    auto done = id ? act(*id) : expected<void>{id.error_value()};
+    if (!done)
+      rc = fail(done.error_value());
+  }
+  return rc;
+}
+
 int take_sandbox_ids(args& a, std::string_view verb, const char* usage,
                      std::string_view synopsis, std::vector<std::string>& ids) {
   while (!a.empty()) {

@@ -75,6 +75,12 @@ void fill_labels(client& c, std::vector<sandbox_info>& v);
 /// invalid_argument when several have it (one per session: their ids).
 expected<std::string> resolve_sandbox(client& c, const std::string& name);
 
+/// Runs `act` on the sandbox each of `ids` names (ids or names, resolve_sandbox),
+/// in order; an id that cannot be resolved, or an `act` that fails, is reported
+/// and makes the result 1 (else 0), and the others still go.
+int for_each_sandbox(client& c, const std::vector<std::string>& ids,
+                     const std::function<expected<void>(const std::string& id)>& act);
+
 /// Takes the current argument when it is one of those flags.
 bool parse_exec_flag(args& a, exec_flags& f);
 

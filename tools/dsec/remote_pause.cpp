@@ -39,26 +39,17 @@ int pause_main(context& ctx, args& a, bool on) {
   auto c = ctx.connect();
   if (!c)
     return fail(c.error_value());
-  int rc = 0;
-  for (const auto& given : ids) {
-    auto named = resolve_sandbox(**c, given);
-    if (!named) {
-      rc = fail(named.error_value());
-      continue;
-    }
-    const auto& id = *named;
+  return for_each_sandbox(**c, ids, [&](const std::string& id) -> expected<void> {
     auto r = on ? (*c)->pause(id) : (*c)->resume(id);
-    if (!r) {
-      rc = fail(r.error_value());
-      continue;
-    }
+    if (!r)
+      return r.error_value();
     if (*r)
       std::printf("%s %s\n", on ? "paused" : "resumed", id.c_str());
     else
       std::printf("%s %s\n", id.c_str(), on ? "was already paused" : "was not paused");
     std::fflush(stdout);
-  }
-  return rc;
+    return {};
+  });
 }
 
 } // namespace dsec::cli::remote

@@ -30,23 +30,14 @@ int rm_main(context& ctx, args& a) {
   auto c = ctx.connect();
   if (!c)
     return fail(c.error_value());
-  int rc = 0;
-  for (const auto& given : ids) {
-    auto named = resolve_sandbox(**c, given);
-    if (!named) {
-      rc = fail(named.error_value());
-      continue;
-    }
-    const auto& id = *named;
+  return for_each_sandbox(**c, ids, [&](const std::string& id) -> expected<void> {
     auto r = (*c)->destroy(id);
-    if (!r) {
-      rc = fail(r.error_value());
-      continue;
-    }
+    if (!r)
+      return r.error_value();
     std::printf("removed %s\n", id.c_str());
     std::fflush(stdout);
-  }
-  return rc;
+    return {};
+  });
 }
 
 } // namespace dsec::cli::remote
