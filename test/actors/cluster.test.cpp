@@ -1589,6 +1589,13 @@ TEST_CASE("process handles through the coordinator: a command on another node ge
 TEST_CASE("tools/cluster up --netns: each daemon in a network namespace of its own; a "
           "partitioned node is lost while the others answer, and rejoins once healed; down "
           "removes the namespaces") {
+  // iproute2's first `ip netns add` on a machine makes /run/netns a mount of
+  // its own (bound on itself, shared), and it stays: the machine's from then
+  // on, not the cluster's. Made before the snapshot, with a namespace of ours.
+  auto probe = "dsec-test-" + std::to_string(::getpid());
+  auto made = run_process({"/bin/sh", "-c", "PATH=/usr/sbin:/sbin:$PATH; ip netns add \"$0\" && "
+                                             "ip netns del \"$0\"", probe});
+  REQUIRE_MESSAGE(made.status == 0, made.describe());
   auto before = settled_snapshot();
   temp_dir dir{"/tmp", "dsec-tools-cluster-netns"};
   auto cdir = dir / "c";
