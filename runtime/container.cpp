@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -472,7 +473,11 @@ expected<bool> container::pump(std::optional<clock_type::time_point> deadline) {
 error container::describe_exec_failure(const command& cmd, error e) {
   const auto& prog = cmd.argv.empty() ? std::string{} : cmd.argv[0];
   const char* why = std::strerror(e.sys_errno);
-  if (e.step == "execve")
+  if (e.step == "execve" && e.sys_errno == E2BIG)
+    e.message = "cannot execute '" + prog + "' in the sandbox: " + why
+                + " (the kernel's execve limit: each argument or variable at most 128 KiB,"
+                  " all of them a quarter of the stack limit, 2 MiB for an 8 MiB stack)";
+  else if (e.step == "execve")
     e.message = "cannot execute '" + prog + "' in the sandbox: " + why;
   else if (e.step == "chdir")
     e.message = "cannot change to directory '" + cmd.cwd + "' in the sandbox: " + why;
@@ -554,19 +559,32 @@ expected<uint64_t> container::send_exec(const command& cmd, const stdio& io) {
     need += s.size() + 1;
   for (const auto& s : *env)
     need += s.size() + 1;
-  if (need > proto::max_exec_message)
+  if (need - sizeof m > proto::max_exec_data
+      || cmd.argv.size() + env->size() > proto::max_exec_strings)
     return make_error(errc::invalid_argument,
                       "command line and environment are too long ("
-                        + std::to_string(need) + " bytes, at most "
-                        + std::to_string(proto::max_exec_message) + ")");
+                        + std::to_string(need - sizeof m) + " bytes in "
+                        + std::to_string(cmd.argv.size() + env->size())
+                        + " strings; dsec takes at most "
+                        + std::to_string(proto::max_exec_data) + " bytes in "
+                        + std::to_string(proto::max_exec_strings)
+                        + " strings, and the kernel's execve limit, 2 MiB for an 8 MiB stack, applies in the sandbox)");
   for (const auto& s : cmd.argv)
     if (s.find('\0') != std::string::npos)
       return make_error(errc::invalid_argument, "an argument contains a NUL byte");
   m.data_len = static_cast<uint32_t>(need - sizeof m);
-  msg_.resize(need);
-  char* p = msg_.data();
-  std::memcpy(p, &m, sizeof m);
-  p += sizeof m;
+  // Up to max_exec_message the strings follow the header in the message (the
+  // reused buffer msg_); a longer command line goes in a sealed memfd, so
+  // that no sandbox keeps megabytes of buffer for one long command.
+  bool in_file = need > proto::max_exec_message;
+  std::vector<char> long_strings;
+  if (in_file) {
+    m.flags |= proto::exec_data_fd;
+    long_strings.resize(m.data_len);
+  } else {
+    msg_.resize(need);
+  }
+  char* p = in_file ? long_strings.data() : msg_.data() + sizeof m;
   auto put = [&](const std::string& s) {
     std::memcpy(p, s.c_str(), s.size() + 1);
     p += s.size() + 1;
@@ -576,6 +594,28 @@ expected<uint64_t> container::send_exec(const command& cmd, const stdio& io) {
     put(s);
   for (const auto& s : *env)
     put(s);
+  unique_fd data_fd;
+  if (in_file) {
+    msg_.resize(sizeof m);
+    data_fd.reset(::memfd_create("dsec-exec", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+    if (!data_fd)
+      return sys_error("memfd_create for a long command line");
+    for (size_t off = 0; off < long_strings.size();) {
+      ssize_t n = sys::retry([&] {
+        return ::pwrite(data_fd.get(), long_strings.data() + off, long_strings.size() - off,
+                        static_cast<off_t>(off));
+      });
+      if (n <= 0)
+        return sys_error("writing a long command line to its memfd");
+      off += static_cast<size_t>(n);
+    }
+    // Sealed: nobody, the sandbox included, can change what init reads.
+    if (::fcntl(data_fd.get(), F_ADD_SEALS,
+                F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) < 0)
+      return sys_error("sealing a long command line's memfd");
+    need = sizeof m;
+  }
+  std::memcpy(msg_.data(), &m, sizeof m);
   unique_fd devnull;
   auto fd_or_null = [&](int fd) {
     if (fd >= 0 || cmd.pty)
@@ -584,11 +624,15 @@ expected<uint64_t> container::send_exec(const command& cmd, const stdio& io) {
       devnull.reset(::open("/dev/null", O_RDWR | O_CLOEXEC));
     return devnull.get();
   };
-  int fds[3] = {fd_or_null(io.in), fd_or_null(io.out), fd_or_null(io.err)};
+  int fds[4] = {fd_or_null(io.in), fd_or_null(io.out), fd_or_null(io.err), -1};
   if (!cmd.pty && (fds[0] < 0 || fds[1] < 0 || fds[2] < 0))
     return sys_error("open", "/dev/null");
-  // A terminal's command gets the slave from init: nothing attached.
-  if (unix_socket::send(ctl_.get(), msg_.data(), need, fds, cmd.pty ? 0 : 3) < 0) {
+  // A terminal's command gets the slave from init: nothing attached but the
+  // long command line's memfd.
+  size_t nfds = cmd.pty ? 0 : 3;
+  if (in_file)
+    fds[nfds++] = data_fd.get();
+  if (unix_socket::send(ctl_.get(), msg_.data(), need, fds, nfds) < 0) {
     if (errno == EPIPE || errno == ECONNRESET) {
       init_gone_ = true;
       return init_died();

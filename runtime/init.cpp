@@ -38,14 +38,18 @@ struct running {
 
 // Most commands running at once in one sandbox; more are refused with EAGAIN.
 constexpr size_t max_running = 4096;
-// Most argv + envp entries of one command (each takes at least 1 byte).
-constexpr size_t max_strings = proto::max_exec_message / 2 + 2;
+// Most argv + envp entries of one command.
+constexpr size_t max_strings = proto::max_exec_strings + 2;
+// The most a message on init's sockets may be; a longer command line comes in
+// a memfd (proto::exec_data_fd), read into buf after the header.
+constexpr size_t max_message = proto::max_exec_message + 64;
 
 // init's memory is static on purpose: it is a fork of the zygote, so touching the
 // zygote's heap (a std::vector, malloc) costs copy-on-write faults in every
 // sandbox, and zeroing a 128 KiB buffer costs 33 page faults. Static .bss pages
-// are faulted in only as far as a message actually reaches.
-alignas(16) char buf[proto::max_exec_message + 64];
+// are faulted in only as far as a message actually reaches (a long command
+// line's megabytes only in a sandbox that ran one).
+alignas(16) char buf[sizeof(proto::exec) + proto::max_exec_data + 64];
 char* argv_buf[max_strings];
 char* envp_buf[max_strings];
 running cmds[max_running];
@@ -215,16 +219,41 @@ struct vfork_result {
   __builtin_unreachable();
 }
 
+// Reads `len` bytes at the start of `fd` into `to`. False on a short file.
+bool read_all(int fd, char* to, size_t len) {
+  size_t off = 0;
+  while (off < len) {
+    ssize_t n = ::pread(fd, to + off, len - off, static_cast<off_t>(off));
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n <= 0)
+      return false;
+    off += static_cast<size_t>(n);
+  }
+  return true;
+}
+
 // Splits the exec message in buf (len bytes, nfds descriptors attached) into
-// `m`, `cwd`, argv_buf and envp_buf. False if it is malformed: dsec built it, so
-// that is a bug, but neither init nor the helper may crash on it.
-bool parse_exec(size_t len, size_t nfds, proto::exec& m, const char*& cwd) {
+// `m`, `cwd`, argv_buf and envp_buf; a long command line's strings are read
+// from its memfd (the last descriptor) into buf after the header. False if it
+// is malformed: dsec built it, so that is a bug, but neither init nor the
+// helper may crash on it.
+bool parse_exec(size_t len, const int* fds, size_t nfds, proto::exec& m, const char*& cwd) {
   std::memcpy(&m, buf, sizeof m);
   const char* data = buf + sizeof m;
   size_t data_len = len - sizeof m;
   bool pty = (m.flags & proto::exec_pty) != 0;
-  bool ok = nfds == (pty ? 0U : 3U) && m.data_len == data_len && m.argc >= 1 && m.argc < 65536
-            && m.envc < 65536 && data_len > 0 && data[data_len - 1] == '\0';
+  bool in_file = (m.flags & proto::exec_data_fd) != 0;
+  bool ok = nfds == (pty ? 0U : 3U) + (in_file ? 1U : 0U) && m.argc >= 1
+            && uint64_t{m.argc} + m.envc <= proto::max_exec_strings;
+  if (ok && in_file) {
+    // The header alone; the strings are in the sealed memfd dsec attached
+    // last. pread: the trusted helper reads the same file again.
+    ok = data_len == 0 && m.data_len <= proto::max_exec_data
+         && read_all(fds[nfds - 1], buf + sizeof m, m.data_len);
+    data_len = m.data_len;
+  }
+  ok = ok && m.data_len == data_len && data_len > 0 && data[data_len - 1] == '\0';
   // Split the strings: cwd, argv..., env...
   cwd = data;
   size_t nargv = 0, nenvp = 0;
@@ -252,7 +281,8 @@ bool parse_exec(size_t len, size_t nfds, proto::exec& m, const char*& cwd) {
 // Hands a trusted command to the helper and waits for its answer, as the vfork
 // below waits for the exec: the command cannot be reaped before it is recorded,
 // because SIGCHLD is only read in the main loop.
-void start_trusted(init_state& s, const proto::exec& m, size_t len, const int* fds) {
+void start_trusted(init_state& s, const proto::exec& m, size_t len, const int* fds,
+                   size_t nfds) {
   proto::exec_failed fail;
   fail.id = m.id;
   fail.stage = static_cast<uint32_t>(proto::exec_stage::fork);
@@ -261,7 +291,7 @@ void start_trusted(init_state& s, const proto::exec& m, size_t len, const int* f
     send_or_exit(s.ctl, &fail, sizeof fail);
     return;
   }
-  if (unix_socket::send(s.helper, buf, len, fds, 3) < 0) {
+  if (unix_socket::send(s.helper, buf, len, fds, nfds) < 0) {
     fail.err = errno;
     send_or_exit(s.ctl, &fail, sizeof fail);
     return;
@@ -349,7 +379,7 @@ int open_pty(const proto::exec& m, int& slave) {
 void handle_exec(init_state& s, size_t len, const int* fds, size_t nfds) {
   proto::exec m;
   const char* cwd = nullptr;
-  bool ok = parse_exec(len, nfds, m, cwd);
+  bool ok = parse_exec(len, fds, nfds, m, cwd);
   proto::exec_failed fail;
   fail.id = m.id;
   if (!ok) {
@@ -374,7 +404,7 @@ void handle_exec(init_state& s, size_t len, const int* fds, size_t nfds) {
     return;
   }
   if (m.flags & proto::exec_trusted) {
-    start_trusted(s, m, len, fds);
+    start_trusted(s, m, len, fds, nfds);
     return;
   }
   if (m.flags & proto::exec_pristine) {
@@ -495,7 +525,7 @@ void helper_reply(int sock, const void* msg, size_t len) {
 void helper_exec(int sock, size_t len, const int* fds, size_t nfds) {
   proto::exec m;
   const char* cwd = nullptr;
-  bool ok = parse_exec(len, nfds, m, cwd);
+  bool ok = parse_exec(len, fds, nfds, m, cwd);
   proto::exec_failed fail;
   fail.id = m.id;
   fail.stage = static_cast<uint32_t>(proto::exec_stage::fork);
@@ -549,7 +579,7 @@ void helper_signal(int pidfd, int sig) {
   for (;;) {
     int fds[unix_socket::max_fds];
     size_t nfds = 0;
-    ssize_t n = unix_socket::recv(sock, buf, sizeof buf, fds, unix_socket::max_fds, &nfds);
+    ssize_t n = unix_socket::recv(sock, buf, max_message, fds, unix_socket::max_fds, &nfds);
     if (n == 0 || (n < 0 && errno != EMSGSIZE))
       ::_exit(0); // init is gone
     proto::header h{};
@@ -656,7 +686,7 @@ void init_main(int ctl, int helper) {
     if (pf[0].revents) {
       int fds[unix_socket::max_fds];
       size_t nfds = 0;
-      ssize_t n = unix_socket::recv(ctl, buf, sizeof buf, fds, unix_socket::max_fds, &nfds);
+      ssize_t n = unix_socket::recv(ctl, buf, max_message, fds, unix_socket::max_fds, &nfds);
       if (n == 0 || (n < 0 && errno != EINTR && errno != EMSGSIZE))
         ::_exit(0);
       if (n >= static_cast<ssize_t>(sizeof(proto::header))) {

@@ -162,6 +162,11 @@ constexpr uint32_t exec_pristine = 4;
 /// stdout and stderr. No descriptors are attached to the exec; `started`
 /// comes with the master attached (init keeps no copy of either end).
 constexpr uint32_t exec_pty = 8;
+/// The strings (cwd, argv, env) do not follow the header: they are the
+/// `data_len` bytes of a sealed memfd attached after the other descriptors
+/// (the last one). dsec sends them so when they do not fit max_exec_message,
+/// up to max_exec_data; the message is the header alone.
+constexpr uint32_t exec_data_fd = 16;
 
 /// Followed by `data_len` bytes: cwd NUL, argc args each NUL-terminated, then
 /// envc "K=V" strings each NUL-terminated. stdin, stdout, stderr attached
@@ -181,8 +186,15 @@ struct exec {
 };
 
 /// Largest exec message (header + strings). SEQPACKET messages must fit the
-/// socket buffer; the host refuses longer command lines with a clear error.
+/// socket buffer, so longer command lines go in a memfd (exec_data_fd).
 constexpr size_t max_exec_message = 128 * 1024;
+/// Most bytes of strings (cwd, argv, env with their NULs) of one command, and
+/// most strings. Above the kernel's own execve limit (a quarter of the stack
+/// limit: 2 MiB for the usual 8 MiB, each string at most 128 KiB), which
+/// therefore decides: the command fails to start with E2BIG beyond it. The
+/// host refuses more than this with a clear error.
+constexpr size_t max_exec_data = 4 * 1024 * 1024;
+constexpr size_t max_exec_strings = 512 * 1024;
 
 struct signal {
   header h{magic, type::signal};

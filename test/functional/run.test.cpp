@@ -341,6 +341,50 @@ bool has_step(const dsec::container& c, const char* name) {
 
 } // namespace
 
+TEST_CASE("a command line longer than a message arrives whole; the kernel's execve limit decides"
+          " (issue 23)") {
+  api_env env({base_layer});
+  auto c = env.create({});
+  SUBCASE("1.5 MB of arguments (the host allows 2 MiB)") {
+    std::vector<std::string> argv{"sh", "-c", "echo $#; printf %s \"$1\" | wc -c; "
+                                              "printf %s \"${15000}\" | head -c 3", "sh"};
+    for (int i = 0; i < 15000; ++i)
+      argv.push_back(std::to_string(i + 1) + std::string(95, static_cast<char>('a' + i % 26)));
+    auto r = run_command(*c, make_command(argv));
+    CHECK(r.status.code == 0);
+    CHECK(r.out == "15000\n96\n150");
+  }
+  SUBCASE("many short arguments: more than 65,536") {
+    std::vector<std::string> argv{"sh", "-c", "echo $#", "sh"};
+    argv.resize(4 + 100'000, "z");
+    auto r = run_command(*c, make_command(argv));
+    CHECK(r.status.code == 0);
+    CHECK(r.out == "100000\n");
+  }
+  SUBCASE("one argument over the kernel's 128 KiB per string: E2BIG, named") {
+    auto cmd = make_command({"sh", "-c", "true", std::string(200'000, 'x')});
+    dsec::unique_fd null{::open("/dev/null", O_RDWR | O_CLOEXEC)};
+    // exec reports it, having waited for init's word that the command runs.
+    auto id = c->exec(cmd, dsec::stdio{null.get(), null.get(), null.get()});
+    REQUIRE_FALSE(id);
+    CHECK(id.error_value().sys_errno == E2BIG);
+    CHECK(id.error_value().message.find("execve limit") != std::string::npos);
+    // The sandbox is still usable.
+    auto r = run_command(*c, make_command({"sh", "-c", "echo ok"}));
+    CHECK(r.out == "ok\n");
+  }
+  SUBCASE("more than dsec's own bound is refused before anything is sent") {
+    auto cmd = make_command({"sh", "-c", "true"});
+    for (int i = 0; i < 40; ++i)
+      cmd.argv.push_back(std::string(110'000, 'q'));
+    dsec::unique_fd null{::open("/dev/null", O_RDWR | O_CLOEXEC)};
+    auto id = c->exec(cmd, dsec::stdio{null.get(), null.get(), null.get()});
+    REQUIRE_FALSE(id);
+    CHECK(id.error_value().code == dsec::errc::invalid_argument);
+    CHECK(id.error_value().message.find("too long") != std::string::npos);
+  }
+}
+
 TEST_CASE("Chronus: the sandbox connects to /run/chronus.sock and the host reads its packets"
           * skip_unless(landlock_scoping(), no_chronus)) {
   api_env env({base_layer});
@@ -524,6 +568,13 @@ TEST_CASE("Chronus: trusted commands run, end and fail like any other command"
     cmd.env.push_back("BIG=" + std::string(100'000, 'x'));
     auto r = run_command(*c, cmd);
     CHECK(r.out == "100001\n");
+    // A longer one comes in a memfd, which init hands to the helper.
+    cmd = make_command({"sh", "-c", "probe env BIG | wc -c; probe env BIG2 | wc -c"}, true);
+    cmd.env.push_back("BIG=" + std::string(120'000, 'x'));
+    cmd.env.push_back("BIG2=" + std::string(120'000, 'y'));
+    r = run_command(*c, cmd);
+    CHECK(r.status.code == 0);
+    CHECK(r.out == "120001\n120001\n");
   }
 
   SUBCASE("exit codes and signals are reported, and the command is reaped") {
