@@ -34,6 +34,12 @@ inline std::string sandbox_id_on(std::string_view name) {
   return id;
 }
 
+/// Whether `s` has a sandbox id's form (12 lower hex digits): what the CLI
+/// takes for an id rather than a name, and why a name of that form is refused.
+inline bool is_sandbox_id(std::string_view s) {
+  return s.size() == 12 && s.find_first_not_of("0123456789abcdef") == std::string_view::npos;
+}
+
 /// Whether `id` names node `name` (it may still live elsewhere: see above).
 inline bool names_node(std::string_view id, std::string_view name) {
   return id.size() == 12 && id.substr(0, 4) == node_tag(name);

@@ -1,6 +1,7 @@
 #include "tools/dsec/remote_common.hpp"
 
 #include "actors/client.hpp"
+#include "actors/sandbox_id.hpp"
 
 #include "runtime/json.hpp"
 #include "runtime/pty.hpp"
@@ -269,11 +270,6 @@ std::string sandbox_json(const sandbox_info& i) {
   return o;
 }
 
-bool looks_like_sandbox_id(std::string_view s) {
-  return s.size() == 12 &&
-         s.find_first_not_of("0123456789abcdef") == std::string_view::npos;
-}
-
 void fill_labels(client& c, std::vector<sandbox_info>& v) {
   std::map<std::string, std::pair<std::string, std::map<std::string, std::string>>> by_id;
   std::set<std::string> sessions;
@@ -299,7 +295,7 @@ void fill_labels(client& c, std::vector<sandbox_info>& v) {
 }
 
 expected<std::string> resolve_sandbox(client& c, const std::string& name) {
-  if (looks_like_sandbox_id(name))
+  if (is_sandbox_id(name))
     return name;
   DSEC_TRY(all, c.list_all());
   fill_labels(c, all.sandboxes);

@@ -59,10 +59,6 @@ struct exec_flags {
 int take_sandbox_ids(args& a, std::string_view verb, const char* usage,
                      std::string_view synopsis, std::vector<std::string>& ids);
 
-/// Whether `s` has the form of a sandbox id: 12 lower-case hex digits
-/// (actors/sandbox_id.hpp).
-bool looks_like_sandbox_id(std::string_view s);
-
 /// Fills in the names (keys) and tags of `v`'s sandboxes, which a node's list
 /// does not know: from their sessions' lists, one call per session. A session
 /// that does not answer leaves its sandboxes without.

@@ -1,6 +1,7 @@
 // dsec --connect HOST:PORT expose: forwards a port of a live sandbox's node to
 // a TCP port inside it (docs/network.md, "Exposed ports").
 #include "tools/dsec/remote.hpp"
+#include "tools/dsec/remote_common.hpp"
 
 #include <cstdio>
 #include <string>
@@ -51,6 +52,10 @@ int expose_main(context& ctx, args& a) {
   auto c = ctx.connect();
   if (!c)
     return fail(c.error_value());
+  auto named = resolve_sandbox(**c, id); // a name is looked up (ps shows them)
+  if (!named)
+    return fail(named.error_value());
+  id = *named;
   auto r = (*c)->expose(id, *port);
   if (!r)
     return fail(r.error_value());

@@ -93,6 +93,10 @@ int feedback_main(context& ctx, args& a) {
   auto c = ctx.connect();
   if (!c)
     return fail(c.error_value());
+  auto named = resolve_sandbox(**c, sandbox); // a name is looked up (ps shows them)
+  if (!named)
+    return fail(named.error_value());
+  sandbox = *named;
   auto r = (*c)->answer(sandbox, fb);
   if (!r)
     return fail(r.error_value());

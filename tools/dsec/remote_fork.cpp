@@ -1,6 +1,7 @@
 // dsec --connect HOST:PORT fork ID -n N: N new sandboxes with a sandbox's
 // files, from one shared diff layer (issue 16).
 #include "tools/dsec/remote.hpp"
+#include "tools/dsec/remote_common.hpp"
 
 #include <charconv>
 #include <cstdio>
@@ -57,6 +58,10 @@ int fork_main(context& ctx, args& a) {
   auto c = ctx.connect();
   if (!c)
     return fail(c.error_value());
+  auto named = resolve_sandbox(**c, id); // a name is looked up (ps shows them)
+  if (!named)
+    return fail(named.error_value());
+  id = *named;
   auto r = (*c)->fork(id, n);
   if (!r)
     return fail(r.error_value());

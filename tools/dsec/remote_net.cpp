@@ -1,5 +1,6 @@
 // dsec --connect HOST:PORT net: changes the egress policy of a live sandbox.
 #include "tools/dsec/remote.hpp"
+#include "tools/dsec/remote_common.hpp"
 
 #include <cstdio>
 #include <string>
@@ -65,6 +66,10 @@ int net_main(context& ctx, args& a) {
   auto c = ctx.connect();
   if (!c)
     return fail(c.error_value());
+  auto named = resolve_sandbox(**c, id); // a name is looked up (ps shows them)
+  if (!named)
+    return fail(named.error_value());
+  id = *named;
   if (auto r = (*c)->set_network(id, allow, deny); !r)
     return fail(r.error_value());
   std::printf("%s: allow %zu, deny %zu\n", id.c_str(), allow.size(), deny.size());

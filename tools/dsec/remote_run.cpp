@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "actors/sandbox_id.hpp"
 #include "runtime/units.hpp"
 #include "runtime/pty.hpp"
 #include "tools/dsec/remote.hpp"
@@ -36,8 +37,9 @@ starts CMD, prints the sandbox's id and exits; the sandbox lives until
 `rm ID`, its TTL, or the end of its session.
 
 Sandbox and session:
-  --detach                 leave CMD running in the background (its output is
-                           discarded) and print the sandbox id
+  --detach                 leave CMD running in the background and print the
+                           sandbox id; its output goes to the sandbox's log
+                           (`dsec logs ID [-f]`; `wait ID`, `kill ID`)
   --session ID             the session to create the sandbox in (from `session
                            open`); default: with --detach the daemon's "default"
                            session, else a session of its own. Without --detach
@@ -296,7 +298,7 @@ int run_main(context& ctx, args& a) {
     if (*got) {
       if (v.empty())
         return usage_error(verb, "--key/--name needs a name");
-      if (looks_like_sandbox_id(v))
+      if (is_sandbox_id(v))
         return usage_error(verb, "--name '" + v + "' has the form of a sandbox id (12 hex "
                                  "digits): choose another");
       labels.key = v;

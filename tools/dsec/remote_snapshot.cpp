@@ -1,6 +1,7 @@
 // dsec --connect HOST:PORT snapshot ID --as NAME@VERSION: pack_diff, a
 // sandbox's writable layer as a diff layer (issue 16).
 #include "tools/dsec/remote.hpp"
+#include "tools/dsec/remote_common.hpp"
 
 #include <cstdio>
 #include <string>
@@ -56,6 +57,10 @@ int snapshot_main(context& ctx, args& a) {
   auto c = ctx.connect();
   if (!c)
     return fail(c.error_value());
+  auto named = resolve_sandbox(**c, id); // a name is looked up (ps shows them)
+  if (!named)
+    return fail(named.error_value());
+  id = *named;
   auto r = (*c)->snapshot(id, as);
   if (!r)
     return fail(r.error_value());
