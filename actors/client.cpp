@@ -360,6 +360,19 @@ expected<exposed_port> client::expose(const std::string& id, uint16_t port) {
   });
 }
 
+expected<logs_reply> client::logs(const std::string& id, const logs_request& q) {
+  return blocking<logs_reply>([&](auto& w) {
+    async_call<logs_reply>(*sys_, identity_, scheduler(), w.done(), logs_atom::value, id, q);
+  });
+}
+
+expected<void> client::signal(const std::string& id, uint64_t exec, int sig) {
+  return blocking<void>([&](auto& w) {
+    async_call<bool>(*sys_, identity_, scheduler(), as_void(w.done()), signal_atom::value, id,
+                     exec, static_cast<int32_t>(sig));
+  });
+}
+
 expected<std::vector<sandbox_info>> client::list() {
   return blocking<std::vector<sandbox_info>>([&](auto& w) { list_async(w.done()); });
 }

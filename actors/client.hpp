@@ -356,6 +356,13 @@ public:
   /// Port exposure: forwards a port of sandbox `id`'s node to TCP `port`
   /// inside it (loopback and egress sandboxes); returns where to connect.
   expected<exposed_port> expose(const std::string& id, uint16_t port);
+  /// The output and ends of sandbox `id`'s detached commands, as its log
+  /// holds them (logs_request; docs/actors.md "Logs"). With `q.wait` it may
+  /// take up to 20 s to answer: call it again from the reply's `next`.
+  expected<logs_reply> logs(const std::string& id, const logs_request& q);
+  /// Sends `sig` to the process group of command `exec` of sandbox `id` (a
+  /// detached command's id from logs(), or a handle's); not_found once it ended.
+  expected<void> signal(const std::string& id, uint64_t exec, int sig);
   /// Every sandbox of the daemon (of every node, through a coordinator);
   /// the sandboxes of a node that did not answer within 3 s are left out:
   /// list_all names those nodes.
@@ -516,6 +523,8 @@ public:
   /// `id` (loopback and egress sandboxes); returns where to connect. The
   /// forward ends with the sandbox.
   expected<exposed_port> expose(const std::string& id, uint16_t port);
+  /// As client::logs, for one of this session's sandboxes.
+  expected<logs_reply> logs(const std::string& id, const logs_request& q);
   expected<std::vector<sandbox_info>> list();
 
   /// Destroys every sandbox of the session and ends it; returns how many.

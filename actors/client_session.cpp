@@ -86,6 +86,15 @@ expected<exposed_port> session::expose(const std::string& id, uint16_t port) {
   return blocking<exposed_port>([&](auto& w) { expose_async(id, port, w.done()); });
 }
 
+expected<logs_reply> session::logs(const std::string& id, const logs_request& q) {
+  if (auto e = closed_error())
+    return *e;
+  return blocking<logs_reply>([&](auto& w) {
+    async_call<logs_reply>(*client_->sys_, client_->identity_, handle(), w.done(),
+                           logs_atom::value, id, q);
+  });
+}
+
 expected<std::vector<sandbox_info>> session::list() {
   return blocking<std::vector<sandbox_info>>([&](auto& w) { list_async(w.done()); });
 }

@@ -104,6 +104,10 @@ using sandbox_actor = caf::typed_actor<
   /// Forwards a port of the node to `port` inside it (loopback and egress
   /// sandboxes only; docs/network.md); replies where it is.
   caf::replies_to<expose_atom, internal_key, uint16_t>::with<exposed_port>,
+  /// The output and ends of its detached commands (logs_request; docs/actors.md
+  /// "Logs"): what its log holds after a position, at once or (`wait`) once
+  /// there is some.
+  caf::replies_to<logs_atom, internal_key, logs_request>::with<logs_reply>,
   // process surface: from the reactor thread and timers
   caf::reacts_to<event_atom, internal_key>,                  ///< init has something to say
   caf::reacts_to<output_atom, internal_key, uint64_t, uint8_t, std::string,
@@ -189,6 +193,8 @@ using session_actor = caf::typed_actor<
   caf::replies_to<resize_atom, std::string, uint64_t, uint16_t, uint16_t>::with<bool>,
   /// Flow control of a streamed command's output, as sandbox_actor's.
   caf::replies_to<credit_atom, std::string, uint64_t, uint64_t>::with<bool>,
+  /// The log of one of its sandboxes' detached commands, as sandbox_actor's.
+  caf::replies_to<logs_atom, std::string, logs_request>::with<logs_reply>,
   // ---- member surface: from the nodes and their sandboxes ----
   /// an Event from the node's Chronus endpoint
   caf::reacts_to<chronus_atom, internal_key, chronus_event_msg>,
@@ -304,6 +310,9 @@ using scheduler_actor = caf::typed_actor<
   /// Terminals: a command's window size (rows, columns), as sandbox_actor's.
   caf::replies_to<resize_atom, std::string, uint64_t, uint16_t, uint16_t>::with<bool>,
   caf::replies_to<credit_atom, std::string, uint64_t, uint64_t>::with<bool>,
+  /// The log of a sandbox's detached commands (`dsec logs|wait|kill ID`), as
+  /// sandbox_actor's.
+  caf::replies_to<logs_atom, std::string, logs_request>::with<logs_reply>,
   /// Sets a sandbox's egress policy (allow, deny), `dsec net ID`.
   caf::replies_to<network_atom, std::string, std::vector<std::string>,
                   std::vector<std::string>>::with<bool>,

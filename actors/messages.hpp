@@ -88,6 +88,8 @@ using stdin_atom = caf::atom_constant<caf::atom("stdin")>;
 using resize_atom = caf::atom_constant<caf::atom("resize")>;
 // streamed output's flow control (issue 20): bytes the requester consumed
 using credit_atom = caf::atom_constant<caf::atom("credit")>;
+/// The output and ends of a sandbox's detached commands (logs_request).
+using logs_atom = caf::atom_constant<caf::atom("logs")>;
 
 // ---- what a sandbox is made of --------------------------------------------------
 
@@ -294,6 +296,79 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, output_chunk& x) {
   return f(caf::meta::type_name("dsec.output_chunk"), x.sandbox, x.exec, x.stream, x.data);
 }
+
+// ---- Logs of detached commands (issue 23; docs/actors.md, "Logs") ------------------
+
+/// A piece of a detached command's output, as its sandbox's log keeps it:
+/// stream 1 is stdout, 2 stderr.
+struct log_piece {
+  uint64_t exec = 0; ///< the command's id in its sandbox (detached_command.exec)
+  uint8_t stream = 1;
+  std::string data;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, log_piece& x) {
+  return f(caf::meta::type_name("dsec.log_piece"), x.exec, x.stream, x.data);
+}
+
+/// A detached command (exec_request.detach) of a sandbox, as its log records
+/// it: the sandbox's first one and the 63 latest.
+struct detached_command {
+  uint64_t exec = 0;       ///< its id in the sandbox: the signal verb's, logs_request.exec
+  std::string command;     ///< its argv, joined by spaces (at most 256 bytes of it)
+  uint64_t started_ms = 0; ///< unix ms
+  bool running = true;     ///< it has not exited
+  bool open = true;        ///< its stdout or stderr is still open (a background child may hold it)
+  uint64_t ended_ms = 0;   ///< unix ms, once it exited
+  int32_t exit_code = 0;   ///< as exec_result's: 128+N if signal N killed it
+  int32_t signal = 0;
+  bool timed_out = false;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, detached_command& x) {
+  return f(caf::meta::type_name("dsec.detached_command"), x.exec, x.command, x.started_ms,
+           x.running, x.open, x.ended_ms, x.exit_code, x.signal, x.timed_out);
+}
+
+/// What of a sandbox's log to read. Positions count the bytes of output the
+/// log has taken since the sandbox began (both streams, every detached
+/// command); the log keeps the latest detached_log_bytes of them.
+struct logs_request {
+  uint64_t exec = 0;      ///< one command's (detached_command.exec); 0: every one's
+  uint64_t since = 0;     ///< output after this position (logs_reply.next of the last read)
+  uint64_t max_bytes = 0; ///< at most this many bytes of output; 0: all the log holds
+  bool output = true;     ///< false: the commands only, no output
+  /// When nothing newer than `since` is there and the command (any, with
+  /// exec 0) is still live (running, or with output open; with `output`
+  /// false: running): reply once something comes or it ends, or after 20 s
+  /// with nothing (ask again).
+  bool wait = false;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, logs_request& x) {
+  return f(caf::meta::type_name("dsec.logs_request"), x.exec, x.since, x.max_bytes, x.output,
+           x.wait);
+}
+
+struct logs_reply {
+  std::vector<log_piece> pieces; ///< in the order the sandbox read them
+  uint64_t next = 0;     ///< the position after them: the next request's `since`
+  uint64_t dropped = 0;  ///< bytes after `since` the log no longer holds (its bound)
+  std::vector<detached_command> commands; ///< the commands asked about, oldest first
+  bool live = false;     ///< one of them is live (as logs_request.wait counts it)
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, logs_reply& x) {
+  return f(caf::meta::type_name("dsec.logs_reply"), x.pieces, x.next, x.dropped, x.commands,
+           x.live);
+}
+
+/// What a sandbox keeps of its detached commands' output (logs_request).
+constexpr uint64_t detached_log_bytes = 1u << 20;
 
 // ---- Chronus (capnp/chronus.capnp; docs/chronus.md) --------------------------------
 

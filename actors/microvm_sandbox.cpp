@@ -546,6 +546,11 @@ sandbox_actor::behavior_type vm_impl(self_ptr self, sandbox_config cfg,
         return refuse("expose");
       return not_for_vm(self->state, "expose (a microVM's network is none)");
     },
+    [=](logs_atom, const internal_key& k, const logs_request&) -> caf::result<logs_reply> {
+      if (!genuine(k, self->state.cfg.key, "logs (sandbox)"))
+        return refuse("logs");
+      return not_for_vm(self->state, "logs (a microVM's detached commands keep no output)");
+    },
     [=](event_atom, const internal_key& k) {
       if (genuine(k, process_key(), "event (sandbox)"))
         on_events(self);

@@ -27,6 +27,7 @@
 #include <optional>
 
 #include "actors/backend.hpp"
+#include "actors/detached_log.hpp"
 #include "actors/trajectory.hpp"
 #include "actors/transfer.hpp"
 #include "actors/types.hpp"
@@ -266,7 +267,27 @@ struct sandbox_state {
   // for cfg.orphan_grace for a restarted coordinator to adopt (adopt_atom).
   bool orphaned = false;
   uint64_t orphanings = 0; // the orphan timer that counts
+  // ---- detached commands' output (issue 23; docs/actors.md, "Logs") ----
+  // Made at its first detached command: a sandbox that runs none allocates
+  // nothing for it.
+  std::unique_ptr<detached_log> log;
+  // logs requests waiting for output or an end (logs_request.wait), by a
+  // number of their own (their 20 s timer names it); at most max_log_waiters.
+  struct log_waiter {
+    logs_request q;
+    caf::typed_response_promise<logs_reply> rp;
+  };
+  std::map<uint64_t, log_waiter> log_waiters;
+  uint64_t next_log_waiter = 1;
 };
+
+// Most logs requests one sandbox holds waiting; the oldest is answered (with
+// what there is) to make room.
+constexpr size_t max_log_waiters = 64;
+// A waiting logs request is answered after this long even with nothing new.
+constexpr auto log_wait_limit = std::chrono::seconds(20);
+// timeout_atom's tag for a waiting logs request (bit 62; bit 63 is a drain's).
+constexpr uint64_t log_wait_tag = 1ull << 62;
 
 using self_ptr = sandbox_actor::stateful_pointer<sandbox_state>;
 
@@ -393,6 +414,24 @@ void maybe_finish(self_ptr self, uint64_t eid) {
 
 void begin_destroy(self_ptr self);
 
+// Answers the waiting logs requests that have news: output after their
+// position, or none of their commands live any more; with `all` (the sandbox
+// goes), every one, as not live.
+void wake_log_waiters(self_ptr self, bool all = false) {
+  auto& s = self->state;
+  for (auto it = s.log_waiters.begin(); it != s.log_waiters.end();) {
+    auto r = s.log->read(it->second.q); // waiters wait only on a log
+    if (all || !r.live || !r.pieces.empty()) {
+      if (all)
+        r.live = false;
+      it->second.rp.deliver(std::move(r));
+      it = s.log_waiters.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
 exposed_port describe(const port_forward& f) {
   return exposed_port{f.port(), f.host(), f.host_port()};
 }
@@ -497,6 +536,7 @@ void finish_destroy(self_ptr self) {
   for (auto& rp : s.destroy_waiters)
     rp.deliver(true);
   s.destroy_waiters.clear();
+  wake_log_waiters(self, true); // `logs -f` and `wait` end with the sandbox
   self->quit();
 }
 
@@ -610,7 +650,9 @@ void on_event(self_ptr self, container_event& ev) {
           x.status = ev.status;
           end_stdin(s, x, "the command ended");
           if (x.detach) {
+            s.log->exited(eid, x.status.shell_code(), x.status.signal, x.timed_out, unix_ms());
             s.execs.erase(eid);
+            wake_log_waiters(self);
             return;
           }
           if (!x.out_eof || !x.err_eof) {
@@ -621,6 +663,8 @@ void on_event(self_ptr self, container_event& ev) {
           }
           maybe_finish(self, eid);
         } else {
+          if (x.detach) // never ran: its caller hears why, its log forgets it
+            s.log->forget(eid);
           fail_exec(self, eid, *ev.failure); // x.done describes it with the command
         }
         return;
@@ -992,7 +1036,7 @@ void start_exec(self_ptr self, const exec_request& req_in, caf::strong_actor_ptr
       return done(sys_error("preparing the command's stdin"));
     io.in = in.get();
   }
-  if (!req.detach && !req.tty) {
+  if (!req.tty) { // a detached command's output goes to the sandbox's log
     int p[2];
     if (::pipe2(p, O_CLOEXEC | O_NONBLOCK) < 0)
       return done(sys_error("pipe for stdout"));
@@ -1051,7 +1095,18 @@ void start_exec(self_ptr self, const exec_request& req_in, caf::strong_actor_ptr
   }
   if (req.tty) {
     x.out_eof = false; // until the master's reader sees the end (attach_terminal)
-  } else if (!req.detach) {
+  } else if (req.detach) {
+    // Its output goes to the log (on_output), read as it comes, never held
+    // back: the log drops its oldest bytes instead. The command's end does
+    // not wait for its pipes (a background child may keep them open).
+    if (!s.log)
+      s.log = std::make_unique<detached_log>();
+    s.log->begin(eid, cmd.argv, unix_ms());
+    sandbox_actor me = self;
+    auto& io_loop = s.cfg.eng->io();
+    io_loop.watch(out_r->get(), POLLIN, pipe_reader{out_r, me, &io_loop, eid, 1, false});
+    io_loop.watch(err_r->get(), POLLIN, pipe_reader{err_r, me, &io_loop, eid, 2, false});
+  } else {
     x.out_eof = x.err_eof = false;
     sandbox_actor me = self;
     auto& io_loop = s.cfg.eng->io();
@@ -1105,6 +1160,13 @@ bool take_credit(self_ptr self, uint64_t eid, uint64_t bytes) {
 
 void on_output(self_ptr self, uint64_t eid, uint8_t stream, std::string& data, bool eof) {
   auto& s = self->state;
+  if (s.log && s.log->owns(eid)) { // a detached command's
+    s.log->append(eid, stream, data);
+    if (eof)
+      s.log->closed(eid, stream);
+    wake_log_waiters(self);
+    return;
+  }
   auto it = s.execs.find(eid);
   if (it == s.execs.end())
     return; // finished already: late output is dropped
@@ -1737,6 +1799,13 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
       auto& s = self->state;
       if (!genuine(k, process_key(), "timeout (sandbox)"))
         return;
+      if ((tag & log_wait_tag) != 0) { // a waiting logs request: it gets what there is
+        if (auto w = s.log_waiters.find(tag & ~log_wait_tag); w != s.log_waiters.end()) {
+          w->second.rp.deliver(s.log->read(w->second.q));
+          s.log_waiters.erase(w);
+        }
+        return;
+      }
       bool drain = (tag >> 63) != 0;
       uint64_t eid = tag & ~(1ull << 63);
       auto it = s.execs.find(eid);
@@ -1804,6 +1873,38 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
       s.cfg.env.allow = allow;
       s.cfg.env.deny = deny;
       return true;
+    },
+    [=](logs_atom, const internal_key& k, logs_request& q) -> caf::result<logs_reply> {
+      if (!genuine(k, self->state.cfg.key, "logs (sandbox)"))
+        return refuse("logs");
+      auto& s = self->state;
+      if (s.pooled)
+        return to_caf(make_error(errc::not_found, "sandbox " + s.cfg.id + " is in a warm pool"));
+      if (!s.log && q.exec != 0)
+        return to_caf(make_error(errc::not_found,
+                                 "sandbox " + s.cfg.id + " has run no detached command"));
+      if (!s.log) // none ran: an empty log, nobody to wait for
+        return detached_log{}.read(q);
+      if (q.exec != 0 && !s.log->owns(q.exec))
+        return to_caf(make_error(errc::not_found,
+                                 "sandbox " + s.cfg.id + " has no detached command "
+                                   + std::to_string(q.exec)
+                                   + " (`dsec inspect` lists them: the log keeps the first and"
+                                     " the 63 latest)"));
+      auto r = s.log->read(q);
+      if (!q.wait || !r.live || !r.pieces.empty() || s.ph == phase::destroying)
+        return r;
+      if (s.log_waiters.size() >= max_log_waiters) { // the oldest gets what there is
+        auto oldest = s.log_waiters.begin();
+        oldest->second.rp.deliver(s.log->read(oldest->second.q));
+        s.log_waiters.erase(oldest);
+      }
+      auto n = s.next_log_waiter++;
+      auto rp = self->make_response_promise<logs_reply>();
+      s.log_waiters.emplace(n, sandbox_state::log_waiter{q, rp});
+      self->delayed_send(self, log_wait_limit, timeout_atom::value, process_key(),
+                         log_wait_tag | n);
+      return rp;
     },
     [=](expose_atom, const internal_key& k, uint16_t port) -> caf::result<exposed_port> {
       if (!genuine(k, self->state.cfg.key, "expose (sandbox)"))

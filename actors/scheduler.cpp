@@ -832,6 +832,9 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
     [=](feedback_atom, const std::string& id, const chronus_feedback_msg& fb) {
       return by_id<bool>(self, id, feedback_atom::value, fb);
     },
+    [=](logs_atom, const std::string& id, const logs_request& q) {
+      return by_id<logs_reply>(self, id, logs_atom::value, q);
+    },
     [=](signal_atom, const std::string& id, uint64_t eid, int32_t sig) {
       return by_id<bool>(self, id, signal_atom::value, eid, sig);
     },

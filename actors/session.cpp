@@ -1117,6 +1117,14 @@ session_actor::behavior_type session_impl(self_ptr self, session_config cfg) {
       return function_call(self, std::move(env), std::move(req));
     },
     // ---- process handles (exec_request.handle) ----
+    [=](logs_atom, const std::string& id, const logs_request& q) -> caf::delegated<logs_reply> {
+      auto sb = find(self, id);
+      if (!sb)
+        return fail_with<logs_reply>(self, sb.error_value());
+      auto rp = self->make_response_promise<logs_reply>();
+      forward_to<logs_reply>(self, *sb, rp, logs_atom::value, q);
+      return {};
+    },
     [=](signal_atom, const std::string& id, uint64_t eid,
         int32_t sig) -> caf::delegated<bool> {
       auto sb = find(self, id);

@@ -293,6 +293,11 @@ sandbox_actor::behavior_type sim_impl(self_ptr self, std::shared_ptr<const sim_c
         return refuse("expose");
       return to_caf(make_error(errc::unsupported, "a simulated sandbox has no port to expose"));
     },
+    [=](logs_atom, const internal_key& k, const logs_request&) -> caf::result<logs_reply> {
+      if (!genuine(k, self->state.c->key, "logs (sandbox)"))
+        return refuse("logs");
+      return to_caf(make_error(errc::unsupported, "a simulated sandbox's commands have no output"));
+    },
     [=](ttl_atom, const internal_key& k, uint64_t setting) {
       if (genuine(k, process_key(), "ttl (sandbox)") && setting == self->state.ttl_setting)
         begin_destroy(self);

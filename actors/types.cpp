@@ -143,6 +143,8 @@ void register_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<exec_request>("dsec.exec_request");
   cfg.add_message_type<exec_result>("dsec.exec_result");
   cfg.add_message_type<output_chunk>("dsec.output_chunk");
+  cfg.add_message_type<logs_request>("dsec.logs_request");
+  cfg.add_message_type<logs_reply>("dsec.logs_reply");
   cfg.add_message_type<ready_ids>("dsec.ready_ids");
   cfg.add_message_type<sandbox_info>("dsec.sandbox_info");
   cfg.add_message_type<exposed_port>("dsec.exposed_port");

@@ -1558,6 +1558,35 @@ TEST_CASE("process handles through the coordinator: a command on another node ge
     SUBCASE("by id, through the coordinator's scheduler") {
       check_feed(cl.c->start(id, req));
     }
+    SUBCASE("a detached command's log and end, by id through the coordinator and the session") {
+      auto det = cmd({"sh", "-c", "echo out; echo err >&2; exit 5"});
+      det.detach = true;
+      auto started = (*s)->exec(id, det);
+      REQUIRE_MESSAGE(started, describe(started.error_value()));
+      logs_request q;
+      q.wait = true; // each read waits for news while the command is live
+      std::string out, err;
+      expected<logs_reply> l = logs_reply{};
+      for (int reads = 0; reads < 100; ++reads) { // a bound, not a timing
+        l = cl.c->logs(id, q);
+        REQUIRE_MESSAGE(l, describe(l.error_value()));
+        for (const auto& p : l->pieces)
+          (p.stream == 1 ? out : err) += p.data;
+        q.since = l->next;
+        if (!l->live)
+          break;
+      }
+      CHECK_FALSE(l->live);
+      CHECK(out == "out\n");
+      CHECK(err == "err\n");
+      REQUIRE(l->commands.size() == 1);
+      CHECK_FALSE(l->commands[0].running);
+      CHECK(l->commands[0].exit_code == 5);
+      auto again = (*s)->logs(id, logs_request{});
+      REQUIRE_MESSAGE(again, describe(again.error_value()));
+      CHECK(again->next == 8);
+      CHECK(again->pieces.size() == 2);
+    }
     SUBCASE("a signal, and cancel") {
       auto sleeper = cmd({"sleep", "1000"});
       sleeper.handle = true;

@@ -686,12 +686,42 @@ TEST_CASE("remote names and labels: run --name --label, ps shows and filters, a 
   CHECK(only({"label=tier", "label=team=a"}) == std::vector<std::string>{web});
   CHECK(only({"session=default"}) == sorted({web, db, plain}));
   CHECK(only({"name=nobody"}).empty());
+  // --format: docker's templates; `table` aligns and prints a header.
+  auto r0 = d.dsec({"ps", "--format", "{{.ID}} {{ .Name }} {{.Label \"tier\"}}"});
+  REQUIRE_MESSAGE(r0.status == 0, r0.describe());
+  CHECK(lines_of(r0.out) == std::vector<std::string>{web + " web front", db + " db back",
+                                                     plain + "  "});
+  r0 = d.dsec({"ps", "--format", "table {{.Name}}\\t{{.Label \"team\"}}\\t{{.State}}"});
+  REQUIRE_MESSAGE(r0.status == 0, r0.describe());
+  CHECK(lines_of(r0.out) == std::vector<std::string>{"NAME  TEAM  STATE", "web   a     running",
+                                                     "db    -     running", "-     -     running"});
+  r0 = d.dsec({"ps", "--format", "{{.Labels}}", "--filter", "name=web"});
+  CHECK(r0.out == "team=a,tier=front\n");
+  // A session's list has dsec's own keys ("#N") for creates without a name:
+  // shown as none there too.
+  r0 = d.dsec({"ps", "--session", "default", "--format", "{{.ID}}={{.Name}}"});
+  CHECK_MESSAGE(contains(r0.out, plain + "=\n"), r0.describe());
+  CHECK_MESSAGE(contains(r0.out, web + "=web\n"), r0.describe());
+  for (std::string f : {"{{.Colour}}", "{{.ID", "{{.Label tier}}"}) {
+    r0 = d.dsec({"ps", "--format", f});
+    CHECK_MESSAGE(r0.status == 2, r0.describe());
+    CHECK_MESSAGE(contains(r0.err, "--format"), r0.describe());
+  }
+  r0 = d.dsec({"ps", "--format", "{{.Colour}}"});
+  CHECK_MESSAGE(contains(r0.err, "{{.Colour}}"), r0.describe());
   auto bad = d.dsec({"ps", "--filter", "colour=red"});
   CHECK_MESSAGE(bad.status == 2, bad.describe());
   CHECK_MESSAGE(contains(bad.err, "colour=red"), bad.describe());
   // The name wherever an id goes: exec, cp, inspect, pause/resume, rm.
   auto r = d.dsec({"exec", "web", "--", "sh", "-c", "echo hi > /tmp/f"});
   CHECK_MESSAGE(r.status == 0, r.describe());
+  // A command line of 1 MB (over the 128 KiB a message to init holds) goes
+  // whole through the daemon (issue 23).
+  std::vector<std::string> long_cmd{"exec", "web", "--", "sh", "-c", "echo $#", "sh"};
+  long_cmd.resize(long_cmd.size() + 10'000, std::string(99, 'l'));
+  r = d.dsec(long_cmd);
+  CHECK_MESSAGE(r.status == 0, r.status << " " << r.err);
+  CHECK(r.out == "10000\n");
   auto local = suite::get().scratch();
   r = d.dsec({"cp", "web:/tmp/f", local.path()});
   CHECK_MESSAGE(r.status == 0, r.describe());
@@ -704,6 +734,25 @@ TEST_CASE("remote names and labels: run --name --label, ps shows and filters, a 
   CHECK(r.out == "paused " + db + "\n");
   r = d.dsec({"resume", "db"});
   CHECK(r.out == "resumed " + db + "\n");
+  // And in snapshot, fork and expose: each prints or acts on the id the name has.
+  r = d.dsec({"snapshot", "web", "--as", "named-snap@1"});
+  CHECK_MESSAGE(r.status == 0, r.describe());
+  CHECK_MESSAGE(contains(r.out, "named-snap@1 "), r.describe());
+  r = d.dsec({"fork", "web"});
+  REQUIRE_MESSAGE(r.status == 0, r.describe());
+  REQUIRE(lines_of(r.out).size() == 1);
+  auto forked = lines_of(r.out)[0];
+  r = d.dsec({"exec", forked, "--", "cat", "/tmp/f"});
+  CHECK_MESSAGE(r.out == "hi\n", r.describe());
+  auto srv = d.detached({"--name", "srv", "--net"});
+  r = d.dsec({"expose", "srv", "8080"});
+  CHECK_MESSAGE(r.status == 0, r.describe());
+  CHECK_MESSAGE(r.out.rfind(srv + " 8080 ", 0) == 0, r.describe());
+  r = d.dsec({"feedback", "nobody", "1", "--reward", "1"});
+  CHECK_MESSAGE(r.status == 1, r.describe());
+  CHECK_MESSAGE(contains(r.err, "no sandbox nobody"), r.describe());
+  r = d.dsec({"rm", forked, "srv"});
+  CHECK_MESSAGE(r.status == 0, r.describe());
   // A name is unique in its session; one with an id's form is refused.
   r = d.run({"--detach", "--name", "web"}, {"true"});
   CHECK_MESSAGE(r.status != 0, r.describe());
@@ -716,6 +765,144 @@ TEST_CASE("remote names and labels: run --name --label, ps shows and filters, a 
   r = d.dsec({"rm", "web", "db", plain});
   CHECK_MESSAGE(r.status == 0, r.describe());
   CHECK(r.out == "removed " + web + "\nremoved " + db + "\nremoved " + plain + "\n");
+  CHECK(ps(d).empty());
+  check_serving(d);
+  d.finish();
+}
+
+// ---- detached commands' output and ends (issue 23) ------------------------------
+
+namespace {
+
+// The id the first line of `r.out` is (run --detach prints it).
+std::string first_line(const proc_result& r) {
+  auto l = lines_of(r.out);
+  REQUIRE_MESSAGE(r.status == 0, r.describe());
+  REQUIRE_MESSAGE(l.size() == 1, r.describe());
+  return l[0];
+}
+
+// The exec id `inspect` gives the detached command whose command line is `cmd`.
+std::string exec_id_of(const daemon_proc& d, const std::string& box, const std::string& cmd) {
+  auto r = d.dsec({"inspect", box});
+  REQUIRE_MESSAGE(r.status == 0, r.describe());
+  auto at = r.out.find("\"command\": \"" + cmd + "\"");
+  REQUIRE_MESSAGE(at != std::string::npos, r.out);
+  auto e = r.out.rfind("\"exec\": ", at);
+  REQUIRE(e != std::string::npos);
+  e += 8;
+  return r.out.substr(e, r.out.find(',', e) - e);
+}
+
+} // namespace
+
+TEST_CASE("remote logs, wait, kill: a detached command's output is kept, bounded, after it ends") {
+  daemon_proc d;
+  SUBCASE("logs after the end, --tail, wait's code, and --exec for an exec --detach") {
+    auto box = first_line(d.run({"--detach", "--name", "lg"},
+                                {"sh", "-c", "echo a; echo b; echo err1 >&2; echo c; exit 3"}));
+    auto r = d.dsec({"wait", "lg"});
+    CHECK_MESSAGE(r.status == 0, r.describe());
+    CHECK(r.out == "3\n");
+    r = d.dsec({"logs", box});
+    CHECK_MESSAGE(r.status == 0, r.describe());
+    CHECK(r.out == "a\nb\nc\n");
+    CHECK(r.err == "err1\n");
+    r = d.dsec({"logs", "--tail", "2", "lg"});
+    CHECK(lines_of(r.out + r.err).size() == 2);
+    CHECK(contains(r.out, "c\n"));
+    CHECK_FALSE(contains(r.out, "a\n"));
+    r = d.dsec({"logs", "--tail", "0", "lg"});
+    CHECK(r.out.empty());
+    // A second detached command: its own exec id, which --exec picks.
+    r = d.dsec({"exec", "--detach", box, "--", "sh", "-c", "echo second; exit 4"});
+    CHECK_MESSAGE(r.status == 0, r.describe());
+    auto second = exec_id_of(d, box, "sh -c echo second; exit 4");
+    r = d.dsec({"wait", "--exec", second, box});
+    CHECK(r.out == "4\n");
+    r = d.dsec({"logs", "--exec", second, box});
+    CHECK(r.out == "second\n");
+    r = d.dsec({"logs", box});
+    CHECK(r.out == "a\nb\nc\nsecond\n");
+    r = d.dsec({"inspect", box});
+    CHECK_MESSAGE(contains(r.out, "\"exit_code\": 3"), r.out);
+    CHECK_MESSAGE(contains(r.out, "\"running\": false"), r.out);
+    // Unknown commands and signals; kill with nothing running.
+    r = d.dsec({"logs", "--exec", "999", box});
+    CHECK_MESSAGE(r.status == 1, r.describe());
+    CHECK_MESSAGE(contains(r.err, "no detached command 999"), r.describe());
+    r = d.dsec({"kill", box});
+    CHECK_MESSAGE(r.status == 1, r.describe());
+    CHECK_MESSAGE(contains(r.err, "runs no detached command"), r.describe());
+    r = d.dsec({"kill", "-s", "NOPE", box});
+    CHECK_MESSAGE(r.status == 2, r.describe());
+    CHECK_MESSAGE(contains(r.err, "NOPE"), r.describe());
+    r = d.dsec({"rm", box});
+    CHECK_MESSAGE(r.status == 0, r.describe());
+    r = d.dsec({"logs", box});
+    CHECK_MESSAGE(r.status == 1, r.describe());
+  }
+  SUBCASE("-f follows until the command ends, and a background child's output too") {
+    auto box = first_line(d.run({"--detach"}, {"sh", "-c",
+      "echo one; while [ ! -e /tmp/go ]; do sleep 0.05; done; echo two; "
+      "(while [ ! -e /tmp/go2 ]; do sleep 0.05; done; echo late) & exit 0"}));
+    background follow(d.argv({"logs", "-f", box}));
+    REQUIRE_MESSAGE(follow.wait_for_output("one\n"), follow.out() << follow.err());
+    auto r = d.dsec({"exec", box, "--", "touch", "/tmp/go"});
+    CHECK_MESSAGE(r.status == 0, r.describe());
+    REQUIRE_MESSAGE(follow.wait_for_output("two\n"), follow.out() << follow.err());
+    // The command ended, but its background child holds its stdout: -f goes on.
+    r = d.dsec({"wait", box});
+    CHECK(r.out == "0\n");
+    r = d.dsec({"exec", box, "--", "touch", "/tmp/go2"});
+    CHECK_MESSAGE(r.status == 0, r.describe());
+    auto end = follow.wait();
+    CHECK_MESSAGE(end.status == 0, end.describe());
+    CHECK(end.out == "one\ntwo\nlate\n");
+    r = d.dsec({"rm", box});
+    CHECK_MESSAGE(r.status == 0, r.describe());
+  }
+  SUBCASE("kill signals the running detached command; -f and wait end with the sandbox") {
+    auto box = d.detached();
+    background follow(d.argv({"logs", "-f", box}));
+    auto r = d.dsec({"kill", "-s", "TERM", box});
+    CHECK_MESSAGE(r.status == 0, r.describe());
+    CHECK(r.out == box + ": signalled 1 command with SIGTERM\n");
+    r = d.dsec({"wait", box});
+    CHECK(r.out == "143\n");
+    auto end = follow.wait();
+    CHECK_MESSAGE(end.status == 0, end.describe());
+    // A second one, ended by rm while `wait` and `logs -f` wait.
+    auto other = d.detached();
+    background waiting(d.argv({"wait", other}));
+    background following(d.argv({"logs", "-f", other}));
+    // Whether they were waiting already or connect after it went, both end,
+    // neither hangs: `wait` with an error naming the sandbox (it ended while
+    // the command ran, or is unknown), `logs -f` with 0 (or the unknown id).
+    r = d.dsec({"rm", other});
+    CHECK_MESSAGE(r.status == 0, r.describe());
+    auto w = waiting.wait();
+    CHECK_MESSAGE(w.status == 1, w.describe());
+    CHECK_MESSAGE(contains(w.err, other), w.describe());
+    auto f = following.wait();
+    CHECK_MESSAGE((f.status == 0 || contains(f.err, other)), f.describe());
+    r = d.dsec({"rm", box});
+    CHECK_MESSAGE(r.status == 0, r.describe());
+  }
+  SUBCASE("the log keeps the latest 1 MiB and says what it dropped") {
+    auto box = first_line(d.run({"--detach"}, {"sh", "-c",
+      "head -c 3000000 /dev/zero | tr '\\0' x; echo; echo end"}));
+    auto r = d.dsec({"wait", box});
+    CHECK(r.out == "0\n");
+    r = d.dsec({"logs", box});
+    CHECK_MESSAGE(r.status == 0, r.describe());
+    CHECK(r.out.size() <= (1u << 20));
+    CHECK(r.out.size() > (1u << 19));
+    CHECK(r.out.substr(r.out.size() - 5) == "\nend\n");
+    CHECK_MESSAGE(contains(r.err, "bytes are gone"), r.err);
+    r = d.dsec({"rm", box});
+    CHECK_MESSAGE(r.status == 0, r.describe());
+  }
   CHECK(ps(d).empty());
   check_serving(d);
   d.finish();

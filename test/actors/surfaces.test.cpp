@@ -475,6 +475,9 @@ TEST_CASE("surfaces: the old attack (a placement and a pack naming a root-only f
     auto sig = ask_raw<bool>(a.sys, sandbox, signal_atom::value, guessed_key(), uint64_t{1},
                              int32_t{9}); // SIGKILL
     check_refused(sig, "signal");
+    // The log of its detached commands (their output).
+    auto lg = ask_raw<logs_reply>(a.sys, sandbox, logs_atom::value, guessed_key(), logs_request{});
+    check_refused(lg, "logs");
   }
   // Everything above was handled (the sandbox and the scheduler answered).
   CHECK(wire.events() == 0);
@@ -482,7 +485,7 @@ TEST_CASE("surfaces: the old attack (a placement and a pack naming a root-only f
   CHECK(entries(v.dir.path()) == 1);
   CHECK(contents("/etc/shadow") == shadow_before);
   auto after = node_stats_of(*a.c);
-  CHECK(after.refused_internal >= before.refused_internal + 6);
+  CHECK(after.refused_internal >= before.refused_internal + 7);
   CHECK(after.live == 1);
   // The client's own verbs still work, through the session.
   auto r = (*s)->exec(id, cmd({"/bin/sh", "-c", "echo fine"}));

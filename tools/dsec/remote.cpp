@@ -26,7 +26,8 @@ when the command ends; detached sandboxes go to the daemon's "default" session
 end of their session.
 
 Verbs:
-  ps [--session ID] [--json]        list the sandboxes
+  ps [--session ID] [--filter F] [--json | --format F]
+                                    list the sandboxes
   inspect ID...                     sandboxes as JSON: environment, limits, state,
                                     times
   run [OPTIONS] -- CMD [ARGS...]    run CMD in a fresh sandbox; --detach leaves it
@@ -35,6 +36,10 @@ Verbs:
                                     run CMD in sandbox ID
   cp SRC DST                        copy into or out of a sandbox (ID:/PATH)
   rm ID...                          destroy sandboxes
+  logs ID [-f] [--tail N]           the output of its detached commands (run
+                                    --detach, exec --detach), kept in a 1 MiB log
+  wait ID                           wait for its detached CMD to end; print its code
+  kill ID [-s SIGNAL]               signal its running detached commands
   session open [OPTIONS]            open a session nobody owns; prints its id
   session resume ID                 reopen a session from its trajectory log
   session close ID                  close a session and destroy its sandboxes
@@ -53,6 +58,8 @@ Verbs:
   pause ID... | resume ID...        freeze sandboxes (TTL stopped), thaw them
   snapshot ID --as NAME@VERSION     its writable layer as a diff layer
   fork ID [-n N]                    N new sandboxes with its files; prints their ids
+
+Wherever a verb takes a sandbox ID, the sandbox's name (run --name) will do.
 
 Global options:
   --connect HOST:PORT   the daemon (dsecd --listen); required
@@ -108,6 +115,12 @@ int main(int argc, char** argv) {
   std::string verb{a.next()};
   if (verb == "ps")
     return remote::ps_main(ctx, a);
+  if (verb == "logs")
+    return remote::logs_main(ctx, a);
+  if (verb == "wait")
+    return remote::wait_main(ctx, a);
+  if (verb == "kill")
+    return remote::kill_main(ctx, a);
   if (verb == "rm")
     return remote::rm_main(ctx, a);
   if (verb == "inspect")

@@ -62,6 +62,11 @@ int expose_main(context& c, args& a);   // port exposure (issue 14)
 int pause_main(context& c, args& a, bool on);
 int snapshot_main(context& c, args& a);
 int fork_main(context& c, args& a);
+// detached commands' output and ends (issue 23): remote_logs.cpp, remote_wait.cpp,
+// remote_kill.cpp
+int logs_main(context& c, args& a);
+int wait_main(context& c, args& a);
+int kill_main(context& c, args& a);
 /// The warm pools of `node stats` (tools/dsec/remote_pool.cpp).
 void print_pools(const node_stats& s);
 

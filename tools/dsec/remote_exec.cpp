@@ -66,7 +66,8 @@ Options:
                          the agent's files are read-only at /.dsec/agent; so
                          CMD runs the image's own interpreters (docs/chronus.md)
   --detach               leave CMD running in the background; dsec exits 0 once
-                         it runs (its output is discarded)
+                         it runs. Its output goes to the sandbox's log of
+                         detached commands (`dsec logs ID`, `wait`, `kill`)
   --idempotent           CMD is safe to run again: in a session with a
                          trajectory log no pack is taken after it, and a
                          resume that rebuilds the sandbox runs it again

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/json.hpp"
 #include "tools/dsec/remote.hpp"
 #include "tools/dsec/remote_common.hpp"
 
@@ -23,11 +24,43 @@ Prints a JSON array with an object for each sandbox ID, in the order given:
                                (bytes; 0: the node's default was not filled in),
                                network (none, loopback, egress), allow, deny,
                                ttl_ms, backend, chronus, snapshot
+  detached                     its detached commands (`run --detach`'s CMD,
+                               `exec --detach`; the first and the 63 latest),
+                               oldest first: exec (the id `logs --exec`,
+                               `wait --exec`, `kill --exec` take), command,
+                               started_ms, running, output_open, and once it
+                               ended ended_ms, exit_code, signal, timed_out;
+                               null where the sandbox keeps no log (microVM,
+                               simulated)
 
 Exit status: 0 when every ID was found; 1 when one was not (it is named on
 stderr, the others are printed) or the daemon cannot be reached; 2 on a usage
 error.
 )";
+
+// The "detached" member of a sandbox's object: its detached commands, or null.
+std::string detached_json(client& c, const std::string& id) {
+  logs_request q;
+  q.output = false;
+  auto r = c.logs(id, q);
+  if (!r)
+    return "null";
+  std::string o = "[";
+  for (size_t k = 0; k < r->commands.size(); ++k) {
+    const auto& x = r->commands[k];
+    o += std::string{k ? ", " : ""} + "{\"exec\": " + std::to_string(x.exec) + ", \"command\": ";
+    json_string(o, x.command);
+    o += ", \"started_ms\": " + std::to_string(x.started_ms) +
+         ", \"running\": " + (x.running ? "true" : "false") +
+         ", \"output_open\": " + (x.open ? "true" : "false");
+    if (!x.running)
+      o += ", \"ended_ms\": " + std::to_string(x.ended_ms) + ", \"exit_code\": " +
+           std::to_string(x.exit_code) + ", \"signal\": " + std::to_string(x.signal) +
+           ", \"timed_out\": " + (x.timed_out ? "true" : "false");
+    o += "}";
+  }
+  return o + "]";
+}
 
 } // namespace
 
@@ -70,7 +103,9 @@ int inspect_main(context& ctx, args& a) {
       rc = 1;
       continue;
     }
-    out += (first ? "\n" : ",\n") + sandbox_json(*it->second);
+    auto one = sandbox_json(*it->second);
+    one.insert(one.size() - 1, ", \"detached\": " + detached_json(**c, it->second->id));
+    out += (first ? "\n" : ",\n") + one;
     first = false;
   }
   out += first ? "]\n" : "\n]\n";

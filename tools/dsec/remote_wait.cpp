@@ -1,0 +1,92 @@
+// dsec --connect HOST:PORT wait ID: waits for a sandbox's detached command to
+// end and prints its exit code (docs/actors.md, "Logs").
+#include "tools/dsec/remote.hpp"
+#include "tools/dsec/remote_common.hpp"
+
+#include <cstdio>
+#include <string>
+
+namespace dsec::cli::remote {
+
+namespace {
+
+const char* wait_usage = R"(usage: dsec --connect HOST:PORT wait ID [--exec N]
+
+Waits until a detached command of sandbox ID has ended, and prints its exit
+code: the CMD `run --detach` started (the sandbox's first detached command),
+or command N. At once if it has ended already. The code is the one `exec`
+exits with: its own status, 128+N if signal N killed it (137 for its
+--timeout, which `dsec inspect` shows as timed out). ID may be the sandbox's
+name. The sandbox stays; interrupting dsec stops only dsec.
+
+Options:
+  --exec N       command N (its exec id: `dsec inspect ID` lists the detached
+                 commands)
+  -h, --help     this text
+
+Exit status: 0 once the code is printed; 1 when the sandbox has no such
+command, ended before the command did, the daemon reported an error or
+cannot be reached; 2 on a usage error.
+)";
+
+} // namespace
+
+int wait_main(context& ctx, args& a) {
+  auto verb = ctx.verb("wait");
+  std::string id, exec_text;
+  while (!a.empty()) {
+    if (a.help()) {
+      std::fputs(wait_usage, stdout);
+      return 0;
+    }
+    auto got = a.option("--exec", exec_text);
+    if (!got)
+      return usage_error(verb, got.error_value().message);
+    if (*got)
+      continue;
+    if (a.at_option())
+      return usage_error(verb, "unknown option '" + std::string{a.peek()} + "'");
+    if (!id.empty())
+      return usage_error(verb, "one sandbox at a time (dsec wait ID)");
+    id = std::string{a.next()};
+  }
+  if (id.empty())
+    return usage_error(verb, "no sandbox id given (dsec --connect HOST:PORT wait ID)");
+  uint64_t exec = 0;
+  if (!exec_text.empty() && (!parse_uint(exec_text, UINT64_MAX, exec) || exec == 0))
+    return usage_error(verb, "--exec: expected a command's exec id (a number from `dsec inspect"
+                             " ID`), got '" + exec_text + "'");
+  auto c = ctx.connect();
+  if (!c)
+    return fail(c.error_value());
+  auto named = resolve_sandbox(**c, id);
+  if (!named)
+    return fail(named.error_value());
+  id = *named;
+  logs_request q;
+  q.output = false;
+  q.exec = exec;
+  auto r = (*c)->logs(id, q);
+  if (!r)
+    return fail(r.error_value());
+  if (r->commands.empty())
+    return fail(make_error(errc::not_found, "sandbox " + id + " has no detached command to wait "
+                                            "for (`run --detach -- CMD`, `exec --detach`)"));
+  q.exec = r->commands.front().exec; // the first: run --detach's
+  q.wait = true;
+  for (;;) {
+    for (const auto& x : r->commands)
+      if (x.exec == q.exec && !x.running) {
+        std::printf("%d\n", x.exit_code);
+        return 0;
+      }
+    if (!r->live) // answered as the sandbox went
+      return fail(make_error(errc::closed, "sandbox " + id + " ended while command " +
+                                             std::to_string(q.exec) + " ran"));
+    r = (*c)->logs(id, q);
+    if (!r)
+      return fail(r.error_value());
+  }
+}
+
+} // namespace dsec::cli::remote
