@@ -241,6 +241,12 @@ struct exec_request {
   /// Errors are put's and get's (a missing path names it).
   uint8_t transfer = 0;
   std::string transfer_path;
+  /// The user by name (issue 23; `--user USER[:GROUP]`): each part a name or a
+  /// number, looked up in the sandbox's image's /etc/passwd and /etc/group
+  /// (its layers, never what the agent wrote): uid, gid, supplementary groups,
+  /// and HOME and USER unless `env` sets them (resolve_command_user). Wins
+  /// over uid and gid. Empty: uid and gid as they are.
+  std::string user;
 };
 
 /// exec_request.transfer
@@ -253,7 +259,7 @@ typename Inspector::result_type inspect(Inspector& f, exec_request& x) {
            x.idempotent, x.pristine,
            /* process handles */ x.handle, x.open_stdin,
            /* terminals */ x.tty, x.rows, x.cols,
-           /* transfers */ x.window, x.transfer, x.transfer_path);
+           /* transfers */ x.window, x.transfer, x.transfer_path, /* by name */ x.user);
 }
 
 /// Process handles: the most bytes one stdin message may carry, and what a

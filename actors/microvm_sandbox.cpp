@@ -398,7 +398,7 @@ sandbox_actor::behavior_type vm_impl(self_ptr self, sandbox_config cfg,
         return not_for_vm(s, "terminals (exec -t, pty=)");
       if (req.trusted || req.pristine)
         return not_for_vm(s, "Chronus (trusted commands)");
-      if (req.uid >= 0 || req.gid >= 0)
+      if (req.uid >= 0 || req.gid >= 0 || !req.user.empty())
         return not_for_vm(s, "--user");
       if (req.handle || req.open_stdin)
         return not_for_vm(s, "process handles (background commands, streamed stdin)");

@@ -17,6 +17,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <deque>
@@ -224,6 +225,13 @@ struct sandbox_state {
   // WorkingDir, User, Entrypoint, Cmd; runtime/image_config.hpp), made once
   // when the layers arrive.
   command_defaults defaults;
+  // Its base image's roots (the lowers' descriptors of its layer_set: the
+  // layer cache's, valid while the lease is held, so until finish_destroy),
+  // for commands naming their user (exec_request.user): its etc/passwd and
+  // etc/group are read at the first such command, then kept. Never the tree
+  // the agent writes.
+  std::vector<int> image_roots;
+  std::optional<user_files> users;
   bool creation_failed_told = false; // the session heard failed_atom for it
   // Chronus (env.chronus): the secret frames on /run/chronus.sock must carry
   // (it never leaves the node); the sandbox is served by the engine's endpoint
@@ -514,6 +522,7 @@ void finish_destroy(self_ptr self) {
   s.exposed.clear();
   s.box.reset();
   s.egress.reset();
+  s.image_roots.clear(); // the cache's: not ours once released
   if (s.lease != 0)
     self->send(s.cfg.cache, release_atom::value, process_key(), s.lease);
   // Destroyed before it was ready (rm, shutdown, its session closing): its
@@ -974,6 +983,34 @@ void start_exec(self_ptr self, const exec_request& req_in, caf::strong_actor_ptr
   if (!made)
     return done(std::move(made).error_value());
   auto cmd = std::move(*made);
+  if (!req.user.empty()) {
+    if (!s.users) { // the first of its base's lowers that has each file
+      s.users.emplace();
+      for (const auto& root : s.image_roots) {
+        auto f = read_image_user_files(root);
+        if (!s.users->passwd)
+          s.users->passwd = std::move(f.passwd);
+        if (!s.users->group)
+          s.users->group = std::move(f.group);
+      }
+    }
+    auto u = resolve_command_user(req.user, *s.users);
+    if (!u) // as a uid that does not work: status 126 on the command line
+      return done(std::move(u).error_value().in_step("setuid"));
+    cmd.uid = u->uid;
+    cmd.gid = u->gid;
+    cmd.groups = std::move(u->groups);
+    // As login(1) and docker: HOME (its passwd entry's, else /) and USER,
+    // unless the request sets them.
+    auto given = [&](std::string_view k) {
+      return std::any_of(req.env.begin(), req.env.end(),
+                         [&](const std::string& kv) { return kv.rfind(k, 0) == 0; });
+    };
+    if (!given("HOME="))
+      cmd.env = merge_env(std::move(cmd.env), {"HOME=" + (u->home.empty() ? "/" : u->home)});
+    if (!u->name.empty() && !given("USER="))
+      cmd.env = merge_env(std::move(cmd.env), {"USER=" + u->name});
+  }
   if (req.trusted) {
     if (!s.token)
       return done(make_error(errc::invalid_argument,
@@ -1494,6 +1531,9 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
         }
         // The image's /etc/passwd (for a User by name) from its own lowers,
         // never from the tree the agent writes.
+        for (size_t i = ls.fds.size() - std::min<size_t>(ls.base_lowers, ls.fds.size());
+             i < ls.fds.size(); ++i)
+          s.image_roots.push_back(ls.fds[i]);
         auto defaults = command_defaults::of(ls.config, [&]() -> std::optional<std::string> {
           auto n = std::min<size_t>(ls.base_lowers, ls.fds.size());
           for (size_t i = ls.fds.size() - n; i < ls.fds.size(); ++i)

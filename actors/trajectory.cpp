@@ -78,7 +78,7 @@ bool same_command(const exec_request& a, const exec_request& b) {
   return a.argv == b.argv && a.env == b.env && a.cwd == b.cwd && a.uid == b.uid
          && a.gid == b.gid && a.input == b.input && a.trusted == b.trusted
          && a.pristine == b.pristine && a.transfer == b.transfer
-         && a.transfer_path == b.transfer_path;
+         && a.transfer_path == b.transfer_path && a.user == b.user;
 }
 
 namespace {

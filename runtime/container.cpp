@@ -559,6 +559,14 @@ expected<uint64_t> container::send_exec(const command& cmd, const stdio& io) {
     need += s.size() + 1;
   for (const auto& s : *env)
     need += s.size() + 1;
+  if (cmd.groups.size() > proto::max_groups)
+    return make_error(errc::invalid_argument,
+                      "the user is in " + std::to_string(cmd.groups.size())
+                        + " groups; a command takes at most " + std::to_string(proto::max_groups));
+  if (m.flags & proto::exec_set_ids) {
+    m.ngroups = static_cast<uint32_t>(cmd.groups.size());
+    need += cmd.groups.size() * sizeof(uint32_t);
+  }
   if (need - sizeof m > proto::max_exec_data
       || cmd.argv.size() + env->size() > proto::max_exec_strings)
     return make_error(errc::invalid_argument,
@@ -594,6 +602,10 @@ expected<uint64_t> container::send_exec(const command& cmd, const stdio& io) {
     put(s);
   for (const auto& s : *env)
     put(s);
+  if (m.ngroups > 0) {
+    std::memcpy(p, cmd.groups.data(), m.ngroups * sizeof(uint32_t));
+    p += m.ngroups * sizeof(uint32_t);
+  }
   unique_fd data_fd;
   if (in_file) {
     msg_.resize(sizeof m);

@@ -82,6 +82,10 @@ struct command {
   std::string cwd = "/";
   std::optional<uint32_t> uid;   ///< sandbox uid; none: root (0)
   std::optional<uint32_t> gid;
+  /// Supplementary groups (with a uid): none, unless a user looked up by
+  /// name belongs to groups of the image's /etc/group (resolve_command_user).
+  /// At most proto::max_groups.
+  std::vector<uint32_t> groups;
   /// Started by the sandbox's trusted helper, outside the agent's Landlock
   /// domain: untrusted commands (the agent's) cannot ptrace it, so cannot read
   /// its environment or memory or take its descriptors, nor signal it. It can

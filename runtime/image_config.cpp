@@ -2,6 +2,8 @@
 // nlohmann::json, and the command defaults it gives.
 #include "runtime/image_config.hpp"
 
+#include <algorithm>
+
 #include <fcntl.h>
 #include <linux/openat2.h>
 #include <sys/stat.h>
@@ -152,6 +154,127 @@ expected<image_user> resolve_image_user(std::string_view user,
   return out;
 }
 
+namespace {
+
+// Calls `each` with the fields of every line of `text` until it returns true.
+template <class F>
+void for_each_entry(std::string_view text, F&& each) {
+  size_t pos = 0;
+  while (pos < text.size()) {
+    auto nl = text.find('\n', pos);
+    auto line = text.substr(pos, nl == std::string_view::npos ? std::string_view::npos : nl - pos);
+    pos = nl == std::string_view::npos ? text.size() : nl + 1;
+    if (!line.empty() && line.front() != '#' && each(fields(line)))
+      return;
+  }
+}
+
+} // namespace
+
+expected<command_user> resolve_command_user(std::string_view spec, const user_files& files) {
+  auto quoted = "the user '" + std::string{spec.substr(0, 200)} + "'";
+  auto colon = spec.find(':');
+  auto u = spec.substr(0, colon);
+  auto g = colon == std::string_view::npos ? std::string_view{} : spec.substr(colon + 1);
+  if (u.empty() || (colon != std::string_view::npos && g.empty()))
+    return make_error(errc::invalid_argument,
+                      quoted + ": expected USER[:GROUP], each a name or a number below 65536");
+  command_user out;
+  if (auto id = id_of(u)) {
+    out.uid = out.gid = *id;
+    if (files.passwd) // a number keeps its name and home if passwd has them
+      for_each_entry(*files.passwd, [&](const std::vector<std::string_view>& f) {
+        if (f.size() < 4 || id_of(f[2]) != *id)
+          return false;
+        out.name = std::string{f[0]};
+        if (auto gid = id_of(f[3]))
+          out.gid = *gid;
+        if (f.size() >= 6 && !f[5].empty() && f[5].front() == '/')
+          out.home = std::string{f[5]};
+        return true;
+      });
+  } else {
+    if (!files.passwd)
+      return make_error(errc::invalid_argument,
+                        quoted + " names a user, and the image has no /etc/passwd to look it up in");
+    bool found = false;
+    std::optional<error> bad_entry;
+    for_each_entry(*files.passwd, [&](const std::vector<std::string_view>& f) {
+      if (f.size() < 4 || f[0] != u)
+        return false;
+      auto uid = id_of(f[2]), gid = id_of(f[3]);
+      if (!uid || !gid) {
+        bad_entry = make_error(errc::invalid_argument,
+                               quoted + ": its /etc/passwd entry has a uid or gid that is not a "
+                                        "number below 65536");
+        return true;
+      }
+      out.uid = *uid;
+      out.gid = *gid;
+      out.name = std::string{u};
+      if (f.size() >= 6 && !f[5].empty() && f[5].front() == '/')
+        out.home = std::string{f[5]};
+      found = true;
+      return true;
+    });
+    if (bad_entry)
+      return *bad_entry;
+    if (!found)
+      return make_error(errc::invalid_argument,
+                        quoted + ": no user '" + std::string{u} + "' in the image's /etc/passwd");
+  }
+  if (!g.empty()) {
+    if (auto id = id_of(g)) {
+      out.gid = *id;
+    } else {
+      if (!files.group)
+        return make_error(errc::invalid_argument,
+                          quoted + " names a group, and the image has no /etc/group to look it "
+                                   "up in");
+      bool found = false;
+      for_each_entry(*files.group, [&](const std::vector<std::string_view>& f) {
+        if (f.size() < 3 || f[0] != g)
+          return false;
+        if (auto gid = id_of(f[2])) {
+          out.gid = *gid;
+          found = true;
+        }
+        return true;
+      });
+      if (!found)
+        return make_error(errc::invalid_argument,
+                          quoted + ": no group '" + std::string{g} +
+                            "' (with a gid below 65536) in the image's /etc/group");
+    }
+  }
+  // Supplementary groups: the primary one, then every group listing the name.
+  out.groups.push_back(out.gid);
+  if (!out.name.empty() && files.group)
+    for_each_entry(*files.group, [&](const std::vector<std::string_view>& f) {
+      if (f.size() < 4)
+        return false;
+      auto gid = id_of(f[2]);
+      if (!gid || std::find(out.groups.begin(), out.groups.end(), *gid) != out.groups.end())
+        return false;
+      std::string_view members = f[3];
+      size_t at = 0;
+      while (at <= members.size()) {
+        auto comma = members.find(',', at);
+        auto m = members.substr(at, comma == std::string_view::npos ? std::string_view::npos
+                                                                    : comma - at);
+        if (m == out.name) {
+          out.groups.push_back(*gid);
+          break;
+        }
+        if (comma == std::string_view::npos)
+          break;
+        at = comma + 1;
+      }
+      return out.groups.size() >= 256; // proto::max_groups: the rest are left out
+    });
+  return out;
+}
+
 std::vector<std::string> merge_env(std::vector<std::string> env,
                                    const std::vector<std::string>& over) {
   for (const auto& kv : over) {
@@ -193,11 +316,13 @@ command_defaults::of(std::string_view config_json,
   return d;
 }
 
-std::optional<std::string> read_image_passwd(int root_fd) {
+namespace {
+
+std::optional<std::string> read_image_file(int root_fd, const char* rel) {
   open_how how{};
   how.flags = O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK;
   how.resolve = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS;
-  unique_fd fd{static_cast<int>(::syscall(SYS_openat2, root_fd, "etc/passwd", &how, sizeof how))};
+  unique_fd fd{static_cast<int>(::syscall(SYS_openat2, root_fd, rel, &how, sizeof how))};
   struct stat st{};
   if (!fd || ::fstat(fd.get(), &st) < 0 || !S_ISREG(st.st_mode))
     return std::nullopt;
@@ -212,6 +337,16 @@ std::optional<std::string> read_image_passwd(int root_fd) {
     text.append(buf, static_cast<size_t>(n));
   }
   return text;
+}
+
+} // namespace
+
+std::optional<std::string> read_image_passwd(int root_fd) {
+  return read_image_file(root_fd, "etc/passwd");
+}
+
+user_files read_image_user_files(int root_fd) {
+  return {read_image_file(root_fd, "etc/passwd"), read_image_file(root_fd, "etc/group")};
 }
 
 } // namespace dsec

@@ -46,6 +46,28 @@ struct image_user {
 expected<image_user> resolve_image_user(std::string_view user,
                                         const std::optional<std::string>& passwd);
 
+/// An image's etc/passwd and etc/group, as texts (nullopt: it has none).
+struct user_files {
+  std::optional<std::string> passwd;
+  std::optional<std::string> group;
+};
+
+/// A command's user as a caller names it (`--user USER[:GROUP]`,
+/// exec_request.user), each part a name or a number below 65536. A user name
+/// is looked up in files.passwd: its uid, its primary gid (unless GROUP is
+/// given), its home; and its supplementary groups are the groups of
+/// files.group that list it as a member, as login(1) and docker give them
+/// (none for a number). A group name is looked up in files.group. Errors
+/// (invalid_argument) quote the spec and say what is missing.
+struct command_user {
+  uint32_t uid = 0;
+  uint32_t gid = 0;
+  std::string name;             ///< the passwd entry's name, if one was found
+  std::string home;             ///< its home directory, if it has one
+  std::vector<uint32_t> groups; ///< supplementary, the primary gid first
+};
+expected<command_user> resolve_command_user(std::string_view spec, const user_files& files);
+
 /// The environment `env` with each "K=V" of `over` added, replacing a K= that
 /// `env` has.
 std::vector<std::string> merge_env(std::vector<std::string> env,
@@ -78,5 +100,7 @@ struct command_defaults {
 /// symbolic link in the image cannot lead outside it; at most 1 MiB is read.
 /// nullopt when the image has none (or it is not a regular file).
 std::optional<std::string> read_image_passwd(int root_fd);
+/// etc/passwd and etc/group beneath `root_fd`, as read_image_passwd reads.
+user_files read_image_user_files(int root_fd);
 
 } // namespace dsec

@@ -136,6 +136,67 @@ TEST_CASE("command defaults without a config are dsec's; a bad User is kept as t
   CHECK_FALSE(command_defaults::of("{\"Env\": 5}", nullptr));
 }
 
+TEST_CASE("a command's user by name: ids, primary and supplementary groups, home; errors name "
+          "what is missing") {
+  user_files f;
+  f.passwd = "# comment\nroot:x:0:0:root:/root:/bin/sh\nuser:x:1000:1000:u:/home/user:/bin/sh\n"
+             "nohome:x:1001:1001::\nbroken:x:a:b:::\n";
+  f.group = "root:x:0:\nuser:x:1000:\ndev:x:2000:user,other\nops:x:3000:other,user\n"
+            "big:x:70000:user\nusers2:x:2000:user\n";
+  auto u = resolve_command_user("user", f);
+  REQUIRE_MESSAGE(u, u.error_value().message);
+  CHECK(u->uid == 1000);
+  CHECK(u->gid == 1000);
+  CHECK(u->name == "user");
+  CHECK(u->home == "/home/user");
+  // The primary group, then those listing it (70000 is no gid of a sandbox;
+  // 2000 twice counts once).
+  CHECK(u->groups == std::vector<uint32_t>{1000, 2000, 3000});
+  u = resolve_command_user("user:ops", f);
+  REQUIRE(u);
+  CHECK(u->gid == 3000);
+  CHECK(u->groups == std::vector<uint32_t>{3000, 2000});
+  u = resolve_command_user("user:42", f);
+  REQUIRE(u);
+  CHECK(u->gid == 42);
+  // A number: its entry's name, gid, home and groups if passwd has one.
+  u = resolve_command_user("1000", f);
+  REQUIRE(u);
+  CHECK(u->name == "user");
+  CHECK(u->groups == std::vector<uint32_t>{1000, 2000, 3000});
+  u = resolve_command_user("4321", f);
+  REQUIRE(u);
+  CHECK(u->uid == 4321);
+  CHECK(u->gid == 4321);
+  CHECK(u->name.empty());
+  CHECK(u->groups == std::vector<uint32_t>{4321});
+  u = resolve_command_user("nohome", f);
+  REQUIRE(u);
+  CHECK(u->home.empty());
+  u = resolve_command_user("4321:dev", f);
+  REQUIRE(u);
+  CHECK(u->gid == 2000);
+  for (auto [spec, says] : std::vector<std::pair<std::string, std::string>>{
+         {"nobody", "no user 'nobody'"},
+         {"user:nogroup", "no group 'nogroup'"},
+         {"broken", "not a number below 65536"},
+         {":dev", "expected USER[:GROUP]"},
+         {"user:", "expected USER[:GROUP]"}}) {
+    CAPTURE(spec);
+    auto e = resolve_command_user(spec, f);
+    REQUIRE_FALSE(e);
+    CHECK(e.error_value().code == errc::invalid_argument);
+    CHECK(e.error_value().message.find(says) != std::string::npos);
+  }
+  auto none = resolve_command_user("user", user_files{});
+  REQUIRE_FALSE(none);
+  CHECK(none.error_value().message.find("no /etc/passwd") != std::string::npos);
+  user_files only_passwd{f.passwd, std::nullopt};
+  auto g = resolve_command_user("user:dev", only_passwd);
+  REQUIRE_FALSE(g);
+  CHECK(g.error_value().message.find("no /etc/group") != std::string::npos);
+}
+
 TEST_CASE("merge_env: a later KEY= replaces the earlier one, order kept otherwise") {
   auto env = merge_env({"A=1", "B=2", "AB=3"}, {"A=9", "C=4"});
   CHECK(env == std::vector<std::string>{"B=2", "AB=3", "A=9", "C=4"});

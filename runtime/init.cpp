@@ -52,6 +52,7 @@ constexpr size_t max_message = proto::max_exec_message + 64;
 alignas(16) char buf[sizeof(proto::exec) + proto::max_exec_data + 64];
 char* argv_buf[max_strings];
 char* envp_buf[max_strings];
+gid_t groups_buf[proto::max_groups]; // the command's supplementary groups (exec.ngroups)
 running cmds[max_running];
 // The stack of the trusted helper's clone children (CLONE_VM, like vfork, but
 // CLONE_PARENT needs clone). Touched only in the helper.
@@ -176,7 +177,7 @@ struct vfork_result {
   if (::chdir(cwd) < 0)
     fail(proto::exec_stage::chdir);
   if (m.flags & proto::exec_set_ids) {
-    if (::setgroups(0, nullptr) < 0 || ::setresgid(m.gid, m.gid, m.gid) < 0
+    if (::setgroups(m.ngroups, groups_buf) < 0 || ::setresgid(m.gid, m.gid, m.gid) < 0
         || ::setresuid(m.uid, m.uid, m.uid) < 0)
       fail(proto::exec_stage::set_ids);
   }
@@ -253,7 +254,20 @@ bool parse_exec(size_t len, const int* fds, size_t nfds, proto::exec& m, const c
          && read_all(fds[nfds - 1], buf + sizeof m, m.data_len);
     data_len = m.data_len;
   }
-  ok = ok && m.data_len == data_len && data_len > 0 && data[data_len - 1] == '\0';
+  // The supplementary gids follow the strings (with exec_set_ids only).
+  size_t group_bytes = size_t{m.ngroups} * sizeof(uint32_t);
+  ok = ok && m.ngroups <= proto::max_groups
+       && (m.ngroups == 0 || (m.flags & proto::exec_set_ids) != 0) && m.data_len == data_len
+       && data_len > group_bytes;
+  if (ok) {
+    data_len -= group_bytes;
+    for (uint32_t i = 0; i < m.ngroups; ++i) {
+      uint32_t g;
+      std::memcpy(&g, data + data_len + i * sizeof g, sizeof g);
+      groups_buf[i] = static_cast<gid_t>(g);
+    }
+  }
+  ok = ok && data[data_len - 1] == '\0';
   // Split the strings: cwd, argv..., env...
   cwd = data;
   size_t nargv = 0, nenvp = 0;

@@ -169,8 +169,9 @@ constexpr uint32_t exec_pty = 8;
 constexpr uint32_t exec_data_fd = 16;
 
 /// Followed by `data_len` bytes: cwd NUL, argc args each NUL-terminated, then
-/// envc "K=V" strings each NUL-terminated. stdin, stdout, stderr attached
-/// (none with exec_pty).
+/// envc "K=V" strings each NUL-terminated, then (exec_set_ids) `ngroups`
+/// supplementary gids, 4 bytes each in host order. stdin, stdout, stderr
+/// attached (none with exec_pty).
 struct exec {
   header h{magic, type::exec};
   uint64_t id = 0;
@@ -182,8 +183,11 @@ struct exec {
   uint32_t data_len = 0;
   uint16_t rows = 0; ///< exec_pty: the terminal's window size
   uint16_t cols = 0;
-  uint32_t pad = 0;
+  uint32_t ngroups = 0; ///< supplementary gids after the strings (exec_set_ids)
 };
+
+/// Most supplementary groups of one command.
+constexpr uint32_t max_groups = 256;
 
 /// Largest exec message (header + strings). SEQPACKET messages must fit the
 /// socket buffer, so longer command lines go in a memfd (exec_data_fd).

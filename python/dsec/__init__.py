@@ -89,7 +89,7 @@ Size = Union[int, str]
 Seconds = Union[int, float]
 Command = Union[str, Sequence[str]]
 Env = Union[Mapping[str, str], Sequence[str]]
-User = Union[int, tuple[int, int]]
+User = Union[int, tuple[int, int], str]
 # A terminal for a command: True (24 rows, 80 columns) or (rows, cols).
 Pty = Union[bool, tuple[int, int]]
 OutputFn = Callable[[str, bytes], object]  # f(stream, chunk): stream "stdout" or "stderr"
@@ -275,7 +275,13 @@ def _request(cmd: object, timeout: object, env: object, cwd: object, user: objec
     if cwd is not None:
         req.cwd = _files.check_path(cwd, "cwd")
     if user is not None:
-        if isinstance(user, tuple) and len(user) == 2:
+        if isinstance(user, str):
+            # USER or USER:GROUP, names or numbers: the sandbox looks names up
+            # in its image.
+            if not user or user.count(":") > 1 or "\0" in user:
+                raise ValueError(f"user: expected 'NAME' or 'NAME:GROUP', got {user!r}")
+            req.user = user
+        elif isinstance(user, tuple) and len(user) == 2:
             req.uid = _int("user (uid)", user[0])
             req.gid = _int("user (gid)", user[1])
         else:
@@ -1288,8 +1294,11 @@ class Sandbox:
         then the command's process group is killed (result.timed_out). env:
         {NAME: VALUE} added to the defaults (dsec's, under an OCI base image's
         Env); cwd: the directory (default: the image's WorkingDir, else /);
-        user: a uid, or (uid, gid) (default: the image's User, else the
-        sandbox's root); input: bytes
+        user: a uid, (uid, gid), or a name, "name:group" (looked up in the
+        base image's /etc/passwd and /etc/group, never in what the agent wrote:
+        uid, gid, supplementary groups, HOME and USER; an unknown name raises
+        InvalidArgument) (default: the image's User, else the sandbox's
+        root); input: bytes
         (or str) for stdin; trusted: a grader in a Chronus sandbox (it talks
         to Chronus over its own channel, and dsec's `chronus` comes first in its
         PATH); pristine (with trusted): its root is the sandbox's layers without

@@ -37,6 +37,7 @@ class ExecRequest:
     cwd: str
     uid: int
     gid: int
+    user: str
     timeout_ms: int
     input: bytes
     max_output: int

@@ -667,6 +667,7 @@ void bind_values(py::module_& m) {
     .def_readwrite("cwd", &exec_request::cwd)
     .def_readwrite("uid", &exec_request::uid)
     .def_readwrite("gid", &exec_request::gid)
+    .def_readwrite("user", &exec_request::user)
     .def_readwrite("timeout_ms", &exec_request::timeout_ms)
     .def_property(
       "input", [](const exec_request& r) { return py::bytes(r.input); },

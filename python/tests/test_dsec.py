@@ -77,6 +77,12 @@ class Commands(Base):
             self.assertEqual(r.stdout.strip(), b"100000")
             r = sb.exec("id -u; id -g", user=1000)
             self.assertEqual(r.stdout, b"1000\n1000\n")
+            # By name: the image's passwd gives the ids, HOME and USER.
+            r = sb.exec("id -u; id -g; echo $HOME $USER", user="user")
+            self.assertEqual(r.stdout, b"1000\n1000\n/home/user user\n")
+            with self.assertRaises(dsec.InvalidArgument) as e:
+                sb.exec("true", user="nobody-here")
+            self.assertIn("nobody-here", str(e.exception))
             r = sb.exec("/opt/grader/grade.sh")
             self.assertEqual(r.stdout, b"graded\n")
             # The two sandboxes do not share files.

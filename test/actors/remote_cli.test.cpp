@@ -770,6 +770,27 @@ TEST_CASE("remote names and labels: run --name --label, ps shows and filters, a 
   d.finish();
 }
 
+TEST_CASE("remote exec -u NAME: looked up in the sandbox's image; unknown names give 126") {
+  daemon_proc d;
+  auto box = d.detached();
+  auto r = d.dsec({"exec", "-u", "user", box, "--", "sh", "-c", "id -u; id -G; echo $HOME $USER"});
+  CHECK_MESSAGE(r.status == 0, r.describe());
+  CHECK(r.out == "1000\n1000 2000\n/home/user user\n");
+  // What the agent writes is not where names come from.
+  r = d.dsec({"exec", box, "--", "sh", "-c", "echo 'fake:x:0:0::/:/bin/sh' >> /etc/passwd"});
+  CHECK_MESSAGE(r.status == 0, r.describe());
+  r = d.dsec({"exec", "-u", "fake", box, "--", "id", "-u"});
+  CHECK_MESSAGE(r.status == 126, r.describe());
+  CHECK_MESSAGE(contains(r.err, "no user 'fake'"), r.describe());
+  r = d.run({"-u", "user:dev"}, {"sh", "-c", "id -u; id -g"});
+  CHECK_MESSAGE(r.status == 0, r.describe());
+  CHECK(r.out == "1000\n2000\n");
+  r = d.dsec({"rm", box});
+  CHECK_MESSAGE(r.status == 0, r.describe());
+  check_serving(d);
+  d.finish();
+}
+
 // ---- detached commands' output and ends (issue 23) ------------------------------
 
 namespace {

@@ -71,7 +71,8 @@ TEST_CASE("run: malformed options are usage errors (status 2)") {
   expect_failure(run_args({"--pids", "0"}), 2, "--pids");
   expect_failure(run_args({"--cpus", "-1"}), 2, "--cpus");
   expect_failure(run_args({"--timeout", "soon"}), 2, "'soon'");
-  expect_failure(run_args({"--user", "root"}), 2, "'root'");
+  expect_failure(run_args({"--user", "no user"}), 2, "'no user'"); // not a name: a space
+  expect_failure(run_args({"--user", "a:b:c"}), 2, "'a:b:c'");
   expect_failure(run_args({"--cwd", "relative"}), 2, "'relative'");
   expect_failure(run_args({"--env", "=NOKEY"}), 2, "'=NOKEY'");
   expect_failure(run_args({"--frobnicate"}), 2, "'--frobnicate'");

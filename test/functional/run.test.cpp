@@ -185,6 +185,29 @@ TEST_CASE("--env, --cwd, --user and --hostname shape the command") {
     r = s.run({}, {"probe", "uid"});
     CHECK(r.out == "uid=0 euid=0 gid=0 egid=0\n");
   }
+  SUBCASE("--user by name: the image's passwd and group give ids, groups, HOME and USER") {
+    auto r = s.run({"--user", "user"}, {"sh", "-c", "probe uid; id -G; echo $HOME $USER"});
+    REQUIRE_MESSAGE(r.status == 0, r.describe());
+    CHECK(r.out == "uid=1000 euid=1000 gid=1000 egid=1000\n1000 2000\n/home/user user\n");
+    r = s.run({"--user", "user:dev", "--env", "HOME=/elsewhere"},
+              {"sh", "-c", "probe uid; id -G; echo $HOME"});
+    REQUIRE_MESSAGE(r.status == 0, r.describe());
+    CHECK(r.out == "uid=1000 euid=1000 gid=2000 egid=2000\n2000\n/elsewhere\n");
+    r = s.run({"--user", "1000:dev"}, {"sh", "-c", "probe uid; echo $USER"});
+    CHECK(r.out == "uid=1000 euid=1000 gid=2000 egid=2000\nuser\n");
+    // A number keeps its groups empty (setgroups to none), as before.
+    r = s.run({"--user", "1000"}, {"id", "-G"});
+    CHECK(r.out == "1000\n");
+    for (std::string bad : {"nobody-here", "user:nogroup"}) {
+      r = s.run({"--user", bad}, {"true"});
+      CHECK_MESSAGE(r.status == 126, r.describe());
+      CHECK_MESSAGE(r.err.find(bad.substr(bad.find(':') + 1)) != std::string::npos, r.describe());
+    }
+    r = s.run({"--user", "a:b:c"}, {"true"});
+    CHECK_MESSAGE(r.status == 2, r.describe());
+    r = s.run({"--user", "bad name"}, {"true"});
+    CHECK_MESSAGE(r.status == 2, r.describe());
+  }
   SUBCASE("--hostname sets the hostname; by default it is the sandbox's own") {
     auto r = s.run({"--hostname", "box-1"}, {"probe", "hostname"});
     CHECK(r.status == 0);

@@ -176,7 +176,7 @@ void suite::build_layers() {
   write_file(base + "/etc/base-only", "base only\n");
   write_file(base + "/etc/passwd",
              "root:x:0:0:root:/root:/bin/sh\nuser:x:1000:1000:user:/home/user:/bin/sh\n");
-  write_file(base + "/etc/group", "root:x:0:\nuser:x:1000:\n");
+  write_file(base + "/etc/group", "root:x:0:\nuser:x:1000:\ndev:x:2000:user,other\n");
   fs::create_directories(base + "/root");
   fs::create_directories(base + "/home/user");
   REQUIRE(::chown((base + "/home/user").c_str(), 1000, 1000) == 0);

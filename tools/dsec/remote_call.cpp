@@ -32,7 +32,7 @@ Layers (in the daemon's store):
 Limits and command (as `run`; see `run --help`):
   --net, --network MODE, --allow RULE, --deny RULE, --memory SIZE, --pids N,
   --cpus N, --disk SIZE
-  -i, --stdin, --env KEY=VALUE, --cwd DIR, --user UID[:GID], --timeout DUR
+  -i, --stdin, --env KEY=VALUE, --cwd DIR, --user USER[:GROUP], --timeout DUR
   -h, --help               this text
 
 A pool's sandboxes match a call with the same layers, limits and --net: set

@@ -206,6 +206,7 @@ exec_request make_request(const command_spec& cs, std::vector<std::string> argv)
     req.uid = static_cast<int32_t>(*cs.uid);
   if (cs.gid)
     req.gid = static_cast<int32_t>(*cs.gid);
+  req.user = cs.user; // a name: the sandbox looks it up in its image
   if (cs.timeout)
     req.timeout_ms = static_cast<uint64_t>(cs.timeout->count());
   return req;
@@ -318,6 +319,63 @@ expected<std::string> resolve_sandbox(client& c, const std::string& name) {
   return make_error(errc::invalid_argument, "the name '" + name + "' is taken in " +
                                               std::to_string(named.size()) +
                                               " sessions: " + ids + "; use the id");
+}
+
+int take_one_sandbox(args& a, std::string_view verb, const char* usage, std::string_view name,
+                     const one_sandbox_args& o, std::string& id) {
+  while (!a.empty()) {
+    if (a.help()) {
+      std::fputs(usage, stdout);
+      return 0;
+    }
+    bool taken = false;
+    for (const auto& [flag, into] : o.flags)
+      if (!taken && a.flag(flag))
+        taken = *into = true;
+    for (const auto& [option, into] : o.options) {
+      if (taken)
+        break;
+      auto got = a.option(option, *into);
+      if (!got)
+        return usage_error(verb, got.error_value().message);
+      taken = *got;
+    }
+    if (taken)
+      continue;
+    if (a.at_option())
+      return usage_error(verb, "unknown option '" + std::string{a.peek()} + "'");
+    if (!id.empty())
+      return usage_error(verb, "one sandbox at a time (dsec " + std::string{name} + " ID)");
+    id = std::string{a.next()};
+  }
+  if (id.empty())
+    return usage_error(verb, "no sandbox id given (dsec --connect HOST:PORT " + std::string{name} +
+                               " ID)");
+  return -1;
+}
+
+bool parse_exec_option(std::string_view verb, const std::string& text, uint64_t& out, int& rc) {
+  out = 0;
+  if (text.empty() || (parse_uint(text, UINT64_MAX, out) && out != 0))
+    return true;
+  rc = usage_error(verb, "--exec: expected a command's exec id (a number from `dsec inspect"
+                         " ID`), got '" + text + "'");
+  return false;
+}
+
+client* connect_to_sandbox(context& ctx, std::string& id) {
+  auto c = ctx.connect();
+  if (!c) {
+    fail(c.error_value());
+    return nullptr;
+  }
+  auto named = resolve_sandbox(**c, id);
+  if (!named) {
+    fail(named.error_value());
+    return nullptr;
+  }
+  id = *named;
+  return *c;
 }
 
 int for_each_sandbox(client& c, const std::vector<std::string>& ids,

@@ -25,6 +25,8 @@ class client;
 
 namespace dsec::cli::remote {
 
+class context; // tools/dsec/remote.hpp
+
 /// Writes all of `data` to `fd`; false (errno set) if it cannot, e.g. EPIPE
 /// when the reader left (SIGPIPE is ignored).
 bool write_all(int fd, std::string_view data);
@@ -70,6 +72,27 @@ void fill_labels(client& c, std::vector<sandbox_info>& v);
 /// none has it (naming the nodes that did not answer, if some did not);
 /// invalid_argument when several have it (one per session: their ids).
 expected<std::string> resolve_sandbox(client& c, const std::string& name);
+
+/// The arguments of a verb on one sandbox (logs, wait, kill): `ID` and the
+/// given options, each `--name VALUE` (or `=VALUE`) into its string or a flag
+/// into its bool, in any order. -1 once they are all taken and ID is there;
+/// else the status to exit with (0 after --help, 2 after a usage error).
+struct one_sandbox_args {
+  std::vector<std::pair<const char*, std::string*>> options;
+  std::vector<std::pair<const char*, bool*>> flags;
+};
+int take_one_sandbox(args& a, std::string_view verb, const char* usage, std::string_view name,
+                     const one_sandbox_args& o, std::string& id);
+
+/// The verbs of detached commands (logs, wait, kill): `--exec N`, a command's
+/// exec id (`dsec inspect ID` lists them), from `text` into `out` (0 when
+/// `text` is empty); false after a usage error was printed (`rc` has the
+/// status).
+bool parse_exec_option(std::string_view verb, const std::string& text, uint64_t& out, int& rc);
+
+/// Connects and turns `id` (an id or a name) into the sandbox's id, in place;
+/// nullptr after the error was printed.
+client* connect_to_sandbox(context& ctx, std::string& id);
 
 /// Runs `act` on the sandbox each of `ids` names (ids or names, resolve_sandbox),
 /// in order; an id that cannot be resolved, or an `act` that fails, is reported

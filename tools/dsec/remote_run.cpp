@@ -96,9 +96,11 @@ Environment of the command:
                            blank lines skipped)
   -w, --cwd DIR            working directory inside the sandbox (default: an OCI
                            image's WorkingDir, else /)
-  -u, --user UID[:GID]     run as this uid/gid of the sandbox (default: an OCI
+  -u, --user USER[:GROUP]  run as this user of the sandbox (default: an OCI
                            image's User, else 0, the sandbox's root, which has no
-                           privileges on the host)
+                           privileges on the host): numbers, or names looked up
+                           in the base's /etc/passwd and /etc/group (uid, gid,
+                           supplementary groups, HOME, USER; see `exec --help`)
 
 Isolation and limits:
   --net                    a private network namespace with a working loopback;

@@ -2,6 +2,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -58,8 +59,11 @@ Environment of the command:
   --env-file FILE          variables from FILE, a KEY[=VALUE] a line (# and
                            blank lines skipped)
   -w, --cwd DIR            working directory inside the sandbox (default /)
-  -u, --user UID[:GID]     run as this uid/gid of the sandbox (default 0, the
-                           sandbox's root, which has no privileges on the host)
+  -u, --user USER[:GROUP]  run as this user of the sandbox (default 0, the
+                           sandbox's root, which has no privileges on the host):
+                           numbers (UID[:GID]), or names looked up in the base's
+                           /etc/passwd and /etc/group, which give the uid, gid,
+                           supplementary groups, HOME and USER
   --hostname NAME          the sandbox's hostname (default: its id)
   -t, --tty                CMD on a terminal of the sandbox (a pty: its
                            controlling terminal, stdin, stdout and stderr, one
@@ -300,6 +304,41 @@ std::optional<int> apply_image_config(const layer_info& base,
   return std::nullopt;
 }
 
+// --user USER[:GROUP] with a name: looked up in the base's etc/passwd and
+// etc/group (each from the first of its lowers, topmost first, that has it),
+// as a daemon's sandbox does (actors/sandbox.cpp): uid, gid, supplementary
+// groups, and HOME and USER unless --env sets them.
+std::optional<int> apply_user_name(const std::vector<std::string>& blobs, run_args& r) {
+  user_files files;
+  for (const auto& b : blobs) {
+    auto m = layer_mount::open(b, -1);
+    if (!m)
+      break;
+    auto f = read_image_user_files(m->dir_fd());
+    if (!files.passwd)
+      files.passwd = std::move(f.passwd);
+    if (!files.group)
+      files.group = std::move(f.group);
+  }
+  auto u = resolve_command_user(r.cs.user, files);
+  if (!u) {
+    std::fprintf(stderr, "dsec: run: %s\n", u.error_value().message.c_str());
+    return 126;
+  }
+  r.cmd.uid = u->uid;
+  r.cmd.gid = u->gid;
+  r.cmd.groups = std::move(u->groups);
+  auto given = [&](std::string_view k) {
+    return std::any_of(r.cs.env.begin(), r.cs.env.end(),
+                       [&](const std::string& kv) { return kv.rfind(k, 0) == 0; });
+  };
+  if (!given("HOME="))
+    r.cmd.env = merge_env(std::move(r.cmd.env), {"HOME=" + (u->home.empty() ? "/" : u->home)});
+  if (!u->name.empty() && !given("USER="))
+    r.cmd.env = merge_env(std::move(r.cmd.env), {"USER=" + u->name});
+  return std::nullopt;
+}
+
 void print_timings(const container& c, double total_ms) {
   std::fprintf(stderr, "dsec: sandbox %s created in %.3f ms:\n", c.id().c_str(), total_ms);
   bool child = false;
@@ -358,6 +397,10 @@ int run_main(const global_options& g, args& a) {
   // The base's image config (an OCI image's) gives the command's defaults.
   if (auto rc = apply_image_config(leases->back().info(), leases->back().blob_paths(), r))
     return *rc;
+  if (!r.cs.user.empty()) { // --user by name: the base image's /etc/passwd and /etc/group
+    if (auto rc = apply_user_name(leases->back().blob_paths(), r))
+      return *rc;
+  }
   if (r.cmd.argv.empty())
     return usage_error("run", "no command given (dsec run [OPTIONS] -- CMD [ARGS...]), and the "
                               "base names none (no Entrypoint or Cmd)");

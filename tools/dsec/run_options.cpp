@@ -234,11 +234,36 @@ parsed parse_command_option(args& a, std::string_view verb, command_spec& c) {
     };
     uint32_t uid = 0, gid = 0;
     std::string_view sv{v};
-    if (!num(sv.substr(0, colon), uid)
-        || (colon != std::string::npos && !num(sv.substr(colon + 1), gid)))
-      return bad(verb, "--user: expected UID[:GID] with numbers below 65536, got '" + v + "'");
-    c.uid = uid;
-    c.gid = colon == std::string::npos ? uid : gid;
+    if (num(sv.substr(0, colon), uid)
+        && (colon == std::string::npos || num(sv.substr(colon + 1), gid))) {
+      c.uid = uid;
+      c.gid = colon == std::string::npos ? uid : gid;
+      c.user.clear();
+      c.user_given = true;
+      return parsed::yes;
+    }
+    // A name (user or group): the sandbox looks it up in its image. Names as
+    // useradd takes them: letters, digits, '.', '_', '-' (and a final '$').
+    auto name_ok = [](std::string_view n) {
+      if (n.empty() || n.size() > 32 || n.front() == '-')
+        return false;
+      for (size_t k = 0; k < n.size(); ++k) {
+        char ch = n[k];
+        bool plain = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9')
+                     || ch == '.' || ch == '_' || ch == '-';
+        if (!plain && !(ch == '$' && k + 1 == n.size()))
+          return false;
+      }
+      return true;
+    };
+    auto u = sv.substr(0, colon);
+    auto g = colon == std::string::npos ? std::string_view{} : sv.substr(colon + 1);
+    if (!name_ok(u) || (colon != std::string::npos && !name_ok(g)) || g.find(':') != g.npos)
+      return bad(verb, "--user: expected USER[:GROUP], each a name of the image's /etc/passwd "
+                       "(/etc/group) or a number below 65536, got '" + v + "'");
+    c.user = v;
+    c.uid.reset();
+    c.gid.reset();
     c.user_given = true;
     return parsed::yes;
   }
