@@ -53,54 +53,26 @@ int parse_signal(const std::string& s) {
 int kill_main(context& ctx, args& a) {
   auto verb = ctx.verb("kill");
   std::string id, exec_text, sig_text;
-  while (!a.empty()) {
-    if (a.help()) {
-      std::fputs(kill_usage, stdout);
-      return 0;
-    }
-    if (a.peek() == "-s") {
-      a.next();
-      if (a.empty())
-        return usage_error(verb, "-s needs a signal (TERM, KILL, 15, ...)");
-      sig_text = std::string{a.next()};
-      continue;
-    }
-    bool taken = false;
-    for (auto [name, into] : {std::pair{"--signal", &sig_text}, std::pair{"--exec", &exec_text}}) {
-      auto got = a.option(name, *into);
-      if (!got)
-        return usage_error(verb, got.error_value().message);
-      taken = taken || *got;
-    }
-    if (taken)
-      continue;
-    if (a.at_option())
-      return usage_error(verb, "unknown option '" + std::string{a.peek()} + "'");
-    if (!id.empty())
-      return usage_error(verb, "one sandbox at a time (dsec kill ID)");
-    id = std::string{a.next()};
-  }
-  if (id.empty())
-    return usage_error(verb, "no sandbox id given (dsec --connect HOST:PORT kill ID)");
+  if (int rc = take_one_sandbox(a, verb, kill_usage, "kill",
+                               {{{"-s", &sig_text}, {"--signal", &sig_text}, {"--exec", &exec_text}},
+                                {}},
+                               id);
+      rc >= 0)
+    return rc;
   int sig = SIGKILL;
   if (!sig_text.empty() && (sig = parse_signal(sig_text)) == 0)
     return usage_error(verb, "-s: no signal '" + sig_text + "' (a name as TERM or SIGTERM, or a "
                              "number from 1 to " + std::to_string(NSIG - 1) + ")");
   uint64_t exec = 0;
-  if (!exec_text.empty() && (!parse_uint(exec_text, UINT64_MAX, exec) || exec == 0))
-    return usage_error(verb, "--exec: expected a command's exec id (a number from `dsec inspect"
-                             " ID`), got '" + exec_text + "'");
-  auto c = ctx.connect();
+  if (int rc = 0; !parse_exec_option(verb, exec_text, exec, rc))
+    return rc;
+  auto* c = connect_to_sandbox(ctx, id);
   if (!c)
-    return fail(c.error_value());
-  auto named = resolve_sandbox(**c, id);
-  if (!named)
-    return fail(named.error_value());
-  id = *named;
+    return 1;
   logs_request q;
   q.output = false;
   q.exec = exec;
-  auto r = (*c)->logs(id, q);
+  auto r = c->logs(id, q);
   if (!r)
     return fail(r.error_value());
   unsigned hit = 0;
@@ -108,7 +80,7 @@ int kill_main(context& ctx, args& a) {
   for (const auto& x : r->commands) {
     if (!x.running)
       continue;
-    auto s = (*c)->signal(id, x.exec, sig);
+    auto s = c->signal(id, x.exec, sig);
     if (s)
       ++hit;
     else if (s.error_value().code != errc::not_found) // it ended meanwhile: not an error

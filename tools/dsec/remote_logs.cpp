@@ -87,48 +87,23 @@ int logs_main(context& ctx, args& a) {
   auto verb = ctx.verb("logs");
   std::string id, tail_text, exec_text;
   bool follow = false;
-  while (!a.empty()) {
-    if (a.help()) {
-      std::fputs(logs_usage, stdout);
-      return 0;
-    }
-    if (a.flag("-f") || a.flag("--follow")) {
-      follow = true;
-      continue;
-    }
-    bool taken = false;
-    for (auto [name, into] : {std::pair{"--tail", &tail_text}, std::pair{"--exec", &exec_text}}) {
-      auto got = a.option(name, *into);
-      if (!got)
-        return usage_error(verb, got.error_value().message);
-      taken = taken || *got;
-    }
-    if (taken)
-      continue;
-    if (a.at_option())
-      return usage_error(verb, "unknown option '" + std::string{a.peek()} + "'");
-    if (!id.empty())
-      return usage_error(verb, "one sandbox at a time (dsec logs ID)");
-    id = std::string{a.next()};
-  }
-  if (id.empty())
-    return usage_error(verb, "no sandbox id given (dsec --connect HOST:PORT logs ID)");
+  if (int rc = take_one_sandbox(a, verb, logs_usage, "logs",
+                               {{{"--tail", &tail_text}, {"--exec", &exec_text}},
+                                {{"-f", &follow}, {"--follow", &follow}}},
+                               id);
+      rc >= 0)
+    return rc;
   uint64_t tail = 0, exec = 0;
   if (!tail_text.empty() && !parse_uint(tail_text, UINT32_MAX, tail))
     return usage_error(verb, "--tail: expected a number of lines, got '" + tail_text + "'");
-  if (!exec_text.empty() && (!parse_uint(exec_text, UINT64_MAX, exec) || exec == 0))
-    return usage_error(verb, "--exec: expected a command's exec id (a number from `dsec inspect"
-                             " ID`), got '" + exec_text + "'");
-  auto c = ctx.connect();
+  if (int rc = 0; !parse_exec_option(verb, exec_text, exec, rc))
+    return rc;
+  auto* c = connect_to_sandbox(ctx, id);
   if (!c)
-    return fail(c.error_value());
-  auto named = resolve_sandbox(**c, id);
-  if (!named)
-    return fail(named.error_value());
-  id = *named;
+    return 1;
   logs_request q;
   q.exec = exec;
-  auto r = (*c)->logs(id, q);
+  auto r = c->logs(id, q);
   if (!r)
     return fail(r.error_value());
   tell_dropped(r->dropped, true);
@@ -138,7 +113,7 @@ int logs_main(context& ctx, args& a) {
   while (follow && r->live) {
     q.since = r->next;
     q.wait = true;
-    r = (*c)->logs(id, q);
+    r = c->logs(id, q);
     if (!r)
       return fail(r.error_value());
     tell_dropped(r->dropped, false);

@@ -34,39 +34,19 @@ cannot be reached; 2 on a usage error.
 int wait_main(context& ctx, args& a) {
   auto verb = ctx.verb("wait");
   std::string id, exec_text;
-  while (!a.empty()) {
-    if (a.help()) {
-      std::fputs(wait_usage, stdout);
-      return 0;
-    }
-    auto got = a.option("--exec", exec_text);
-    if (!got)
-      return usage_error(verb, got.error_value().message);
-    if (*got)
-      continue;
-    if (a.at_option())
-      return usage_error(verb, "unknown option '" + std::string{a.peek()} + "'");
-    if (!id.empty())
-      return usage_error(verb, "one sandbox at a time (dsec wait ID)");
-    id = std::string{a.next()};
-  }
-  if (id.empty())
-    return usage_error(verb, "no sandbox id given (dsec --connect HOST:PORT wait ID)");
+  if (int rc = take_one_sandbox(a, verb, wait_usage, "wait", {{{"--exec", &exec_text}}, {}}, id);
+      rc >= 0)
+    return rc;
   uint64_t exec = 0;
-  if (!exec_text.empty() && (!parse_uint(exec_text, UINT64_MAX, exec) || exec == 0))
-    return usage_error(verb, "--exec: expected a command's exec id (a number from `dsec inspect"
-                             " ID`), got '" + exec_text + "'");
-  auto c = ctx.connect();
+  if (int rc = 0; !parse_exec_option(verb, exec_text, exec, rc))
+    return rc;
+  auto* c = connect_to_sandbox(ctx, id);
   if (!c)
-    return fail(c.error_value());
-  auto named = resolve_sandbox(**c, id);
-  if (!named)
-    return fail(named.error_value());
-  id = *named;
+    return 1;
   logs_request q;
   q.output = false;
   q.exec = exec;
-  auto r = (*c)->logs(id, q);
+  auto r = c->logs(id, q);
   if (!r)
     return fail(r.error_value());
   if (r->commands.empty())
@@ -83,7 +63,7 @@ int wait_main(context& ctx, args& a) {
     if (!r->live) // answered as the sandbox went
       return fail(make_error(errc::closed, "sandbox " + id + " ended while command " +
                                              std::to_string(q.exec) + " ran"));
-    r = (*c)->logs(id, q);
+    r = c->logs(id, q);
     if (!r)
       return fail(r.error_value());
   }
