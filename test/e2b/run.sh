@@ -37,8 +37,9 @@ for lib in $(ldd /bin/bash | grep -o '/[^ ]*'); do
   mkdir -p "$root$(dirname "$lib")"
   cp -L "$lib" "$root$lib"
 done
-echo "root:x:0:0:root:/root:/bin/bash" > "$root/etc/passwd"
-echo "root:x:0:" > "$root/etc/group"
+# root, and a user as E2B's images have one (in a second group too).
+printf 'root:x:0:0:root:/root:/bin/bash\nuser:x:1000:1000:user:/home/user:/bin/bash\n' > "$root/etc/passwd"
+printf 'root:x:0:\nuser:x:1000:\ndev:x:2000:user\n' > "$root/etc/group"
 state="$tmp/state"
 "$DSEC_BIN" --state "$state" layer build --kind base e2bbase@1 "$root" >/dev/null
 

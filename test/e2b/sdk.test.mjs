@@ -293,8 +293,12 @@ test('envdVersion 0.5.7 and the SDK paths it selects', async () => {
   assert.equal(r.json.envdVersion, '0.5.7')
   const sbx = await Sandbox.connect(r.json.sandboxID)
   try {
-    // >= 0.4.0: no default user; a user given is accepted (commands run as the sandbox's root)
+    // >= 0.4.0: no default user; root is the sandbox's root, another user is
+    // looked up in the image: uid, groups, HOME and USER
     assert.equal((await sbx.commands.run('id -u', { user: 'root' })).stdout, '0\n')
+    assert.equal((await sbx.commands.run('id -u; id -G; echo $HOME $USER', { user: 'user' })).stdout,
+      '1000\n1000 2000\n/home/user user\n')
+    await assert.rejects(sbx.commands.run('true', { user: 'nobody-here' }), /nobody-here/)
     // >= 0.3.0: the stdin flag may be sent
     assert.equal((await sbx.commands.run('echo x', { stdin: false })).stdout, 'x\n')
     // >= 0.5.2: closeStdin is a CloseStdin call
@@ -442,6 +446,78 @@ test('watchDir: events in order, recursive or not, stop ends the watcher, errors
     await assert.rejects(sbx.files.watchDir('/no/such', () => {}), (e) => /not found/.test(e.message))
     await sbx.files.write('/work/file', '1')
     await assert.rejects(sbx.files.watchDir('/work/file', () => {}), (e) => /not a directory/.test(e.message))
+  } finally {
+    await sbx.kill()
+  }
+})
+
+test('CreateWatcher, GetWatcherEvents, RemoveWatcher: the watch E2B\'s Python SDK polls (raw Connect JSON)', async () => {
+  // The JS SDK only streams (WatchDir); the Python SDK polls with these three.
+  const r = await rest('POST', '/v2/sandboxes', { templateID: 'base' })
+  assert.equal(r.status, 201)
+  const id = r.json.sandboxID
+  const sbx = await Sandbox.connect(id)
+  const call = async (method, body) => {
+    const res = await fetch(`${api}/filesystem.Filesystem/${method}`, {
+      method: 'POST',
+      headers: { 'E2b-Sandbox-Id': id, 'X-Access-Token': r.json.envdAccessToken, 'Content-Type': 'application/json' },
+      body: JSON.stringify(body),
+    })
+    return { status: res.status, json: await res.json() }
+  }
+  const pause = () => new Promise((r) => setTimeout(r, 50))
+  const watchers = async () => (await sbx.commands.run(
+    "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline; echo; done")).stdout
+    .split('\n').filter((l) => l.includes('/.dsec/libexec/watch'))
+  try {
+    await sbx.files.makeDir('/work/p')
+    const c = await call('CreateWatcher', { path: '/work/p', recursive: true })
+    assert.equal(c.status, 200, JSON.stringify(c.json))
+    const wid = c.json.watcherId
+    assert.equal(typeof wid, 'string')
+    await sbx.commands.run('mkdir /work/p/d && echo x > /work/p/d/f && rm /work/p/d/f')
+    const seen = []
+    // Polled with a generous cap (a safety net, never a measure).
+    for (let i = 0; i < 2400 && !seen.includes('EVENT_TYPE_REMOVE d/f'); i++) {
+      const e = await call('GetWatcherEvents', { watcherId: wid })
+      assert.equal(e.status, 200, JSON.stringify(e.json))
+      seen.push(...e.json.events.map((x) => `${x.type} ${x.name}`))
+      await pause()
+    }
+    let at = -1
+    for (const want of ['EVENT_TYPE_CREATE d', 'EVENT_TYPE_CREATE d/f', 'EVENT_TYPE_WRITE d/f', 'EVENT_TYPE_REMOVE d/f']) {
+      const i = seen.indexOf(want, at + 1)
+      assert.ok(i > at, `${want} missing or out of order in ${JSON.stringify(seen)}`)
+      at = i
+    }
+    // What was taken is not given again (the proto name of the field works too).
+    const again = await call('GetWatcherEvents', { watcher_id: wid })
+    assert.deepEqual(again.json.events, [])
+    // RemoveWatcher ends the watcher in the sandbox; its id is unknown after.
+    assert.equal((await call('RemoveWatcher', { watcherId: wid })).status, 200)
+    for (let i = 0; i < 2400 && (await watchers()).length > 0; i++) await pause()
+    assert.equal((await watchers()).length, 0)
+    const gone = await call('GetWatcherEvents', { watcherId: wid })
+    assert.equal(gone.json.code, 'not_found')
+    assert.equal((await call('RemoveWatcher', { watcherId: wid })).json.code, 'not_found')
+    // Errors come from CreateWatcher itself.
+    const missing = await call('CreateWatcher', { path: '/no/such' })
+    assert.equal(missing.json.code, 'not_found')
+    assert.match(missing.json.message, /not found/)
+    await sbx.files.write('/work/file', '1')
+    assert.equal((await call('CreateWatcher', { path: '/work/file' })).json.code, 'invalid_argument')
+    // The directory going away: its last events, then the watcher's end.
+    const c2 = await call('CreateWatcher', { path: '/work/p' })
+    assert.equal(c2.status, 200)
+    await sbx.commands.run('rm -r /work/p')
+    let end = null
+    for (let i = 0; i < 2400 && end === null; i++) {
+      const e = await call('GetWatcherEvents', { watcherId: c2.json.watcherId })
+      if (e.status !== 200) end = e.json
+      else await pause()
+    }
+    assert.equal(end.code, 'not_found')
+    assert.match(end.message, /went away/)
   } finally {
     await sbx.kill()
   }

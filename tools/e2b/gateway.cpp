@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <deque>
 #include <fstream>
 #include <mutex>
 #include <random>
@@ -111,6 +112,19 @@ std::optional<std::string> unbase64(std::string_view in) {
   if (bits >= 6) // a lone sixth character encodes nothing
     return std::nullopt;
   return out;
+}
+
+// The user of an envd request, from its `Authorization: Basic base64(USER:)`
+// header (the E2B SDK's `user` option); empty without one, or if it does not
+// parse.
+std::string user_of(const std::string& authorization) {
+  constexpr std::string_view basic = "Basic ";
+  if (authorization.rfind(basic, 0) != 0)
+    return {};
+  auto d = unbase64(std::string_view{authorization}.substr(basic.size()));
+  if (!d)
+    return {};
+  return d->substr(0, d->find(':'));
 }
 
 std::string envelope(uint8_t flags, const json& j) {
@@ -464,6 +478,20 @@ struct process {
   std::shared_ptr<dsec::process> handle;
 };
 
+// A watcher of CreateWatcher (WatchDir without a stream, as E2B's Python SDK
+// uses it): its events wait here for GetWatcherEvents, at most
+// max_polled_events (the oldest go first).
+constexpr size_t max_polled_events = 10000;
+constexpr size_t max_polled_watchers = 64; // a sandbox's
+struct polled_watch {
+  std::mutex mu;
+  std::string pending, err;
+  bool started = false, ended = false;
+  std::pair<std::string, std::string> end; // its end as a Connect error (code empty: none)
+  std::deque<json> events;
+  std::shared_ptr<dsec::process> handle;
+};
+
 struct sandbox {
   std::string id;
   std::string key;
@@ -479,6 +507,9 @@ struct sandbox {
   uint64_t paused_at_ms = 0;
   uint32_t next_pid = 1;
   std::map<uint32_t, std::shared_ptr<process>> procs;
+  // CreateWatcher's watchers, by id, until RemoveWatcher (or the sandbox's end).
+  std::map<std::string, std::shared_ptr<polled_watch>> watchers;
+  uint64_t next_watcher = 1;
 };
 
 struct gateway::impl {
@@ -567,6 +598,9 @@ struct gateway::impl {
   void fs(std::shared_ptr<sandbox> s, const std::string& method, const json& body,
           std::shared_ptr<responder> r);
   void watch_dir(std::shared_ptr<sandbox> s, http_request& req, std::shared_ptr<responder> r);
+  void create_watcher(std::shared_ptr<sandbox> s, const json& body, std::shared_ptr<responder> r);
+  void watcher_call(std::shared_ptr<sandbox> s, const std::string& method, const json& body,
+                    std::shared_ptr<responder> r);
   void get_file(std::shared_ptr<sandbox> s, http_request& req, std::shared_ptr<responder> r);
   void put_files(std::shared_ptr<sandbox> s, http_request& req, std::shared_ptr<responder> r);
 
@@ -1026,6 +1060,11 @@ void gateway::impl::envd(http_request& req, std::shared_ptr<responder> r) {
   } catch (const std::exception&) {
     return connect_error(*r, "invalid_argument", "the request body is not a JSON object");
   }
+  if (service == "/filesystem.Filesystem" && method == "CreateWatcher")
+    return create_watcher(s, body, r);
+  if (service == "/filesystem.Filesystem" &&
+      (method == "GetWatcherEvents" || method == "RemoveWatcher"))
+    return watcher_call(s, method, body, r);
   if (service == "/filesystem.Filesystem")
     return fs(s, method, body, r);
   if (method == "List") {
@@ -1152,6 +1191,10 @@ void gateway::impl::start(std::shared_ptr<sandbox> s, http_request& req,
   }
   if (auto t = req.header("connect-timeout-ms"); !t.empty())
     x.timeout_ms = std::strtoull(t.c_str(), nullptr, 10);
+  // The user the SDK names (`user:` option: Authorization: Basic base64(USER:)):
+  // the sandbox looks it up in its image (root: its root, as without one).
+  if (auto u = user_of(req.header("authorization")); !u.empty() && u != "root")
+    x.user = u;
   // stdin: true keeps the command's stdin open for SendInput and CloseStdin;
   // else it is closed (empty), as envd does.
   x.handle = true;
@@ -1284,6 +1327,76 @@ const char* event_type_of(std::string_view t) {
   if (t == "chmod") return "EVENT_TYPE_CHMOD";
   return nullptr;
 }
+
+// dsec-watch's NUL-ended records in `pending` + `data`, each to `each` (a
+// record cut short waits in `pending` for the rest).
+template <class F>
+void take_records(std::string& pending, std::string_view data, F&& each) {
+  pending.append(data);
+  size_t at = 0;
+  for (size_t nul; (nul = pending.find('\0', at)) != std::string::npos; at = nul + 1)
+    each(std::string_view{pending.data() + at, nul - at});
+  pending.erase(0, at);
+  if (pending.size() > 65536) // no record is that long
+    pending.clear();
+}
+
+// A record as envd's FilesystemEvent ({name, type}); nullopt for "ready",
+// "overflow" (envd has no event for it) or anything that is not dsec-watch's.
+std::optional<json> event_of(std::string_view rec) {
+  auto sp = rec.find(' ');
+  const char* type = sp != std::string_view::npos ? event_type_of(rec.substr(0, sp)) : nullptr;
+  if (!type)
+    return std::nullopt;
+  return json{{"name", std::string{rec.substr(sp + 1)}}, {"type", type}};
+}
+
+// The command that watches `path`: dsec's own watcher from the system layer,
+// as the sandbox's root (as the other filesystem calls), from /.
+exec_request watcher_request(const std::string& path, bool recursive) {
+  exec_request x;
+  x.argv = {"/.dsec/libexec/watch"};
+  if (recursive)
+    x.argv.push_back("-r");
+  x.argv.insert(x.argv.end(), {"--", path});
+  x.cwd = "/";
+  x.uid = x.gid = 0;
+  x.stream = true;
+  x.handle = true;
+  return x;
+}
+
+// How a watcher's end reads as a Connect error (code, message); an empty code
+// is no error: the directory went away, or it was killed once set.
+std::pair<std::string, std::string> watcher_end(const expected<exec_result>& res, bool started,
+                                                const std::string& where, std::string err,
+                                                const std::string& sandbox_id) {
+  while (!err.empty() && (err.back() == '\n' || err.back() == ' '))
+    err.pop_back();
+  if (!res) {
+    const auto& e = res.error_value();
+    if (e.code == errc::not_found && e.message.find("/.dsec/libexec/watch") != std::string::npos)
+      return {"unimplemented", "sandbox '" + sandbox_id + "' has no /.dsec/libexec/watch "
+                               "(its node's dsec is older than WatchDir)"};
+    return {sandbox_gone(e) ? "unavailable" : connect_code(e),
+            "sandbox '" + sandbox_id + "': " + describe(e)};
+  }
+  if (res->timed_out)
+    return {"deadline_exceeded", "the watch's timeout passed"};
+  if (res->signal != 0 && started) // killed: its client went away, or the sandbox ends
+    return {};
+  switch (res->exit_code) {
+  case 0: // the directory went away
+    if (!started)
+      return {"internal", "the watcher of " + where + " ended before it was ready"};
+    return {};
+  case 3: return {"not_found", "path not found: " + where};
+  case 5: return {"invalid_argument", "path is not a directory: " + where};
+  default:
+    return {"internal", "watching " + where + ": " +
+                          (err.empty() ? "exit " + std::to_string(res->exit_code) : err)};
+  }
+}
 } // namespace
 
 // WatchDir {path, recursive}: dsec's watcher (/.dsec/libexec/watch, from the
@@ -1303,15 +1416,7 @@ void gateway::impl::watch_dir(std::shared_ptr<sandbox> s, http_request& req,
     return stream_error(*r, "invalid_argument", "path: " + path.error_value().message);
   bool recursive = body->contains("recursive") && (*body)["recursive"].is_boolean()
                    && (*body)["recursive"].get<bool>();
-  exec_request x;
-  x.argv = {"/.dsec/libexec/watch"};
-  if (recursive)
-    x.argv.push_back("-r");
-  x.argv.insert(x.argv.end(), {"--", *path});
-  x.cwd = "/";
-  x.uid = x.gid = 0; // as the other filesystem calls: the sandbox's root
-  x.stream = true;
-  x.handle = true;
+  exec_request x = watcher_request(*path, recursive);
   if (auto t = req.header("connect-timeout-ms"); !t.empty())
     x.timeout_ms = std::strtoull(t.c_str(), nullptr, 10);
   auto w = std::make_shared<dir_watch>();
@@ -1328,10 +1433,7 @@ void gateway::impl::watch_dir(std::shared_ptr<sandbox> s, http_request& req,
           w->err.erase(0, w->err.size() - 4096);
         return;
       }
-      w->pending.append(data);
-      size_t at = 0;
-      for (size_t nul; (nul = w->pending.find('\0', at)) != std::string::npos; at = nul + 1) {
-        std::string_view rec{w->pending.data() + at, nul - at};
+      take_records(w->pending, data, [&](std::string_view rec) {
         if (rec == "ready" && !w->started) {
           w->started = true;
           r->start_stream(200, "application/connect+json");
@@ -1350,20 +1452,11 @@ void gateway::impl::watch_dir(std::shared_ptr<sandbox> s, http_request& req,
                 h->signal_async(SIGKILL, [](expected<void>) {});
             }
           });
-          continue;
+          return;
         }
-        auto sp = rec.find(' ');
-        const char* type = w->started && sp != std::string_view::npos
-                             ? event_type_of(rec.substr(0, sp))
-                             : nullptr;
-        if (type) // else "overflow" (envd has no event for it), or not dsec-watch's
-          r->write(envelope(0, json{{"filesystem",
-                                     {{"name", std::string{rec.substr(sp + 1)}},
-                                      {"type", type}}}}));
-      }
-      w->pending.erase(0, at);
-      if (w->pending.size() > 65536) // no record is that long
-        w->pending.clear();
+        if (auto ev = w->started ? event_of(rec) : std::nullopt)
+          r->write(envelope(0, json{{"filesystem", *ev}}));
+      });
     },
     [this, s, w, r, where, timeout = x.timeout_ms](expected<exec_result> res) {
       std::string err;
@@ -1374,44 +1467,129 @@ void gateway::impl::watch_dir(std::shared_ptr<sandbox> s, http_request& req,
         err = w->err;
         w->handle.reset();
       }
-      while (!err.empty() && (err.back() == '\n' || err.back() == ' '))
-        err.pop_back();
-      auto end = [&](const std::string& code, const std::string& msg) {
-        if (!started)
-          return stream_error(*r, code, msg);
-        r->write(envelope(2, json{{"error", {{"code", code}, {"message", msg}}}}));
-        r->finish();
-      };
-      if (!res) {
-        const auto& e = res.error_value();
-        if (sandbox_gone(e))
-          forget(s->id);
-        if (e.code == errc::not_found && e.message.find("/.dsec/libexec/watch") != std::string::npos)
-          return end("unimplemented", "sandbox '" + s->id + "' has no /.dsec/libexec/watch "
-                                      "(its node's dsec is older than WatchDir)");
-        return end(sandbox_gone(e) ? "unavailable" : connect_code(e),
-                   "sandbox '" + s->id + "': " + describe(e));
-      }
-      if (res->timed_out)
-        return end("deadline_exceeded", "the watch's timeout of " + std::to_string(timeout) +
-                                          " ms passed");
-      if (res->signal != 0 && started) { // killed: its client went away, or the sandbox ends
-        r->write(envelope(2, json::object()));
-        return r->finish();
-      }
-      switch (res->exit_code) {
-      case 0: // the directory went away
-        if (!started)
-          return end("internal", "the watcher of " + where + " ended before it was ready");
-        r->write(envelope(2, json::object()));
-        return r->finish();
-      case 3: return end("not_found", "path not found: " + where);
-      case 5: return end("invalid_argument", "path is not a directory: " + where);
-      default:
-        return end("internal", "watching " + where + ": " +
-                                 (err.empty() ? "exit " + std::to_string(res->exit_code) : err));
-      }
+      if (!res && sandbox_gone(res.error_value()))
+        forget(s->id);
+      auto [code, msg] = watcher_end(res, started, where, err, s->id);
+      if (res && res->timed_out)
+        msg = "the watch's timeout of " + std::to_string(timeout) + " ms passed";
+      if (!code.empty() && !started)
+        return stream_error(*r, code, msg);
+      r->write(envelope(2, code.empty() ? json::object()
+                                        : json{{"error", {{"code", code}, {"message", msg}}}}));
+      r->finish();
     });
+}
+
+// CreateWatcher {path, recursive}: starts a watcher as WatchDir does, and
+// answers {watcherId} once its watch is set (so nothing done after the reply
+// is missed), or the error its end gives before that.
+void gateway::impl::create_watcher(std::shared_ptr<sandbox> s, const json& body,
+                                   std::shared_ptr<responder> r) {
+  std::string given = body.contains("path") && body["path"].is_string()
+                        ? body["path"].get<std::string>()
+                        : std::string{};
+  auto path = resolve(s->cwd, given);
+  if (!path)
+    return connect_error(*r, "invalid_argument", "path: " + path.error_value().message);
+  bool recursive = body.contains("recursive") && body["recursive"].is_boolean() &&
+                   body["recursive"].get<bool>();
+  std::string id;
+  {
+    std::lock_guard<std::mutex> g{mu};
+    if (s->watchers.size() >= max_polled_watchers)
+      return connect_error(*r, "resource_exhausted",
+                           "sandbox '" + s->id + "' has " + std::to_string(max_polled_watchers) +
+                             " watchers already (RemoveWatcher ends one)");
+    id = "w" + std::to_string(s->next_watcher++);
+  }
+  auto w = std::make_shared<polled_watch>();
+  auto where = *path;
+  std::lock_guard<std::mutex> held{w->mu};
+  w->handle = sess(s->key).start(
+    s->id, watcher_request(*path, recursive),
+    [this, s, w, r, id](uint8_t stream, std::string_view data) {
+      std::lock_guard<std::mutex> g{w->mu};
+      if (stream == 2) {
+        w->err.append(data);
+        if (w->err.size() > 4096)
+          w->err.erase(0, w->err.size() - 4096);
+        return;
+      }
+      take_records(w->pending, data, [&](std::string_view rec) {
+        if (rec == "ready" && !w->started) { // set: answered, and events kept from now
+          w->started = true;
+          {
+            std::lock_guard<std::mutex> gm{mu};
+            s->watchers[id] = w;
+          }
+          r->reply(200, "application/json", json{{"watcherId", id}}.dump());
+          return;
+        }
+        auto ev = w->started ? event_of(rec) : std::nullopt;
+        if (!ev)
+          return;
+        if (w->events.size() >= max_polled_events)
+          w->events.pop_front();
+        w->events.push_back(std::move(*ev));
+      });
+    },
+    [this, s, w, r, where](expected<exec_result> res) {
+      std::lock_guard<std::mutex> g{w->mu};
+      w->ended = true;
+      w->handle.reset();
+      if (!res && sandbox_gone(res.error_value()))
+        forget(s->id);
+      w->end = watcher_end(res, w->started, where, w->err, s->id);
+      if (!w->started) // the call still waits: it hears why
+        connect_error(*r, w->end.first.empty() ? "internal" : w->end.first, w->end.second);
+    });
+}
+
+// GetWatcherEvents {watcherId}: the events since the last call; once the
+// watcher ended and they were taken, how it ended (and it is gone).
+// RemoveWatcher {watcherId}: kills it. An unknown id is not_found.
+void gateway::impl::watcher_call(std::shared_ptr<sandbox> s, const std::string& method,
+                                 const json& body, std::shared_ptr<responder> r) {
+  std::string id; // Connect's JSON takes a field by its JSON name or its proto name
+  for (const char* k : {"watcherId", "watcher_id"})
+    if (body.contains(k) && body[k].is_string())
+      id = body[k].get<std::string>();
+  std::shared_ptr<polled_watch> w;
+  {
+    std::lock_guard<std::mutex> g{mu};
+    if (auto it = s->watchers.find(id); it != s->watchers.end()) {
+      w = it->second;
+      if (method == "RemoveWatcher")
+        s->watchers.erase(it);
+    }
+  }
+  if (!w)
+    return connect_error(*r, "not_found", "no watcher '" + id + "' in sandbox '" + s->id + "'");
+  std::unique_lock<std::mutex> g{w->mu};
+  if (method == "RemoveWatcher") {
+    auto h = w->handle;
+    g.unlock();
+    if (h)
+      h->signal_async(SIGKILL, [](expected<void>) {});
+    return r->reply(200, "application/json", "{}");
+  }
+  if (w->ended && w->events.empty()) {
+    auto end = w->end;
+    g.unlock();
+    {
+      std::lock_guard<std::mutex> gm{mu};
+      s->watchers.erase(id);
+    }
+    return connect_error(*r, end.first.empty() ? "not_found" : end.first,
+                         "watcher '" + id + "' ended: " +
+                           (end.first.empty() ? "its directory went away" : end.second));
+  }
+  json events = json::array();
+  for (auto& e : w->events)
+    events.push_back(std::move(e));
+  w->events.clear();
+  g.unlock();
+  r->reply(200, "application/json", json{{"events", events}}.dump());
 }
 
 std::shared_ptr<dsec::process> gateway::impl::handle_of(sandbox& s, uint32_t pid, responder& r) {
