@@ -354,16 +354,15 @@ int take_one_sandbox(args& a, std::string_view verb, const char* usage, std::str
   return -1;
 }
 
-bool parse_exec_option(std::string_view verb, const std::string& text, uint64_t& out, int& rc) {
-  out = 0;
-  if (text.empty() || (parse_uint(text, UINT64_MAX, out) && out != 0))
-    return true;
-  rc = usage_error(verb, "--exec: expected a command's exec id (a number from `dsec inspect"
-                         " ID`), got '" + text + "'");
-  return false;
-}
-
-client* connect_to_sandbox(context& ctx, std::string& id) {
+client* open_sandbox(context& ctx, std::string_view verb, std::string& id,
+                     const std::string& exec_text, uint64_t& exec, int& rc) {
+  exec = 0;
+  if (!exec_text.empty() && (!parse_uint(exec_text, UINT64_MAX, exec) || exec == 0)) {
+    rc = usage_error(verb, "--exec: expected a command's exec id (a number from `dsec inspect"
+                           " ID`), got '" + exec_text + "'");
+    return nullptr;
+  }
+  rc = 1;
   auto c = ctx.connect();
   if (!c) {
     fail(c.error_value());
@@ -376,6 +375,13 @@ client* connect_to_sandbox(context& ctx, std::string& id) {
   }
   id = *named;
   return *c;
+}
+
+expected<logs_reply> detached_commands(client& c, const std::string& id, uint64_t exec) {
+  logs_request q;
+  q.output = false;
+  q.exec = exec;
+  return c.logs(id, q);
 }
 
 int for_each_sandbox(client& c, const std::vector<std::string>& ids,

@@ -84,15 +84,15 @@ struct one_sandbox_args {
 int take_one_sandbox(args& a, std::string_view verb, const char* usage, std::string_view name,
                      const one_sandbox_args& o, std::string& id);
 
-/// The verbs of detached commands (logs, wait, kill): `--exec N`, a command's
-/// exec id (`dsec inspect ID` lists them), from `text` into `out` (0 when
-/// `text` is empty); false after a usage error was printed (`rc` has the
-/// status).
-bool parse_exec_option(std::string_view verb, const std::string& text, uint64_t& out, int& rc);
-
-/// Connects and turns `id` (an id or a name) into the sandbox's id, in place;
-/// nullptr after the error was printed.
-client* connect_to_sandbox(context& ctx, std::string& id);
+/// The start of the verbs of detached commands (logs, wait, kill): their
+/// `--exec N` (`exec_text`, a command's exec id as `dsec inspect ID` lists
+/// them; 0 when empty) into `exec`, then the connection, and `id` (an id or a
+/// name) turned into the sandbox's id in place. nullptr after the error was
+/// printed, with the status to exit with in `rc`.
+client* open_sandbox(context& ctx, std::string_view verb, std::string& id,
+                     const std::string& exec_text, uint64_t& exec, int& rc);
+/// A sandbox's detached commands (exec: one of them, 0: all), without output.
+expected<logs_reply> detached_commands(client& c, const std::string& id, uint64_t exec);
 
 /// Runs `act` on the sandbox each of `ids` names (ids or names, resolve_sandbox),
 /// in order; an id that cannot be resolved, or an `act` that fails, is reported

@@ -64,19 +64,15 @@ int kill_main(context& ctx, args& a) {
     return usage_error(verb, "-s: no signal '" + sig_text + "' (a name as TERM or SIGTERM, or a "
                              "number from 1 to " + std::to_string(NSIG - 1) + ")");
   uint64_t exec = 0;
-  if (int rc = 0; !parse_exec_option(verb, exec_text, exec, rc))
-    return rc;
-  auto* c = connect_to_sandbox(ctx, id);
+  int rc = 0;
+  auto* c = open_sandbox(ctx, verb, id, exec_text, exec, rc);
   if (!c)
-    return 1;
-  logs_request q;
-  q.output = false;
-  q.exec = exec;
-  auto r = c->logs(id, q);
+    return rc;
+  auto r = detached_commands(*c, id, exec);
   if (!r)
     return fail(r.error_value());
   unsigned hit = 0;
-  int rc = 0;
+  rc = 0;
   for (const auto& x : r->commands) {
     if (!x.running)
       continue;

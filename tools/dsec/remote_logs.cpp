@@ -96,11 +96,10 @@ int logs_main(context& ctx, args& a) {
   uint64_t tail = 0, exec = 0;
   if (!tail_text.empty() && !parse_uint(tail_text, UINT32_MAX, tail))
     return usage_error(verb, "--tail: expected a number of lines, got '" + tail_text + "'");
-  if (int rc = 0; !parse_exec_option(verb, exec_text, exec, rc))
-    return rc;
-  auto* c = connect_to_sandbox(ctx, id);
+  int rc = 0;
+  auto* c = open_sandbox(ctx, verb, id, exec_text, exec, rc);
   if (!c)
-    return 1;
+    return rc;
   logs_request q;
   q.exec = exec;
   auto r = c->logs(id, q);

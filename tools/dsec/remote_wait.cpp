@@ -38,20 +38,18 @@ int wait_main(context& ctx, args& a) {
       rc >= 0)
     return rc;
   uint64_t exec = 0;
-  if (int rc = 0; !parse_exec_option(verb, exec_text, exec, rc))
-    return rc;
-  auto* c = connect_to_sandbox(ctx, id);
+  int rc = 0;
+  auto* c = open_sandbox(ctx, verb, id, exec_text, exec, rc);
   if (!c)
-    return 1;
-  logs_request q;
-  q.output = false;
-  q.exec = exec;
-  auto r = c->logs(id, q);
+    return rc;
+  auto r = detached_commands(*c, id, exec);
   if (!r)
     return fail(r.error_value());
   if (r->commands.empty())
     return fail(make_error(errc::not_found, "sandbox " + id + " has no detached command to wait "
                                             "for (`run --detach -- CMD`, `exec --detach`)"));
+  logs_request q;
+  q.output = false;
   q.exec = r->commands.front().exec; // the first: run --detach's
   q.wait = true;
   for (;;) {

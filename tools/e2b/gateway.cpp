@@ -1328,6 +1328,13 @@ const char* event_type_of(std::string_view t) {
   return nullptr;
 }
 
+// A watcher's stderr: its last 4 KiB, for the error its end gives.
+void keep_tail(std::string& err, std::string_view data) {
+  err.append(data);
+  if (err.size() > 4096)
+    err.erase(0, err.size() - 4096);
+}
+
 // dsec-watch's NUL-ended records in `pending` + `data`, each to `each` (a
 // record cut short waits in `pending` for the rest).
 template <class F>
@@ -1427,12 +1434,8 @@ void gateway::impl::watch_dir(std::shared_ptr<sandbox> s, http_request& req,
     s->id, x,
     [w, r, every](uint8_t stream, std::string_view data) {
       std::lock_guard<std::mutex> g{w->mu};
-      if (stream == 2) {
-        w->err.append(data);
-        if (w->err.size() > 4096)
-          w->err.erase(0, w->err.size() - 4096);
-        return;
-      }
+      if (stream == 2)
+        return keep_tail(w->err, data);
       take_records(w->pending, data, [&](std::string_view rec) {
         if (rec == "ready" && !w->started) {
           w->started = true;
@@ -1509,12 +1512,8 @@ void gateway::impl::create_watcher(std::shared_ptr<sandbox> s, const json& body,
     s->id, watcher_request(*path, recursive),
     [this, s, w, r, id](uint8_t stream, std::string_view data) {
       std::lock_guard<std::mutex> g{w->mu};
-      if (stream == 2) {
-        w->err.append(data);
-        if (w->err.size() > 4096)
-          w->err.erase(0, w->err.size() - 4096);
-        return;
-      }
+      if (stream == 2)
+        return keep_tail(w->err, data);
       take_records(w->pending, data, [&](std::string_view rec) {
         if (rec == "ready" && !w->started) { // set: answered, and events kept from now
           w->started = true;
