@@ -377,6 +377,12 @@ client* open_sandbox(context& ctx, std::string_view verb, std::string& id,
   return *c;
 }
 
+int fail_for(const std::string& id, error e) {
+  if (e.message.find(id) == std::string::npos)
+    e.message = "sandbox " + id + ": " + e.message;
+  return fail(e);
+}
+
 expected<logs_reply> detached_commands(client& c, const std::string& id, uint64_t exec) {
   logs_request q;
   q.output = false;

@@ -91,6 +91,9 @@ int take_one_sandbox(args& a, std::string_view verb, const char* usage, std::str
 /// printed, with the status to exit with in `rc`.
 client* open_sandbox(context& ctx, std::string_view verb, std::string& id,
                      const std::string& exec_text, uint64_t& exec, int& rc);
+/// fail(e), its message saying which sandbox it is about unless it does:
+/// "sandbox ID: ..." (a call that raced the sandbox's end may not).
+int fail_for(const std::string& id, error e);
 /// A sandbox's detached commands (exec: one of them, 0: all), without output.
 expected<logs_reply> detached_commands(client& c, const std::string& id, uint64_t exec);
 

@@ -70,7 +70,7 @@ int kill_main(context& ctx, args& a) {
     return rc;
   auto r = detached_commands(*c, id, exec);
   if (!r)
-    return fail(r.error_value());
+    return fail_for(id, r.error_value());
   unsigned hit = 0;
   rc = 0;
   for (const auto& x : r->commands) {

@@ -104,7 +104,7 @@ int logs_main(context& ctx, args& a) {
   q.exec = exec;
   auto r = c->logs(id, q);
   if (!r)
-    return fail(r.error_value());
+    return fail_for(id, r.error_value());
   tell_dropped(r->dropped, true);
   if (!print(r->pieces, tail_text.empty() ? std::pair<size_t, size_t>{0, 0}
                                           : tail_start(r->pieces, tail)))
@@ -114,7 +114,7 @@ int logs_main(context& ctx, args& a) {
     q.wait = true;
     r = c->logs(id, q);
     if (!r)
-      return fail(r.error_value());
+      return fail_for(id, r.error_value());
     tell_dropped(r->dropped, false);
     if (!print(r->pieces))
       return 0;

@@ -44,7 +44,7 @@ int wait_main(context& ctx, args& a) {
     return rc;
   auto r = detached_commands(*c, id, exec);
   if (!r)
-    return fail(r.error_value());
+    return fail_for(id, r.error_value());
   if (r->commands.empty())
     return fail(make_error(errc::not_found, "sandbox " + id + " has no detached command to wait "
                                             "for (`run --detach -- CMD`, `exec --detach`)"));
@@ -63,7 +63,7 @@ int wait_main(context& ctx, args& a) {
                                              std::to_string(q.exec) + " ran"));
     r = c->logs(id, q);
     if (!r)
-      return fail(r.error_value());
+      return fail_for(id, r.error_value());
   }
 }
 
