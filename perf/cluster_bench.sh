@@ -31,12 +31,16 @@ usage: perf/cluster_bench.sh [--nodes N] [--count C] [--concurrency K] [--layer-
   --concurrency K   episodes in flight (default 32)
   --layer-mb M      size of the distributed layer (default 100)
   --port P          first port (default 7400; uses P..P+N+1)
+  --report DIR      also write each dsec-load run's report there: one.html,
+                    many.html, fetch.html (dsec-load --report; JSON beside each)
 USAGE
 }
-nodes=3 count=2000 conc=32 mb=100 port=7400
+nodes=3 count=2000 conc=32 mb=100 port=7400 report=""
 while [[ $# -gt 0 ]]; do
   case "$1" in
     -h|--help) usage; exit 0;;
+    --report) [[ $# -ge 2 && -n "$2" ]] || { echo "cluster_bench.sh: --report needs a dir" >&2; exit 2; }
+      mkdir -p "$2" || exit 2; report=$(cd "$2" && pwd); shift 2;;
     --nodes|--count|--concurrency|--layer-mb|--port)
       [[ $# -ge 2 && "$2" =~ ^[0-9]+$ && "$2" -gt 0 ]] || { echo "cluster_bench.sh: $1 needs a positive number" >&2; exit 2; }
       case "$1" in --nodes) nodes=$2;; --count) count=$2;; --concurrency) conc=$2;;
@@ -69,9 +73,13 @@ cp "$exit0" "$work/root/bin/exit0"
 build_base() { "$dsec" --state "$1" layer build --kind base perf-bb@1 "$work/root" >/dev/null; }
 rate_of() { /usr/bin/python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print("%.0f %d %d %.2f %.2f" % (d["rate_per_s"], d["created"], d["failed"], d["create_ms"]["p50"], d["create_ms"]["p99"]))' "$1"; }
 run_load() { # ADDR JSON ARGS...
-  local addr=$1 json=$2
+  local addr=$1 json=$2 name
   shift 2
-  "$load" --connect "$addr" --quiet --json "$json" "$@" >/dev/null
+  local rep=()
+  name=$(basename "$json" .json)
+  # The measured runs (not the warm-ups) also write a report, with --report.
+  [[ -n $report && $name != warm* ]] && rep=(--report "$report/$name.html")
+  "$load" --connect "$addr" --quiet --json "$json" "${rep[@]}" "$@" >/dev/null
 }
 
 echo "== rate: one dsecd vs a coordinator and $nodes nodes ($count episodes, $conc at a time)"

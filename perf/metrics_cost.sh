@@ -2,7 +2,10 @@
 # perf/metrics_cost.sh: what /metrics costs (docs/observability.md, issue 21).
 #
 #   perf/metrics_cost.sh [-n EPISODES] [-r ROUNDS] [-c CONCURRENCY] [-i SECONDS]
-#                        (default 1000 episodes, 3 rounds, 8 at once, a scrape every 0.1 s)
+#                        [--report DIR]
+#                        (default 1000 episodes, 3 rounds, 8 at once, a scrape every 0.1 s;
+#                        --report: each counted run's dsec-load report,
+#                        DIR/roundR-metrics-on|off.html)
 #
 # Builds a busybox base layer in a temporary state dir, then in ROUNDS rounds
 # runs dsec-load (create, `true`, destroy; EPISODES each) against a dsecd
@@ -17,14 +20,16 @@
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 build="${BUILD:-$root/build}"
-n=1000 rounds=3 conc=8 every=0.1
+n=1000 rounds=3 conc=8 every=0.1 report=""
 while [ $# -gt 0 ]; do
   case "$1" in
+    --report) [ $# -ge 2 ] && [ -n "$2" ] || { echo "perf/metrics_cost.sh: --report needs a dir" >&2; exit 2; }
+      mkdir -p "$2" || exit 2; report=$(cd "$2" && pwd); shift 2;;
     -n) n="$2"; shift 2;;
     -r) rounds="$2"; shift 2;;
     -c) conc="$2"; shift 2;;
     -i) every="$2"; shift 2;;
-    -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0;;
+    -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0;;
     *) echo "perf/metrics_cost.sh: unknown argument '$1' (try --help)" >&2; exit 2;;
   esac
 done
@@ -45,7 +50,7 @@ for l in sh true; do ln -s busybox "$tmp/src/bin/$l"; done
 closed=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 
 # One dsec-load run against a fresh dsecd; prints its rate (creates/s).
-run() { # on|off
+run() { # on|off [REPORT_NAME]
   local extra=() out="$tmp/dsecd.out"
   [ "$1" = on ] && extra=(--metrics 127.0.0.1:0)
   "$build/tools/dsecd" --listen 127.0.0.1:0 --state "$tmp/state" --slots 64 "${extra[@]}" >"$out" 2>&1 &
@@ -61,8 +66,10 @@ run() { # on|off
   [ "$1" = on ] || mport=$closed
   ( while :; do curl -sf "http://127.0.0.1:$mport/metrics" >/dev/null || true; sleep "$every"; done ) &
   spid=$!
+  local rep=()
+  [ -n "$report" ] && [ -n "${2:-}" ] && rep=(--report "$report/$2.html")
   "$build/tools/dsec-load" --connect "127.0.0.1:$port" --base mcost@1 --count "$n" \
-    --concurrency "$conc" --quiet --json "$tmp/load.json" -- true >/dev/null
+    --concurrency "$conc" --quiet --json "$tmp/load.json" "${rep[@]}" -- true >/dev/null
   if [ -n "$spid" ]; then kill "$spid"; wait "$spid" 2>/dev/null || true; spid=""; fi
   kill -TERM "$dpid"; wait "$dpid" || true; dpid=""
   sed -n 's/.*"rate_per_s": \([0-9.]*\).*/\1/p' "$tmp/load.json"
@@ -76,7 +83,7 @@ on=() off=()
 for r in $(seq "$rounds"); do
   if [ $((r % 2)) -eq 1 ]; then order=(off on); else order=(on off); fi
   for m in "${order[@]}"; do
-    rate=$(run "$m")
+    rate=$(run "$m" "round$r-metrics-$m")
     echo "round $r, metrics $m: $rate creates/s"
     if [ "$m" = on ]; then on+=("$rate"); else off+=("$rate"); fi
   done

@@ -7,7 +7,8 @@
 #  2. Create rate of sandboxes whose base has 1, 5 and 20 lowers (dsec-load
 #     --embedded, create + exec `true` + destroy), each against 1 lower.
 #
-#   perf/oci_bench.sh [-s SIZE_MB] [-n COUNT] [BUILD_DIR]
+#   perf/oci_bench.sh [-s SIZE_MB] [-n COUNT] [-r REPORT_DIR] [BUILD_DIR]
+#   (-r: each create-rate run's dsec-load report, REPORT_DIR/lowers-N.html)
 #
 # Needs docker-registry, skopeo, umoci, python3 (tools/setup installs them).
 # Uses temporary dirs and a registry on a free loopback port, removed at the end.
@@ -15,12 +16,14 @@ set -euo pipefail
 
 size_mb=200
 count=400
-while getopts "s:n:h" opt; do
+report=""
+while getopts "s:n:r:h" opt; do
   case $opt in
+    r) mkdir -p "$OPTARG" && report=$(cd "$OPTARG" && pwd) || exit 2 ;;
     s) size_mb=$OPTARG ;;
     n) count=$OPTARG ;;
-    h) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) echo "usage: $0 [-s SIZE_MB] [-n COUNT] [BUILD_DIR]" >&2; exit 2 ;;
+    h) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "usage: $0 [-s SIZE_MB] [-n COUNT] [-r REPORT_DIR] [BUILD_DIR]" >&2; exit 2 ;;
   esac
 done
 shift $((OPTIND - 1))
@@ -95,6 +98,8 @@ for n in 1 5 20; do
   python3 "$here/../test/oci/make_layout.py" "$tmp/low$n.json" >/dev/null
   "$dsec" --state "$state" layer import low$n@1 "oci:$tmp/low$n:x" >/dev/null
   echo "-- $n lowers"
-  "$load" --embedded --state "$state" --count "$count" --concurrency 16 --base low$n@1 --quiet -- /bin/true \
+  rep=()
+  [ -n "$report" ] && rep=(--report "$report/lowers-$n.html")
+  "$load" --embedded --state "$state" --count "$count" --concurrency 16 --base low$n@1 --quiet "${rep[@]}" -- /bin/true \
     | grep -E "rate|create|^episodes" | head -4
 done

@@ -32,13 +32,17 @@ usage: perf/sim_bench.sh [--build DIR] [--nodes N] [--count C] [--unbatched-coun
   --concurrency K   creates in flight (default 4096)
   --threads T       the coordinator's CAF threads (default 2)
   --port P          the coordinator's port (default 7500)
+  --report DIR      also write each dsec-load run's report there: batched.html,
+                    unbatched.html, density.html (dsec-load --report)
 USAGE
 }
 build=$repo/build nodes=160 count=200000 ucount=50000 live=380000 batch=1000 conc=4096
-threads=2 port=7500
+threads=2 port=7500 report=""
 while [[ $# -gt 0 ]]; do
   case "$1" in
     -h|--help) usage; exit 0;;
+    --report) [[ $# -ge 2 && -n "$2" ]] || { echo "sim_bench.sh: --report needs a dir" >&2; exit 2; }
+      mkdir -p "$2" || exit 2; report=$(cd "$2" && pwd); shift 2;;
     --build) [[ $# -ge 2 ]] || { echo "sim_bench.sh: --build needs a dir" >&2; exit 2; }
       build=$2; shift 2;;
     --nodes|--count|--unbatched-count|--live|--batch|--concurrency|--threads|--port)
@@ -77,19 +81,22 @@ stop() { kill -TERM "$daemon"; wait "$daemon" || true; daemon=""; }
 kib() { awk -v k="$1" '$1 == k":" { print $2 }' "/proc/$daemon/status"; }
 field() { /usr/bin/python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d.get(sys.argv[2], 0))' "$1" "$2"; }
 
-# ARGS...: one --hold run; prints "placements/s created failed"
+# NAME ARGS...: one --hold run (its report NAME.html, with --report); prints
+# "placements/s created failed"
 run_hold() {
-  local json=$work/load.json
-  "$load" --connect "127.0.0.1:$port" --quiet --json "$json" --hold --commands 0 \
+  local json=$work/load.json rep=()
+  [[ -n $report ]] && rep=(--report "$report/$1.html")
+  shift
+  "$load" --connect "127.0.0.1:$port" --quiet --json "$json" "${rep[@]}" --hold --commands 0 \
     --base sim@1 "$@" > "$work/load.out" || true
   printf '%.0f %s %s\n' "$(field "$json" placements_per_s)" "$(field "$json" created)" "$(field "$json" failed)"
 }
 
 echo "== $nodes simulated nodes; dsec-load in its own process over loopback"
 start
-read -r rate created failed < <(run_hold --count "$count" --concurrency "$conc" --batch "$batch" --sessions 4)
+read -r rate created failed < <(run_hold batched --count "$count" --concurrency "$conc" --batch "$batch" --sessions 4)
 echo "batched   (--count $count --batch $batch --concurrency $conc): $rate placements/s ($created created, $failed failed)"
-read -r rate created failed < <(run_hold --count "$ucount" --concurrency "$conc" --batch 1 --sessions 4)
+read -r rate created failed < <(run_hold unbatched --count "$ucount" --concurrency "$conc" --batch 1 --sessions 4)
 echo "unbatched (--count $ucount --batch 1 --concurrency $conc): $rate placements/s ($created created, $failed failed)"
 stop
 
@@ -97,7 +104,9 @@ start
 before=$(kib VmRSS)
 peak=$work/peak
 rm -f "$peak"
-"$load" --connect "127.0.0.1:$port" --quiet --json "$work/live.json" --hold --commands 0 \
+density_rep=()
+[[ -n $report ]] && density_rep=(--report "$report/density.html")
+"$load" --connect "127.0.0.1:$port" --quiet --json "$work/live.json" "${density_rep[@]}" --hold --commands 0 \
   --base sim@1 --count "$live" --concurrency "$conc" --batch "$batch" --sessions 4 \
   --peak-file "$peak" > "$work/live.out" &
 loader=$!
