@@ -145,7 +145,8 @@ TEST_CASE("layer rm: unknown layers, and layers in use are refused") {
 }
 
 TEST_CASE("the verbs and options of a daemon, without --connect, say that they need it") {
-  for (const char* verb : {"ps", "exec", "cp", "session", "node", "cluster", "pool"})
+  for (const char* verb : {"ps", "exec", "cp", "session", "node", "cluster", "pool", "logs", "wait",
+                           "kill"})
     expect_failure({verb}, 2, std::string{"'"} + verb + "' is a verb of a daemon: give --connect");
   expect_failure(run_args({"--detach"}), 2, "--detach is an option of a daemon's run");
   expect_failure(run_args({"--session=s-1"}), 2, "--session is an option of a daemon's run");

@@ -39,6 +39,8 @@ Verbs of a daemon (dsecd), with --connect HOST:PORT before the verb:
   exec                  run a command in an existing sandbox
   cp                    copy files into or out of a sandbox
   rm                    destroy sandboxes
+  logs, wait, kill      a sandbox's detached commands: their output (1 MiB
+                        kept), their end, a signal to them
   session open|close    open a session nobody owns, close one
   node stats            the daemon's counters and layer cache
   node cordon|uncordon|drain NODE
@@ -161,7 +163,8 @@ int main(int argc, char** argv) {
     return 0;
   }
   for (const char* d : {"ps", "inspect", "exec", "cp", "rm", "session", "node", "cluster", "call", "pool",
-                        "feedback", "net", "expose", "pause", "resume", "snapshot", "fork"})
+                        "feedback", "net", "expose", "pause", "resume", "snapshot", "fork",
+                        "logs", "wait", "kill"})
     if (verb == d) {
       std::fprintf(stderr,
                    "dsec: '%s' is a verb of a daemon: give --connect HOST:PORT before it "
