@@ -225,12 +225,13 @@ struct sandbox_state {
   // WorkingDir, User, Entrypoint, Cmd; runtime/image_config.hpp), made once
   // when the layers arrive.
   command_defaults defaults;
-  // Its base image's roots (the lowers' descriptors of its layer_set: the
-  // layer cache's, valid while the lease is held, so until finish_destroy),
-  // for commands naming their user (exec_request.user): its etc/passwd and
-  // etc/group are read at the first such command, then kept. Never the tree
-  // the agent writes.
-  std::vector<int> image_roots;
+  // Its layers' descriptors (its layer_set's, the layer cache's: valid while
+  // the lease is held, so until finish_destroy), the last `base_lowers` of
+  // them its base image's roots: for commands naming their user
+  // (exec_request.user), its etc/passwd and etc/group are read from those at
+  // the first such command, then kept. Never the tree the agent writes.
+  std::vector<int> layer_fds;
+  size_t base_lowers = 0;
   std::optional<user_files> users;
   bool creation_failed_told = false; // the session heard failed_atom for it
   // Chronus (env.chronus): the secret frames on /run/chronus.sock must carry
@@ -428,8 +429,8 @@ void begin_destroy(self_ptr self);
 void wake_log_waiters(self_ptr self, bool all = false) {
   auto& s = self->state;
   for (auto it = s.log_waiters.begin(); it != s.log_waiters.end();) {
-    auto r = s.log->read(it->second.q); // waiters wait only on a log
-    if (all || !r.live || !r.pieces.empty()) {
+    if (all || s.log->has_news(it->second.q)) { // waiters wait only on a log
+      auto r = s.log->read(it->second.q);
       if (all)
         r.live = false;
       it->second.rp.deliver(std::move(r));
@@ -522,7 +523,7 @@ void finish_destroy(self_ptr self) {
   s.exposed.clear();
   s.box.reset();
   s.egress.reset();
-  s.image_roots.clear(); // the cache's: not ours once released
+  s.layer_fds.clear(); // the cache's: not ours once released
   if (s.lease != 0)
     self->send(s.cfg.cache, release_atom::value, process_key(), s.lease);
   // Destroyed before it was ready (rm, shutdown, its session closing): its
@@ -984,32 +985,15 @@ void start_exec(self_ptr self, const exec_request& req_in, caf::strong_actor_ptr
     return done(std::move(made).error_value());
   auto cmd = std::move(*made);
   if (!req.user.empty()) {
-    if (!s.users) { // the first of its base's lowers that has each file
+    if (!s.users) { // each file from the first of its base's lowers that has it
       s.users.emplace();
-      for (const auto& root : s.image_roots) {
-        auto f = read_image_user_files(root);
-        if (!s.users->passwd)
-          s.users->passwd = std::move(f.passwd);
-        if (!s.users->group)
-          s.users->group = std::move(f.group);
-      }
+      for (size_t i = s.layer_fds.size() - s.base_lowers; i < s.layer_fds.size(); ++i)
+        s.users->add_lower(s.layer_fds[i]);
     }
     auto u = resolve_command_user(req.user, *s.users);
     if (!u) // as a uid that does not work: status 126 on the command line
       return done(std::move(u).error_value().in_step("setuid"));
-    cmd.uid = u->uid;
-    cmd.gid = u->gid;
-    cmd.groups = std::move(u->groups);
-    // As login(1) and docker: HOME (its passwd entry's, else /) and USER,
-    // unless the request sets them.
-    auto given = [&](std::string_view k) {
-      return std::any_of(req.env.begin(), req.env.end(),
-                         [&](const std::string& kv) { return kv.rfind(k, 0) == 0; });
-    };
-    if (!given("HOME="))
-      cmd.env = merge_env(std::move(cmd.env), {"HOME=" + (u->home.empty() ? "/" : u->home)});
-    if (!u->name.empty() && !given("USER="))
-      cmd.env = merge_env(std::move(cmd.env), {"USER=" + u->name});
+    apply_command_user(cmd, std::move(*u), req.env);
   }
   if (req.trusted) {
     if (!s.token)
@@ -1531,9 +1515,6 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
         }
         // The image's /etc/passwd (for a User by name) from its own lowers,
         // never from the tree the agent writes.
-        for (size_t i = ls.fds.size() - std::min<size_t>(ls.base_lowers, ls.fds.size());
-             i < ls.fds.size(); ++i)
-          s.image_roots.push_back(ls.fds[i]);
         auto defaults = command_defaults::of(ls.config, [&]() -> std::optional<std::string> {
           auto n = std::min<size_t>(ls.base_lowers, ls.fds.size());
           for (size_t i = ls.fds.size() - n; i < ls.fds.size(); ++i)
@@ -1571,6 +1552,8 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
         if (!box)
           return fail_creation(self, box.error_value());
         s.box = std::move(*box);
+        s.base_lowers = std::min<size_t>(ls.base_lowers, ls.fds.size());
+        s.layer_fds = std::move(ls.fds); // a move: nothing allocated for it
         if (s.cfg.env.egress) {
           // The veth, /31, route and policy, while init sets itself up: its
           // network namespace exists from the clone on, and no command runs
@@ -1931,9 +1914,8 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
                                    + std::to_string(q.exec)
                                    + " (`dsec inspect` lists them: the log keeps the first and"
                                      " the 63 latest)"));
-      auto r = s.log->read(q);
-      if (!q.wait || !r.live || !r.pieces.empty() || s.ph == phase::destroying)
-        return r;
+      if (!q.wait || s.ph == phase::destroying || s.log->has_news(q))
+        return s.log->read(q);
       if (s.log_waiters.size() >= max_log_waiters) { // the oldest gets what there is
         auto oldest = s.log_waiters.begin();
         oldest->second.rp.deliver(s.log->read(oldest->second.q));

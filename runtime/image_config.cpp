@@ -71,6 +71,46 @@ std::vector<std::string_view> fields(std::string_view line) {
   }
 }
 
+// Calls `each` with the fields of every line of `text` (but comments) until
+// it returns true.
+template <class F>
+void for_each_entry(std::string_view text, F&& each) {
+  size_t pos = 0;
+  while (pos < text.size()) {
+    auto nl = text.find('\n', pos);
+    auto line = text.substr(pos, nl == std::string_view::npos ? std::string_view::npos : nl - pos);
+    pos = nl == std::string_view::npos ? text.size() : nl + 1;
+    if (!line.empty() && line.front() != '#' && each(fields(line)))
+      return;
+  }
+}
+
+// The /etc/passwd entry of user `name` in `passwd`: its uid, gid and home;
+// nullopt if it has none. An entry whose ids are not numbers below 65536 is an
+// error that starts with `quoted`.
+expected<std::optional<image_user>> find_user(std::string_view passwd, std::string_view name,
+                                              const std::string& quoted) {
+  std::optional<image_user> out;
+  bool bad = false;
+  for_each_entry(passwd, [&](const std::vector<std::string_view>& f) {
+    if (f.size() < 4 || f[0] != name)
+      return false;
+    auto uid = id_of(f[2]), gid = id_of(f[3]);
+    bad = !uid || !gid;
+    if (!bad) {
+      out = image_user{*uid, *gid, {}};
+      if (f.size() >= 6 && !f[5].empty() && f[5].front() == '/')
+        out->home = std::string{f[5]};
+    }
+    return true;
+  });
+  if (bad)
+    return make_error(errc::invalid_argument,
+                      quoted + ": its /etc/passwd entry has a uid or gid that is not a number "
+                               "below 65536");
+  return out;
+}
+
 } // namespace
 
 std::string image_config::to_json() const {
@@ -117,31 +157,11 @@ expected<image_user> resolve_image_user(std::string_view user,
     if (!passwd)
       return make_error(errc::invalid_argument,
                         quoted + " is a name, and the image has no /etc/passwd to look it up in");
-    bool found = false;
-    std::string_view text = *passwd;
-    size_t pos = 0;
-    while (!found && pos < text.size()) {
-      auto nl = text.find('\n', pos);
-      auto line = text.substr(pos, nl == std::string_view::npos ? std::string_view::npos
-                                                                : nl - pos);
-      pos = nl == std::string_view::npos ? text.size() : nl + 1;
-      auto f = fields(line);
-      if (f.size() < 4 || f[0] != u)
-        continue;
-      auto uid = id_of(f[2]), gid = id_of(f[3]);
-      if (!uid || !gid)
-        return make_error(errc::invalid_argument,
-                          quoted + ": its /etc/passwd entry has a uid or gid that is not a "
-                                   "number below 65536");
-      out.uid = *uid;
-      out.gid = *gid;
-      if (f.size() >= 6 && !f[5].empty() && f[5].front() == '/')
-        out.home = std::string{f[5]};
-      found = true;
-    }
-    if (!found)
+    DSEC_TRY(entry, find_user(*passwd, u, quoted));
+    if (!entry)
       return make_error(errc::invalid_argument,
                         quoted + " is not a number below 65536 nor a user of its /etc/passwd");
+    out = std::move(*entry);
   }
   if (colon != std::string_view::npos) {
     auto gid = id_of(g);
@@ -154,22 +174,6 @@ expected<image_user> resolve_image_user(std::string_view user,
   return out;
 }
 
-namespace {
-
-// Calls `each` with the fields of every line of `text` until it returns true.
-template <class F>
-void for_each_entry(std::string_view text, F&& each) {
-  size_t pos = 0;
-  while (pos < text.size()) {
-    auto nl = text.find('\n', pos);
-    auto line = text.substr(pos, nl == std::string_view::npos ? std::string_view::npos : nl - pos);
-    pos = nl == std::string_view::npos ? text.size() : nl + 1;
-    if (!line.empty() && line.front() != '#' && each(fields(line)))
-      return;
-  }
-}
-
-} // namespace
 
 expected<command_user> resolve_command_user(std::string_view spec, const user_files& files) {
   auto quoted = "the user '" + std::string{spec.substr(0, 200)} + "'";
@@ -197,31 +201,14 @@ expected<command_user> resolve_command_user(std::string_view spec, const user_fi
     if (!files.passwd)
       return make_error(errc::invalid_argument,
                         quoted + " names a user, and the image has no /etc/passwd to look it up in");
-    bool found = false;
-    std::optional<error> bad_entry;
-    for_each_entry(*files.passwd, [&](const std::vector<std::string_view>& f) {
-      if (f.size() < 4 || f[0] != u)
-        return false;
-      auto uid = id_of(f[2]), gid = id_of(f[3]);
-      if (!uid || !gid) {
-        bad_entry = make_error(errc::invalid_argument,
-                               quoted + ": its /etc/passwd entry has a uid or gid that is not a "
-                                        "number below 65536");
-        return true;
-      }
-      out.uid = *uid;
-      out.gid = *gid;
-      out.name = std::string{u};
-      if (f.size() >= 6 && !f[5].empty() && f[5].front() == '/')
-        out.home = std::string{f[5]};
-      found = true;
-      return true;
-    });
-    if (bad_entry)
-      return *bad_entry;
-    if (!found)
+    DSEC_TRY(entry, find_user(*files.passwd, u, quoted));
+    if (!entry)
       return make_error(errc::invalid_argument,
                         quoted + ": no user '" + std::string{u} + "' in the image's /etc/passwd");
+    out.uid = entry->uid;
+    out.gid = entry->gid;
+    out.home = std::move(entry->home);
+    out.name = std::string{u};
   }
   if (!g.empty()) {
     if (auto id = id_of(g)) {
@@ -345,8 +332,25 @@ std::optional<std::string> read_image_passwd(int root_fd) {
   return read_image_file(root_fd, "etc/passwd");
 }
 
-user_files read_image_user_files(int root_fd) {
-  return {read_image_file(root_fd, "etc/passwd"), read_image_file(root_fd, "etc/group")};
+void user_files::add_lower(int root_fd) {
+  if (!passwd)
+    passwd = read_image_file(root_fd, "etc/passwd");
+  if (!group)
+    group = read_image_file(root_fd, "etc/group");
+}
+
+void apply_command_user(command& cmd, command_user u, const std::vector<std::string>& given) {
+  cmd.uid = u.uid;
+  cmd.gid = u.gid;
+  cmd.groups = std::move(u.groups);
+  auto set = [&](std::string_view k) {
+    return std::any_of(given.begin(), given.end(),
+                       [&](const std::string& kv) { return kv.rfind(k, 0) == 0; });
+  };
+  if (!set("HOME="))
+    cmd.env = merge_env(std::move(cmd.env), {"HOME=" + (u.home.empty() ? "/" : u.home)});
+  if (!u.name.empty() && !set("USER="))
+    cmd.env = merge_env(std::move(cmd.env), {"USER=" + u.name});
 }
 
 } // namespace dsec

@@ -50,15 +50,19 @@ expected<image_user> resolve_image_user(std::string_view user,
 struct user_files {
   std::optional<std::string> passwd;
   std::optional<std::string> group;
+  /// Takes each file it does not have yet from the image root `root_fd` (its
+  /// lowers in turn, topmost first), as read_image_passwd reads.
+  void add_lower(int root_fd);
 };
 
 /// A command's user as a caller names it (`--user USER[:GROUP]`,
 /// exec_request.user), each part a name or a number below 65536. A user name
 /// is looked up in files.passwd: its uid, its primary gid (unless GROUP is
-/// given), its home; and its supplementary groups are the groups of
-/// files.group that list it as a member, as login(1) and docker give them
-/// (none for a number). A group name is looked up in files.group. Errors
-/// (invalid_argument) quote the spec and say what is missing.
+/// given), its home; a number takes the same from an entry of that uid, if
+/// passwd has one. The supplementary groups are the primary one and those of
+/// files.group that list the entry's name, as login(1) and docker give them.
+/// A group name is looked up in files.group. Errors (invalid_argument) quote
+/// the spec and say what is missing.
 struct command_user {
   uint32_t uid = 0;
   uint32_t gid = 0;
@@ -67,6 +71,12 @@ struct command_user {
   std::vector<uint32_t> groups; ///< supplementary, the primary gid first
 };
 expected<command_user> resolve_command_user(std::string_view spec, const user_files& files);
+
+struct command;
+/// `cmd` runs as `u`: its uid, gid and groups, and HOME (the entry's home,
+/// else /) and USER (the entry's name) unless `given` (the caller's own
+/// environment entries) sets them.
+void apply_command_user(command& cmd, command_user u, const std::vector<std::string>& given);
 
 /// The environment `env` with each "K=V" of `over` added, replacing a K= that
 /// `env` has.
@@ -100,7 +110,5 @@ struct command_defaults {
 /// symbolic link in the image cannot lead outside it; at most 1 MiB is read.
 /// nullopt when the image has none (or it is not a regular file).
 std::optional<std::string> read_image_passwd(int root_fd);
-/// etc/passwd and etc/group beneath `root_fd`, as read_image_passwd reads.
-user_files read_image_user_files(int root_fd);
 
 } // namespace dsec

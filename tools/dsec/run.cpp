@@ -2,7 +2,6 @@
 #include <signal.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -314,28 +313,14 @@ std::optional<int> apply_user_name(const std::vector<std::string>& blobs, run_ar
     auto m = layer_mount::open(b, -1);
     if (!m)
       break;
-    auto f = read_image_user_files(m->dir_fd());
-    if (!files.passwd)
-      files.passwd = std::move(f.passwd);
-    if (!files.group)
-      files.group = std::move(f.group);
+    files.add_lower(m->dir_fd());
   }
   auto u = resolve_command_user(r.cs.user, files);
   if (!u) {
     std::fprintf(stderr, "dsec: run: %s\n", u.error_value().message.c_str());
     return 126;
   }
-  r.cmd.uid = u->uid;
-  r.cmd.gid = u->gid;
-  r.cmd.groups = std::move(u->groups);
-  auto given = [&](std::string_view k) {
-    return std::any_of(r.cs.env.begin(), r.cs.env.end(),
-                       [&](const std::string& kv) { return kv.rfind(k, 0) == 0; });
-  };
-  if (!given("HOME="))
-    r.cmd.env = merge_env(std::move(r.cmd.env), {"HOME=" + (u->home.empty() ? "/" : u->home)});
-  if (!u->name.empty() && !given("USER="))
-    r.cmd.env = merge_env(std::move(r.cmd.env), {"USER=" + u->name});
+  apply_command_user(r.cmd, std::move(*u), r.cs.env);
   return std::nullopt;
 }
 

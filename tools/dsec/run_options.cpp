@@ -258,7 +258,7 @@ parsed parse_command_option(args& a, std::string_view verb, command_spec& c) {
     };
     auto u = sv.substr(0, colon);
     auto g = colon == std::string::npos ? std::string_view{} : sv.substr(colon + 1);
-    if (!name_ok(u) || (colon != std::string::npos && !name_ok(g)) || g.find(':') != g.npos)
+    if (!name_ok(u) || (colon != std::string::npos && !name_ok(g))) // ':' is no name's
       return bad(verb, "--user: expected USER[:GROUP], each a name of the image's /etc/passwd "
                        "(/etc/group) or a number below 65536, got '" + v + "'");
     c.user = v;
