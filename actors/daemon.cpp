@@ -66,6 +66,10 @@ expected<std::unique_ptr<daemon>> daemon::start(caf::actor_system& sys,
   DSEC_TRY(eng, engine::start(eo));
   d->engine_ = std::move(eng);
   d->gc_ = d->engine_->collect_garbage();
+  if (!opts.host_mounts.empty()) {
+    DSEC_TRY(policy, host_mount_policy::open(opts.host_mounts));
+    d->engine_->set_host_mounts(std::move(policy));
+  }
   // Chronus's counters are atomics of the reactor thread's: read when scraped.
   d->collector_ = metrics::process_registry().add_collector(
     [eng = d->engine_.get()](std::vector<metrics::sample_family>& out) {

@@ -48,6 +48,9 @@ struct daemon_options {
   /// Egress networking (dsecd --uplink, docs/network.md); nullopt: none.
   /// Its tag is filled from state_dir when empty.
   std::optional<egress_options> egress;
+  /// The directories its sandboxes may bind-mount (dsecd --allow-host-mount
+  /// DIR[:rw], runtime/host_mount.hpp); empty: none.
+  std::vector<std::string> host_mounts;
   /// Exposed ports (dsecd --expose-address, docs/network.md): where they
   /// listen, and their bounds.
   port_forward_options ports;

@@ -96,12 +96,18 @@ using logs_atom = caf::atom_constant<caf::atom("logs")>;
 /// An environment (runtime/environment.hpp): the one spec of a sandbox, the
 /// value trainers send.
 template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, host_mount& x) {
+  return f(caf::meta::type_name("dsec.host_mount"), x.host, x.target, x.read_only);
+}
+
+template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, environment& x) {
   return f(caf::meta::type_name("dsec.environment"), x.base, x.workdir, x.tools, x.memory,
            x.pids, x.cpus, x.disk, x.net, x.ttl_ms, x.backend, x.chronus,
            x.egress, x.allow, x.deny, // networking (issue 14)
            /* snapshots */ x.snapshot,
-           /* port exposure */ x.expose);
+           /* port exposure */ x.expose,
+           /* host mounts */ x.mounts);
 }
 
 /// How a session is opened.

@@ -1540,6 +1540,7 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
           x.seed_blobs = *dir + "/blobs";
         }
         auto* eng = s.cfg.eng;
+        x.host_mounts = &eng->host_mounts();
         if (s.cfg.env.egress && !eng->network())
           return fail_creation(self, make_error(errc::unsupported,
                                                 "node " + s.cfg.node_name

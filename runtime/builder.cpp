@@ -1,5 +1,6 @@
 #include "runtime/builder.hpp"
 #include "runtime/snapshot.hpp"
+#include "runtime/spawner.hpp"
 
 namespace dsec {
 
@@ -24,7 +25,15 @@ expected<std::unique_ptr<container>> build_sandbox(spawner& sp, const environmen
                                                    build_extras extras,
                                                    const cgroup_source& cgroups,
                                                    build_until until) {
+  const auto* policy = extras.host_mounts;
   auto o = container_options_for(env, std::move(extras));
+  if (!env.mounts.empty()) {
+    static const host_mount_policy none;
+    auto m = (policy ? *policy : none).prepare(env.mounts, sp.userns_fd());
+    if (!m)
+      return std::move(m).error_value().in_step("host_mounts");
+    o.host_mounts = std::move(*m);
+  }
   const cgroup_root* cg = nullptr;
   if (o.lim.any()) {
     auto root = cgroups();

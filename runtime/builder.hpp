@@ -37,6 +37,10 @@ struct build_extras {
   std::string seed_blobs;
   /// Egress networking: /etc/resolv.conf (container_options::resolv_conf).
   std::string resolv_conf;
+  /// Where environment::mounts may come from (the node's dsecd
+  /// --allow-host-mount, or everything for `dsec run`); null: nowhere, and a
+  /// sandbox with host mounts is refused.
+  const host_mount_policy* host_mounts = nullptr;
 };
 
 /// The container options for `env`.

@@ -29,6 +29,7 @@
 
 #include "runtime/cgroup.hpp"
 #include "runtime/error.hpp"
+#include "runtime/host_mount.hpp"
 #include "runtime/fd.hpp"
 #include "runtime/proto.hpp"
 
@@ -67,6 +68,10 @@ struct container_options {
   std::string seed_pack;
   std::string seed_manifest;
   std::string seed_blobs;
+  /// Host paths to attach inside the root (host_mount_policy::prepare: the
+  /// policy was applied there); their descriptors are closed once init has
+  /// them.
+  std::vector<prepared_mount> host_mounts;
 };
 
 /// A command's pseudo-terminal (command::pty): its window size.
@@ -283,6 +288,7 @@ private:
   unique_fd chronus_;
   unique_fd channel_;
   bool chronus_enabled_ = false;
+  bool host_mounts_ = false; // host mounts were given (their step is timed)
   unique_fd upper_mnt_;
   uint32_t uid_base_ = 0;
   uint64_t next_id_ = 1;

@@ -14,6 +14,7 @@
 #include "runtime/cgroup.hpp"
 #include "runtime/chronus_endpoint.hpp"
 #include "runtime/error.hpp"
+#include "runtime/host_mount.hpp"
 #include "runtime/reactor.hpp"
 #include "runtime/spawner.hpp"
 #include "runtime/store.hpp"
@@ -65,6 +66,10 @@ public:
   /// by whoever set it; null: egress sandboxes are refused.
   [[nodiscard]] egress_network* network() const { return network_; }
   void set_network(egress_network* n) { network_ = n; }
+  /// The directories its sandboxes may mount (dsecd --allow-host-mount;
+  /// runtime/host_mount.hpp); empty: none.
+  [[nodiscard]] const host_mount_policy& host_mounts() const { return host_mounts_; }
+  void set_host_mounts(host_mount_policy p) { host_mounts_ = std::move(p); }
   /// The node's forwarder of exposed ports (runtime/port_forward.hpp), owned
   /// by whoever set it; null: exposing a port is refused.
   [[nodiscard]] port_forwarder* ports() const { return ports_; }
@@ -75,6 +80,7 @@ public:
 private:
   egress_network* network_ = nullptr;
   port_forwarder* ports_ = nullptr;
+  host_mount_policy host_mounts_;
   engine() = default;
   std::optional<store> store_;
   std::vector<std::unique_ptr<spawner>> spawners_;

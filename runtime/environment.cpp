@@ -77,6 +77,7 @@ expected<void> environment::validate() const {
       if (auto p = parse_net_rule(r); !p)
         return std::move(p).error_value();
   DSEC_TRY_VOID(check_expose(*this, expose));
+  DSEC_TRY_VOID(check_mounts());
   bool known = false;
   for (auto b : known_backends())
     known = known || b == backend;
@@ -86,6 +87,37 @@ expected<void> environment::validate() const {
       names += (names.empty() ? "" : ", ") + std::string{b};
     return make_error(errc::unsupported,
                       "backend '" + backend + "' is not available (only " + names + ")");
+  }
+  return {};
+}
+
+expected<void> environment::check_mounts() const {
+  if (mounts.empty())
+    return {};
+  if (backend != backend_container && backend != backend_function)
+    return make_error(errc::unsupported, "-v " + mounts.front().to_string() + ": the " + backend
+                                           + " backend has no host mounts (container and "
+                                             "function only)");
+  if (mounts.size() > max_host_mounts)
+    return make_error(errc::invalid_argument,
+                      "a sandbox has at most " + std::to_string(max_host_mounts)
+                        + " host mounts, this one " + std::to_string(mounts.size()));
+  for (size_t i = 0; i < mounts.size(); ++i) {
+    DSEC_TRY_VOID(check_host_mount(mounts[i]));
+    // A target in another's would be made in the host's directory.
+    for (size_t j = 0; j < i; ++j) {
+      const auto& a = mounts[j].target;
+      const auto& b = mounts[i].target;
+      auto in = [](const std::string& p, const std::string& d) {
+        return p.size() > d.size() && p.compare(0, d.size(), d) == 0 && p[d.size()] == '/';
+      };
+      if (a == b || in(a, b) || in(b, a))
+        return make_error(errc::invalid_argument,
+                          "-v " + mounts[i].to_string() + ": its sandbox path "
+                            + (a == b ? "is that of " : "nests with that of ")
+                            + mounts[j].to_string()
+                            + " (each host mount needs a place of its own)");
+    }
   }
   return {};
 }
@@ -203,6 +235,13 @@ std::string environment::difference(const environment& other, std::string_view a
     return out;
   };
   add("expose", ports(expose), ports(o.expose));
+  auto binds = [](const std::vector<host_mount>& v) {
+    std::string out;
+    for (const auto& m : v)
+      out += (out.empty() ? "" : ",") + m.to_string();
+    return out;
+  };
+  add("mounts", binds(mounts), binds(o.mounts));
   add("ttl_ms", std::to_string(ttl_ms), std::to_string(o.ttl_ms));
   add("chronus", chronus ? "on" : "off", o.chronus ? "on" : "off");
   add("backend", backend, o.backend);
@@ -243,6 +282,14 @@ std::string environment::to_json() const {
   o += ", \"expose\": [";
   for (size_t i = 0; i < expose.size(); ++i)
     o += (i ? ", " : "") + std::to_string(expose[i]);
+  o += "], \"mounts\": [";
+  for (size_t i = 0; i < mounts.size(); ++i) {
+    o += i ? ", {\"host\": " : "{\"host\": ";
+    json_string(o, mounts[i].host);
+    o += ", \"target\": ";
+    json_string(o, mounts[i].target);
+    o += std::string{", \"read_only\": "} + (mounts[i].read_only ? "true}" : "false}");
+  }
   o += "]";
   o += ", \"ttl_ms\": " + std::to_string(ttl_ms) + ", \"backend\": ";
   json_string(o, backend);

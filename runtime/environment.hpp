@@ -14,6 +14,7 @@
 
 #include "runtime/cgroup.hpp"
 #include "runtime/error.hpp"
+#include "runtime/host_mount.hpp"
 #include "runtime/layer.hpp"
 
 namespace dsec {
@@ -67,6 +68,14 @@ struct environment {
   std::vector<uint16_t> expose;
   /// The most ports one sandbox may expose.
   static constexpr size_t max_exposed = 32;
+
+  // ---- host mounts (issue 23; runtime/host_mount.hpp) ----
+  /// Host paths bind-mounted into the sandbox (`-v HOST:SANDBOX[:ro|:rw]`),
+  /// idmapped so that they keep their host owners, nosuid and nodev, each
+  /// allowed by the policy of the node that builds it (dsecd
+  /// --allow-host-mount). At most max_host_mounts, no target twice or
+  /// beneath another's; container and function backends only.
+  std::vector<host_mount> mounts;
   /// "none", "loopback" or "egress".
   [[nodiscard]] const char* network() const;
   /// Sets net and egress from "none", "loopback" or "egress"; the error names
@@ -84,6 +93,8 @@ struct environment {
   /// backend is a known one. The invalid_argument error names the bad field
   /// and value; an unknown backend is errc::unsupported.
   [[nodiscard]] expected<void> validate() const;
+  /// validate()'s rules for `mounts`.
+  [[nodiscard]] expected<void> check_mounts() const;
 
   /// The cgroup limits it asks for (unset where it asks for none).
   [[nodiscard]] limits cgroup_limits() const;
@@ -107,8 +118,8 @@ struct environment {
 
   /// One JSON object of every field (`dsec inspect`, `ps --json`): base,
   /// workdir (null if none), tools, memory, pids, cpus, disk, network (none,
-  /// loopback, egress), allow, deny, expose, ttl_ms,
-  /// backend, chronus, snapshot (null if none).
+  /// loopback, egress), allow, deny, expose, mounts (objects: host, target,
+  /// read_only), ttl_ms, backend, chronus, snapshot (null if none).
   [[nodiscard]] std::string to_json() const;
 
   friend bool operator==(const environment&, const environment&) = default;

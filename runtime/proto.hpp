@@ -49,6 +49,7 @@ enum class child_step : uint32_t {
   mount_proc,
   protect_proc,
   mount_devpts,
+  host_mounts,    ///< with spawn::host_mounts only: each at its target
   chronus_mounts, ///< spawn_chronus only: /.dsec, and the pristine root
   enter_root,
   set_hostname,
@@ -63,7 +64,7 @@ enum class child_step : uint32_t {
 inline const char* child_step_name(uint32_t s) {
   static const char* names[] = {"join_cgroup",    "enter_cgroup_ns",   "attach_root",
                                 "mount_proc",     "protect_proc",      "mount_devpts",
-                                "chronus_mounts", "enter_root",        "set_hostname",
+                                "host_mounts",    "chronus_mounts", "enter_root",        "set_hostname",
                                 "setup_network",  "landlock",          "drop_capabilities",
                                 "seccomp",        "trusted_helper"};
   return s < static_cast<uint32_t>(child_step::count) ? names[s] : "unknown";
@@ -108,7 +109,8 @@ inline constexpr int trusted_channel_fd = 3;
 
 /// Descriptors attached, in order: the overlay mount, init's end of the control
 /// socket, `cgroup_fds` cgroup.procs files to join, then with spawn_chronus the
-/// chronus_fd::count below.
+/// chronus_fd::count below, then `host_mounts` detached mounts
+/// (runtime/host_mount.hpp) to attach inside the root.
 /// With spawn_chronus, after the cgroup files: the pristine root (a read-only
 /// overlay of the layers; its /.dsec is also mounted over the sandbox's own),
 /// its /tmp (a tmpfs), and the sandbox's end of the trusted channel.
@@ -121,7 +123,19 @@ struct spawn {
   uint32_t flags = 0;
   uint32_t cgroup_fds = 0;
   char hostname[64] = {};
+  /// Host mounts: how many; bit i set: mount i is a directory (else a file);
+  /// the bytes after this struct in the message: their targets in the
+  /// sandbox's root, in order, each NUL-terminated (at most max_mount_paths).
+  uint32_t host_mounts = 0;
+  uint32_t mount_dirs = 0;
+  uint32_t paths_len = 0;
+  uint32_t pad = 0;
 };
+
+/// The most host mounts of one spawn (host_mount.hpp's max_host_mounts), and
+/// the most bytes their targets take.
+inline constexpr uint32_t max_spawn_mounts = 16;
+inline constexpr uint32_t max_mount_paths = max_spawn_mounts * 1024;
 
 /// A network namespace (owned by the sandbox user namespace, nothing up) for
 /// the zygote's pool; its fd attached. No reply.

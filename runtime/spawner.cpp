@@ -118,15 +118,24 @@ expected<void> spawner::ready() {
 expected<spawner::spawned> spawner::spawn(int overlay, int ctl,
                                           std::span<const int> cgroup_fds,
                                           const std::string& hostname, bool net,
-                                          const chronus_fds* chronus) {
-  proto::spawn req;
+                                          const chronus_fds* chronus,
+                                          std::span<const prepared_mount> mounts) {
+  struct {
+    proto::spawn req;
+    char paths[proto::max_mount_paths];
+  } msg;
+  auto& req = msg.req;
   req.flags = (net ? proto::spawn_net : 0) | (chronus ? proto::spawn_chronus : 0);
   if (hostname.size() >= sizeof req.hostname)
     return make_error(errc::invalid_argument,
                       "hostname '" + hostname + "' is longer than 63 characters");
   std::memcpy(req.hostname, hostname.data(), hostname.size());
   int fds[unix_socket::max_fds];
-  size_t nsend = 2 + cgroup_fds.size() + (chronus ? size_t{proto::chronus_fd::count} : 0);
+  size_t before_mounts = 2 + cgroup_fds.size() + (chronus ? size_t{proto::chronus_fd::count} : 0);
+  size_t nsend = before_mounts + mounts.size();
+  if (mounts.size() > proto::max_spawn_mounts)
+    return make_error(errc::invalid_argument,
+                      "more than " + std::to_string(proto::max_spawn_mounts) + " host mounts");
   if (nsend > unix_socket::max_fds)
     return make_error(errc::invalid_argument, "too many cgroups");
   fds[0] = overlay;
@@ -143,9 +152,21 @@ expected<spawner::spawned> spawner::spawn(int overlay, int ctl,
       if (at[i] < 0)
         return make_error(errc::invalid_argument, "a Chronus sandbox is missing a descriptor");
   }
+  for (size_t i = 0; i < mounts.size(); ++i) {
+    const auto& t = mounts[i].target;
+    if (t.empty() || t.front() != '/' || t.find('\0') != std::string::npos
+        || req.paths_len + t.size() + 1 > sizeof msg.paths)
+      return make_error(errc::invalid_argument, "host mount target '" + t + "' cannot be sent");
+    std::memcpy(msg.paths + req.paths_len, t.c_str(), t.size() + 1);
+    req.paths_len += static_cast<uint32_t>(t.size() + 1);
+    if (mounts[i].directory)
+      req.mount_dirs |= 1u << i;
+    fds[before_mounts + i] = mounts[i].tree.get();
+  }
+  req.host_mounts = static_cast<uint32_t>(mounts.size());
   std::lock_guard<std::mutex> guard{mu_};
   DSEC_TRY_VOID(ready());
-  if (unix_socket::send(sock_.get(), &req, sizeof req, fds, nsend) < 0)
+  if (unix_socket::send(sock_.get(), &msg, sizeof req + req.paths_len, fds, nsend) < 0)
     return make_error(errc::disconnected,
                       std::string{"the sandbox spawner is gone: "} + std::strerror(errno));
   proto::spawn_reply reply;

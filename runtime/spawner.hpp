@@ -12,6 +12,7 @@
 #include <string>
 
 #include "runtime/error.hpp"
+#include "runtime/host_mount.hpp"
 #include "runtime/fd.hpp"
 #include "runtime/userns.hpp"
 
@@ -57,10 +58,13 @@ public:
   /// Creates a sandbox init whose root is `overlay` (a detached mount), which
   /// talks over `ctl` and joins the cgroups behind `cgroup_fds`. With
   /// `chronus`: init starts the trusted helper (proto::spawn_chronus), with
-  /// these descriptors. Thread-safe.
+  /// these descriptors. `mounts` (host_mount_policy::prepare) are attached
+  /// at their targets inside the root before anything of the sandbox runs.
+  /// Thread-safe.
   expected<spawned> spawn(int overlay, int ctl, std::span<const int> cgroup_fds,
                           const std::string& hostname, bool net,
-                          const chronus_fds* chronus = nullptr);
+                          const chronus_fds* chronus = nullptr,
+                          std::span<const prepared_mount> mounts = {});
 
   /// The sandbox user namespace (to idmap layer mounts with).
   [[nodiscard]] int userns_fd() const { return userns_.get(); }

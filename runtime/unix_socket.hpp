@@ -10,7 +10,7 @@
 namespace dsec::unix_socket {
 
 /// Most descriptors one message carries.
-constexpr size_t max_fds = 16;
+constexpr size_t max_fds = 40;
 
 /// Sends one message with `nfds` descriptors attached. Returns bytes sent or -1
 /// with errno set. Retries EINTR; never raises SIGPIPE.

@@ -5,6 +5,7 @@
 #include <grp.h>
 #include <linux/capability.h>
 #include <linux/magic.h>
+#include <linux/openat2.h>
 #include <linux/sched.h>
 #include <net/if.h>
 #include <poll.h>
@@ -209,6 +210,7 @@ void set_up(zygote_state& z, pid_t host, unsigned prewarm) {
 struct child_ctx {
   const zygote_state* z;
   const proto::spawn* req;
+  const char* mount_paths; // req->host_mounts targets, NUL-terminated in turn
   int* fds;
   size_t nfds;
   int ctl;
@@ -295,6 +297,83 @@ void chronus_mounts(child_ctx& c, int& channel, int& pristine) {
   channel = at[proto::chronus_fd::channel];
 }
 
+// The host mounts (runtime/host_mount.hpp), each a detached mount made by
+// the node, at its target inside the root at /mnt: the target is looked up
+// in the root (its symlinks resolved inside it) without crossing a mount
+// (so never into /proc, /dev/pts or another host mount), its missing
+// directories made (the sandbox's root owns them, in the writable layer),
+// and for a file an empty file made to mount over. No process of the
+// sandbox exists yet.
+void host_mounts(child_ctx& c) {
+  using S = proto::child_step;
+  const auto& req = *c.req;
+  int* at = c.fds + 2 + req.cgroup_fds
+            + ((req.flags & proto::spawn_chronus) ? size_t{proto::chronus_fd::count} : 0);
+  int root = ::open("/mnt", O_PATH | O_DIRECTORY | O_CLOEXEC);
+  if (root < 0)
+    child_fail(c, S::host_mounts, "/", errno);
+  auto lookup = [&](const char* path, uint64_t flags) {
+    open_how how{};
+    how.flags = flags | O_PATH | O_CLOEXEC;
+    how.resolve = RESOLVE_IN_ROOT | RESOLVE_NO_XDEV | RESOLVE_NO_MAGICLINKS;
+    return static_cast<int>(::syscall(SYS_openat2, root, path, &how, sizeof how));
+  };
+  const char* target = c.mount_paths;
+  char path[1024];
+  for (uint32_t i = 0; i < req.host_mounts; ++i, target += std::strlen(target) + 1) {
+    bool dir = (req.mount_dirs >> i) & 1u;
+    size_t len = std::strlen(target);
+    if (len == 0 || len >= sizeof path || target[0] != '/')
+      child_fail(c, S::host_mounts, target, EINVAL);
+    // Each ancestor, then the target itself: found, or made in its parent.
+    for (size_t end = 1; end <= len; ++end) {
+      if (end < len && target[end] != '/')
+        continue;
+      std::memcpy(path, target, end);
+      path[end] = '\0';
+      bool last = end == len;
+      int fd = lookup(path + 1, (last && !dir) ? 0 : O_DIRECTORY);
+      if (fd < 0 && errno == ENOENT) {
+        char* slash = std::strrchr(path, '/');
+        *slash = '\0';
+        int parent = slash == path ? ::fcntl(root, F_DUPFD_CLOEXEC, 0)
+                                   : lookup(path + 1, O_DIRECTORY);
+        *slash = '/';
+        if (parent < 0)
+          child_fail(c, S::host_mounts, path, errno);
+        int made = (last && !dir)
+                     ? ::openat(parent, slash + 1, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW
+                                                     | O_CLOEXEC, 0644)
+                     : ::mkdirat(parent, slash + 1, 0755);
+        int err = errno;
+        ::close(parent);
+        if (made < 0 && err != EEXIST)
+          child_fail(c, S::host_mounts, path, err);
+        if (last && !dir && made >= 0)
+          ::close(made);
+        fd = lookup(path + 1, (last && !dir) ? 0 : O_DIRECTORY);
+      }
+      if (fd < 0)
+        child_fail(c, S::host_mounts, path, errno);
+      if (!last) {
+        ::close(fd);
+        continue;
+      }
+      struct stat st{};
+      if (::fstat(fd, &st) < 0)
+        child_fail(c, S::host_mounts, path, errno);
+      if (!dir && !S_ISREG(st.st_mode))
+        child_fail(c, S::host_mounts, path, S_ISDIR(st.st_mode) ? EISDIR : EINVAL);
+      if (sys::move_mount(at[i], "", fd, "", MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH)
+          < 0)
+        child_fail(c, S::host_mounts, path, errno);
+      ::close(fd);
+      ::close(at[i]);
+    }
+  }
+  ::close(root);
+}
+
 // Closes every descriptor but the `n` in `keep`.
 void close_all_but(int* keep, size_t n) {
   std::sort(keep, keep + n);
@@ -371,6 +450,10 @@ void close_all_but(int* keep, size_t n) {
       child_fail(c, S::mount_devpts, "/dev/pts", ENOTTY);
   }
   mark(c, S::mount_devpts);
+  if (req.host_mounts > 0) {
+    host_mounts(c);
+    mark(c, S::host_mounts);
+  }
   bool chronus = (req.flags & proto::spawn_chronus) != 0;
   int channel = -1, pristine = -1;
   if (chronus) {
@@ -460,11 +543,16 @@ pid_t clone_sandbox(uint32_t flags, int* pidfd) {
 }
 
 void serve(zygote_state& z) {
-  for (;;) {
+  // One spawn request and its host mounts' targets (proto::spawn).
+  static struct {
     proto::spawn req;
+    char paths[proto::max_mount_paths];
+  } msg;
+  auto& req = msg.req;
+  for (;;) {
     int fds[unix_socket::max_fds];
     size_t nfds = 0;
-    ssize_t n = unix_socket::recv(host_sock, &req, sizeof req, fds, unix_socket::max_fds, &nfds);
+    ssize_t n = unix_socket::recv(host_sock, &msg, sizeof msg, fds, unix_socket::max_fds, &nfds);
     if (n == 0)
       ::_exit(0); // the dsec process closed the socket: we are done
     if (n == static_cast<ssize_t>(sizeof(proto::give_netns)) && req.h.magic == proto::magic
@@ -482,10 +570,15 @@ void serve(zygote_state& z) {
       if (errno == EINTR)
         continue;
       reply.err = errno;
-    } else if (static_cast<size_t>(n) != sizeof req || req.h.magic != proto::magic
+    } else if (static_cast<size_t>(n) < sizeof req || req.h.magic != proto::magic
                || req.h.kind != proto::type::spawn || nfds < 2
+               || req.host_mounts > proto::max_spawn_mounts
+               || req.paths_len > proto::max_mount_paths
+               || static_cast<size_t>(n) != sizeof req + req.paths_len
+               || (req.paths_len > 0 && msg.paths[req.paths_len - 1] != '\0')
                || nfds != 2 + static_cast<size_t>(req.cgroup_fds)
-                            + ((req.flags & proto::spawn_chronus) ? size_t{proto::chronus_fd::count} : 0)) {
+                            + ((req.flags & proto::spawn_chronus) ? size_t{proto::chronus_fd::count} : 0)
+                            + req.host_mounts) {
       reply.err = EPROTO;
     }
     int pidfd = -1;
@@ -503,7 +596,7 @@ void serve(zygote_state& z) {
     if (reply.err == 0) {
       pid_t pid = clone_sandbox(req.flags, &pidfd);
       if (pid == 0) {
-        child_ctx c{&z, &req, fds, nfds, fds[1], netns, {}, 0};
+        child_ctx c{&z, &req, msg.paths, fds, nfds, fds[1], netns, {}, 0};
         child_main(c);
       }
       if (pid < 0)

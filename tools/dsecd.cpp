@@ -111,6 +111,13 @@ Options:
   --metrics-token FILE   also require "Authorization: Bearer TOKEN" on those,
                          TOKEN being FILE's first line (at least 16 characters;
                          the file open to neither group nor others)
+  --allow-host-mount DIR[:rw]
+                         sandboxes may bind-mount what lies beneath DIR
+                         (`run -v HOST:SANDBOX[:ro|:rw]`; repeatable): read-only,
+                         or also writable with :rw, which needs DIR on a nosuid
+                         mount. Paths are resolved beneath DIR as opened at
+                         start (a symlink out of it is refused). Without it,
+                         every host mount is refused (docs/security.md)
   --uplink IFACE         egress networking (docs/network.md): sandboxes made
                          with --network egress get a veth to this node, an
                          address from --sandbox-net, a default route, and are
@@ -343,6 +350,11 @@ int main(int argc, char** argv) {
       if (*dur < std::chrono::seconds(3) || *dur > std::chrono::hours(24))
         return bad("--client-timeout: expected a duration from 3s to 24h, got '" + v + "'");
       o.client_timeout = *dur;
+    } else if (opt("--allow-host-mount")) {
+      if (v.empty() || v.front() != '/')
+        return bad("--allow-host-mount: expected an absolute directory (DIR or DIR:rw), got '"
+                   + v + "'");
+      o.d.host_mounts.push_back(v);
     } else if (opt("--uplink")) {
       if (v.empty())
         return bad("--uplink: expected an interface name");

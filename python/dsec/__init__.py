@@ -189,7 +189,8 @@ def _environment(base: object, workdir: object, tools: Iterable[str] | None, mem
                  pids: object, cpus: object, disk: object, net: object, chronus: object,
                  ttl: object, snapshot: object = None,
                  backend: object = "container",
-                 expose: Iterable[int] | None = None) -> _dsec.Environment:
+                 expose: Iterable[int] | None = None,
+                 mounts: Iterable[str] | None = None) -> _dsec.Environment:
     env = _dsec.Environment()
     env.backend = _str("backend", backend, allow_empty=False)
     if snapshot is not None:  # snapshots (issue 16): the layers come from the diff
@@ -215,6 +216,10 @@ def _environment(base: object, workdir: object, tools: Iterable[str] | None, mem
     env.chronus = bool(chronus)
     env.ttl_ms = 0 if ttl is None else _seconds_ms("ttl", ttl)
     env.expose = [_port("expose[]", p) for p in (expose or ())]
+    if isinstance(mounts, str):
+        raise TypeError("mounts: expected a list of 'HOST:SANDBOX[:ro|:rw]' strings, got a str "
+                        f"({mounts!r}); write mounts=[{mounts!r}]")
+    env.mounts = [_str("mounts[]", m, allow_empty=False) for m in (mounts or ())]
     return env
 
 
@@ -655,7 +660,8 @@ class Session:
                cpus: float | None = None, disk: Size | None = None, net: bool = False,
                chronus: bool = False, ttl: Seconds | None = None, key: str | None = None,
                tags: Mapping[str, str] | None = None, snapshot: str | None = None,
-               backend: str = "container", expose: Sequence[int] = ()) -> Batch:
+               backend: str = "container", expose: Sequence[int] = (),
+               mounts: Sequence[str] = ()) -> Batch:
         """Creates `count` sandboxes of base + workdir + tools (NAME@VERSION
         each; the last tool on top) and returns them as a Batch (a list).
 
@@ -681,9 +687,14 @@ class Session:
         expose: TCP ports inside each sandbox that its node forwards from a
         fresh port of its own (dsecd --expose-address) from creation on; needs
         net=True. Sandbox.ports() says where; Sandbox.expose() adds one later.
+
+        mounts: host paths of the node bind-mounted into each sandbox, as
+        "HOST:SANDBOX[:ro|:rw]" (read-only unless :rw); the node must allow
+        them (dsecd --allow-host-mount DIR[:rw]), else the create fails with
+        dsec.InvalidArgument naming the mount (docs/security.md, "Host mounts").
         """
         env = _environment(base, workdir, tools, memory, pids, cpus, disk, net, chronus, ttl,
-                           snapshot, backend, expose)
+                           snapshot, backend, expose, mounts)
         count = _int("count", count, hi=1_000_000)
         made, failures = self._s.create(env, count, *_labels(key, tags))
         return _batch(self, made, failures, count)
@@ -695,9 +706,10 @@ class Session:
                            net: bool = False, chronus: bool = False, ttl: Seconds | None = None,
                            key: str | None = None,
                            tags: Mapping[str, str] | None = None,
-                           expose: Sequence[int] = ()) -> Batch:
+                           expose: Sequence[int] = (),
+                           mounts: Sequence[str] = ()) -> Batch:
         env = _environment(base, workdir, tools, memory, pids, cpus, disk, net, chronus, ttl,
-                           expose=expose)
+                           expose=expose, mounts=mounts)
         count = _int("count", count, hi=1_000_000)
         fut, done = _future()
         self._s.create_async(env, count, *_labels(key, tags), done)
@@ -710,14 +722,15 @@ class Session:
                    memory: Size | None = None, pids: int | None = None,
                    cpus: float | None = None, disk: Size | None = None, net: bool = False,
                    chronus: bool = False, ttl: Seconds | None = None, key: str | None = None,
-                   tags: Mapping[str, str] | None = None, expose: Sequence[int] = ()) -> Sandbox:
+                   tags: Mapping[str, str] | None = None, expose: Sequence[int] = (),
+                   mounts: Sequence[str] = ()) -> Sandbox:
         """Creates one sandbox (create()'s arguments, without count) and returns
         it: a Sandbox, not a Batch. If it could not be made, raises why (a
         dsec.Error) rather than returning an empty Batch with a failure.
         ``Sandbox.key`` is `key`, or the one dsec picked ("#N")."""
         return _one(self.create(base, workdir, tools, 1, memory=memory, pids=pids, cpus=cpus,
                                 disk=disk, net=net, chronus=chronus, ttl=ttl, key=key,
-                                tags=tags, expose=expose))
+                                tags=tags, expose=expose, mounts=mounts))
 
     async def create_one_async(self, base: str, workdir: str | None = None,
                                tools: Sequence[str] = (), *, memory: Size | None = None,
@@ -726,10 +739,12 @@ class Session:
                                chronus: bool = False, ttl: Seconds | None = None,
                                key: str | None = None,
                                tags: Mapping[str, str] | None = None,
-                               expose: Sequence[int] = ()) -> Sandbox:
+                               expose: Sequence[int] = (),
+                               mounts: Sequence[str] = ()) -> Sandbox:
         return _one(await self.create_async(base, workdir, tools, 1, memory=memory, pids=pids,
                                             cpus=cpus, disk=disk, net=net, chronus=chronus,
-                                            ttl=ttl, key=key, tags=tags, expose=expose))
+                                            ttl=ttl, key=key, tags=tags, expose=expose,
+                                            mounts=mounts))
 
     def find(self, key: str) -> Sandbox | None:
         """The Sandbox with this key (a create's key=, or KEY#i of a batch), or

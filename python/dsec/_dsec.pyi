@@ -28,6 +28,7 @@ class Environment:
     allow: list[str]
     deny: list[str]
     expose: list[int]
+    mounts: list[str]
     snapshot: str
     def __init__(self) -> None: ...
 

@@ -651,6 +651,25 @@ void bind_values(py::module_& m) {
     .def_readwrite("allow", &environment::allow)
     .def_readwrite("deny", &environment::deny)
     .def_readwrite("expose", &environment::expose)
+    // host mounts (docs/security.md): "HOST:SANDBOX[:ro|:rw]", read-only by default
+    .def_property(
+      "mounts",
+      [](const environment& e) {
+        std::vector<std::string> out;
+        for (const auto& m : e.mounts)
+          out.push_back(m.to_string());
+        return out;
+      },
+      [](environment& e, const std::vector<std::string>& specs) {
+        std::vector<host_mount> ms;
+        for (const auto& text : specs) {
+          auto m = parse_host_mount(text, true);
+          if (!m)
+            throw py::value_error("mounts: " + m.error_value().message);
+          ms.push_back(std::move(*m));
+        }
+        e.mounts = std::move(ms);
+      })
     .def_readwrite("snapshot", &environment::snapshot)
     .def("__repr__", [](const environment& e) {
       std::string tools;

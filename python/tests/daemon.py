@@ -85,6 +85,9 @@ class Daemon:
                                         stdin=subprocess.PIPE, text=True)
         try:
             self.state = os.path.join(self.root, "state")
+            # What its sandboxes may mount read-only (dsecd --allow-host-mount).
+            self.host_dir = os.path.join(self.root, "host")
+            _write(os.path.join(self.host_dir, "data.txt"), "from the host\n")
             if tls:
                 self._make_certs()
             if layers:
@@ -138,7 +141,8 @@ class Daemon:
 
     def _start(self, port=0):
         self.proc = subprocess.Popen(
-            [self.dsecd, "--listen", f"127.0.0.1:{port}", "--state", self.state]
+            [self.dsecd, "--listen", f"127.0.0.1:{port}", "--state", self.state,
+             "--allow-host-mount", self.host_dir]
             + (["--tls", self.tls] if self.tls else []),
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=_die_with_parent)
         self.janitor.stdin.write(f"pid {self.proc.pid}\n")

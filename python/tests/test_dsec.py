@@ -51,6 +51,29 @@ class Base(unittest.TestCase):
         self.assertFalse(self.live_ids() & set(ids), "sandboxes left on the node")
 
 
+class HostMounts(Base):
+    def test_mounts_read_only_beneath_the_allowed_directory(self):
+        with self.c.session(quota=4, ttl=120, name="py-mounts") as s:
+            sb = s.create_one(base="py@1", mounts=[f"{D.host_dir}:/data"])
+            r = sb.exec("cat /data/data.txt; echo x > /data/new")
+            self.assertEqual(r.stdout, b"from the host\n")
+            self.assertNotEqual(r.exit_code, 0)
+            self.assertIn(b"Read-only file system", r.stderr)
+            self.assertFalse(os.path.exists(os.path.join(D.host_dir, "new")))
+            # Outside the allowed directory, or writable where only reading is
+            # allowed: refused, naming the mount.
+            with self.assertRaises(dsec.InvalidArgument) as e:
+                s.create_one(base="py@1", mounts=[f"{D.state}:/data"])
+            self.assertIn(f"{D.state}:/data:ro", str(e.exception))
+            with self.assertRaises(dsec.InvalidArgument) as e:
+                s.create_one(base="py@1", mounts=[f"{D.host_dir}:/data:rw"])
+            self.assertIn("read-only only", str(e.exception))
+            with self.assertRaises(ValueError):
+                s.create_one(base="py@1", mounts=["relative:/data"])
+            with self.assertRaises(TypeError):
+                s.create_one(base="py@1", mounts=f"{D.host_dir}:/data")
+
+
 class Commands(Base):
     def test_exec_collects_output_exit_codes_and_limits(self):
         with self.c.session(quota=8, ttl=120, name="py-exec") as s:

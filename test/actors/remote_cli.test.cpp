@@ -12,14 +12,17 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/mount.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/sysmacros.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <filesystem>
 #include <fstream>
@@ -789,6 +792,118 @@ TEST_CASE("remote exec -u NAME: looked up in the sandbox's image; unknown names 
   CHECK_MESSAGE(r.status == 0, r.describe());
   check_serving(d);
   d.finish();
+}
+
+// ---- host mounts (issue 23) -------------------------------------------------------
+
+namespace {
+
+// A tmpfs mounted nosuid at `dir` for as long as it lives (a writable host
+// mount's directory must be on a nosuid mount).
+struct nosuid_tmpfs {
+  explicit nosuid_tmpfs(std::string d) : dir(std::move(d)) {
+    REQUIRE(::mkdir(dir.c_str(), 0755) == 0);
+    REQUIRE_MESSAGE(::mount("tmpfs", dir.c_str(), "tmpfs", MS_NOSUID | MS_NODEV, "size=4m") == 0,
+                    std::strerror(errno));
+  }
+  ~nosuid_tmpfs() { CHECK(::umount2(dir.c_str(), MNT_DETACH) == 0); }
+  std::string dir;
+};
+
+} // namespace
+
+TEST_CASE("remote run -v: only beneath the node's --allow-host-mount, read-only unless DIR:rw") {
+  temp_dir t{"/tmp", "dsec-host-mounts"};
+  auto ro = t.path() + "/ro";
+  REQUIRE(::mkdir(ro.c_str(), 0755) == 0);
+  std::ofstream{ro + "/f"} << "from the host\n";
+  REQUIRE(::chown((ro + "/f").c_str(), 1000, 1000) == 0);
+  REQUIRE(::mkdir((t.path() + "/secret").c_str(), 0700) == 0);
+  std::ofstream{t.path() + "/secret/key"} << "do not read\n";
+  REQUIRE(::symlink((t.path() + "/secret").c_str(), (ro + "/escape").c_str()) == 0);
+  nosuid_tmpfs rw{t.path() + "/rw"};
+
+  SUBCASE("a node without --allow-host-mount refuses every one") {
+    daemon_proc d;
+    auto r = d.run({"-v", ro + ":/data"}, {"cat", "/data/f"});
+    CHECK_MESSAGE(r.status == 125, r.describe());
+    CHECK_MESSAGE(contains(r.err, "lets no sandbox mount host paths"), r.describe());
+    check_serving(d);
+    d.finish();
+  }
+  SUBCASE("allowed directories: read, owners kept, writes only where :rw is allowed") {
+    daemon_proc d{{"--allow-host-mount", ro, "--allow-host-mount", rw.dir + ":rw"}};
+    // Read-only by default; the owner is the host's (an idmapped mount).
+    auto r = d.run({"-v", ro + ":/data"},
+                   {"sh", "-c", "cat /data/f; stat -c %u /data/f; echo x > /data/g"});
+    CHECK_MESSAGE(r.status != 0, r.describe());
+    CHECK(r.out == "from the host\n1000\n");
+    CHECK_MESSAGE(contains(r.err, "Read-only file system"), r.describe());
+    CHECK(::access((ro + "/g").c_str(), F_OK) != 0);
+    // A file, at a target whose directories are made.
+    r = d.run({"-v", ro + "/f:/a/b/f.txt"}, {"cat", "/a/b/f.txt"});
+    CHECK_MESSAGE(r.status == 0, r.describe());
+    CHECK(r.out == "from the host\n");
+    // Writable where the node says :rw: what the sandbox's root writes is the
+    // host's root's, and there is no set-user-ID program to be had.
+    r = d.run({"-v", rw.dir + ":/out:rw"},
+              {"sh", "-c", "echo made > /out/new && cp /bin/busybox /out/s && chmod 4755 /out/s"});
+    CHECK_MESSAGE(r.status == 0, r.describe());
+    std::ifstream in{rw.dir + "/new"};
+    std::string line;
+    std::getline(in, line);
+    CHECK(line == "made");
+    struct stat st{};
+    REQUIRE(::stat((rw.dir + "/new").c_str(), &st) == 0);
+    CHECK(st.st_uid == 0);
+    struct statvfs vfs{};
+    REQUIRE(::statvfs(rw.dir.c_str(), &vfs) == 0);
+    CHECK((vfs.f_flag & ST_NOSUID) != 0);
+
+    // Refused, each naming the mount; nothing was made on the host.
+    struct refused {
+      std::vector<std::string> opts;
+      const char* says;
+    };
+    for (const auto& c : {
+           refused{{"-v", ro + ":/data:rw"}, "read-only only"},
+           refused{{"-v", t.path() + "/secret:/data"}, "outside the directories"},
+           refused{{"-v", ro + "/escape:/data"}, "through a symlink"},
+           refused{{"-v", ro + "/none:/data"}, "does not exist"},
+         }) {
+      r = d.run(c.opts, {"true"});
+      CHECK_MESSAGE(r.status == 125, r.describe());
+      CHECK_MESSAGE(contains(r.err, c.says), r.describe());
+      CHECK_MESSAGE(contains(r.err, c.opts[1].substr(0, c.opts[1].find(':'))), r.describe());
+    }
+    // Checked before anything is sent: a usage error.
+    for (const auto& bad : {std::string{"data:/x"}, ro + ":/proc/x", ro + ":/", ro + ":/x:rx"}) {
+      r = d.run({"-v", bad}, {"true"});
+      CHECK_MESSAGE(r.status == 2, r.describe());
+      CHECK_MESSAGE(contains(r.err, "-v"), r.describe());
+    }
+    // inspect lists them.
+    auto box = d.detached({"-v", ro + ":/data"});
+    r = d.dsec({"inspect", box});
+    CHECK_MESSAGE(contains(r.out, "\"mounts\": [{\"host\": \"" + ro
+                                    + "\", \"target\": \"/data\", \"read_only\": true}]"),
+                  r.out);
+    r = d.dsec({"rm", box});
+    CHECK_MESSAGE(r.status == 0, r.describe());
+    check_serving(d);
+    d.finish();
+  }
+  SUBCASE("dsecd refuses a writable directory that is not on a nosuid mount") {
+    struct statvfs vfs{};
+    REQUIRE(::statvfs(ro.c_str(), &vfs) == 0);
+    if (vfs.f_flag & ST_NOSUID) {
+      MESSAGE("/tmp is a nosuid mount here: nothing to refuse");
+      return;
+    }
+    auto r = run_process(dsecd_argv({"--allow-host-mount", ro + ":rw"}));
+    CHECK_MESSAGE(r.status != 0, r.describe());
+    CHECK_MESSAGE(contains(r.err, "nosuid"), r.describe());
+  }
 }
 
 // ---- detached commands' output and ends (issue 23) ------------------------------

@@ -8,9 +8,11 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -251,6 +253,53 @@ TEST_CASE("--disk limits the writable layer") {
   // The control: the default is far larger.
   r = s.run({}, {"probe", "fill", "/tmp/b", "4"});
   CHECK(r.out == "ok\n");
+}
+
+TEST_CASE("-v: host directories and files in the sandbox, owners kept, read-only with :ro") {
+  auto& s = suite::get();
+  temp_dir t{"/tmp", "dsec-run-v"};
+  auto dir = t.path() + "/dir";
+  REQUIRE(::mkdir(dir.c_str(), 0755) == 0);
+  {
+    std::ofstream f{dir + "/f"};
+    f << "host text\n";
+  }
+  REQUIRE(::chown((dir + "/f").c_str(), 1000, 1000) == 0);
+  // Writable by default here (the user is root on this host already); what
+  // the sandbox's root makes is owned by the host's root.
+  auto r = s.run({"-v", dir + ":/data"},
+                 {"sh", "-c", "cat /data/f; stat -c %u:%g /data/f; echo new > /data/made"});
+  REQUIRE_MESSAGE(r.status == 0, r.describe());
+  CHECK(r.out == "host text\n1000:1000\n");
+  struct stat st{};
+  REQUIRE(::stat((dir + "/made").c_str(), &st) == 0);
+  CHECK(st.st_uid == 0);
+  // :ro: nothing can be written through it.
+  r = s.run({"-v", dir + ":/data:ro"}, {"sh", "-c", "echo x > /data/g"});
+  CHECK(r.status != 0);
+  CHECK_MESSAGE(r.err.find("Read-only file system") != std::string::npos, r.describe());
+  CHECK(::access((dir + "/g").c_str(), F_OK) != 0);
+  // A file over a file of the image, and one at a path whose directories are made;
+  // the sandbox's own files stay where they are.
+  r = s.run({"-v", dir + "/f:/etc/passwd:ro", "-v", dir + "/f:/x/y/z"},
+            {"sh", "-c", "cat /etc/passwd /x/y/z; ls /bin/busybox"});
+  REQUIRE_MESSAGE(r.status == 0, r.describe());
+  CHECK(r.out == "host text\nhost text\n/bin/busybox\n");
+  // A directory where the image has a file, and bad specs.
+  r = s.run({"-v", dir + ":/etc/passwd"}, {"true"});
+  CHECK(r.status == 125);
+  CHECK_MESSAGE(r.err.find("host_mounts") != std::string::npos, r.describe());
+  r = s.run({"-v", t.path() + "/missing:/data"}, {"true"});
+  CHECK(r.status == 125);
+  CHECK_MESSAGE(r.err.find("does not exist") != std::string::npos, r.describe());
+  for (const char* bad : {"rel:/x", "/a:/proc/self", "/a:/", "/a:/x:wr"}) {
+    r = s.run({"-v", bad}, {"true"});
+    CHECK_MESSAGE(r.status == 2, r.describe());
+  }
+  // Nothing of it is left on the host's mount table.
+  std::ifstream mi{"/proc/self/mountinfo"};
+  std::string text{std::istreambuf_iterator<char>{mi}, {}};
+  CHECK(text.find(dir) == std::string::npos);
 }
 
 TEST_CASE("a closed stdin or stderr of dsec reaches the command as /dev/null") {

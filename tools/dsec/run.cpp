@@ -83,6 +83,15 @@ CMD given replaces both).
 Isolation and limits (every sandbox has a memory and a pids limit and a
 bounded writable layer; the defaults are what a dsecd with its default
 --slots gives each sandbox on this machine, see below):
+  -v, --volume HOST:SANDBOX[:ro|:rw]
+                           bind-mount the host's directory or file HOST at
+                           SANDBOX (made if missing; not "/", nor in /proc,
+                           /dev, /sys); writable unless :ro; repeatable (16 at
+                           most, no SANDBOX in another's). Its files keep their
+                           host owners (an idmapped mount: host uid 1000 is
+                           uid 1000 inside, root's files the sandbox root's);
+                           nosuid and nodev; the mounts beneath HOST are not
+                           carried; not in the writable layer or a snapshot
   --net                    a private network namespace with a working loopback
                            (127.0.0.1); without it the sandbox has no network at
                            all, not even loopback. No route leads outside.
@@ -180,6 +189,7 @@ struct run_args {
 
 // Parses the options; returns an exit status on error.
 std::optional<int> parse(args& a, run_args& r) {
+  r.sb.mounts_read_only = false; // docker's -v: the user is root here already
   while (!a.empty()) {
     if (a.help()) {
       std::fputs(run_usage, stdout);
@@ -433,6 +443,15 @@ int run_main(const global_options& g, args& a) {
   for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT})
     ::sigaction(sig, &sa, nullptr);
 
+  // Any host path: whoever runs this is root on this host already.
+  std::optional<host_mount_policy> host_paths;
+  if (!env.mounts.empty()) {
+    auto p = host_mount_policy::anything();
+    if (!p)
+      return fail(p.error_value(), dsec_failed);
+    host_paths.emplace(std::move(*p));
+    r.extras.host_mounts = &*host_paths;
+  }
   auto t_create = std::chrono::steady_clock::now();
   auto c = build_sandbox(**sp, env, lowers, std::move(r.extras), cgroup_of, build_until::ready);
   if (!c)

@@ -167,6 +167,18 @@ parsed parse_sandbox_option(args& a, std::string_view verb, sandbox_options& s) 
     env.deny.push_back(v);
     return parsed::yes;
   }
+  p = value_of(a, verb, "--volume", v);
+  if (p == parsed::no)
+    p = value_of(a, verb, "-v", v);
+  if (p == parsed::bad)
+    return p;
+  if (p == parsed::yes) {
+    auto m = parse_host_mount(v, s.mounts_read_only);
+    if (!m)
+      return bad(verb, "-v: " + m.error_value().message);
+    env.mounts.push_back(std::move(*m));
+    return parsed::yes;
+  }
   DSEC_OPT("--expose") {
     auto port = parse_port(v, "--expose");
     if (!port)

@@ -16,13 +16,16 @@
 
 namespace dsec::cli {
 
-/// --base --workdir --tool --memory --pids --cpus --disk --net: the
+/// --base --workdir --tool --memory --pids --cpus --disk --net -v: the
 /// sandbox's environment (runtime/environment.hpp), as every verb sends it.
 struct sandbox_options {
   environment env;
   /// `--memory none`, `--pids none`: no such limit (a local `dsec run` only;
   /// a daemon applies its own defaults and takes no "none").
   bool no_memory = false, no_pids = false;
+  /// What `-v HOST:SANDBOX` without :ro or :rw is: read-only through a
+  /// daemon, writable in a local `dsec run` (whose user is root here).
+  bool mounts_read_only = true;
 };
 
 /// --env --cwd --user --timeout
