@@ -575,7 +575,8 @@ void serve(zygote_state& z) {
                || req.host_mounts > proto::max_spawn_mounts
                || req.paths_len > proto::max_mount_paths
                || static_cast<size_t>(n) != sizeof req + req.paths_len
-               || (req.paths_len > 0 && msg.paths[req.paths_len - 1] != '\0')
+               || std::count(msg.paths, msg.paths + req.paths_len, '\0')
+                    != static_cast<long>(req.host_mounts)
                || nfds != 2 + static_cast<size_t>(req.cgroup_fds)
                             + ((req.flags & proto::spawn_chronus) ? size_t{proto::chronus_fd::count} : 0)
                             + req.host_mounts) {

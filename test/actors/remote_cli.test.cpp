@@ -779,6 +779,10 @@ TEST_CASE("remote exec -u NAME: looked up in the sandbox's image; unknown names 
   auto r = d.dsec({"exec", "-u", "user", box, "--", "sh", "-c", "id -u; id -G; echo $HOME $USER"});
   CHECK_MESSAGE(r.status == 0, r.describe());
   CHECK(r.out == "1000\n1000 2000\n/home/user user\n");
+  // A number of the image's passwd is that user too (docker's -u).
+  r = d.dsec({"exec", "-u", "1000", box, "--", "sh", "-c", "id -G; echo $HOME $USER"});
+  CHECK_MESSAGE(r.status == 0, r.describe());
+  CHECK(r.out == "1000 2000\n/home/user user\n");
   // What the agent writes is not where names come from.
   r = d.dsec({"exec", box, "--", "sh", "-c", "echo 'fake:x:0:0::/:/bin/sh' >> /etc/passwd"});
   CHECK_MESSAGE(r.status == 0, r.describe());

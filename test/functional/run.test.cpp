@@ -197,9 +197,16 @@ TEST_CASE("--env, --cwd, --user and --hostname shape the command") {
     CHECK(r.out == "uid=1000 euid=1000 gid=2000 egid=2000\n2000\n/elsewhere\n");
     r = s.run({"--user", "1000:dev"}, {"sh", "-c", "probe uid; echo $USER"});
     CHECK(r.out == "uid=1000 euid=1000 gid=2000 egid=2000\nuser\n");
-    // A number keeps its groups empty (setgroups to none), as before.
-    r = s.run({"--user", "1000"}, {"id", "-G"});
-    CHECK(r.out == "1000\n");
+    // A number of the image's passwd is that user, as docker's -u: its gid,
+    // groups, HOME and USER; one of no entry is only itself, its HOME /
+    // (docker's too).
+    r = s.run({"--user", "1000"}, {"sh", "-c", "probe uid; id -G; echo $HOME $USER"});
+    CHECK_MESSAGE(r.out == "uid=1000 euid=1000 gid=1000 egid=1000\n1000 2000\n/home/user user\n",
+                  r.describe());
+    r = s.run({"--user", "1000:0"}, {"sh", "-c", "id -g; id -G"});
+    CHECK_MESSAGE(r.out == "0\n0 2000\n", r.describe());
+    r = s.run({"--user", "4321"}, {"sh", "-c", "probe uid; id -G; echo $HOME"});
+    CHECK_MESSAGE(r.out == "uid=4321 euid=4321 gid=4321 egid=4321\n4321\n/\n", r.describe());
     for (std::string bad : {"nobody-here", "user:nogroup"}) {
       r = s.run({"--user", bad}, {"true"});
       CHECK_MESSAGE(r.status == 126, r.describe());

@@ -52,12 +52,12 @@ Options:
   -w, --cwd DIR          working directory inside the sandbox (default: an OCI
                          image's WorkingDir, else /)
   -u, --user USER[:GROUP] run as this user of the sandbox (default: an OCI
-                         image's User, else 0, the sandbox's root): numbers
-                         (UID[:GID]), or names the sandbox looks up in its
+                         image's User, else 0, the sandbox's root): names or
+                         numbers (UID[:GID]) the sandbox looks up in its
                          base's /etc/passwd and /etc/group (not in what the
                          agent wrote): uid, gid, supplementary groups, HOME
                          and USER (unless --env sets them); an unknown name
-                         gives 126
+                         gives 126, a number with no entry is that uid alone
   --timeout DUR          kill CMD (and its process group) after DUR, e.g. 30s,
                          500ms, 2m; then the exit status is 124
   --trusted              run CMD as a trusted command (a grader): it reaches

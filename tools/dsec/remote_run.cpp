@@ -98,7 +98,7 @@ Environment of the command:
                            image's WorkingDir, else /)
   -u, --user USER[:GROUP]  run as this user of the sandbox (default: an OCI
                            image's User, else 0, the sandbox's root, which has no
-                           privileges on the host): numbers, or names looked up
+                           privileges on the host): names or numbers, looked up
                            in the base's /etc/passwd and /etc/group (uid, gid,
                            supplementary groups, HOME, USER; see `exec --help`)
 

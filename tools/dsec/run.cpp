@@ -60,9 +60,10 @@ Environment of the command:
   -w, --cwd DIR            working directory inside the sandbox (default /)
   -u, --user USER[:GROUP]  run as this user of the sandbox (default 0, the
                            sandbox's root, which has no privileges on the host):
-                           numbers (UID[:GID]), or names looked up in the base's
+                           names or numbers (UID[:GID]), looked up in the base's
                            /etc/passwd and /etc/group, which give the uid, gid,
-                           supplementary groups, HOME and USER
+                           supplementary groups, HOME and USER (a number with
+                           no entry is that uid alone, its gid the same)
   --hostname NAME          the sandbox's hostname (default: its id)
   -t, --tty                CMD on a terminal of the sandbox (a pty: its
                            controlling terminal, stdin, stdout and stderr, one

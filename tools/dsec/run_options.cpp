@@ -250,7 +250,9 @@ parsed parse_command_option(args& a, std::string_view verb, command_spec& c) {
         && (colon == std::string::npos || num(sv.substr(colon + 1), gid))) {
       c.uid = uid;
       c.gid = colon == std::string::npos ? uid : gid;
-      c.user.clear();
+      // Looked up too, as docker does: a uid of the image's /etc/passwd gets
+      // that entry's gid (unless :GID), groups, HOME and USER.
+      c.user = v;
       c.user_given = true;
       return parsed::yes;
     }

@@ -33,8 +33,9 @@ struct command_spec {
   std::vector<std::string> env; ///< KEY=VALUE overrides, in the order given
   std::string cwd = "/";
   std::optional<uint32_t> uid, gid;
-  /// --user with a name (USER[:GROUP], a part a name): looked up in the
-  /// image's /etc/passwd and /etc/group instead of uid and gid.
+  /// --user as given (USER[:GROUP], names or numbers): looked up in the
+  /// image's /etc/passwd and /etc/group, which decide over uid and gid (a
+  /// number of no entry stays itself).
   std::string user;
   std::optional<std::chrono::milliseconds> timeout;
   /// --cwd / --user came (an OCI image's WorkingDir and User apply otherwise).
