@@ -700,15 +700,18 @@ expected<command> make_command(const exec_request& req, const command_defaults& 
                                        : "no command given");
   c.env = merge_env(d.env, req.env);
   c.cwd = req.cwd.empty() ? d.cwd : req.cwd;
-  if (req.uid < 0 && d.user_error)
+  // The image's User applies unless the request names a user (by number or
+  // by name: start_exec looks the name up).
+  bool given = req.uid >= 0 || !req.user.empty();
+  if (!given && d.user_error)
     return *d.user_error;
   if (req.uid >= 0)
     c.uid = static_cast<uint32_t>(req.uid);
-  else if (d.user)
+  else if (!given && d.user)
     c.uid = d.user->uid;
   if (req.gid >= 0)
     c.gid = static_cast<uint32_t>(req.gid);
-  else if (req.uid < 0 && d.user)
+  else if (!given && d.user)
     c.gid = d.user->gid;
   return c;
 }

@@ -723,6 +723,10 @@ TEST_CASE("a daemon's sandboxes take the image config: Entrypoint + Cmd, Env, Wo
   r = remote({"run", "--base", "dghost@1", "--user", "0", "--", "id", "-u"});
   CHECK_MESSAGE(r.status == 0, r.describe());
   CHECK(r.out == "0\n");
+  // A user by name, too, is the caller's: the image's broken User does not apply.
+  r = remote({"run", "--base", "dghost@1", "--user", "root", "--", "id", "-u"});
+  CHECK_MESSAGE(r.status == 0, r.describe());
+  CHECK(r.out == "0\n");
   // No command and none in the image.
   r = remote({"run", "--base", "dplain@1"});
   CHECK(r.status != 0);
