@@ -423,22 +423,24 @@ void maybe_finish(self_ptr self, uint64_t eid) {
 
 void begin_destroy(self_ptr self);
 
+// Answers the waiting logs request `it` with what the log has for it (as not
+// live with `ended`: the sandbox goes); returns the next one.
+auto answer_log_waiter(sandbox_state& s, std::map<uint64_t, sandbox_state::log_waiter>::iterator it,
+                       bool ended = false) {
+  auto r = s.log->read(it->second.q); // waiters wait only on a log
+  if (ended)
+    r.live = false;
+  it->second.rp.deliver(std::move(r));
+  return s.log_waiters.erase(it);
+}
+
 // Answers the waiting logs requests that have news: output after their
 // position, or none of their commands live any more; with `all` (the sandbox
 // goes), every one, as not live.
 void wake_log_waiters(self_ptr self, bool all = false) {
   auto& s = self->state;
-  for (auto it = s.log_waiters.begin(); it != s.log_waiters.end();) {
-    if (all || s.log->has_news(it->second.q)) { // waiters wait only on a log
-      auto r = s.log->read(it->second.q);
-      if (all)
-        r.live = false;
-      it->second.rp.deliver(std::move(r));
-      it = s.log_waiters.erase(it);
-    } else {
-      ++it;
-    }
-  }
+  for (auto it = s.log_waiters.begin(); it != s.log_waiters.end();)
+    it = all || s.log->has_news(it->second.q) ? answer_log_waiter(s, it, all) : std::next(it);
 }
 
 exposed_port describe(const port_forward& f) {
@@ -1827,10 +1829,8 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
       if (!genuine(k, process_key(), "timeout (sandbox)"))
         return;
       if ((tag & log_wait_tag) != 0) { // a waiting logs request: it gets what there is
-        if (auto w = s.log_waiters.find(tag & ~log_wait_tag); w != s.log_waiters.end()) {
-          w->second.rp.deliver(s.log->read(w->second.q));
-          s.log_waiters.erase(w);
-        }
+        if (auto w = s.log_waiters.find(tag & ~log_wait_tag); w != s.log_waiters.end())
+          answer_log_waiter(s, w);
         return;
       }
       bool drain = (tag >> 63) != 0;
@@ -1920,11 +1920,8 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
                                      " the 63 latest)"));
       if (!q.wait || s.ph == phase::destroying || s.log->has_news(q))
         return s.log->read(q);
-      if (s.log_waiters.size() >= max_log_waiters) { // the oldest gets what there is
-        auto oldest = s.log_waiters.begin();
-        oldest->second.rp.deliver(s.log->read(oldest->second.q));
-        s.log_waiters.erase(oldest);
-      }
+      if (s.log_waiters.size() >= max_log_waiters) // the oldest gets what there is
+        answer_log_waiter(s, s.log_waiters.begin());
       auto n = s.next_log_waiter++;
       auto rp = self->make_response_promise<logs_reply>();
       s.log_waiters.emplace(n, sandbox_state::log_waiter{q, rp});

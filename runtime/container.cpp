@@ -232,7 +232,6 @@ struct create_steps {
     }
     DSEC_TRY(s, x.sp.spawn(x.overlay.get(), x.child_ctl.get(), cg_fds, hostname, x.opts.net,
                            x.opts.chronus ? &cf : nullptr, x.opts.host_mounts));
-    x.c.host_mounts_ = !x.opts.host_mounts.empty();
     x.c.pid_ = s.pid;
     x.c.pidfd_ = std::move(s.pidfd);
     if (x.c.cgroup_)
@@ -317,14 +316,12 @@ expected<void> container::wait_until_ready() {
 }
 
 void container::add_timings(const proto::ready& r) {
-  constexpr auto helper_step = static_cast<uint32_t>(proto::child_step::trusted_helper);
-  constexpr auto mounts_step = static_cast<uint32_t>(proto::child_step::chronus_mounts);
-  constexpr auto host_step = static_cast<uint32_t>(proto::child_step::host_mounts);
+  // The steps init took: a Chronus sandbox's and host mounts' only where
+  // they were.
   for (uint32_t i = 0; i < r.steps && i < static_cast<uint32_t>(proto::child_step::count)
                        && ntimings_ < timings_.size();
        ++i)
-    if (((i != helper_step && i != mounts_step) || chronus_enabled_) // Chronus steps
-        && (i != host_step || host_mounts_))
+    if ((r.taken >> i) & 1u)
       timings_[ntimings_++] = {proto::child_step_name(i), r.step_ns[i]};
 }
 

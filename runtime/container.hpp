@@ -288,7 +288,6 @@ private:
   unique_fd chronus_;
   unique_fd channel_;
   bool chronus_enabled_ = false;
-  bool host_mounts_ = false; // host mounts were given (their step is timed)
   unique_fd upper_mnt_;
   uint32_t uid_base_ = 0;
   uint64_t next_id_ = 1;

@@ -257,7 +257,7 @@ expected<command_user> resolve_command_user(std::string_view spec, const user_fi
           break;
         at = comma + 1;
       }
-      return out.groups.size() >= 256; // proto::max_groups: the rest are left out
+      return out.groups.size() >= proto::max_groups; // the rest are left out
     });
   return out;
 }

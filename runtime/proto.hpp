@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstddef>
+#include <iterator>
 #include <cstdint>
 
 namespace dsec::proto {
@@ -62,11 +63,12 @@ enum class child_step : uint32_t {
 };
 
 inline const char* child_step_name(uint32_t s) {
-  static const char* names[] = {"join_cgroup",    "enter_cgroup_ns",   "attach_root",
-                                "mount_proc",     "protect_proc",      "mount_devpts",
-                                "host_mounts",    "chronus_mounts", "enter_root",        "set_hostname",
-                                "setup_network",  "landlock",          "drop_capabilities",
-                                "seccomp",        "trusted_helper"};
+  static const char* names[] = {"join_cgroup",    "enter_cgroup_ns", "attach_root",
+                                "mount_proc",     "protect_proc",    "mount_devpts",
+                                "host_mounts",    "chronus_mounts",  "enter_root",
+                                "set_hostname",   "setup_network",   "landlock",
+                                "drop_capabilities", "seccomp",      "trusted_helper"};
+  static_assert(std::size(names) == static_cast<size_t>(child_step::count));
   return s < static_cast<uint32_t>(child_step::count) ? names[s] : "unknown";
 }
 
@@ -160,7 +162,7 @@ struct setup_failed {
 struct ready {
   header h{magic, type::ready};
   uint32_t steps = 0;
-  uint32_t pad = 0;
+  uint32_t taken = 0; ///< bit i: step i was taken (the others are a kind's only)
   uint64_t step_ns[static_cast<size_t>(child_step::count)] = {};
 };
 

@@ -133,6 +133,7 @@ expected<spawner::spawned> spawner::spawn(int overlay, int ctl,
   int fds[unix_socket::max_fds];
   size_t before_mounts = 2 + cgroup_fds.size() + (chronus ? size_t{proto::chronus_fd::count} : 0);
   size_t nsend = before_mounts + mounts.size();
+  static_assert(max_host_mounts <= proto::max_spawn_mounts);
   if (mounts.size() > proto::max_spawn_mounts)
     return make_error(errc::invalid_argument,
                       "more than " + std::to_string(proto::max_spawn_mounts) + " host mounts");

@@ -231,6 +231,7 @@ struct child_ctx {
 void mark(child_ctx& c, proto::child_step step) {
   auto t = now_ns();
   c.ready.step_ns[static_cast<size_t>(step)] = t - c.last;
+  c.ready.taken |= 1u << static_cast<uint32_t>(step);
   c.last = t;
 }
 

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 
@@ -67,6 +68,25 @@ int usage_error(std::string_view verb, std::string_view message) {
                static_cast<int>(message.size()), message.data(),
                static_cast<int>(verb.size()), verb.data());
   return 2;
+}
+
+void print_table(const std::vector<std::vector<std::string>>& rows) {
+  std::vector<size_t> width;
+  for (const auto& r : rows)
+    for (size_t k = 0; k < r.size(); ++k) {
+      if (width.size() <= k)
+        width.push_back(0);
+      width[k] = std::max(width[k], r[k].size());
+    }
+  for (const auto& r : rows) {
+    std::string line;
+    for (size_t k = 0; k < r.size(); ++k) {
+      line += r[k];
+      if (k + 1 < r.size())
+        line.append(width[k] - r[k].size() + 2, ' ');
+    }
+    std::printf("%s\n", line.c_str());
+  }
 }
 
 std::string default_state_dir() {

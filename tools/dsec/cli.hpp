@@ -58,6 +58,10 @@ int fail(const error& err, int code = 1);
 /// Prints "dsec VERB: MESSAGE" and a pointer to --help on stderr; returns 2.
 int usage_error(std::string_view verb, std::string_view message);
 
+/// Prints `rows` on stdout as a table: each column as wide as its widest cell,
+/// two spaces apart (rows may have fewer cells than others).
+void print_table(const std::vector<std::vector<std::string>>& rows);
+
 /// Resolves the state directory from --state, $DSEC_STATE or the default.
 std::string default_state_dir();
 

@@ -299,19 +299,7 @@ int ls_verb(const global_options& g, args& a) {
     if (diffs)
       rows.back().push_back(chain(l));
   }
-  std::vector<size_t> width(rows.front().size(), 0);
-  for (const auto& row : rows)
-    for (size_t i = 0; i < row.size(); ++i)
-      width[i] = std::max(width[i], row[i].size());
-  for (const auto& row : rows) {
-    std::string line;
-    for (size_t i = 0; i < row.size(); ++i) {
-      line += row[i];
-      if (i + 1 < row.size())
-        line.append(width[i] - row[i].size() + 2, ' ');
-    }
-    std::printf("%s\n", line.c_str());
-  }
+  print_table(rows);
   return 0;
 }
 

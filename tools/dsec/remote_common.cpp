@@ -202,11 +202,7 @@ exec_request make_request(const command_spec& cs, std::vector<std::string> argv)
   req.env = cs.env;
   if (cs.cwd_given) // else the image's WorkingDir, or /
     req.cwd = cs.cwd;
-  if (cs.uid)
-    req.uid = static_cast<int32_t>(*cs.uid);
-  if (cs.gid)
-    req.gid = static_cast<int32_t>(*cs.gid);
-  req.user = cs.user; // a name: the sandbox looks it up in its image
+  req.user = cs.user; // the sandbox looks it up in its image
   if (cs.timeout)
     req.timeout_ms = static_cast<uint64_t>(cs.timeout->count());
   return req;

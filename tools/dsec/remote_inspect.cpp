@@ -40,9 +40,7 @@ error.
 
 // The "detached" member of a sandbox's object: its detached commands, or null.
 std::string detached_json(client& c, const std::string& id) {
-  logs_request q;
-  q.output = false;
-  auto r = c.logs(id, q);
+  auto r = detached_commands(c, id, 0);
   if (!r)
     return "null";
   std::string o = "[";

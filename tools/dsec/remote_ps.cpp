@@ -235,22 +235,7 @@ void print_aligned(const std::vector<std::string>& lines) {
     }
     rows.push_back(std::move(cells));
   }
-  std::vector<size_t> width;
-  for (const auto& r : rows)
-    for (size_t k = 0; k < r.size(); ++k) {
-      if (width.size() <= k)
-        width.push_back(0);
-      width[k] = std::max(width[k], r[k].size());
-    }
-  for (const auto& r : rows) {
-    std::string line;
-    for (size_t k = 0; k < r.size(); ++k) {
-      line += r[k];
-      if (k + 1 < r.size())
-        line.append(width[k] - r[k].size() + 2, ' ');
-    }
-    std::puts(line.c_str());
-  }
+  print_table(rows);
 }
 
 } // namespace

@@ -258,8 +258,6 @@ std::optional<int> parse(args& a, run_args& r) {
     return usage_error("run", "--expose needs a node daemon, which forwards the port: use"
                               " dsec --connect HOST:PORT run --net --expose PORT");
   r.cmd.cwd = r.cs.cwd;
-  r.cmd.uid = r.cs.uid;
-  r.cmd.gid = r.cs.gid;
   r.cmd.env = merge_env(command::default_env(), r.cs.env);
   if (r.tty) {
     bool term = false;
@@ -314,7 +312,7 @@ std::optional<int> apply_image_config(const layer_info& base,
   return std::nullopt;
 }
 
-// --user USER[:GROUP] with a name: looked up in the base's etc/passwd and
+// --user USER[:GROUP] (names or numbers): looked up in the base's etc/passwd and
 // etc/group (each from the first of its lowers, topmost first, that has it),
 // as a daemon's sandbox does (actors/sandbox.cpp): uid, gid, supplementary
 // groups, and HOME and USER unless --env sets them.
@@ -393,7 +391,7 @@ int run_main(const global_options& g, args& a) {
   // The base's image config (an OCI image's) gives the command's defaults.
   if (auto rc = apply_image_config(leases->back().info(), leases->back().blob_paths(), r))
     return *rc;
-  if (!r.cs.user.empty()) { // --user by name: the base image's /etc/passwd and /etc/group
+  if (!r.cs.user.empty()) { // --user: the base image's /etc/passwd and /etc/group
     if (auto rc = apply_user_name(leases->back().blob_paths(), r))
       return *rc;
   }

@@ -232,33 +232,11 @@ parsed parse_command_option(args& a, std::string_view verb, command_spec& c) {
     return parsed::yes;
   }
   DSEC_OPT2("--user", "-u") {
-    auto colon = v.find(':');
-    auto num = [&](std::string_view s, uint32_t& out) {
-      if (s.empty() || s.size() > 9)
-        return false;
-      out = 0;
-      for (char ch : s) {
-        if (ch < '0' || ch > '9')
-          return false;
-        out = out * 10 + static_cast<uint32_t>(ch - '0');
-      }
-      return out < 65536;
-    };
-    uint32_t uid = 0, gid = 0;
-    std::string_view sv{v};
-    if (num(sv.substr(0, colon), uid)
-        && (colon == std::string::npos || num(sv.substr(colon + 1), gid))) {
-      c.uid = uid;
-      c.gid = colon == std::string::npos ? uid : gid;
-      // Looked up too, as docker does: a uid of the image's /etc/passwd gets
-      // that entry's gid (unless :GID), groups, HOME and USER.
-      c.user = v;
-      c.user_given = true;
-      return parsed::yes;
-    }
-    // A name (user or group): the sandbox looks it up in its image. Names as
-    // useradd takes them: letters, digits, '.', '_', '-' (and a final '$').
-    auto name_ok = [](std::string_view n) {
+    // USER[:GROUP], each part a number below 65536 or a name as useradd takes
+    // them: letters, digits, '.', '_', '-' (and a final '$'). The sandbox's
+    // image decides what it means (resolve_command_user): a number is looked
+    // up in its /etc/passwd too, as docker's -u.
+    auto part_ok = [](std::string_view n) {
       if (n.empty() || n.size() > 32 || n.front() == '-')
         return false;
       for (size_t k = 0; k < n.size(); ++k) {
@@ -270,14 +248,12 @@ parsed parse_command_option(args& a, std::string_view verb, command_spec& c) {
       }
       return true;
     };
-    auto u = sv.substr(0, colon);
-    auto g = colon == std::string::npos ? std::string_view{} : sv.substr(colon + 1);
-    if (!name_ok(u) || (colon != std::string::npos && !name_ok(g))) // ':' is no name's
+    std::string_view sv{v};
+    auto colon = sv.find(':');
+    if (!part_ok(sv.substr(0, colon)) || (colon != std::string::npos && !part_ok(sv.substr(colon + 1))))
       return bad(verb, "--user: expected USER[:GROUP], each a name of the image's /etc/passwd "
                        "(/etc/group) or a number below 65536, got '" + v + "'");
     c.user = v;
-    c.uid.reset();
-    c.gid.reset();
     c.user_given = true;
     return parsed::yes;
   }

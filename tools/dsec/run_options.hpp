@@ -32,7 +32,6 @@ struct sandbox_options {
 struct command_spec {
   std::vector<std::string> env; ///< KEY=VALUE overrides, in the order given
   std::string cwd = "/";
-  std::optional<uint32_t> uid, gid;
   /// --user as given (USER[:GROUP], names or numbers): looked up in the
   /// image's /etc/passwd and /etc/group, which decide over uid and gid (a
   /// number of no entry stays itself).

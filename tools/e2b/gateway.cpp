@@ -1358,14 +1358,23 @@ std::optional<json> event_of(std::string_view rec) {
   return json{{"name", std::string{rec.substr(sp + 1)}}, {"type", type}};
 }
 
-// The command that watches `path`: dsec's own watcher from the system layer,
-// as the sandbox's root (as the other filesystem calls), from /.
-exec_request watcher_request(const std::string& path, bool recursive) {
+// The command a watch call ({path, recursive}; a relative path from `cwd`)
+// asks for: dsec's own watcher from the system layer, as the sandbox's root
+// (as the other filesystem calls), from /; the path it watches is its last
+// argument. The error is the path's ("path: ...").
+expected<exec_request> watcher_request(const std::string& cwd, const json& body) {
+  std::string given = body.contains("path") && body["path"].is_string()
+                        ? body["path"].get<std::string>()
+                        : std::string{};
+  auto path = resolve(cwd, given);
+  if (!path)
+    return make_error(errc::invalid_argument, "path: " + path.error_value().message);
   exec_request x;
   x.argv = {"/.dsec/libexec/watch"};
-  if (recursive)
+  if (body.contains("recursive") && body["recursive"].is_boolean()
+      && body["recursive"].get<bool>())
     x.argv.push_back("-r");
-  x.argv.insert(x.argv.end(), {"--", path});
+  x.argv.insert(x.argv.end(), {"--", *path});
   x.cwd = "/";
   x.uid = x.gid = 0;
   x.stream = true;
@@ -1415,20 +1424,15 @@ void gateway::impl::watch_dir(std::shared_ptr<sandbox> s, http_request& req,
   auto body = enveloped(req.body);
   if (!body)
     return stream_error(*r, "invalid_argument", "the request is not one enveloped JSON message");
-  std::string given = body->contains("path") && (*body)["path"].is_string()
-                        ? (*body)["path"].get<std::string>()
-                        : std::string{};
-  auto path = resolve(s->cwd, given);
-  if (!path)
-    return stream_error(*r, "invalid_argument", "path: " + path.error_value().message);
-  bool recursive = body->contains("recursive") && (*body)["recursive"].is_boolean()
-                   && (*body)["recursive"].get<bool>();
-  exec_request x = watcher_request(*path, recursive);
+  auto made = watcher_request(s->cwd, *body);
+  if (!made)
+    return stream_error(*r, "invalid_argument", made.error_value().message);
+  auto x = std::move(*made);
   if (auto t = req.header("connect-timeout-ms"); !t.empty())
     x.timeout_ms = std::strtoull(t.c_str(), nullptr, 10);
   auto w = std::make_shared<dir_watch>();
   auto every = keepalive_of(req);
-  auto where = *path;
+  auto where = x.argv.back();
   std::lock_guard<std::mutex> held{w->mu};
   w->handle = sess(s->key).start(
     s->id, x,
@@ -1488,14 +1492,9 @@ void gateway::impl::watch_dir(std::shared_ptr<sandbox> s, http_request& req,
 // is missed), or the error its end gives before that.
 void gateway::impl::create_watcher(std::shared_ptr<sandbox> s, const json& body,
                                    std::shared_ptr<responder> r) {
-  std::string given = body.contains("path") && body["path"].is_string()
-                        ? body["path"].get<std::string>()
-                        : std::string{};
-  auto path = resolve(s->cwd, given);
-  if (!path)
-    return connect_error(*r, "invalid_argument", "path: " + path.error_value().message);
-  bool recursive = body.contains("recursive") && body["recursive"].is_boolean() &&
-                   body["recursive"].get<bool>();
+  auto x = watcher_request(s->cwd, body);
+  if (!x)
+    return connect_error(*r, "invalid_argument", x.error_value().message);
   std::string id;
   {
     std::lock_guard<std::mutex> g{mu};
@@ -1506,10 +1505,10 @@ void gateway::impl::create_watcher(std::shared_ptr<sandbox> s, const json& body,
     id = "w" + std::to_string(s->next_watcher++);
   }
   auto w = std::make_shared<polled_watch>();
-  auto where = *path;
+  auto where = x->argv.back();
   std::lock_guard<std::mutex> held{w->mu};
   w->handle = sess(s->key).start(
-    s->id, watcher_request(*path, recursive),
+    s->id, std::move(*x),
     [this, s, w, r, id](uint8_t stream, std::string_view data) {
       std::lock_guard<std::mutex> g{w->mu};
       if (stream == 2)
