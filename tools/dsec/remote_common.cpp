@@ -386,6 +386,21 @@ expected<logs_reply> detached_commands(client& c, const std::string& id, uint64_
   return c.logs(id, q);
 }
 
+client* open_detached(context& ctx, std::string_view verb, std::string& id,
+                      const std::string& exec_text, uint64_t& exec, logs_reply& commands,
+                      int& rc) {
+  auto* c = open_sandbox(ctx, verb, id, exec_text, exec, rc);
+  if (!c)
+    return nullptr;
+  auto r = detached_commands(*c, id, exec);
+  if (!r) {
+    rc = fail_for(id, r.error_value());
+    return nullptr;
+  }
+  commands = std::move(*r);
+  return c;
+}
+
 int for_each_sandbox(client& c, const std::vector<std::string>& ids,
                      const std::function<expected<void>(const std::string& id)>& act) {
   int rc = 0;

@@ -96,6 +96,9 @@ client* open_sandbox(context& ctx, std::string_view verb, std::string& id,
 int fail_for(const std::string& id, error e);
 /// A sandbox's detached commands (exec: one of them, 0: all), without output.
 expected<logs_reply> detached_commands(client& c, const std::string& id, uint64_t exec);
+/// open_sandbox, then detached_commands(id, exec) into `commands` (wait, kill).
+client* open_detached(context& ctx, std::string_view verb, std::string& id,
+                      const std::string& exec_text, uint64_t& exec, logs_reply& commands, int& rc);
 
 /// Runs `act` on the sandbox each of `ids` names (ids or names, resolve_sandbox),
 /// in order; an id that cannot be resolved, or an `act` that fails, is reported

@@ -65,15 +65,13 @@ int kill_main(context& ctx, args& a) {
                              "number from 1 to " + std::to_string(NSIG - 1) + ")");
   uint64_t exec = 0;
   int rc = 0;
-  auto* c = open_sandbox(ctx, verb, id, exec_text, exec, rc);
+  logs_reply r;
+  auto* c = open_detached(ctx, verb, id, exec_text, exec, r, rc);
   if (!c)
     return rc;
-  auto r = detached_commands(*c, id, exec);
-  if (!r)
-    return fail_for(id, r.error_value());
   unsigned hit = 0;
   rc = 0;
-  for (const auto& x : r->commands) {
+  for (const auto& x : r.commands) {
     if (!x.running)
       continue;
     auto s = c->signal(id, x.exec, sig);

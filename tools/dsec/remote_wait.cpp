@@ -39,12 +39,10 @@ int wait_main(context& ctx, args& a) {
     return rc;
   uint64_t exec = 0;
   int rc = 0;
-  auto* c = open_sandbox(ctx, verb, id, exec_text, exec, rc);
+  expected<logs_reply> r{logs_reply{}};
+  auto* c = open_detached(ctx, verb, id, exec_text, exec, *r, rc);
   if (!c)
     return rc;
-  auto r = detached_commands(*c, id, exec);
-  if (!r)
-    return fail_for(id, r.error_value());
   if (r->commands.empty())
     return fail(make_error(errc::not_found, "sandbox " + id + " has no detached command to wait "
                                             "for (`run --detach -- CMD`, `exec --detach`)"));
