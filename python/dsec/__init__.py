@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import io
 import math
 import numbers
 import os
@@ -26,8 +27,9 @@ import signal as _signal
 import tempfile
 import threading
 import weakref
-from typing import (TYPE_CHECKING, Any, AsyncIterator, BinaryIO, Callable, Iterable, Iterator, List,
-                    Literal, Mapping, NamedTuple, Optional, Sequence, Union, overload)
+from typing import (TYPE_CHECKING, Any, AsyncIterator, BinaryIO, Callable, Generator, Iterable,
+                    Iterator, List, Literal, Mapping, NamedTuple, Optional, Sequence, Union,
+                    overload)
 
 
 def _import_extension() -> Any:
@@ -177,6 +179,17 @@ def _bytes(name: str, value: object) -> bytes:
     if isinstance(value, (bytes, bytearray, memoryview)):
         return bytes(value)
     raise TypeError(f"{name}: expected bytes or str, got {type(value).__name__}")
+
+
+class _Writer:
+    """A writer (write(b) -> len(b)) that hands each piece to `put`."""
+
+    def __init__(self, put: Callable[[bytes], object]) -> None:
+        self._put = put
+
+    def write(self, b: bytes) -> int:
+        self._put(b)
+        return len(b)
 
 
 def _parse_address(address: object) -> tuple[str, int]:
@@ -1509,18 +1522,48 @@ class Sandbox:
 
     def put_tree(self, local_dir: str | os.PathLike[str], dest: str) -> int:
         """Copies the contents of the local directory `local_dir` into the
-        sandbox's directory `dest` (made if missing); returns the tar's size."""
+        sandbox's directory `dest` (made if missing); returns the tar's size.
+        The archive streams, made as it is sent (as a put of a file does):
+        neither this process nor the daemon holds the tree."""
         dest = _files.check_path(dest, "dest")
-        return self.session._s.put(self.id, "/", _files.tree_tar(local_dir, dest))
+        stream = _files.TreeTarStream(local_dir, dest)
+        try:
+            return self.session._s.put_from(self.id, "/", stream.read)
+        finally:
+            stream.close()
 
-    def put_tar(self, dest: str, tar: Data) -> int:
-        """Unpacks a tar archive (bytes) into the sandbox's directory `dest`."""
+    def put_tar(self, dest: str, tar: PutData) -> int:
+        """Unpacks a tar archive into the sandbox's directory `dest`: bytes,
+        or a local path (os.PathLike) or binary file object, which stream
+        (read in pieces as they are sent); returns its size."""
         dest = _files.check_path(dest, "dest")
-        return self.session._s.put(self.id, dest, _bytes("tar", tar))
+        if isinstance(tar, (bytes, bytearray, memoryview, str)):
+            return self.session._s.put(self.id, dest, _bytes("tar", tar))
+        if isinstance(tar, os.PathLike):
+            with open(tar, "rb") as f:
+                return self.session._s.put_from(self.id, dest, f.read)
+        if not hasattr(tar, "read"):
+            raise TypeError(f"tar: expected bytes, a path or a binary file object, got "
+                            f"{type(tar).__name__}")
+        return self.session._s.put_from(self.id, dest, tar.read)
 
-    def get_tar(self, path: str) -> bytes:
-        """The sandbox's file or directory `path` as a tar archive (bytes)."""
-        return self.session._s.get(self.id, _files.check_path(path))
+    @overload
+    def get_tar(self, path: str) -> bytes: ...
+
+    @overload
+    def get_tar(self, path: str, into: GetInto) -> int: ...
+
+    def get_tar(self, path: str, into: GetInto | None = None) -> bytes | int:
+        """The sandbox's file or directory `path` as a tar archive (bytes);
+        with `into` (a binary file object, or a local path made or replaced)
+        the archive streams there as it comes, and its size is returned."""
+        path = _files.check_path(path)
+        if into is None:
+            return self.session._s.get(self.id, path)
+        if isinstance(into, (str, os.PathLike)):
+            with open(into, "wb") as f:
+                return self.session._s.get_into(self.id, path, f.write)
+        return self.session._s.get_into(self.id, path, into.write)
 
     @overload
     def get(self, path: str) -> bytes: ...
@@ -1597,6 +1640,17 @@ class Sandbox:
         of four pieces, on a thread of its own; leaving the iteration early
         cancels the transfer). Errors as get's, raised by the iteration."""
         path = _files.check_path(path)
+        def fill(write: Callable[[bytes], object]) -> int:
+            return self._get_into(path, _Writer(write))  # type: ignore[arg-type]  # (enough)
+        return self._pieces(fill)
+
+    @staticmethod
+    def _pieces(fill: Callable[[Callable[[bytes], object]], object]
+                ) -> Generator[bytes, None, None]:
+        """The pieces `fill(write)` writes, on a thread of its own, as an
+        iterator through a queue of four: the thread waits while the queue is
+        full; closing the iterator early makes its next write raise (which
+        cancels a transfer), and an error of fill is raised by the iteration."""
         q: queue.Queue[Any] = queue.Queue(maxsize=4)
         stop = threading.Event()
         end = object()
@@ -1614,14 +1668,9 @@ class Sandbox:
                 except queue.Full:
                     continue
 
-        class _Writer:
-            def write(self, b: bytes) -> int:
-                put(b)
-                return len(b)
-
         def run() -> None:
             try:
-                self._get_into(path, _Writer())  # type: ignore[arg-type]  # (a writer: enough)
+                fill(put)
                 put(end)
             except _Stopped:
                 pass
@@ -1633,7 +1682,7 @@ class Sandbox:
 
         t = threading.Thread(target=run, name="dsec-read-stream", daemon=True)
 
-        def pieces() -> Iterator[bytes]:
+        def pieces() -> Generator[bytes, None, None]:
             t.start()
             try:
                 while True:
@@ -1659,11 +1708,33 @@ class Sandbox:
                                                                     value)
         return _files.check_path(target)
 
-    def get_tree(self, path: str) -> dict[str, bytes]:
+    @overload
+    def get_tree(self, path: str) -> dict[str, bytes]: ...
+
+    @overload
+    def get_tree(self, path: str, into: str | os.PathLike[str]) -> int: ...
+
+    def get_tree(self, path: str,
+                 into: str | os.PathLike[str] | None = None) -> dict[str, bytes] | int:
         """The regular files below the sandbox's directory `path`, as
-        {path relative to it: bytes} (directories, links and others skipped)."""
+        {path relative to it: bytes} (directories, links and others skipped).
+
+        into: a local directory (made if missing) to write the tree into
+        instead, as it streams (a thread takes the archive, as read_stream
+        does; nothing holds the whole of it): its directories and regular
+        files, with their permission bits; a file there is replaced; links
+        and special files are skipped. Returns the bytes of the files
+        written. Every name is checked before anything of it is written: one
+        that would leave `into` raises ValueError."""
         path = _files.check_path(path)
-        return _files.read_tree(self.session._s.get(self.id, path), path)
+        if into is None:
+            return _files.read_tree(self.session._s.get(self.id, path), path)
+        pieces = self._pieces(lambda write: self.session._s.get_into(self.id, path, write))
+        try:
+            return _files.extract_tree(io.BufferedReader(_files.PieceReader(pieces), 1 << 20),
+                                       path, into)
+        finally:
+            pieces.close()  # a tree refused half-way cancels the transfer
 
     # ---- lifetime ------------------------------------------------------------------------
 

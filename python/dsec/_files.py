@@ -63,33 +63,6 @@ def file_tar(path: str, data: bytes, mode: int, mtime: float | None = None) -> b
     return buf.getvalue()
 
 
-def tree_tar(local_dir: str | os.PathLike[str], dest: str) -> bytes:
-    """A tar that, unpacked into /, copies the contents of `local_dir` into `dest`.
-
-    `dest` itself gets no entry (an existing directory keeps its mode); files
-    and directories below it are owned by root in the sandbox. Symlinks are
-    stored as symlinks; other special files are refused.
-    """
-    if not os.path.isdir(local_dir):
-        raise ValueError(f"local_dir: {local_dir!r} is not a directory")
-    top = dest.lstrip("/")
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as t:
-        for root, dirs, files in os.walk(local_dir):
-            dirs.sort()
-            for name in dirs + sorted(files):
-                full = os.path.join(root, name)
-                rel = os.path.relpath(full, local_dir)
-                arc = posixpath.join(top, rel) if top else rel
-                st = os.lstat(full)
-                if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)
-                        or stat.S_ISLNK(st.st_mode)):
-                    raise ValueError(f"local_dir: {full!r} is neither a file, a directory "
-                                     "nor a symlink")
-                t.add(full, arcname=arc, recursive=False, filter=_owned_by_root)
-    return buf.getvalue()
-
-
 def _open(tar_bytes: bytes, path: str) -> tarfile.TarFile:
     try:
         return tarfile.open(fileobj=io.BytesIO(tar_bytes), mode="r:")
@@ -121,7 +94,8 @@ def read_one(tar_bytes: bytes, path: str) -> One:
 
 
 def read_tree(tar_bytes: bytes, path: str) -> dict[str, bytes]:
-    """The regular files of the archive of directory `path`, as {relative path: bytes}.
+    """The regular files of the archive of directory `path`, as {relative path: bytes}
+    (a hard link to one of them: its bytes again).
 
     The archive comes from the sandbox (its own tar made it): every key is
     checked to be a plain relative path below `path` (no "..", not absolute,
@@ -137,17 +111,12 @@ def read_tree(tar_bytes: bytes, path: str) -> dict[str, bytes]:
             raise NotADirectoryError(f"get_tree: {path} is not a directory in the sandbox "
                                      "(use get() for a file)")
         for m in members[1:]:
-            if not m.isreg():
-                continue
-            if m.name != top and not m.name.startswith(top + "/"):
-                raise ValueError(f"get_tree {path}: the sandbox's archive has {m.name!r}, "
-                                 f"which is not below {top!r}")
-            rel = m.name[len(top):].lstrip("/")
-            parts = rel.split("/")
-            if not rel or any(p in ("", ".", "..") for p in parts):
-                raise ValueError(f"get_tree {path}: the sandbox's archive has {m.name!r}, "
-                                 "which is not a plain relative path")
-            out[rel] = _read(t, m)
+            if m.isreg():
+                out[_tree_member(m, top, path)] = _read(t, m)
+            elif m.islnk():  # another name of a file before it: its bytes
+                rel = _tree_member(m, top, path)
+                if (target := _link_target(m, top)) in out:
+                    out[rel] = out[target]
     return out
 
 
@@ -217,6 +186,211 @@ class FileTarStream:
             self._tail = self._tail[k:]
         self.sent += len(out)
         return bytes(out)
+
+
+class TreeTarStream:
+    """A tar stream, read(n) at a time, that unpacked into / copies the
+    contents of `local_dir` into `dest` (put_tree).
+
+    `dest` itself gets no entry (an existing directory keeps its mode); files
+    and directories below it are owned by root in the sandbox. Symlinks are
+    stored as symlinks, a file's further hard links as links; other special
+    files are refused. The archive is made as it is sent: the walk goes on
+    only as far as the pieces asked for, and a
+    file's bytes are read from it in pieces, so no more than n bytes (and one
+    header) are ever in memory. A file that ends before the size its header
+    gave raises (the put is cancelled); one that grows is sent at that size.
+    close() closes the file being read, if any."""
+
+    def __init__(self, local_dir: str | os.PathLike[str], dest: str) -> None:
+        if not os.path.isdir(local_dir):
+            raise ValueError(f"local_dir: {local_dir!r} is not a directory")
+        self._dir = os.fspath(local_dir)
+        self._top = dest.lstrip("/")
+        # gettarinfo (and its hard-link bookkeeping) of a writer that writes
+        # nowhere: the headers are made here, piece by piece.
+        self._t = tarfile.open(fileobj=io.BytesIO(), mode="w", format=tarfile.GNU_FORMAT)
+        self._walk = self._entries()
+        self._pending = bytearray()  # a header, padding or the end, not yet sent
+        self._f: typing.BinaryIO | None = None
+        self._name = ""
+        self._size = 0
+        self._left = 0
+        self._ended = False
+        self.sent = 0
+
+    def _entries(self) -> typing.Iterator[tuple[str, str]]:
+        for root, dirs, files in os.walk(self._dir):
+            dirs.sort()
+            for name in dirs + sorted(files):
+                full = os.path.join(root, name)
+                rel = os.path.relpath(full, self._dir)
+                yield full, (posixpath.join(self._top, rel) if self._top else rel)
+
+    def _next(self) -> bool:
+        """Queues the next entry's header (and opens its file); False at the end."""
+        for full, arc in self._walk:
+            st = os.lstat(full)
+            f: typing.BinaryIO | None = None
+            if stat.S_ISREG(st.st_mode):
+                # Opened first, its header made from the open file: a file
+                # replaced by a symlink meanwhile is refused, not followed.
+                f = os.fdopen(os.open(full, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC), "rb")
+                info = self._t.gettarinfo(arcname=arc, fileobj=f)
+            elif stat.S_ISDIR(st.st_mode) or stat.S_ISLNK(st.st_mode):
+                info = self._t.gettarinfo(full, arcname=arc)
+            else:
+                raise ValueError(f"local_dir: {full!r} is neither a file, a directory "
+                                 "nor a symlink")
+            _owned_by_root(info)
+            self._pending += info.tobuf(tarfile.GNU_FORMAT, self._t.encoding,
+                                        "surrogateescape")
+            if f is not None and info.isreg() and info.size > 0:
+                self._f, self._name, self._size, self._left = f, full, info.size, info.size
+            elif f is not None:
+                f.close()  # empty, or a hard link to a file sent already
+            return True
+        return False
+
+    def read(self, n: int) -> bytes:
+        out = bytearray()
+        while len(out) < n:
+            if self._pending:
+                k = min(n - len(out), len(self._pending))
+                out += self._pending[:k]
+                del self._pending[:k]
+            elif self._f is not None and self._left > 0:
+                got = self._f.read(min(n - len(out), self._left))
+                if not got:
+                    raise ValueError(f"put_tree: {self._name!r} ended after "
+                                     f"{self._size - self._left} of its {self._size} bytes")
+                out += got
+                self._left -= len(got)
+            elif self._f is not None:
+                self._f.close()
+                self._f = None
+                self._pending += b"\0" * ((-self._size) % tarfile.BLOCKSIZE)
+            elif not self._ended and not self._next():
+                self._ended = True
+                self._pending += b"\0" * (2 * tarfile.BLOCKSIZE)
+            elif self._ended and not self._pending:
+                break
+        self.sent += len(out)
+        return bytes(out)
+
+    def close(self) -> None:
+        if self._f is not None:
+            self._f.close()
+            self._f = None
+
+
+def _tree_member(m: tarfile.TarInfo, top: str, path: str) -> str:
+    """The plain relative path below the archive's top `top` that member `m`
+    of get_tree's archive of `path` names; ValueError naming it otherwise."""
+    if m.name != top and not m.name.startswith(top + "/"):
+        raise ValueError(f"get_tree {path}: the sandbox's archive has {m.name!r}, "
+                         f"which is not below {top!r}")
+    rel = m.name[len(top):].lstrip("/")
+    parts = rel.split("/")
+    if not rel or any(p in ("", ".", "..") for p in parts):
+        raise ValueError(f"get_tree {path}: the sandbox's archive has {m.name!r}, "
+                         "which is not a plain relative path")
+    return rel
+
+
+def _link_target(m: tarfile.TarInfo, top: str) -> str | None:
+    """The relative path below `top` that hard link `m` names, if plain."""
+    name = m.linkname
+    if name != top and not name.startswith(top + "/"):
+        return None
+    rel = name[len(top):].lstrip("/")
+    if not rel or any(p in ("", ".", "..") for p in rel.split("/")):
+        return None
+    return rel
+
+
+class PieceReader(io.RawIOBase):
+    """A readable raw file over an iterator of byte pieces (a streamed get),
+    for tarfile's stream mode."""
+
+    def __init__(self, pieces: typing.Iterator[bytes]) -> None:
+        super().__init__()
+        self._pieces = pieces
+        self._buf = b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: typing.Any) -> int:
+        while not self._buf:
+            nxt = next(self._pieces, None)
+            if nxt is None:
+                return 0
+            self._buf = nxt
+        k = min(len(b), len(self._buf))
+        b[:k] = self._buf[:k]
+        self._buf = self._buf[k:]
+        return k
+
+
+def extract_tree(stream: typing.BinaryIO, path: str, into: str | os.PathLike[str]) -> int:
+    """Writes the directories and regular files of get_tree's archive of
+    `path`, read from `stream` as it comes, below the local directory `into`
+    (made if missing; a file there is replaced); returns the bytes of the
+    files written. Every name is checked as read_tree checks it, before
+    anything of it is written; a hard link to a file written before it is a
+    hard link here too; symlinks and special files are skipped (as read_tree
+    skips them), and modes keep only their permission bits. A file is opened
+    without following a symlink."""
+    written = 0
+    try:
+        t = tarfile.open(fileobj=stream, mode="r|")
+    except tarfile.TarError as e:
+        raise ValueError(f"get {path}: the daemon's archive does not read as tar: {e}") from None
+    with t:
+        first = t.next()
+        if first is None:
+            raise ValueError(f"get {path}: the daemon's archive is empty")
+        if not first.isdir():
+            raise NotADirectoryError(f"get_tree: {path} is not a directory in the sandbox "
+                                     "(use get() for a file)")
+        top = first.name.rstrip("/")
+        root = os.fspath(into)
+        os.makedirs(root, exist_ok=True)
+        done: set[str] = set()  # the files written, for hard links to them
+        for m in t:  # (the iteration begins with `first` again)
+            if m is first or not (m.isreg() or m.isdir() or m.islnk()):
+                continue
+            rel = _tree_member(m, top, path)
+            local = os.path.join(root, *rel.split("/"))
+            if m.isdir():
+                os.makedirs(local, mode=0o755, exist_ok=True)
+                continue
+            os.makedirs(os.path.dirname(local), mode=0o755, exist_ok=True)
+            if m.islnk():  # another name of a file written before it
+                target = _link_target(m, top)
+                if target in done:
+                    if os.path.lexists(local):
+                        os.unlink(local)
+                    os.link(os.path.join(root, *target.split("/")), local)
+                    done.add(rel)
+                continue
+            src = t.extractfile(m)
+            if src is None:
+                continue
+            if os.path.lexists(local) and not os.path.isdir(local):
+                os.unlink(local)  # replaced, not written through (a link, another name)
+            fd = os.open(local, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                         | os.O_CLOEXEC, m.mode & 0o777)
+            with os.fdopen(fd, "wb") as out:
+                while True:
+                    piece = src.read(1 << 20)
+                    if not piece:
+                        break
+                    out.write(piece)
+                    written += len(piece)
+            done.add(rel)
+    return written
 
 
 def _nul_str(b: bytes) -> str:

@@ -257,6 +257,106 @@ class Files(Base):
             with self.assertRaises(dsec.NotFound):
                 list(sb.files.read("/no/such/file", stream=True))
 
+    def test_trees_and_archives_stream_both_ways(self):
+        # put_tree makes its archive as it is sent: a tree of 24 MiB in many
+        # pieces, with a hard link, a symlink, an empty file and a long name.
+        big = os.urandom(24 << 20)
+        long_name = "n" * 120 + ".txt"
+        with self.c.session(quota=1, ttl=120) as s, tempfile.TemporaryDirectory() as local:
+            sb = s.create("py@1", memory="512m", disk="256m")[0]
+            src = os.path.join(local, "src")
+            os.makedirs(os.path.join(src, "a", "b"))
+            with open(os.path.join(src, "a", "big.bin"), "wb") as f:
+                f.write(big)
+            os.link(os.path.join(src, "a", "big.bin"), os.path.join(src, "a", "again.bin"))
+            with open(os.path.join(src, "a", "b", long_name), "w") as f:
+                f.write("long\n")
+            open(os.path.join(src, "empty"), "wb").close()
+            os.chmod(os.path.join(src, "empty"), 0o600)
+            os.symlink("a/big.bin", os.path.join(src, "link"))
+            reads = []
+            stream = dsec._files.TreeTarStream(src, "/opt/t")
+            orig = stream.read
+
+            def read(n: int) -> bytes:
+                b = orig(n)
+                reads.append((n, len(b)))
+                return b
+            stream.read = read  # type: ignore[method-assign]
+            size = sb.session._s.put_from(sb.id, "/", stream.read)
+            self.assertEqual(size, stream.sent)
+            self.assertGreater(len(reads), 8)  # in pieces
+            self.assertTrue(all(got <= n for n, got in reads))
+            digest = hashlib.sha256(big).hexdigest()
+            out = sb.exec("cd /opt/t && sha256sum a/big.bin a/again.bin && stat -c '%h %a %U' "
+                          "a/big.bin empty && readlink link && cat a/b/" + long_name).stdout
+            lines = out.decode().splitlines()
+            self.assertEqual(lines[0].split()[0], digest)
+            self.assertEqual(lines[1].split()[0], digest)
+            self.assertEqual(lines[2].split()[0], "2")  # a hard link in the sandbox too
+            self.assertEqual(lines[3], "1 600 root")
+            self.assertEqual(lines[4:], ["a/big.bin", "long"])
+            # The public call: the same tree again, into another directory.
+            self.assertGreater(sb.put_tree(src, "/opt/u"), len(big))
+            self.assertEqual(sb.exec("sha256sum /opt/u/a/big.bin").stdout.split()[0].decode(),
+                             digest)
+            # get_tree into a local directory: files and directories, as it comes.
+            dst = os.path.join(local, "dst")
+            self.assertEqual(sb.get_tree("/opt/t", into=dst), len(big) + 5)
+            with open(os.path.join(dst, "a", "big.bin"), "rb") as f:
+                self.assertEqual(hashlib.sha256(f.read()).hexdigest(), digest)
+            self.assertEqual(os.stat(os.path.join(dst, "a", "again.bin")).st_ino,
+                             os.stat(os.path.join(dst, "a", "big.bin")).st_ino)
+            # again: what is there is replaced (a hard link is not written through)
+            self.assertEqual(sb.get_tree("/opt/t", into=dst), len(big) + 5)
+            tree = sb.get_tree("/opt/t")
+            self.assertEqual(sorted(tree), ["a/again.bin", "a/b/" + long_name, "a/big.bin",
+                                            "empty"])
+            self.assertEqual(tree["a/again.bin"], big)
+            with open(os.path.join(dst, "a", "b", long_name)) as f:
+                self.assertEqual(f.read(), "long\n")
+            self.assertEqual(os.stat(os.path.join(dst, "empty")).st_mode & 0o777, 0o600)
+            self.assertFalse(os.path.lexists(os.path.join(dst, "link")))  # links skipped
+            with self.assertRaises(NotADirectoryError):
+                sb.get_tree("/opt/t/a/big.bin", into=os.path.join(local, "x"))
+            with self.assertRaises(dsec.NotFound):
+                sb.get_tree("/no/such", into=os.path.join(local, "y"))
+            # Archives: get_tar into a file, put_tar from it (a path and a file object).
+            tar_path = os.path.join(local, "t.tar")
+            n = sb.get_tar("/opt/t/a", into=tar_path)
+            self.assertEqual(n, os.path.getsize(tar_path))
+            sb.exec("mkdir -p /srv /srv2")  # (put_tar unpacks into a directory that is there)
+            sb.put_tar("/srv", pathlib.Path(tar_path))
+            with open(tar_path, "rb") as f:
+                sb.put_tar("/srv2", f)
+            got = sb.exec("sha256sum /srv/a/big.bin /srv2/a/again.bin").stdout.decode().split()
+            self.assertEqual((got[0], got[2]), (digest, digest))
+            buf = io.BytesIO()
+            self.assertEqual(sb.get_tar("/opt/t/empty", into=buf), len(buf.getvalue()))
+            with self.assertRaises(TypeError):
+                sb.put_tar("/srv", 42)  # type: ignore[arg-type]
+
+    def test_put_tree_refuses_a_file_that_shrinks_while_it_is_sent(self):
+        with self.c.session(quota=1, ttl=120) as s, tempfile.TemporaryDirectory() as local:
+            sb = s.create("py@1")[0]
+            path = os.path.join(local, "f.bin")
+            with open(path, "wb") as f:
+                f.write(b"x" * (4 << 20))
+            stream = dsec._files.TreeTarStream(local, "/opt/s")
+            head = [stream.read(1024)]  # its header went: the size is taken
+
+            def read(n: int) -> bytes:
+                if head:  # what was read already goes first
+                    return head.pop()
+                return stream.read(n)
+            os.truncate(path, 1000)
+            with self.assertRaises(ValueError) as cm:
+                sb.session._s.put_from(sb.id, "/", read)
+            self.assertIn("f.bin", str(cm.exception))
+            self.assertIn("ended after", str(cm.exception))
+            stream.close()
+            self.assertEqual(sb.exec("echo ok").stdout, b"ok\n")
+
     def test_get_tree_refuses_names_that_leave_the_tree(self):
         # The sandbox controls the archive get returns: here its tar is
         # replaced by one that returns a crafted archive with "..".
@@ -279,6 +379,13 @@ class Files(Base):
             with self.assertRaises(ValueError) as cm:
                 sb.get_tree("/work")
             self.assertIn("work/../../etc/cron.d/x", str(cm.exception))
+            with tempfile.TemporaryDirectory() as local:
+                into = os.path.join(local, "in")
+                with self.assertRaises(ValueError) as cm:
+                    sb.get_tree("/work", into=into)
+                self.assertIn("work/../../etc/cron.d/x", str(cm.exception))
+                self.assertEqual(os.listdir(local), ["in"])  # nothing beside it
+                self.assertEqual(os.listdir(into), [])
 
 
 class FilesWithoutTools(Base):
