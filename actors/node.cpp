@@ -317,6 +317,9 @@ void destroy_pooled(self_ptr self, const std::vector<std::string>& ids) {
     auto it = s.live.find(id);
     if (it == s.live.end())
       continue;
+    // Its memory is free for creates at once, as its slot is (releasing).
+    s.memory_admitted -= it->second.memory;
+    it->second.memory = 0;
     if (it->second.handle) {
       caf::anon_send(it->second.handle, destroy_atom::value, s.cfg.key);
       continue;
@@ -335,9 +338,16 @@ void refill_pools(self_ptr self) {
     return;
   uint32_t used = used_slots(s);
   uint32_t room = used >= s.admit_limit || s.cordoned ? 0 : s.admit_limit - used;
+  uint64_t capacity = memory_capacity(s);
   for (auto [pid, n] : s.pools.wanted(room)) {
     const auto* p = s.pools.find(pid);
+    // A pooled sandbox counts against the node's memory as a created one
+    // does (its environment has the node's defaults), so pools fill only
+    // the memory that creates leave.
+    uint64_t each = charge_of(s, p->env);
     for (uint32_t i = 0; i < n; ++i) {
+      if (capacity > 0 && each > 0 && s.memory_admitted + each > capacity)
+        break;
       sandbox_config sc;
       sc.id = fresh_id(s);
       sc.session_id = p->owner ? p->owner_id : "pool";
@@ -352,8 +362,9 @@ void refill_pools(self_ptr self) {
       sc.key = s.cfg.key;
       sc.pooled = true;
       s.pools.warming(pid, sc.id);
-      s.live.emplace(sc.id, node_state::entry{{}, false, 0, mclock::now(),
-                                              &metrics_of(sc.env.backend)});
+      s.live.emplace(sc.id, node_state::entry{{}, false, each, mclock::now(),
+                                              &metrics_of(sc.env.backend), {}});
+      s.memory_admitted += each;
       s.queued.push_back(std::move(sc));
       ++s.creating;
     }
@@ -380,6 +391,10 @@ uint32_t claim_pooled(self_ptr self, const environment& env, uint32_t count,
       break;
     auto& e = s.live.at(*id);
     e.session_id = pl.session_id;
+    // Claimed, it counts what a create of `env` counts.
+    uint64_t charge = charge_of(s, env);
+    s.memory_admitted = s.memory_admitted - e.memory + charge;
+    e.memory = charge;
     // (Its answer matters only if it is gone already: then nobody told the
     // session, and its request would wait for ever.)
     self->request(e.handle, std::chrono::seconds(30), claim_atom::value, process_key(),
@@ -558,7 +573,14 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
       uint64_t capacity = memory_capacity(s);
       bool memory_bound = false;
       if (capacity > 0 && each > 0) {
-        uint64_t fit = s.memory_admitted >= capacity ? 0 : (capacity - s.memory_admitted) / each;
+        auto fits = [&]() -> uint64_t {
+          return s.memory_admitted >= capacity ? 0 : (capacity - s.memory_admitted) / each;
+        };
+        // Pools give up their memory too, an idle sandbox at a time.
+        while (fits() < std::min(room, count) && !s.shutting_down && !s.cordoned
+               && evict_pooled(self, 1) == 1) {
+        }
+        uint64_t fit = fits();
         if (fit < room) {
           room = static_cast<uint32_t>(fit);
           memory_bound = true;

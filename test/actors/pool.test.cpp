@@ -168,6 +168,54 @@ TEST_CASE("pool: a full node destroys pooled sandboxes for real creates") {
   REQUIRE(until(*e.c, [](const node_stats& st) { return ready_of(st) == 3; }));
 }
 
+TEST_CASE("pool: pooled sandboxes count against the node's memory, and give it up to creates") {
+  constexpr uint64_t mib = 1ull << 20;
+  daemon_options o;
+  o.slots = 100;
+  o.node_memory = 1024 * mib; // x oversubscribe 1.0
+  embedded e(o);
+  auto s = open(*e.c);
+  // A pool of 4 of 300 MiB: 3 fit in 1 GiB, and only 3 are made.
+  environment big = env_of("wd@1");
+  big.memory = 300 * mib;
+  REQUIRE(s->pool(big, 4));
+  REQUIRE(until(*e.c, [](const node_stats& st) { return ready_of(st) == 3; }));
+  auto st = node_stats_of(*e.c);
+  CHECK(st.memory_admitted == 900 * mib);
+  REQUIRE(st.pools.size() == 1);
+  CHECK(st.pools[0].warming == 0); // the 4th waits for memory
+  // A claim keeps its memory: still 900 MiB, and no 4th pooled sandbox.
+  auto claimed = s->create(big, 1);
+  REQUIRE_MESSAGE(claimed, describe(claimed.error_value()));
+  REQUIRE(claimed->size() == 1);
+  st = node_stats_of(*e.c);
+  CHECK(st.pools[0].claimed == 1);
+  CHECK(st.memory_admitted == 900 * mib);
+  // Another environment's create of 300 MiB: an idle pooled sandbox gives
+  // its memory up for it (a node without the eviction would refuse it,
+  // naming memory).
+  environment other = env_of();
+  other.memory = 300 * mib;
+  auto ids = s->create(other, 1);
+  REQUIRE_MESSAGE(ids, describe(ids.error_value()));
+  CHECK(ids->size() == 1);
+  REQUIRE(until(*e.c, [](const node_stats& st) { return st.live == 3; }));
+  st = node_stats_of(*e.c);
+  CHECK(st.pools[0].evicted == 1);
+  CHECK(st.memory_admitted == 900 * mib);
+  CHECK(ready_of(st) == 1);
+  // Nothing left to give: a further one is refused by memory.
+  auto more = s->create(other, 2);
+  REQUIRE_MESSAGE(more, describe(more.error_value()));
+  CHECK(more->size() == 1); // the last pooled one gave way for the first
+  check_error(s->create(other, 1), errc::overloaded, "memory");
+  // Memory freed by creates goes back to the pool.
+  for (auto& id : *ids)
+    REQUIRE(s->destroy(id));
+  REQUIRE(until(*e.c, [](const node_stats& st) { return ready_of(st) == 1; }));
+  CHECK(node_stats_of(*e.c).memory_admitted == 900 * mib);
+}
+
 TEST_CASE("pool: memory pressure shrinks the node's pools first, and they refill after") {
   auto psi = temp_file(calm);
   daemon_options o;
