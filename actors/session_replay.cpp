@@ -75,7 +75,11 @@ bool exec_from_log(self_ptr self, const std::string& id, const exec_request& req
   if (it == s.replay.end() || it->second.materializing || it->second.broken)
     return false;
   auto& rb = it->second;
-  if (rb.cursor < rb.box.steps.size()) {
+  // A command whose stdin the trainer feeds after it started (a handle's,
+  // open_stdin) cannot be known to be the logged one when it starts: the log
+  // does not answer it. It runs, on the sandbox rebuilt as it was before it.
+  bool fed_later = req.open_stdin && req.transfer == transfer_none;
+  if (rb.cursor < rb.box.steps.size() && !fed_later) {
     const auto& step = rb.box.steps[rb.cursor];
     // A detached command too: its process is started again when the
     // sandbox is rebuilt (materialize), not before it is needed.
@@ -84,6 +88,12 @@ bool exec_from_log(self_ptr self, const std::string& id, const exec_request& req
       replay_events(self, rb, rb.cursor);
       ++rb.cursor;
       auto r = step.result;
+      if (req.handle && req.transfer == transfer_none) {
+        // A handle's command says its id first: 0, as it does not run. (A
+        // streamed put's handle, told nothing, learns the logged end.)
+        if (auto to = caf::actor_cast<caf::actor>(requester))
+          caf::anon_send(to, output_chunk{id, 0, 0, {}});
+      }
       if (req.stream) {
         // As it came the first time, minus the timing.
         auto to = caf::actor_cast<caf::actor>(requester);
@@ -241,7 +251,9 @@ void replay_tail(self_ptr self, const std::string& id, sandbox_actor sb, size_t 
   auto& rb = it->second;
   if (next < rb.rerun.size()) {
     auto req = rb.box.steps[rb.rerun[next]].req;
-    req.stream = false;
+    // Collected: a handle's command too (its stdin was closed at the start:
+    // one fed later is never answered from the log, so never run again).
+    req.stream = req.handle = false;
     self->request(sb, caf::infinite, exec_atom::value, s.cfg.key, req)
       .then([=](exec_result&) { replay_tail(self, id, sb, next + 1); },
             [=](caf::error& e) {

@@ -1152,7 +1152,8 @@ class Process:
     @property
     def pid(self) -> int:
         """Its id in its sandbox, once it runs (waits for that); raises why it
-        could not be started."""
+        could not be started. 0 for a command that a resumed session answered
+        from its log (it did not run)."""
         return self._n.id()
 
     def _checked(self, result: ExecResult) -> ExecResult:

@@ -320,6 +320,52 @@ class Resume(unittest.TestCase):
         finally:
             s.close()
 
+    def test_background_commands_after_a_resume(self):
+        # A background command whose stdin was closed at its start is
+        # answered from the log: its handle has id 0 and the logged end. One
+        # whose stdin the trainer fed after it started cannot be known to be
+        # the logged one: it runs again, on the sandbox as it was before it,
+        # with the new input (never the logged output).
+        c1 = dsec.connect(D.address)
+        try:
+            s = c1.session(quota=1, ttl=60, trajectory=True)
+            sid = s.id
+            sb = s.create("py@1", key="bg")[0]
+            p = sb.exec("echo from-the-log; echo err >&2", background=True, stdin=False)
+            self.assertGreater(p.pid, 0)
+            self.assertEqual(p.wait().stdout, b"from-the-log\n")
+            fed = sb.exec(["sh", "-c", "cat >> /tmp/fed; cat /tmp/fed"], background=True,
+                          idempotent=True)
+            fed.send_stdin(b"first\n")
+            fed.close_stdin()
+            self.assertEqual(fed.wait().stdout, b"first\n")
+        finally:
+            c1.close()
+        c = self.connect()
+        s = resume(c, sid)
+        try:
+            sb = s.create("py@1", key="bg")[0]
+            p = sb.exec("echo from-the-log; echo err >&2", background=True, stdin=False)
+            self.assertEqual(p.pid, 0)  # it does not run
+            r = p.wait()
+            self.assertEqual((r.stdout, r.stderr, r.exit_code), (b"from-the-log\n", b"err\n", 0))
+            self.assertEqual(self.states(s, [sb.id]), ["replaying"])
+            with self.assertRaises(dsec.Closed):
+                p.send_stdin(b"x")
+            streamed = []
+            q = sb.exec(["sh", "-c", "cat >> /tmp/fed; cat /tmp/fed"], background=True,
+                        idempotent=True, on_output=lambda st, b: streamed.append(b))
+            self.assertGreater(q.pid, 0)
+            self.assertEqual(self.states(s, [sb.id]), ["running"])  # rebuilt: it runs
+            q.send_stdin(b"second\n")
+            q.close_stdin()
+            self.assertEqual(q.wait().exit_code, 0)
+            # The state before it: /tmp/fed did not have "first" yet.
+            self.assertEqual(b"".join(streamed), b"second\n")
+        finally:
+            s.close()
+
+
 import episode_trainer as E
 
 EPISODES, CONCURRENCY, STOP_AFTER = 24, 8, 10
