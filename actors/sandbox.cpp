@@ -11,6 +11,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sys/ioctl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -182,6 +183,10 @@ struct exec_state {
   std::optional<pipe_reader> reader[2]; // stdout, stderr: re-armed by us with a window
   bool parked[2] = {false, false};     // not re-armed: waiting for credit
   bool flowing = false; // a get's stdout goes out (before: held back in `out`)
+  // The drain (exited, a pipe still open): the bytes its pipes held when it
+  // looked, still to be taken; it finishes once they are and `drained`.
+  uint64_t drain_left[2] = {0, 0};
+  bool drained = false;
 };
 
 enum class phase { creating, ready, destroying };
@@ -297,6 +302,9 @@ constexpr size_t max_log_waiters = 64;
 constexpr auto log_wait_limit = std::chrono::seconds(20);
 // timeout_atom's tag for a waiting logs request (bit 62; bit 63 is a drain's).
 constexpr uint64_t log_wait_tag = 1ull << 62;
+// A drain's second half (bit 61 with bit 63): the reactor passed it on, so
+// every read it had made before is in the mailbox ahead of it.
+constexpr uint64_t drain_flush_tag = 1ull << 61;
 
 using self_ptr = sandbox_actor::stateful_pointer<sandbox_state>;
 
@@ -1197,6 +1205,7 @@ void on_output(self_ptr self, uint64_t eid, uint8_t stream, std::string& data, b
   if (it == s.execs.end())
     return; // finished already: late output is dropped
   auto& x = it->second;
+  uint64_t received = data.size();
   bool held = x.transfer == transfer_get && stream == 1 && !x.flowing;
   if (held && x.out.size() + data.size() >= transfer_hold_back) {
     // Enough to be an archive: what was held back goes out first.
@@ -1228,9 +1237,14 @@ void on_output(self_ptr self, uint64_t eid, uint8_t stream, std::string& data, b
       }
     }
   }
+  auto& left = x.drain_left[stream == 1 ? 0 : 1];
+  left -= std::min<uint64_t>(left, received);
   if (eof) {
     (stream == 1 ? x.out_eof : x.err_eof) = true;
+    left = 0;
     maybe_finish(self, eid);
+  } else if (x.drained && x.drain_left[0] == 0 && x.drain_left[1] == 0) {
+    finish_exec(self, eid); // the drain's bytes are taken
   } else if (x.window > 0) {
     rearm(self, x, stream == 1 ? 0 : 1);
   }
@@ -1834,16 +1848,39 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
         return;
       }
       bool drain = (tag >> 63) != 0;
-      uint64_t eid = tag & ~(1ull << 63);
+      bool flush = drain && (tag & drain_flush_tag) != 0;
+      uint64_t eid = tag & ~((1ull << 63) | drain_flush_tag);
       auto it = s.execs.find(eid);
       if (it == s.execs.end())
         return;
+      auto& x = it->second;
+      if (flush) {
+        x.drained = true;
+        if (x.drain_left[0] == 0 && x.drain_left[1] == 0)
+          finish_exec(self, eid); // exited, and what its pipes held is taken
+        return;
+      }
       if (drain) {
         // A flow-controlled one waiting for credit is not done: its pipe
         // still holds output the requester will take (take_credit looks again).
-        if (it->second.parked[0] || it->second.parked[1])
+        if (x.parked[0] || x.parked[1])
           return;
-        finish_exec(self, eid); // exited; stop waiting for the pipes
+        // Exited, a pipe still open (a background child may keep it so): it
+        // ends once what the pipes hold now is taken, not what comes later.
+        // A read the reactor made already reaches us before the flush.
+        for (int i = 0; i < 2; ++i) {
+          int n = 0;
+          bool open = i == 0 ? !x.out_eof : !x.err_eof;
+          if (open && x.reader[i] && ::ioctl(x.reader[i]->fd->get(), FIONREAD, &n) == 0 && n > 0)
+            x.drain_left[i] = static_cast<uint64_t>(n);
+          else
+            x.drain_left[i] = 0;
+        }
+        sandbox_actor me = self;
+        s.cfg.eng->io().post([me, eid] {
+          caf::anon_send(me, timeout_atom::value, process_key(),
+                         eid | (1ull << 63) | drain_flush_tag);
+        });
         return;
       }
       if (!it->second.exited && s.box) {

@@ -221,6 +221,33 @@ TEST_CASE("streamed exec delivers the output in order, in pieces, before the res
   }
 }
 
+TEST_CASE("a command whose background child keeps its pipes open ends with all it wrote") {
+  // The shell exits while `sleep` (in the background) holds stdout and
+  // stderr: no end of file comes, so the command ends by the drain, which
+  // first takes what the pipes still hold.
+  embedded n;
+  auto s = open(*n.c);
+  auto id = make(*s, env_of(), 1).front();
+  auto req = cmd({"sh", "-c", "seq 1 100000; echo err-line >&2; sleep 1000 & exit 3"});
+  std::string expected;
+  for (int i = 1; i <= 100000; ++i)
+    expected += std::to_string(i) + "\n";
+  auto collected = run(*s, id, req);
+  CHECK(collected.exit_code == 3);
+  CHECK(collected.out == expected);
+  CHECK(collected.err == "err-line\n");
+  std::string out, err;
+  auto small = req;
+  small.window = 4096; // flow-controlled, in small steps: parked on the way
+  auto streamed = s->exec(id, small, [&](uint8_t stream, std::string_view data) {
+    (stream == 1 ? out : err) += data;
+  });
+  REQUIRE_MESSAGE(streamed, describe(streamed.error_value()));
+  CHECK(streamed->exit_code == 3);
+  CHECK(out == expected);
+  CHECK(err == "err-line\n");
+}
+
 TEST_CASE("input reaches stdin") {
   embedded n;
   auto s = open(*n.c);
