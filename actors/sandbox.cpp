@@ -1508,13 +1508,20 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
       return;
     }
     for (auto& [eid, x] : s.execs)
-      if (x.listener && x.listener->address() == dm.source && !x.exited && s.box
+      if (x.listener && x.listener->address() == dm.source && !x.finished && s.box
           && really_down(x.listener, "a down message of a streamed command's listener")) {
         x.listener = nullptr;
-        (void) s.box->signal(x.id, SIGKILL);
+        if (!x.exited)
+          (void) s.box->signal(x.id, SIGKILL);
+        bool woke = false;
         for (int i = 0; i < 2; ++i) // nobody will credit it: read (and drop) to the end
-          if (x.parked[i])
+          if (x.parked[i]) {
             rearm(self, x, i);
+            woke = true;
+          }
+        // One that exited parked (its drain waits for credit) drains now.
+        if (woke && x.exited)
+          self->send(self, timeout_atom::value, process_key(), eid | (1ull << 63));
       }
   });
   self->request(s.cfg.cache, caf::infinite, acquire_atom::value, process_key(), s.cfg.env)

@@ -21,6 +21,8 @@
 #include <thread>
 #include <vector>
 
+#include <caf/event_based_actor.hpp>
+
 #include "runtime/store.hpp"
 #include "test/actors/common.hpp"
 #include "test/support/fixture.hpp"
@@ -246,6 +248,47 @@ TEST_CASE("a command whose background child keeps its pipes open ends with all i
   CHECK(streamed->exit_code == 3);
   CHECK(out == expected);
   CHECK(err == "err-line\n");
+}
+
+TEST_CASE("a streamed command that exited waiting for credit ends when its requester goes") {
+  // The requester takes one chunk, never credits it, and goes only once the
+  // command has surely exited (its 48 KiB fit the pipe): the command, parked
+  // for credit that will not come, must still end (it stayed forever).
+  embedded n;
+  auto s = open(*n.c);
+  auto id = make(*s, env_of(), 1).front();
+  auto req = cmd({"sh", "-c", "seq 1 10000"});
+  req.stream = true;
+  req.window = 4096;
+  std::promise<void> took;
+  auto taker = n.sys.spawn([&took, h = s->handle(), id, req](caf::event_based_actor* self)
+                             -> caf::behavior {
+    self->request(h, caf::infinite, exec_atom::value, id, req)
+      .then([](exec_result&) {}, [](caf::error&) {});
+    auto seen = std::make_shared<bool>(false);
+    return {
+      [self, &took, seen](output_chunk& c) {
+        if (c.data.empty() || *seen)
+          return;
+        *seen = true;
+        took.set_value();
+        self->delayed_send(self, std::chrono::seconds(1), close_atom::value);
+      },
+      [self](close_atom) { self->quit(); },
+    };
+  });
+  took.get_future().wait();
+  auto running = [&] {
+    for (const auto& b : node_list(*n.c))
+      if (b.id == id)
+        return b.running;
+    return 0u;
+  };
+  CHECK(eventually([&] { return running() == 0; }));
+  // The sandbox is still fine.
+  auto r = s->exec(id, cmd({"echo", "after"}));
+  REQUIRE_MESSAGE(r, describe(r.error_value()));
+  CHECK(r->out == "after\n");
 }
 
 TEST_CASE("input reaches stdin") {
