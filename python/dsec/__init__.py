@@ -106,6 +106,7 @@ __all__ = [
     "TooLarge", "Unauthenticated", "Unauthorized", "Overloaded", "SystemFailure", "ToolFailed",
     "Timeout", "SandboxFailed", "Disconnected", "Lost", "Unsupported", "Closed", "CommandFailed",
     "Paused", "Answer", "Data", "Size", "Seconds", "Command", "Env", "User", "Pty", "Process",
+    "Egress", "Network",
 ]
 
 # ---- clients still open at exit are closed before the interpreter goes ---------------
@@ -198,12 +199,83 @@ def _parse_address(address: object) -> tuple[str, int]:
     return _dsec.parse_endpoint(address, "address")
 
 
+class Egress:
+    """A sandbox network that reaches out through its node's uplink, by a
+    policy (docs/network.md): ``create(..., network=dsec.Egress(allow=[...]))``.
+
+    allow, deny: rules, each "CIDR[:PORT[-PORT]]", "DOMAIN", "*.DOMAIN" or a
+    service name of the node (dsecd --services); everything else is denied,
+    and private ranges, link-local, the metadata address and the node's own
+    addresses are denied unless a rule names them. Domains need a node with a
+    DNS upstream (dsecd --dns-upstream). The node checks the rules: a bad one
+    fails the create with dsec.InvalidArgument naming it. The node needs an
+    uplink (dsecd --uplink). Sandbox.set_network() changes the policy later."""
+
+    __slots__ = ("allow", "deny")
+
+    def __init__(self, allow: Iterable[str] = (), deny: Iterable[str] = ()) -> None:
+        self.allow: list[str] = _rules("allow", allow)
+        self.deny: list[str] = _rules("deny", deny)
+
+    def __repr__(self) -> str:
+        return f"Egress(allow={self.allow!r}, deny={self.deny!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, Egress) and self.allow == other.allow
+                and self.deny == other.deny)
+
+    def __hash__(self) -> int:
+        return hash((tuple(self.allow), tuple(self.deny)))
+
+
+#: create()'s network: "none" (the default: no network at all), "loopback"
+#: (a private network with loopback only; what net=True gives), "egress"
+#: (Egress() with no rule: out through the uplink, everything denied), or an
+#: Egress with its policy.
+Network = Union[str, Egress]
+
+
+def _rules(name: str, value: object) -> list[str]:
+    if isinstance(value, (str, bytes)):
+        raise TypeError(f"{name}: expected a list of rules, got a str ({value!r}); "
+                        f"write {name}=[{value!r}]")
+    if not isinstance(value, Iterable):
+        raise TypeError(f"{name}: expected a list of rules, got {type(value).__name__}")
+    return [_str(f"{name}[]", r, allow_empty=False) for r in value]
+
+
+def _network(env: _dsec.Environment, net: object, network: object) -> None:
+    env.net = bool(net)
+    if network is None:
+        return
+    if isinstance(network, str):
+        if network not in ("none", "loopback", "egress"):
+            raise ValueError(f"network: expected 'none', 'loopback', 'egress' or a "
+                             f"dsec.Egress, got {network!r}")
+        if network == "none" and net:
+            raise ValueError("network='none' contradicts net=True (give one of them)")
+        if network == "none":
+            return
+        network = Egress() if network == "egress" else None
+        env.net = True
+        if network is None:
+            return
+    if not isinstance(network, Egress):
+        raise TypeError(f"network: expected 'none', 'loopback', 'egress' or a dsec.Egress, "
+                        f"got {type(network).__name__}")
+    env.net = True
+    env.egress = True
+    env.allow = list(network.allow)
+    env.deny = list(network.deny)
+
+
 def _environment(base: object, workdir: object, tools: Iterable[str] | None, memory: object,
                  pids: object, cpus: object, disk: object, net: object, chronus: object,
                  ttl: object, snapshot: object = None,
                  backend: object = "container",
                  expose: Iterable[int] | None = None,
-                 mounts: Iterable[str] | None = None) -> _dsec.Environment:
+                 mounts: Iterable[str] | None = None,
+                 network: object = None) -> _dsec.Environment:
     env = _dsec.Environment()
     env.backend = _str("backend", backend, allow_empty=False)
     if snapshot is not None:  # snapshots (issue 16): the layers come from the diff
@@ -225,7 +297,7 @@ def _environment(base: object, workdir: object, tools: Iterable[str] | None, mem
             raise ValueError(f"cpus: expected a positive number of CPUs, got {cpus}")
         env.cpus = float(cpus)
     env.disk = _size("disk", disk)
-    env.net = bool(net)
+    _network(env, net, network)
     env.chronus = bool(chronus)
     env.ttl_ms = 0 if ttl is None else _seconds_ms("ttl", ttl)
     env.expose = [_port("expose[]", p) for p in (expose or ())]
@@ -504,12 +576,14 @@ class Client:
     def pool(self, base: str, workdir: str | None = None, tools: Sequence[str] = (),
              size: int = 1, *, memory: Size | None = None, pids: int | None = None,
              cpus: float | None = None, disk: Size | None = None, net: bool = False,
-             chronus: bool = False) -> int:
+             chronus: bool = False, network: Network | None = None) -> int:
         """A warm pool of the nodes' own (it lives with them, not with this
         client): `size` ready sandboxes of that environment spread over the
         nodes, for any session's creates and calls (0 removes it). Returns how
-        many the nodes took (`dsec pool set`)."""
-        env = _environment(base, workdir, tools, memory, pids, cpus, disk, net, chronus, None)
+        many the nodes took (`dsec pool set`). network: as Session.create's; a
+        create or call takes from the pool only with the same policy."""
+        env = _environment(base, workdir, tools, memory, pids, cpus, disk, net, chronus, None,
+                           network=network)
         n: int = self._c.pool(env, _int("size", size, hi=100_000))
         return n
 
@@ -631,11 +705,14 @@ class Session:
     def pool(self, base: str, workdir: str | None = None, tools: Sequence[str] = (),
              size: int = 1, *, memory: Size | None = None, pids: int | None = None,
              cpus: float | None = None, disk: Size | None = None, net: bool = False,
-             chronus: bool = False) -> int:
+             chronus: bool = False, network: Network | None = None) -> int:
         """A warm pool of this session's: `size` ready sandboxes of that
         environment kept on the nodes for its creates and calls (0 removes it);
-        it ends with the session. Returns how many the nodes took."""
-        env = _environment(base, workdir, tools, memory, pids, cpus, disk, net, chronus, None)
+        it ends with the session. Returns how many the nodes took. network: as
+        create's; a create or call takes from the pool only with the same
+        policy."""
+        env = _environment(base, workdir, tools, memory, pids, cpus, disk, net, chronus, None,
+                           network=network)
         n: int = self._s.pool(env, _int("size", size, hi=100_000))
         return n
 
@@ -644,12 +721,13 @@ class Session:
              cpus: float | None = None, disk: Size | None = None, net: bool = False,
              timeout: Seconds | None = None, env: Env | None = None, cwd: str | None = None,
              user: User | None = None, input: Data | None = None,
-             max_output: int | None = None) -> ExecResult:
+             max_output: int | None = None, network: Network | None = None) -> ExecResult:
         """The function backend: runs `cmd` in a fresh sandbox of that
         environment (from a warm pool when one is ready), destroys the sandbox
         (never reused) and returns the ExecResult (exit_code 128+N on a
-        signal N)."""
-        e = _environment(base, workdir, tools, memory, pids, cpus, disk, net, False, None)
+        signal N). network: as create()'s."""
+        e = _environment(base, workdir, tools, memory, pids, cpus, disk, net, False, None,
+                         network=network)
         req = _request(cmd, timeout, env, cwd, user, input, False, False, max_output)
         result: ExecResult = self._s.call(e, req)
         return result
@@ -674,7 +752,7 @@ class Session:
                chronus: bool = False, ttl: Seconds | None = None, key: str | None = None,
                tags: Mapping[str, str] | None = None, snapshot: str | None = None,
                backend: str = "container", expose: Sequence[int] = (),
-               mounts: Sequence[str] = ()) -> Batch:
+               mounts: Sequence[str] = (), network: Network | None = None) -> Batch:
         """Creates `count` sandboxes of base + workdir + tools (NAME@VERSION
         each; the last tool on top) and returns them as a Batch (a list).
 
@@ -683,6 +761,11 @@ class Session:
         NodeStats.default_*); cpus: CPU bandwidth (1.5 = one and a half CPUs);
         net: a private network with loopback; chronus: a Chronus socket
         (events(), trusted commands); ttl: seconds (default: the session's).
+
+        network: "none" (no network, the default), "loopback" (net=True), or
+        dsec.Egress(allow=[...], deny=[...]): out through the node's uplink by
+        that policy ("egress" is Egress() with no rule: all denied); see
+        Egress. Sandbox.set_network() changes the policy of a live one.
 
         key: the trainer's name for this create, e.g. its episode id (a str
         without '#'; at most one live create per key). A resumed session gives
@@ -707,7 +790,7 @@ class Session:
         dsec.InvalidArgument naming the mount (docs/security.md, "Host mounts").
         """
         env = _environment(base, workdir, tools, memory, pids, cpus, disk, net, chronus, ttl,
-                           snapshot, backend, expose, mounts)
+                           snapshot, backend, expose, mounts, network)
         count = _int("count", count, hi=1_000_000)
         made, failures = self._s.create(env, count, *_labels(key, tags))
         return _batch(self, made, failures, count)
@@ -720,9 +803,10 @@ class Session:
                            key: str | None = None,
                            tags: Mapping[str, str] | None = None,
                            expose: Sequence[int] = (),
-                           mounts: Sequence[str] = ()) -> Batch:
+                           mounts: Sequence[str] = (),
+                           network: Network | None = None) -> Batch:
         env = _environment(base, workdir, tools, memory, pids, cpus, disk, net, chronus, ttl,
-                           expose=expose, mounts=mounts)
+                           expose=expose, mounts=mounts, network=network)
         count = _int("count", count, hi=1_000_000)
         fut, done = _future()
         self._s.create_async(env, count, *_labels(key, tags), done)
@@ -736,14 +820,14 @@ class Session:
                    cpus: float | None = None, disk: Size | None = None, net: bool = False,
                    chronus: bool = False, ttl: Seconds | None = None, key: str | None = None,
                    tags: Mapping[str, str] | None = None, expose: Sequence[int] = (),
-                   mounts: Sequence[str] = ()) -> Sandbox:
+                   mounts: Sequence[str] = (), network: Network | None = None) -> Sandbox:
         """Creates one sandbox (create()'s arguments, without count) and returns
         it: a Sandbox, not a Batch. If it could not be made, raises why (a
         dsec.Error) rather than returning an empty Batch with a failure.
         ``Sandbox.key`` is `key`, or the one dsec picked ("#N")."""
         return _one(self.create(base, workdir, tools, 1, memory=memory, pids=pids, cpus=cpus,
                                 disk=disk, net=net, chronus=chronus, ttl=ttl, key=key,
-                                tags=tags, expose=expose, mounts=mounts))
+                                tags=tags, expose=expose, mounts=mounts, network=network))
 
     async def create_one_async(self, base: str, workdir: str | None = None,
                                tools: Sequence[str] = (), *, memory: Size | None = None,
@@ -753,11 +837,12 @@ class Session:
                                key: str | None = None,
                                tags: Mapping[str, str] | None = None,
                                expose: Sequence[int] = (),
-                               mounts: Sequence[str] = ()) -> Sandbox:
+                               mounts: Sequence[str] = (),
+                               network: Network | None = None) -> Sandbox:
         return _one(await self.create_async(base, workdir, tools, 1, memory=memory, pids=pids,
                                             cpus=cpus, disk=disk, net=net, chronus=chronus,
                                             ttl=ttl, key=key, tags=tags, expose=expose,
-                                            mounts=mounts))
+                                            mounts=mounts, network=network))
 
     def find(self, key: str) -> Sandbox | None:
         """The Sandbox with this key (a create's key=, or KEY#i of a batch), or
@@ -1763,6 +1848,22 @@ class Sandbox:
         self.session._s.set_ttl_async(self.id, _seconds_ms("ttl", ttl), done)
         left = await fut
         return float(left) / 1000.0
+
+    # ---- networking (issue 14) ---------------------------------------------------------
+
+    def set_network(self, allow: Iterable[str] = (), deny: Iterable[str] = ()) -> None:
+        """Replaces the policy of an egress sandbox (network=dsec.Egress(...))
+        with these rules (Egress's); new connections see it at once, open ones
+        keep going. A sandbox without egress raises InvalidArgument, a bad
+        rule InvalidArgument naming it."""
+        self.session._s.set_network(self.id, _rules("allow", allow), _rules("deny", deny))
+
+    async def set_network_async(self, allow: Iterable[str] = (),
+                                deny: Iterable[str] = ()) -> None:
+        fut, done = _future()
+        self.session._s.set_network_async(self.id, _rules("allow", allow),
+                                          _rules("deny", deny), done)
+        await fut
 
     # ---- port exposure (issue 14) -----------------------------------------------------
 

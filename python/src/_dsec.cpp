@@ -1489,6 +1489,26 @@ void bind_session(py::module_& m) {
            }
            return value_or_raise(await_outcome(out));
          })
+    // egress networking (docs/network.md): replaces the sandbox's policy
+    .def("set_network",
+         [](py_session& ps, const std::string& id, const std::vector<std::string>& allow,
+            const std::vector<std::string>& deny) {
+           waiter<void> out;
+           {
+             auto s = ps.co().start();
+             ps.get()->set_network_async(id, allow, deny, to_waiter(out, s.tok));
+           }
+           auto r = await_outcome(out);
+           if (!r)
+             raise(std::move(r).error_value());
+         })
+    .def("set_network_async",
+         [](py_session& ps, const std::string& id, const std::vector<std::string>& allow,
+            const std::vector<std::string>& deny, py::object done) {
+           auto s = ps.co().start();
+           ps.get()->set_network_async(id, allow, deny,
+                                       to_python<void>(std::move(done), s.tok, identity{}));
+         })
     .def("expose",
          [](py_session& ps, const std::string& id, uint16_t port) {
            waiter<exposed_port> out;

@@ -12,6 +12,7 @@
     Daemon(tls=True)      # dsecd --tls d.tls (certificates from tools/tls-certs,
                           # $DSEC_TLS_CERTS); d.other_tls: another CA's
     Daemon(layers=False)  # no layers: for tests that create no sandbox
+    Daemon(args=[...])    # more dsecd arguments (e.g. --uplink IFACE for egress)
 
 Layers, built with the real `dsec layer build` ($DSEC_BIN) from busybox-static:
   py@1     base     /bin/busybox and its applets (sh, tar, cat, ...), /etc/passwd
@@ -38,7 +39,7 @@ import time
 
 APPLETS = ["sh", "tar", "cat", "echo", "sleep", "ls", "mkdir", "rm", "printf", "hostname",
            "true", "false", "kill", "head", "seq", "wc", "id", "env", "pwd", "test", "ln",
-           "chmod", "stat", "tr", "yes", "dd", "readlink"]
+           "chmod", "stat", "tr", "yes", "dd", "readlink", "wget", "nslookup", "timeout"]
 
 JANITOR = r"""
 import os, shutil, sys, time
@@ -74,7 +75,8 @@ def _write(path, data, mode=0o644):
 
 
 class Daemon:
-    def __init__(self, tls=False, layers=True):
+    def __init__(self, tls=False, layers=True, args=()):
+        self.args = list(args)
         self.dsec = _env_path("DSEC_BIN")
         self.dsecd = _env_path("DSECD_BIN")
         self.root = tempfile.mkdtemp(prefix="dsec-pytest-")
@@ -143,7 +145,7 @@ class Daemon:
         self.proc = subprocess.Popen(
             [self.dsecd, "--listen", f"127.0.0.1:{port}", "--state", self.state,
              "--allow-host-mount", self.host_dir]
-            + (["--tls", self.tls] if self.tls else []),
+            + (["--tls", self.tls] if self.tls else []) + self.args,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=_die_with_parent)
         self.janitor.stdin.write(f"pid {self.proc.pid}\n")
         self.janitor.stdin.flush()
