@@ -313,6 +313,38 @@ test('envdVersion 0.5.7 and the SDK paths it selects', async () => {
   }
 })
 
+test('files as a user: relative paths from its home, what is made is its own', async () => {
+  const sbx = await Sandbox.create('base')
+  try {
+    const owner = async (p) => (await sbx.commands.run(`stat -c '%u:%g' ${p}`, { user: 'root' })).stdout.trim()
+    const info = await sbx.files.write('notes.txt', 'mine', { user: 'user' })
+    assert.equal(info.path, '/home/user/notes.txt')
+    assert.equal(await owner('/home/user/notes.txt'), '1000:1000')
+    assert.equal(await sbx.files.read('notes.txt', { user: 'user' }), 'mine')
+    // Missing parents are made for it, and are its own too.
+    await sbx.files.write('/tmp/u1/u2/f.txt', 'deep', { user: 'user' })
+    assert.equal(await owner('/tmp/u1'), '1000:1000')
+    assert.equal(await owner('/tmp/u1/u2'), '1000:1000')
+    assert.equal(await owner('/tmp/u1/u2/f.txt'), '1000:1000')
+    // So is a directory it makes (and its parent), which it can write into.
+    assert.equal(await sbx.files.makeDir('proj/src', { user: 'user' }), true)
+    assert.equal(await owner('/home/user/proj'), '1000:1000')
+    assert.equal(await owner('/home/user/proj/src'), '1000:1000')
+    await sbx.commands.run('echo ok > /home/user/proj/src/w', { user: 'user' })
+    const names = (await sbx.files.list('.', { user: 'user' })).map((e) => e.name)
+    assert.ok(names.includes('notes.txt') && names.includes('proj'), names.join(' '))
+    assert.equal(await sbx.files.exists('proj/src/w', { user: 'user' }), true)
+    assert.equal(await sbx.files.exists('proj/src/w'), false) // root's relative paths: /root
+    // Without a user (root): root's, relative to the template's cwd.
+    await sbx.files.write('/tmp/r.txt', 'root')
+    assert.equal(await owner('/tmp/r.txt'), '0:0')
+    await assert.rejects(sbx.files.write('x', 'y', { user: 'nobody-here' }), /nobody-here/)
+    await assert.rejects(sbx.files.list('.', { user: 'nobody-here' }), /nobody-here/)
+  } finally {
+    await sbx.kill()
+  }
+})
+
 test('stdin: sendStdin feeds a running command, closeStdin ends it; without stdin: true it is refused', async () => {
   const sbx = await Sandbox.create('base')
   try {

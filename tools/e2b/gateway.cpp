@@ -239,7 +239,8 @@ bool sandbox_gone(const error& e) {
 // ---- tar (libarchive) ---------------------------------------------------------------
 
 // A tar of one regular file `name` with `data`.
-std::string tar_one(const std::string& name, const std::string& data) {
+std::string tar_one(const std::string& name, const std::string& data, uint32_t uid = 0,
+                    uint32_t gid = 0) {
   std::string out;
   struct archive* a = archive_write_new();
   archive_write_set_format_pax_restricted(a);
@@ -255,6 +256,8 @@ std::string tar_one(const std::string& name, const std::string& data) {
   archive_entry_set_size(e, static_cast<la_int64_t>(data.size()));
   archive_entry_set_filetype(e, AE_IFREG);
   archive_entry_set_perm(e, 0644);
+  archive_entry_set_uid(e, uid); // (tar in the sandbox runs as root: it keeps the owner)
+  archive_entry_set_gid(e, gid);
   archive_entry_set_mtime(e, static_cast<time_t>(now_ms() / 1000), 0);
   archive_write_header(a, e);
   archive_write_data(a, data.data(), data.size());
@@ -492,6 +495,14 @@ struct polled_watch {
   std::shared_ptr<dsec::process> handle;
 };
 
+// A user of a sandbox's image, as a filesystem call that names it acts: its
+// home (where relative paths start) and the owner of what the call makes.
+struct fs_user {
+  std::string home;
+  uint32_t uid = 0;
+  uint32_t gid = 0;
+};
+
 struct sandbox {
   std::string id;
   std::string key;
@@ -510,6 +521,8 @@ struct sandbox {
   // CreateWatcher's watchers, by id, until RemoveWatcher (or the sandbox's end).
   std::map<std::string, std::shared_ptr<polled_watch>> watchers;
   uint64_t next_watcher = 1;
+  // The users the filesystem calls named, as its image has them (fs_user).
+  std::map<std::string, fs_user> users;
 };
 
 struct gateway::impl {
@@ -596,12 +609,21 @@ struct gateway::impl {
   /// The handle of the running process `pid` of `s`; replies not_found otherwise.
   std::shared_ptr<dsec::process> handle_of(sandbox& s, uint32_t pid, responder& r);
   void fs(std::shared_ptr<sandbox> s, const std::string& method, const json& body,
-          std::shared_ptr<responder> r);
+          const std::optional<fs_user>& u, std::shared_ptr<responder> r);
+  /// The user `name` of `s`'s image (looked up once, by a command run as it),
+  /// for a filesystem call: nullopt for root or no name (paths start at the
+  /// sandbox's cwd, what is made is root's); `then` runs once.
+  void as_user(std::shared_ptr<sandbox> s, const std::string& name,
+               std::function<void(expected<std::optional<fs_user>>)> then);
   void watch_dir(std::shared_ptr<sandbox> s, http_request& req, std::shared_ptr<responder> r);
   void create_watcher(std::shared_ptr<sandbox> s, const json& body, std::shared_ptr<responder> r);
   void watcher_call(std::shared_ptr<sandbox> s, const std::string& method, const json& body,
                     std::shared_ptr<responder> r);
   void get_file(std::shared_ptr<sandbox> s, http_request& req, std::shared_ptr<responder> r);
+  void get_one(std::shared_ptr<sandbox> s, expected<std::string> path,
+               std::shared_ptr<responder> r);
+  void put_all(std::shared_ptr<sandbox> s, std::vector<std::pair<std::string, std::string>> files,
+               std::optional<fs_user> u, std::shared_ptr<responder> r);
   void put_files(std::shared_ptr<sandbox> s, http_request& req, std::shared_ptr<responder> r);
 
   // A shell script run in the sandbox (collected), for the filesystem calls.
@@ -1066,7 +1088,13 @@ void gateway::impl::envd(http_request& req, std::shared_ptr<responder> r) {
       (method == "GetWatcherEvents" || method == "RemoveWatcher"))
     return watcher_call(s, method, body, r);
   if (service == "/filesystem.Filesystem")
-    return fs(s, method, body, r);
+    return as_user(s, user_of(req.header("authorization")),
+                   [this, s, method, body, r](expected<std::optional<fs_user>> u) {
+                     if (!u)
+                       return connect_error(*r, connect_code(u.error_value()),
+                                            describe(u.error_value()));
+                     fs(s, method, body, *u, r);
+                   });
   if (method == "List") {
     json procs = json::array();
     std::lock_guard<std::mutex> g{mu};
@@ -1735,13 +1763,74 @@ void gateway::impl::input(std::shared_ptr<sandbox> s, const std::string& method,
   (*step)();
 }
 
+// The user of a /files call: its `username` query parameter (the SDK's
+// `user`), else its Authorization header as for the RPCs.
+std::string files_user(const http_request& req) {
+  if (auto q = req.query.find("username"); q != req.query.end() && !q->second.empty())
+    return q->second;
+  return user_of(req.header("authorization"));
+}
+
+// A shell function for the scripts: `mkdirs DIR OWNER` makes DIR and its
+// missing parents, each chowned to OWNER (uid:gid; none when empty), as
+// envd makes a user's directories.
+constexpr const char* mkdirs_fn =
+  "mkdirs() { [ -d \"$1\" ] && return 0; mkdirs \"$(dirname -- \"$1\")\" \"$2\" || return 1; "
+  "mkdir -- \"$1\" || return 1; [ -z \"$2\" ] || chown -- \"$2\" \"$1\"; }; ";
+
+std::string owner_of(const std::optional<fs_user>& u) {
+  return u ? std::to_string(u->uid) + ":" + std::to_string(u->gid) : std::string{};
+}
+
+void gateway::impl::as_user(std::shared_ptr<sandbox> s, const std::string& name,
+                            std::function<void(expected<std::optional<fs_user>>)> then) {
+  if (name.empty() || name == "root")
+    return then(std::optional<fs_user>{});
+  {
+    std::lock_guard<std::mutex> g{mu};
+    if (auto it = s->users.find(name); it != s->users.end())
+      return then(std::optional<fs_user>{it->second});
+  }
+  // Run as the user, the sandbox looks it up in its image (HOME, uid, gid),
+  // as for a command: the shell reads its own ids from /proc.
+  exec_request x;
+  x.argv = {"/bin/sh", "-c",
+            "printf '%s\\n' \"$HOME\"; while read -r k a b; do case \"$k\" in Uid:) u=$a;; "
+            "Gid:) g=$a;; esac; done < /proc/self/status; echo \"$u $g\""};
+  x.user = name;
+  x.timeout_ms = 60'000;
+  sess(s->key).exec_async(s->id, x, [this, s, name, then](expected<exec_result> r) {
+    if (!r) {
+      if (sandbox_gone(r.error_value()))
+        forget(s->id);
+      auto e = r.error_value();
+      e.message = "user '" + name + "': " + e.message;
+      return then(std::move(e));
+    }
+    std::istringstream in{r->out};
+    fs_user u;
+    std::getline(in, u.home);
+    if (r->exit_code != 0 || !(in >> u.uid >> u.gid) || u.home.empty() || u.home[0] != '/')
+      return then(make_error(errc::invalid_argument,
+                             "user '" + name + "': cannot read its home and ids in the sandbox"
+                               " (exit " + std::to_string(r->exit_code) + "): " + r->err));
+    {
+      std::lock_guard<std::mutex> g{mu};
+      s->users[name] = u;
+    }
+    then(std::optional<fs_user>{u});
+  });
+}
+
 void gateway::impl::fs(std::shared_ptr<sandbox> s, const std::string& method, const json& body,
-                       std::shared_ptr<responder> r) {
+                       const std::optional<fs_user>& u, std::shared_ptr<responder> r) {
   auto str = [&](const char* k) -> std::string {
     return body.contains(k) && body[k].is_string() ? body[k].get<std::string>() : std::string{};
   };
+  // A user's relative paths start at its home (as envd's do).
+  const std::string base = u ? u->home : s->cwd;
   auto need = [&](const char* k) -> std::optional<std::string> {
-    auto p = resolve(s->cwd, str(k));
+    auto p = resolve(base, str(k));
     if (!p) {
       connect_error(*r, "invalid_argument", std::string{k} + ": " + p.error_value().message);
       return std::nullopt;
@@ -1805,8 +1894,10 @@ void gateway::impl::fs(std::shared_ptr<sandbox> s, const std::string& method, co
     auto p = need("path");
     if (!p)
       return;
-    return script(*s, "[ -e \"$1\" ] && { echo \"$1\" >&2; exit 4; }; mkdir -p -- \"$1\" && stat -c " + fmt + " -- \"$1\"",
-                  {*p}, finish(one_entry));
+    // What it makes is the user's (and its missing parents).
+    return script(*s, std::string{mkdirs_fn} + "[ -e \"$1\" ] && { echo \"$1\" >&2; exit 4; }; "
+                        "mkdirs \"$1\" \"$2\" && stat -c " + fmt + " -- \"$1\"",
+                  {*p, owner_of(u)}, finish(one_entry));
   }
   if (method == "Remove") {
     auto p = need("path");
@@ -1835,7 +1926,15 @@ void gateway::impl::get_file(std::shared_ptr<sandbox> s, http_request& req,
   auto q = req.query.find("path");
   if (q == req.query.end() || q->second.empty())
     return rest_error(*r, 400, "the path query parameter is required");
-  auto p = resolve(s->cwd, q->second);
+  as_user(s, files_user(req), [this, s, r, given = q->second](expected<std::optional<fs_user>> u) {
+    if (!u)
+      return rest_error(*r, http_status(u.error_value()), describe(u.error_value()));
+    get_one(s, resolve(*u ? (*u)->home : s->cwd, given), r);
+  });
+}
+
+void gateway::impl::get_one(std::shared_ptr<sandbox> s, expected<std::string> p,
+                            std::shared_ptr<responder> r) {
   if (!p)
     return rest_error(*r, 400, "path: " + p.error_value().message);
   sess(s->key).get_async(s->id, *p, [this, s, r, path = *p](expected<std::string> tar) {
@@ -1866,33 +1965,45 @@ void gateway::impl::put_files(std::shared_ptr<sandbox> s, http_request& req,
   std::string qpath;
   if (auto q = req.query.find("path"); q != req.query.end())
     qpath = q->second;
-  std::vector<std::pair<std::string, std::string>> files; // absolute path, data
+  std::vector<std::pair<std::string, std::string>> files; // path as given, data
   if (ct.rfind("multipart/form-data", 0) == 0) {
     auto parts = parse_multipart(req.body, ct);
     if (!parts)
       return rest_error(*r, 400, parts.error_value().message);
     if (parts->empty())
       return rest_error(*r, 400, "the form has no part named 'file'");
-    for (auto& f : *parts) {
-      std::string given = qpath.empty() || parts->size() > 1 ? f.filename : qpath;
-      auto p = resolve(s->cwd, given);
-      if (!p)
-        return rest_error(*r, 400, "path of a file: " + p.error_value().message);
-      if (*p == "/")
-        return rest_error(*r, 400, "path '" + given + "' is not a file path");
-      files.emplace_back(*p, std::move(f.data));
-    }
+    for (auto& f : *parts)
+      files.emplace_back(qpath.empty() || parts->size() > 1 ? f.filename : qpath,
+                         std::move(f.data));
   } else if (ct.rfind("application/octet-stream", 0) == 0) {
-    auto p = resolve(s->cwd, qpath);
-    if (!p)
-      return rest_error(*r, 400, "path: " + p.error_value().message);
-    if (*p == "/")
-      return rest_error(*r, 400, "path '" + qpath + "' is not a file path");
-    files.emplace_back(*p, std::move(req.body));
+    files.emplace_back(qpath, std::move(req.body));
   } else {
     return rest_error(*r, 400, "Content-Type must be multipart/form-data or application/octet-stream, not '" + ct + "'");
   }
-  // One put per file, one after the other; the parent directory is made when missing.
+  auto given = std::make_shared<decltype(files)>(std::move(files));
+  as_user(s, files_user(req), [this, s, r, given](expected<std::optional<fs_user>> u) {
+    if (!u)
+      return rest_error(*r, http_status(u.error_value()), describe(u.error_value()));
+    // A user's relative paths start at its home (as envd's do).
+    const std::string base = *u ? (*u)->home : s->cwd;
+    std::vector<std::pair<std::string, std::string>> files; // absolute path, data
+    for (auto& [path, data] : *given) {
+      auto p = resolve(base, path);
+      if (!p)
+        return rest_error(*r, 400, "path of a file: " + p.error_value().message);
+      if (*p == "/")
+        return rest_error(*r, 400, "path '" + path + "' is not a file path");
+      files.emplace_back(*p, std::move(data));
+    }
+    put_all(s, std::move(files), *u, r);
+  });
+}
+
+// One put per file, one after the other; the parent directory is made when
+// missing. A user's files and the directories made for them are its own.
+void gateway::impl::put_all(std::shared_ptr<sandbox> s,
+                            std::vector<std::pair<std::string, std::string>> files,
+                            std::optional<fs_user> u, std::shared_ptr<responder> r) {
   struct state {
     std::vector<std::pair<std::string, std::string>> files;
     size_t next = 0;
@@ -1905,14 +2016,14 @@ void gateway::impl::put_files(std::shared_ptr<sandbox> s, http_request& req,
   // strongly, so it lives exactly as long as a put is in flight.
   auto step = std::make_shared<std::function<void()>>();
   std::weak_ptr<std::function<void()>> wstep = step;
-  *step = [this, s, r, st, wstep] {
+  *step = [this, s, r, st, wstep, u] {
     if (st->next == st->files.size())
       return r->reply(200, "application/json", st->written.dump());
     auto& [path, data] = st->files[st->next];
     auto dir = dirname_of(path);
     auto name = basename_of(path);
     auto again = wstep.lock();
-    sess(s->key).put_async(s->id, dir, tar_one(name, data), [this, s, r, st, again, path, dir, name](expected<uint64_t> ok) {
+    sess(s->key).put_async(s->id, dir, tar_one(name, data, u ? u->uid : 0, u ? u->gid : 0), [this, s, r, st, again, path, dir, name, u](expected<uint64_t> ok) {
       if (!ok) {
         if (sandbox_gone(ok.error_value())) {
           forget(s->id);
@@ -1920,7 +2031,7 @@ void gateway::impl::put_files(std::shared_ptr<sandbox> s, http_request& req,
         }
         if (ok.error_value().code == errc::not_found && !st->retried) {
           st->retried = true;
-          return script(*s, "mkdir -p -- \"$1\"", {dir}, [r, again, dir](expected<exec_result> res) {
+          return script(*s, std::string{mkdirs_fn} + "mkdirs \"$1\" \"$2\"", {dir, owner_of(u)}, [r, again, dir](expected<exec_result> res) {
             if (!res || res->exit_code != 0)
               return rest_error(*r, 400, "cannot make directory '" + dir + "'" + (res ? ": " + res->err : ""));
             (*again)();
