@@ -340,6 +340,11 @@ test('files as a user: relative paths from its home, what is made is its own', a
     assert.equal(await owner('/tmp/r.txt'), '0:0')
     await assert.rejects(sbx.files.write('x', 'y', { user: 'nobody-here' }), /nobody-here/)
     await assert.rejects(sbx.files.list('.', { user: 'nobody-here' }), /nobody-here/)
+    // A user's command starts in its home (the template's cwd, /root, may be closed to it).
+    await sbx.commands.run('chmod 700 /root', { user: 'root' })
+    assert.equal((await sbx.commands.run('pwd', { user: 'user' })).stdout, '/home/user\n')
+    assert.equal((await sbx.commands.run('pwd', { user: 'user', cwd: '/tmp' })).stdout, '/tmp\n')
+    assert.equal((await sbx.commands.run('pwd')).stdout, '/root\n')
   } finally {
     await sbx.kill()
   }

@@ -596,6 +596,10 @@ struct gateway::impl {
   // ---- sandbox endpoint ----------------------------------------------------------
   void envd(http_request& req, std::shared_ptr<responder> r);
   void start(std::shared_ptr<sandbox> s, http_request& req, std::shared_ptr<responder> r);
+  /// Start's second half: the command runs, its stream begins with its pid.
+  void launch(std::shared_ptr<sandbox> s, exec_request x, std::shared_ptr<process> p,
+              std::optional<std::pair<uint16_t, uint16_t>> pty_size,
+              std::chrono::milliseconds keepalive, std::shared_ptr<responder> r);
   void attach(std::shared_ptr<sandbox> s, http_request& req, std::shared_ptr<responder> r);
   void signal(std::shared_ptr<sandbox> s, const json& body, std::shared_ptr<responder> r);
   void update(std::shared_ptr<sandbox> s, const json& body, std::shared_ptr<responder> r);
@@ -1211,7 +1215,9 @@ void gateway::impl::start(std::shared_ptr<sandbox> s, http_request& req,
     for (auto& [k, v] : pc["envs"].items())
       if (v.is_string() && !k.empty() && k.find('=') == std::string::npos)
         x.env.push_back(k + "=" + v.get<std::string>());
-  if (pc.contains("cwd") && pc["cwd"].is_string() && !pc["cwd"].get<std::string>().empty()) {
+  bool cwd_given = pc.contains("cwd") && pc["cwd"].is_string()
+                   && !pc["cwd"].get<std::string>().empty();
+  if (cwd_given) {
     auto c = resolve(s->cwd, pc["cwd"].get<std::string>());
     if (!c)
       return stream_error(*r, "invalid_argument", "process.cwd: " + c.error_value().message);
@@ -1228,8 +1234,30 @@ void gateway::impl::start(std::shared_ptr<sandbox> s, http_request& req,
   x.handle = true;
   x.open_stdin = body->contains("stdin") && (*body)["stdin"].is_boolean()
                  && (*body)["stdin"].get<bool>();
+  x.argv = std::move(argv);
   auto p = std::make_shared<process>();
   p->config = pc;
+  if (body->contains("tag") && (*body)["tag"].is_string())
+    p->tag = (*body)["tag"].get<std::string>();
+  auto keepalive = keepalive_of(req);
+  // A user's command without a cwd starts in the user's home, as envd's do
+  // (the template's cwd may be closed to it: /root).
+  if (x.user.empty() || cwd_given)
+    return launch(s, std::move(x), p, pty_size, keepalive, r);
+  auto user = x.user;
+  as_user(s, user, [this, s, x = std::move(x), p, pty_size, keepalive,
+                    r](expected<std::optional<fs_user>> u) mutable {
+    if (!u)
+      return stream_error(*r, connect_code(u.error_value()), describe(u.error_value()));
+    x.cwd = (*u)->home;
+    launch(s, std::move(x), p, pty_size, keepalive, r);
+  });
+}
+
+void gateway::impl::launch(std::shared_ptr<sandbox> s, exec_request x,
+                           std::shared_ptr<process> p,
+                           std::optional<std::pair<uint16_t, uint16_t>> pty_size,
+                           std::chrono::milliseconds keepalive, std::shared_ptr<responder> r) {
   if (pty_size) {
     x.tty = true;
     x.rows = pty_size->first;
@@ -1237,20 +1265,17 @@ void gateway::impl::start(std::shared_ptr<sandbox> s, http_request& req,
     x.open_stdin = true; // a terminal's input stays open, as envd's does
     p->pty = true;
   }
-  if (body->contains("tag") && (*body)["tag"].is_string())
-    p->tag = (*body)["tag"].get<std::string>();
   {
     std::lock_guard<std::mutex> g{mu};
     p->pid = s->next_pid++;
     s->procs[p->pid] = p;
   }
-  x.argv = std::move(argv);
   // Under p->mu until the handle is kept: output and the end (on CAF's
   // threads) wait for it, and a SendInput that follows the start event finds it.
   std::lock_guard<std::mutex> started{p->mu};
   r->start_stream(200, "application/connect+json");
   r->write(envelope(0, json{{"event", {{"start", {{"pid", p->pid}}}}}}));
-  r->keepalive(keepalive_of(req), envelope(0, json{{"event", {{"keepalive", json::object()}}}}));
+  r->keepalive(keepalive, envelope(0, json{{"event", {{"keepalive", json::object()}}}}));
   p->subs.push_back(r);
   auto timeout = x.timeout_ms;
   p->handle = sess(s->key).start(
@@ -1786,11 +1811,14 @@ void gateway::impl::as_user(std::shared_ptr<sandbox> s, const std::string& name,
                             std::function<void(expected<std::optional<fs_user>>)> then) {
   if (name.empty() || name == "root")
     return then(std::optional<fs_user>{});
+  std::optional<fs_user> known;
   {
     std::lock_guard<std::mutex> g{mu};
     if (auto it = s->users.find(name); it != s->users.end())
-      return then(std::optional<fs_user>{it->second});
+      known = it->second;
   }
+  if (known) // (called without mu: `then` may take it)
+    return then(std::move(known));
   // Run as the user, the sandbox looks it up in its image (HOME, uid, gid),
   // as for a command: the shell reads its own ids from /proc.
   exec_request x;
