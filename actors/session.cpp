@@ -801,9 +801,14 @@ session_actor::behavior_type session_impl(self_ptr self, session_config cfg) {
     [=](network_atom, const std::string& id, const std::vector<std::string>& allow,
         const std::vector<std::string>& deny) -> caf::delegated<bool> {
       auto rp = self->make_response_promise<bool>();
+      // With a log: answered from it while replaying, else set and logged.
+      if (policy_from_log(self, id, allow, deny, rp))
+        return {};
       with_sandbox(
         self, id,
         [=](sandbox_actor sb) mutable {
+          if (self->state.log)
+            return logged_network(self, id, sb, allow, deny, rp);
           forward_to<bool>(self, sb, rp, network_atom::value, allow, deny);
         },
         [=](const error& e) mutable { rp.deliver(to_caf(e)); });

@@ -183,6 +183,27 @@ void logged_put(self_ptr self, const std::string& id, sandbox_actor sb, std::str
     dir, std::move(tar));
 }
 
+// A live sandbox's new egress policy: set, then logged (durable before the
+// trainer hears it took effect), so that a resume answers the same change
+// from the log and rebuilds the sandbox with it.
+void logged_network(self_ptr self, const std::string& id, sandbox_actor sb,
+                    std::vector<std::string> allow, std::vector<std::string> deny,
+                    caf::typed_response_promise<bool> rp) {
+  ask<bool>(
+    self, sb, sb,
+    [=](bool ok) mutable {
+      trajectory_record rec;
+      rec.kind = trajectory_record::network;
+      rec.sandbox = id;
+      rec.env.allow = allow;
+      rec.env.deny = deny;
+      commit(self, rec, [rp, ok]() mutable { rp.deliver(ok); });
+    },
+    [rp](caf::error& e) mutable { rp.deliver(e); },
+    [rp](const error& e) mutable { rp.deliver(to_caf(e)); }, network_atom::value,
+    self->state.cfg.key, allow, deny);
+}
+
 // An event from a sandbox: logged (to be replayed by a resume, before the
 // step that follows it), then handed to the watchers. A sandbox being
 // rebuilt runs logged commands again, whose events were sent (and replayed)

@@ -143,6 +143,32 @@ bool put_from_log(self_ptr self, const std::string& id, const std::string& dir,
   return false;
 }
 
+// The same for a policy change (set_network): answered when it is the one the
+// log has after the steps answered so far, with the same rules; the sandbox
+// stays replaying, and a rebuild later makes it with that policy. Changes the
+// trainer did not make again before the steps after them are passed over.
+bool policy_from_log(self_ptr self, const std::string& id, const std::vector<std::string>& allow,
+                     const std::vector<std::string>& deny, caf::typed_response_promise<bool>& rp) {
+  auto& s = self->state;
+  auto it = s.replay.find(id);
+  if (it == s.replay.end() || it->second.materializing || it->second.broken
+      || it->second.closed || it->second.destroyed_again)
+    return false;
+  auto& rb = it->second;
+  auto& ps = rb.box.policies;
+  while (rb.next_policy < ps.size() && ps[rb.next_policy].position < rb.cursor)
+    ++rb.next_policy;
+  if (rb.next_policy == ps.size() || ps[rb.next_policy].position != rb.cursor
+      || ps[rb.next_policy].allow != allow || ps[rb.next_policy].deny != deny)
+    return false;
+  ++rb.next_policy;
+  rb.box.env.allow = allow;
+  rb.box.env.deny = deny;
+  rb.policy_set = true;
+  rp.deliver(true);
+  return true;
+}
+
 // Asks for `id` to be rebuilt from its last pack; `then` runs once it is live
 // (or broken: then it finds the error in replay_box::broken).
 void materialize(self_ptr self, const std::string& id, std::function<void()> then) {
@@ -212,6 +238,16 @@ void materialize(self_ptr self, const std::string& id, std::function<void()> the
     rec.sandbox = id;
     rec.position = k;
     commit(self, rec);
+    // The policy it is rebuilt with, when the resumed trainer set one again
+    // (the truncation voided the log's after step k-1).
+    if (rb.policy_set) {
+      trajectory_record pol;
+      pol.kind = trajectory_record::network;
+      pol.sandbox = id;
+      pol.env.allow = rb.box.env.allow;
+      pol.env.deny = rb.box.env.deny;
+      commit(self, pol);
+    }
   }
   uint64_t req = s.next_request++;
   auto& b = s.batches[req];

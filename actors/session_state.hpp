@@ -52,6 +52,8 @@ struct replay_box {
   bool closed = false;         ///< destroyed by the trainer before the resume: never rebuilt
   bool destroyed_again = false; ///< closed, and destroyed again by the resumed trainer
   size_t next_event = 0;       ///< box.events replayed so far
+  size_t next_policy = 0;      ///< box.policies answered (or passed) so far
+  bool policy_set = false;     ///< one was answered: box.env has it, for a rebuild
 };
 
 // The labels of a sandbox (create_labels): its key, its create's key and tags.
@@ -221,6 +223,9 @@ void logged_exec(self_ptr self, const std::string& id, sandbox_actor sb, exec_re
 void logged_put(self_ptr self, const std::string& id, sandbox_actor sb, std::string dir,
                 std::string tar, caf::typed_response_promise<uint64_t> rp);
 void sandbox_event(self_ptr self, chronus_event_msg ev);
+void logged_network(self_ptr self, const std::string& id, sandbox_actor sb,
+                    std::vector<std::string> allow, std::vector<std::string> deny,
+                    caf::typed_response_promise<bool> rp);
 
 // ---- session_replay.cpp ---------------------------------------------------------
 
@@ -233,6 +238,8 @@ bool exec_from_log(self_ptr self, const std::string& id, const exec_request& req
                    caf::typed_response_promise<exec_result>& rp);
 bool put_from_log(self_ptr self, const std::string& id, const std::string& dir,
                   const std::string& tar, caf::typed_response_promise<uint64_t>& rp);
+bool policy_from_log(self_ptr self, const std::string& id, const std::vector<std::string>& allow,
+                     const std::vector<std::string>& deny, caf::typed_response_promise<bool>& rp);
 void materialize(self_ptr self, const std::string& id, std::function<void()> then);
 void replay_tail(self_ptr self, const std::string& id, sandbox_actor sb, size_t next);
 caf::result<uint32_t> claim_logged(self_ptr self, size_t gi, environment env, uint32_t count,

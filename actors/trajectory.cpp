@@ -266,6 +266,10 @@ expected<trajectory_plan> load_trajectory(const std::string& root, const std::st
         if (auto* b = find_box())
           b->steps.push_back(std::move(r));
         break;
+      case trajectory_record::network:
+        if (auto* b = find_box())
+          b->policies.push_back({b->steps.size(), std::move(r.env.allow), std::move(r.env.deny)});
+        break;
       case trajectory_record::destroyed:
         if (auto* b = find_box())
           b->destroyed = true;
@@ -277,6 +281,11 @@ expected<trajectory_plan> load_trajectory(const std::string& root, const std::st
           // The events of the void steps (and of the command cut off) go too.
           std::erase_if(b->events, [&](const trajectory_plan::event& e) {
             return e.position >= r.position;
+          });
+          // So do the policies set after the last step kept: the rebuilt
+          // sandbox's own (a network record after this one) says what it has.
+          std::erase_if(b->policies, [&](const trajectory_plan::box::policy& p) {
+            return p.position >= r.position;
           });
         }
         break;

@@ -35,6 +35,8 @@ struct trajectory_record {
     failed = 8,    ///< a sandbox of `group` could not be created: fail_code, fail_message
     event = 9,     ///< a Chronus event a sandbox sent: bytes (Event; its sandbox is inside)
     answered = 10, ///< the trainer's answer to a feedback request: sandbox, bytes (Feedback)
+    network = 11,  ///< a new egress policy of a sandbox: sandbox, env.allow, env.deny; it
+                   ///< holds from the steps logged after it (and a rebuild after them)
   };
   uint8_t kind = 0;
   std::string sandbox;
@@ -94,6 +96,12 @@ struct trajectory_plan {
     std::string group_key; ///< its create's key
     std::map<std::string, std::string> tags;
     std::vector<event> events; ///< in order; only those before a logged step are kept
+    /// Its egress policy changes, in order, each after `position` of its steps.
+    struct policy {
+      size_t position = 0;
+      std::vector<std::string> allow, deny;
+    };
+    std::vector<policy> policies;
   };
   std::vector<box> boxes; ///< in creation order
   struct group {

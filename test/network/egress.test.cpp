@@ -352,6 +352,70 @@ TEST_CASE("a live sandbox's policy changes for new connections"
   check_error(s->set_network(plain, {"1.2.3.4"}, {}), errc::invalid_argument, "none");
 }
 
+TEST_CASE("a policy change is logged: a resume answers it from the log, a rebuild has it"
+          * skip_unless(have_tools(), "needs root, ip (iproute2) and busybox")) {
+  internet net;
+  embedded e{egress_daemon(net)};
+  session_options logged;
+  logged.quota = 4;
+  logged.trajectory = true;
+  auto episode_start = [&](session& s) {
+    auto made = s.create(egress_env({"198.18.0.2:8000"}), 1, create_labels{"ep", {}});
+    REQUIRE_MESSAGE(made, describe(made.error_value()));
+    REQUIRE(made->size() == 1);
+    return made->front().id;
+  };
+  auto state_of = [](session& s, const std::string& id) {
+    auto l = s.list();
+    REQUIRE(l);
+    for (const auto& i : *l)
+      if (i.id == id)
+        return i.state;
+    return std::string{"absent"};
+  };
+  std::string sid, id;
+  {
+    // The first trainer: a step under policy A, a change to B, a step under B.
+    auto c = client::attach(e.sys, e.d->scheduler());
+    auto s = c->open_session(logged, true);
+    REQUIRE(s);
+    sid = (*s)->id();
+    id = episode_start(**s);
+    CHECK(reached(get(**s, id, "198.18.0.2", 8000)));
+    REQUIRE((*s)->set_network(id, {"198.18.0.3:8000"}, {}));
+    CHECK(get(**s, id, "198.18.0.2", 8000) == "ETIMEDOUT");
+  }
+  REQUIRE(eventually_gone(*e.c, {id}));
+  auto c = client::attach(e.sys, e.d->scheduler());
+  auto resumed = c->resume_session(sid);
+  REQUIRE_MESSAGE(resumed, describe(resumed.error_value()));
+  auto& s = **resumed;
+  CHECK(episode_start(s) == id);
+  SUBCASE("the same change again: answered from the log; the rebuild after it has B") {
+    CHECK(reached(get(s, id, "198.18.0.2", 8000)));
+    REQUIRE(s.set_network(id, {"198.18.0.3:8000"}, {}));
+    CHECK(get(s, id, "198.18.0.2", 8000) == "ETIMEDOUT");
+    CHECK(state_of(s, id) == "replaying"); // nothing ran: all from the log
+    // Past the log: rebuilt, with the policy the trainer set (B).
+    CHECK(reached(get(s, id, "198.18.0.3", 8000)));
+    CHECK(state_of(s, id) == "ready");
+    CHECK(get(s, id, "198.18.0.2", 8000) == "ETIMEDOUT");
+  }
+  SUBCASE("a trainer that goes another way before the change: rebuilt with A") {
+    CHECK(reached(get(s, id, "198.18.0.2", 8000)));
+    CHECK(get(s, id, "198.18.0.3", 8000) == "ETIMEDOUT"); // not step 2: rebuilt here
+    CHECK(state_of(s, id) == "ready");
+    CHECK(reached(get(s, id, "198.18.0.2", 8000)));
+  }
+  SUBCASE("another change than the log's: the sandbox is rebuilt and gets it") {
+    CHECK(reached(get(s, id, "198.18.0.2", 8000)));
+    REQUIRE(s.set_network(id, {"198.18.0.2:8000", "198.18.0.3:8000"}, {}));
+    CHECK(state_of(s, id) == "ready");
+    CHECK(reached(get(s, id, "198.18.0.3", 8000)));
+    CHECK(reached(get(s, id, "198.18.0.2", 8000)));
+  }
+}
+
 TEST_CASE("dsecd sweeps what a killed dsecd left, and leaves nothing when stopped"
           * skip_unless(have_tools(), "needs root, ip (iproute2) and busybox")) {
   internet net;
