@@ -659,7 +659,12 @@ void on_event(self_ptr self, container_event& ev) {
             caf::anon_send(caf::actor_cast<caf::actor>(x.listener),
                            output_chunk{s.cfg.id, eid, 0, {}});
           if (x.detach) {
-            // The caller only wanted it started; nobody waits for the end.
+            // The caller only wanted it started (a handle's, its id too);
+            // nobody waits for the end, and its going kills nothing.
+            if (x.listener) {
+              self->demonitor(x.listener->address());
+              x.listener = nullptr;
+            }
             auto done = std::move(x.done);
             x.done = nullptr;
             if (done)

@@ -958,6 +958,7 @@ TEST_CASE("remote logs, wait, kill: a detached command's output is kept, bounded
     r = d.dsec({"exec", "--detach", box, "--", "sh", "-c", "echo second; exit 4"});
     CHECK_MESSAGE(r.status == 0, r.describe());
     auto second = exec_id_of(d, box, "sh -c echo second; exit 4");
+    CHECK(r.out == second + "\n"); // the id it printed
     r = d.dsec({"wait", "--exec", second, box});
     CHECK(r.out == "4\n");
     r = d.dsec({"logs", "--exec", second, box});
@@ -967,6 +968,15 @@ TEST_CASE("remote logs, wait, kill: a detached command's output is kept, bounded
     r = d.dsec({"inspect", box});
     CHECK_MESSAGE(contains(r.out, "\"exit_code\": 3"), r.out);
     CHECK_MESSAGE(contains(r.out, "\"running\": false"), r.out);
+    // The command outlives the dsec that started it (it is not its listener).
+    r = d.dsec({"exec", "--detach", box, "--", "sh", "-c", "sleep 1; echo late"});
+    CHECK_MESSAGE(r.status == 0, r.describe());
+    auto late = r.out.substr(0, r.out.find('\n'));
+    CHECK(late == exec_id_of(d, box, "sh -c sleep 1; echo late"));
+    r = d.dsec({"wait", "--exec", late, box});
+    CHECK_MESSAGE(r.out == "0\n", r.describe());
+    r = d.dsec({"logs", "--exec", late, box});
+    CHECK(r.out == "late\n");
     // Unknown commands and signals; kill with nothing running.
     r = d.dsec({"logs", "--exec", "999", box});
     CHECK_MESSAGE(r.status == 1, r.describe());

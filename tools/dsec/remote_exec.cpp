@@ -70,9 +70,11 @@ Options:
                          without anything the agent wrote (a private /tmp), and
                          the agent's files are read-only at /.dsec/agent; so
                          CMD runs the image's own interpreters (docs/chronus.md)
-  --detach               leave CMD running in the background; dsec exits 0 once
-                         it runs. Its output goes to the sandbox's log of
-                         detached commands (`dsec logs ID`, `wait`, `kill`)
+  --detach               leave CMD running in the background; dsec prints its
+                         exec id and exits 0 once it runs. Its output goes to
+                         the sandbox's log of detached commands (`dsec logs
+                         ID`, `wait`, `kill`; their --exec takes the id). In
+                         a session whose log answers it, nothing is printed
   --idempotent           CMD is safe to run again: in a session with a
                          trajectory log no pack is taken after it, and a
                          resume that rebuilds the sandbox runs it again
@@ -175,10 +177,24 @@ int exec_main(context& ctx, args& a) {
   else
     return fail(named.error_value());
   if (f.detach) {
+    // Through a handle, which hears the command's exec id once it runs: the
+    // one `logs --exec`, `wait --exec` and `kill --exec` take.
     req.detach = true;
-    auto r = (*c)->exec(id, req);
-    if (!r)
+    auto p = (*c)->start(id, req);
+    auto eid = p->id();
+    if (!eid && eid.error_value().code == errc::unsupported) {
+      // A backend without process handles (microVM, simulated) keeps no
+      // log of detached commands either: started, no id to print.
+      if (auto r = (*c)->exec(id, req); !r)
+        return exec_error(r.error_value(), 1);
+      return 0;
+    }
+    if (!eid)
+      return exec_error(eid.error_value(), 1);
+    if (auto r = p->wait(); !r)
       return exec_error(r.error_value(), 1);
+    if (*eid != 0) // (0: a session's log answered it; it does not run now)
+      std::printf("%llu\n", static_cast<unsigned long long>(*eid));
     return 0;
   }
   if (f.tty) {
