@@ -469,9 +469,11 @@ class FilesWatch(Base):
                         "echo x > /work/n/d/f && mv /work/a /work/old/b && rm -r /work/n && "
                         "touch /work/done", check=True)
                 got = self.collect(w, ("create", "done"))
+                # (n/d/f may be written before the watcher has watched the new
+                # n/d: then its scan reports it as created, with no write.)
                 self.assertSubsequence(
                     [("create", "a"), ("write", "a"), ("chmod", "a"), ("create", "n"),
-                     ("create", "n/d"), ("create", "n/d/f"), ("write", "n/d/f"),
+                     ("create", "n/d"), ("create", "n/d/f"),
                      ("rename", "a"), ("create", "old/b"), ("remove", "n/d/f"),
                      ("remove", "n/d"), ("remove", "n")], got)
                 self.assertEqual(got.count(("create", "n/d")), 1, got)
