@@ -187,6 +187,10 @@ struct exec_state {
   // looked, still to be taken; it finishes once they are and `drained`.
   uint64_t drain_left[2] = {0, 0};
   bool drained = false;
+  // A manual reader's watch (its reactor token), and whether it was armed
+  // at the watchdog's last look with nothing read since (watch_check).
+  uint64_t watch[2] = {0, 0};
+  bool stale[2] = {false, false};
 };
 
 enum class phase { creating, ready, destroying };
@@ -274,6 +278,8 @@ struct sandbox_state {
   // left), or frozen for a snapshot in progress (commands wait for the thaw).
   std::optional<sandbox_freezer> freezer; // opened at the first pause
   bool paused = false;
+  bool watch_check_armed = false; // the watchdog of manual readers is scheduled
+  uint64_t lost_watches = 0;      // watches it found lost (logged)
   uint64_t ttl_left_ms = 0;
   bool snapshotting = false;
   caf::typed_response_promise<internal_key, std::string> snapshot_rp;
@@ -305,6 +311,9 @@ constexpr uint64_t log_wait_tag = 1ull << 62;
 // A drain's second half (bit 61 with bit 63): the reactor passed it on, so
 // every read it had made before is in the mailbox ahead of it.
 constexpr uint64_t drain_flush_tag = 1ull << 61;
+// timeout_atom's tag for the watchdog of flow-controlled readers (bit 60).
+constexpr uint64_t watch_check_tag = 1ull << 60;
+constexpr auto watch_check_every = std::chrono::seconds(1);
 
 using self_ptr = sandbox_actor::stateful_pointer<sandbox_state>;
 
@@ -430,6 +439,7 @@ void maybe_finish(self_ptr self, uint64_t eid) {
 }
 
 void begin_destroy(self_ptr self);
+void schedule_watch_check(self_ptr self);
 
 // Answers the waiting logs request `it` with what the log has for it (as not
 // live with `ended`: the sandbox goes); returns the next one.
@@ -1152,14 +1162,66 @@ void start_exec(self_ptr self, const exec_request& req_in, caf::strong_actor_ptr
     bool manual = x.window > 0;
     x.reader[0].emplace(pipe_reader{out_r, me, &io_loop, eid, 1, manual});
     x.reader[1].emplace(pipe_reader{err_r, me, &io_loop, eid, 2, manual});
-    io_loop.watch(out_r->get(), POLLIN, *x.reader[0]);
-    io_loop.watch(err_r->get(), POLLIN, *x.reader[1]);
+    x.watch[0] = io_loop.watch(out_r->get(), POLLIN, *x.reader[0]);
+    x.watch[1] = io_loop.watch(err_r->get(), POLLIN, *x.reader[1]);
+    if (manual)
+      schedule_watch_check(self);
+    else
+      x.watch[0] = x.watch[1] = 0; // (they re-arm themselves)
   }
   if (req.timeout_ms > 0)
     self->delayed_send(self, std::chrono::milliseconds(req.timeout_ms), timeout_atom::value,
                        process_key(), eid);
   if (x.in && !x.in->buf.empty())
     pump_stdin(self, eid);
+}
+
+// The watchdog of flow-controlled (manual) readers. A watch that was armed at
+// the last look (a second ago), with nothing read since, on a pipe that has
+// data or its end, did not fire: it is cancelled and armed again, and logged.
+// Seen once in a few dozen runs of the suite: a 17 MiB stream stopped with
+// its pipe full, its watch armed and everything credited, until its TTL.
+// poll() with a zero timeout never waits; an idle command costs one a second.
+void schedule_watch_check(self_ptr self) {
+  auto& s = self->state;
+  if (s.watch_check_armed)
+    return;
+  s.watch_check_armed = true;
+  self->delayed_send(self, watch_check_every, timeout_atom::value, process_key(),
+                     watch_check_tag);
+}
+
+void watch_check(self_ptr self) {
+  auto& s = self->state;
+  s.watch_check_armed = false;
+  bool any = false;
+  for (auto& [eid, x] : s.execs)
+    for (int i = 0; i < 2; ++i) {
+      if (x.watch[i] == 0 || !x.reader[i] || x.finished) {
+        x.stale[i] = false;
+        continue;
+      }
+      any = true;
+      if (!x.stale[i]) {
+        x.stale[i] = true; // looked at next time, if nothing is read meanwhile
+        continue;
+      }
+      pollfd p{x.reader[i]->fd->get(), POLLIN, 0};
+      if (::poll(&p, 1, 0) <= 0)
+        continue; // nothing to read: the command is quiet
+      ++s.lost_watches;
+      log::write(log::level::warn, "sandbox",
+                 "a command's output watch did not fire with output waiting: armed again",
+                 {{"sandbox", s.cfg.id}, {"exec", std::to_string(eid)},
+                  {"stream", i == 0 ? "stdout" : "stderr"},
+                  {"lost", std::to_string(s.lost_watches)}});
+      auto& io = s.cfg.eng->io();
+      io.cancel(x.watch[i]); // (if it fired meanwhile, a read of nothing ends it)
+      x.stale[i] = false;
+      x.watch[i] = io.watch(x.reader[i]->fd->get(), POLLIN, *x.reader[i]);
+    }
+  if (any)
+    schedule_watch_check(self);
 }
 
 // Flow control: watches a manual reader's pipe again while the requester
@@ -1174,7 +1236,9 @@ void rearm(self_ptr self, exec_state& x, int i) {
     return;
   }
   x.parked[i] = false;
-  self->state.cfg.eng->io().watch(x.reader[i]->fd->get(), POLLIN, *x.reader[i]);
+  x.stale[i] = false;
+  x.watch[i] = self->state.cfg.eng->io().watch(x.reader[i]->fd->get(), POLLIN, *x.reader[i]);
+  schedule_watch_check(self);
 }
 
 // The credit verb: the requester consumed `bytes` of command `eid`'s output.
@@ -1211,6 +1275,7 @@ void on_output(self_ptr self, uint64_t eid, uint8_t stream, std::string& data, b
     return; // finished already: late output is dropped
   auto& x = it->second;
   uint64_t received = data.size();
+  x.watch[stream == 1 ? 0 : 1] = 0; // (its watch fired: this is its read)
   bool held = x.transfer == transfer_get && stream == 1 && !x.flowing;
   if (held && x.out.size() + data.size() >= transfer_hold_back) {
     // Enough to be an archive: what was held back goes out first.
@@ -1854,6 +1919,8 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
       auto& s = self->state;
       if (!genuine(k, process_key(), "timeout (sandbox)"))
         return;
+      if (tag == watch_check_tag)
+        return watch_check(self);
       if ((tag & log_wait_tag) != 0) { // a waiting logs request: it gets what there is
         if (auto w = s.log_waiters.find(tag & ~log_wait_tag); w != s.log_waiters.end())
           answer_log_waiter(s, w);
