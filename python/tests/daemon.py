@@ -62,6 +62,16 @@ def _env_path(name):
     return v
 
 
+def eventually(cond, cap=60):
+    """Polls `cond` with a generous cap (a safety net, never a measure)."""
+    deadline = time.time() + cap
+    while time.time() < deadline:
+        if cond():
+            return True
+        time.sleep(0.05)
+    return cond()
+
+
 def _die_with_parent():
     PR_SET_PDEATHSIG = 1
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)

@@ -14,7 +14,7 @@ import time
 import unittest
 
 import dsec
-from daemon import Daemon
+from daemon import Daemon, eventually
 
 IP = shutil.which("ip") or "/usr/sbin/ip"
 DNSMASQ = "/usr/sbin/dnsmasq"
@@ -153,16 +153,6 @@ def fetch(sb, host):
     # (busybox 1.35's wget -T crashes: timeout(1) bounds a dropped connect.)
     r = sb.exec(["timeout", "3", "wget", "-q", "-O", "-", f"http://{host}:8000/"], timeout=20)
     return r.stdout.decode() if r.exit_code == 0 else None
-
-
-def eventually(cond, cap=60):
-    """Whether cond() became true, polled (the cap only bounds a hang)."""
-    deadline = time.monotonic() + cap
-    while not cond():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
 
 
 async def afetch(sb, host):

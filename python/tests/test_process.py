@@ -11,7 +11,7 @@ import unittest
 
 import dsec
 
-from daemon import Daemon
+from daemon import Daemon, eventually
 
 D = None
 
@@ -33,16 +33,6 @@ def running(c, sb_id):
         if i.id == sb_id:
             return i.running
     return 0
-
-
-def eventually(cond, cap=60):
-    """Polls `cond` with a generous cap (a safety net, never a measure)."""
-    deadline = time.time() + cap
-    while time.time() < deadline:
-        if cond():
-            return True
-        time.sleep(0.05)
-    return cond()
 
 
 class Background(unittest.TestCase):

@@ -1803,6 +1803,12 @@ constexpr const char* mkdirs_fn =
   "mkdirs() { [ -d \"$1\" ] && return 0; mkdirs \"$(dirname -- \"$1\")\" \"$2\" || return 1; "
   "mkdir -- \"$1\" || return 1; [ -z \"$2\" ] || chown -- \"$2\" \"$1\"; }; ";
 
+// Where a filesystem call's relative paths start: a user's home (as envd's
+// do), else the sandbox's cwd.
+const std::string& base_of(const sandbox& s, const std::optional<fs_user>& u) {
+  return u ? u->home : s.cwd;
+}
+
 std::string owner_of(const std::optional<fs_user>& u) {
   return u ? std::to_string(u->uid) + ":" + std::to_string(u->gid) : std::string{};
 }
@@ -1855,8 +1861,7 @@ void gateway::impl::fs(std::shared_ptr<sandbox> s, const std::string& method, co
   auto str = [&](const char* k) -> std::string {
     return body.contains(k) && body[k].is_string() ? body[k].get<std::string>() : std::string{};
   };
-  // A user's relative paths start at its home (as envd's do).
-  const std::string base = u ? u->home : s->cwd;
+  const std::string& base = base_of(*s, u);
   auto need = [&](const char* k) -> std::optional<std::string> {
     auto p = resolve(base, str(k));
     if (!p) {
@@ -1957,7 +1962,7 @@ void gateway::impl::get_file(std::shared_ptr<sandbox> s, http_request& req,
   as_user(s, files_user(req), [this, s, r, given = q->second](expected<std::optional<fs_user>> u) {
     if (!u)
       return rest_error(*r, http_status(u.error_value()), describe(u.error_value()));
-    get_one(s, resolve(*u ? (*u)->home : s->cwd, given), r);
+    get_one(s, resolve(base_of(*s, *u), given), r);
   });
 }
 
@@ -2012,8 +2017,7 @@ void gateway::impl::put_files(std::shared_ptr<sandbox> s, http_request& req,
   as_user(s, files_user(req), [this, s, r, given](expected<std::optional<fs_user>> u) {
     if (!u)
       return rest_error(*r, http_status(u.error_value()), describe(u.error_value()));
-    // A user's relative paths start at its home (as envd's do).
-    const std::string base = *u ? (*u)->home : s->cwd;
+    const std::string& base = base_of(*s, *u);
     std::vector<std::pair<std::string, std::string>> files; // absolute path, data
     for (auto& [path, data] : *given) {
       auto p = resolve(base, path);
