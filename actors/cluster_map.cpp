@@ -44,6 +44,7 @@ void cluster_map::report(uint32_t id, uint32_t slots, uint32_t live,
   n->slots = slots;
   n->live = live;
   n->placed = 0;
+  n->refused = false;
   n->last_report = std::chrono::steady_clock::now();
   if (layers) {
     unindex(*n);
@@ -62,8 +63,10 @@ void cluster_map::placed(uint32_t id, uint32_t count, const std::vector<std::str
 }
 
 void cluster_map::full(uint32_t id) {
-  if (auto* n = find(id))
+  if (auto* n = find(id)) {
     n->placed = n->slots;
+    n->refused = true;
+  }
 }
 
 void cluster_map::offers(uint32_t id, std::vector<std::string> backends) {
@@ -195,6 +198,15 @@ uint32_t cluster_map::pick(batch& b, unsigned tries) {
     consider(up_[rng_() % up_.size()]);
   for (size_t i = 0; best == 0 && i < up_.size(); ++i)
     consider(up_[(cursor_ + i) % up_.size()]);
+  // None has room by the count since the reports: the first, from the
+  // cursor on, whose report had room and that has not refused since (the
+  // count also holds those destroyed since; the node admits by its own).
+  for (size_t i = 0; best == 0 && i < up_.size(); ++i) {
+    auto id = up_[(cursor_ + i) % up_.size()];
+    auto& n = nodes_[id];
+    if (n.may_have_room() && can_run(n, b))
+      best = id;
+  }
   if (best)
     ++b.pieces[best];
   return best;

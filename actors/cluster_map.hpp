@@ -58,6 +58,8 @@ struct cluster_node {
   std::vector<std::string> backends{"container"};
   /// Cordoned (`dsec node cordon`): nothing is placed there.
   bool cordoned = false;
+  /// It refused a piece (full after all) since its last report.
+  bool refused = false;
 
   [[nodiscard]] bool offers(const std::string& backend) const {
     for (const auto& b : backends)
@@ -70,6 +72,12 @@ struct cluster_node {
     uint64_t used = uint64_t{live} + placed;
     return used >= slots ? 0 : static_cast<uint32_t>(slots - used);
   }
+  /// Whether it may have room although free() says none: `placed` counts
+  /// every sandbox placed since its last report, also those destroyed since,
+  /// so under churn (creates and destroys faster than reports) it runs out
+  /// while the node has room. Its report had room and it has not refused
+  /// since: the node, which admits by its own count, decides.
+  [[nodiscard]] bool may_have_room() const { return !refused && live < slots; }
 };
 
 class cluster_map {

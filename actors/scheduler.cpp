@@ -326,7 +326,8 @@ void place_more(self_ptr self, const std::shared_ptr<place_job>& job) {
     if (!id)
       break;
     auto* n = s.map.find(id);
-    uint32_t k = std::min({job->piece, job->left, n->free()});
+    // free() is 0 for a node picked on its report alone (may_have_room): one.
+    uint32_t k = std::min({job->piece, job->left, std::max(n->free(), 1u)});
     s.map.placed(id, k, job->batch.refs);
     job->left -= k;
     ++job->outstanding;

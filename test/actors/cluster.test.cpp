@@ -200,6 +200,43 @@ TEST_CASE("cluster_map: a sandbox goes only to a node that offers its backend") 
   CHECK_FALSE(m.offered("microvm"));
 }
 
+TEST_CASE("cluster_map: under churn a node whose count since its report is used up still "
+          "gets sandboxes until it refuses one") {
+  // Sandboxes placed and destroyed again between two reports still count as
+  // placed: with creates and destroys faster than the reports (a trainer's
+  // short episodes), the count says full while the nodes have room. The
+  // chaos run met it: "no free slot" with 96 slots and 14 sandboxes live.
+  cluster_map m{1};
+  auto a = m.add("a", 10, 2, {"base@1"});
+  auto b = m.add("b", 10, 10, {"base@1"}); // reported full
+  auto one = [] { return cluster_map::make_batch("base@1", "", {}); };
+  for (int i = 0; i < 8; ++i) {
+    auto batch = one();
+    auto id = m.pick(batch);
+    REQUIRE(id == a);
+    m.placed(id, 1, batch.refs);
+  }
+  CHECK(m.find(a)->free() == 0);
+  // Used up by the count, but its report had room: the node decides.
+  for (int i = 0; i < 5; ++i) {
+    auto batch = one();
+    CHECK(m.pick(batch) == a);
+    m.placed(a, 1, batch.refs);
+  }
+  // Once it refused, it is full until its next report; b, reported full, is
+  // never tried.
+  m.full(a);
+  auto none = one();
+  CHECK(m.pick(none) == 0);
+  m.report(a, 10, 3, nullptr);
+  auto again = one();
+  CHECK(m.pick(again) == a);
+  m.report(b, 10, 9, nullptr);
+  m.full(a);
+  auto other = one();
+  CHECK(m.pick(other) == b);
+}
+
 TEST_CASE("cluster_map: pieces, spread over every node, locality, full nodes") {
   cluster_map m{42};
   auto a = m.add("a", 100, 0, {"base@1"});
@@ -303,7 +340,9 @@ TEST_CASE("cluster_map: pieces, spread over every node, locality, full nodes") {
       u.placed(id, 1, one.refs);
     }
     auto one = cluster_map::make_batch("base@1", "wd@1", {});
-    u.placed(only, 5, one.refs); // full now: nobody else can run it
+    u.placed(only, 5, one.refs); // full by the count: only its own refusal says so for sure
+    CHECK(u.pick(one) == only);
+    u.full(only); // it refused: nobody else can run it
     CHECK(u.pick(one) == 0);
   }
   // The most specific layer weighs more than the base.
