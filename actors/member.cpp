@@ -54,7 +54,7 @@ struct member_state {
   std::string where;         // "host:port" of the coordinator, for messages
   bool joined = false;
   bool joining = false;
-  bool beating = false;      // a heartbeat is on its way
+  bool beating = false;      // a heartbeat's report is being made
   uint64_t epoch = 0;        // coordinators lost so far
   std::string left_why;      // why the node left (for the reset's message)
   std::vector<std::string> sent_layers;
@@ -326,11 +326,15 @@ member_actor::behavior_type member_impl(self_ptr self, member_config cfg) {
           return;
         }
         auto coord = s.coordinator;
+        // The next beat does not wait for this one's reply: the reply comes
+        // over the coordinator's side of the link, which may be busy with
+        // layer bytes for this node (a slow link queues seconds of them), and
+        // a beat held back for it would have the node declared lost.
+        s.beating = false;
         self->request(coord, 3 * s.cfg.interval, beat_atom::value, s.cfg.key, std::move(r))
           .then(
             [=](const internal_key& k, bool known) {
               auto& s = self->state;
-              s.beating = false;
               if (!genuine(k, s.cfg.key, "a reply to beat"))
                 return;
               if (!known && s.joined && s.coordinator == coord) {
@@ -341,7 +345,7 @@ member_actor::behavior_type member_impl(self_ptr self, member_config cfg) {
                       "destroyed {} sandboxes of this node, which the coordinator declared lost");
               }
             },
-            [=](caf::error&) { self->state.beating = false; });
+            [](caf::error&) {});
       }, [=] { self->state.beating = false; });
     },
     [=](reset_atom, const internal_key& k, uint64_t epoch) {
