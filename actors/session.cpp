@@ -119,6 +119,18 @@ expected<sandbox_actor> find(self_ptr self, const std::string& id) {
       return make_error(errc::lost, l->second);
     if (auto e = s.ended.find(id); e != s.ended.end())
       return make_error(errc::closed, e->second);
+    // Rebuilt by a restarted coordinator: a node that kept its sandboxes
+    // hands them over once it rejoined (adopt), and may rejoin until its
+    // orphan grace ends. Until then an unknown id may be one of those: retry.
+    auto age = std::chrono::steady_clock::now() - s.started;
+    if (s.cfg.recovered && age < s.cfg.reattach_grace) {
+      auto left = std::chrono::duration_cast<std::chrono::seconds>(s.cfg.reattach_grace - age);
+      return make_error(errc::disconnected,
+                        "sandbox " + id + " is not known to session " + s.cfg.id
+                          + " yet: its coordinator restarted, and the node holding it may not "
+                            "have handed it over yet (retry; not_found once "
+                          + std::to_string(left.count()) + " s more have passed)");
+    }
     return make_error(errc::not_found, "no sandbox " + id + " in session " + s.cfg.id);
   }
   return it->second;

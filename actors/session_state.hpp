@@ -17,6 +17,7 @@
 #include <caf/stateful_actor.hpp>
 #include <caf/typed_event_based_actor.hpp>
 
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -68,6 +69,9 @@ struct session_state {
   static inline const char* name = "dsec.session";
 
   session_config cfg;
+  /// When it started (a recovered one: when the restarted coordinator
+  /// rebuilt it; its nodes hand their sandboxes over from then on).
+  std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
   std::unordered_map<std::string, sandbox_actor> sandboxes;
   struct batch {
     uint32_t count = 0;

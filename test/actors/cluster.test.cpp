@@ -1094,6 +1094,107 @@ TEST_CASE("kill -9 of the coordinator mid-session, `tools/cluster restart coordi
   check_nothing_left(before);
 }
 
+TEST_CASE("a node that rejoins a restarted coordinator late: until it hands its sandboxes "
+          "over, the session answers them with disconnected (retry), not not_found; then "
+          "they work") {
+  // The chaos run met it: right after `restart coordinator`, a trainer's
+  // command on a sandbox whose node had not handed it over yet got not_found,
+  // which says the sandbox does not exist (do not retry).
+  auto before = settled_snapshot();
+  temp_dir dir{"/tmp", "dsec-late-rejoin"};
+  auto cdir = dir / "c";
+  int base = 15000 + static_cast<int>(::getpid() % 5000);
+  spawn_options o;
+  o.kill_after = std::chrono::seconds(180);
+  auto script = env_path("DSEC_CLUSTER_SCRIPT");
+  ::setenv("DSECD", env_path("DSECD_BIN").c_str(), 1);
+  ::setenv("DSEC", suite::get().dsec_bin().c_str(), 1);
+  ::unsetenv("DSEC_TLS");
+  struct downer {
+    std::string script, dir;
+    ~downer() { (void) run_process({script, "down", "--dir", dir}); }
+  } guard{script, cdir};
+  auto up = run_process({script, "up", "2", "--dir", cdir, "--port", std::to_string(base),
+                         "--slots", "20", "--coordinator-slots", "0", "--", "--orphan-grace",
+                         "120s"},
+                        o);
+  REQUIRE_MESSAGE(up.status == 0, up.describe());
+  auto pid_of = [&](const std::string& name) {
+    std::ifstream f(cdir + "/" + name + "/pid");
+    pid_t pid = 0;
+    f >> pid;
+    return pid;
+  };
+  auto addr_of = [&](const std::string& name) {
+    std::ifstream f(cdir + "/" + name + "/port");
+    std::string port;
+    f >> port;
+    return "127.0.0.1:" + port;
+  };
+  {
+    temp_dir src;
+    REQUIRE(::mkdir((src / "bin").c_str(), 0755) == 0);
+    REQUIRE(run_process({"/bin/cp", "/bin/busybox", src / "bin/busybox"}).status == 0);
+    auto built = run_process({suite::get().dsec_bin(), "--state", cdir + "/coordinator/state",
+                              "layer", "build", "--kind", "base", "lrbase@1", src.path()});
+    REQUIRE_MESSAGE(built.status == 0, built.describe());
+    environment env;
+    env.base = "lrbase@1";
+    test_system ts;
+    caf::actor_system sys{ts.cfg};
+    auto c = connect(sys, static_cast<uint16_t>(base));
+    auto s = c->open_session({.quota = 10, .name = "late"});
+    REQUIRE(s);
+    auto ids = (*s)->create(env, 6);
+    REQUIRE_MESSAGE(ids, describe(ids.error_value()));
+    auto spread = by_node(**s);
+    REQUIRE_MESSAGE(spread.size() == 2, spread_text(spread));
+    auto late_ids = spread[addr_of("node-2")];
+    REQUIRE_FALSE(late_ids.empty());
+    auto late = late_ids.front();
+
+    // node-2 hangs; the coordinator dies before it could count node-2 lost
+    // (--beat-timeout 1.5 s), and comes back without it.
+    pid_t n2 = pid_of("node-2"), old = pid_of("coordinator");
+    REQUIRE(::kill(n2, SIGSTOP) == 0);
+    struct conter {
+      pid_t pid;
+      ~conter() { ::kill(pid, SIGCONT); }
+    } resume{n2};
+    REQUIRE(::kill(old, SIGKILL) == 0);
+    auto rs = run_process({script, "restart", "coordinator", "--dir", cdir}, o);
+    REQUIRE_MESSAGE(rs.status == 0, rs.describe());
+    REQUIRE(c->wait_connected(60s));
+    // node-1's sandboxes are back; node-2's are not known yet: retry.
+    auto n1 = spread[addr_of("node-1")].front();
+    CHECK(eventually([&] { return static_cast<bool>((*s)->exec(n1, cmd({"/bin/busybox", "true"}))); },
+                     60s));
+    auto r = (*s)->exec(late, cmd({"/bin/busybox", "true"}));
+    REQUIRE_FALSE(r);
+    CHECK_MESSAGE(r.error_value().code == errc::disconnected, describe(r.error_value()));
+    CHECK_MESSAGE(r.error_value().message.find("not known to session") != std::string::npos,
+                  r.error_value().message);
+    // Awake, node-2 rejoins and hands them over: they work, as they were.
+    REQUIRE(::kill(n2, SIGCONT) == 0);
+    CHECK(eventually([&] { return static_cast<bool>((*s)->exec(late, cmd({"/bin/busybox", "true"}))); },
+                     60s));
+    auto l = (*s)->list();
+    REQUIRE_MESSAGE(l, describe(l.error_value()));
+    CHECK(l->size() == 6);
+    // An id that no node holds: within the grace a node might still bring
+    // it, so it gets the same answer (not_found once the grace is over).
+    auto none = (*s)->exec("ffffffffffff", cmd({"/bin/busybox", "true"}));
+    REQUIRE_FALSE(none);
+    CHECK(none.error_value().code == errc::disconnected);
+    auto closed = (*s)->close();
+    REQUIRE_MESSAGE(closed, describe(closed.error_value()));
+    CHECK(*closed == 6);
+  }
+  auto down = run_process({script, "down", "--dir", cdir}, o);
+  CHECK_MESSAGE(down.status == 0, down.describe());
+  check_nothing_left(before);
+}
+
 TEST_CASE("tools/cluster up 2 | status | down: joined, usable, then nothing left") {
   auto before = settled_snapshot();
   temp_dir dir{"/tmp", "dsec-tools-cluster"};
