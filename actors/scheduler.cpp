@@ -40,6 +40,8 @@ namespace {
 // ---- the coordinator's view of the cluster, for /metrics --------------------
 // (runtime/metrics.hpp, docs/observability.md). The scheduler writes atomics;
 // a scrape reads them on its own thread, and computes the heartbeat ages.
+struct place_job; // one create being placed over the cluster (below)
+
 struct cluster_view {
   struct node {
     std::atomic<bool> up{false};
@@ -152,6 +154,9 @@ struct scheduler_state {
   std::map<caf::actor_addr, uint32_t> by_addr;
   cluster_map map;
   std::deque<member_info> lost; // the latest, for `cluster status`
+  /// Create requests being placed: a node lost while it has a piece of one
+  /// unanswered gives that piece back at once (see lose()).
+  std::vector<std::weak_ptr<place_job>> placing;
   std::shared_ptr<cluster_view> view; // a coordinator's, in the process's /metrics
 
   ~scheduler_state() {
@@ -252,6 +257,8 @@ caf::error not_coordinator(self_ptr self) {
                              + " is not a cluster's coordinator (start it with --coordinator)"));
 }
 
+void give_back(self_ptr self, uint32_t id, const std::string& name, const std::string& why);
+
 // A node leaves the cluster: lost (no heartbeat, connection gone) or replaced
 // by a new process under its name. Every session hears it (its sandboxes
 // there are gone); the map stops placing there.
@@ -293,6 +300,7 @@ void lose(self_ptr self, uint32_t id, const std::string& why) {
     s.lost.pop_front();
   for (auto& [sid, sess] : s.sessions)
     caf::anon_send(sess, lost_atom::value, process_key(), m.where, m.name, why);
+  give_back(self, id, m.name, why);
 }
 
 // One create request being placed over the cluster, piece by piece.
@@ -308,8 +316,47 @@ struct place_job {
   uint32_t refusals = 0;
   bool done = false;
   std::string why; // the last refusal
+  /// The pieces sent and not yet answered: number -> (node id, sandboxes).
+  /// One its node was lost with is dropped from here; its answer, should it
+  /// come, is then ignored.
+  std::map<uint64_t, std::pair<uint32_t, uint32_t>> pieces;
+  uint64_t next_piece = 0;
   caf::typed_response_promise<internal_key, uint32_t> rp;
 };
+
+void place_more(self_ptr self, const std::shared_ptr<place_job>& job);
+
+// Node `id` was lost: each create with a piece there unanswered places that
+// piece elsewhere, rather than waiting out the spawn's 30 s timeout (a node
+// cut off by the network does not answer, and its connection stays open).
+// Sandboxes the node did make for it report ready to their session from a
+// lost node, and the session destroys them.
+void give_back(self_ptr self, uint32_t id, const std::string& name, const std::string& why) {
+  auto& s = self->state;
+  std::vector<std::shared_ptr<place_job>> hit;
+  std::erase_if(s.placing, [](const auto& w) { return w.expired(); });
+  for (auto& w : s.placing) {
+    auto job = w.lock();
+    bool any = false;
+    for (auto it = job->pieces.begin(); it != job->pieces.end();) {
+      if (it->second.first != id) {
+        ++it;
+        continue;
+      }
+      job->left += it->second.second;
+      --job->outstanding;
+      ++job->refusals;
+      it = job->pieces.erase(it);
+      any = true;
+    }
+    if (any) {
+      job->why = "node " + name + " was lost (" + why + ")";
+      hit.push_back(std::move(job));
+    }
+  }
+  for (auto& job : hit)
+    place_more(self, job);
+}
 
 // How long `list` waits for each node: one that does not answer in time is
 // named in the reply instead of holding up the others' sandboxes.
@@ -331,6 +378,8 @@ void place_more(self_ptr self, const std::shared_ptr<place_job>& job) {
     s.map.placed(id, k, job->batch.refs);
     job->left -= k;
     ++job->outstanding;
+    auto piece = job->next_piece++;
+    job->pieces.emplace(piece, std::make_pair(id, k));
     const auto& m = s.members.at(id);
     auto where = m.where;
     auto name = m.name;
@@ -339,6 +388,8 @@ void place_more(self_ptr self, const std::shared_ptr<place_job>& job) {
                 job->session, job->pl)
       .then(
         [=](const internal_key& key, uint32_t got) {
+          if (job->pieces.erase(piece) == 0)
+            return; // given back when its node was lost
           --job->outstanding;
           if (!genuine(key, self->state.cfg.key, "a reply to spawn")) {
             // Not the node's answer: what it admitted is not known. Count
@@ -358,6 +409,8 @@ void place_more(self_ptr self, const std::shared_ptr<place_job>& job) {
           place_more(self, job);
         },
         [=](caf::error& e) {
+          if (job->pieces.erase(piece) == 0)
+            return;
           --job->outstanding;
           self->state.map.full(id);
           job->left += k;
@@ -818,6 +871,7 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
       job->left = count;
       job->rp = self->make_response_promise<internal_key, uint32_t>();
       auto rp = job->rp;
+      s.placing.push_back(job);
       place_more(self, job);
       return rp;
     },
