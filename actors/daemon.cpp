@@ -147,6 +147,8 @@ expected<std::unique_ptr<daemon>> daemon::start(caf::actor_system& sys,
                                          : machine_resources::probe().memory_bytes)
     * opts.oversubscribe);
   nc.max_starting = 4 * std::max(1u, opts.spawners);
+  nc.disk_path = opts.state_dir;
+  nc.min_free_disk = opts.min_free_disk;
   nc.cache = d->cache_;
   nc.eng = d->engine_.get();
   nc.gc = d->gc_;

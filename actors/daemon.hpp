@@ -35,6 +35,9 @@ struct daemon_options {
   /// (node_config::memory); nullopt: the machine's (machine_resources), 0:
   /// no memory admission (slots only).
   std::optional<uint64_t> node_memory;
+  /// The node admits no sandbox while its state dir's filesystem has less
+  /// free (node_config::min_free_disk); 0: no check.
+  uint64_t min_free_disk = 64ull << 20;
   uint64_t cache_bytes = 0;       ///< layer cache budget; 0: unlimited
   unsigned spawners = 2;
   unsigned netns_prewarm = 8;

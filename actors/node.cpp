@@ -9,6 +9,7 @@
 #include <caf/typed_event_based_actor.hpp>
 
 #include <sys/random.h>
+#include <sys/statvfs.h>
 
 #include <algorithm>
 #include <array>
@@ -27,6 +28,7 @@
 #include "actors/sandbox_id.hpp"
 #include "actors/types.hpp"
 #include "runtime/engine.hpp"
+#include "runtime/log.hpp"
 #include "runtime/container.hpp"
 #include "runtime/metrics.hpp"
 #include "runtime/units.hpp"
@@ -155,6 +157,9 @@ struct node_state {
   std::vector<std::pair<caf::typed_response_promise<uint32_t>, uint32_t>> reset_waiters;
   // Cordoned (cordon_atom, drain_atom): it admits nothing new.
   bool cordoned = false;
+  // Its state disk had less than min_free_disk free at the last spawn (said
+  // once in the log, and once when it has room again).
+  bool disk_low = false;
   // drain_atom: answered once the node is empty (how many there were), or
   // when its timeout (timeout_atom with its number) runs out.
   struct drain_waiter {
@@ -243,6 +248,31 @@ uint64_t charge_of(const node_state& s, const environment& env) {
   if (s.cfg.sim)
     return s.cfg.sim->memory;
   return s.admit_limit ? s.cfg.memory / s.admit_limit : 0;
+}
+
+// The bytes free on the state disk when they are below min_free_disk (the
+// node then admits nothing); nothing when there is room or no check. One
+// statvfs(2) of the daemon's own dir per spawn.
+std::optional<uint64_t> low_disk(node_state& s) {
+  if (s.cfg.min_free_disk == 0 || s.cfg.disk_path.empty())
+    return std::nullopt;
+  struct statvfs v{};
+  if (::statvfs(s.cfg.disk_path.c_str(), &v) < 0)
+    return std::nullopt; // not knowable: the layer fetch says what is wrong
+  auto avail = static_cast<uint64_t>(v.f_bavail) * v.f_frsize;
+  bool low = avail < s.cfg.min_free_disk;
+  if (low != s.disk_low) {
+    s.disk_low = low;
+    log::write(low ? log::level::warn : log::level::info, "node",
+               low ? "state disk low: admitting no sandbox" : "state disk has room again",
+               {{"node", s.cfg.name},
+                {"path", s.cfg.disk_path},
+                {"free", format_size(avail)},
+                {"min_free_disk", format_size(s.cfg.min_free_disk)}});
+  }
+  if (!low)
+    return std::nullopt;
+  return avail;
 }
 
 // Its microVMs alive now.
@@ -563,10 +593,12 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
       // A cordoned node hands out no pooled sandbox either.
       uint32_t claimed = s.cordoned || s.shutting_down ? 0 : claim_pooled(self, env, count, session, pl);
       count -= claimed;
-      uint32_t room = s.shutting_down || s.cordoned || used_slots(s) >= s.admit_limit
+      auto disk_free = s.shutting_down || s.cordoned ? std::nullopt : low_disk(s);
+      uint32_t room = s.shutting_down || s.cordoned || disk_free
+                          || used_slots(s) >= s.admit_limit
                         ? 0
                         : s.admit_limit - used_slots(s);
-      if (room < count && !s.shutting_down && !s.cordoned)
+      if (room < count && !s.shutting_down && !s.cordoned && !disk_free)
         room += evict_pooled(self, count - room); // pools give up their slots first
       // Memory: a node admits what its memory capacity holds (actors/node.hpp).
       uint64_t each = charge_of(s, env);
@@ -661,6 +693,7 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
         count_failure(env.backend,
                       s.shutting_down ? "shutting_down"
                       : s.cordoned    ? "cordoned"
+                      : disk_free     ? "no_disk"
                       : memory_bound  ? "no_memory"
                                       : "no_slots",
                       count - admitted);
@@ -669,6 +702,10 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
         else if (s.cordoned)
           why = "node " + s.cfg.name + " is cordoned: it admits no new sandbox (dsec node "
                 "uncordon " + s.cfg.name + ")";
+        else if (disk_free)
+          why = "node " + s.cfg.name + " is full: its state disk (" + s.cfg.disk_path + ") has "
+                + format_size(*disk_free) + " free, less than --min-free-disk "
+                + format_size(s.cfg.min_free_disk);
         else if (memory_bound)
           why = "node " + s.cfg.name + " is full: memory: " + format_size(s.memory_admitted)
                 + " of " + format_size(capacity) + " admitted, a sandbox takes "

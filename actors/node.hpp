@@ -32,6 +32,12 @@ struct node_config {
   /// node uses its model instead (sim_model::node_memory, ::memory).
   uint64_t memory = 0;
   uint32_t max_starting = 8;   ///< sandboxes being created at once; more wait
+  /// Disk admission: while the filesystem of disk_path (the state dir: its
+  /// layers, packs) has less than min_free_disk bytes free for it, the node
+  /// admits no sandbox (it would fail fetching a layer or writing a pack);
+  /// a cluster's scheduler places them elsewhere. 0 or no path: no check.
+  std::string disk_path;
+  uint64_t min_free_disk = 0;
   layer_cache_actor cache;
   engine* eng = nullptr;
   std::vector<std::string> gc; ///< what start-up garbage collection removed

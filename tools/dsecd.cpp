@@ -83,6 +83,11 @@ Options:
                          are charged to the sandbox). Default: below
   --default-pids N|none  the pids limit of a sandbox that asks for none
   --default-disk SIZE    the writable layer of a sandbox that asks for none
+  --min-free-disk SIZE   admit no sandbox while the filesystem of --state has
+                         less than SIZE free (default 64m; 0: no check): the
+                         node refuses with `overloaded`, naming its disk, and
+                         a cluster's coordinator places elsewhere, rather
+                         than creates failing as a layer fetch meets ENOSPC
   --cache-bytes SIZE     unmount unused layers beyond this many mounted bytes
                          (default: no limit), e.g. 20g
   --spawners N           zygotes creating sandboxes in parallel (default 2)
@@ -474,6 +479,11 @@ int main(int argc, char** argv) {
       if (*sz < (1ull << 20))
         return bad("--default-disk: must be at least 1m, got '" + v + "'");
       default_disk = *sz;
+    } else if (opt("--min-free-disk")) {
+      auto sz = dsec::parse_size(v, "--min-free-disk");
+      if (!sz)
+        return bad(sz.error_value().message);
+      o.d.min_free_disk = *sz;
     } else if (opt("--cache-bytes")) {
       auto s = dsec::parse_size(v, "--cache-bytes");
       if (!s)

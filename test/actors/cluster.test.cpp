@@ -594,6 +594,29 @@ TEST_CASE("a node joined with --slots 0 stays a member and gets no sandbox") {
   CHECK(by_node(**s)[cl.coord_name()].size() == 12);
 }
 
+// Without the check the node would get them first: the coordinator's own node
+// fills last.
+TEST_CASE("a node whose state disk has less than --min-free-disk free gets no sandbox; the "
+          "others take them, and nothing fails") {
+  // 1,000,000 TiB: more than any disk has free.
+  cluster cl(1, {}, {"--min-free-disk", "1000000t"});
+  auto n1 = cl.node_name(0);
+  auto s = cl.c->open_session({.quota = 20});
+  REQUIRE(s);
+  std::vector<error> failures;
+  auto ids = (*s)->create(env_of(), 12, {}, [&](const error& e) { failures.push_back(e); });
+  REQUIRE_MESSAGE(ids, describe(ids.error_value()));
+  CHECK(ids->size() == 12);
+  CHECK(failures.empty());
+  CHECK(by_node(**s)[n1].empty());
+  CHECK(by_node(**s)[cl.coord_name()].size() == 12);
+  // Asked directly, the node says why.
+  auto direct = connect(cl.sys, cl.nodes[0]->port);
+  auto ds = direct->find_session("default");
+  REQUIRE(ds);
+  check_error((*ds)->create(env_of(), 1), errc::overloaded, "--min-free-disk");
+}
+
 TEST_CASE("kill -9 of a node: its sandboxes are reported lost, new creates land elsewhere, it "
           "restarts and rejoins, nothing leaks") {
   auto before = settled_snapshot();
