@@ -137,6 +137,8 @@ struct scheduler_state {
   /// What `sessions` says of each live session (by id).
   std::unordered_map<std::string, session_summary> summaries;
   bool shutting_down = false;
+  /// When it started: a coordinator's nodes (re)join in its first seconds.
+  std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
 
   // ---- the cluster (a coordinator's) ----
   struct member {
@@ -426,8 +428,15 @@ void place_more(self_ptr self, const std::shared_ptr<place_job>& job) {
     auto msg = s.map.size() == 0
                  ? std::string{"no node has joined the cluster"}
                  : "the cluster has no free slot for " + std::to_string(job->left)
-                     + " more sandboxes (" + std::to_string(s.map.size()) + " nodes up"
+                     + " more sandboxes (" + std::to_string(s.map.size())
+                     + (s.map.size() == 1 ? " node up" : " nodes up")
                      + (job->why.empty() ? std::string{} : "; " + job->why) + ")";
+    // A coordinator just (re)started: its nodes may not have joined yet.
+    auto age = std::chrono::steady_clock::now() - s.started;
+    if (age < std::chrono::seconds(10))
+      msg += "; the coordinator started "
+             + std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(age).count())
+             + " ms ago and its nodes may still be joining: retry";
     auto e = to_caf(make_error(errc::overloaded, msg));
     for (uint32_t i = 0; i < job->left; ++i)
       caf::anon_send(job->session, failed_atom::value, s.cfg.key, e, job->pl.request);
