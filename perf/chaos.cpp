@@ -269,6 +269,7 @@ private:
   void worker(uint32_t index);
   void keeper();
   void retry_destroys();
+  void destroy_box(dsec::session& s, const std::string& id, bool count);
   void watcher(dsec::client& c, uint32_t s);
   void monitor();
   void checkpoint(dsec::client& c, bool final);
@@ -377,30 +378,40 @@ void chaos::worker(uint32_t index) {
         continue;
       }
     }
-    auto g = track("destroy of " + id);
-    auto r = s.destroy(id);
-    std::lock_guard lk{mu_};
-    auto& b = boxes_[id];
-    if (r) {
-      ++destroys_ok_;
-      if (b.f == fate::lost)
-        late_lost_++; // destroyed fine after a lost report: counted, see final_check
-      b.f = fate::destroyed;
+    destroy_box(s, id, true);
+  }
+}
+
+// The trainer destroys sandbox `id`, and the box's fate follows the answer:
+// destroyed, lost, or not known (the final check finds out; after
+// `disconnected` the keeper tries again, as a trainer would). `count`: the
+// error goes into the table's errors by kind.
+void chaos::destroy_box(dsec::session& s, const std::string& id, bool count) {
+  auto g = track("destroy of " + id);
+  auto r = s.destroy(id);
+  std::lock_guard lk{mu_};
+  auto& b = boxes_[id];
+  b.retry = false;
+  if (r) {
+    ++destroys_ok_;
+    if (b.f == fate::lost)
+      late_lost_++; // destroyed fine after a lost report: counted, see final_check
+    b.f = fate::destroyed;
+    b.ended = clock_type::now();
+    return;
+  }
+  auto e = r.error_value();
+  if (count)
+    note_error(std::string{"destroy "} + dsec::to_string(e.code), e);
+  if (e.code == dsec::errc::lost) {
+    if (b.f != fate::lost) {
+      b.f = fate::lost;
       b.ended = clock_type::now();
-    } else {
-      auto e = r.error_value();
-      note_error(std::string{"destroy "} + dsec::to_string(e.code), e);
-      if (e.code == dsec::errc::lost) {
-        if (b.f != fate::lost) {
-          b.f = fate::lost;
-          b.ended = clock_type::now();
-          b.why = "destroy: " + one_line(e.message);
-        }
-      } else if (b.f == fate::live) {
-        b.f = fate::destroy_unknown; // the final check finds out
-        b.retry = e.code == dsec::errc::disconnected; // as a trainer would
-      }
+      b.why = "destroy: " + one_line(e.message);
     }
+  } else if (b.f == fate::live || b.f == fate::destroy_unknown) {
+    b.f = fate::destroy_unknown;
+    b.retry = e.code == dsec::errc::disconnected;
   }
 }
 
@@ -430,26 +441,9 @@ void chaos::keeper() {
     // Now and then one of them goes, so that new ones are kept.
     if (!kept.empty() && rng() % 4 == 0) {
       auto& [id, sid] = kept[rng() % kept.size()];
-      for (auto& s : sessions_) {
-        if (s->id() != sid)
-          continue;
-        auto g = track("destroy of " + id);
-        auto r = s->destroy(id);
-        std::lock_guard lk{mu_};
-        auto& b = boxes_[id];
-        if (r) {
-          ++destroys_ok_;
-          b.f = fate::destroyed;
-          b.ended = clock_type::now();
-        } else if (r.error_value().code == dsec::errc::lost) {
-          b.f = fate::lost;
-          b.ended = clock_type::now();
-          b.why = "destroy: " + one_line(r.error_value().message);
-        } else if (b.f == fate::live) {
-          b.f = fate::destroy_unknown;
-          b.retry = r.error_value().code == dsec::errc::disconnected;
-        }
-      }
+      for (auto& s : sessions_)
+        if (s->id() == sid)
+          destroy_box(*s, id, false);
     }
     retry_destroys();
   }
@@ -466,27 +460,9 @@ void chaos::retry_destroys() {
         again.emplace_back(id, b.session);
   }
   for (auto& [id, sid] : again)
-    for (auto& s : sessions_) {
-      if (s->id() != sid || stop_)
-        continue;
-      auto g = track("destroy again of " + id);
-      auto r = s->destroy(id);
-      std::lock_guard lk{mu_};
-      auto& b = boxes_[id];
-      if (r) {
-        ++destroys_ok_;
-        b.f = fate::destroyed;
-        b.ended = clock_type::now();
-        b.retry = false;
-      } else if (r.error_value().code == dsec::errc::lost) {
-        b.f = fate::lost;
-        b.ended = clock_type::now();
-        b.why = "destroy: " + one_line(r.error_value().message);
-        b.retry = false;
-      } else if (r.error_value().code != dsec::errc::disconnected) {
-        b.retry = false;
-      }
-    }
+    for (auto& s : sessions_)
+      if (s->id() == sid && !stop_)
+        destroy_box(*s, id, false);
 }
 
 // A session's `lost` events; a watch that ends (the coordinator went) is made

@@ -109,6 +109,23 @@ struct cluster {
   std::unique_ptr<client> c;
 };
 
+// tools/cluster, with this build's dsecd and dsec and no TLS from the
+// environment: its path.
+std::string cluster_script() {
+  ::setenv("DSECD", env_path("DSECD_BIN").c_str(), 1);
+  ::setenv("DSEC", suite::get().dsec_bin().c_str(), 1);
+  ::unsetenv("DSEC_TLS");
+  return env_path("DSEC_CLUSTER_SCRIPT");
+}
+
+// The pid in DIR/NAME/pid (tools/cluster's), 0 when there is none.
+pid_t daemon_pid(const std::string& dir, const std::string& name) {
+  std::ifstream f(dir + "/" + name + "/pid");
+  pid_t pid = 0;
+  f >> pid;
+  return pid;
+}
+
 std::map<std::string, std::vector<std::string>> by_node(session& s) {
   auto l = s.list();
   REQUIRE_MESSAGE(l, "list: " << describe(l.error_value()));
@@ -970,10 +987,7 @@ TEST_CASE("kill -9 of the coordinator mid-session, `tools/cluster restart coordi
   int base = 10000 + static_cast<int>(::getpid() % 5000);
   spawn_options o;
   o.kill_after = std::chrono::seconds(180);
-  auto script = env_path("DSEC_CLUSTER_SCRIPT");
-  ::setenv("DSECD", env_path("DSECD_BIN").c_str(), 1);
-  ::setenv("DSEC", suite::get().dsec_bin().c_str(), 1);
-  ::unsetenv("DSEC_TLS");
+  auto script = cluster_script();
   // The coordinator runs no sandbox (--coordinator-slots 0): those of its
   // own node would die with its process.
   auto up = run_process({script, "up", "2", "--dir", cdir, "--port", std::to_string(base),
@@ -981,12 +995,7 @@ TEST_CASE("kill -9 of the coordinator mid-session, `tools/cluster restart coordi
                          "120s"},
                         o);
   REQUIRE_MESSAGE(up.status == 0, up.describe());
-  auto pid_of = [&](const std::string& name) {
-    std::ifstream f(cdir + "/" + name + "/pid");
-    pid_t pid = 0;
-    f >> pid;
-    return pid;
-  };
+  auto pid_of = [&](const std::string& name) { return daemon_pid(cdir, name); };
   {
     temp_dir src;
     REQUIRE(::mkdir((src / "bin").c_str(), 0755) == 0);
@@ -1129,10 +1138,7 @@ TEST_CASE("a node that rejoins a restarted coordinator late: until it hands its 
   int base = 15000 + static_cast<int>(::getpid() % 5000);
   spawn_options o;
   o.kill_after = std::chrono::seconds(180);
-  auto script = env_path("DSEC_CLUSTER_SCRIPT");
-  ::setenv("DSECD", env_path("DSECD_BIN").c_str(), 1);
-  ::setenv("DSEC", suite::get().dsec_bin().c_str(), 1);
-  ::unsetenv("DSEC_TLS");
+  auto script = cluster_script();
   struct downer {
     std::string script, dir;
     ~downer() { (void) run_process({script, "down", "--dir", dir}); }
@@ -1142,12 +1148,7 @@ TEST_CASE("a node that rejoins a restarted coordinator late: until it hands its 
                          "120s"},
                         o);
   REQUIRE_MESSAGE(up.status == 0, up.describe());
-  auto pid_of = [&](const std::string& name) {
-    std::ifstream f(cdir + "/" + name + "/pid");
-    pid_t pid = 0;
-    f >> pid;
-    return pid;
-  };
+  auto pid_of = [&](const std::string& name) { return daemon_pid(cdir, name); };
   auto addr_of = [&](const std::string& name) {
     std::ifstream f(cdir + "/" + name + "/port");
     std::string port;
@@ -1295,20 +1296,12 @@ TEST_CASE("tools/cluster restart: a node killed with kill -9 comes back with its
   int base = 20000 + static_cast<int>(::getpid() % 5000);
   spawn_options o;
   o.kill_after = std::chrono::seconds(180);
-  auto script = env_path("DSEC_CLUSTER_SCRIPT");
-  ::setenv("DSECD", env_path("DSECD_BIN").c_str(), 1);
-  ::setenv("DSEC", suite::get().dsec_bin().c_str(), 1);
-  ::unsetenv("DSEC_TLS");
+  auto script = cluster_script();
   auto up = run_process({script, "up", "2", "--dir", cdir, "--port", std::to_string(base),
                          "--slots", "50", "--", "--orphan-grace", "30s"},
                         o);
   REQUIRE_MESSAGE(up.status == 0, up.describe());
-  auto pid_of = [&](const std::string& name) {
-    std::ifstream f(cdir + "/" + name + "/pid");
-    pid_t pid = 0;
-    f >> pid;
-    return pid;
-  };
+  auto pid_of = [&](const std::string& name) { return daemon_pid(cdir, name); };
   auto restart = [&](const std::string& name) {
     return run_process({script, "restart", name, "--dir", cdir}, o);
   };
@@ -1791,10 +1784,7 @@ TEST_CASE("tools/cluster up --netns: each daemon in a network namespace of its o
   auto before = settled_snapshot();
   temp_dir dir{"/tmp", "dsec-tools-cluster-netns"};
   auto cdir = dir / "c";
-  auto script = env_path("DSEC_CLUSTER_SCRIPT");
-  ::setenv("DSECD", env_path("DSECD_BIN").c_str(), 1);
-  ::setenv("DSEC", suite::get().dsec_bin().c_str(), 1);
-  ::unsetenv("DSEC_TLS");
+  auto script = cluster_script();
   spawn_options o;
   o.kill_after = std::chrono::seconds(180);
   // Whatever fails below, the daemons and namespaces go before the dir does.
