@@ -452,9 +452,11 @@ test('watchDir: events in order, recursive or not, stop ends the watcher, errors
     await sbx.commands.run('mkdir -p /work/w/sub/deep && echo x > /work/w/sub/deep/f && ' +
       'mv /work/w/a.txt /work/w/keep/b.txt && rm -r /work/w/sub && touch /work/w/done')
     await until(`no "create done" in ${JSON.stringify(events)}`, () => events.includes('create done'))
+    // No 'write sub/deep/f': the watcher may scan the new directory after the
+    // write, and then reports the file as created only (docs/e2b.md, watches).
     let at = -1
     for (const want of ['create a.txt', 'create sub', 'create sub/deep', 'create sub/deep/f',
-      'write sub/deep/f', 'rename a.txt', 'create keep/b.txt', 'remove sub/deep/f',
+      'rename a.txt', 'create keep/b.txt', 'remove sub/deep/f',
       'remove sub/deep', 'remove sub', 'create done']) {
       const i = events.indexOf(want, at + 1)
       assert.ok(i > at, `${want} missing or out of order in ${JSON.stringify(events)}`)
