@@ -584,8 +584,11 @@ public:
   // ---- warm pools and the function backend (actors/warm_pool.hpp) -----------------
   /// A warm pool of this session's: `size` ready sandboxes of `env` kept on
   /// the nodes for its creates and calls (0 removes it); it ends with the
-  /// session. Returns how many the nodes took. Not for a session with a
-  /// trajectory log (unsupported).
+  /// session. Returns how many the nodes took. Its sandboxes count against
+  /// the session's quota (overloaded when the size does not fit beside what
+  /// is live); a create claims one only for an environment equal in every
+  /// field but the TTL (a pool keeps containers: unsupported for a microVM).
+  /// A session with a trajectory log takes packs of claimed ones as of any.
   expected<uint32_t> pool(const environment& env, uint32_t size);
   /// The function backend: a sandbox of `env` (from a warm pool when one has
   /// a ready one), `req` run in it, the sandbox destroyed (never reused);

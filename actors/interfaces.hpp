@@ -119,11 +119,12 @@ using sandbox_actor = caf::typed_actor<
   /// From its node: a sandbox of a warm pool (actors/warm_pool.hpp) is handed
   /// to a create: it belongs to `session` (id `session_id`) from now on, as a
   /// sandbox of its create request `request` with TTL `ttl_ms`, and tells it
-  /// that it is ready. One that ran anything, or is going, reports the
-  /// request failed instead (and replies false).
+  /// that it is ready; `keep_upper`: packs of it can be taken from now on (a
+  /// session with a trajectory log). One that ran anything, or is going,
+  /// reports the request failed instead (and replies false).
   /// (The session as a caf::actor: session_actor is declared after this.)
-  caf::replies_to<claim_atom, internal_key, caf::actor, std::string, uint64_t,
-                  uint64_t>::with<bool>,
+  caf::replies_to<claim_atom, internal_key, caf::actor, std::string, uint64_t, uint64_t,
+                  bool>::with<bool>,
   /// From its node, after a coordinator restart (docs/cluster.md): a sandbox
   /// whose session's process went away (orphaned, kept for its node's
   /// --orphan-grace) belongs to `session` from now on (the restarted

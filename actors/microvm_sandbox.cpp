@@ -580,7 +580,7 @@ sandbox_actor::behavior_type vm_impl(self_ptr self, sandbox_config cfg,
       (void) genuine(k, process_key(), "orphan (microvm sandbox)");
     },
     [=](claim_atom, const internal_key& k, const caf::actor&, const std::string&, uint64_t,
-        uint64_t) -> caf::result<bool> {
+        uint64_t, bool) -> caf::result<bool> {
       if (!genuine(k, process_key(), "claim (microvm sandbox)"))
         return refuse("claim");
       return false; // warm pools keep containers

@@ -404,12 +404,13 @@ void refill_pools(self_ptr self) {
 }
 
 // A create's sandboxes from the pools, as far as they go: each claimed in one
-// message. Not for a sandbox rebuilt from a log or made for packs.
+// message. Not for a sandbox rebuilt from a log (its id, its seed pack), nor
+// of a backend pools do not keep; one for packs (a logged session's) is told so.
 uint32_t claim_pooled(self_ptr self, const environment& env, uint32_t count,
                       const session_actor& session, const placement& pl) {
   auto& s = self->state;
   if (s.pools.empty() || s.shutting_down || !pl.id.empty() || !pl.seed_pack.empty()
-      || !pl.seed_manifest.empty() || pl.keep_upper)
+      || !pl.seed_manifest.empty() || !poolable(env))
     return 0;
   auto want = env;
   s.cfg.defaults.apply(want);
@@ -428,7 +429,8 @@ uint32_t claim_pooled(self_ptr self, const environment& env, uint32_t count,
     // (Its answer matters only if it is gone already: then nobody told the
     // session, and its request would wait for ever.)
     self->request(e.handle, std::chrono::seconds(30), claim_atom::value, process_key(),
-                  caf::actor_cast<caf::actor>(session), pl.session_id, pl.request, ttl)
+                  caf::actor_cast<caf::actor>(session), pl.session_id, pl.request, ttl,
+                  pl.keep_upper)
       .then([](bool) {},
             [=, key = s.cfg.key, id = *id, request = pl.request](caf::error&) {
               self->send(session, failed_atom::value, key,
@@ -499,6 +501,9 @@ expected<uint32_t> set_pool(self_ptr self, environment env, uint32_t size,
   // pool) meets the one validation of an environment.
   if (auto v = env.validate(); !v)
     return std::move(v).error_value();
+  if (!poolable(env))
+    return make_error(errc::unsupported, "a warm pool keeps containers, not " + env.backend
+                                           + " sandboxes (backend container or function)");
   if (size > s.admit_limit)
     return make_error(errc::invalid_argument,
                       "a pool of " + std::to_string(size) + " does not fit node " + s.cfg.name

@@ -1386,10 +1386,12 @@ void run_pack(self_ptr self) {
 }
 
 // A pooled sandbox handed to a create (claim_atom): from now on it is that
-// session's, of that request, with that TTL, as if it had been made for it.
-// One that ran anything, or is not ready (it is going), fails the request.
+// session's, of that request, with that TTL, as if it had been made for it
+// (`keep_upper`: for a session with a trajectory log, whose packs it takes;
+// every build keeps the upper dir's descriptor). One that ran anything, or
+// is not ready (it is going), fails the request.
 bool claim(self_ptr self, const session_actor& session, const std::string& session_id,
-           uint64_t request, uint64_t ttl_ms) {
+           uint64_t request, uint64_t ttl_ms, bool keep_upper) {
   auto& s = self->state;
   if (!s.pooled || !session)
     return false;
@@ -1402,6 +1404,7 @@ bool claim(self_ptr self, const session_actor& session, const std::string& sessi
   s.cfg.session_id = session_id;
   s.cfg.request = request;
   s.cfg.env.ttl_ms = ttl_ms;
+  s.cfg.keep_upper = keep_upper;
   s.route->set(session);
   if (s.ph != phase::ready || s.commands > 0 || !s.box) {
     s.creation_failed_told = true;
@@ -2093,10 +2096,12 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
       begin_destroy(self);
     },
     [=](claim_atom, const internal_key& k, const caf::actor& session,
-        const std::string& session_id, uint64_t request, uint64_t ttl_ms) -> caf::result<bool> {
+        const std::string& session_id, uint64_t request, uint64_t ttl_ms,
+        bool keep_upper) -> caf::result<bool> {
       if (!genuine(k, process_key(), "claim (sandbox)"))
         return refuse("claim");
-      return claim(self, caf::actor_cast<session_actor>(session), session_id, request, ttl_ms);
+      return claim(self, caf::actor_cast<session_actor>(session), session_id, request, ttl_ms,
+                   keep_upper);
     },
     // ---- snapshots (issue 16) ----
     [=](pause_atom, const internal_key& k, bool on) -> caf::result<bool> {

@@ -12,6 +12,7 @@
 #include <filesystem>
 
 #include "actors/session_state.hpp"
+#include "actors/warm_pool.hpp"
 #include "runtime/log.hpp"
 
 namespace dsec {
@@ -552,13 +553,16 @@ caf::result<uint32_t> start_batch(self_ptr self, environment env, uint32_t count
 std::optional<error> over_quota(self_ptr self, uint64_t more) {
   auto& s = self->state;
   uint64_t in_use = s.sandboxes.size() + s.pending + s.replay_claimed;
-  if (in_use + more <= s.cfg.options.quota)
+  if (in_use + s.pooled + more <= s.cfg.options.quota)
     return std::nullopt;
+  auto pooled = s.pooled == 0 ? std::string{}
+                              : ", " + std::to_string(s.pooled) + " kept in its warm pools";
   return make_error(errc::overloaded,
                     "session " + s.cfg.id + " quota: " + std::to_string(in_use)
-                      + " sandboxes live or coming, " + std::to_string(more)
+                      + " sandboxes live or coming" + pooled + ", " + std::to_string(more)
                       + " more asked for, at most " + std::to_string(s.cfg.options.quota)
-                      + " (retry once some are destroyed)");
+                      + (s.pooled == 0 ? " (retry once some are destroyed)"
+                                       : " (retry once some are destroyed, or shrink its pools)"));
 }
 
 // A create call (create_atom). Its key, in a resumed session, gets the
@@ -1207,22 +1211,44 @@ caf::result<uint32_t> set_pool(self_ptr self, environment env, uint32_t size) {
                              "session " + s.cfg.id + ": a pool of " + std::to_string(size)
                                + " is larger than its quota of "
                                + std::to_string(s.cfg.options.quota)));
-  if (s.log)
-    return to_caf(make_error(errc::unsupported,
-                             "session " + s.cfg.id + " keeps a trajectory log: its sandboxes are"
-                               " made for packs, which pooled ones are not"));
+  // Its pooled sandboxes count against the quota: the new size must fit
+  // beside what is live, coming and in its other pools.
+  auto key = pool_key(env);
+  uint32_t was = 0;
+  if (auto it = s.pools.find(key); it != s.pools.end())
+    was = it->second;
+  if (size > was) {
+    if (auto e = over_quota(self, size - was))
+      return to_caf(make_error(e->code, e->message + " (a pool of " + std::to_string(size) + ")"));
+  }
+  // Held from now on, so that creates in the meantime see it.
+  auto hold = [self, key](uint32_t n) {
+    auto& s = self->state;
+    auto& p = s.pools[key];
+    s.pooled = s.pooled - p + n;
+    p = n;
+    if (n == 0)
+      s.pools.erase(key);
+  };
+  hold(size);
   auto rp = self->make_response_promise<uint32_t>();
   self
     ->request(s.cfg.scheduler, caf::infinite, pool_atom::value, process_key(), std::move(env),
               size, session_actor{self}, s.cfg.id)
     .then(
       [=](const internal_key& k, uint32_t n) mutable {
-        if (genuine(k, self->state.cfg.key, "a reply to pool"))
+        if (genuine(k, self->state.cfg.key, "a reply to pool")) {
+          hold(std::min(n, size)); // what the nodes took
           rp.deliver(n);
-        else
+        } else {
+          hold(was);
           rp.deliver(refuse("a reply to pool"));
+        }
       },
-      [=](caf::error& e) mutable { rp.deliver(e); });
+      [=](caf::error& e) mutable {
+        hold(was);
+        rp.deliver(e);
+      });
   return rp;
 }
 

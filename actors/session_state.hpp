@@ -129,6 +129,11 @@ struct session_state {
   // create key -> the log's create calls with it not yet claimed, in order (resume)
   std::unordered_map<std::string, std::deque<size_t>> logged_keys;
   uint64_t replay_claimed = 0; // claimed, not closed, not being rebuilt: in the quota
+  // ---- warm pools (session::pool) ----
+  // pool_key(env) -> its size as set: the pools' sandboxes hold slots for the
+  // session, so they count against its quota (`pooled`, their sum).
+  std::unordered_map<std::string, uint32_t> pools;
+  uint64_t pooled = 0;
   // ---- why sandboxes went, for the requests that come after ----
   std::unordered_set<std::string> destroying; // asked by the trainer
   std::unordered_set<std::string> expired;    // their TTL ran out

@@ -311,7 +311,7 @@ sandbox_actor::behavior_type sim_impl(self_ptr self, std::shared_ptr<const sim_c
       (void) genuine(k, process_key(), "orphan (sim sandbox)");
     },
     [=](claim_atom, const internal_key& k, const caf::actor&, const std::string&, uint64_t,
-        uint64_t) -> caf::result<bool> {
+        uint64_t, bool) -> caf::result<bool> {
       if (!genuine(k, process_key(), "claim (sim sandbox)"))
         return refuse("claim");
       return false; // a simulated node keeps no warm pools

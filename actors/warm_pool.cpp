@@ -11,19 +11,19 @@
 namespace dsec {
 
 std::string pool_key(const environment& e) {
-  std::string k = e.base;
-  k += '\n';
-  k += e.workdir;
-  for (const auto& t : e.tools) {
-    k += '\n';
-    k += t;
-  }
-  char buf[160];
-  std::snprintf(buf, sizeof buf, "\n|%llu|%llu|%.6f|%llu|%d|%d",
-                static_cast<unsigned long long>(e.memory),
-                static_cast<unsigned long long>(e.pids), e.cpus,
-                static_cast<unsigned long long>(e.disk), e.net ? 1 : 0, e.chronus ? 1 : 0);
-  return k + buf;
+  // Every field that shapes the sandbox (layers, snapshot, limits, network
+  // and its policy, exposed ports, host mounts, Chronus): a create must
+  // never get a sandbox of another policy or with another's mounts. Only the
+  // TTL (set at the claim) and the backend (pools keep containers, which the
+  // function backend runs too) are left out.
+  auto k = e;
+  k.ttl_ms = 0;
+  k.backend = std::string{backend_container};
+  return k.to_json();
+}
+
+bool poolable(const environment& e) {
+  return e.backend == backend_container || e.backend == backend_function;
 }
 
 expected<pool_spec> parse_pool_spec(const std::string& text) {

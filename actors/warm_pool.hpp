@@ -1,7 +1,7 @@
 // warm_pool: a node's warm pools, the bookkeeping the node actor
 // (actors/node.cpp) keeps for them. A pool holds `target` READY sandboxes of
-// one environment (same layers, limits, network and Chronus flag; its TTL and
-// backend do not matter), made in the background, that no caller has
+// one environment (every field but its TTL and backend equal: pool_key), made
+// in the background as containers, that no caller has
 // touched: a pooled sandbox refuses every command, put, get and signal, and
 // is reachable by nobody's lookup. A create on the node for an equal
 // environment (of the pool's owning session, or of any session for a pool
@@ -38,9 +38,13 @@
 
 namespace dsec {
 
-/// What makes two environments interchangeable for a pool: layers, limits,
-/// network, Chronus (after the node's defaults are filled in).
+/// What makes two environments interchangeable for a pool: every field but
+/// the TTL and the backend (layers, snapshot, limits, network and its policy,
+/// exposed ports, host mounts, Chronus), after the node's defaults are filled in.
 std::string pool_key(const environment& env);
+/// Whether sandboxes of `env` can come from a pool: its backend is the
+/// container or the function backend (pools keep containers).
+bool poolable(const environment& env);
 
 /// A pool spec NAME@V=N, with optional ",workdir=W@V", ",tool=T@V",
 /// ",memory=SIZE", ",net", ",chronus" parts (dsecd --pool).

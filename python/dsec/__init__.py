@@ -708,9 +708,10 @@ class Session:
              chronus: bool = False, network: Network | None = None) -> int:
         """A warm pool of this session's: `size` ready sandboxes of that
         environment kept on the nodes for its creates and calls (0 removes it);
-        it ends with the session. Returns how many the nodes took. network: as
-        create's; a create or call takes from the pool only with the same
-        policy."""
+        it ends with the session. Returns how many the nodes took. They count
+        against the session's quota (Overloaded when `size` does not fit beside
+        what is live). network: as create's; a create or call takes from the
+        pool only with the same environment and policy (mounts included)."""
         env = _environment(base, workdir, tools, memory, pids, cpus, disk, net, chronus, None,
                            network=network)
         n: int = self._s.pool(env, _int("size", size, hi=100_000))

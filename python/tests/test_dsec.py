@@ -1106,8 +1106,7 @@ class Conveniences(Base):
         asyncio.run(main())
 
     def test_call_runs_in_a_fresh_sandbox_from_a_warm_pool(self):
-        # (A session with a trajectory log, the default, makes its sandboxes
-        # for packs: it can have no warm pool.)
+        # (The pool's 2 count against the quota of 4.)
         with self.c.session(quota=4, ttl=60, trajectory=False) as s:
             self.assertEqual(s.pool("py@1", size=2), 2)
             seen = set()

@@ -12,11 +12,13 @@
 #include <fstream>
 #include <functional>
 #include <set>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "actors/warm_pool.hpp"
 #include "test/actors/common.hpp"
 #include "test/support/fixture.hpp"
 #include "test/support/host.hpp"
@@ -245,4 +247,107 @@ TEST_CASE("pool: memory pressure shrinks the node's pools first, and they refill
     }));
   }
   std::remove(psi.c_str());
+}
+
+TEST_CASE("pool: two environments share a pool only when every field but the TTL and backend is equal") {
+  auto base = env_of("wd@1");
+  base.memory = 64ull << 20;
+  auto key = pool_key(base);
+  auto same = base;
+  same.ttl_ms = 5000;
+  same.backend = "function";
+  CHECK(pool_key(same) == key);
+  std::vector<std::pair<const char*, std::function<void(environment&)>>> changes{
+    {"workdir", [](environment& e) { e.workdir = "wd@2"; }},
+    {"tool", [](environment& e) { e.tools.push_back("t@1"); }},
+    {"memory", [](environment& e) { e.memory *= 2; }},
+    {"pids", [](environment& e) { e.pids = 99; }},
+    {"cpus", [](environment& e) { e.cpus = 0.5; }},
+    {"disk", [](environment& e) { e.disk = 8ull << 20; }},
+    {"loopback", [](environment& e) { e.net = true; }},
+    {"egress", [](environment& e) { e.net = e.egress = true; }},
+    {"allow", [](environment& e) { e.net = e.egress = true; e.allow = {"198.18.0.2:80"}; }},
+    {"deny", [](environment& e) { e.net = e.egress = true; e.deny = {"198.18.0.2"}; }},
+    {"expose", [](environment& e) { e.net = true; e.expose = {8080}; }},
+    {"mount", [](environment& e) { e.mounts.push_back({"/srv", "/data", true}); }},
+    {"chronus", [](environment& e) { e.chronus = true; }},
+    {"snapshot", [](environment& e) { e.snapshot = "snap@1"; }},
+  };
+  for (auto& [what, change] : changes) {
+    auto other = base;
+    change(other);
+    CHECK_MESSAGE(pool_key(other) != key, what);
+  }
+  // A policy with other rules is another pool.
+  auto a = base, b = base;
+  a.net = a.egress = b.net = b.egress = true;
+  a.allow = {"198.18.0.2:80"};
+  b.allow = {"198.18.0.3:80"};
+  CHECK(pool_key(a) != pool_key(b));
+  CHECK(poolable(base));
+  CHECK(poolable(same));
+  auto vm = base;
+  vm.backend = "microvm";
+  CHECK_FALSE(poolable(vm));
+}
+
+TEST_CASE("pool: a create gets a pooled sandbox of its own environment only, never one with "
+          "another's host mounts; a microVM pool is refused") {
+  temp_dir t{"/tmp", "dsec-pool-mount"};
+  auto shared = t / "shared";
+  REQUIRE(::mkdir(shared.c_str(), 0755) == 0);
+  std::ofstream(shared + "/secret") << "s3cret\n";
+  daemon_options o;
+  o.host_mounts = {shared};
+  embedded e(o);
+  auto s = open(*e.c);
+  environment mounted = env_of();
+  mounted.mounts.push_back({shared, "/data", true});
+  REQUIRE(s->pool(mounted, 2));
+  REQUIRE(until(*e.c, [](const node_stats& st) { return ready_of(st) == 2; }));
+  // The same layers without the mount: made fresh, and the mount is not there.
+  auto plain = s->create(env_of(), 1);
+  REQUIRE_MESSAGE(plain, describe(plain.error_value()));
+  auto st = node_stats_of(*e.c);
+  REQUIRE(st.pools.size() == 1);
+  CHECK(st.pools[0].claimed == 0);
+  auto r = s->exec(plain->front(), sh("cat /data/secret 2>/dev/null || echo absent"));
+  REQUIRE_MESSAGE(r, describe(r.error_value()));
+  CHECK(r->out == "absent\n");
+  // The pool's own environment claims, and has it.
+  auto with = s->create(mounted, 1);
+  REQUIRE_MESSAGE(with, describe(with.error_value()));
+  CHECK(node_stats_of(*e.c).pools.at(0).claimed == 1);
+  r = s->exec(with->front(), sh("cat /data/secret"));
+  REQUIRE_MESSAGE(r, describe(r.error_value()));
+  CHECK(r->out == "s3cret\n");
+  // Pools keep containers: a pool of microVMs is refused, by name.
+  environment vm = env_of();
+  vm.backend = "microvm";
+  check_error(s->pool(vm, 1), errc::unsupported, "microvm");
+}
+
+TEST_CASE("pool: a session's pooled sandboxes count against its quota") {
+  embedded e;
+  session_options so;
+  so.quota = 4;
+  auto sr = e.c->open_session(so);
+  REQUIRE_MESSAGE(sr, describe(sr.error_value()));
+  auto& s = *sr;
+  REQUIRE(s->pool(env_of(), 3));
+  REQUIRE(until(*e.c, [](const node_stats& st) { return ready_of(st) == 3; }));
+  // 3 held by the pool: 1 more fits, 2 do not, and the refusal names the pool.
+  check_error(s->create(env_of("wd@1"), 2), errc::overloaded, "warm pools");
+  auto one = s->create(env_of(), 1);
+  REQUIRE_MESSAGE(one, describe(one.error_value()));
+  CHECK(node_stats_of(*e.c).pools.at(0).claimed == 1);
+  // 1 live + a pool of 3: growing the pool to 4 does not fit.
+  check_error(s->pool(env_of(), 4), errc::overloaded, "quota");
+  check_error(s->create(env_of(), 1), errc::overloaded, "warm pools");
+  // Shrunk to 0, its room is the session's again.
+  REQUIRE(s->pool(env_of(), 0));
+  auto three = s->create(env_of("wd@1"), 3);
+  REQUIRE_MESSAGE(three, describe(three.error_value()));
+  CHECK(three->size() == 3);
+  check_error(s->pool(env_of(), 1), errc::overloaded, "quota");
 }

@@ -426,6 +426,64 @@ TEST_CASE("trajectory: a log nobody used for longer than the daemon keeps them i
   REQUIRE((*s)->close());
 }
 
+TEST_CASE("trajectory: a logged session's creates claim from its warm pool; a resume answers "
+          "their steps from the log and rebuilds them from their packs") {
+  embedded e;
+  auto pooled = [&] {
+    uint32_t n = 0;
+    for (const auto& p : node_stats_of(*e.c).pools)
+      n += p.ready;
+    return n;
+  };
+  auto claimed = [&] {
+    uint64_t n = 0;
+    for (const auto& p : node_stats_of(*e.c).pools)
+      n += p.claimed;
+    return n;
+  };
+  auto until_pooled = [&](uint32_t want) {
+    auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+    while (pooled() != want && std::chrono::steady_clock::now() < give_up)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    return pooled() == want;
+  };
+  std::string sid;
+  std::vector<std::string> ids;
+  std::vector<exec_result> first;
+  {
+    auto c = client::attach(e.sys, e.d->scheduler());
+    auto s = open_logged(*c);
+    sid = s->id();
+    auto n = s->pool(env_of(), 2);
+    REQUIRE_MESSAGE(n, describe(n.error_value()));
+    REQUIRE(until_pooled(2));
+    ids = create_keyed(*s, "ep", 1);
+    REQUIRE(ids.size() == 1);
+    CHECK(claimed() == 1); // from the pool, not made for it
+    first.push_back(run(*s, ids[0], count_run("a")));
+    first.push_back(run(*s, ids[0], count_run("b")));
+    CHECK(first[1].out == "2\n");
+  }
+  // The trainer died: the session's pool went with it, its log stays.
+  REQUIRE(eventually_gone(*e.c, ids));
+  REQUIRE(until_pooled(0));
+  auto c = client::attach(e.sys, e.d->scheduler());
+  auto s = resume(*c, sid);
+  CHECK(create_keyed(*s, "ep", 1) == ids);
+  // Both steps answered from the log (packs of the claimed sandbox were
+  // taken), nothing rebuilt yet.
+  auto a = run(*s, ids[0], count_run("a"));
+  auto b = run(*s, ids[0], count_run("b"));
+  CHECK(a.duration_us == first[0].duration_us);
+  CHECK(b.duration_us == first[1].duration_us);
+  CHECK(state_of(*s, ids[0]) == "replaying");
+  // Past the log: rebuilt from the last pack, each command counted once.
+  auto next = run(*s, ids[0], count_run("c"));
+  CHECK(next.out == "3\n");
+  CHECK(state_of(*s, ids[0]) == "ready");
+  REQUIRE(s->close());
+}
+
 TEST_CASE("trajectory: a torn tail of the log is dropped, the records before it are kept") {
   embedded e;
   std::string sid, id;
