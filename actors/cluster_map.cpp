@@ -27,6 +27,7 @@ void cluster_map::remove(uint32_t id) {
   if (it == nodes_.end())
     return;
   unindex(it->second);
+  unindex_pools(it->second);
   if (source_ == id)
     source_ = 0;
   size_t pos = it->second.pos;
@@ -60,6 +61,55 @@ void cluster_map::placed(uint32_t id, uint32_t count, const std::vector<std::str
   for (const auto& r : refs)
     if (n->layers.insert(r).second)
       holders_[r].push_back(id);
+}
+
+void cluster_map::pools(uint32_t id, std::unordered_map<std::string, uint32_t> ready) {
+  auto* n = find(id);
+  if (!n)
+    return;
+  unindex_pools(*n);
+  for (auto it = ready.begin(); it != ready.end();)
+    it = it->second == 0 ? ready.erase(it) : std::next(it);
+  n->pooled = std::move(ready);
+  for (const auto& [k, r] : n->pooled)
+    pool_holders_[k].push_back(id);
+}
+
+void cluster_map::unindex_pools(cluster_node& n) {
+  for (const auto& [k, r] : n.pooled) {
+    auto it = pool_holders_.find(k);
+    if (it == pool_holders_.end())
+      continue;
+    std::erase(it->second, n.id);
+    if (it->second.empty())
+      pool_holders_.erase(it);
+  }
+  n.pooled.clear();
+}
+
+uint32_t cluster_map::pooled_for(const cluster_node& n, const batch& b) const {
+  uint32_t r = 0;
+  for (const auto* k : {&b.own_pool, &b.node_pool})
+    if (!k->empty())
+      if (auto it = n.pooled.find(*k); it != n.pooled.end())
+        r += it->second;
+  return r;
+}
+
+void cluster_map::claimed(uint32_t id, const batch& b, uint32_t n) {
+  auto* node = find(id);
+  if (!node)
+    return;
+  for (const auto* k : {&b.own_pool, &b.node_pool}) { // its own pools first, as the node does
+    if (k->empty() || n == 0)
+      continue;
+    auto it = node->pooled.find(*k);
+    if (it == node->pooled.end())
+      continue;
+    auto took = std::min(n, it->second);
+    it->second -= took;
+    n -= took;
+  }
 }
 
 void cluster_map::full(uint32_t id) {
@@ -143,15 +193,26 @@ double cluster_map::score(const cluster_node& n, const batch& b) const {
   // node only tip the balance between nodes about as free (a node fetches a
   // missing layer once, then holds it).
   return free_frac / (1 + 2 * pieces) + locality_bonus * locality
-         - (n.fill_last ? fill_last_penalty : 0);
+         - (n.fill_last ? fill_last_penalty : 0) + (pooled_for(n, b) > 0 ? pool_bonus : 0);
 }
 
 uint32_t cluster_map::pick(batch& b, unsigned tries) {
   if (up_.empty())
     return 0;
-  uint32_t cand[3] = {0, 0, 0};
+  uint32_t cand[4] = {0, 0, 0, 0};
   if (auto h = holders_.find(b.key); h != holders_.end() && !h->second.empty())
     cand[0] = h->second[rng_() % h->second.size()];
+  // A node with a ready pooled sandbox for it (its own pools first).
+  for (const auto* k : {&b.own_pool, &b.node_pool}) {
+    if (cand[3] || k->empty())
+      continue;
+    if (auto h = pool_holders_.find(*k); h != pool_holders_.end())
+      for (auto id : h->second)
+        if (auto* n = find(id); n && pooled_for(*n, b) > 0) {
+          cand[3] = id;
+          break;
+        }
+  }
   // Round robin over nodes with room: a full (or zero-slot) node is stepped
   // over, a few at most.
   for (size_t i = 0; i < std::min<size_t>(8, up_.size()); ++i) {
@@ -174,7 +235,7 @@ uint32_t cluster_map::pick(batch& b, unsigned tries) {
     }
   };
   // Round robin first: a tie goes to it, which spreads batches.
-  for (auto id : {cand[1], cand[0], cand[2]})
+  for (auto id : {cand[1], cand[0], cand[2], cand[3]})
     if (id)
       consider(id);
   // The three candidates may all have been one node. When the best is the

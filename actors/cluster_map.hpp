@@ -21,6 +21,12 @@
 // report lists yet (built on the source since its last report), or a cluster
 // without a source (a simulated one), is taken to be fetchable.
 //
+// Warm pools come first: a node whose last report had ready pooled sandboxes
+// of the batch's environment (the session's own pools, or the nodes' own) is
+// a fourth candidate, and while it has such sandboxes left (its report's count
+// less what was placed there since) it gains `pool_bonus`, more than anything
+// else weighs: a claim takes one message, and the slot is the pool's already.
+//
 // The best candidate with a free slot takes the piece; when it is the
 // coordinator's own node or already has a piece of this batch, the next two
 // other nodes in round-robin order are looked at too (the three candidates may
@@ -60,6 +66,10 @@ struct cluster_node {
   bool cordoned = false;
   /// It refused a piece (full after all) since its last report.
   bool refused = false;
+  /// Ready pooled sandboxes by pool ("OWNER\nKEY": the owning session's id or
+  /// "node", and the pool's key), from its last report, less those placed
+  /// there since.
+  std::unordered_map<std::string, uint32_t> pooled;
 
   [[nodiscard]] bool offers(const std::string& backend) const {
     for (const auto& b : backends)
@@ -98,6 +108,9 @@ public:
   void placed(uint32_t id, uint32_t n, const std::vector<std::string>& refs);
   /// Marks a node as full until its next report (it refused sandboxes).
   void full(uint32_t id);
+  /// A heartbeat's warm pools: ready sandboxes by "OWNER\nKEY" (see
+  /// cluster_node::pooled); replaces what the node had.
+  void pools(uint32_t id, std::unordered_map<std::string, uint32_t> ready);
   /// The backends node `id` offers (from its join and its reports).
   void offers(uint32_t id, std::vector<std::string> backends);
   /// Cordons (nothing is placed there) or uncordons node `id`.
@@ -115,10 +128,20 @@ public:
     std::string key;               ///< its most specific layer
     std::string backend = "container"; ///< only nodes offering it are picked
     std::unordered_map<uint32_t, uint32_t> pieces;
+    /// Warm pools it may claim from: "SESSION\nKEY" (the placing session's
+    /// pools) and "node\nKEY" (the nodes' own); empty: none (a sandbox
+    /// rebuilt from a log, another backend).
+    std::string own_pool, node_pool;
   };
   static batch make_batch(const std::string& base, const std::string& workdir,
                           const std::vector<std::string>& tools,
                           std::string backend = "container");
+
+  /// `n` sandboxes of batch `b` placed on node `id`: that many fewer of its
+  /// ready pooled ones are left for the next pieces (until its next report).
+  void claimed(uint32_t id, const batch& b, uint32_t n);
+  /// Ready pooled sandboxes node `n` has for batch `b` (by its last report).
+  [[nodiscard]] uint32_t pooled_for(const cluster_node& n, const batch& b) const;
 
   /// The size of each piece of a batch of `count`.
   [[nodiscard]] uint32_t piece_size(uint32_t count) const;
@@ -135,6 +158,9 @@ public:
   /// free fraction (see the top of this file).
   static constexpr double locality_bonus = 0.03;
   static constexpr double fill_last_penalty = 0.05;
+  /// What a ready pooled sandbox of the batch's environment weighs: more
+  /// than a node's whole free fraction.
+  static constexpr double pool_bonus = 1.0;
 
 private:
   /// Whether node `n` is not cordoned, offers the backend of `b`, and holds,
@@ -143,11 +169,13 @@ private:
   double score(const cluster_node& n, const batch& b) const;
   void index_layers(cluster_node& n, const std::vector<std::string>& layers);
   void unindex(cluster_node& n);
+  void unindex_pools(cluster_node& n);
 
   std::unordered_map<uint32_t, cluster_node> nodes_;
   std::vector<uint32_t> up_; // dense, for drawing at random
   std::unordered_map<std::string, std::vector<uint32_t>> holders_;
   std::unordered_map<std::string, uint32_t> reporters_; // how many nodes' reports list a layer
+  std::unordered_map<std::string, std::vector<uint32_t>> pool_holders_; // "OWNER\nKEY" -> nodes
   uint32_t next_id_ = 1;
   uint32_t source_ = 0; // the fill_last node's id, 0: none
   size_t cursor_ = 0;

@@ -502,12 +502,16 @@ struct pool_info {
   uint64_t claimed = 0;   ///< handed to creates since it was set
   uint64_t refills = 0;   ///< sandboxes made to refill it
   uint64_t evicted = 0;   ///< destroyed for a real create or under memory pressure
+  /// pool_key of the environment as it was asked for (before the node's
+  /// defaults): what a coordinator compares a create's with to place it
+  /// where a ready one is (actors/cluster_map.hpp).
+  std::string key;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, pool_info& x) {
   return f(caf::meta::type_name("dsec.pool_info"), x.node, x.env, x.owner, x.target, x.ready,
-           x.warming, x.claimed, x.refills, x.evicted);
+           x.warming, x.claimed, x.refills, x.evicted, x.key);
 }
 
 struct node_stats {

@@ -508,11 +508,12 @@ expected<uint32_t> set_pool(self_ptr self, environment env, uint32_t size,
     return make_error(errc::invalid_argument,
                       "a pool of " + std::to_string(size) + " does not fit node " + s.cfg.name
                         + " (" + std::to_string(s.admit_limit) + " slots)");
+  auto asked = pool_key(env);
   s.cfg.defaults.apply(env);
   env.ttl_ms = 0;
   env.backend = "container";
   std::vector<std::string> orphans;
-  s.pools.set(env, owner, owner.address() ? owner_id : "node", size, orphans);
+  s.pools.set(env, asked, owner, owner.address() ? owner_id : "node", size, orphans);
   destroy_pooled(self, orphans);
   if (owner && s.pool_owners.insert(owner.address()).second)
     self->monitor(owner);

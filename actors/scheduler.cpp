@@ -30,6 +30,7 @@
 #include "actors/session.hpp"
 #include "actors/trajectory.hpp"
 #include "actors/types.hpp"
+#include "actors/warm_pool.hpp"
 #include "runtime/clock.hpp"
 #include "runtime/metrics.hpp"
 
@@ -378,6 +379,7 @@ void place_more(self_ptr self, const std::shared_ptr<place_job>& job) {
     // free() is 0 for a node picked on its report alone (may_have_room): one.
     uint32_t k = std::min({job->piece, job->left, std::max(n->free(), 1u)});
     s.map.placed(id, k, job->batch.refs);
+    s.map.claimed(id, job->batch, k);
     job->left -= k;
     ++job->outstanding;
     auto piece = job->next_piece++;
@@ -872,6 +874,13 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
                                  "no node of the cluster offers backend '" + env.backend + "'"));
       auto job = std::make_shared<place_job>();
       job->batch = cluster_map::make_batch(env.base, env.workdir, env.tools, env.backend);
+      // Where a ready pooled sandbox is, for what a node would claim one for
+      // (actors/node.cpp, claim_pooled): the session's pools, then the nodes'.
+      if (poolable(env) && pl.id.empty() && pl.seed_pack.empty() && pl.seed_manifest.empty()) {
+        auto key = pool_key(env);
+        job->batch.own_pool = pl.session_id + "\n" + key;
+        job->batch.node_pool = "node\n" + key;
+      }
       job->env = std::move(env);
       job->session = std::move(session);
       job->pl = std::move(pl);
@@ -1120,6 +1129,13 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
       if (auto sender = self->current_sender(); sender && sender->node() != m.where)
         return {s.cfg.key, false}; // an older process under the same name
       s.map.report(it->second, rep.slots, rep.live, rep.layers_sent ? &rep.layers : nullptr);
+      {
+        std::unordered_map<std::string, uint32_t> ready;
+        for (const auto& p : rep.pools)
+          if (!p.key.empty())
+            ready[p.owner + "\n" + p.key] += p.ready;
+        s.map.pools(it->second, std::move(ready));
+      }
       s.map.offers(it->second, offer_names(rep));
       s.map.cordon(it->second, rep.cordoned);
       if (rep.layers_sent)

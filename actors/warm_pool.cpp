@@ -107,8 +107,8 @@ bool memory_pressure(const std::string& psi_file, double avg10) {
   return total > 0 && avail * 20 < total;
 }
 
-uint64_t warm_pools::set(const environment& env, const session_actor& owner,
-                         const std::string& owner_id, uint32_t size,
+uint64_t warm_pools::set(const environment& env, const std::string& asked_key,
+                         const session_actor& owner, const std::string& owner_id, uint32_t size,
                          std::vector<std::string>& orphans) {
   auto key = pool_key(env);
   auto addr = owner.address();
@@ -127,6 +127,7 @@ uint64_t warm_pools::set(const environment& env, const session_actor& owner,
       return 0;
     }
     p.target = size;
+    p.asked_key = asked_key;
     while (p.ready.size() > size) { // the newest go
       auto id = p.ready.back();
       p.ready.pop_back();
@@ -143,6 +144,7 @@ uint64_t warm_pools::set(const environment& env, const session_actor& owner,
   auto& p = pools_[id];
   p.id = id;
   p.key = std::move(key);
+  p.asked_key = asked_key;
   p.env = env;
   p.owner = owner;
   p.owner_id = owner_id;
@@ -316,6 +318,7 @@ std::vector<pool_info> warm_pools::infos(const std::string& node) const {
     i.claimed = p.claimed;
     i.refills = p.refills;
     i.evicted = p.evicted;
+    i.key = p.asked_key;
     out.push_back(std::move(i));
   }
   return out;

@@ -64,6 +64,7 @@ public:
   struct pool {
     uint64_t id = 0;
     std::string key;        ///< pool_key(env)
+    std::string asked_key;  ///< pool_key of the environment before the node's defaults
     environment env;        ///< with the node's defaults
     session_actor owner;    ///< null: the node's own
     std::string owner_id;   ///< the session id, or "node"
@@ -73,11 +74,12 @@ public:
     uint64_t claimed = 0, refills = 0, evicted = 0;
   };
 
-  /// Sets (or with size 0 removes) the pool of `env` owned by `owner`.
+  /// Sets (or with size 0 removes) the pool of `env` (the node's defaults
+  /// filled in; `asked_key`: pool_key of it before) owned by `owner`.
   /// Returns the pool's id (0 when removed), and in `orphans` the ids of
   /// the sandboxes no pool keeps any more (to destroy).
-  uint64_t set(const environment& env, const session_actor& owner, const std::string& owner_id,
-               uint32_t size, std::vector<std::string>& orphans);
+  uint64_t set(const environment& env, const std::string& asked_key, const session_actor& owner,
+               const std::string& owner_id, uint32_t size, std::vector<std::string>& orphans);
   /// Removes every pool owned by `owner`; their sandboxes go to `orphans`.
   void drop_owner(const caf::actor_addr& owner, std::vector<std::string>& orphans);
   /// Removes the pools of sessions (a node that lost its coordinator).

@@ -254,6 +254,61 @@ TEST_CASE("cluster_map: under churn a node whose count since its report is used 
   CHECK(m.pick(other) == b);
 }
 
+TEST_CASE("cluster_map: a create goes where a ready pooled sandbox of its environment is, "
+          "the session's own or the nodes', while the report's count lasts") {
+  cluster_map m{5};
+  auto a = m.add("a", 100, 0, {"base@1"});
+  auto b = m.add("b", 100, 0, {"base@1"});
+  auto c = m.add("c", 100, 0, {"base@1"});
+  auto batch = [](const std::string& session) {
+    auto x = cluster_map::make_batch("base@1", "", {});
+    x.own_pool = session + "\nK";
+    x.node_pool = "node\nK";
+    return x;
+  };
+  // b has 3 ready of session s1's pool: s1's single creates go there, 3 of them.
+  m.pools(b, {{"s1\nK", 3}, {"s1\nOTHER", 5}});
+  for (int i = 0; i < 3; ++i) {
+    auto x = batch("s1");
+    auto id = m.pick(x);
+    CHECK(id == b);
+    m.placed(id, 1, x.refs);
+    m.claimed(id, x, 1);
+  }
+  CHECK(m.pooled_for(*m.find(b), batch("s1")) == 0);
+  // Used up until the next report: spread as ever (not all on b).
+  std::set<uint32_t> got;
+  for (int i = 0; i < 6; ++i) {
+    auto x = batch("s1");
+    auto id = m.pick(x);
+    REQUIRE(id != 0);
+    m.placed(id, 1, x.refs);
+    m.claimed(id, x, 1);
+    got.insert(id);
+  }
+  CHECK(got.size() >= 2);
+  // Another session's pool is not s1's; the nodes' own pool is everyone's.
+  m.pools(b, {{"s2\nK", 4}});
+  m.pools(c, {{"node\nK", 2}});
+  for (int i = 0; i < 2; ++i) {
+    auto x = batch("s1");
+    auto id = m.pick(x);
+    CHECK(id == c);
+    m.placed(id, 1, x.refs);
+    m.claimed(id, x, 1);
+  }
+  auto x = batch("s2");
+  CHECK(m.pick(x) == b);
+  // Another environment's create gets no bonus from them.
+  auto plain = cluster_map::make_batch("base@1", "", {});
+  CHECK(m.pooled_for(*m.find(b), plain) == 0);
+  // A node that goes takes its pools with it.
+  m.remove(b);
+  auto y = batch("s2");
+  CHECK(m.pick(y) != b);
+  (void) a;
+}
+
 TEST_CASE("cluster_map: pieces, spread over every node, locality, full nodes") {
   cluster_map m{42};
   auto a = m.add("a", 100, 0, {"base@1"});
@@ -1682,6 +1737,55 @@ TEST_CASE("cluster status lists the warm pools of every node") {
                         spawn_options{j.out});
   CHECK_MESSAGE(py.out == "2 True\n", py.describe() << j.out);
   REQUIRE(cl.c->pool(env_of(), 0));
+}
+
+TEST_CASE("warm pools in a cluster: a session's single creates go to the node that holds its "
+          "pool's ready sandbox, and claim it") {
+  cluster cl(2);
+  auto so = cl.c->open_session({.quota = 8});
+  REQUIRE_MESSAGE(so, describe(so.error_value()));
+  auto& s = *so;
+  auto took = s->pool(env_of(), 1); // one node of three gets it (the first by name)
+  REQUIRE_MESSAGE(took, describe(took.error_value()));
+  REQUIRE(*took == 1);
+  // The pool's node and its counts, as the coordinator saw them at that
+  // node's last heartbeat (what placement goes by).
+  struct seen {
+    std::string node;
+    uint32_t ready = 0;
+    uint64_t claimed = 0;
+  };
+  auto look = [&] {
+    seen out;
+    for (const auto& m : cl.members())
+      for (const auto& p : m.last.pools)
+        if (p.owner == s->id()) {
+          out.node = m.name;
+          out.ready = p.ready;
+          out.claimed = p.claimed;
+        }
+    return out;
+  };
+  seen at;
+  REQUIRE_MESSAGE(eventually([&] { return (at = look()).ready == 1; }, 60s),
+                  "the pool's sandbox was never reported ready");
+  for (uint64_t round = 1; round <= 5; ++round) {
+    auto ids = s->create(env_of(), 1);
+    REQUIRE_MESSAGE(ids, describe(ids.error_value()));
+    REQUIRE(ids->size() == 1);
+    auto spread = by_node(*s);
+    CHECK_MESSAGE(spread[at.node].size() == 1, "round " << round << ": " << spread_text(spread)
+                                                        << " (the pool is on " << at.node << ")");
+    REQUIRE(s->destroy(ids->front()));
+    // Claimed there, refilled, and reported again before the next create.
+    REQUIRE_MESSAGE(eventually([&] {
+                      auto now = look();
+                      return now.ready == 1 && now.claimed == round;
+                    }, 60s),
+                    "round " << round << ": the pool did not refill (claimed " << look().claimed
+                             << ")");
+  }
+  REQUIRE(s->close());
 }
 
 TEST_CASE("process handles through the coordinator: a command on another node gets stdin, a "
