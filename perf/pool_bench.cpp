@@ -11,9 +11,14 @@
 //                     ready: create-to-ready p50/p99 with the pool refilling
 //                     behind them, and how many were claims (the rest were
 //                     cold creates because the pool had run dry)
+//   peak              (--rate half) first the node's peak rate of cold
+//                     creates in this run (no pool; 32 in flight, each
+//                     destroyed once ready, for --seconds), then the paced
+//                     claims at half of it (the goal: a claim p99
+//                     under 1 ms at half the node's peak rate)
 //
 // Usage: pool_bench --state DIR --base NAME@V [--count N] [--pool N] [--seconds S]
-//                   [--rate R]
+//                   [--rate R|half]
 // The base layer must be in DIR's store (dsec --state DIR layer build --kind
 // base NAME@V ROOTFS) and have /bin/true (busybox is enough).
 #include <caf/actor_system.hpp>
@@ -21,6 +26,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -65,6 +71,7 @@ int main(int argc, char** argv) {
   int count = 200, pool = 8;
   double seconds = 5;
   double paced = 0;
+  bool half = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i], v = argv[i + 1];
     if (k == "--state") state = v;
@@ -72,11 +79,12 @@ int main(int argc, char** argv) {
     else if (k == "--count") count = std::atoi(v.c_str());
     else if (k == "--pool") pool = std::atoi(v.c_str());
     else if (k == "--seconds") seconds = std::atof(v.c_str());
+    else if (k == "--rate" && v == "half") half = true;
     else if (k == "--rate") paced = std::atof(v.c_str());
   }
   if (state.empty() || base.empty() || count <= 0 || pool <= 0) {
     std::fprintf(stderr, "usage: pool_bench --state DIR --base NAME@V [--count N] [--pool N]"
-                         " [--seconds S] [--rate R]\n");
+                         " [--seconds S] [--rate R|half]\n");
     return 2;
   }
   caf::actor_system_config cfg;
@@ -144,6 +152,46 @@ int main(int argc, char** argv) {
       std::exit(1);
     }
   });
+  if (half) {
+    // The node's peak: cold creates (the pool emptied first), 32 in flight,
+    // each destroyed once ready, for `seconds`.
+    (void) (*s)->pool(env, 0);
+    for (auto st = c->stats(); st && st->live + st->pooled > 0; st = c->stats())
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    std::mutex mu;
+    std::condition_variable cv;
+    uint64_t in_flight = 0, ready = 0, failed = 0;
+    auto t0 = clk::now();
+    auto until = t0 + std::chrono::duration<double>(seconds);
+    while (clk::now() < until) {
+      std::unique_lock<std::mutex> lk{mu};
+      cv.wait(lk, [&] { return in_flight < 32; });
+      ++in_flight;
+      lk.unlock();
+      (*s)->create_async(env, 1, [&](expected<std::vector<std::string>> r) {
+        if (r && !r->empty())
+          (*s)->destroy_async(r->front(), [](expected<void>) {});
+        std::lock_guard<std::mutex> g{mu};
+        --in_flight;
+        (r && !r->empty() ? ready : failed)++;
+        cv.notify_all();
+      });
+    }
+    double sec = std::chrono::duration<double>(clk::now() - t0).count();
+    {
+      std::unique_lock<std::mutex> lk{mu};
+      cv.wait(lk, [&] { return in_flight == 0; });
+    }
+    double peak = static_cast<double>(ready) / sec;
+    std::printf("%-34s %llu in %.1f s = %.1f/s (%llu failed)\n", "peak cold creates (32 in flight)",
+                static_cast<unsigned long long>(ready), sec, peak,
+                static_cast<unsigned long long>(failed));
+    paced = peak / 2;
+    if (auto n = (*s)->pool(env, static_cast<uint32_t>(pool)); !n) {
+      std::fprintf(stderr, "pool_bench: pool: %s\n", n.error_value().message.c_str());
+      return 1;
+    }
+  }
   if (paced > 0) {
     // The pool full again, then creates at `paced` per second, each on its own.
     while (pool_ready(*c) < static_cast<uint32_t>(pool))
