@@ -4,6 +4,21 @@
 
 namespace dsec {
 
+namespace {
+
+// Takes node `id` out of index[key], and the key out once nobody holds it.
+void drop_holder(std::unordered_map<std::string, std::vector<uint32_t>>& index,
+                 const std::string& key, uint32_t id) {
+  auto it = index.find(key);
+  if (it == index.end())
+    return;
+  std::erase(it->second, id);
+  if (it->second.empty())
+    index.erase(it);
+}
+
+} // namespace
+
 uint32_t cluster_map::add(std::string name, uint32_t slots, uint32_t live,
                           const std::vector<std::string>& layers, bool fill_last) {
   uint32_t id = next_id_++;
@@ -76,14 +91,8 @@ void cluster_map::pools(uint32_t id, std::unordered_map<std::string, uint32_t> r
 }
 
 void cluster_map::unindex_pools(cluster_node& n) {
-  for (const auto& [k, r] : n.pooled) {
-    auto it = pool_holders_.find(k);
-    if (it == pool_holders_.end())
-      continue;
-    std::erase(it->second, n.id);
-    if (it->second.empty())
-      pool_holders_.erase(it);
-  }
+  for (const auto& [k, r] : n.pooled)
+    drop_holder(pool_holders_, k, n.id);
   n.pooled.clear();
 }
 
@@ -288,14 +297,8 @@ void cluster_map::index_layers(cluster_node& n, const std::vector<std::string>& 
 }
 
 void cluster_map::unindex(cluster_node& n) {
-  for (const auto& r : n.layers) {
-    auto it = holders_.find(r);
-    if (it == holders_.end())
-      continue;
-    std::erase(it->second, n.id);
-    if (it->second.empty())
-      holders_.erase(it);
-  }
+  for (const auto& r : n.layers)
+    drop_holder(holders_, r, n.id);
   n.layers.clear();
   for (const auto& r : n.reported)
     if (auto it = reporters_.find(r); it != reporters_.end() && --it->second == 0)

@@ -140,6 +140,9 @@ public:
   /// `n` sandboxes of batch `b` placed on node `id`: that many fewer of its
   /// ready pooled ones are left for the next pieces (until its next report).
   void claimed(uint32_t id, const batch& b, uint32_t n);
+  /// Whether any node's last report had a ready pooled sandbox (the
+  /// scheduler computes a batch's pool keys only then).
+  [[nodiscard]] bool any_pooled() const { return !pool_holders_.empty(); }
   /// Ready pooled sandboxes node `n` has for batch `b` (by its last report).
   [[nodiscard]] uint32_t pooled_for(const cluster_node& n, const batch& b) const;
 

@@ -876,7 +876,8 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
       job->batch = cluster_map::make_batch(env.base, env.workdir, env.tools, env.backend);
       // Where a ready pooled sandbox is, for what a node would claim one for
       // (actors/node.cpp, claim_pooled): the session's pools, then the nodes'.
-      if (poolable(env) && pl.id.empty() && pl.seed_pack.empty() && pl.seed_manifest.empty()) {
+      if (s.map.any_pooled() && poolable(env) && pl.id.empty() && pl.seed_pack.empty()
+          && pl.seed_manifest.empty()) {
         auto key = pool_key(env);
         job->batch.own_pool = pl.session_id + "\n" + key;
         job->batch.node_pool = "node\n" + key;

@@ -266,24 +266,25 @@ TEST_CASE("cluster_map: a create goes where a ready pooled sandbox of its enviro
     x.node_pool = "node\nK";
     return x;
   };
+  // One create of `session`, placed as the scheduler does: where it went.
+  auto place = [&](const std::string& session) {
+    auto x = batch(session);
+    auto id = m.pick(x);
+    m.placed(id, 1, x.refs);
+    m.claimed(id, x, 1);
+    return id;
+  };
   // b has 3 ready of session s1's pool: s1's single creates go there, 3 of them.
   m.pools(b, {{"s1\nK", 3}, {"s1\nOTHER", 5}});
   for (int i = 0; i < 3; ++i) {
-    auto x = batch("s1");
-    auto id = m.pick(x);
-    CHECK(id == b);
-    m.placed(id, 1, x.refs);
-    m.claimed(id, x, 1);
+    CHECK(place("s1") == b);
   }
   CHECK(m.pooled_for(*m.find(b), batch("s1")) == 0);
   // Used up until the next report: spread as ever (not all on b).
   std::set<uint32_t> got;
   for (int i = 0; i < 6; ++i) {
-    auto x = batch("s1");
-    auto id = m.pick(x);
+    auto id = place("s1");
     REQUIRE(id != 0);
-    m.placed(id, 1, x.refs);
-    m.claimed(id, x, 1);
     got.insert(id);
   }
   CHECK(got.size() >= 2);
@@ -291,11 +292,7 @@ TEST_CASE("cluster_map: a create goes where a ready pooled sandbox of its enviro
   m.pools(b, {{"s2\nK", 4}});
   m.pools(c, {{"node\nK", 2}});
   for (int i = 0; i < 2; ++i) {
-    auto x = batch("s1");
-    auto id = m.pick(x);
-    CHECK(id == c);
-    m.placed(id, 1, x.refs);
-    m.claimed(id, x, 1);
+    CHECK(place("s1") == c);
   }
   auto x = batch("s2");
   CHECK(m.pick(x) == b);

@@ -442,10 +442,7 @@ TEST_CASE("trajectory: a logged session's creates claim from its warm pool; a re
     return n;
   };
   auto until_pooled = [&](uint32_t want) {
-    auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-    while (pooled() != want && std::chrono::steady_clock::now() < give_up)
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    return pooled() == want;
+    return eventually([&] { return pooled() == want; }, std::chrono::seconds(120));
   };
   std::string sid;
   std::vector<std::string> ids;
