@@ -35,8 +35,9 @@ Limits and command (as `run`; see `run --help`):
   -i, --stdin, --env KEY=VALUE, --cwd DIR, --user USER[:GROUP], --timeout DUR
   -h, --help               this text
 
-A pool's sandboxes match a call with the same layers, limits and --net: set
-one with `dsec --connect HOST:PORT pool set` or dsecd --pool.
+A pool's sandboxes match a call of the same environment (layers, limits,
+network and its rules, -v mounts: every option but the TTL): set one with
+`dsec --connect HOST:PORT pool set` or dsecd --pool.
 
 Exit status: CMD's exit_code: its own status, 128+N if a signal N killed it;
 124 on timeout; 126 if CMD cannot be executed, 127 if it is not found; 125 if
