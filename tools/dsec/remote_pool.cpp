@@ -23,8 +23,9 @@ Warm pools: ready sandboxes of one environment, made in the background, that
 no caller has touched. A create (`run`, a trainer's create) or a `call` of an
 equal environment (same layers, limits, network and its rules, -v mounts:
 every option but the TTL) claims one in one message, and the pool refills.
-A create goes to a node that has one ready. Pooled sandboxes take slots of their node, give them up to
-real creates first, and shrink under memory pressure.
+A create goes to a node that has one ready. Pooled sandboxes take slots of
+their node, give them up to real creates first, and shrink under memory
+pressure.
 
   pool set   keeps N ready sandboxes of the environment, spread over the
              daemon's nodes (N / nodes each; the first N % nodes one more);
