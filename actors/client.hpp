@@ -236,14 +236,20 @@ public:
   /// Its id in the sandbox, once it runs (waits for that); the error if it
   /// could not be started (then wait() gives the same).
   expected<uint64_t> id();
-  /// Sends `data` to its stdin (exec_request.open_stdin); returns once the
-  /// daemon took the bytes into the command's bounded buffer (stdin_buffer),
-  /// so a command that does not read makes the writer wait. Larger data goes
-  /// in pieces of max_stdin_chunk. errc::closed once its stdin is closed, the
-  /// command closed it or ended.
+  /// Sends `data` to its stdin (exec_request.open_stdin), in pieces of
+  /// 128 KiB. The first write returns once the daemon took every byte into
+  /// the command's bounded buffer (stdin_buffer); later ones once it took all
+  /// but at most stdin_window bytes of what was written, so a command that
+  /// does not read makes the writer wait, while one that reads gets the next
+  /// pieces without a round trip between them. A piece the daemon refused
+  /// fails that write or a later one, or close_stdin (errc::closed once its
+  /// stdin is closed, the command closed it or ended).
   expected<void> write(std::string_view data);
-  /// Ends its stdin (after what was written).
+  /// Ends its stdin (after what was written), once the daemon took every
+  /// byte written; the first error of a write still in flight otherwise.
   expected<void> close_stdin();
+  /// What write() leaves in flight at most.
+  static constexpr size_t stdin_window = 512u << 10;
   /// Sends signal `sig` to its process group.
   expected<void> signal(int sig);
   /// Sets its terminal's window size (exec_request.tty); its foreground
@@ -259,8 +265,8 @@ public:
   void cancel();
 
   // Asynchronous forms: `done` runs once, on one of CAF's threads. Writes
-  // in flight at once may reach the command in any order: to keep the order,
-  // start the next write in the previous one's `done`.
+  // and the close reach the command in the order they were made, however
+  // many are in flight (one actor sends them, a few at a time).
   void write_async(std::string data, completion<uint64_t> done);
   void close_stdin_async(completion<void> done);
   void signal_async(int sig, completion<void> done);

@@ -10,6 +10,8 @@
 #include <caf/send.hpp>
 
 #include <condition_variable>
+#include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -25,6 +27,30 @@ namespace dsec {
 
 using namespace detail;
 
+// The stdin verbs of one command in the order they were made (issue 20).
+// One actor (the writer) sends them, at most stdin_in_flight at a time: CAF
+// keeps the order of one sender's messages to one receiver, the scheduler (by
+// a route it remembers) and the session hand a sandbox's verbs on in the order
+// they came, and the sandbox queues what finds its buffer full; so several
+// pieces are on their way at once and still reach the command in order. A
+// helper per call, as the other verbs have, would not keep the order.
+using stdin_pump_atom = caf::atom_constant<caf::atom("stdinpump")>;
+constexpr size_t stdin_in_flight = 4;
+
+struct stdin_queue {
+  struct item {
+    std::string data;
+    bool close = false;
+    completion<uint64_t> done;
+  };
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<item> waiting;     // not sent yet
+  std::optional<error> broken;  // a piece failed: what follows fails the same
+  uint64_t unacked = 0;         // bytes write() gave that the daemon did not take yet
+  bool answered = false;        // a write() saw its pieces answered
+};
+
 struct process::state {
   caf::actor_system* sys = nullptr;
   caf::actor owner; // the client's identity
@@ -37,6 +63,13 @@ struct process::state {
   std::optional<expected<uint64_t>> id;     // the command's id, or why it never ran
   std::optional<expected<exec_result>> end; // the first outcome counts
   completion<exec_result> on_end;            // told the end, once
+  std::shared_ptr<stdin_queue> stdin_q;      // with `writer`, once something was written
+  caf::actor writer;
+
+  ~state() {
+    if (writer)
+      caf::anon_send(writer, close_atom::value); // it goes once what is in flight is answered
+  }
 
   void set_id(expected<uint64_t> r) {
     {
@@ -195,48 +228,207 @@ expected<uint64_t> stdin_target(process& p, process::state& st) {
   return eid;
 }
 
-void process::write_async(std::string data, completion<uint64_t> done) {
-  auto st = st_;
-  auto eid = stdin_target(*this, *st);
-  if (!eid)
-    return done(std::move(eid).error_value());
-  st->with_dest([&](auto& dest) {
-    async_call<uint64_t>(*st->sys, st->owner, dest, std::move(done), stdin_atom::value,
-                         st->sandbox, *eid, std::move(data), false);
+namespace {
+
+// The writer's own state: where its pieces go and the completions of those
+// in flight (by sequence number), which hear of a lost destination too.
+template <class Handle>
+struct writer_ctx {
+  std::shared_ptr<stdin_queue> q;
+  Handle dest;
+  caf::actor owner;
+  std::string sandbox;
+  uint64_t exec = 0;
+  uint64_t next = 0;
+  std::map<uint64_t, completion<uint64_t>> flight;
+  bool ending = false; // the handle is gone: quit once nothing is in flight
+};
+
+// Fails what waits and what is in flight with `e`; what comes after fails too.
+template <class Handle>
+void fail_all(writer_ctx<Handle>& c, const error& e) {
+  std::deque<stdin_queue::item> left;
+  {
+    std::lock_guard<std::mutex> g{c.q->mu};
+    if (!c.q->broken)
+      c.q->broken = e;
+    left.swap(c.q->waiting);
+  }
+  c.q->cv.notify_all();
+  auto flight = std::move(c.flight);
+  c.flight.clear();
+  for (auto& [seq, done] : flight)
+    done(e);
+  for (auto& it : left)
+    it.done(e);
+}
+
+// Sends what waits, up to stdin_in_flight pieces on their way.
+template <class Handle>
+void pump(caf::event_based_actor* self, const std::shared_ptr<writer_ctx<Handle>>& c) {
+  while (c->flight.size() < stdin_in_flight) {
+    stdin_queue::item it;
+    {
+      std::lock_guard<std::mutex> g{c->q->mu};
+      if (c->q->waiting.empty())
+        break;
+      it = std::move(c->q->waiting.front());
+      c->q->waiting.pop_front();
+    }
+    auto seq = c->next++;
+    c->flight.emplace(seq, std::move(it.done));
+    auto answer = [c, seq](expected<uint64_t> r) {
+      auto f = c->flight.find(seq);
+      if (f == c->flight.end())
+        return; // failed already (fail_all)
+      auto done = std::move(f->second);
+      c->flight.erase(f);
+      if (!r)
+        fail_all(*c, r.error_value());
+      done(std::move(r));
+    };
+    self->request(c->dest, caf::infinite, stdin_atom::value, c->sandbox, c->exec,
+                  std::move(it.data), it.close)
+      .then(
+        [=](uint64_t n) {
+          answer(n);
+          pump(self, c);
+        },
+        [=](caf::error& e) {
+          answer(from_caf(e));
+          pump(self, c);
+        });
+  }
+  if (c->ending && c->flight.empty()) {
+    unwatch(self, c->dest, c->owner);
+    self->quit();
+  }
+}
+
+template <class Handle>
+caf::actor spawn_writer(caf::actor_system& sys, std::shared_ptr<writer_ctx<Handle>> c) {
+  return sys.spawn([c](caf::event_based_actor* self) -> caf::behavior {
+    watch_lost(self, c->dest, c->owner, [c](error e) { fail_all(*c, e); });
+    return {
+      [=](stdin_pump_atom) { pump(self, c); },
+      [=](close_atom) {
+        c->ending = true;
+        pump(self, c);
+      },
+    };
   });
 }
 
+// The command's stdin queue, its writer started with the first write.
+expected<std::shared_ptr<stdin_queue>> stdin_of(process& p, process::state& st) {
+  auto eid = stdin_target(p, st);
+  if (!eid)
+    return std::move(eid).error_value();
+  std::lock_guard<std::mutex> g{st.mu};
+  if (!st.stdin_q) {
+    st.stdin_q = std::make_shared<stdin_queue>();
+    st.with_dest([&](auto& dest) {
+      using handle = std::decay_t<decltype(dest)>;
+      auto c = std::make_shared<writer_ctx<handle>>();
+      c->q = st.stdin_q;
+      c->dest = dest;
+      c->owner = st.owner;
+      c->sandbox = st.sandbox;
+      c->exec = *eid;
+      st.writer = spawn_writer(*st.sys, std::move(c));
+    });
+  }
+  return st.stdin_q;
+}
+
+// Queues a piece (or the close) behind what was queued before.
+void enqueue(process::state& st, stdin_queue& q, std::string data, bool close,
+             completion<uint64_t> done) {
+  {
+    std::unique_lock<std::mutex> lk{q.mu};
+    if (q.broken) {
+      auto e = *q.broken;
+      lk.unlock();
+      return done(std::move(e));
+    }
+    q.waiting.push_back({std::move(data), close, std::move(done)});
+  }
+  caf::anon_send(st.writer, stdin_pump_atom::value);
+}
+
+} // namespace
+
+void process::write_async(std::string data, completion<uint64_t> done) {
+  auto q = stdin_of(*this, *st_);
+  if (!q)
+    return done(std::move(q).error_value());
+  enqueue(*st_, **q, std::move(data), false, std::move(done));
+}
+
 expected<void> process::write(std::string_view data) {
+  auto q = stdin_of(*this, *st_);
+  if (!q)
+    return std::move(q).error_value();
+  auto& sq = **q;
   // In pieces the daemon takes one at a time: each waits for room there.
   constexpr size_t piece = 128u << 10;
   for (size_t off = 0; off < data.size(); off += piece) {
-    auto r = blocking<uint64_t>(
-      [&](auto& w) { write_async(std::string{data.substr(off, piece)}, w.done()); });
-    if (!r)
-      return std::move(r).error_value();
+    auto part = data.substr(off, piece);
+    {
+      std::lock_guard<std::mutex> g{sq.mu};
+      if (sq.broken)
+        return *sq.broken;
+      sq.unacked += part.size();
+    }
+    enqueue(*st_, sq, std::string{part}, false, [q = *q, n = part.size()](expected<uint64_t> r) {
+      {
+        std::lock_guard<std::mutex> g{q->mu};
+        q->unacked -= n;
+        if (!r && !q->broken)
+          q->broken = r.error_value();
+      }
+      q->cv.notify_all();
+    });
   }
+  std::unique_lock<std::mutex> lk{sq.mu};
+  // The first write waits for every byte (a stdin that is not open fails it
+  // at once); later ones leave up to stdin_window in flight.
+  size_t leave = sq.answered ? stdin_window : 0;
+  sq.cv.wait(lk, [&] { return sq.broken || sq.unacked <= leave; });
+  sq.answered = true;
+  if (sq.broken)
+    return *sq.broken;
   return {};
 }
 
 void process::close_stdin_async(completion<void> done) {
-  auto st = st_;
-  auto eid = stdin_target(*this, *st);
-  if (!eid)
-    return done(std::move(eid).error_value());
-  st->with_dest([&](auto& dest) {
-    async_call<uint64_t>(
-      *st->sys, st->owner, dest,
-      [done = std::move(done)](expected<uint64_t> r) {
-        if (!r)
-          return done(std::move(r).error_value());
-        done(expected<void>{});
-      },
-      stdin_atom::value, st->sandbox, *eid, std::string{}, true);
+  auto q = stdin_of(*this, *st_);
+  if (!q)
+    return done(std::move(q).error_value());
+  enqueue(*st_, **q, std::string{}, true, [done = std::move(done)](expected<uint64_t> r) {
+    if (!r)
+      return done(std::move(r).error_value());
+    done(expected<void>{});
   });
 }
 
 expected<void> process::close_stdin() {
-  return blocking<void>([&](auto& w) { close_stdin_async(w.done()); });
+  auto r = blocking<void>([&](auto& w) { close_stdin_async(w.done()); });
+  if (!r)
+    return r;
+  // The close was answered after every piece before it (one sender, in
+  // order); one of them may still have failed.
+  std::shared_ptr<stdin_queue> q;
+  {
+    std::lock_guard<std::mutex> g{st_->mu};
+    q = st_->stdin_q;
+  }
+  if (q) {
+    std::lock_guard<std::mutex> g{q->mu};
+    if (q->broken)
+      return *q->broken;
+  }
+  return r;
 }
 
 void process::signal_async(int sig, completion<void> done) {

@@ -804,9 +804,15 @@ void pump_stdin(self_ptr self, uint64_t eid) {
       break;
     auto w = std::move(in.waiters.front());
     in.waiters.pop_front();
-    in.buf += w.data;
+    auto n = static_cast<uint64_t>(w.data.size());
+    if (in.pending() == 0) {
+      in.buf = std::move(w.data);
+      in.off = 0;
+    } else {
+      in.buf += w.data;
+    }
     in.close_after = w.close;
-    w.rp.deliver(static_cast<uint64_t>(w.data.size()));
+    w.rp.deliver(n);
   }
   if (in.pending() == 0 && in.close_after && in.pty && !in.eof_sent) {
     // A terminal is not closed: its end-of-file character is typed, which
@@ -865,7 +871,12 @@ caf::result<uint64_t> feed_stdin(self_ptr self, uint64_t eid, std::string& data,
                                              + " in sandbox " + s.cfg.id + " is being closed"));
   if (in.waiters.empty() && in.pending() < stdin_buffer) {
     auto n = static_cast<uint64_t>(data.size());
-    in.buf += data;
+    if (in.pending() == 0) { // (the message's bytes become the buffer: no copy)
+      in.buf = std::move(data);
+      in.off = 0;
+    } else {
+      in.buf += data;
+    }
     in.close_after = close;
     pump_stdin(self, eid);
     return n;

@@ -162,6 +162,22 @@ struct scheduler_state {
   std::vector<std::weak_ptr<place_job>> placing;
   std::shared_ptr<cluster_view> view; // a coordinator's, in the process's /metrics
 
+  // ---- by_id's routes ----
+  /// Where by_id found a sandbox: its actor, and its session's id (empty:
+  /// the request goes straight to the sandbox). A sandbox is looked up once
+  /// and then served from here until its actor goes (a monitor): a
+  /// command's stdin pieces go on in the order they came, with no lookup
+  /// each (issue 20).
+  struct route {
+    sandbox_actor sb;
+    std::string session;
+  };
+  using route_fn = std::function<void(const route*, const caf::error&)>;
+  std::unordered_map<std::string, route> routes;
+  std::map<caf::actor_addr, std::string> route_ids; // the monitored sandboxes
+  /// Calls for an id being looked up, in the order they came.
+  std::unordered_map<std::string, std::vector<route_fn>> resolving;
+
   ~scheduler_state() {
     if (view)
       metrics::process_registry().remove_collector(view->handle);
@@ -277,6 +293,16 @@ void lose(self_ptr self, uint32_t id, const std::string& why) {
   s.by_addr.erase(m.node.address());
   s.map.remove(id);
   self->demonitor(m.node.address());
+  // Its sandboxes are looked up again (a hung node's would not answer).
+  for (auto r = s.route_ids.begin(); r != s.route_ids.end();) {
+    if (r->first.node() != m.node.node()) {
+      ++r;
+      continue;
+    }
+    self->demonitor(r->first);
+    s.routes.erase(r->second);
+    r = s.route_ids.erase(r);
+  }
   if (s.view)
     s.view->of(m.name).up = false;
   std::printf("dsecd: node %s lost: %s\n", m.name.c_str(), why.c_str());
@@ -530,8 +556,66 @@ std::string new_session_id() {
   return s;
 }
 
+// Calls `k` with where sandbox `id` is (scheduler_state::routes): at once
+// when known, else once found, after the calls for it that came first.
+// A sandbox whose list call fails is not remembered (it goes straight to the
+// sandbox this once, which answers or is gone).
+void with_route(self_ptr self, const std::string& id, scheduler_state::route_fn k) {
+  using route = scheduler_state::route;
+  auto& s = self->state;
+  if (auto r = s.routes.find(id); r != s.routes.end())
+    return k(&r->second, caf::error{});
+  auto [w, fresh] = s.resolving.try_emplace(id);
+  w->second.push_back(std::move(k));
+  if (!fresh)
+    return;
+  auto finish = [self, id](const route* r, const caf::error& e) {
+    auto& s = self->state;
+    auto it = s.resolving.find(id);
+    if (it == s.resolving.end())
+      return;
+    auto waiting = std::move(it->second);
+    s.resolving.erase(it);
+    for (auto& f : waiting)
+      f(r, e);
+  };
+  find_box(
+    self, id,
+    [=](sandbox_actor& sb) {
+      self->request(sb, std::chrono::seconds(30), list_atom::value, self->state.cfg.key)
+        .then(
+          [=](sandbox_info& info) {
+            auto& s = self->state;
+            auto addr = sb.address();
+            if (s.route_ids.emplace(addr, id).second)
+              self->monitor(sb);
+            auto& r = s.routes[id] = route{sb, info.session};
+            auto copy = r; // (a call may end the sandbox)
+            finish(&copy, caf::error{});
+          },
+          [=](caf::error&) {
+            route r{sb, {}};
+            finish(&r, caf::error{});
+          });
+    },
+    [=](caf::error e) { finish(nullptr, e); });
+}
+
+// A monitored sandbox went: its route is forgotten. False for another actor.
+bool forget_route(scheduler_state& s, const caf::actor_addr& addr) {
+  auto it = s.route_ids.find(addr);
+  if (it == s.route_ids.end())
+    return false;
+  if (auto r = s.routes.find(it->second); r != s.routes.end() && r->second.sb.address() == addr)
+    s.routes.erase(r);
+  s.route_ids.erase(it);
+  return true;
+}
+
 // Finds a sandbox and hands the request to it: through its session if that
-// was resumed (it may not have been rebuilt yet), else on the node.
+// was resumed (it may not have been rebuilt yet), else through its session if
+// that is here (one with a trajectory log records what its sandboxes do; one
+// without hands the request straight on), else to the sandbox on its node.
 template <class Result, class Atom, class... Ts>
 caf::result<Result> by_id(self_ptr self, const std::string& id, Atom atom, Ts... xs) {
   auto rp = self->template make_response_promise<Result>();
@@ -542,24 +626,19 @@ caf::result<Result> by_id(self_ptr self, const std::string& id, Atom atom, Ts...
       return rp;
     }
   }
-  find_box(
-    self, id,
-      [=](sandbox_actor& sb) mutable {
-        // Through its session: one with a trajectory log records what its
-        // sandboxes do (a session without one hands the request straight on).
-        auto key = self->state.cfg.key;
-        self->request(sb, std::chrono::seconds(30), list_atom::value, key)
-          .then(
-            [=](sandbox_info& info) mutable {
-              auto& s = self->state;
-              if (auto sess = s.sessions.find(info.session); sess != s.sessions.end())
-                rp.delegate(sess->second, atom, id, xs...);
-              else
-                rp.delegate(sb, atom, key, xs...);
-            },
-            [=](caf::error&) mutable { rp.delegate(sb, atom, key, xs...); });
-      },
-      [=](caf::error e) mutable { rp.deliver(e); });
+  with_route(self, id, [=](const scheduler_state::route* r, const caf::error& e) mutable {
+    if (!r) {
+      rp.deliver(e);
+      return;
+    }
+    auto& s = self->state;
+    if (!r->session.empty())
+      if (auto sess = s.sessions.find(r->session); sess != s.sessions.end()) {
+        rp.delegate(sess->second, atom, id, xs...);
+        return;
+      }
+    rp.delegate(r->sb, atom, s.cfg.key, xs...);
+  });
   return rp;
 }
 
@@ -717,6 +796,8 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
     self->send(self, timeout_atom::value, process_key());
     self->set_down_handler([=](caf::down_msg& dm) {
       auto& s = self->state;
+      if (forget_route(s, dm.source))
+        return;
       auto it = s.by_addr.find(dm.source);
       if (it == s.by_addr.end()
           || !really_down(s.members.at(it->second).node, "a down message of a cluster's node"))
@@ -745,6 +826,8 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
         why = "its connection dropped (the process died, or the network failed)";
       lose(self, it->second, why);
     });
+  } else {
+    self->set_down_handler([=](caf::down_msg& dm) { (void) forget_route(self->state, dm.source); });
   }
   return {
     [=](ttl_atom, const internal_key& k) {
