@@ -514,6 +514,22 @@ typename Inspector::result_type inspect(Inspector& f, pool_info& x) {
            x.warming, x.claimed, x.refills, x.evicted, x.key);
 }
 
+/// One egress sandbox's traffic through its node since it was attached
+/// (node_stats.egress_by_sandbox; runtime/egress.hpp sandbox_traffic).
+struct egress_traffic {
+  std::string sandbox;
+  uint64_t sent_bytes = 0;     ///< what it sent out, allowed
+  uint64_t received_bytes = 0; ///< what came back to it
+  uint64_t connections = 0;    ///< connections its policy let it open
+  uint64_t denied = 0;         ///< packets denied (connection attempts and their retries)
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, egress_traffic& x) {
+  return f(caf::meta::type_name("dsec.egress_traffic"), x.sandbox, x.sent_bytes,
+           x.received_bytes, x.connections, x.denied);
+}
+
 struct node_stats {
   std::string node;          ///< its name (host:port or "embedded")
   uint32_t slots = 0;        ///< admission limit (after oversubscription)
@@ -575,6 +591,8 @@ struct node_stats {
   uint32_t egress_sandboxes = 0;
   uint64_t egress_allowed = 0;
   uint64_t egress_denied = 0;
+  /// Each egress sandbox's own counters (the sandboxes attached now).
+  std::vector<egress_traffic> egress_by_sandbox;
   /// Port exposure: ports forwarded now, and the connections forwarded and
   /// refused (the per-port limit, or nothing listening inside) since start.
   uint32_t exposed_ports = 0;
@@ -595,7 +613,7 @@ typename Inspector::result_type inspect(Inspector& f, node_stats& x) {
            x.default_memory, x.default_pids, x.default_disk, x.cgroups_reused,
            x.cgroups_made, x.backends, x.memory_capacity, x.memory_admitted, x.cordoned,
            x.pools, x.pooled, x.memory_pressure,
-           x.egress_sandboxes, x.egress_allowed, x.egress_denied,
+           x.egress_sandboxes, x.egress_allowed, x.egress_denied, x.egress_by_sandbox,
            /* snapshots */ x.paused,
            /* port exposure */ x.exposed_ports, x.exposed_connections, x.exposed_refused);
 }

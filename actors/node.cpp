@@ -800,6 +800,10 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
           ns.egress_sandboxes = static_cast<uint32_t>(net->attached());
           ns.egress_allowed = c.allowed;
           ns.egress_denied = c.denied;
+          for (auto& t : net->traffic())
+            ns.egress_by_sandbox.push_back({t.sandbox.empty() ? t.ifname : t.sandbox,
+                                            t.sent_bytes, t.received_bytes, t.connections,
+                                            t.denied_packets});
         }
         if (auto* fw = s.cfg.eng->ports()) {
           auto c = fw->stats();

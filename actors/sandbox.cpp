@@ -1,5 +1,6 @@
 #include "actors/sandbox.hpp"
 
+#include "runtime/chronus.hpp"
 #include "runtime/egress.hpp"
 #include "runtime/port_forward.hpp"
 
@@ -1674,6 +1675,21 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
           if (!link)
             return fail_creation(self, link.error_value());
           s.egress = std::move(*link);
+          // What it is denied goes to its session as events (on the
+          // network's poll thread: straight to the session's mailbox).
+          s.egress->watch(s.cfg.id, [route = s.route, key = s.cfg.key,
+                                     id = s.cfg.id](const denied_attempt& a) {
+            auto session = route->get();
+            if (!session)
+              return;
+            timespec ts{};
+            ::clock_gettime(CLOCK_MONOTONIC, &ts);
+            auto ns = static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000u
+                      + static_cast<uint64_t>(ts.tv_nsec);
+            auto what = a.protocol + " " + ipv4_to_string(a.address) + ":" + std::to_string(a.port);
+            caf::anon_send(session, chronus_atom::value, key,
+                           chronus_event_msg{encode_denied_event(id, ns, what), false, {}});
+          });
         }
         for (auto port : s.cfg.env.expose)
           if (auto r = expose_port(self, port); !r)

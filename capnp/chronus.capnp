@@ -126,5 +126,11 @@ struct Event {
     # Never from a sandbox: the coordinator's word that the node running the
     # sandbox was lost (it died or stopped answering), with why. The sandbox and
     # its files are gone; no event of it follows. seq is 0.
+    denied @8 :Text;
+    # Never from a sandbox: its node's word that the sandbox (an egress one)
+    # tried to reach a destination its policy denies, as "PROTO ADDR:PORT"
+    # (PROTO tcp or udp), e.g. "tcp 198.18.0.3:80". Once per destination while
+    # the node remembers it (60 s), within about a second of the attempt.
+    # seq is 0.
   }
 }

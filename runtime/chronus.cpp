@@ -301,6 +301,7 @@ std::string encode_request(const chronus_token& token, const chronus_request& r)
         break;
       }
       case chronus_kind::lost:
+      case chronus_kind::denied:
         break; // not a request (check_request refuses it)
     }
   });
@@ -391,16 +392,32 @@ std::string encode_event(std::string_view sandbox_id, uint64_t seq, uint64_t mon
       case chronus_kind::lost:
         set_text(b.initLost(static_cast<unsigned>(r.text.size())), r.text);
         break;
+      case chronus_kind::denied:
+        set_text(b.initDenied(static_cast<unsigned>(r.text.size())), r.text);
+        break;
     }
   });
 }
 
+namespace {
+// An Event of the daemon's own (seq 0): lost, denied.
+std::string node_event(chronus_kind kind, std::string_view sandbox_id, uint64_t monotonic_ns,
+                       std::string_view text) {
+  chronus_request r;
+  r.kind = kind;
+  r.text = std::string{text.substr(0, chronus_max_log)};
+  return encode_event(sandbox_id, 0, monotonic_ns, r);
+}
+} // namespace
+
 std::string encode_lost_event(std::string_view sandbox_id, uint64_t monotonic_ns,
                               std::string_view why) {
-  chronus_request r;
-  r.kind = chronus_kind::lost;
-  r.text = std::string{why.substr(0, chronus_max_log)};
-  return encode_event(sandbox_id, 0, monotonic_ns, r);
+  return node_event(chronus_kind::lost, sandbox_id, monotonic_ns, why);
+}
+
+std::string encode_denied_event(std::string_view sandbox_id, uint64_t monotonic_ns,
+                                std::string_view what) {
+  return node_event(chronus_kind::denied, sandbox_id, monotonic_ns, what);
 }
 
 expected<chronus_event> decode_event(std::span<const std::byte> bytes) {
@@ -438,6 +455,10 @@ expected<chronus_event> decode_event(std::span<const std::byte> bytes) {
         out.kind = chronus_kind::lost;
         out.text = copy_text(root.getLost());
         break;
+      case wire::Event::DENIED:
+        out.kind = chronus_kind::denied;
+        out.text = copy_text(root.getDenied());
+        break;
       default:
         return make_error(errc::malformed,
                           "event has an unknown kind (union tag " +
@@ -447,7 +468,7 @@ expected<chronus_event> decode_event(std::span<const std::byte> bytes) {
     return malformed_by(e, "event");
   }
   DSEC_TRY_VOID(check_printable(out.sandbox_id, "event's sandbox id", chronus_max_sandbox_id));
-  if (out.seq == 0 && out.kind != chronus_kind::lost)
+  if (out.seq == 0 && out.kind != chronus_kind::lost && out.kind != chronus_kind::denied)
     return invalid("event of sandbox " + out.sandbox_id + " has seq 0 (they start at 1)");
   DSEC_TRY_VOID(check_body(out.kind, out.text, out.metrics, out.payload));
   return out;

@@ -93,9 +93,10 @@ enum class chronus_kind : uint8_t {
   log,      ///< text: the log line
   feedback, ///< payload (and, in a Request, timeout_ms): a feedback request
   lost,     ///< text: why; an Event only, made by the coordinator (docs/cluster.md)
+  denied,   ///< text: "PROTO ADDR:PORT"; an Event only, made by the node (docs/network.md)
 };
 
-/// "stage", "report", "log", "feedback", "lost".
+/// "stage", "report", "log", "feedback", "lost", "denied".
 const char* to_string(chronus_kind kind) noexcept;
 
 struct chronus_metric {
@@ -213,8 +214,13 @@ std::string encode_event(std::string_view sandbox_id, uint64_t seq, uint64_t mon
 std::string encode_lost_event(std::string_view sandbox_id, uint64_t monotonic_ns,
                               std::string_view why);
 
+/// The Event saying that an egress sandbox was denied a destination (seq 0):
+/// its node's, never a sandbox's. `what` is "PROTO ADDR:PORT".
+std::string encode_denied_event(std::string_view sandbox_id, uint64_t monotonic_ns,
+                                std::string_view what);
+
 /// Decodes Event bytes with the same framing checks as a Request and the same
-/// field limits, plus: a non-empty printable sandbox id, seq >= 1 (0 for lost), and a feedback
+/// field limits, plus: a non-empty printable sandbox id, seq >= 1 (0 for lost and denied), and a feedback
 /// request's id equal to seq. Zero-copy: Cap'n Proto reads the bytes in place
 /// (capnp::FlatArrayMessageReader over them) when they are 8-byte aligned, which a
 /// std::string's or a vector's heap buffer is; otherwise they are copied once into

@@ -352,6 +352,29 @@ TEST_CASE("events carry a request with its sandbox, seq and time") {
   CHECK(e->text == "go");
 }
 
+TEST_CASE("the node's own events, lost and denied, have seq 0 and are no request") {
+  auto lost = decode_event(as_bytes(encode_lost_event("sb1", 7, "its node died")));
+  REQUIRE_MESSAGE(lost, lost.error_value().to_string());
+  CHECK(lost->kind == chronus_kind::lost);
+  CHECK(lost->seq == 0);
+  CHECK(lost->text == "its node died");
+  auto denied = decode_event(as_bytes(encode_denied_event("sb2", 8, "tcp 198.18.0.3:80")));
+  REQUIRE_MESSAGE(denied, denied.error_value().to_string());
+  CHECK(denied->kind == chronus_kind::denied);
+  CHECK(denied->sandbox_id == "sb2");
+  CHECK(denied->seq == 0);
+  CHECK(denied->monotonic_ns == 8);
+  CHECK(denied->text == "tcp 198.18.0.3:80");
+  CHECK(std::string{to_string(chronus_kind::denied)} == "denied");
+  CHECK(event_to_json(*denied)
+        == R"({"sandbox":"sb2","seq":0,"monotonic_ns":8,"kind":"denied",)"
+           R"("destination":"tcp 198.18.0.3:80"})");
+  chronus_request r;
+  r.kind = chronus_kind::denied;
+  r.text = "tcp 1.2.3.4:80";
+  CHECK(message_of(check_request(r)).find("not a request") != std::string::npos);
+}
+
 TEST_CASE("decode_event refuses events that break the contract") {
   CHECK(message_of(decode_event(as_bytes(encode_event("sb", 0, 1, stage("x")))))
             .find("seq 0") != std::string::npos);

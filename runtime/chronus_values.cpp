@@ -98,6 +98,7 @@ expected<void> check_body(chronus_kind kind, const std::string& text,
     case chronus_kind::feedback:
       return check_bytes(payload, "feedback payload", chronus_max_payload);
     case chronus_kind::lost: return check_text(text, "lost reason", chronus_max_log);
+    case chronus_kind::denied: return check_printable(text, "denied destination", chronus_max_log);
   }
   return invalid("unknown request kind");
 }
@@ -113,6 +114,7 @@ const char* to_string(chronus_kind kind) noexcept {
     case chronus_kind::log: return "log";
     case chronus_kind::feedback: return "feedback";
     case chronus_kind::lost: return "lost";
+    case chronus_kind::denied: return "denied";
   }
   return "unknown";
 }
@@ -120,6 +122,8 @@ const char* to_string(chronus_kind kind) noexcept {
 expected<void> check_request(const chronus_request& r) {
   if (r.kind == chronus_kind::lost)
     return invalid("'lost' is an event of the coordinator, not a request");
+  if (r.kind == chronus_kind::denied)
+    return invalid("'denied' is an event of the node, not a request");
   return check_body(r.kind, r.text, r.metrics, r.payload);
 }
 
@@ -167,6 +171,10 @@ std::string event_to_json(const chronus_event& e) {
       break;
     case chronus_kind::lost:
       out += ",\"why\":";
+      json_string(out, e.text);
+      break;
+    case chronus_kind::denied:
+      out += ",\"destination\":";
       json_string(out, e.text);
       break;
   }

@@ -7,11 +7,15 @@
 
 #include <nftables/libnftables.h>
 
+#include <nlohmann/json.hpp>
+
 #include <cctype>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <algorithm>
+#include <chrono>
+#include <functional>
 #include <fstream>
 #include <sstream>
 
@@ -257,28 +261,50 @@ expected<std::unique_ptr<egress_network>> egress_network::start(const egress_opt
     "  set special { type ipv4_addr; flags interval; auto-merge; elements = { " + special + " } }\n"
     "  counter allowed { }\n"
     "  counter denied { }\n"
+    // Per sandbox (by its veth), each element with its counter: what it sent
+    // and received through the node, the connections its policy let it
+    // open, the packets it denied; and what it tried to reach and was
+    // denied (for its session's events, egress_network::poll).
+    "  set sb_tx { type ifname; counter; }\n"
+    "  set sb_rx { type ifname; counter; }\n"
+    "  set sb_new { type ifname; counter; }\n"
+    "  set sb_denied { type ifname; counter; }\n"
+    "  set denied_to { type ifname . ipv4_addr . inet_proto . inet_service;"
+    " flags dynamic,timeout; timeout " + std::to_string(denied_memory_s) + "s; size 65536; }\n"
     "  chain sb_out {\n"
+    "    ct state established,related iifname @sb_tx accept\n"
     "    ct state established,related accept\n"
     "    ct state invalid drop\n"
-    "    meta nfproto ipv6 counter name denied drop\n"
-    "    iifname . ip saddr != @addrs counter name denied drop\n"
-    "    oifname != \"" + up + "\" counter name denied drop\n"
-    "    meta l4proto != { tcp, udp } counter name denied drop\n"
-    "    iifname . ip daddr . th dport @deny counter name denied drop\n"
-    "    iifname . ip daddr . th dport @allow_special counter name allowed accept\n"
-    "    ip daddr @special counter name denied drop\n"
-    "    iifname . ip daddr . th dport @allow counter name allowed accept\n"
-    "    iifname . ip daddr @dns_allow counter name allowed accept\n"
+    "    meta nfproto ipv6 goto sb_deny\n"
+    "    iifname . ip saddr != @addrs goto sb_deny\n"
+    "    oifname != \"" + up + "\" goto sb_deny\n"
+    "    meta l4proto != { tcp, udp } goto sb_deny\n"
+    "    iifname . ip daddr . th dport @deny goto sb_deny\n"
+    "    iifname . ip daddr . th dport @allow_special goto sb_allow\n"
+    "    ip daddr @special goto sb_deny\n"
+    "    iifname . ip daddr . th dport @allow goto sb_allow\n"
+    "    iifname . ip daddr @dns_allow goto sb_allow\n"
+    "    goto sb_deny\n"
+    "  }\n"
+    "  chain sb_allow {\n"
+    "    iifname @sb_new\n"
+    "    iifname @sb_tx\n"
+    "    counter name allowed accept\n"
+    "  }\n"
+    "  chain sb_deny {\n"
+    "    iifname @sb_denied\n"
+    "    meta l4proto { tcp, udp } add @denied_to { iifname . ip daddr . meta l4proto . th dport }\n"
     "    counter name denied drop\n"
     "  }\n"
     "  chain sb_in {\n"
     "    ct state established,related accept\n"
     "    ip daddr " + ipv4_to_string(n->resolver()) + " meta l4proto { tcp, udp } th dport 53 accept\n"
-    "    counter name denied drop\n"
+    "    goto sb_deny\n"
     "  }\n"
     "  chain forward {\n"
     "    type filter hook forward priority filter - 5; policy accept;\n"
     "    iifname " + match + " jump sb_out\n"
+    "    oifname " + match + " ct state established,related oifname @sb_rx accept\n"
     "    oifname " + match + " ct state established,related accept\n"
     "    oifname " + match + " drop\n"
     "  }\n"
@@ -308,10 +334,25 @@ expected<std::unique_ptr<egress_network>> egress_network::start(const egress_opt
   n->uplink_forwarding_ = read_sysctl(forwarding_path(up));
   if (auto r = write_sysctl(forwarding_path(up), "1"); !r)
     return std::move(r).error_value().in_step("uplink_forwarding");
+  n->json_ = new_nft();
+  if (!n->json_)
+    return make_error(errc::system_error, "nft_ctx_new failed");
+  nft_ctx_output_set_flags(n->json_, NFT_CTX_OUTPUT_JSON);
+  n->poller_ = std::thread([self = n.get()] { self->poll_loop(); });
   return n;
 }
 
 egress_network::~egress_network() {
+  if (poller_.joinable()) {
+    {
+      std::lock_guard<std::mutex> g{mu_};
+      stopping_ = true;
+    }
+    poll_cv_.notify_all();
+    poller_.join();
+  }
+  if (json_)
+    nft_ctx_free(json_);
   dns_.reset(); // its thread takes mu_
   std::lock_guard<std::mutex> g{mu_};
   if (nft_) {
@@ -540,7 +581,8 @@ expected<std::unique_ptr<egress_link>> egress_network::attach(pid_t pid, int pid
     if (auto r = in->add_default_route(*idx, l->gateway()); !r)
       return fail(r.error_value());
   }
-  if (auto r = nft(with_verb("add", table_, elems)); !r)
+  auto counting = counting_elements(l->ifname_);
+  if (auto r = nft(with_verb("add", table_, elems + counting)); !r)
     return fail(r.error_value());
   l->elements_ = std::move(elems);
   l->allow_ = allow;
@@ -550,6 +592,7 @@ expected<std::unique_ptr<egress_link>> egress_network::attach(pid_t pid, int pid
   l->deny_exact_ = std::move(pol.deny_exact);
   l->deny_suffix_ = std::move(pol.deny_suffix);
   by_addr_[l->addr_] = l.get();
+  by_ifname_[l->ifname_] = l.get();
   l->net_ = this;
   slots_[slot].used = true;
   slots_[slot].last_ifname = l->ifname_;
@@ -569,9 +612,10 @@ void egress_network::forget_admitted(egress_link& l) {
 
 void egress_network::release(egress_link& l) {
   std::lock_guard<std::mutex> g{mu_};
-  (void) nft(with_verb("delete", table_, l.elements_));
+  (void) nft(with_verb("delete", table_, l.elements_ + counting_elements(l.ifname_)));
   forget_admitted(l);
   by_addr_.erase(l.addr_);
+  by_ifname_.erase(l.ifname_);
   slots_[l.slot_].used = false;
   --attached_;
 }
@@ -621,6 +665,136 @@ expected<void> egress_link::set_policy(const std::vector<std::string>& allow,
   deny_exact_ = std::move(pol.deny_exact);
   deny_suffix_ = std::move(pol.deny_suffix);
   return {};
+}
+
+std::string egress_network::counting_elements(const std::string& ifname) {
+  std::string out;
+  for (const char* set : {"sb_tx", "sb_rx", "sb_new", "sb_denied"})
+    out += std::string{set} + " { \"" + ifname + "\" }\n";
+  return out;
+}
+
+namespace {
+
+// The elements of set `name` as libnftables' JSON lists them ("elem"), or
+// an empty array (a table being made or gone, a failed listing).
+nlohmann::json set_elements(nft_ctx* c, const std::string& table, const std::string& name) {
+  if (!run_nft(c, "list set inet " + table + " " + name))
+    return nlohmann::json::array();
+  auto doc = nlohmann::json::parse(nft_ctx_get_output_buffer(c), nullptr, false);
+  if (doc.is_discarded() || !doc.contains("nftables"))
+    return nlohmann::json::array();
+  for (const auto& item : doc["nftables"])
+    if (item.contains("set") && item["set"].contains("elem"))
+      return item["set"]["elem"];
+  return nlohmann::json::array();
+}
+
+// An element's counter (packets, bytes) keyed by its ifname.
+void counters_of(const nlohmann::json& elems,
+                 const std::function<void(const std::string&, uint64_t, uint64_t)>& f) {
+  for (const auto& e : elems) {
+    if (!e.contains("elem"))
+      continue;
+    const auto& el = e["elem"];
+    if (!el.contains("val") || !el["val"].is_string() || !el.contains("counter"))
+      continue;
+    const auto& c = el["counter"];
+    f(el["val"].get<std::string>(), c.value("packets", uint64_t{0}),
+      c.value("bytes", uint64_t{0}));
+  }
+}
+
+} // namespace
+
+std::vector<sandbox_traffic> egress_network::traffic() {
+  std::lock_guard<std::mutex> g{mu_};
+  std::map<std::string, sandbox_traffic> by;
+  for (const auto& [name, l] : by_ifname_) {
+    auto& t = by[name];
+    t.ifname = name;
+    t.sandbox = l->owner_;
+  }
+  auto take = [&](const char* set, auto&& f) {
+    counters_of(set_elements(json_, table_, set),
+                [&](const std::string& ifname, uint64_t packets, uint64_t bytes) {
+                  if (auto it = by.find(ifname); it != by.end())
+                    f(it->second, packets, bytes);
+                });
+  };
+  take("sb_tx", [](sandbox_traffic& t, uint64_t p, uint64_t b) {
+    t.sent_packets = p;
+    t.sent_bytes = b;
+  });
+  take("sb_rx", [](sandbox_traffic& t, uint64_t p, uint64_t b) {
+    t.received_packets = p;
+    t.received_bytes = b;
+  });
+  take("sb_new", [](sandbox_traffic& t, uint64_t p, uint64_t) { t.connections = p; });
+  take("sb_denied", [](sandbox_traffic& t, uint64_t p, uint64_t b) {
+    t.denied_packets = p;
+    t.denied_bytes = b;
+  });
+  std::vector<sandbox_traffic> out;
+  out.reserve(by.size());
+  for (auto& [name, t] : by)
+    out.push_back(std::move(t));
+  return out;
+}
+
+void egress_network::poll_loop() {
+  std::unique_lock<std::mutex> lk{mu_};
+  while (!stopping_) {
+    poll_cv_.wait_for(lk, std::chrono::milliseconds(poll_interval_ms));
+    if (stopping_)
+      break;
+    if (attached_ > 0)
+      poll_denied();
+  }
+}
+
+// With mu_ held: the denied destinations not reported yet (each is
+// reported once while the set remembers it), to their links' watchers.
+void egress_network::poll_denied() {
+  auto now = std::chrono::steady_clock::now();
+  for (auto it = reported_.begin(); it != reported_.end();)
+    it = it->second <= now ? reported_.erase(it) : std::next(it);
+  for (const auto& e : set_elements(json_, table_, "denied_to")) {
+    // {"elem": {"val": {"concat": [ifname, addr, proto, port]}, "expires": ...}}
+    // or, without an expiry shown, {"concat": [...]} itself.
+    const nlohmann::json* v = &e;
+    if (v->contains("elem"))
+      v = &(*v)["elem"];
+    if (v->contains("val"))
+      v = &(*v)["val"];
+    if (!v->contains("concat") || !(*v)["concat"].is_array() || (*v)["concat"].size() != 4)
+      continue;
+    const auto& c = (*v)["concat"];
+    if (!c[0].is_string() || !c[1].is_string())
+      continue;
+    auto link = by_ifname_.find(c[0].get<std::string>());
+    if (link == by_ifname_.end() || !link->second->on_denied_)
+      continue;
+    auto addr = parse_ipv4_net(c[1].get<std::string>());
+    if (!addr || addr->prefix != 32)
+      continue;
+    denied_attempt a;
+    a.address = addr->addr;
+    a.protocol = c[2].is_string() ? c[2].get<std::string>()
+                                  : std::to_string(c[2].is_number() ? c[2].get<int>() : 0);
+    a.port = c[3].is_number() ? static_cast<uint16_t>(c[3].get<int>()) : 0;
+    auto key = c[0].get<std::string>() + " " + a.protocol + " " + c[1].get<std::string>() + ":"
+               + std::to_string(a.port);
+    if (!reported_.emplace(key, now + std::chrono::seconds(denied_memory_s)).second)
+      continue;
+    link->second->on_denied_(a);
+  }
+}
+
+void egress_link::watch(std::string sandbox, std::function<void(const denied_attempt&)> on_denied) {
+  std::lock_guard<std::mutex> g{net_->mu_};
+  owner_ = std::move(sandbox);
+  on_denied_ = std::move(on_denied);
 }
 
 egress_link::~egress_link() {

@@ -31,11 +31,15 @@
 
 #include <sys/types.h>
 
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "runtime/error.hpp"
@@ -67,6 +71,27 @@ std::string egress_tag(const std::string& state_dir);
 
 class egress_network;
 
+/// What one egress sandbox moved through its node (its veth's elements in
+/// the table's counting sets): packets and bytes it sent and received,
+/// connections its policy let it open (their first packets), and packets it
+/// sent that were denied (each a connection attempt, or its retry).
+struct sandbox_traffic {
+  std::string sandbox; ///< egress_link::watch's id (empty if none)
+  std::string ifname;
+  uint64_t sent_packets = 0, sent_bytes = 0;
+  uint64_t received_packets = 0, received_bytes = 0;
+  uint64_t connections = 0;
+  uint64_t denied_packets = 0, denied_bytes = 0;
+};
+
+/// A destination a sandbox tried to reach and was denied: TCP or UDP (or
+/// the protocol's number), the address, the port.
+struct denied_attempt {
+  std::string protocol;
+  uint32_t address = 0;
+  uint16_t port = 0;
+};
+
 /// One sandbox's attachment: its veth, its /31, its set elements. The
 /// destructor removes the elements (the veth goes with the sandbox's netns).
 class egress_link {
@@ -84,6 +109,12 @@ public:
   expected<void> set_policy(const std::vector<std::string>& allow,
                             const std::vector<std::string>& deny);
 
+  /// Names the link's sandbox (in traffic()) and has `on_denied` told of
+  /// each destination it is denied, once per destination while the node
+  /// remembers it (denied_memory_s), within about a second (poll_interval_ms),
+  /// on the network's poll thread (with its lock held: tell and return).
+  void watch(std::string sandbox, std::function<void(const denied_attempt&)> on_denied);
+
   ~egress_link();
   egress_link(const egress_link&) = delete;
   egress_link& operator=(const egress_link&) = delete;
@@ -100,6 +131,8 @@ private:
   // Domain rules (the DNS proxy's), and the addresses it admitted.
   std::vector<std::string> dns_exact_, dns_suffix_, deny_exact_, deny_suffix_;
   std::vector<uint32_t> admitted_;
+  std::string owner_;
+  std::function<void(const denied_attempt&)> on_denied_;
 };
 
 class egress_network {
@@ -144,6 +177,14 @@ public:
     uint64_t allowed = 0, denied = 0;
   };
   counters_t counters();
+  /// Each attached sandbox's counters (one listing of each counting set).
+  std::vector<sandbox_traffic> traffic();
+
+  /// How often the poll thread looks for denied destinations, and how long
+  /// the table remembers one (a destination denied again within that is
+  /// not reported again).
+  static constexpr int poll_interval_ms = 1000;
+  static constexpr int denied_memory_s = 60;
 
   /// Deletes the table and the dummy link, restores the uplink's forwarding.
   ~egress_network();
@@ -163,6 +204,9 @@ private:
   expected<compiled> compile(const std::string& ifname, const std::vector<std::string>& allow,
                              const std::vector<std::string>& deny) const;
   void release(egress_link& l);
+  static std::string counting_elements(const std::string& ifname);
+  void poll_loop();
+  void poll_denied(); // with mu_ held
   expected<void> load_services(const std::string& path);
   void forget_admitted(egress_link& l); // with mu_ held
   // The DNS proxy's callbacks.
@@ -188,6 +232,14 @@ private:
   size_t attached_ = 0;
   std::map<std::string, std::vector<std::string>> services_; // --services
   std::map<uint32_t, egress_link*> by_addr_;                 // for the DNS proxy
+  std::map<std::string, egress_link*> by_ifname_;            // for traffic() and poll
+  // The poll thread's: its own context (JSON output), the destinations
+  // reported and until when.
+  nft_ctx* json_ = nullptr;
+  std::map<std::string, std::chrono::steady_clock::time_point> reported_;
+  bool stopping_ = false;
+  std::condition_variable poll_cv_;
+  std::thread poller_;
   std::unique_ptr<dns_proxy> dns_;                           // last: stopped first
 };
 

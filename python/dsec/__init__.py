@@ -79,6 +79,7 @@ SandboxList = _dsec.SandboxList
 ExposedPort = _dsec.ExposedPort
 NodeStats = _dsec.NodeStats
 BackendOffer = _dsec.BackendOffer
+EgressTraffic = _dsec.EgressTraffic
 
 # What the calls accept (each is checked at run time, with a TypeError or a
 # ValueError naming the argument).
@@ -99,7 +100,7 @@ _Done = Callable[[Any, Optional[BaseException]], None]
 
 __all__ = [
     "connect", "Client", "Session", "Sandbox", "Batch", "Event", "ExecResult", "ExecStream",
-    "AsyncExecStream", "SandboxInfo", "SandboxList", "ExposedPort", "NodeStats", "BackendOffer", "Files", "SessionInfo",
+    "AsyncExecStream", "SandboxInfo", "SandboxList", "ExposedPort", "NodeStats", "BackendOffer", "EgressTraffic", "Files", "SessionInfo",
     "FileEvent",
     "FileInfo", "Watch", "AsyncWatch",
     "Error", "InvalidArgument", "NotFound", "AlreadyExists", "WrongKind", "InUse", "Malformed",
@@ -1002,10 +1003,13 @@ class Event:
     """A Chronus event (runtime/chronus.hpp's chronus_event).
 
     sandbox: the sandbox's id (also sandbox_id); seq: its number, per sandbox,
-    from 1; kind: "stage", "report", "log", "feedback", or "lost" (the node
+    from 1; kind: "stage", "report", "log", "feedback", "lost" (the node
     running the sandbox was lost: the sandbox is gone; seq 0, text says why;
-    docs/cluster.md); stage / log: the text of a stage or log event (else
-    None); text: that text (or the lost reason); metrics:
+    docs/cluster.md), or "denied" (an egress sandbox tried to reach a
+    destination its policy denies; seq 0, text is "PROTO ADDR:PORT", e.g.
+    "tcp 198.18.0.3:80", once per destination a minute; docs/network.md);
+    stage / log: the text of a stage or log event (else None); text: that
+    text (or the lost reason, or the denied destination); metrics:
     {key: float} of a report; payload: bytes of a feedback request;
     request_id: seq for a feedback request (else None); monotonic_ns: when the
     node read it. answer() replies to a feedback request.

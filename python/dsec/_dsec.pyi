@@ -127,6 +127,23 @@ class SandboxList:
     @property
     def missing(self) -> list[str]: ...
 
+class EgressTraffic:
+    """One egress sandbox's traffic through its node since it was attached."""
+    @property
+    def sandbox(self) -> str: ...
+    @property
+    def sent_bytes(self) -> int: ...
+    @property
+    def received_bytes(self) -> int: ...
+    @property
+    def connections(self) -> int:
+        """Connections its policy let it open."""
+        ...
+    @property
+    def denied(self) -> int:
+        """Packets denied (connection attempts and their retries)."""
+        ...
+
 class BackendOffer:
     """A backend a node offers and its capacity."""
     @property
@@ -223,6 +240,10 @@ class NodeStats:
     @property
     def egress_denied(self) -> int:
         """Packets egress policies denied."""
+        ...
+    @property
+    def egress_by_sandbox(self) -> list[EgressTraffic]:
+        """Each egress sandbox's own counters."""
         ...
 
 class RawEvent:

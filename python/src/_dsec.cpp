@@ -789,6 +789,23 @@ void bind_values(py::module_& m) {
              + " live=" + std::to_string(b.live) + ">";
     });
 
+  py::class_<egress_traffic>(m, "EgressTraffic",
+                             "One egress sandbox's traffic through its node since it was "
+                             "attached: `sandbox` (its id), `sent_bytes`, `received_bytes`, "
+                             "`connections` its policy let it open, and `denied` packets "
+                             "(connection attempts and their retries).")
+    .def_readonly("sandbox", &egress_traffic::sandbox)
+    .def_readonly("sent_bytes", &egress_traffic::sent_bytes)
+    .def_readonly("received_bytes", &egress_traffic::received_bytes)
+    .def_readonly("connections", &egress_traffic::connections)
+    .def_readonly("denied", &egress_traffic::denied)
+    .def("__repr__", [](const egress_traffic& t) {
+      return "<dsec EgressTraffic " + t.sandbox + " sent=" + std::to_string(t.sent_bytes)
+             + " received=" + std::to_string(t.received_bytes)
+             + " connections=" + std::to_string(t.connections)
+             + " denied=" + std::to_string(t.denied) + ">";
+    });
+
   auto stats = py::class_<node_stats>(m, "NodeStats", "The node's counters (`node stats`).");
 #define DSEC_STAT(f) stats.def_readonly(#f, &node_stats::f)
   DSEC_STAT(node); DSEC_STAT(slots); DSEC_STAT(live); DSEC_STAT(creating);
@@ -804,6 +821,7 @@ void bind_values(py::module_& m) {
   DSEC_STAT(cgroups_reused); DSEC_STAT(cgroups_made); DSEC_STAT(backends);
   DSEC_STAT(memory_capacity); DSEC_STAT(memory_admitted); DSEC_STAT(cordoned);
   DSEC_STAT(egress_sandboxes); DSEC_STAT(egress_allowed); DSEC_STAT(egress_denied);
+  DSEC_STAT(egress_by_sandbox);
 #undef DSEC_STAT
   stats.def("__repr__", [](const node_stats& s) {
     return "<dsec NodeStats node=" + s.node + " live=" + std::to_string(s.live)

@@ -183,6 +183,25 @@ class Egress(unittest.TestCase):
         self.assertIsNone(fetch(sb, "198.18.0.2"))
         self.assertEqual(fetch(sb, "198.18.0.3"), "hello from the test internet\n")
 
+    def test_counters_and_denied_events(self):
+        sb = self.s.create_one("py@1", network=dsec.Egress(allow=["198.18.0.3:8000"]))
+        self.assertEqual(fetch(sb, "198.18.0.3"), "hello from the test internet\n")
+        self.assertIsNone(fetch(sb, "198.18.0.2"))
+        # The denied destination comes as an event of the session, once.
+        seen = []
+        for ev in self.s.events(timeout=5):
+            if ev.kind == "denied" and ev.sandbox == sb.id:
+                seen.append(ev.text)
+                break
+        self.assertEqual(seen, ["tcp 198.18.0.2:8000"])
+        # And the node counts what the sandbox did.
+        mine = [t for t in self.c.stats().egress_by_sandbox if t.sandbox == sb.id]
+        self.assertEqual(len(mine), 1)
+        self.assertIsInstance(mine[0], dsec.EgressTraffic)
+        self.assertEqual(mine[0].connections, 1)
+        self.assertGreater(mine[0].received_bytes, 0)
+        self.assertGreater(mine[0].denied, 0)
+
     def test_a_call_with_egress(self):
         got = self.s.call(["timeout", "3", "wget", "-q", "-O", "-", "http://198.18.0.3:8000/"],
                           base="py@1", network=dsec.Egress(allow=["198.18.0.3"]), timeout=20)

@@ -16,11 +16,13 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "actors/client.hpp"
+#include "runtime/chronus.hpp"
 #include "runtime/egress.hpp"
 #include "runtime/netlink.hpp"
 #include "test/actors/common.hpp"
@@ -299,6 +301,80 @@ TEST_CASE("an egress sandbox reaches what its policy allows, nothing else"
   REQUIRE(s->destroy(id2));
   CHECK_MESSAGE(veths_gone(tag), "left: " << join(leftovers(tag)));
   CHECK(node_stats_of(*e.c).egress_sandboxes == 0);
+}
+
+TEST_CASE("each egress sandbox's traffic is counted, and what it is denied reaches its session "
+          "as events"
+          * skip_unless(have_tools(), "needs root, ip (iproute2) and busybox")) {
+  internet net;
+  embedded e{egress_daemon(net)};
+  auto s = open(*e.c);
+  auto w = s->watch();
+  REQUIRE_MESSAGE(w, describe(w.error_value()));
+  auto a = make_one(*s, egress_env({"198.18.0.2:8000"}));
+  auto b = make_one(*s, egress_env({}));
+  CHECK(reached(get(*s, a, "198.18.0.2", 8000)));
+  CHECK(reached(get(*s, a, "198.18.0.2", 8000)));
+  CHECK(get(*s, a, "198.18.0.3", 8000) == "ETIMEDOUT");
+  CHECK(get(*s, b, "198.18.0.2", 8001) == "ETIMEDOUT");
+  // One event per sandbox and destination, naming both (the node looks for
+  // them about once a second).
+  std::map<std::string, std::vector<std::string>> denied; // by sandbox
+  auto collect = [&](std::chrono::milliseconds for_) {
+    auto until = std::chrono::steady_clock::now() + for_;
+    while (std::chrono::steady_clock::now() < until) {
+      auto ev = w.value()->next(std::chrono::milliseconds(200));
+      REQUIRE(ev);
+      if (*ev && (*ev)->kind == chronus_kind::denied) {
+        CHECK((*ev)->seq == 0);
+        denied[(*ev)->sandbox_id].push_back((*ev)->text);
+      }
+    }
+  };
+  REQUIRE(eventually([&] {
+    collect(std::chrono::milliseconds(200));
+    return denied[a].size() >= 1 && denied[b].size() >= 1;
+  }));
+  CHECK(denied[a] == std::vector<std::string>{"tcp 198.18.0.3:8000"});
+  CHECK(denied[b] == std::vector<std::string>{"tcp 198.18.0.2:8001"});
+  // The same destination again within the node's memory of it: no new
+  // event; another destination: one.
+  CHECK(get(*s, a, "198.18.0.3", 8000) == "ETIMEDOUT");
+  CHECK(get(*s, a, "198.18.0.3", 8002) == "ETIMEDOUT");
+  REQUIRE(eventually([&] {
+    collect(std::chrono::milliseconds(200));
+    return denied[a].size() >= 2;
+  }));
+  collect(std::chrono::milliseconds(2500));
+  CHECK(denied[a] == std::vector<std::string>{"tcp 198.18.0.3:8000", "tcp 198.18.0.3:8002"});
+  CHECK(denied[b].size() == 1);
+  // node stats: each sandbox's own counters.
+  auto st = node_stats_of(*e.c);
+  std::map<std::string, egress_traffic> by;
+  for (const auto& t : st.egress_by_sandbox)
+    by[t.sandbox] = t;
+  REQUIRE(by.count(a) == 1);
+  REQUIRE(by.count(b) == 1);
+  CHECK(by[a].connections == 2);
+  CHECK(by[a].sent_bytes > 0);
+  CHECK(by[a].received_bytes > 0);
+  CHECK(by[a].denied >= 3);
+  CHECK(by[b].connections == 0);
+  CHECK(by[b].sent_bytes == 0);
+  CHECK(by[b].received_bytes == 0);
+  CHECK(by[b].denied >= 1);
+  // Gone with their sandboxes (the table's elements too).
+  REQUIRE(s->destroy(a));
+  CHECK(eventually([&] {
+    auto now = node_stats_of(*e.c);
+    return now.egress_by_sandbox.size() == 1 && now.egress_by_sandbox[0].sandbox == b;
+  }));
+  auto tag = tag_of(actor_layers());
+  auto left = run_process({"/usr/sbin/nft", "list", "set", "inet", "dsec_" + tag, "sb_tx"});
+  CHECK(left.out.find("dx") != std::string::npos); // b's
+  REQUIRE(s->destroy(b));
+  left = run_process({"/usr/sbin/nft", "list", "set", "inet", "dsec_" + tag, "sb_tx"});
+  CHECK_MESSAGE(left.out.find("elements") == std::string::npos, left.out);
 }
 
 TEST_CASE("private, metadata and the node's denied ranges are denied unless a rule names them"

@@ -164,6 +164,10 @@ int node_main(context& ctx, args& a) {
               u(s.chronus_invalid), u(s.chronus_flooding), u(s.chronus_refused_connections));
   std::printf("egress          %u sandboxes, %llu packets allowed, %llu denied\n",
               s.egress_sandboxes, u(s.egress_allowed), u(s.egress_denied));
+  for (const auto& t : s.egress_by_sandbox)
+    std::printf("  sandbox %s  sent %s, received %s, %llu connections, %llu packets denied\n",
+                t.sandbox.c_str(), format_size(t.sent_bytes).c_str(),
+                format_size(t.received_bytes).c_str(), u(t.connections), u(t.denied));
   std::printf("exposed ports   %u now, %llu connections forwarded, %llu refused\n",
               s.exposed_ports, u(s.exposed_connections), u(s.exposed_refused));
   std::printf("clients refused %llu (before their first message)\n", u(s.refused_clients));
