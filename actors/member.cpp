@@ -118,6 +118,8 @@ void make_report(self_ptr self, bool all_layers, std::function<void(node_report)
           r.fetched_bytes = fetched_bytes;
           r.backends = ns.backends;
           r.cordoned = ns.cordoned;
+          r.create_buckets = ns.create_buckets;
+          r.create_sum = ns.create_sum;
           if (all_layers || layers != s.sent_layers || s.beats % 20 == 0) {
             r.layers_sent = true;
             r.layers = layers;

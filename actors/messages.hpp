@@ -600,6 +600,11 @@ struct node_stats {
   uint64_t exposed_refused = 0;
   /// Sandboxes paused now (`dsec pause`; in `live` too).
   uint32_t paused = 0;
+  /// Its create latency since it started (dsec_sandbox_create_seconds over
+  /// every backend): cumulative counts per bucket of
+  /// metrics::latency_buckets(), then +Inf, and the sum in seconds.
+  std::vector<uint64_t> create_buckets;
+  double create_sum = 0;
 };
 
 template <class Inspector>
@@ -615,7 +620,8 @@ typename Inspector::result_type inspect(Inspector& f, node_stats& x) {
            x.pools, x.pooled, x.memory_pressure,
            x.egress_sandboxes, x.egress_allowed, x.egress_denied, x.egress_by_sandbox,
            /* snapshots */ x.paused,
-           /* port exposure */ x.exposed_ports, x.exposed_connections, x.exposed_refused);
+           /* port exposure */ x.exposed_ports, x.exposed_connections, x.exposed_refused,
+           x.create_buckets, x.create_sum);
 }
 
 /// The layers of one sandbox, mounted by the node's layer_cache: directory fds
@@ -709,13 +715,18 @@ struct node_report {
   /// coordinator (its --orphan-grace), by session, for the coordinator to
   /// adopt (docs/cluster.md, "When the coordinator dies").
   std::vector<held_session> held;
+  /// Its create latency since it started (node_stats.create_buckets): the
+  /// coordinator's cluster-wide histogram (dsec_cluster_create_seconds).
+  std::vector<uint64_t> create_buckets;
+  double create_sum = 0;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, node_report& x) {
   return f(caf::meta::type_name("dsec.node_report"), x.name, x.slots, x.live, x.creating,
            x.created, x.failed, x.destroyed, x.layers_sent, x.layers, x.fetched_layers,
-           x.fetched_bytes, x.backends, x.cordoned, x.pools, x.held);
+           x.fetched_bytes, x.backends, x.cordoned, x.pools, x.held, x.create_buckets,
+           x.create_sum);
 }
 
 /// One node as `dsec cluster status` shows it.

@@ -50,9 +50,17 @@ struct backend_metrics {
   metrics::histogram& create_seconds;
 };
 
+struct backend_metrics_map {
+  std::mutex mu;
+  std::map<std::string, std::unique_ptr<backend_metrics>, std::less<>> all;
+};
+backend_metrics_map& backend_metrics_all() {
+  static auto* m = new backend_metrics_map; // never destroyed: actors may publish during exit
+  return *m;
+}
+
 backend_metrics& metrics_of(const std::string& backend) {
-  static std::mutex mu;
-  static std::map<std::string, std::unique_ptr<backend_metrics>, std::less<>> all;
+  auto& [mu, all] = backend_metrics_all();
   std::lock_guard<std::mutex> g{mu};
   auto& p = all[backend];
   if (!p) {
@@ -68,6 +76,21 @@ backend_metrics& metrics_of(const std::string& backend) {
                       metrics::latency_buckets(), l)});
   }
   return *p;
+}
+
+// The process's create latency over every backend (node_stats.create_buckets;
+// the coordinator sums its nodes' into dsec_cluster_create_seconds).
+void create_latency(std::vector<uint64_t>& buckets, double& sum) {
+  auto& [mu, all] = backend_metrics_all();
+  std::lock_guard<std::mutex> g{mu};
+  buckets.assign(metrics::latency_buckets().size() + 1, 0);
+  sum = 0;
+  for (const auto& [name, p] : all) {
+    auto h = p->create_seconds.read();
+    for (size_t i = 0; i < buckets.size() && i < h.cumulative.size(); ++i)
+      buckets[i] += h.cumulative[i];
+    sum += h.sum;
+  }
 }
 
 // A sandbox asked for that never became ready, by why.
@@ -789,6 +812,7 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
       ns.pooled = s.pools.size();
       ns.memory_pressure = s.pools.pressure();
       ns.paused = static_cast<uint32_t>(s.paused.size());
+      create_latency(ns.create_buckets, ns.create_sum);
       if (s.cfg.eng) {
         auto pool = s.cfg.eng->cgroup_pool_stats();
         ns.cgroups_reused = pool.reused;

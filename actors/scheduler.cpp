@@ -50,8 +50,12 @@ struct cluster_view {
     std::atomic<uint32_t> slots{0}, live{0};
     std::atomic<uint64_t> created{0}, destroyed{0}, failed{0}; // since the node started
     std::atomic<bool> cordoned{false};
+    // Its create latency since it started (node_report.create_buckets),
+    // under cluster_view::mu.
+    std::vector<uint64_t> create_buckets;
+    double create_sum = 0;
   };
-  std::mutex mu; // guards the map, not the values
+  std::mutex mu; // guards the map and the latencies, not the atomics
   std::map<std::string, std::unique_ptr<node>> nodes; // by name; lost ones stay, down
   uint64_t handle = 0;
 
@@ -77,6 +81,9 @@ struct cluster_view {
     n.destroyed = rep.destroyed;
     n.failed = rep.failed;
     n.cordoned = rep.cordoned;
+    std::lock_guard<std::mutex> g{mu};
+    n.create_buckets = rep.create_buckets;
+    n.create_sum = rep.create_sum;
   }
   void collect(std::vector<metrics::sample_family>& out) {
     metrics::sample_family up{"dsec_cluster_node_up",
@@ -120,6 +127,40 @@ struct cluster_view {
     }
     for (auto* f : {&up, &age, &slots, &live, &cordoned, &created, &destroyed, &failed})
       out.push_back(std::move(*f));
+    out.push_back(create_latency());
+  }
+
+  // The cluster's create latency: the nodes' histograms (those up) summed,
+  // in dsec_sandbox_create_seconds' buckets; no node label (one series).
+  metrics::sample_family create_latency() {
+    const auto& bounds = metrics::latency_buckets();
+    std::vector<uint64_t> sum(bounds.size() + 1, 0);
+    double seconds = 0;
+    {
+      std::lock_guard<std::mutex> g{mu};
+      for (const auto& [name, n] : nodes) {
+        if (!n->up || n->create_buckets.size() != sum.size())
+          continue;
+        for (size_t i = 0; i < sum.size(); ++i)
+          sum[i] += n->create_buckets[i];
+        seconds += n->create_sum;
+      }
+    }
+    metrics::sample_family h{"dsec_cluster_create_seconds",
+                             "From a sandbox's admission by its node to its being ready, over "
+                             "every node of the cluster that is up (their heartbeats).",
+                             "histogram", {}};
+    for (size_t i = 0; i < sum.size(); ++i) {
+      h.samples.emplace_back(
+        metrics::labels{{"le", i < bounds.size() ? metrics::format_value(bounds[i]) : "+Inf"}},
+        static_cast<double>(sum[i]));
+      h.suffixes.push_back("_bucket");
+    }
+    h.samples.emplace_back(metrics::labels{}, seconds);
+    h.suffixes.push_back("_sum");
+    h.samples.emplace_back(metrics::labels{}, static_cast<double>(sum.back()));
+    h.suffixes.push_back("_count");
+    return h;
   }
 };
 

@@ -10,10 +10,13 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <mutex>
+#include <unordered_map>
 
 #include "actors/session_state.hpp"
 #include "actors/warm_pool.hpp"
 #include "runtime/log.hpp"
+#include "runtime/metrics.hpp"
 
 namespace dsec {
 
@@ -31,6 +34,61 @@ constexpr size_t max_ended = 65536;
 constexpr size_t max_key = 256;
 constexpr size_t max_tags = 64;
 constexpr size_t max_tags_bytes = 16384;
+
+// The sessions' mailbox depths for /metrics (docs/observability.md): each
+// session notes its own when its busiest handlers run (creates, execs, its
+// sandboxes' events); dsec_mailbox_messages{actor="sessions"} is their sum,
+// dsec_session_mailbox_max_messages the deepest. No session label: the
+// series stay few however many sessions there are.
+struct session_mailboxes {
+  std::mutex mu;
+  std::unordered_map<caf::actor_id, size_t> depth;
+  size_t sum = 0;
+  metrics::gauge& total = metrics::process_registry().get_gauge(
+    "dsec_mailbox_messages",
+    "Messages waiting in an actor's mailbox when it last looked (the nodes' summed).",
+    {{"actor", "sessions"}});
+
+  static session_mailboxes& get() {
+    static auto* m = [] {
+      auto* p = new session_mailboxes; // never destroyed: sessions may note during exit
+      metrics::process_registry().add_collector([p](std::vector<metrics::sample_family>& out) {
+        size_t deepest = 0;
+        {
+          std::lock_guard<std::mutex> g{p->mu};
+          for (const auto& [id, d] : p->depth)
+            deepest = std::max(deepest, d);
+        }
+        out.push_back({"dsec_session_mailbox_max_messages",
+                       "Messages waiting in the deepest session's mailbox when it last looked.",
+                       "gauge",
+                       {{metrics::labels{}, static_cast<double>(deepest)}},
+                       {}});
+      });
+      return p;
+    }();
+    return *m;
+  }
+  void note(caf::actor_id id, size_t n) {
+    std::lock_guard<std::mutex> g{mu};
+    auto& d = depth[id];
+    sum = sum - d + n;
+    d = n;
+    total.set(static_cast<double>(sum));
+  }
+  void forget(caf::actor_id id) {
+    std::lock_guard<std::mutex> g{mu};
+    if (auto it = depth.find(id); it != depth.end()) {
+      sum -= it->second;
+      depth.erase(it);
+      total.set(static_cast<double>(sum));
+    }
+  }
+};
+
+void note_mailbox(self_ptr self) {
+  session_mailboxes::get().note(self->id(), self->mailbox().size());
+}
 
 } // namespace
 
@@ -642,6 +700,8 @@ caf::result<uint32_t> fork_one(self_ptr self, const std::string& id, uint32_t co
 session_actor::behavior_type session_impl(self_ptr self, session_config cfg) {
   self->state.cfg = std::move(cfg);
   auto& st = self->state;
+  note_mailbox(self);
+  self->attach_functor([id = self->id()] { session_mailboxes::get().forget(id); });
   if (st.cfg.trainer)
     self->monitor(st.cfg.trainer);
   if (st.cfg.options.trajectory) {
@@ -677,10 +737,12 @@ session_actor::behavior_type session_impl(self_ptr self, session_config cfg) {
   return {
     [=](create_atom, environment& env, uint32_t count,
         const caf::actor& listener) -> caf::result<uint32_t> {
+      note_mailbox(self);
       return create_call(self, std::move(env), count, listener, {}, false);
     },
     [=](create_atom, environment& env, uint32_t count, const caf::actor& listener,
         create_labels& labels) -> caf::result<uint32_t> {
+      note_mailbox(self);
       return create_call(self, std::move(env), count, listener, std::move(labels), true);
     },
     [=](lookup_atom, const std::string& key) -> caf::result<sandbox_info> {
@@ -688,6 +750,7 @@ session_actor::behavior_type session_impl(self_ptr self, session_config cfg) {
     },
     [=](exec_atom, const std::string& id, exec_request& req)
       -> caf::delegated<exec_result> {
+      note_mailbox(self);
       auto& s = self->state;
       if (!s.log && !s.replay.count(id)) {
         // No log: the sandbox answers the caller directly (and streams to it).
@@ -855,6 +918,7 @@ session_actor::behavior_type session_impl(self_ptr self, session_config cfg) {
       return kept;
     },
     [=](chronus_atom, const internal_key& k, chronus_event_msg& ev) {
+      note_mailbox(self);
       if (genuine(k, self->state.cfg.key, "chronus (session)"))
         sandbox_event(self, std::move(ev));
     },

@@ -19,6 +19,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "runtime/metrics.hpp"
 #include "runtime/netlink.hpp"
 
 namespace dsec {
@@ -339,10 +340,36 @@ expected<std::unique_ptr<egress_network>> egress_network::start(const egress_opt
     return make_error(errc::system_error, "nft_ctx_new failed");
   nft_ctx_output_set_flags(n->json_, NFT_CTX_OUTPUT_JSON);
   n->poller_ = std::thread([self = n.get()] { self->poll_loop(); });
+  // /metrics reads what the poll thread read (no nft call from a scrape).
+  n->gauges_->dns = n->dns_ != nullptr;
+  n->collector_ = metrics::process_registry().add_collector(
+    [g = n->gauges_](std::vector<metrics::sample_family>& out) {
+      auto d = [](const std::atomic<uint64_t>& v) { return static_cast<double>(v.load()); };
+      out.push_back({"dsec_egress_sandboxes", "Egress sandboxes attached now.", "gauge",
+                     {{{}, d(g->attached)}},
+                     {}});
+      out.push_back({"dsec_egress_packets_total",
+                     "Packets of egress sandboxes by verdict: allowed (first packets of "
+                     "connections their policies allowed) and denied (read once a second).",
+                     "counter",
+                     {{{{"verdict", "allowed"}}, d(g->allowed)},
+                      {{{"verdict", "denied"}}, d(g->denied)}},
+                     {}});
+      if (g->dns)
+        out.push_back({"dsec_egress_dns_queries_total",
+                       "Queries to the node's DNS proxy, by outcome (read once a second).",
+                       "counter",
+                       {{{{"outcome", "answered"}}, d(g->dns_answered)},
+                        {{{"outcome", "refused"}}, d(g->dns_refused)},
+                        {{{"outcome", "failed"}}, d(g->dns_failed)}},
+                       {}});
+    });
   return n;
 }
 
 egress_network::~egress_network() {
+  if (collector_)
+    metrics::process_registry().remove_collector(collector_);
   if (poller_.joinable()) {
     {
       std::lock_guard<std::mutex> g{mu_};
@@ -598,6 +625,7 @@ expected<std::unique_ptr<egress_link>> egress_network::attach(pid_t pid, int pid
   slots_[slot].last_ifname = l->ifname_;
   next_slot_ = (slot + 1) % count;
   ++attached_;
+  gauges_->attached = attached_;
   return l;
 }
 
@@ -618,6 +646,7 @@ void egress_network::release(egress_link& l) {
   by_ifname_.erase(l.ifname_);
   slots_[l.slot_].used = false;
   --attached_;
+  gauges_->attached = attached_;
 }
 
 bool egress_network::dns_allowed(uint32_t src, const std::string& name) {
@@ -748,6 +777,22 @@ void egress_network::poll_loop() {
     poll_cv_.wait_for(lk, std::chrono::milliseconds(poll_interval_ms));
     if (stopping_)
       break;
+    auto& g = *gauges_;
+    g.attached = attached_;
+    if (dns_) {
+      g.dns_answered = dns_->stats().answered.load();
+      g.dns_refused = dns_->stats().refused.load();
+      g.dns_failed = dns_->stats().failed.load();
+    }
+    auto read = [&](const char* name, std::atomic<uint64_t>& out) {
+      if (!run_nft(nft_, "list counter inet " + table_ + " " + name))
+        return;
+      std::string text = nft_ctx_get_output_buffer(nft_);
+      if (auto at = text.find("packets "); at != std::string::npos)
+        out = std::strtoull(text.c_str() + at + 8, nullptr, 10);
+    };
+    read("allowed", g.allowed);
+    read("denied", g.denied);
     if (attached_ > 0)
       poll_denied();
   }

@@ -31,6 +31,7 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -240,6 +241,15 @@ private:
   bool stopping_ = false;
   std::condition_variable poll_cv_;
   std::thread poller_;
+  // For /metrics: what the poll thread read last (shared with the
+  // collector, which a scrape may be running while this network goes).
+  struct gauges {
+    std::atomic<uint64_t> allowed{0}, denied{0}, attached{0};
+    std::atomic<uint64_t> dns_answered{0}, dns_refused{0}, dns_failed{0};
+    std::atomic<bool> dns{false};
+  };
+  std::shared_ptr<gauges> gauges_ = std::make_shared<gauges>();
+  uint64_t collector_ = 0;
   std::unique_ptr<dns_proxy> dns_;                           // last: stopped first
 };
 

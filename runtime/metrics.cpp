@@ -305,8 +305,11 @@ std::string registry::expose() const {
             [](const sample_family& a, const sample_family& b) { return a.name < b.name; });
   for (const auto& f : computed) {
     header_into(out, f.name, f.help, f.type);
-    for (const auto& [l, v] : f.samples) {
+    for (size_t i = 0; i < f.samples.size(); ++i) {
+      const auto& [l, v] = f.samples[i];
       out += f.name;
+      if (i < f.suffixes.size())
+        out += f.suffixes[i];
       labels_into(out, l);
       out += ' ' + format_value(v) + '\n';
     }

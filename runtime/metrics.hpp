@@ -74,8 +74,11 @@ const std::vector<double>& latency_buckets();
 /// Values computed when scraped (process RSS, a reactor's atomics): a
 /// collector adds whole families.
 struct sample_family {
-  std::string name, help, type; ///< type: counter or gauge
+  std::string name, help, type; ///< type: counter, gauge or histogram
   std::vector<std::pair<labels, double>> samples;
+  /// Per sample, what follows the name ("_bucket", "_sum", "_count" of a
+  /// histogram); none when empty.
+  std::vector<std::string> suffixes;
 };
 using collector = std::function<void(std::vector<sample_family>&)>;
 

@@ -75,7 +75,13 @@ void status_history::sample() {
   p.failures =
     sum_of(s, cluster ? "dsec_cluster_node_failures_total" : "dsec_sandbox_failures_total");
   p.live = sum_of(s, "dsec_sandboxes_live");
-  p.create_seconds = histogram_of(s, "dsec_sandbox_create_seconds");
+  // A coordinator's create latency is its cluster's too (the nodes'
+  // histograms from their heartbeats, dsec_cluster_create_seconds).
+  bool cluster_latency = false;
+  for (const auto& x : s)
+    cluster_latency = cluster_latency || x.name == "dsec_cluster_create_seconds_bucket";
+  p.create_seconds = histogram_of(
+    s, cluster_latency ? "dsec_cluster_create_seconds" : "dsec_sandbox_create_seconds");
   p.node_live = by_label(s, "dsec_cluster_node_live", "node");
   std::lock_guard g{mu_};
   history_.push_back(std::move(p));
@@ -121,6 +127,11 @@ std::string status_history::json() const {
                     {"failed", sum_of(s, "dsec_cluster_node_failures_total")},
                     {"live", sum_of(s, "dsec_cluster_node_live")}};
   j["rates_of"] = up.empty() ? "this daemon" : "the cluster (the nodes' heartbeats)";
+  bool cluster_latency = false;
+  for (const auto& x : s)
+    cluster_latency = cluster_latency || x.name == "dsec_cluster_create_seconds_bucket";
+  j["latency_of"] = cluster_latency ? "the cluster's nodes (their heartbeats)"
+                                    : "this daemon's own node";
   j["sessions"] = sum_of(s, "dsec_sessions");
   j["sandboxes"] = {{"live", sum_of(s, "dsec_sandboxes_live")},
                     {"creating", sum_of(s, "dsec_sandboxes_creating")},
@@ -295,6 +306,8 @@ function render(s) {
                   ["fetched", bytes(l.fetch_bytes)]]);
   document.querySelector("#plot-rates figcaption").textContent =
     "per second, of " + s.rates_of + ": creates, destroys, failures";
+  document.querySelector("#plot-latency figcaption").textContent =
+    "create latency of " + s.latency_of + ", ms (p50, p99 per interval)";
   const h = s.history;
   const pts = key => h.map(p => [p.t - s.now, p[key]]);
   plot("plot-rates", [{name: "creates/s", points: pts("creates_per_s")},

@@ -10,6 +10,7 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <future>
 #include <map>
@@ -23,6 +24,7 @@
 
 #include <caf/event_based_actor.hpp>
 
+#include "runtime/metrics.hpp"
 #include "runtime/store.hpp"
 #include "test/actors/common.hpp"
 #include "test/support/fixture.hpp"
@@ -901,4 +903,35 @@ TEST_CASE("daemon shutdown destroys every sandbox and leaves the host as it was"
     CHECK(*again == 0);
   }
   check_nothing_left(before);
+}
+
+TEST_CASE("metrics: a session's mailbox depth shows in the process's registry, and goes with it") {
+  embedded n;
+  auto s = open(*n.c);
+  auto id = make(*s, env_of(), 1).front();
+  auto series = [](const std::string& name) {
+    auto text = metrics::process_registry().expose();
+    auto at = text.find("\n" + name + " ");
+    return at == std::string::npos ? -1.0 : std::atof(text.c_str() + at + name.size() + 2);
+  };
+  const std::string sessions = "dsec_mailbox_messages{actor=\"sessions\"}";
+  const std::string deepest = "dsec_session_mailbox_max_messages";
+  CHECK(series(sessions) >= 0);
+  CHECK(series(deepest) >= 0);
+  // Execs sent at once wait in the session's mailbox, and it says so as it
+  // takes them.
+  CHECK(eventually([&] {
+    std::atomic<int> left{200};
+    for (int i = 0; i < 200; ++i)
+      s->exec_async(id, cmd({"true"}), [&](expected<exec_result>) { --left; });
+    bool deep = false;
+    while (left > 0) {
+      deep = deep || (series(deepest) > 0 && series(sessions) > 0);
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return deep;
+  }));
+  // Once the session ends, its depth is gone from both.
+  REQUIRE(s->close());
+  CHECK(eventually([&] { return series(deepest) == 0 && series(sessions) == 0; }));
 }

@@ -685,6 +685,29 @@ TEST_CASE("status: a coordinator's /status page shows its 3 nodes and their sand
                 }),
                 "creates/s over the history add up to " << integral << ", the cluster made "
                                                         << created);
+  // The create latency is the cluster's too: every node's histogram from its
+  // heartbeats, summed (the coordinator's own node made only some of them).
+  std::string text;
+  CHECK_MESSAGE(eventually([&] {
+                  auto r = m.Get("/metrics");
+                  REQUIRE(r);
+                  text = r->body;
+                  return contains(text, "dsec_cluster_create_seconds_count " + std::to_string(n)
+                                          + "\n");
+                }),
+                text);
+  CHECK(contains(text, "# TYPE dsec_cluster_create_seconds histogram"));
+  CHECK(contains(text, "dsec_cluster_create_seconds_bucket{le=\"+Inf\"} " + std::to_string(n)));
+  status();
+  CHECK(st["latency_of"] == "the cluster's nodes (their heartbeats)");
+  CHECK_MESSAGE(eventually([&] {
+                  status();
+                  for (const auto& h : st["history"])
+                    if (!h["create_p50_ms"].is_null() && h["create_p50_ms"].get<double>() > 0)
+                      return true;
+                  return false;
+                }),
+                st.dump());
 
   // The page in a real browser: its script fetched /status.json and drew it.
   auto page = "http://127.0.0.1:" + std::to_string(mport) + "/status";
@@ -697,6 +720,7 @@ TEST_CASE("status: a coordinator's /status page shows its 3 nodes and their sand
   CHECK(contains(dom.out, "data-series=\"creates/s\""));
   CHECK(contains(dom.out, "data-series=\"" + coordinator + "\"")); // live per node
   CHECK(contains(dom.out, "<p id=\"error\"></p>"));                 // no fetch error shown
+  CHECK(contains(dom.out, "create latency of the cluster's nodes (their heartbeats)"));
   // And what it looks like: the plots' colours are on the screenshot.
   auto shot = dir.path + "/status.png";
   auto r = chromium(page, "--screenshot=" + shot, dir.path + "/chromium");

@@ -24,6 +24,7 @@
 #include "actors/client.hpp"
 #include "runtime/chronus.hpp"
 #include "runtime/egress.hpp"
+#include "runtime/metrics.hpp"
 #include "runtime/netlink.hpp"
 #include "test/actors/common.hpp"
 #include "test/support/host.hpp"
@@ -363,6 +364,21 @@ TEST_CASE("each egress sandbox's traffic is counted, and what it is denied reach
   CHECK(by[b].sent_bytes == 0);
   CHECK(by[b].received_bytes == 0);
   CHECK(by[b].denied >= 1);
+  // /metrics: the node's packets by verdict and its egress sandboxes, as the
+  // network's poll thread last read them (about once a second).
+  auto value = [](const std::string& text, const std::string& series) {
+    auto at = text.find("\n" + series + " ");
+    return at == std::string::npos ? -1.0 : std::atof(text.c_str() + at + series.size() + 2);
+  };
+  std::string text;
+  CHECK_MESSAGE(eventually([&] {
+                  text = metrics::process_registry().expose();
+                  return value(text, "dsec_egress_sandboxes") == 2
+                         && value(text, "dsec_egress_packets_total{verdict=\"denied\"}")
+                              >= static_cast<double>(by[a].denied + by[b].denied)
+                         && value(text, "dsec_egress_packets_total{verdict=\"allowed\"}") >= 2;
+                }),
+                text);
   // Gone with their sandboxes (the table's elements too).
   REQUIRE(s->destroy(a));
   CHECK(eventually([&] {
