@@ -1686,7 +1686,10 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
             ::clock_gettime(CLOCK_MONOTONIC, &ts);
             auto ns = static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000u
                       + static_cast<uint64_t>(ts.tv_nsec);
-            auto what = a.protocol + " " + ipv4_to_string(a.address) + ":" + std::to_string(a.port);
+            auto what = a.protocol == "dns"
+                          ? "dns " + a.name
+                          : a.protocol + " " + ipv4_to_string(a.address) + ":"
+                              + std::to_string(a.port);
             caf::anon_send(session, chronus_atom::value, key,
                            chronus_event_msg{encode_denied_event(id, ns, what), false, {}});
           });

@@ -129,8 +129,9 @@ struct Event {
     denied @8 :Text;
     # Never from a sandbox: its node's word that the sandbox (an egress one)
     # tried to reach a destination its policy denies, as "PROTO ADDR:PORT"
-    # (PROTO tcp or udp), e.g. "tcp 198.18.0.3:80". Once per destination while
-    # the node remembers it (60 s), within about a second of the attempt.
-    # seq is 0.
+    # (PROTO tcp or udp), e.g. "tcp 198.18.0.3:80", or to resolve a name the
+    # node's resolver refused it, as "dns NAME", e.g. "dns pypi.org". Once per
+    # destination or name while the node remembers it (60 s), within about a
+    # second of the attempt. seq is 0.
   }
 }

@@ -93,7 +93,7 @@ enum class chronus_kind : uint8_t {
   log,      ///< text: the log line
   feedback, ///< payload (and, in a Request, timeout_ms): a feedback request
   lost,     ///< text: why; an Event only, made by the coordinator (docs/cluster.md)
-  denied,   ///< text: "PROTO ADDR:PORT"; an Event only, made by the node (docs/network.md)
+  denied,   ///< text: "PROTO ADDR:PORT" or "dns NAME"; an Event only, made by the node (docs/network.md)
 };
 
 /// "stage", "report", "log", "feedback", "lost", "denied".

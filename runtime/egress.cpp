@@ -655,8 +655,26 @@ bool egress_network::dns_allowed(uint32_t src, const std::string& name) {
   if (it == by_addr_.end())
     return false;
   const auto& l = *it->second;
-  return dns_name_matches(name, l.dns_exact_, l.dns_suffix_)
-         && !dns_name_matches(name, l.deny_exact_, l.deny_suffix_);
+  bool ok = dns_name_matches(name, l.dns_exact_, l.dns_suffix_)
+            && !dns_name_matches(name, l.deny_exact_, l.deny_suffix_);
+  // A refused name is a denied attempt too (an agent's first try at a
+  // domain is its lookup): reported like a destination, once a while.
+  if (!ok && l.on_denied_) {
+    auto now = std::chrono::steady_clock::now();
+    auto key = l.ifname_ + " dns " + name;
+    auto [r, fresh] = reported_.try_emplace(key, now + std::chrono::seconds(denied_memory_s));
+    if (!fresh && r->second <= now) {
+      r->second = now + std::chrono::seconds(denied_memory_s);
+      fresh = true;
+    }
+    if (fresh) {
+      denied_attempt a;
+      a.protocol = "dns";
+      a.name = name;
+      l.on_denied_(a);
+    }
+  }
+  return ok;
 }
 
 void egress_network::dns_admit(uint32_t src, const std::vector<uint32_t>& addrs, uint32_t ttl_s) {

@@ -86,11 +86,13 @@ struct sandbox_traffic {
 };
 
 /// A destination a sandbox tried to reach and was denied: TCP or UDP (or
-/// the protocol's number), the address, the port.
+/// the protocol's number), the address, the port; or (protocol "dns") a
+/// name the node's resolver refused it.
 struct denied_attempt {
   std::string protocol;
   uint32_t address = 0;
   uint16_t port = 0;
+  std::string name; ///< protocol "dns" only
 };
 
 /// One sandbox's attachment: its veth, its /31, its set elements. The
@@ -112,8 +114,10 @@ public:
 
   /// Names the link's sandbox (in traffic()) and has `on_denied` told of
   /// each destination it is denied, once per destination while the node
-  /// remembers it (denied_memory_s), within about a second (poll_interval_ms),
-  /// on the network's poll thread (with its lock held: tell and return).
+  /// remembers it (denied_memory_s): within about a second (poll_interval_ms)
+  /// on the network's poll thread, and a name its resolver refused at once,
+  /// on the DNS proxy's thread (with the network's lock held: tell and
+  /// return).
   void watch(std::string sandbox, std::function<void(const denied_attempt&)> on_denied);
 
   ~egress_link();

@@ -1006,8 +1006,9 @@ class Event:
     from 1; kind: "stage", "report", "log", "feedback", "lost" (the node
     running the sandbox was lost: the sandbox is gone; seq 0, text says why;
     docs/cluster.md), or "denied" (an egress sandbox tried to reach a
-    destination its policy denies; seq 0, text is "PROTO ADDR:PORT", e.g.
-    "tcp 198.18.0.3:80", once per destination a minute; docs/network.md);
+    destination its policy denies, or to resolve a name the node's resolver
+    refused it; seq 0, text is "PROTO ADDR:PORT", e.g. "tcp 198.18.0.3:80",
+    or "dns NAME", once per destination a minute; docs/network.md);
     stage / log: the text of a stage or log event (else None); text: that
     text (or the lost reason, or the denied destination); metrics:
     {key: float} of a report; payload: bytes of a feedback request;

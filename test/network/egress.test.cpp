@@ -581,6 +581,8 @@ TEST_CASE("domain rules: the node's resolver answers allowed names and admits th
     REQUIRE(r);
     return r->out + r->err;
   };
+  auto events = s->watch();
+  REQUIRE_MESSAGE(events, describe(events.error_value()));
   auto id = make_one(*s, egress_env({"allowed.test", "*.wild.test"}, {"no.wild.test"}));
   auto conf = s->exec(id, cmd({"/bin/cat", "/etc/resolv.conf"}));
   REQUIRE(conf);
@@ -600,6 +602,28 @@ TEST_CASE("domain rules: the node's resolver answers allowed names and admits th
   auto w = lookup(id, "a.wild.test");
   CHECK_MESSAGE(w.find("198.18.0.2") != std::string::npos, w);
   CHECK(reached(get(*s, id, "198.18.0.2", 8000)));
+  // Each refused name reached the session once, as a denied event (nslookup
+  // asks twice, A and AAAA; denied.test was asked again below), and the
+  // connection dropped before the lookup as a destination.
+  CHECK_MESSAGE(lookup(id, "denied.test").find("REFUSED") != std::string::npos, "again");
+  std::map<std::string, int> denied;
+  CHECK(eventually([&] {
+    for (;;) {
+      auto ev = events.value()->next(std::chrono::milliseconds(100));
+      REQUIRE(ev);
+      if (!*ev)
+        break;
+      if ((*ev)->kind == chronus_kind::denied && (*ev)->sandbox_id == id)
+        ++denied[(*ev)->text];
+    }
+    return denied.count("dns denied.test") && denied.count("dns no.wild.test")
+           && denied.count("dns wild.test") && denied.count("tcp 198.18.0.3:8000");
+  }));
+  CHECK(denied["dns denied.test"] == 1);
+  CHECK(denied["dns wild.test"] == 1);
+  CHECK(denied["dns no.wild.test"] == 1);
+  CHECK(denied.count("dns allowed.test") == 0);
+  CHECK(denied.count("dns a.wild.test") == 0);
   // A new policy forgets what the old one admitted.
   REQUIRE(s->set_network(id, {"other.test"}, {}));
   CHECK(get(*s, id, "198.18.0.3", 8000) == "ETIMEDOUT");
