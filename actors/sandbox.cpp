@@ -1682,10 +1682,10 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
             auto session = route->get();
             if (!session)
               return;
-            timespec ts{};
-            ::clock_gettime(CLOCK_MONOTONIC, &ts);
-            auto ns = static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000u
-                      + static_cast<uint64_t>(ts.tv_nsec);
+            auto ns = static_cast<uint64_t>(
+              std::chrono::duration_cast<std::chrono::nanoseconds>(
+                std::chrono::steady_clock::now().time_since_epoch())
+                .count());
             auto what = a.protocol == "dns"
                           ? "dns " + a.name
                           : a.protocol + " " + ipv4_to_string(a.address) + ":"

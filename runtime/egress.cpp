@@ -441,20 +441,20 @@ expected<void> egress_network::load_services(const std::string& path) {
   return {};
 }
 
+namespace {
+// The packets of the table's named counter `name` (0 if it cannot be read).
+uint64_t counter_packets(nft_ctx* c, const std::string& table, const char* name) {
+  if (!run_nft(c, "list counter inet " + table + " " + name))
+    return 0;
+  std::string text = nft_ctx_get_output_buffer(c);
+  auto at = text.find("packets ");
+  return at == std::string::npos ? 0 : std::strtoull(text.c_str() + at + 8, nullptr, 10);
+}
+} // namespace
+
 egress_network::counters_t egress_network::counters() {
   std::lock_guard<std::mutex> g{mu_};
-  counters_t c;
-  auto read = [&](const char* name, uint64_t& out) {
-    if (!run_nft(nft_, "list counter inet " + table_ + " " + name))
-      return;
-    std::string text = nft_ctx_get_output_buffer(nft_);
-    auto at = text.find("packets ");
-    if (at != std::string::npos)
-      out = std::strtoull(text.c_str() + at + 8, nullptr, 10);
-  };
-  read("allowed", c.allowed);
-  read("denied", c.denied);
-  return c;
+  return {counter_packets(nft_, table_, "allowed"), counter_packets(nft_, table_, "denied")};
 }
 
 expected<egress_network::compiled> egress_network::compile(
@@ -802,15 +802,8 @@ void egress_network::poll_loop() {
       g.dns_refused = dns_->stats().refused.load();
       g.dns_failed = dns_->stats().failed.load();
     }
-    auto read = [&](const char* name, std::atomic<uint64_t>& out) {
-      if (!run_nft(nft_, "list counter inet " + table_ + " " + name))
-        return;
-      std::string text = nft_ctx_get_output_buffer(nft_);
-      if (auto at = text.find("packets "); at != std::string::npos)
-        out = std::strtoull(text.c_str() + at + 8, nullptr, 10);
-    };
-    read("allowed", g.allowed);
-    read("denied", g.denied);
+    g.allowed = counter_packets(nft_, table_, "allowed");
+    g.denied = counter_packets(nft_, table_, "denied");
     if (attached_ > 0)
       poll_denied();
   }

@@ -30,6 +30,13 @@ std::map<std::string, double> by_label(const std::vector<sample>& s, std::string
   return out;
 }
 
+bool has_series(const std::vector<sample>& s, std::string_view name) {
+  for (const auto& x : s)
+    if (x.name == name)
+      return true;
+  return false;
+}
+
 njson quantile_ms(const histogram::snapshot& h, double q) {
   if (h.count() == 0)
     return nullptr;
@@ -66,9 +73,7 @@ void status_history::sample() {
   p.t = unix_now();
   // A coordinator's rates are its cluster's (its nodes' heartbeat counters);
   // any other daemon's its own.
-  bool cluster = false;
-  for (const auto& x : s)
-    cluster = cluster || x.name == "dsec_cluster_node_creates_total";
+  bool cluster = has_series(s, "dsec_cluster_node_creates_total");
   p.creates = sum_of(s, cluster ? "dsec_cluster_node_creates_total" : "dsec_sandbox_creates_total");
   p.destroys =
     sum_of(s, cluster ? "dsec_cluster_node_destroys_total" : "dsec_sandbox_destroys_total");
@@ -77,9 +82,7 @@ void status_history::sample() {
   p.live = sum_of(s, "dsec_sandboxes_live");
   // A coordinator's create latency is its cluster's too (the nodes'
   // histograms from their heartbeats, dsec_cluster_create_seconds).
-  bool cluster_latency = false;
-  for (const auto& x : s)
-    cluster_latency = cluster_latency || x.name == "dsec_cluster_create_seconds_bucket";
+  bool cluster_latency = has_series(s, "dsec_cluster_create_seconds_bucket");
   p.create_seconds = histogram_of(
     s, cluster_latency ? "dsec_cluster_create_seconds" : "dsec_sandbox_create_seconds");
   p.node_live = by_label(s, "dsec_cluster_node_live", "node");
@@ -127,10 +130,7 @@ std::string status_history::json() const {
                     {"failed", sum_of(s, "dsec_cluster_node_failures_total")},
                     {"live", sum_of(s, "dsec_cluster_node_live")}};
   j["rates_of"] = up.empty() ? "this daemon" : "the cluster (the nodes' heartbeats)";
-  bool cluster_latency = false;
-  for (const auto& x : s)
-    cluster_latency = cluster_latency || x.name == "dsec_cluster_create_seconds_bucket";
-  j["latency_of"] = cluster_latency ? "the cluster's nodes (their heartbeats)"
+  j["latency_of"] = has_series(s, "dsec_cluster_create_seconds_bucket") ? "the cluster's nodes (their heartbeats)"
                                     : "this daemon's own node";
   j["sessions"] = sum_of(s, "dsec_sessions");
   j["sandboxes"] = {{"live", sum_of(s, "dsec_sandboxes_live")},
