@@ -366,6 +366,13 @@ expected<logs_reply> client::logs(const std::string& id, const logs_request& q) 
   });
 }
 
+expected<sandbox_usage> client::usage(const std::string& id, bool processes) {
+  return blocking<sandbox_usage>([&](auto& w) {
+    async_call<sandbox_usage>(*sys_, identity_, scheduler(), w.done(), usage_atom::value, id,
+                              processes);
+  });
+}
+
 expected<void> client::signal(const std::string& id, uint64_t exec, int sig) {
   return blocking<void>([&](auto& w) {
     async_call<bool>(*sys_, identity_, scheduler(), as_void(w.done()), signal_atom::value, id,

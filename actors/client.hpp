@@ -366,6 +366,10 @@ public:
   /// holds them (logs_request; docs/actors.md "Logs"). With `q.wait` it may
   /// take up to 20 s to answer: call it again from the reply's `next`.
   expected<logs_reply> logs(const std::string& id, const logs_request& q);
+  /// What sandbox `id` uses now (memory, CPU time, tasks, its writable
+  /// layer, egress counters), read by its node from the host's side; with
+  /// `processes` its processes too (`dsec stats|top ID`).
+  expected<sandbox_usage> usage(const std::string& id, bool processes = false);
   /// Sends `sig` to the process group of command `exec` of sandbox `id` (a
   /// detached command's id from logs(), or a handle's); not_found once it ended.
   expected<void> signal(const std::string& id, uint64_t exec, int sig);
@@ -531,6 +535,8 @@ public:
   expected<exposed_port> expose(const std::string& id, uint16_t port);
   /// As client::logs, for one of this session's sandboxes.
   expected<logs_reply> logs(const std::string& id, const logs_request& q);
+  /// As client::usage, for one of this session's sandboxes.
+  expected<sandbox_usage> usage(const std::string& id, bool processes = false);
   expected<std::vector<sandbox_info>> list();
 
   /// Destroys every sandbox of the session and ends it; returns how many.

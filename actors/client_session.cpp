@@ -95,6 +95,15 @@ expected<logs_reply> session::logs(const std::string& id, const logs_request& q)
   });
 }
 
+expected<sandbox_usage> session::usage(const std::string& id, bool processes) {
+  if (auto e = closed_error())
+    return *e;
+  return blocking<sandbox_usage>([&](auto& w) {
+    async_call<sandbox_usage>(*client_->sys_, client_->identity_, handle(), w.done(),
+                              usage_atom::value, id, processes);
+  });
+}
+
 expected<std::vector<sandbox_info>> session::list() {
   return blocking<std::vector<sandbox_info>>([&](auto& w) { list_async(w.done()); });
 }

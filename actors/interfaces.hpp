@@ -108,6 +108,8 @@ using sandbox_actor = caf::typed_actor<
   /// "Logs"): what its log holds after a position, at once or (`wait`) once
   /// there is some.
   caf::replies_to<logs_atom, internal_key, logs_request>::with<logs_reply>,
+  /// What it uses now (sandbox_usage), with its processes when asked (true).
+  caf::replies_to<usage_atom, internal_key, bool>::with<sandbox_usage>,
   // process surface: from the reactor thread and timers
   caf::reacts_to<event_atom, internal_key>,                  ///< init has something to say
   caf::reacts_to<output_atom, internal_key, uint64_t, uint8_t, std::string,
@@ -196,6 +198,8 @@ using session_actor = caf::typed_actor<
   caf::replies_to<credit_atom, std::string, uint64_t, uint64_t>::with<bool>,
   /// The log of one of its sandboxes' detached commands, as sandbox_actor's.
   caf::replies_to<logs_atom, std::string, logs_request>::with<logs_reply>,
+  /// What one of its sandboxes uses now, as sandbox_actor's.
+  caf::replies_to<usage_atom, std::string, bool>::with<sandbox_usage>,
   // ---- member surface: from the nodes and their sandboxes ----
   /// an Event from the node's Chronus endpoint
   caf::reacts_to<chronus_atom, internal_key, chronus_event_msg>,
@@ -314,6 +318,8 @@ using scheduler_actor = caf::typed_actor<
   /// The log of a sandbox's detached commands (`dsec logs|wait|kill ID`), as
   /// sandbox_actor's.
   caf::replies_to<logs_atom, std::string, logs_request>::with<logs_reply>,
+  /// What a sandbox uses now (`dsec stats|top ID`), as sandbox_actor's.
+  caf::replies_to<usage_atom, std::string, bool>::with<sandbox_usage>,
   /// Sets a sandbox's egress policy (allow, deny), `dsec net ID`.
   caf::replies_to<network_atom, std::string, std::vector<std::string>,
                   std::vector<std::string>>::with<bool>,

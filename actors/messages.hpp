@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "runtime/environment.hpp"
+#include "runtime/usage.hpp"
 
 namespace dsec {
 
@@ -25,6 +26,7 @@ using put_atom = caf::atom_constant<caf::atom("put")>;
 using get_atom = caf::atom_constant<caf::atom("get")>;
 using list_atom = caf::atom_constant<caf::atom("list")>;
 using stats_atom = caf::atom_constant<caf::atom("stats")>;
+using usage_atom = caf::atom_constant<caf::atom("usage")>;
 using lookup_atom = caf::atom_constant<caf::atom("lookup")>;
 using place_atom = caf::atom_constant<caf::atom("place")>;
 using spawn_atom = caf::atom_constant<caf::atom("spawn")>;
@@ -528,6 +530,38 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, egress_traffic& x) {
   return f(caf::meta::type_name("dsec.egress_traffic"), x.sandbox, x.sent_bytes,
            x.received_bytes, x.connections, x.denied);
+}
+
+/// One process of a sandbox, as `dsec top ID` shows it (runtime/usage.hpp).
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, sandbox_process& x) {
+  return f(caf::meta::type_name("dsec.sandbox_process"), x.pid, x.ppid, x.uid, x.state,
+           x.threads, x.rss_bytes, x.cpu_ms, x.age_ms, x.command);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, resource_usage& x) {
+  return f(caf::meta::type_name("dsec.resource_usage"), x.memory_bytes, x.memory_limit,
+           x.cpu_ms, x.tasks, x.tasks_limit, x.processes, x.disk_bytes, x.disk_limit, x.inodes,
+           x.inodes_limit, x.memory_from_cgroup);
+}
+
+/// What a sandbox uses now (`dsec stats ID`, `dsec top ID`; usage_atom):
+/// read by its node from the host's side when asked, never from inside it.
+struct sandbox_usage {
+  std::string id;
+  std::string node;
+  uint64_t uptime_ms = 0;      ///< since it became ready
+  resource_usage usage;
+  bool egress = false;         ///< an egress sandbox: `traffic` counts its packets
+  egress_traffic traffic;
+  std::vector<sandbox_process> processes; ///< only when asked for, by pid
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, sandbox_usage& x) {
+  return f(caf::meta::type_name("dsec.sandbox_usage"), x.id, x.node, x.uptime_ms, x.usage,
+           x.egress, x.traffic, x.processes);
 }
 
 struct node_stats {

@@ -551,6 +551,11 @@ sandbox_actor::behavior_type vm_impl(self_ptr self, sandbox_config cfg,
         return refuse("logs");
       return not_for_vm(self->state, "logs (a microVM's detached commands keep no output)");
     },
+    [=](usage_atom, const internal_key& k, bool) -> caf::result<sandbox_usage> {
+      if (!genuine(k, self->state.cfg.key, "usage (sandbox)"))
+        return refuse("usage");
+      return not_for_vm(self->state, "stats and top (a microVM's guest reports no usage yet)");
+    },
     [=](event_atom, const internal_key& k) {
       if (genuine(k, process_key(), "event (sandbox)"))
         on_events(self);

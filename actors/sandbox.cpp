@@ -47,6 +47,7 @@
 #include "runtime/freezer.hpp"
 #include "runtime/snapshot.hpp"
 #include "runtime/store.hpp"
+#include "runtime/usage.hpp"
 
 namespace dsec {
 
@@ -1397,6 +1398,52 @@ void run_pack(self_ptr self) {
       });
 }
 
+// What the sandbox uses now (usage_atom; runtime/usage.hpp). procfs and
+// statfs are read on a detached helper, a thread of its own: reading a
+// process's command line touches its memory, which the sandbox controls, so
+// it never runs on a CAF worker. The egress counters come from the node's
+// table once the helper answers.
+caf::typed_response_promise<sandbox_usage> read_usage(self_ptr self, bool processes) {
+  auto& s = self->state;
+  auto rp = self->make_response_promise<sandbox_usage>();
+  sandbox_usage base;
+  base.id = s.cfg.id;
+  base.node = s.cfg.node_name;
+  base.uptime_ms = s.created_ms && unix_ms() > s.created_ms ? unix_ms() - s.created_ms : 0;
+  auto helper = self->spawn<caf::detached>(
+    [init = s.box->pid(), paths = s.box->cgroup_paths(), processes,
+     base](caf::event_based_actor* a) {
+      return caf::behavior{[=](usage_atom) -> caf::result<internal_key, sandbox_usage> {
+        a->quit();
+        auto out = base;
+        auto rows = read_sandbox_processes(init, paths, &out.usage);
+        if (!rows)
+          return to_caf(std::move(rows).error_value().in_step("usage"));
+        if (processes)
+          out.processes = std::move(*rows);
+        return {process_key(), std::move(out)};
+      }};
+    });
+  self->request(helper, caf::infinite, usage_atom::value)
+    .then(
+      [self, rp](const internal_key& k, sandbox_usage& u) mutable {
+        if (!genuine(k, process_key(), "a usage result (sandbox)")) {
+          rp.deliver(to_caf(make_error(errc::unauthorized, "a forged usage result")));
+          return;
+        }
+        auto& s = self->state;
+        if (s.egress) {
+          auto t = s.egress->traffic();
+          u.egress = true;
+          u.traffic = {s.cfg.id, t.sent_bytes, t.received_bytes, t.connections,
+                       t.denied_packets};
+        }
+        rp.deliver(std::move(u));
+      },
+      [rp](caf::error& e) mutable { rp.deliver(std::move(e)); });
+  return rp;
+}
+
 // A pooled sandbox handed to a create (claim_atom): from now on it is that
 // session's, of that request, with that TTL, as if it had been made for it
 // (`keep_upper`: for a session with a trajectory log, whose packs it takes;
@@ -2049,6 +2096,16 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
       s.cfg.env.allow = allow;
       s.cfg.env.deny = deny;
       return true;
+    },
+    [=](usage_atom, const internal_key& k, bool processes) -> caf::result<sandbox_usage> {
+      if (!genuine(k, self->state.cfg.key, "usage (sandbox)"))
+        return refuse("usage");
+      auto& s = self->state;
+      if (s.ph != phase::ready || !s.box)
+        return to_caf(make_error(errc::not_found, "sandbox " + s.cfg.id + " is "
+                                   + (s.ph == phase::creating ? "still being created"
+                                                              : "being destroyed")));
+      return read_usage(self, processes);
     },
     [=](logs_atom, const internal_key& k, logs_request& q) -> caf::result<logs_reply> {
       if (!genuine(k, self->state.cfg.key, "logs (sandbox)"))

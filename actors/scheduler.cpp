@@ -1033,6 +1033,9 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
     [=](logs_atom, const std::string& id, const logs_request& q) {
       return by_id<logs_reply>(self, id, logs_atom::value, q);
     },
+    [=](usage_atom, const std::string& id, bool processes) {
+      return by_id<sandbox_usage>(self, id, usage_atom::value, processes);
+    },
     [=](signal_atom, const std::string& id, uint64_t eid, int32_t sig) {
       return by_id<bool>(self, id, signal_atom::value, eid, sig);
     },

@@ -1210,6 +1210,14 @@ session_actor::behavior_type session_impl(self_ptr self, session_config cfg) {
       forward_to<logs_reply>(self, *sb, rp, logs_atom::value, q);
       return {};
     },
+    [=](usage_atom, const std::string& id, bool processes) -> caf::delegated<sandbox_usage> {
+      auto sb = find(self, id);
+      if (!sb)
+        return fail_with<sandbox_usage>(self, sb.error_value());
+      auto rp = self->make_response_promise<sandbox_usage>();
+      forward_to<sandbox_usage>(self, *sb, rp, usage_atom::value, processes);
+      return {};
+    },
     [=](signal_atom, const std::string& id, uint64_t eid,
         int32_t sig) -> caf::delegated<bool> {
       auto sb = find(self, id);

@@ -298,6 +298,12 @@ sandbox_actor::behavior_type sim_impl(self_ptr self, std::shared_ptr<const sim_c
         return refuse("logs");
       return to_caf(make_error(errc::unsupported, "a simulated sandbox's commands have no output"));
     },
+    [=](usage_atom, const internal_key& k, bool) -> caf::result<sandbox_usage> {
+      if (!genuine(k, self->state.c->key, "usage (sandbox)"))
+        return refuse("usage");
+      return to_caf(make_error(errc::unsupported,
+                               "a simulated sandbox has no processes and uses nothing"));
+    },
     [=](ttl_atom, const internal_key& k, uint64_t setting) {
       if (genuine(k, process_key(), "ttl (sandbox)") && setting == self->state.ttl_setting)
         begin_destroy(self);

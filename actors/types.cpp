@@ -151,6 +151,9 @@ void register_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<backend_offer>("dsec.backend_offer");
   cfg.add_message_type<node_stats>("dsec.node_stats");
   cfg.add_message_type<egress_traffic>("dsec.egress_traffic");
+  cfg.add_message_type<sandbox_process>("dsec.sandbox_process");
+  cfg.add_message_type<resource_usage>("dsec.resource_usage");
+  cfg.add_message_type<sandbox_usage>("dsec.sandbox_usage");
   cfg.add_message_type<pool_info>("dsec.pool_info");
   cfg.add_message_type<session_summary>("dsec.session_summary");
   cfg.add_message_type<layer_set>("dsec.layer_set");

@@ -754,6 +754,15 @@ void counters_of(const nlohmann::json& elems,
 
 } // namespace
 
+sandbox_traffic egress_link::traffic() const {
+  for (auto& t : net_->traffic())
+    if (t.ifname == ifname_)
+      return t;
+  sandbox_traffic none;
+  none.ifname = ifname_;
+  return none;
+}
+
 std::vector<sandbox_traffic> egress_network::traffic() {
   std::lock_guard<std::mutex> g{mu_};
   std::map<std::string, sandbox_traffic> by;

@@ -120,6 +120,10 @@ public:
   /// return).
   void watch(std::string sandbox, std::function<void(const denied_attempt&)> on_denied);
 
+  /// This link's figures in the counting sets (egress_network::traffic's,
+  /// one listing of each set).
+  [[nodiscard]] sandbox_traffic traffic() const;
+
   ~egress_link();
   egress_link(const egress_link&) = delete;
   egress_link& operator=(const egress_link&) = delete;

@@ -7,6 +7,7 @@
 // Layers: bbt@1 (busybox with tar, from test/actors/common.hpp) and the
 // fixture's wd@1 (workdir) and ta@1 (tool), for the wrong-kind errors.
 #include <doctest/doctest.h>
+#include <nlohmann/json.hpp>
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -1054,6 +1055,117 @@ TEST_CASE("remote logs, wait, kill: a detached command's output is kept, bounded
     CHECK_MESSAGE(r.status == 0, r.describe());
   }
   CHECK(ps(d).empty());
+  check_serving(d);
+  d.finish();
+}
+
+// ---- stats and top (issue 23) ---------------------------------------------------
+
+TEST_CASE("remote stats and top: what a sandbox uses and its processes, read from the host") {
+  daemon_proc d;
+  // A busy loop (CPU time), 4 MiB and three files in the writable layer, a
+  // background sleep and the shell exec'd into another: then /ready.
+  auto box = first_line(d.run(
+    {"--detach", "--name", "st", "--memory", "64m", "--pids", "50", "--disk", "16m"},
+    {"sh", "-c",
+     "i=0; while [ $i -lt 40000 ]; do i=$((i+1)); done; "
+     "dd if=/dev/zero of=/big bs=1M count=4 2>/dev/null; touch /f1 /f2 /f3; "
+     "sleep 1000 & touch /ready; exec sleep 1001"}));
+  bool ready = false;
+  for (int k = 0; k < 200 && !ready; ++k) {
+    ready = d.dsec({"exec", box, "--", "test", "-e", "/ready"}).status == 0;
+    if (!ready)
+      ::usleep(50000);
+  }
+  REQUIRE(ready);
+
+  auto r = d.dsec({"stats", "--json", "st"});
+  REQUIRE_MESSAGE(r.status == 0, r.describe());
+  auto lines = lines_of(r.out);
+  REQUIRE_MESSAGE(lines.size() == 1, r.describe());
+  auto j = nlohmann::json::parse(lines[0]);
+  CHECK(j["id"] == box);
+  CHECK(j["memory_limit"].get<uint64_t>() == 64ull << 20);
+  // the 4 MiB file is memory (tmpfs pages are charged to the writer's cgroup)
+  CHECK_MESSAGE(j["memory_bytes"].get<uint64_t>() >= 4ull << 20, lines[0]);
+  CHECK(j["tasks_limit"].get<uint64_t>() == 50);
+  CHECK_MESSAGE(j["tasks"].get<uint64_t>() >= 3, lines[0]); // init, two sleeps
+  CHECK_MESSAGE(j["processes"].get<uint64_t>() >= 3, lines[0]);
+  CHECK_MESSAGE(j["cpu_ms"].get<uint64_t>() > 0, lines[0]);
+  CHECK_MESSAGE(j["disk_bytes"].get<uint64_t>() >= 4ull << 20, lines[0]);
+  CHECK_MESSAGE(j["disk_limit"].get<uint64_t>() == 16ull << 20, lines[0]);
+  CHECK_MESSAGE(j["inodes"].get<uint64_t>() >= 5, lines[0]); // /big, /f1-3, /ready
+  CHECK(j["inodes_limit"].get<uint64_t>() > j["inodes"].get<uint64_t>());
+  CHECK_FALSE(j.contains("sent_bytes")); // no egress
+  auto before = j["disk_bytes"].get<uint64_t>();
+  // what the sandbox writes shows in the next sample
+  REQUIRE(d.dsec({"exec", box, "--", "sh", "-c", "dd if=/dev/zero of=/big2 bs=1M count=3"})
+            .status == 0);
+  r = d.dsec({"stats", "--json", box});
+  REQUIRE_MESSAGE(r.status == 0, r.describe());
+  CHECK(nlohmann::json::parse(lines_of(r.out).at(0))["disk_bytes"].get<uint64_t>() >=
+        before + (3ull << 20));
+
+  // The table, and --interval with a CPU share from the second sample on.
+  r = d.dsec({"stats", box});
+  CHECK_MESSAGE(r.status == 0, r.describe());
+  CHECK_MESSAGE(contains(r.out, "MEMORY"), r.out);
+  CHECK_MESSAGE((contains(r.out, " / 64.0 MiB") || contains(r.out, " / 64 MiB")), r.out);
+  r = d.dsec({"stats", "--json", "--interval", "100ms", "--count", "2", box});
+  CHECK_MESSAGE(r.status == 0, r.describe());
+  lines = lines_of(r.out);
+  REQUIRE(lines.size() == 2);
+  CHECK_FALSE(nlohmann::json::parse(lines[0]).contains("cpu_percent"));
+  CHECK(nlohmann::json::parse(lines[1]).contains("cpu_percent"));
+
+  // top: the sandbox's pids and uids; sleep 1000's parent is the shell that
+  // became sleep 1001; init is pid 1 with a parent outside (0).
+  r = d.dsec({"top", "--json", "st"});
+  REQUIRE_MESSAGE(r.status == 0, r.describe());
+  auto procs = nlohmann::json::parse(r.out);
+  std::map<std::string, nlohmann::json> by_cmd;
+  bool init_seen = false;
+  for (auto& p : procs) {
+    by_cmd[p["command"].get<std::string>()] = p;
+    if (p["pid"] == 1) {
+      init_seen = true;
+      CHECK(p["ppid"] == 0);
+    }
+    CHECK(p["uid"] == 0); // root inside, whatever uid it maps to outside
+  }
+  CHECK_MESSAGE(init_seen, r.out);
+  REQUIRE_MESSAGE(by_cmd.count("sleep 1000"), r.out);
+  REQUIRE_MESSAGE(by_cmd.count("sleep 1001"), r.out);
+  CHECK(by_cmd["sleep 1000"]["ppid"] == by_cmd["sleep 1001"]["pid"]);
+  CHECK(by_cmd["sleep 1001"]["state"] == "S");
+  CHECK(by_cmd["sleep 1001"]["pid"].get<int>() < 1000); // the sandbox's pid, not the host's
+  CHECK(by_cmd["sleep 1001"]["cpu_ms"].get<uint64_t>() > 0); // the loop ran in that shell
+  r = d.dsec({"top", box});
+  CHECK_MESSAGE(r.status == 0, r.describe());
+  CHECK_MESSAGE(contains(r.out, "COMMAND"), r.out);
+  CHECK_MESSAGE(contains(r.out, "sleep 1000"), r.out);
+
+  // Errors: an unknown sandbox (the others still shown), usage errors.
+  r = d.dsec({"stats", "--json", "nosuch", box});
+  CHECK_MESSAGE(r.status == 1, r.describe());
+  CHECK_MESSAGE(contains(r.err, "nosuch"), r.describe());
+  CHECK(lines_of(r.out).size() == 1);
+  r = d.dsec({"top", "nosuch"});
+  CHECK_MESSAGE(r.status == 1, r.describe());
+  CHECK_MESSAGE(contains(r.err, "nosuch"), r.describe());
+  r = d.dsec({"stats", "--count", "2", box});
+  CHECK_MESSAGE(r.status == 2, r.describe());
+  CHECK_MESSAGE(contains(r.err, "--count needs --interval"), r.describe());
+  r = d.dsec({"stats", "--interval", "1ms", box});
+  CHECK(r.status == 2);
+  r = d.dsec({"stats"});
+  CHECK(r.status == 2);
+  r = d.dsec({"top", box, box});
+  CHECK(r.status == 2);
+  r = d.dsec({"rm", box});
+  CHECK_MESSAGE(r.status == 0, r.describe());
+  r = d.dsec({"stats", box});
+  CHECK(r.status == 1);
   check_serving(d);
   d.finish();
 }

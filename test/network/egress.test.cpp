@@ -364,6 +364,17 @@ TEST_CASE("each egress sandbox's traffic is counted, and what it is denied reach
   CHECK(by[b].sent_bytes == 0);
   CHECK(by[b].received_bytes == 0);
   CHECK(by[b].denied >= 1);
+  // The sandbox's own usage (`dsec stats`) carries the same counters.
+  auto ua = s->usage(a);
+  REQUIRE_MESSAGE(ua, describe(ua.error_value()));
+  CHECK(ua->egress);
+  CHECK(ua->traffic.connections == 2);
+  CHECK(ua->traffic.sent_bytes >= by[a].sent_bytes);
+  CHECK(ua->traffic.denied >= by[a].denied);
+  CHECK(ua->usage.processes >= 1);
+  auto ub = s->usage(b);
+  REQUIRE(ub);
+  CHECK(ub->traffic.sent_bytes == 0);
   // /metrics: the node's packets by verdict and its egress sandboxes, as the
   // network's poll thread last read them (about once a second).
   auto value = [](const std::string& text, const std::string& series) {

@@ -41,6 +41,8 @@ Verbs of a daemon (dsecd), with --connect HOST:PORT before the verb:
   rm                    destroy sandboxes
   logs, wait, kill      a sandbox's detached commands: their output (1 MiB
                         kept), their end, a signal to them
+  stats ID..., top ID   what sandboxes use now (memory, CPU, tasks, disk, egress);
+                        a sandbox's processes
   session open|close    open a session nobody owns, close one
   node stats            the daemon's counters and layer cache
   node cordon|uncordon|drain NODE
@@ -164,7 +166,7 @@ int main(int argc, char** argv) {
   }
   for (const char* d : {"ps", "inspect", "exec", "cp", "rm", "session", "node", "cluster", "call", "pool",
                         "feedback", "net", "expose", "pause", "resume", "snapshot", "fork",
-                        "logs", "wait", "kill"})
+                        "logs", "wait", "kill", "stats"})
     if (verb == d) {
       std::fprintf(stderr,
                    "dsec: '%s' is a verb of a daemon: give --connect HOST:PORT before it "

@@ -40,6 +40,9 @@ Verbs:
                                     --detach, exec --detach), kept in a 1 MiB log
   wait ID                           wait for its detached CMD to end; print its code
   kill ID [-s SIGNAL]               signal its running detached commands
+  stats ID... [--interval DUR]      what they use now: memory, CPU, tasks, disk,
+                                    files, egress traffic
+  top ID                            its processes (pid, user, state, memory, CPU)
   session open [OPTIONS]            open a session nobody owns; prints its id
   session resume ID                 reopen a session from its trajectory log
   session close ID                  close a session and destroy its sandboxes
@@ -121,6 +124,10 @@ int main(int argc, char** argv) {
     return remote::wait_main(ctx, a);
   if (verb == "kill")
     return remote::kill_main(ctx, a);
+  if (verb == "stats")
+    return remote::stats_main(ctx, a);
+  if (verb == "top")
+    return remote::top_main(ctx, a);
   if (verb == "rm")
     return remote::rm_main(ctx, a);
   if (verb == "inspect")

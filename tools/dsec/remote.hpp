@@ -67,6 +67,8 @@ int fork_main(context& c, args& a);
 int logs_main(context& c, args& a);
 int wait_main(context& c, args& a);
 int kill_main(context& c, args& a);
+int stats_main(context& c, args& a);
+int top_main(context& c, args& a);
 /// The warm pools of `node stats` (tools/dsec/remote_pool.cpp).
 void print_pools(const node_stats& s);
 
