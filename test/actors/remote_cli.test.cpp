@@ -1059,6 +1059,80 @@ TEST_CASE("remote logs, wait, kill: a detached command's output is kept, bounded
   d.finish();
 }
 
+TEST_CASE("remote attach: a detached command's output from now on, its status, our signals") {
+  daemon_proc d;
+  SUBCASE("--logs, then what it writes, and its exit status") {
+    auto box = first_line(d.run({"--detach"}, {"sh", "-c",
+      "echo one; while [ ! -e /tmp/go ]; do sleep 0.05; done; echo two >&2; echo three; exit 5"}));
+    background at(d.argv({"attach", "--logs", box}));
+    REQUIRE_MESSAGE(at.wait_for_output("one\n"), at.out() << at.err());
+    auto r = d.dsec({"exec", box, "--", "touch", "/tmp/go"});
+    CHECK_MESSAGE(r.status == 0, r.describe());
+    auto end = at.wait();
+    CHECK_MESSAGE(end.status == 5, end.describe());
+    CHECK(end.out == "one\nthree\n");
+    CHECK(end.err == "two\n");
+    // Ended already: its status at once; without --logs nothing is printed.
+    r = d.dsec({"attach", box});
+    CHECK_MESSAGE(r.status == 5, r.describe());
+    CHECK(r.out.empty());
+    r = d.dsec({"attach", "--exec", "999", box});
+    CHECK_MESSAGE(r.status == 1, r.describe());
+    CHECK_MESSAGE(contains(r.err, "no detached command 999"), r.describe());
+    r = d.dsec({"rm", box});
+    CHECK_MESSAGE(r.status == 0, r.describe());
+  }
+  SUBCASE("our SIGINT reaches the command, which decides what to do with it") {
+    auto box = first_line(d.run({"--detach"}, {"sh", "-c",
+      "trap 'echo got INT; exit 7' INT; echo ready; while :; do sleep 0.05; done"}));
+    background at(d.argv({"attach", "--logs", box}));
+    REQUIRE_MESSAGE(at.wait_for_output("ready\n"), at.out() << at.err());
+    at.kill(SIGINT);
+    auto end = at.wait();
+    CHECK_MESSAGE(end.status == 7, end.describe());
+    CHECK(end.out == "ready\ngot INT\n");
+    auto r = d.dsec({"wait", box});
+    CHECK(r.out == "7\n");
+    r = d.dsec({"rm", box});
+    CHECK_MESSAGE(r.status == 0, r.describe());
+  }
+  SUBCASE("--no-sig-proxy: a signal detaches dsec, the command runs on") {
+    auto box = first_line(d.run({"--detach"}, {"sh", "-c",
+      "echo ready; while [ ! -e /tmp/go ]; do sleep 0.05; done; exit 3"}));
+    background at(d.argv({"attach", "--logs", "--no-sig-proxy", box}));
+    REQUIRE_MESSAGE(at.wait_for_output("ready\n"), at.out() << at.err());
+    at.kill(SIGINT);
+    auto end = at.wait();
+    CHECK_MESSAGE(end.status == 130, end.describe());
+    CHECK_MESSAGE(contains(end.err, "detached from command"), end.describe());
+    auto r = d.dsec({"inspect", box});
+    CHECK_MESSAGE(contains(r.out, "\"running\": true"), r.out);
+    r = d.dsec({"exec", box, "--", "touch", "/tmp/go"});
+    CHECK(r.status == 0);
+    r = d.dsec({"attach", box});
+    CHECK_MESSAGE(r.status == 3, r.describe());
+    r = d.dsec({"rm", box});
+    CHECK_MESSAGE(r.status == 0, r.describe());
+  }
+  SUBCASE("a sandbox without detached commands; usage errors") {
+    auto box = first_line(d.run({"--detach"}, {"true"}));
+    // run --detach's CMD is a detached command; exec'd commands are not
+    auto r = d.dsec({"attach", box});
+    CHECK_MESSAGE(r.status == 0, r.describe());
+    r = d.dsec({"attach"});
+    CHECK(r.status == 2);
+    r = d.dsec({"attach", "--bogus", box});
+    CHECK(r.status == 2);
+    r = d.dsec({"rm", box});
+    CHECK_MESSAGE(r.status == 0, r.describe());
+    r = d.dsec({"attach", box});
+    CHECK_MESSAGE(r.status == 1, r.describe());
+  }
+  CHECK(ps(d).empty());
+  check_serving(d);
+  d.finish();
+}
+
 // ---- stats and top (issue 23) ---------------------------------------------------
 
 TEST_CASE("remote stats and top: what a sandbox uses and its processes, read from the host") {

@@ -41,6 +41,7 @@ Verbs of a daemon (dsecd), with --connect HOST:PORT before the verb:
   rm                    destroy sandboxes
   logs, wait, kill      a sandbox's detached commands: their output (1 MiB
                         kept), their end, a signal to them
+  attach ID             follow its detached command: output, signals, status
   stats ID..., top ID   what sandboxes use now (memory, CPU, tasks, disk, egress);
                         a sandbox's processes
   session open|close    open a session nobody owns, close one
@@ -166,7 +167,7 @@ int main(int argc, char** argv) {
   }
   for (const char* d : {"ps", "inspect", "exec", "cp", "rm", "session", "node", "cluster", "call", "pool",
                         "feedback", "net", "expose", "pause", "resume", "snapshot", "fork",
-                        "logs", "wait", "kill", "stats"})
+                        "logs", "wait", "kill", "stats", "attach"})
     if (verb == d) {
       std::fprintf(stderr,
                    "dsec: '%s' is a verb of a daemon: give --connect HOST:PORT before it "

@@ -39,6 +39,8 @@ Verbs:
   logs ID [-f] [--tail N]           the output of its detached commands (run
                                     --detach, exec --detach), kept in a 1 MiB log
   wait ID                           wait for its detached CMD to end; print its code
+  attach ID [--logs]                follow its detached CMD's output and exit with
+                                    its status; our signals go on to it
   kill ID [-s SIGNAL]               signal its running detached commands
   stats ID... [--interval DUR]      what they use now: memory, CPU, tasks, disk,
                                     files, egress traffic
@@ -128,6 +130,8 @@ int main(int argc, char** argv) {
     return remote::stats_main(ctx, a);
   if (verb == "top")
     return remote::top_main(ctx, a);
+  if (verb == "attach")
+    return remote::attach_main(ctx, a);
   if (verb == "rm")
     return remote::rm_main(ctx, a);
   if (verb == "inspect")

@@ -69,6 +69,7 @@ int wait_main(context& c, args& a);
 int kill_main(context& c, args& a);
 int stats_main(context& c, args& a);
 int top_main(context& c, args& a);
+int attach_main(context& c, args& a);
 /// The warm pools of `node stats` (tools/dsec/remote_pool.cpp).
 void print_pools(const node_stats& s);
 
