@@ -167,13 +167,19 @@ std::string put_digest(const std::string& tar) {
 expected<trajectory_plan> load_trajectory(const std::string& root, const std::string& id) {
   auto path = trajectory_dir(root, id) + "/log";
   uint64_t torn = 0;
-  auto raw = trajectory_file::read(path, &torn);
+  uint32_t format = 0;
+  auto raw = trajectory_file::read(path, &torn, &format);
   if (!raw) {
     if (raw.error_value().code == errc::not_found)
       return make_error(errc::not_found, "no trajectory log for session " + id
                                            + " (it kept none, was closed, or never existed)");
     return std::move(raw).error_value();
   }
+  if (format != trajectory_format)
+    return make_error(errc::unsupported,
+                      "trajectory log " + path + " is in record format " + std::to_string(format)
+                        + "; this dsecd reads format " + std::to_string(trajectory_format)
+                        + " (resume the session with a dsecd of the version that wrote it)");
   trajectory_plan plan;
   plan.torn_bytes = torn;
   plan.records = raw->size();

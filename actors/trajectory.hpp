@@ -70,6 +70,15 @@ typename Inspector::result_type inspect(Inspector& f, trajectory_record& x) {
            x.fail_message, x.bytes);
 }
 
+/// The payload format of the logs this dsecd writes and reads (the header
+/// names it; runtime/trajectory.hpp). Bump it whenever the serialized form of
+/// trajectory_record changes: a field of it or of a type in it
+/// (session_options, environment, exec_request, exec_result, ...) added,
+/// removed or reordered. A log of another format is refused with both
+/// numbers, never misread. The trajectory suite pins the size of a default
+/// record, so that a change which forgets the bump fails there.
+inline constexpr uint32_t trajectory_format = 1;
+
 std::string encode_record(const trajectory_record& r);
 expected<trajectory_record> decode_record(std::string_view bytes);
 

@@ -13,7 +13,9 @@ namespace dsec {
 
 namespace {
 
-constexpr char magic[8] = {'D', 'S', 'E', 'C', 'T', 'R', 'J', '1'};
+constexpr char magic[8] = {'D', 'S', 'E', 'C', 'T', 'R', 'J', '2'};        // + u32 format
+constexpr char magic_v1[8] = {'D', 'S', 'E', 'C', 'T', 'R', 'J', '1'};     // format 1, implied
+constexpr size_t header_size = sizeof magic + 4;
 
 std::array<uint32_t, 256> make_crc_table() {
   std::array<uint32_t, 256> t{};
@@ -42,11 +44,19 @@ void put_u32(std::string& out, uint32_t v) {
 
 // Splits `data` into records; returns the offset just past the last whole one.
 expected<uint64_t> parse(const std::string& data, const std::string& path,
-                         std::vector<std::string>* out) {
-  if (data.size() < sizeof magic || std::memcmp(data.data(), magic, sizeof magic) != 0)
-    return make_error(errc::malformed, "not a dsec trajectory log (no DSECTRJ1 header): "
-                                         + path);
-  size_t off = sizeof magic;
+                         std::vector<std::string>* out, uint32_t& format) {
+  size_t off = 0;
+  if (data.size() >= sizeof magic_v1 &&
+      std::memcmp(data.data(), magic_v1, sizeof magic_v1) == 0) {
+    off = sizeof magic_v1;
+    format = 1;
+  } else if (data.size() >= header_size && std::memcmp(data.data(), magic, sizeof magic) == 0) {
+    off = header_size;
+    format = get_u32(data.data() + sizeof magic);
+  } else {
+    return make_error(errc::malformed, "not a dsec trajectory log (no DSECTRJ2 or DSECTRJ1 "
+                                       "header): " + path);
+  }
   while (data.size() - off >= 8) {
     uint32_t len = get_u32(data.data() + off);
     uint32_t crc = get_u32(data.data() + off + 4);
@@ -73,7 +83,8 @@ uint32_t crc32c(const void* data, size_t size, uint32_t crc) noexcept {
 }
 
 expected<trajectory_file> trajectory_file::open(const std::string& path, bool create,
-                                                std::vector<std::string>* existing) {
+                                                std::vector<std::string>* existing,
+                                                uint32_t format) {
   trajectory_file f;
   f.path_ = path;
   f.fd_.reset(::open(path.c_str(), O_RDWR | O_CLOEXEC | (create ? O_CREAT : 0), 0600));
@@ -84,9 +95,14 @@ expected<trajectory_file> trajectory_file::open(const std::string& path, bool cr
   }
   DSEC_TRY(data, read_all(f.fd_.get(), path, "reading the trajectory log"));
   if (data.empty()) {
-    if (::pwrite(f.fd_.get(), magic, sizeof magic, 0) != static_cast<ssize_t>(sizeof magic))
+    char header[header_size];
+    std::memcpy(header, magic, sizeof magic);
+    for (int i = 0; i < 4; ++i)
+      header[sizeof magic + i] = static_cast<char>((format >> (8 * i)) & 0xff);
+    if (::pwrite(f.fd_.get(), header, sizeof header, 0) != static_cast<ssize_t>(sizeof header))
       return sys_error("writing the trajectory log's header", path);
-    f.size_ = sizeof magic;
+    f.size_ = sizeof header;
+    f.format_ = format;
     DSEC_TRY_VOID(f.sync());
     // The new file's name must survive a crash as well as its bytes.
     auto slash = path.rfind('/');
@@ -94,7 +110,7 @@ expected<trajectory_file> trajectory_file::open(const std::string& path, bool cr
     DSEC_TRY_VOID(fsync_dir(dir.empty() ? "/" : dir, "fsync of the trajectory log's directory"));
     return f;
   }
-  DSEC_TRY(end, parse(data, path, existing));
+  DSEC_TRY(end, parse(data, path, existing, f.format_));
   f.size_ = end;
   f.torn_ = data.size() - end;
   if (f.torn_ > 0) {
@@ -108,7 +124,8 @@ expected<trajectory_file> trajectory_file::open(const std::string& path, bool cr
 }
 
 expected<std::vector<std::string>> trajectory_file::read(const std::string& path,
-                                                         uint64_t* torn_bytes) {
+                                                         uint64_t* torn_bytes,
+                                                         uint32_t* format) {
   unique_fd fd{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
   if (!fd) {
     if (errno == ENOENT)
@@ -117,7 +134,10 @@ expected<std::vector<std::string>> trajectory_file::read(const std::string& path
   }
   DSEC_TRY(data, read_all(fd.get(), path, "reading the trajectory log"));
   std::vector<std::string> out;
-  DSEC_TRY(end, parse(data, path, &out));
+  uint32_t fmt = 0;
+  DSEC_TRY(end, parse(data, path, &out, fmt));
+  if (format)
+    *format = fmt;
   if (torn_bytes)
     *torn_bytes = data.size() - end;
   return out;

@@ -124,3 +124,49 @@ TEST_CASE("what is not a log is refused by name") {
   REQUIRE_FALSE(missing);
   CHECK(missing.error_value().code == dsec::errc::not_found);
 }
+
+TEST_CASE("the header names the payload format; a first-framing file reads as format 1") {
+  temp_dir d{"/tmp", "dsec-trajectory-test"};
+  auto path = d.path() + "/log";
+  {
+    auto f = dsec::trajectory_file::open(path, true, nullptr, 7);
+    REQUIRE(f);
+    CHECK(f->format() == 7);
+    CHECK(f->append("r"));
+    CHECK(f->sync());
+  }
+  uint32_t format = 0;
+  auto got = dsec::trajectory_file::read(path, nullptr, &format);
+  REQUIRE(got);
+  CHECK(format == 7);
+  CHECK(*got == std::vector<std::string>{"r"});
+  auto again = dsec::trajectory_file::open(path, false, nullptr, 3); // keeps its own
+  REQUIRE(again);
+  CHECK(again->format() == 7);
+  // "DSECTRJ1", then frames: the first framing, whose payloads are format 1.
+  auto old = d.path() + "/old";
+  {
+    int fd = ::open(old.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    REQUIRE(fd >= 0);
+    ::close(fd);
+  }
+  std::string frame = "DSECTRJ1";
+  std::string payload = "abc";
+  uint32_t len = 3, crc = dsec::crc32c(payload.data(), payload.size());
+  for (uint32_t v : {len, crc})
+    for (int i = 0; i < 4; ++i)
+      frame += static_cast<char>((v >> (8 * i)) & 0xff);
+  frame += payload;
+  append_raw(old, frame);
+  got = dsec::trajectory_file::read(old, nullptr, &format);
+  REQUIRE(got);
+  CHECK(format == 1);
+  CHECK(*got == std::vector<std::string>{"abc"});
+  auto appended = dsec::trajectory_file::open(old, false);
+  REQUIRE(appended);
+  CHECK(appended->format() == 1);
+  CHECK(appended->append("def"));
+  got = dsec::trajectory_file::read(old);
+  REQUIRE(got);
+  CHECK(got->size() == 2);
+}

@@ -515,6 +515,59 @@ TEST_CASE("trajectory: a torn tail of the log is dropped, the records before it 
   CHECK_FALSE(fs::exists(log_dir(sid)));
 }
 
+TEST_CASE("trajectory: the log names its record format; a log of another format is refused, "
+          "never misread") {
+  // A default record's serialized size pins the record layout of this
+  // format: a field added to trajectory_record or a type in it changes it.
+  // When this fails, bump trajectory_format (actors/trajectory.hpp) and set
+  // the new size here.
+  CHECK_MESSAGE(encode_record(trajectory_record{}).size() == 188,
+                "the trajectory record's layout changed: bump trajectory_format");
+  CHECK(trajectory_format == 1);
+  embedded e;
+  std::string sid, id;
+  {
+    auto c = client::attach(e.sys, e.d->scheduler());
+    auto s = open_logged(*c);
+    sid = s->id();
+    id = create_keyed(*s, "t", 1).front();
+    CHECK(run(*s, id, count_run("a")).out == "1\n");
+  }
+  REQUIRE(eventually_gone(*e.c, {id}));
+  auto path = log_dir(sid) + "/log";
+  auto set_format = [&](uint32_t v) {
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(8);
+    char b[4] = {static_cast<char>(v & 0xff), static_cast<char>((v >> 8) & 0xff),
+                 static_cast<char>((v >> 16) & 0xff), static_cast<char>(v >> 24)};
+    f.write(b, 4);
+  };
+  {
+    std::ifstream f(path, std::ios::binary);
+    char head[12] = {};
+    f.read(head, 12);
+    CHECK(std::string(head, 8) == "DSECTRJ2");
+    CHECK(head[8] == 1);
+  }
+  set_format(99); // as a later dsecd would write it
+  auto plan = load_trajectory(actor_layers() + "/trajectories", sid);
+  REQUIRE_FALSE(plan);
+  CHECK(plan.error_value().code == errc::unsupported);
+  CHECK_MESSAGE(plan.error_value().message.find("record format 99") != std::string::npos,
+                plan.error_value().message);
+  CHECK(plan.error_value().message.find("reads format 1") != std::string::npos);
+  auto c = client::attach(e.sys, e.d->scheduler());
+  auto refused = c->resume_session(sid);
+  REQUIRE_FALSE(refused);
+  CHECK_MESSAGE(refused.error_value().message.find("record format 99") != std::string::npos,
+                refused.error_value().message);
+  set_format(1);
+  auto s = resume(*c, sid);
+  CHECK(create_keyed(*s, "t", 1) == std::vector<std::string>{id});
+  CHECK(run(*s, id, count_run("a")).out == "1\n");
+  REQUIRE(s->close());
+}
+
 TEST_CASE("trajectory: sessions without a log keep none, and their results come straight") {
   embedded e;
   auto s = e.c->open_session({});
