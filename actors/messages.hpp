@@ -99,7 +99,8 @@ using logs_atom = caf::atom_constant<caf::atom("logs")>;
 /// value trainers send.
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, host_mount& x) {
-  return f(caf::meta::type_name("dsec.host_mount"), x.host, x.target, x.read_only);
+  return f(caf::meta::type_name("dsec.host_mount"), x.host, x.target, x.read_only, x.recursive,
+           x.idmap);
 }
 
 template <class Inspector>

@@ -77,7 +77,8 @@ typename Inspector::result_type inspect(Inspector& f, trajectory_record& x) {
 /// removed or reordered. A log of another format is refused with both
 /// numbers, never misread. The trajectory suite pins the size of a default
 /// record, so that a change which forgets the bump fails there.
-inline constexpr uint32_t trajectory_format = 1;
+/// 2: host_mount gained recursive and idmap.
+inline constexpr uint32_t trajectory_format = 2;
 
 std::string encode_record(const trajectory_record& r);
 expected<trajectory_record> decode_record(std::string_view bytes);

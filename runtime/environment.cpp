@@ -288,7 +288,9 @@ std::string environment::to_json() const {
     json_string(o, mounts[i].host);
     o += ", \"target\": ";
     json_string(o, mounts[i].target);
-    o += std::string{", \"read_only\": "} + (mounts[i].read_only ? "true}" : "false}");
+    o += std::string{", \"read_only\": "} + (mounts[i].read_only ? "true" : "false")
+         + ", \"recursive\": " + (mounts[i].recursive ? "true" : "false")
+         + ", \"idmap\": " + (mounts[i].idmap ? "true}" : "false}");
   }
   o += "]";
   o += ", \"ttl_ms\": " + std::to_string(ttl_ms) + ", \"backend\": ";

@@ -58,7 +58,8 @@ bool beneath(const std::string& path, const std::string& dir) {
 } // namespace
 
 std::string host_mount::to_string() const {
-  return host + ":" + target + (read_only ? ":ro" : ":rw");
+  return host + ":" + target + (read_only ? ":ro" : ":rw") + (recursive ? ",rbind" : "")
+         + (idmap ? "" : ",noidmap");
 }
 
 expected<host_mount> parse_host_mount(std::string_view text, bool read_only_default) {
@@ -74,21 +75,39 @@ expected<host_mount> parse_host_mount(std::string_view text, bool read_only_defa
     colon = rest.find(':');
     m.target = std::string{rest.substr(0, colon)};
     if (colon != std::string_view::npos) {
-      auto mode = rest.substr(colon + 1);
-      if (mode == "ro")
-        m.read_only = true;
-      else if (mode == "rw")
-        m.read_only = false;
-      else
-        return make_error(errc::invalid_argument,
-                          "host mount '" + std::string{text} + "': the mode '"
-                            + std::string{mode} + "' is neither ro nor rw");
+      auto opts = rest.substr(colon + 1);
+      bool mode_seen = false;
+      while (true) {
+        auto comma = opts.find(',');
+        auto mode = opts.substr(0, comma);
+        auto bad = [&](const std::string& why) {
+          return make_error(errc::invalid_argument,
+                            "host mount '" + std::string{text} + "': " + why);
+        };
+        if (mode == "ro" || mode == "rw") {
+          if (mode_seen)
+            return bad("give one of ro and rw");
+          mode_seen = true;
+          m.read_only = mode == "ro";
+        } else if (mode == "rbind") {
+          m.recursive = true;
+        } else if (mode == "noidmap") {
+          m.idmap = false;
+        } else {
+          return bad("the option '" + std::string{mode}
+                     + "' is none of ro, rw, rbind and noidmap");
+        }
+        if (comma == std::string_view::npos)
+          break;
+        opts.remove_prefix(comma + 1);
+      }
     }
   }
   if (m.host.empty() || m.target.empty())
     return make_error(errc::invalid_argument,
                       "host mount '" + std::string{text}
-                        + "' is not HOST:SANDBOX[:ro|:rw] (both absolute paths)");
+                        + "' is not HOST:SANDBOX[:ro|:rw][,rbind][,noidmap] (both absolute "
+                          "paths)");
   DSEC_TRY_VOID(check_host_mount(m));
   return m;
 }
@@ -237,25 +256,30 @@ host_mount_policy::prepare(const std::vector<host_mount>& mounts, int userns_fd)
     if (!S_ISDIR(st.st_mode) && !S_ISREG(st.st_mode))
       return make_error(errc::wrong_kind, "host mount " + m.to_string() + ": " + host
                                             + " is neither a directory nor a regular file");
-    // The one mount it is on, from it down (not the mounts beneath it).
-    unique_fd tree{sys::open_tree(fd.get(), "", OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_EMPTY_PATH)};
+    // The one mount it is on, from it down, or (rbind) with the mounts
+    // beneath it; the attributes go on each of them.
+    const unsigned rec = m.recursive ? AT_RECURSIVE : 0;
+    unique_fd tree{sys::open_tree(fd.get(), "",
+                                  OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_EMPTY_PATH | rec)};
     if (!tree)
       return sys_error("host mount " + m.to_string() + ": open_tree", host);
     mount_attr attr{};
     attr.attr_set = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | (m.read_only ? MOUNT_ATTR_RDONLY : 0);
     attr.propagation = MS_PRIVATE;
-    if (sys::mount_setattr(tree.get(), "", AT_EMPTY_PATH, &attr) < 0)
+    if (sys::mount_setattr(tree.get(), "", AT_EMPTY_PATH | rec, &attr) < 0)
       return sys_error("host mount " + m.to_string() + ": setting nosuid, nodev, ro", host);
     // Its own step: a filesystem that cannot be idmapped says so by name.
     mount_attr idmap{};
     idmap.attr_set = MOUNT_ATTR_IDMAP;
     idmap.userns_fd = static_cast<uint64_t>(userns_fd);
-    if (sys::mount_setattr(tree.get(), "", AT_EMPTY_PATH, &idmap) < 0) {
+    if (m.idmap && sys::mount_setattr(tree.get(), "", AT_EMPTY_PATH | rec, &idmap) < 0) {
       auto e = sys_error("host mount " + m.to_string() + ": idmapping the mount of", host);
       if (errno == EINVAL)
         e.message = "host mount " + m.to_string() + ": the filesystem of " + host
+                    + (m.recursive ? " (or of a mount beneath it)" : "")
                     + " cannot be idmapped (ext4, xfs, btrfs and tmpfs can), so its owners "
-                      "could not be kept";
+                      "could not be kept; ',noidmap' mounts it as it is (owners the sandbox "
+                      "does not map show as nobody)";
       e.code = errc::unsupported;
       return e;
     }

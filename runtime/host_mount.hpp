@@ -4,7 +4,7 @@
 // sandbox opens each one through its host_mount_policy: beneath a directory
 // its configuration allows (dsecd --allow-host-mount DIR[:rw]), without
 // leaving it through a symlink or "..", as a detached, idmapped clone of the
-// one mount it is on (not its submounts), nosuid and nodev, read-only unless
+// one mount it is on (with its submounts: rbind), nosuid and nodev, read-only unless
 // both the spec and the policy say rw. The sandbox's init then attaches each
 // clone at its target inside the sandbox's root (runtime/zygote.cpp), before
 // any process of the sandbox runs.
@@ -31,8 +31,17 @@ struct host_mount {
   std::string host;       ///< an absolute path on the node
   std::string target;     ///< an absolute path in the sandbox
   bool read_only = true;
+  /// `rbind`: the mounts beneath HOST come along (each nosuid, nodev, ro
+  /// unless writable, idmapped unless `noidmap`); else only the one mount
+  /// HOST is on, from HOST down.
+  bool recursive = false;
+  /// false (`noidmap`): not idmapped, for a filesystem that cannot be (ramfs,
+  /// procfs-like ones, some network filesystems): its files show owners the
+  /// sandbox's user namespace does not map as nobody (65534), and the
+  /// sandbox's root has no more right to them than its host uid has.
+  bool idmap = true;
 
-  /// "HOST:TARGET:ro" or ":rw"
+  /// "HOST:TARGET:ro" or ":rw", then ",rbind" and ",noidmap" when set
   [[nodiscard]] std::string to_string() const;
   friend bool operator==(const host_mount&, const host_mount&) = default;
 };
@@ -40,8 +49,9 @@ struct host_mount {
 /// The most host mounts one sandbox may have.
 inline constexpr size_t max_host_mounts = 16;
 
-/// "HOST:SANDBOX[:ro|:rw]" (or "HOST" alone: the same path in the sandbox);
-/// without a mode, `read_only_default` decides. The error names the text.
+/// "HOST:SANDBOX[:OPTIONS]" (or "HOST" alone: the same path in the sandbox),
+/// OPTIONS a comma-separated list of ro or rw (without either,
+/// `read_only_default` decides), rbind, noidmap. The error names the text.
 expected<host_mount> parse_host_mount(std::string_view text, bool read_only_default);
 
 /// Both paths absolute, without "." or ".." components or empty ones, at most

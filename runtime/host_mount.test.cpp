@@ -56,6 +56,20 @@ TEST_CASE("-v: HOST:SANDBOX[:ro|:rw] parses, with the default mode when none is 
   m = parse_host_mount("/data:/work:rw", true);
   REQUIRE(m);
   CHECK_FALSE(m->read_only);
+  // Options: a comma-separated list.
+  m = parse_host_mount("/data:/work:rbind", true);
+  REQUIRE(m);
+  CHECK(m->recursive);
+  CHECK(m->read_only);
+  CHECK(m->idmap);
+  CHECK(m->to_string() == "/data:/work:ro,rbind");
+  m = parse_host_mount("/data:/work:noidmap,rw,rbind", true);
+  REQUIRE(m);
+  CHECK_FALSE(m->read_only);
+  CHECK(m->recursive);
+  CHECK_FALSE(m->idmap);
+  CHECK(m->to_string() == "/data:/work:rw,rbind,noidmap");
+  CHECK(*parse_host_mount(m->to_string(), true) == *m);
   m = parse_host_mount("/srv/x", true); // the same path inside
   REQUIRE(m);
   CHECK(m->target == "/srv/x");
@@ -64,7 +78,8 @@ TEST_CASE("-v: HOST:SANDBOX[:ro|:rw] parses, with the default mode when none is 
     const char* text;
     const char* says;
   };
-  for (auto c : {bad_case{"/a:/b:rx", "neither ro nor rw"}, bad_case{"data:/b", "absolute"},
+  for (auto c : {bad_case{"/a:/b:rx", "none of ro, rw, rbind and noidmap"},
+                 bad_case{"/a:/b:ro,rw", "one of ro and rw"}, bad_case{"data:/b", "absolute"},
                  bad_case{"/a:b", "absolute"}, bad_case{":/b", "HOST:SANDBOX"},
                  bad_case{"/a:", "HOST:SANDBOX"}, bad_case{"/a/../etc:/b", "'..'"},
                  bad_case{"/a:/b/./c", "'.'"}, bad_case{"/a://b", "empty component"},

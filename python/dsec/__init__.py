@@ -787,7 +787,7 @@ class Session:
         net=True. Sandbox.ports() says where; Sandbox.expose() adds one later.
 
         mounts: host paths of the node bind-mounted into each sandbox, as
-        "HOST:SANDBOX[:ro|:rw]" (read-only unless :rw); the node must allow
+        "HOST:SANDBOX[:ro|:rw][,rbind][,noidmap]" (read-only unless :rw); the node must allow
         them (dsecd --allow-host-mount DIR[:rw]), else the create fails with
         dsec.InvalidArgument naming the mount (docs/security.md, "Host mounts").
         """

@@ -891,7 +891,60 @@ TEST_CASE("remote run -v: only beneath the node's --allow-host-mount, read-only 
     auto box = d.detached({"-v", ro + ":/data"});
     r = d.dsec({"inspect", box});
     CHECK_MESSAGE(contains(r.out, "\"mounts\": [{\"host\": \"" + ro
-                                    + "\", \"target\": \"/data\", \"read_only\": true}]"),
+                                    + "\", \"target\": \"/data\", \"read_only\": true, "
+                                      "\"recursive\": false, \"idmap\": true}]"),
+                  r.out);
+    r = d.dsec({"rm", box});
+    CHECK_MESSAGE(r.status == 0, r.describe());
+    check_serving(d);
+    d.finish();
+  }
+  SUBCASE("rbind carries the mounts beneath HOST; noidmap mounts a filesystem that cannot be "
+          "idmapped") {
+    auto nest = t.path() + "/nest";
+    REQUIRE(::mkdir(nest.c_str(), 0755) == 0);
+    nosuid_tmpfs inner{nest + "/inner"};
+    std::ofstream{inner.dir + "/file"} << "beneath\n";
+    REQUIRE(::chown((inner.dir + "/file").c_str(), 1000, 1000) == 0);
+    auto ram = t.path() + "/ram"; // ramfs cannot be idmapped
+    REQUIRE(::mkdir(ram.c_str(), 0755) == 0);
+    REQUIRE(::mount("ramfs", ram.c_str(), "ramfs", MS_NOSUID | MS_NODEV, nullptr) == 0);
+    struct unmount {
+      std::string dir;
+      ~unmount() { CHECK(::umount2(dir.c_str(), MNT_DETACH) == 0); }
+    } ram_mount{ram};
+    std::ofstream{ram + "/file"} << "in ramfs\n";
+    daemon_proc d{{"--allow-host-mount", nest, "--allow-host-mount", ram}};
+    // Without rbind the submount stays behind: an empty directory.
+    auto r = d.run({"-v", nest + ":/n"}, {"ls", "-A", "/n/inner"});
+    CHECK_MESSAGE(r.status == 0, r.describe());
+    CHECK(r.out.empty());
+    // With it, the submount too, read-only and idmapped like the rest.
+    r = d.run({"-v", nest + ":/n:rbind"},
+              {"sh", "-c", "cat /n/inner/file; stat -c %u /n/inner/file; echo x > /n/inner/y"});
+    CHECK_MESSAGE(r.status != 0, r.describe());
+    CHECK(r.out == "beneath\n1000\n");
+    CHECK_MESSAGE(contains(r.err, "Read-only file system"), r.describe());
+    CHECK(::access((inner.dir + "/y").c_str(), F_OK) != 0);
+    // ramfs: refused, pointing at noidmap; with it, owners show as nobody.
+    r = d.run({"-v", ram + ":/r"}, {"true"});
+    CHECK_MESSAGE(r.status == 125, r.describe());
+    CHECK_MESSAGE(contains(r.err, "cannot be idmapped"), r.describe());
+    CHECK_MESSAGE(contains(r.err, ",noidmap"), r.describe());
+    r = d.run({"-v", ram + ":/r:noidmap"},
+              {"sh", "-c", "cat /r/file; stat -c %u /r/file; echo x > /r/y"});
+    CHECK_MESSAGE(r.status != 0, r.describe());
+    CHECK(r.out == "in ramfs\n65534\n");
+    CHECK_MESSAGE(contains(r.err, "Read-only file system"), r.describe());
+    CHECK(::access((ram + "/y").c_str(), F_OK) != 0);
+    // inspect shows the options.
+    auto box = d.detached({"-v", nest + ":/n:rbind", "-v", ram + ":/r:noidmap"});
+    r = d.dsec({"inspect", box});
+    CHECK_MESSAGE(contains(r.out, "\"target\": \"/n\", \"read_only\": true, \"recursive\": "
+                                  "true, \"idmap\": true}"),
+                  r.out);
+    CHECK_MESSAGE(contains(r.out, "\"target\": \"/r\", \"read_only\": true, \"recursive\": "
+                                  "false, \"idmap\": false}"),
                   r.out);
     r = d.dsec({"rm", box});
     CHECK_MESSAGE(r.status == 0, r.describe());

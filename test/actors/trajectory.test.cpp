@@ -520,10 +520,11 @@ TEST_CASE("trajectory: the log names its record format; a log of another format 
   // A default record's serialized size pins the record layout of this
   // format: a field added to trajectory_record or a type in it changes it.
   // When this fails, bump trajectory_format (actors/trajectory.hpp) and set
-  // the new size here.
+  // the new size here. Types only inside containers of it (a host_mount in
+  // environment::mounts) are not in a default record: bump for them by hand.
   CHECK_MESSAGE(encode_record(trajectory_record{}).size() == 188,
                 "the trajectory record's layout changed: bump trajectory_format");
-  CHECK(trajectory_format == 1);
+  CHECK(trajectory_format == 2);
   embedded e;
   std::string sid, id;
   {
@@ -547,7 +548,7 @@ TEST_CASE("trajectory: the log names its record format; a log of another format 
     char head[12] = {};
     f.read(head, 12);
     CHECK(std::string(head, 8) == "DSECTRJ2");
-    CHECK(head[8] == 1);
+    CHECK(head[8] == 2);
   }
   set_format(99); // as a later dsecd would write it
   auto plan = load_trajectory(actor_layers() + "/trajectories", sid);
@@ -555,13 +556,17 @@ TEST_CASE("trajectory: the log names its record format; a log of another format 
   CHECK(plan.error_value().code == errc::unsupported);
   CHECK_MESSAGE(plan.error_value().message.find("record format 99") != std::string::npos,
                 plan.error_value().message);
-  CHECK(plan.error_value().message.find("reads format 1") != std::string::npos);
+  CHECK(plan.error_value().message.find("reads format 2") != std::string::npos);
   auto c = client::attach(e.sys, e.d->scheduler());
   auto refused = c->resume_session(sid);
   REQUIRE_FALSE(refused);
   CHECK_MESSAGE(refused.error_value().message.find("record format 99") != std::string::npos,
                 refused.error_value().message);
-  set_format(1);
+  set_format(1); // an older dsecd's (DSECTRJ1 logs read as 1): refused too
+  refused = c->resume_session(sid);
+  REQUIRE_FALSE(refused);
+  CHECK(refused.error_value().message.find("record format 1;") != std::string::npos);
+  set_format(2);
   auto s = resume(*c, sid);
   CHECK(create_keyed(*s, "t", 1) == std::vector<std::string>{id});
   CHECK(run(*s, id, count_run("a")).out == "1\n");

@@ -31,7 +31,7 @@ Layers (in the daemon's store):
 
 Limits and command (as `run`; see `run --help`):
   --net, --network MODE, --allow RULE, --deny RULE, --memory SIZE, --pids N,
-  --cpus N, --disk SIZE, -v HOST:SANDBOX[:ro|:rw] (the node must allow it)
+  --cpus N, --disk SIZE, -v HOST:SANDBOX[:OPTS] (the node must allow it)
   -i, --stdin, --env KEY=VALUE, --cwd DIR, --user USER[:GROUP], --timeout DUR
   -h, --help               this text
 

@@ -39,7 +39,7 @@ pressure.
 Options of pool set:
   --base NAME@VERSION, --workdir NAME@VERSION, --tool NAME@VERSION
   --net, --network MODE, --allow RULE, --deny RULE, --memory SIZE, --pids N,
-  --cpus N, --disk SIZE, -v HOST:SANDBOX[:ro|:rw] (the node must allow it)
+  --cpus N, --disk SIZE, -v HOST:SANDBOX[:OPTS] (the node must allow it)
   --size N                 ready sandboxes to keep (required; 0 removes)
   -h, --help               this text
 )";

@@ -126,12 +126,16 @@ Isolation and limits:
                            --network loopback|egress). Printed to stderr as
                            `dsec: ID: port PORT at HOST:HOSTPORT`; `dsec ps` shows
                            it; `dsec expose ID PORT` adds one later
-  -v, --volume HOST:SANDBOX[:ro|:rw]
+  -v, --volume HOST:SANDBOX[:OPTS]
                            bind-mount the node's directory or file HOST at
                            SANDBOX (made if missing; repeatable, 16 at most):
                            read-only unless :rw. The node must allow it (dsecd
                            --allow-host-mount DIR[:rw], else refused); its files
-                           keep their host owners; nosuid, nodev
+                           keep their host owners; nosuid, nodev. OPTS, comma-
+                           separated: ro or rw; rbind (the mounts beneath HOST
+                           too); noidmap (for a filesystem that cannot be
+                           idmapped: owners the sandbox does not map show as
+                           nobody)
   --memory SIZE            memory limit (e.g. 512m, 2g); OOM kills inside. It
                            also bounds the writable layer (a tmpfs: its pages are
                            charged to the sandbox). Default: the node's

@@ -84,15 +84,20 @@ CMD given replaces both).
 Isolation and limits (every sandbox has a memory and a pids limit and a
 bounded writable layer; the defaults are what a dsecd with its default
 --slots gives each sandbox on this machine, see below):
-  -v, --volume HOST:SANDBOX[:ro|:rw]
+  -v, --volume HOST:SANDBOX[:OPTS]
                            bind-mount the host's directory or file HOST at
                            SANDBOX (made if missing; not "/", nor in /proc,
                            /dev, /sys); writable unless :ro; repeatable (16 at
                            most, no SANDBOX in another's). Its files keep their
                            host owners (an idmapped mount: host uid 1000 is
                            uid 1000 inside, root's files the sandbox root's);
-                           nosuid and nodev; the mounts beneath HOST are not
-                           carried; not in the writable layer or a snapshot
+                           nosuid and nodev; not in the writable layer or a
+                           snapshot. OPTS, comma-separated: ro or rw; rbind
+                           (the mounts beneath HOST are carried too, each with
+                           the same attributes; without it they are not);
+                           noidmap (a filesystem that cannot be idmapped, such
+                           as ramfs: owners the sandbox does not map show as
+                           nobody, and its root has only its host uid's rights)
   --net                    a private network namespace with a working loopback
                            (127.0.0.1); without it the sandbox has no network at
                            all, not even loopback. No route leads outside.
