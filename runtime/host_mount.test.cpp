@@ -117,7 +117,7 @@ TEST_CASE("an environment's host mounts: at most 16, none nested, container back
   CHECK(r.error_value().code == errc::unsupported);
   // What is listed and compared carries them.
   auto e = with_mounts({{"/a", "/x", true}});
-  CHECK(e.to_json().find(R"("mounts": [{"host": "/a", "target": "/x", "read_only": true}])")
+  CHECK(e.to_json().find(R"("mounts": [{"host": "/a", "target": "/x", "read_only": true, "recursive": false, "idmap": true}])")
         != std::string::npos);
   CHECK(e.difference(with_mounts({}), "A", "B").find("mounts /a:/x:ro A, (none) B") != std::string::npos);
 }

@@ -42,6 +42,24 @@ bool cgroup_number(const std::string& dir, const char* file, uint64_t& out) {
   return true;
 }
 
+// The words of `s`, split at spaces, tabs and newlines.
+std::vector<std::string_view> split_fields(std::string_view s) {
+  std::vector<std::string_view> out;
+  auto blank = [](char c) { return c == ' ' || c == '\t' || c == '\n'; };
+  size_t i = 0;
+  while (i < s.size()) {
+    while (i < s.size() && blank(s[i]))
+      ++i;
+    size_t j = i;
+    while (j < s.size() && !blank(s[j]))
+      ++j;
+    if (j > i)
+      out.push_back(s.substr(i, j - i));
+    i = j;
+  }
+  return out;
+}
+
 // The value of a "Key:\tv1\tv2..." line of /proc/PID/status: its last field
 // (NSpid: the pid in the innermost namespace) or its first (Uid: the real uid).
 bool status_field(std::string_view status, std::string_view key, bool last, int64_t& out) {
@@ -54,19 +72,7 @@ bool status_field(std::string_view status, std::string_view key, bool last, int6
     at = end + 1;
     if (line.size() <= key.size() || line.substr(0, key.size()) != key || line[key.size()] != ':')
       continue;
-    auto rest = line.substr(key.size() + 1);
-    std::vector<std::string_view> fields;
-    size_t i = 0;
-    while (i < rest.size()) {
-      while (i < rest.size() && (rest[i] == ' ' || rest[i] == '\t'))
-        ++i;
-      size_t j = i;
-      while (j < rest.size() && rest[j] != ' ' && rest[j] != '\t')
-        ++j;
-      if (j > i)
-        fields.push_back(rest.substr(i, j - i));
-      i = j;
-    }
+    auto fields = split_fields(line.substr(key.size() + 1));
     if (fields.empty())
       return false;
     auto f = last ? fields.back() : fields.front();
@@ -149,18 +155,7 @@ bool parse_proc_stat(std::string_view line, proc_stat& p) {
   if (open == std::string_view::npos || close == std::string_view::npos || close < open)
     return false;
   p.comm = std::string{line.substr(open + 1, close - open - 1)};
-  std::vector<std::string_view> f; // f[0] is field 3 (state)
-  size_t i = close + 1;
-  while (i < line.size()) {
-    while (i < line.size() && (line[i] == ' ' || line[i] == '\n'))
-      ++i;
-    size_t j = i;
-    while (j < line.size() && line[j] != ' ' && line[j] != '\n')
-      ++j;
-    if (j > i)
-      f.push_back(line.substr(i, j - i));
-    i = j;
-  }
+  auto f = split_fields(line.substr(close + 1)); // f[0] is field 3 (state)
   if (f.size() < 22) // up to field 24 (rss)
     return false;
   auto num = [&](size_t field, uint64_t& out) { return to_u64(f[field - 3], out); };

@@ -332,7 +332,8 @@ TEST_CASE("trajectory: a step without a pack ends its sandbox's replay; a trunca
     ~cleanup() { fs::remove_all(p); }
   } clean{root};
   {
-    auto f = trajectory_file::open((root / "s-1" / "log").string(), true);
+    auto f = trajectory_file::open((root / "s-1" / "log").string(), true, nullptr,
+                                   trajectory_format);
     REQUIRE(f);
     auto put = [&](trajectory_record r) { REQUIRE(f->append(encode_record(r))); };
     trajectory_record r;
