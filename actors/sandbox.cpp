@@ -1409,7 +1409,8 @@ caf::typed_response_promise<sandbox_usage> read_usage(self_ptr self, bool proces
   sandbox_usage base;
   base.id = s.cfg.id;
   base.node = s.cfg.node_name;
-  base.uptime_ms = s.created_ms && unix_ms() > s.created_ms ? unix_ms() - s.created_ms : 0;
+  auto now = unix_ms();
+  base.uptime_ms = s.created_ms && now > s.created_ms ? now - s.created_ms : 0;
   auto helper = self->spawn<caf::detached>(
     [init = s.box->pid(), paths = s.box->cgroup_paths(), processes,
      base](caf::event_based_actor* a) {

@@ -63,10 +63,6 @@ expected<void> open_log(self_ptr self) {
   if (ec)
     return make_error(errc::system_error, "creating " + s.dir + "/packs: " + ec.message());
   DSEC_TRY(f, trajectory_file::open(s.dir + "/log", true, nullptr, trajectory_format));
-  if (f.format() != trajectory_format) // a resume read it first: not reached
-    return make_error(errc::unsupported, "trajectory log " + s.dir + "/log is in record format "
-                                           + std::to_string(f.format()) + ", not "
-                                           + std::to_string(trajectory_format));
   s.log.emplace(std::move(f));
   trajectory_record rec;
   if (s.cfg.resume) {

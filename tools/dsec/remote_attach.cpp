@@ -47,16 +47,6 @@ Exit status: the command's, once it ended; 128+N when signal N detached dsec
 the daemon reported an error or cannot be reached; 2 on a usage error.
 )";
 
-// Writes the pieces; false once our output failed.
-bool print(const std::vector<log_piece>& pieces) {
-  for (const auto& p : pieces) {
-    FILE* to = p.stream == 2 ? stderr : stdout;
-    if (!p.data.empty() && std::fwrite(p.data.data(), 1, p.data.size(), to) == 0)
-      return false;
-  }
-  return std::fflush(stdout) == 0 && std::fflush(stderr) == 0;
-}
-
 // The signals attach takes, blocked before the actor system starts so that
 // its threads inherit the mask and only our waiter sees them.
 sigset_t proxied() {
@@ -124,7 +114,7 @@ int attach_main(context& ctx, args& a) {
   auto r = c->logs(id, q); // where the log is now (and, with --logs, what it holds)
   if (!r)
     return fail_for(id, r.error_value());
-  if (logs && !print(r->pieces))
+  if (logs && !print_pieces(r->pieces))
     return 1;
   q.output = true;
   for (;;) {
@@ -142,11 +132,8 @@ int attach_main(context& ctx, args& a) {
     r = c->logs(id, q);
     if (!r)
       return fail_for(id, r.error_value());
-    if (r->dropped)
-      std::fprintf(stderr, "dsec: attach: %llu bytes were dropped before dsec read them (the "
-                           "log keeps the latest 1 MiB)\n",
-                   static_cast<unsigned long long>(r->dropped));
-    if (!print(r->pieces))
+    tell_dropped("attach", r->dropped, false);
+    if (!print_pieces(r->pieces))
       return 1;
   }
   return fail(make_error(errc::closed, "sandbox " + id + " ended while command " +

@@ -210,6 +210,30 @@ exec_request make_request(const command_spec& cs, std::vector<std::string> argv)
 
 const int broken_pipe_status = 128 + SIGPIPE;
 
+bool print_pieces(const std::vector<log_piece>& pieces, std::pair<size_t, size_t> from) {
+  for (size_t i = from.first; i < pieces.size(); ++i) {
+    const auto& p = pieces[i];
+    size_t off = i == from.first ? from.second : 0;
+    FILE* to = p.stream == 2 ? stderr : stdout;
+    if (off < p.data.size() && std::fwrite(p.data.data() + off, 1, p.data.size() - off, to) == 0)
+      return false;
+  }
+  return std::fflush(stdout) == 0 && std::fflush(stderr) == 0;
+}
+
+void tell_dropped(const char* verb, uint64_t bytes, bool first) {
+  if (bytes == 0)
+    return;
+  if (first)
+    std::fprintf(stderr, "dsec: %s: the first %llu bytes are gone (the sandbox keeps the "
+                         "latest 1 MiB of its detached commands' output)\n",
+                 verb, static_cast<unsigned long long>(bytes));
+  else
+    std::fprintf(stderr, "dsec: %s: %llu bytes were dropped before dsec read them (the log "
+                         "keeps the latest 1 MiB)\n",
+                 verb, static_cast<unsigned long long>(bytes));
+}
+
 void print_output(uint8_t stream, std::string_view data) {
   if (!write_all(stream == 2 ? 2 : 1, data) && errno == EPIPE)
     ::_exit(broken_pipe_status);

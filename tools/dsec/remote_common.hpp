@@ -154,6 +154,15 @@ extern const int broken_pipe_status;
 /// broken_pipe_status when the reader left.
 void print_output(uint8_t stream, std::string_view data);
 
+/// Writes a detached log's pieces (logs_reply) from (piece, offset) on, each
+/// to our stdout or stderr as its stream says; false once our output failed
+/// (a reader that went away: `dsec logs ID | head`).
+bool print_pieces(const std::vector<log_piece>& pieces, std::pair<size_t, size_t> from = {0, 0});
+
+/// Says on stderr (as `verb`) that `bytes` of a log were gone: before the
+/// first read (`first`), or between two reads of a follower. Nothing for 0.
+void tell_dropped(const char* verb, uint64_t bytes, bool first);
+
 } // namespace dsec::cli::remote
 
 namespace dsec {

@@ -55,31 +55,6 @@ std::pair<size_t, size_t> tail_start(const std::vector<log_piece>& pieces, uint6
   return {0, 0};
 }
 
-// Writes the pieces from (piece, offset) on; false once our output failed
-// (a reader that went away: `dsec logs ID | head`).
-bool print(const std::vector<log_piece>& pieces, std::pair<size_t, size_t> from = {0, 0}) {
-  for (size_t i = from.first; i < pieces.size(); ++i) {
-    const auto& p = pieces[i];
-    size_t off = i == from.first ? from.second : 0;
-    FILE* to = p.stream == 2 ? stderr : stdout;
-    if (off < p.data.size() && std::fwrite(p.data.data() + off, 1, p.data.size() - off, to) == 0)
-      return false;
-  }
-  return std::fflush(stdout) == 0 && std::fflush(stderr) == 0;
-}
-
-void tell_dropped(uint64_t bytes, bool first) {
-  if (bytes == 0)
-    return;
-  if (first)
-    std::fprintf(stderr, "dsec: logs: the first %llu bytes are gone (the sandbox keeps the "
-                         "latest 1 MiB of its detached commands' output)\n",
-                 static_cast<unsigned long long>(bytes));
-  else
-    std::fprintf(stderr, "dsec: logs: %llu bytes were dropped before dsec read them (the log "
-                         "keeps the latest 1 MiB)\n",
-                 static_cast<unsigned long long>(bytes));
-}
 
 } // namespace
 
@@ -105,8 +80,8 @@ int logs_main(context& ctx, args& a) {
   auto r = c->logs(id, q);
   if (!r)
     return fail_for(id, r.error_value());
-  tell_dropped(r->dropped, true);
-  if (!print(r->pieces, tail_text.empty() ? std::pair<size_t, size_t>{0, 0}
+  tell_dropped("logs", r->dropped, true);
+  if (!print_pieces(r->pieces, tail_text.empty() ? std::pair<size_t, size_t>{0, 0}
                                           : tail_start(r->pieces, tail)))
     return 0; // nobody reads us any more
   while (follow && r->live) {
@@ -115,8 +90,8 @@ int logs_main(context& ctx, args& a) {
     r = c->logs(id, q);
     if (!r)
       return fail_for(id, r.error_value());
-    tell_dropped(r->dropped, false);
-    if (!print(r->pieces))
+    tell_dropped("logs", r->dropped, false);
+    if (!print_pieces(r->pieces))
       return 0;
   }
   return 0;
