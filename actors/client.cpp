@@ -20,6 +20,7 @@
 
 #include "actors/client_request.hpp"
 #include "actors/types.hpp"
+#include "actors/thread_guard.hpp"
 
 namespace dsec {
 
@@ -106,6 +107,7 @@ client::client(caf::actor_system& sys, scheduler_actor scheduler)
   : sys_(&sys), link_(std::make_shared<client_link>()) {
   link_->scheduler = std::move(scheduler);
   // The trainer's identity: owned sessions monitor it.
+  caller_thread_guard pin; // see thread_guard.hpp
   identity_ = sys.spawn(watcher_impl);
 }
 
@@ -285,6 +287,7 @@ client::connect(caf::actor_system& sys,
     }
     std::unique_ptr<client> c{new client(sys, std::move(*s))};
     c->link_->addresses = addresses;
+    caller_thread_guard pin; // see thread_guard.hpp
     c->reconnector_ = sys.spawn<caf::detached>(reconnector_impl, c->link_, c->identity_);
     return c;
   }
@@ -422,6 +425,7 @@ template <class... Ts>
 void async_open(caf::actor_system& sys, const caf::actor& owner, const scheduler_actor& dest,
                 completion<opened_session> done, Ts... xs) {
   auto fin = std::make_shared<completion<opened_session>>(std::move(done));
+  caller_thread_guard pin; // see thread_guard.hpp
   sys.spawn([fin, owner = watch_owner(owner), dest, xs...](caf::event_based_actor* self) {
     watch_lost(self, dest, owner, [fin](error e) { (*fin)(std::move(e)); });
     self->request(dest, caf::infinite, xs...)

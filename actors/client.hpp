@@ -1,6 +1,8 @@
 // dsec::client: the trainer's API. It talks to a dsecd over CAF's network layer
 // (or to a daemon in the same process) and offers the verbs of the command line
-// as blocking calls that are safe to make from several threads at once.
+// as blocking calls that are safe to make from several threads at once. A
+// thread of the caller's that made calls may outlive the actor system: calls
+// leave it nothing of CAF's that ~actor_system would wait for (thread_guard.hpp).
 //
 //   caf::actor_system sys{cfg};              // cfg: dsec::client::configure(cfg),
 //                                            // or configure(cfg, {.dir = TLSDIR})

@@ -22,6 +22,7 @@
 #include "actors/client.hpp"
 #include "actors/client_request.hpp"
 #include "actors/types.hpp"
+#include "actors/thread_guard.hpp"
 
 namespace dsec {
 
@@ -129,6 +130,7 @@ void spawn_starter(const std::shared_ptr<process::state>& st, exec_request req,
   // output is credited once on_output returned.
   bool auto_credit = req.window > 0 && req.transfer == transfer_none;
   st->with_dest([&](auto& dest) {
+    caller_thread_guard pin; // see thread_guard.hpp
     st->helper = st->sys->spawn([st, dest, owner = st->owner, id = st->sandbox,
                                  req = std::move(req), on_output = std::move(on_output),
                                  auto_credit](
@@ -307,6 +309,7 @@ void pump(caf::event_based_actor* self, const std::shared_ptr<writer_ctx<Handle>
 
 template <class Handle>
 caf::actor spawn_writer(caf::actor_system& sys, std::shared_ptr<writer_ctx<Handle>> c) {
+  caller_thread_guard pin; // see thread_guard.hpp
   return sys.spawn([c](caf::event_based_actor* self) -> caf::behavior {
     watch_lost(self, c->dest, c->owner, [c](error e) { fail_all(*c, e); });
     return {

@@ -20,6 +20,7 @@
 
 #include "actors/client.hpp"
 #include "actors/types.hpp"
+#include "actors/thread_guard.hpp"
 
 namespace dsec::detail {
 
@@ -194,6 +195,7 @@ void async_request(caf::actor_system& sys, const caf::actor& owner, const Handle
                    completion<Result> done, output_fn on_output, bool credit,
                    std::shared_ptr<output_ack> ack, Ts... xs) {
   auto fin = std::make_shared<completion<Result>>(std::move(done));
+  caller_thread_guard pin; // see thread_guard.hpp
   sys.spawn([fin, owner = watch_owner(owner), dest, on_output = std::move(on_output), credit,
              ack = std::move(ack),
              ... xs = std::move(xs)](caf::event_based_actor* self) mutable -> caf::behavior {

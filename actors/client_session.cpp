@@ -17,6 +17,7 @@
 #include "actors/client_request.hpp"
 #include "actors/ready_ids.hpp"
 #include "actors/types.hpp"
+#include "actors/thread_guard.hpp"
 
 namespace dsec {
 
@@ -166,6 +167,7 @@ void session::create_async_impl(const environment& env, uint32_t count,
   b->on_failed = std::move(on_failed);
   auto h = handle();
   auto owner = watch_owner(client_->identity_);
+  caller_thread_guard pin; // see thread_guard.hpp
   client_->sys_->spawn([b, h, owner, env, count,
                         labels](caf::event_based_actor* self) -> caf::behavior {
     watch_lost(self, h, owner, [b](error e) { b->done(std::move(e)); });

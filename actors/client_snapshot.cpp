@@ -14,6 +14,7 @@
 #include "actors/client_request.hpp"
 #include "actors/ready_ids.hpp"
 #include "actors/types.hpp"
+#include "actors/thread_guard.hpp"
 
 namespace dsec {
 
@@ -34,6 +35,7 @@ void fork_batch(caf::actor_system& sys, const caf::actor& identity, const Handle
   auto b = std::make_shared<batch>();
   b->done = std::move(done);
   auto owner = watch_owner(identity);
+  caller_thread_guard pin; // see thread_guard.hpp
   sys.spawn([b, dest, owner, id, count](caf::event_based_actor* self) -> caf::behavior {
     watch_lost(self, dest, owner, [b](error e) { b->done(std::move(e)); });
     self->request(dest, caf::infinite, fork_atom::value, id, count, caf::actor{self})

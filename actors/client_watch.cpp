@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "actors/types.hpp"
+#include "actors/thread_guard.hpp"
 #include "runtime/chronus.hpp"
 
 namespace dsec {
@@ -98,6 +99,7 @@ start_watch(caf::actor_system& sys, const session_actor& h,
   q->on_end = std::move(on_end);
   waiter<uint64_t> subscription;
   auto subscribed = subscription.done(); // its outcome, then the events
+  caller_thread_guard pin; // see thread_guard.hpp
   auto helper = sys.spawn([q, h, subscribed](caf::event_based_actor* self) -> caf::behavior {
     auto addr = h.address();
     self->set_down_handler([=](caf::down_msg& dm) {

@@ -10,6 +10,7 @@
 #include "actors/node.hpp"
 #include "actors/scheduler.hpp"
 #include "actors/types.hpp"
+#include "actors/thread_guard.hpp"
 #include "runtime/chronus_endpoint.hpp"
 #include "runtime/metrics.hpp"
 
@@ -209,6 +210,7 @@ expected<uint32_t> daemon::shutdown() {
   uint32_t destroyed = 0;
   std::optional<error> failure;
   {
+    caller_thread_guard pin; // see thread_guard.hpp
     caf::scoped_actor self{*sys_};
     auto end = [&](const caf::actor& a) {
       if (!a)

@@ -13,6 +13,7 @@
 #include <cstdio>
 
 #include "actors/types.hpp"
+#include "actors/thread_guard.hpp"
 #include "runtime/peer.hpp"
 #include "runtime/log.hpp"
 
@@ -98,6 +99,7 @@ expected<uint16_t> publish_behind_door(caf::actor_system& sys, const caf::strong
     return make_error(errc::invalid_argument, "publish: no actor given");
   auto broker = sys.middleman().named_broker<caf::io::basp_broker>(caf::atom("BASP"));
   // It only opens the doorman and hands it to CAF's broker, which keeps it.
+  caller_thread_guard pin; // see thread_guard.hpp
   auto mm = sys.spawn<door_middleman, caf::hidden>(std::move(broker), std::move(policy));
   expected<uint16_t> out = make_error(errc::system_error, "publish: no answer");
   {

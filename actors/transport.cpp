@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "actors/types.hpp"
+#include "actors/thread_guard.hpp"
 #include "runtime/endpoint.hpp"
 #include "runtime/log.hpp"
 
@@ -358,6 +359,7 @@ expected<uint16_t> publish(caf::actor_system& sys, const caf::strong_actor_ptr& 
   if (!whom)
     return make_error(errc::invalid_argument, "publish: no actor given");
   expected<uint16_t> out = make_error(errc::system_error, "publish: no answer");
+  caller_thread_guard pin; // see thread_guard.hpp
   caf::scoped_actor self{sys};
   self->request(middleman_of(sys), caf::infinite, caf::publish_atom::value, port, whom, ifs,
                 host, true)
@@ -372,6 +374,7 @@ expected<uint16_t> publish(caf::actor_system& sys, const caf::strong_actor_ptr& 
 
 expected<void> unpublish(caf::actor_system& sys, const caf::actor_addr& whom, uint16_t port) {
   expected<void> out{};
+  caller_thread_guard pin; // see thread_guard.hpp
   caf::scoped_actor self{sys};
   self->request(middleman_of(sys), caf::infinite, caf::unpublish_atom::value, whom, port)
     .receive([] {},
@@ -429,6 +432,7 @@ expected<caf::strong_actor_ptr> connect(caf::actor_system& sys, const std::strin
                                         uint16_t port, const std::set<std::string>& ifs,
                                         std::chrono::milliseconds timeout) {
   expected<caf::strong_actor_ptr> out = make_error(errc::disconnected, "connect: no answer");
+  caller_thread_guard pin; // see thread_guard.hpp
   caf::scoped_actor self{sys};
   self->request(middleman_of(sys), timeout, caf::connect_atom::value, host, port)
     .receive(

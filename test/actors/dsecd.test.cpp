@@ -8,9 +8,12 @@
 // (see dsecd_main.cpp): a fresh process with its own actor system.
 #include <doctest/doctest.h>
 
+#include <caf/logger.hpp>
+
 #include <signal.h>
 #include <unistd.h>
 
+#include <condition_variable>
 #include <cstdlib>
 #include <mutex>
 #include <optional>
@@ -93,6 +96,72 @@ TEST_CASE("dsecd: a client connects and runs a sandbox") {
   CHECK(*closed == 1);
   auto end = d.stop(SIGTERM);
   CHECK_MESSAGE(end.status == 0, end.describe());
+}
+
+// CAF 0.17 pins the actor system's logger in a thread-local reference of each
+// thread that spawns an actor, and ~actor_system waits for the logger to go:
+// a trainer's thread that made calls and lived on kept the trainer's actor
+// system from ending, forever (actors/thread_guard.hpp). Should that come back,
+// this test hangs until meson's timeout fails it.
+TEST_CASE("dsecd: a trainer's thread that made calls and lives on lets its actor system end") {
+  dsecd_proc d;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool called = false, system_gone = false;
+  bool pinned = true;
+  std::string failure;
+  std::thread t;
+  {
+    test_system ts;
+    caf::actor_system sys{ts.cfg};
+    auto c = connect(sys, d.port);
+    t = std::thread([&] {
+      auto fail = [&](std::string what) {
+        if (failure.empty())
+          failure = std::move(what);
+      };
+      // Each kind of call: the scheduler's, a session's, a process handle's,
+      // a connect of its own.
+      if (auto l = c->list(); !l)
+        fail("list: " + describe(l.error_value()));
+      if (auto s = c->open_session({}, true); !s) {
+        fail("open_session: " + describe(s.error_value()));
+      } else {
+        auto ids = (*s)->create(env_of(workdir_layer, {}), 1);
+        if (!ids) {
+          fail("create: " + describe(ids.error_value()));
+        } else {
+          if (auto r = (*s)->exec(ids->front(), cmd({"true"})); !r)
+            fail("exec: " + describe(r.error_value()));
+          auto p = c->start(ids->front(), {.argv = {"cat"}, .handle = true, .open_stdin = true});
+          (void) p->write("x");
+          (void) p->close_stdin();
+          if (auto r = p->wait(); !r || r->out != "x")
+            fail("cat through a process handle");
+        }
+        (void) (*s)->close();
+      }
+      if (auto c2 = client::connect(sys, "127.0.0.1", d.port); !c2)
+        fail("connect: " + describe(c2.error_value()));
+      pinned = caf::logger::current_logger() != nullptr;
+      std::unique_lock<std::mutex> g{mu};
+      called = true;
+      cv.notify_all();
+      cv.wait(g, [&] { return system_gone; }); // lives on past the actor system
+    });
+    std::unique_lock<std::mutex> g{mu};
+    cv.wait(g, [&] { return called; });
+    g.unlock();
+    c.reset();
+  } // ~actor_system, with the thread alive
+  {
+    std::lock_guard<std::mutex> g{mu};
+    system_gone = true;
+  }
+  cv.notify_all();
+  t.join();
+  CHECK_MESSAGE(failure.empty(), failure);
+  CHECK_FALSE_MESSAGE(pinned, "the thread still holds CAF's logger after its calls");
 }
 
 TEST_CASE("dsecd: when a client object goes away, its owned sessions' sandboxes go too") {

@@ -97,14 +97,11 @@ int attach_main(context& ctx, args& a) {
                      ::sigabbrev_np(sig), static_cast<unsigned long long>(target), id.c_str());
         ::_exit(128 + sig);
       }
-      // On a thread that ends with the call: a thread that made a call and
-      // lives on (this one, in sigwait) kept ~actor_system waiting at our
-      // exit (seen: attach hung after passing SIGINT on, until killed).
-      std::thread([&] {
-        if (auto r = c->signal(id, target, sig); !r)
-          std::fprintf(stderr, "dsec: attach: SIG%s not passed on: %s\n", ::sigabbrev_np(sig),
-                       r.error_value().message.c_str());
-      }).join();
+      // (This thread lives on, in sigwait, while main destroys the actor
+      // system: the client leaves it no pin on CAF's logger, thread_guard.hpp.)
+      if (auto r = c->signal(id, target, sig); !r)
+        std::fprintf(stderr, "dsec: attach: SIG%s not passed on: %s\n", ::sigabbrev_np(sig),
+                     r.error_value().message.c_str());
     }
   }).detach();
 
