@@ -588,6 +588,7 @@ public:
   void set_network_async(const std::string& id, std::vector<std::string> allow,
                          std::vector<std::string> deny, completion<void> done);
   void expose_async(const std::string& id, uint16_t port, completion<exposed_port> done);
+  void usage_async(const std::string& id, bool processes, completion<sandbox_usage> done);
   void list_async(completion<std::vector<sandbox_info>> done);
   void close_async(completion<uint32_t> done);
   void answer_async(const std::string& id, const chronus_feedback& fb, completion<void> done);

@@ -97,12 +97,15 @@ expected<logs_reply> session::logs(const std::string& id, const logs_request& q)
 }
 
 expected<sandbox_usage> session::usage(const std::string& id, bool processes) {
+  return blocking<sandbox_usage>([&](auto& w) { usage_async(id, processes, w.done()); });
+}
+
+void session::usage_async(const std::string& id, bool processes,
+                          completion<sandbox_usage> done) {
   if (auto e = closed_error())
-    return *e;
-  return blocking<sandbox_usage>([&](auto& w) {
-    async_call<sandbox_usage>(*client_->sys_, client_->identity_, handle(), w.done(),
-                              usage_atom::value, id, processes);
-  });
+    return done(*e);
+  async_call<sandbox_usage>(*client_->sys_, client_->identity_, handle(), std::move(done),
+                            usage_atom::value, id, processes);
 }
 
 expected<std::vector<sandbox_info>> session::list() {

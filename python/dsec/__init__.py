@@ -80,6 +80,9 @@ ExposedPort = _dsec.ExposedPort
 NodeStats = _dsec.NodeStats
 BackendOffer = _dsec.BackendOffer
 EgressTraffic = _dsec.EgressTraffic
+SandboxUsage = _dsec.SandboxUsage
+ResourceUsage = _dsec.ResourceUsage
+SandboxProcess = _dsec.SandboxProcess
 
 # What the calls accept (each is checked at run time, with a TypeError or a
 # ValueError naming the argument).
@@ -100,7 +103,8 @@ _Done = Callable[[Any, Optional[BaseException]], None]
 
 __all__ = [
     "connect", "Client", "Session", "Sandbox", "Batch", "Event", "ExecResult", "ExecStream",
-    "AsyncExecStream", "SandboxInfo", "SandboxList", "ExposedPort", "NodeStats", "BackendOffer", "EgressTraffic", "Files", "SessionInfo",
+    "AsyncExecStream", "SandboxInfo", "SandboxList", "ExposedPort", "NodeStats", "BackendOffer", "EgressTraffic",
+    "SandboxUsage", "ResourceUsage", "SandboxProcess", "Files", "SessionInfo",
     "FileEvent",
     "FileInfo", "Watch", "AsyncWatch",
     "Error", "InvalidArgument", "NotFound", "AlreadyExists", "WrongKind", "InUse", "Malformed",
@@ -1893,6 +1897,35 @@ class Sandbox:
             if info.id == self.id:
                 return {int(p.port): str(p.address) for p in info.exposed}
         raise NotFound(f"sandbox {self.id} is not in its session")
+
+    # ---- usage (dsec stats / top) ------------------------------------------------------
+
+    def stats(self) -> SandboxUsage:
+        """What the sandbox uses now, as its node reads it from the host's side
+        (`dsec stats ID`): `.usage` holds memory (its cgroup's charge), CPU
+        time (its live processes and every one that ended), tasks, and its
+        writable layer's bytes and files, each with its limit (0: none);
+        `.traffic` counts an egress sandbox's packets. microVMs raise
+        Unsupported."""
+        return self.session._s.usage(self.id, False)
+
+    async def stats_async(self) -> SandboxUsage:
+        fut, done = _future()
+        self.session._s.usage_async(self.id, False, done)
+        got: SandboxUsage = await fut
+        return got
+
+    def top(self) -> list[SandboxProcess]:
+        """Its processes as the sandbox sees them (`dsec top ID`), by pid:
+        pid and ppid in its pid namespace (init is 1), uid in its user
+        namespace, state, threads, RSS, CPU time, age and command line."""
+        return list(self.session._s.usage(self.id, True).processes)
+
+    async def top_async(self) -> list[SandboxProcess]:
+        fut, done = _future()
+        self.session._s.usage_async(self.id, True, done)
+        got: SandboxUsage = await fut
+        return list(got.processes)
 
     # ---- snapshots (issue 16) ---------------------------------------------------------
 

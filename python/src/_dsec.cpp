@@ -806,6 +806,61 @@ void bind_values(py::module_& m) {
              + " denied=" + std::to_string(t.denied) + ">";
     });
 
+  py::class_<resource_usage>(m, "ResourceUsage",
+                             "What a sandbox uses now (`dsec stats ID`); a limit is 0 when "
+                             "none is set.")
+    .def_readonly("memory_bytes", &resource_usage::memory_bytes,
+                  "charged to its memory cgroup (its page cache and writable layer's pages "
+                  "too), else its processes' resident memory")
+    .def_readonly("memory_limit", &resource_usage::memory_limit)
+    .def_readonly("cpu_ms", &resource_usage::cpu_ms,
+                  "CPU time of its live processes and of every one that ended")
+    .def_readonly("tasks", &resource_usage::tasks, "processes and threads alive")
+    .def_readonly("tasks_limit", &resource_usage::tasks_limit)
+    .def_readonly("processes", &resource_usage::processes)
+    .def_readonly("disk_bytes", &resource_usage::disk_bytes, "used in its writable layer")
+    .def_readonly("disk_limit", &resource_usage::disk_limit)
+    .def_readonly("inodes", &resource_usage::inodes, "files in its writable layer")
+    .def_readonly("inodes_limit", &resource_usage::inodes_limit)
+    .def_readonly("memory_from_cgroup", &resource_usage::memory_from_cgroup)
+    .def("__repr__", [](const resource_usage& u) {
+      return "<dsec ResourceUsage memory=" + std::to_string(u.memory_bytes)
+             + " cpu_ms=" + std::to_string(u.cpu_ms) + " tasks=" + std::to_string(u.tasks)
+             + " disk=" + std::to_string(u.disk_bytes) + ">";
+    });
+  py::class_<sandbox_process>(m, "SandboxProcess",
+                              "One process of a sandbox as `dsec top ID` shows it: pid, ppid "
+                              "and uid as the sandbox sees them (its init is pid 1).")
+    .def_readonly("pid", &sandbox_process::pid)
+    .def_readonly("ppid", &sandbox_process::ppid, "0 for init")
+    .def_readonly("uid", &sandbox_process::uid, "in the sandbox's user namespace")
+    .def_readonly("state", &sandbox_process::state, "R, S, D, Z, T, ...")
+    .def_readonly("threads", &sandbox_process::threads)
+    .def_readonly("rss_bytes", &sandbox_process::rss_bytes)
+    .def_readonly("cpu_ms", &sandbox_process::cpu_ms)
+    .def_readonly("age_ms", &sandbox_process::age_ms)
+    .def_readonly("command", &sandbox_process::command,
+                  "its argv joined by spaces (4 KiB at most), or [comm]")
+    .def("__repr__", [](const sandbox_process& p) {
+      return "<dsec SandboxProcess " + std::to_string(p.pid) + " " + p.state + " "
+             + p.command.substr(0, 60) + ">";
+    });
+  py::class_<sandbox_usage>(m, "SandboxUsage",
+                            "A sandbox's usage as its node read it: `usage` (ResourceUsage), "
+                            "`uptime_ms` since it became ready, `traffic` (EgressTraffic) when "
+                            "`egress`, and `processes` (SandboxProcess) when asked for.")
+    .def_readonly("id", &sandbox_usage::id)
+    .def_readonly("node", &sandbox_usage::node)
+    .def_readonly("uptime_ms", &sandbox_usage::uptime_ms)
+    .def_readonly("usage", &sandbox_usage::usage)
+    .def_readonly("egress", &sandbox_usage::egress)
+    .def_readonly("traffic", &sandbox_usage::traffic)
+    .def_readonly("processes", &sandbox_usage::processes)
+    .def("__repr__", [](const sandbox_usage& u) {
+      return "<dsec SandboxUsage " + u.id + " memory=" + std::to_string(u.usage.memory_bytes)
+             + " cpu_ms=" + std::to_string(u.usage.cpu_ms) + ">";
+    });
+
   auto stats = py::class_<node_stats>(m, "NodeStats", "The node's counters (`node stats`).");
 #define DSEC_STAT(f) stats.def_readonly(#f, &node_stats::f)
   DSEC_STAT(node); DSEC_STAT(slots); DSEC_STAT(live); DSEC_STAT(creating);
@@ -1541,6 +1596,22 @@ void bind_session(py::module_& m) {
            auto s = ps.co().start();
            ps.get()->expose_async(id, port,
                                   to_python<exposed_port>(std::move(done), s.tok, identity{}));
+         })
+    // what a sandbox uses now (docs/observability.md "One sandbox: stats and top")
+    .def("usage",
+         [](py_session& ps, const std::string& id, bool processes) {
+           waiter<sandbox_usage> out;
+           {
+             auto s = ps.co().start();
+             ps.get()->usage_async(id, processes, to_waiter(out, s.tok));
+           }
+           return value_or_raise(await_outcome(out));
+         })
+    .def("usage_async",
+         [](py_session& ps, const std::string& id, bool processes, py::object done) {
+           auto s = ps.co().start();
+           ps.get()->usage_async(id, processes,
+                                 to_python<sandbox_usage>(std::move(done), s.tok, identity{}));
          })
     .def("set_ttl_async",
          [](py_session& ps, const std::string& id, uint64_t ms, py::object done) {

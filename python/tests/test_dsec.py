@@ -1217,6 +1217,53 @@ class Conveniences(Base):
 
 
 
+class Usage(Base):
+    """stats() and top(): what a sandbox uses and its processes, read by its node."""
+
+    def test_stats_and_top(self):
+        with self.c.session(quota=2, ttl=120, name="py-usage") as s:
+            sb = s.create_one("py@1", memory="64M", pids=50, disk="16M")
+            r = sb.exec("dd if=/dev/zero of=/big bs=1M count=4 2>/dev/null; touch /f1 /f2; "
+                        "sleep 1000 >/dev/null 2>&1 &")
+            self.assertEqual(r.exit_code, 0, r.stderr)
+            st = sb.stats()
+            self.assertIsInstance(st, dsec.SandboxUsage)
+            self.assertEqual(st.id, sb.id)
+            u = st.usage
+            self.assertEqual(u.memory_limit, 64 << 20)
+            self.assertGreaterEqual(u.memory_bytes, 4 << 20, repr(u))  # tmpfs pages
+            self.assertEqual(u.tasks_limit, 50)
+            self.assertGreaterEqual(u.processes, 2, repr(u))  # init and the sleep
+            self.assertGreaterEqual(u.disk_bytes, 4 << 20, repr(u))
+            self.assertEqual(u.disk_limit, 16 << 20)
+            self.assertGreaterEqual(u.inodes, 3, repr(u))
+            self.assertFalse(st.egress)
+            self.assertEqual(st.processes, [])  # only top() asks for them
+            # what the sandbox writes shows in the next sample
+            sb.exec("dd if=/dev/zero of=/big2 bs=1M count=3 2>/dev/null")
+            self.assertGreaterEqual(sb.stats().usage.disk_bytes, u.disk_bytes + (3 << 20))
+
+            procs = sb.top()
+            self.assertTrue(all(isinstance(p, dsec.SandboxProcess) for p in procs))
+            self.assertEqual([p.pid for p in procs], sorted(p.pid for p in procs))
+            self.assertEqual((procs[0].pid, procs[0].ppid), (1, 0))
+            sleeps = [p for p in procs if p.command == "sleep 1000"]
+            self.assertEqual(len(sleeps), 1, [p.command for p in procs])
+            self.assertGreater(sleeps[0].pid, 1)
+            self.assertIn(sleeps[0].state, ("S", "R"))
+            self.assertGreater(sleeps[0].rss_bytes, 0)
+
+            async def both():
+                return await sb.stats_async(), await sb.top_async()
+            ast, aprocs = asyncio.run(both())
+            self.assertEqual(ast.id, sb.id)
+            self.assertIn("sleep 1000", [p.command for p in aprocs])
+
+            sb.close()
+            with self.assertRaises(dsec.NotFound) as cm:
+                sb.stats()
+            self.assertIn(sb.id, str(cm.exception))
+
 class Operating(Base):
     """cordon, drain and uncordon a node (docs/cluster.md)."""
 

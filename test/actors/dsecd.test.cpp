@@ -133,7 +133,10 @@ TEST_CASE("dsecd: a trainer's thread that made calls and lives on lets its actor
         } else {
           if (auto r = (*s)->exec(ids->front(), cmd({"true"})); !r)
             fail("exec: " + describe(r.error_value()));
-          auto p = c->start(ids->front(), {.argv = {"cat"}, .handle = true, .open_stdin = true});
+          auto req = cmd({"cat"});
+          req.handle = true;
+          req.open_stdin = true;
+          auto p = c->start(ids->front(), req);
           (void) p->write("x");
           (void) p->close_stdin();
           if (auto r = p->wait(); !r || r->out != "x")
