@@ -4,9 +4,16 @@
 // address) is answered REFUSED unless its name is allowed by that sandbox's
 // policy; an allowed one goes upstream, and the A records of the answer are
 // admitted for that sandbox for their TTL (the `admit` callback: nftables
-// dns_allow elements with a timeout) before the answer is relayed. Messages
-// are parsed and built with ldns. Nothing here blocks: the sockets are
-// non-blocking and the thread only polls them. No CAF.
+// dns_allow elements with a timeout) before the answer is relayed.
+//
+// DNS over TCP (RFC 7766: what a resolver falls back to when a UDP answer was
+// truncated) is served on the same address and port, by the same rules: each
+// sandbox connection gets its own upstream TCP connection, opened on its first
+// allowed query; queries may be pipelined. Connections are bounded (in all,
+// per sandbox, in buffered bytes) and closed after 10 s without a message.
+//
+// Messages are parsed and built with ldns. Nothing here blocks: the sockets
+// are non-blocking and the thread only polls them. No CAF.
 #pragma once
 
 #include <netinet/in.h>
@@ -21,6 +28,8 @@
 
 #include "runtime/error.hpp"
 #include "runtime/fd.hpp"
+
+struct ldns_struct_pkt;
 
 namespace dsec {
 
@@ -41,13 +50,24 @@ public:
 
   struct counters {
     std::atomic<uint64_t> queries{0}, refused{0}, answered{0}, failed{0};
+    std::atomic<uint64_t> tcp_connections{0}; ///< accepted so far
   };
+  /// TCP connections at most, in all and from one sandbox.
+  static constexpr size_t max_tcp = 256, max_tcp_per_sandbox = 16;
   [[nodiscard]] const counters& stats() const { return stats_; }
 
 private:
   dns_proxy() = default;
+  struct tcp_conn;
   void run();
-  unique_fd sock_, up_, stop_;
+  void accept_tcp(std::vector<tcp_conn>& conns);
+  bool serve_tcp(tcp_conn& c, short client_ev, short up_ev); // false: close it
+  /// The answer's A records admitted for `src`.
+  void admit_answer(ldns_struct_pkt* r, uint32_t src);
+  /// Whether query `q` from `src` may go upstream; if not, `refusal` holds
+  /// the REFUSED answer (empty if none can be built).
+  bool check_query(ldns_struct_pkt* q, uint32_t src, std::string& refusal);
+  unique_fd sock_, up_, tcp_, stop_;
   sockaddr_in upstream_{};
   allowed_fn allowed_;
   admit_fn admit_;

@@ -655,6 +655,47 @@ TEST_CASE("domain rules: the node's resolver answers allowed names and admits th
   CHECK_MESSAGE(why.find("testsvc") != std::string::npos, why);
 }
 
+// What a resolver falls back to when a UDP answer is truncated: the same
+// rules, the same pinning, over TCP (pipelined queries, a half-close).
+TEST_CASE("domain rules over TCP: the node's resolver answers and admits the same way"
+          * skip_unless(have_tools() && fs::exists("/usr/sbin/dnsmasq"),
+                        "needs root, ip, busybox and dnsmasq")) {
+  internet net;
+  net.start_dns();
+  auto o = egress_daemon(net);
+  o.egress->dns_upstream = "198.18.0.2:53";
+  embedded e{o};
+  auto s = open(*e.c);
+  const std::string resolver = "198.19.0.1";
+  auto id = make_one(*s, egress_env({"allowed.test", "*.wild.test"}));
+  CHECK(get(*s, id, "198.18.0.3", 8000) == "ETIMEDOUT");
+  CHECK(get(*s, id, "198.18.0.2", 8000) == "ETIMEDOUT");
+  auto r = s->exec(id, cmd({"/usr/bin/probe", "dns-tcp", resolver, "allowed.test",
+                            "denied.test", "a.wild.test"}));
+  REQUIRE_MESSAGE(r, describe(r.error_value()));
+  auto got = lines_of(r->out);
+  std::set<std::string> answers{got.begin(), got.end()};
+  const std::set<std::string> expected{"allowed.test rcode=0 198.18.0.3", "denied.test rcode=5",
+                                       "a.wild.test rcode=0 198.18.0.2"};
+  CHECK_MESSAGE(answers == expected, r->out << r->err);
+  // The answers' addresses are admitted for this sandbox as over UDP.
+  CHECK(reached(get(*s, id, "198.18.0.3", 8000)));
+  CHECK(reached(get(*s, id, "198.18.0.2", 8000)));
+  // Another sandbox asked nothing: nothing admitted for it.
+  auto other = make_one(*s, egress_env({"allowed.test"}));
+  CHECK(get(*s, other, "198.18.0.3", 8000) == "ETIMEDOUT");
+  // Garbage on a stream ends that stream only: the resolver goes on serving.
+  auto bad = s->exec(id, cmd({"/bin/sh", "-c",
+                              "printf '\\000\\003abc' | /bin/busybox nc -w 2 " + resolver
+                                + " 53; echo end"}));
+  REQUIRE(bad);
+  CHECK_MESSAGE(bad->out == "end\n", bad->out << bad->err);
+  r = s->exec(other, cmd({"/usr/bin/probe", "dns-tcp", resolver, "allowed.test"}));
+  REQUIRE(r);
+  CHECK_MESSAGE(r->out == "allowed.test rcode=0 198.18.0.3\n", r->out << r->err);
+  CHECK(reached(get(*s, other, "198.18.0.3", 8000)));
+}
+
 TEST_CASE("egress needs an uplink; none and loopback are unchanged") {
   embedded e;
   auto s = open(*e.c);

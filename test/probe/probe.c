@@ -1074,6 +1074,119 @@ static int cmd_http_get(const char *addr, const char *port, const char *ms) {
   return 0;
 }
 
+/* Skips a DNS name at p[*i] (labels or a compression pointer); 0 if it runs out. */
+static int dns_skip_name(const unsigned char *p, size_t n, size_t *i) {
+  while (*i < n) {
+    unsigned char l = p[*i];
+    if (l == 0) { *i += 1; return 1; }
+    if ((l & 0xc0) == 0xc0) { *i += 2; return *i <= n; }
+    *i += 1 + l;
+  }
+  return 0;
+}
+
+/* DNS over TCP to ADDR:53: one A query per NAME, all in one write (pipelined,
+ * ids 1..N), then a half-close; prints, for each answer as it comes, "NAME
+ * rcode=R" and its A records, or the errno name / "timeout" (3 s). */
+static int cmd_dns_tcp(const char *addr, int count, char **names) {
+  struct sockaddr_in a;
+  memset(&a, 0, sizeof a);
+  a.sin_family = AF_INET;
+  a.sin_port = htons(53);
+  if (inet_pton(AF_INET, addr, &a.sin_addr) != 1 || count < 1 || count > 16) {
+    printf("EINVAL\n");
+    return 0;
+  }
+  int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (s < 0)
+    return outcome(-1);
+  if (connect(s, (struct sockaddr *)&a, sizeof a) < 0) {
+    printf("%s\n", err_name(errno));
+    return 0;
+  }
+  unsigned char q[16 * 300];
+  size_t len = 0;
+  for (int k = 0; k < count; ++k) {
+    unsigned char *m = q + len + 2;
+    size_t j = 0;
+    memset(m, 0, 12);
+    m[1] = (unsigned char)(k + 1); /* id */
+    m[2] = 0x01;                   /* RD */
+    m[5] = 1;                      /* one question */
+    j = 12;
+    const char *n = names[k];
+    while (*n) {
+      const char *dot = strchr(n, '.');
+      size_t l = dot ? (size_t)(dot - n) : strlen(n);
+      if (l == 0 || l > 63 || j + l + 6 > 290) {
+        printf("EINVAL\n");
+        return 0;
+      }
+      m[j++] = (unsigned char)l;
+      memcpy(m + j, n, l);
+      j += l;
+      n += l + (dot ? 1 : 0);
+    }
+    m[j++] = 0;
+    m[j++] = 0; m[j++] = 1; /* A */
+    m[j++] = 0; m[j++] = 1; /* IN */
+    q[len] = (unsigned char)(j >> 8);
+    q[len + 1] = (unsigned char)(j & 255);
+    len += 2 + j;
+  }
+  if (write(s, q, len) != (ssize_t)len)
+    return outcome(-1);
+  shutdown(s, SHUT_WR);
+  unsigned char buf[65536 + 2];
+  size_t got = 0;
+  int answered = 0;
+  struct pollfd p = {s, POLLIN, 0};
+  while (answered < count) {
+    if (poll(&p, 1, 3000) <= 0) {
+      printf("timeout\n");
+      return 0;
+    }
+    ssize_t r = read(s, buf + got, sizeof buf - got);
+    if (r <= 0) {
+      printf("closed\n");
+      return 0;
+    }
+    got += (size_t)r;
+    for (;;) {
+      if (got < 2)
+        break;
+      size_t ml = ((size_t)buf[0] << 8) | buf[1];
+      if (got < 2 + ml)
+        break;
+      const unsigned char *m = buf + 2;
+      if (ml >= 12) {
+        int id = (m[0] << 8) | m[1];
+        int rcode = m[3] & 15;
+        int qd = (m[4] << 8) | m[5], an = (m[6] << 8) | m[7];
+        printf("%s rcode=%d", id >= 1 && id <= count ? names[id - 1] : "?", rcode);
+        size_t i = 12;
+        for (int k = 0; k < qd && dns_skip_name(m, ml, &i); ++k)
+          i += 4;
+        for (int k = 0; k < an && dns_skip_name(m, ml, &i) && i + 10 <= ml; ++k) {
+          int type = (m[i] << 8) | m[i + 1];
+          size_t rdlen = ((size_t)m[i + 8] << 8) | m[i + 9];
+          i += 10;
+          if (i + rdlen > ml)
+            break;
+          if (type == 1 && rdlen == 4)
+            printf(" %u.%u.%u.%u", m[i], m[i + 1], m[i + 2], m[i + 3]);
+          i += rdlen;
+        }
+        printf("\n");
+      }
+      ++answered;
+      memmove(buf, buf + 2 + ml, got - 2 - ml);
+      got -= 2 + ml;
+    }
+  }
+  return 0;
+}
+
 /* The IPv4 address of interface NAME, or the errno name. */
 static int cmd_if_addr(const char *name) {
   int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
@@ -1181,6 +1294,7 @@ int main(int argc, char **argv) {
   if (IS("tcp-hold", 1)) return cmd_tcp_hold(a1);
   if (IS("if-addr", 1)) return cmd_if_addr(a1);
   if (IS("http-get", 3)) return cmd_http_get(a1, a2, argv[4]);
+  if (strcmp(c, "dns-tcp") == 0 && argc >= 4) return cmd_dns_tcp(a1, argc - 3, argv + 3);
   if (IS("seqpacket-send", 2)) return cmd_seqpacket_send(a1, a2);
   if (IS("seqpacket-listen", 1)) return cmd_seqpacket_listen(a1);
   if (IS("seqpacket-hold", 2)) return cmd_seqpacket_hold(a1, a2, 0);
