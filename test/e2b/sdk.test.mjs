@@ -335,6 +335,16 @@ test('files as a user: relative paths from its home, what is made is its own', a
     assert.ok(names.includes('notes.txt') && names.includes('proj'), names.join(' '))
     assert.equal(await sbx.files.exists('proj/src/w', { user: 'user' }), true)
     assert.equal(await sbx.files.exists('proj/src/w'), false) // root's relative paths: /root
+    // A watch's relative path starts at its home too.
+    const seen = []
+    const hw = await sbx.files.watchDir('proj', (e) => { seen.push(`${e.type} ${e.name}`) },
+      { user: 'user', recursive: true })
+    await sbx.commands.run('touch /home/user/proj/src/new', { user: 'user' })
+    // Polled with a generous cap (a safety net, never a measure).
+    for (let i = 0; i < 2400 && !seen.includes('create src/new'); i++) await new Promise((r) => setTimeout(r, 50))
+    assert.ok(seen.includes('create src/new'), JSON.stringify(seen))
+    await hw.stop()
+    await assert.rejects(sbx.files.watchDir('proj', () => {}, { user: 'nobody-here' }), /nobody-here/)
     // Without a user (root): root's, relative to the template's cwd.
     await sbx.files.write('/tmp/r.txt', 'root')
     assert.equal(await owner('/tmp/r.txt'), '0:0')
@@ -539,6 +549,25 @@ test('CreateWatcher, GetWatcherEvents, RemoveWatcher: the watch E2B\'s Python SD
     const gone = await call('GetWatcherEvents', { watcherId: wid })
     assert.equal(gone.json.code, 'not_found')
     assert.equal((await call('RemoveWatcher', { watcherId: wid })).json.code, 'not_found')
+    // A relative path starts at the user's home (Basic auth names the user).
+    await sbx.commands.run('mkdir -p /home/user/rel')
+    const asUser = await fetch(`${api}/filesystem.Filesystem/CreateWatcher`, {
+      method: 'POST',
+      headers: { 'E2b-Sandbox-Id': id, 'X-Access-Token': r.json.envdAccessToken, 'Content-Type': 'application/json',
+        Authorization: 'Basic ' + Buffer.from('user:').toString('base64') },
+      body: JSON.stringify({ path: 'rel' }),
+    })
+    const rel = await asUser.json()
+    assert.equal(asUser.status, 200, JSON.stringify(rel))
+    await sbx.commands.run('touch /home/user/rel/x')
+    const relSeen = []
+    for (let i = 0; i < 2400 && !relSeen.includes('EVENT_TYPE_CREATE x'); i++) {
+      const e = await call('GetWatcherEvents', { watcherId: rel.watcherId })
+      relSeen.push(...e.json.events.map((x) => `${x.type} ${x.name}`))
+      await pause()
+    }
+    assert.ok(relSeen.includes('EVENT_TYPE_CREATE x'), JSON.stringify(relSeen))
+    assert.equal((await call('RemoveWatcher', { watcherId: rel.watcherId })).status, 200)
     // Errors come from CreateWatcher itself.
     const missing = await call('CreateWatcher', { path: '/no/such' })
     assert.equal(missing.json.code, 'not_found')

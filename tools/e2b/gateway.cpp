@@ -525,6 +525,12 @@ struct sandbox {
   std::map<std::string, fs_user> users;
 };
 
+// Where a filesystem call's relative paths start (watches' too): a user's
+// home (as envd's do), else the sandbox's cwd.
+const std::string& base_of(const sandbox& s, const std::optional<fs_user>& u) {
+  return u ? u->home : s.cwd;
+}
+
 struct gateway::impl {
   client* c = nullptr;
   gateway_options o;
@@ -620,7 +626,11 @@ struct gateway::impl {
   void as_user(std::shared_ptr<sandbox> s, const std::string& name,
                std::function<void(expected<std::optional<fs_user>>)> then);
   void watch_dir(std::shared_ptr<sandbox> s, http_request& req, std::shared_ptr<responder> r);
-  void create_watcher(std::shared_ptr<sandbox> s, const json& body, std::shared_ptr<responder> r);
+  void watch_from(std::shared_ptr<sandbox> s, const json& body, const std::string& base,
+                  uint64_t timeout_ms, std::chrono::milliseconds every,
+                  std::shared_ptr<responder> r);
+  void create_watcher(std::shared_ptr<sandbox> s, const json& body, const std::string& base,
+                      std::shared_ptr<responder> r);
   void watcher_call(std::shared_ptr<sandbox> s, const std::string& method, const json& body,
                     std::shared_ptr<responder> r);
   void get_file(std::shared_ptr<sandbox> s, http_request& req, std::shared_ptr<responder> r);
@@ -1087,7 +1097,13 @@ void gateway::impl::envd(http_request& req, std::shared_ptr<responder> r) {
     return connect_error(*r, "invalid_argument", "the request body is not a JSON object");
   }
   if (service == "/filesystem.Filesystem" && method == "CreateWatcher")
-    return create_watcher(s, body, r);
+    return as_user(s, user_of(req.header("authorization")),
+                   [this, s, body, r](expected<std::optional<fs_user>> u) {
+                     if (!u)
+                       return connect_error(*r, connect_code(u.error_value()),
+                                            describe(u.error_value()));
+                     create_watcher(s, body, base_of(*s, *u), r);
+                   });
   if (service == "/filesystem.Filesystem" &&
       (method == "GetWatcherEvents" || method == "RemoveWatcher"))
     return watcher_call(s, method, body, r);
@@ -1411,7 +1427,8 @@ std::optional<json> event_of(std::string_view rec) {
   return json{{"name", std::string{rec.substr(sp + 1)}}, {"type", type}};
 }
 
-// The command a watch call ({path, recursive}; a relative path from `cwd`)
+// The command a watch call ({path, recursive}; a relative path from `cwd`,
+// the user's home or the sandbox's cwd: base_of)
 // asks for: dsec's own watcher from the system layer, as the sandbox's root
 // (as the other filesystem calls), from /; the path it watches is its last
 // argument. The error is the path's ("path: ...").
@@ -1477,14 +1494,29 @@ void gateway::impl::watch_dir(std::shared_ptr<sandbox> s, http_request& req,
   auto body = enveloped(req.body);
   if (!body)
     return stream_error(*r, "invalid_argument", "the request is not one enveloped JSON message");
-  auto made = watcher_request(s->cwd, *body);
+  uint64_t timeout_ms = 0;
+  if (auto t = req.header("connect-timeout-ms"); !t.empty())
+    timeout_ms = std::strtoull(t.c_str(), nullptr, 10);
+  auto every = keepalive_of(req);
+  // A relative path starts at the user's home, as the other filesystem calls'.
+  as_user(s, user_of(req.header("authorization")),
+          [this, s, body = std::move(*body), timeout_ms, every,
+           r](expected<std::optional<fs_user>> u) {
+            if (!u)
+              return stream_error(*r, connect_code(u.error_value()), describe(u.error_value()));
+            watch_from(s, body, base_of(*s, *u), timeout_ms, every, r);
+          });
+}
+
+void gateway::impl::watch_from(std::shared_ptr<sandbox> s, const json& body,
+                               const std::string& base, uint64_t timeout_ms,
+                               std::chrono::milliseconds every, std::shared_ptr<responder> r) {
+  auto made = watcher_request(base, body);
   if (!made)
     return stream_error(*r, "invalid_argument", made.error_value().message);
   auto x = std::move(*made);
-  if (auto t = req.header("connect-timeout-ms"); !t.empty())
-    x.timeout_ms = std::strtoull(t.c_str(), nullptr, 10);
+  x.timeout_ms = timeout_ms;
   auto w = std::make_shared<dir_watch>();
-  auto every = keepalive_of(req);
   auto where = x.argv.back();
   std::lock_guard<std::mutex> held{w->mu};
   w->handle = sess(s->key).start(
@@ -1544,8 +1576,8 @@ void gateway::impl::watch_dir(std::shared_ptr<sandbox> s, http_request& req,
 // answers {watcherId} once its watch is set (so nothing done after the reply
 // is missed), or the error its end gives before that.
 void gateway::impl::create_watcher(std::shared_ptr<sandbox> s, const json& body,
-                                   std::shared_ptr<responder> r) {
-  auto x = watcher_request(s->cwd, body);
+                                   const std::string& base, std::shared_ptr<responder> r) {
+  auto x = watcher_request(base, body);
   if (!x)
     return connect_error(*r, "invalid_argument", x.error_value().message);
   std::string id;
@@ -1802,12 +1834,6 @@ std::string files_user(const http_request& req) {
 constexpr const char* mkdirs_fn =
   "mkdirs() { [ -d \"$1\" ] && return 0; mkdirs \"$(dirname -- \"$1\")\" \"$2\" || return 1; "
   "mkdir -- \"$1\" || return 1; [ -z \"$2\" ] || chown -- \"$2\" \"$1\"; }; ";
-
-// Where a filesystem call's relative paths start: a user's home (as envd's
-// do), else the sandbox's cwd.
-const std::string& base_of(const sandbox& s, const std::optional<fs_user>& u) {
-  return u ? u->home : s.cwd;
-}
 
 std::string owner_of(const std::optional<fs_user>& u) {
   return u ? std::to_string(u->uid) + ":" + std::to_string(u->gid) : std::string{};
