@@ -84,6 +84,9 @@ using sandbox_actor = caf::typed_actor<
   /// Packs a file or directory of the sandbox as a tar archive.
   caf::replies_to<get_atom, internal_key, std::string>::with<std::string>,
   caf::replies_to<destroy_atom, internal_key>::with<bool>,
+  /// Destroys it, `why` ending what its calls in flight hear ("sandbox ID
+  /// " + why, errc::lost) and its log line (a node declared lost: member.cpp).
+  caf::reacts_to<destroy_atom, internal_key, std::string>,
   caf::replies_to<list_atom, internal_key>::with<sandbox_info>,
   /// Answers one of its Chronus feedback requests (Feedback bytes).
   caf::replies_to<feedback_atom, internal_key, chronus_feedback_msg>::with<bool>,
@@ -281,9 +284,9 @@ using node_actor = caf::typed_actor<
   caf::reacts_to<gone_atom, internal_key, std::string, bool>, ///< from a sandbox: id, created ok
   caf::reacts_to<timeout_atom, internal_key, uint64_t>,     ///< a drain's timeout ran out
   caf::reacts_to<ready_atom, internal_key, std::string>,      ///< from a sandbox: creation done
-  /// Destroys every sandbox and stays up (a node whose coordinator was lost);
-  /// replies how many, once they are gone.
-  caf::replies_to<reset_atom, internal_key>::with<uint32_t>,
+  /// Destroys every sandbox and stays up (a node its coordinator declared
+  /// lost), each told `why` (destroy_atom's); replies how many, once they are gone.
+  caf::replies_to<reset_atom, internal_key, std::string>::with<uint32_t>,
   caf::replies_to<shutdown_atom, internal_key>::with<uint32_t>, ///< destroys everything
   // ---- snapshots (issue 16), process surface ----
   caf::reacts_to<pause_atom, internal_key, std::string, bool>>; ///< from a sandbox: id, paused now

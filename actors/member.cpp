@@ -57,6 +57,7 @@ struct member_state {
   bool beating = false;      // a heartbeat's report is being made
   uint64_t epoch = 0;        // coordinators lost so far
   std::string left_why;      // why the node left (for the reset's message)
+  std::string left_sandbox_why; // what its sandboxes are told as they go
   std::vector<std::string> sent_layers;
   uint64_t beats = 0;
   std::string last_error;    // said once, not every retry
@@ -216,10 +217,12 @@ void join_with(self_ptr self, scheduler_actor coord, node_report r) {
 
 // The coordinator is gone (or forgot us): the node's sandboxes belonged to its
 // sessions. After `delay`, destroy them, then join again.
-void leave(self_ptr self, std::chrono::milliseconds delay, std::string why) {
+void leave(self_ptr self, std::chrono::milliseconds delay, std::string why,
+           std::string sandbox_why) {
   auto& s = self->state;
   s.set_joined(false);
   s.left_why = std::move(why);
+  s.left_sandbox_why = std::move(sandbox_why);
   if (s.coordinator)
     self->demonitor(s.coordinator.address());
   s.coordinator = nullptr;
@@ -344,7 +347,10 @@ member_actor::behavior_type member_impl(self_ptr self, member_config cfg) {
                     + " no longer counts this node (it was declared lost): destroying its "
                       "sandboxes and joining again");
                 leave(self, std::chrono::milliseconds(0),
-                      "destroyed {} sandboxes of this node, which the coordinator declared lost");
+                      "destroyed {} sandboxes of this node, which the coordinator declared lost",
+                      "was destroyed: the coordinator " + s.where
+                        + " declared its node lost (it missed its heartbeats), and its "
+                          "session had reported it lost then");
               }
             },
             [](caf::error&) {});
@@ -354,7 +360,7 @@ member_actor::behavior_type member_impl(self_ptr self, member_config cfg) {
       auto& s = self->state;
       if (!genuine(k, process_key(), "reset (member)") || epoch != s.epoch || s.joined)
         return;
-      self->request(s.cfg.node, caf::infinite, reset_atom::value, process_key())
+      self->request(s.cfg.node, caf::infinite, reset_atom::value, process_key(), s.left_sandbox_why)
         .then(
           [=](uint32_t n) {
             // After a lost coordinator most went already, as their sessions

@@ -490,6 +490,10 @@ sandbox_actor::behavior_type vm_impl(self_ptr self, sandbox_config cfg,
       begin_destroy(self);
       return rp;
     },
+    [=](destroy_atom, const internal_key& k, const std::string&) { // (no reason kept here)
+      if (genuine(k, self->state.cfg.key, "destroy (sandbox)"))
+        begin_destroy(self);
+    },
     [=](list_atom, const internal_key& k) -> caf::result<sandbox_info> {
       auto& s = self->state;
       if (!genuine(k, s.cfg.key, "list (sandbox)"))

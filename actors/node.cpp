@@ -1043,7 +1043,7 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
         }
       return {s.cfg.key, n};
     },
-    [=](reset_atom, const internal_key& k) -> caf::result<uint32_t> {
+    [=](reset_atom, const internal_key& k, const std::string& why) -> caf::result<uint32_t> {
       auto& s = self->state;
       if (!genuine(k, process_key(), "reset (node)"))
         return refuse("reset");
@@ -1065,7 +1065,7 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
       s.queued.clear();
       s.reset_waiters.emplace_back(rp, static_cast<uint32_t>(s.live.size()));
       for (auto& [id, e] : s.live)
-        caf::anon_send(e.handle, destroy_atom::value, s.cfg.key);
+        caf::anon_send(e.handle, destroy_atom::value, s.cfg.key, why);
       check_shutdown(self);
       publish(self);
       return rp;

@@ -1931,6 +1931,16 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
       begin_destroy(self);
       return rp;
     },
+    [=](destroy_atom, const internal_key& k, const std::string& why) {
+      auto& s = self->state;
+      if (!genuine(k, s.cfg.key, "destroy (sandbox)"))
+        return;
+      if (!why.empty()) {
+        s.end_why = why;
+        s.end_code = errc::lost;
+      }
+      begin_destroy(self);
+    },
     [=](list_atom, const internal_key& k) -> caf::result<sandbox_info> {
       auto& s = self->state;
       if (!genuine(k, s.cfg.key, "list (sandbox)"))

@@ -240,6 +240,10 @@ sandbox_actor::behavior_type sim_impl(self_ptr self, std::shared_ptr<const sim_c
       begin_destroy(self);
       return rp;
     },
+    [=](destroy_atom, const internal_key& k, const std::string&) { // (no reason kept here)
+      if (genuine(k, self->state.c->key, "destroy (sandbox)"))
+        begin_destroy(self);
+    },
     [=](list_atom, const internal_key& k) -> caf::result<sandbox_info> {
       auto& s = self->state;
       if (!genuine(k, s.c->key, "list (sandbox)"))

@@ -863,6 +863,13 @@ TEST_CASE("a hung node is lost by its missing heartbeats, then destroys its sand
     return m && m->last.live == 0;
   }, 60s), cl.nodes[1]->bg.out());
   CHECK(cl.nodes[1]->bg.wait_for_output("declared lost", 10s));
+  // Each of its sandboxes went saying why (its log line on stderr), not the
+  // generic "by its trainer"; then the node said how many went.
+  CHECK(cl.nodes[1]->bg.wait_for_output("which the coordinator declared lost; joining again", 30s));
+  const auto& logged = cl.nodes[1]->bg.err();
+  CHECK_MESSAGE(logged.find("declared its node lost (it missed its heartbeats)") != std::string::npos,
+                logged);
+  CHECK_MESSAGE(logged.find("by its trainer") == std::string::npos, logged);
   // `cluster status` shows it once, up.
   size_t rows = 0;
   for (const auto& x : cl.members())
