@@ -1096,14 +1096,6 @@ void gateway::impl::envd(http_request& req, std::shared_ptr<responder> r) {
   } catch (const std::exception&) {
     return connect_error(*r, "invalid_argument", "the request body is not a JSON object");
   }
-  if (service == "/filesystem.Filesystem" && method == "CreateWatcher")
-    return as_user(s, user_of(req.header("authorization")),
-                   [this, s, body, r](expected<std::optional<fs_user>> u) {
-                     if (!u)
-                       return connect_error(*r, connect_code(u.error_value()),
-                                            describe(u.error_value()));
-                     create_watcher(s, body, base_of(*s, *u), r);
-                   });
   if (service == "/filesystem.Filesystem" &&
       (method == "GetWatcherEvents" || method == "RemoveWatcher"))
     return watcher_call(s, method, body, r);
@@ -1113,6 +1105,8 @@ void gateway::impl::envd(http_request& req, std::shared_ptr<responder> r) {
                      if (!u)
                        return connect_error(*r, connect_code(u.error_value()),
                                             describe(u.error_value()));
+                     if (method == "CreateWatcher")
+                       return create_watcher(s, body, base_of(*s, *u), r);
                      fs(s, method, body, *u, r);
                    });
   if (method == "List") {
