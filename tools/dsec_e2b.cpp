@@ -20,7 +20,7 @@
 namespace {
 
 const char* usage = R"(usage: dsec-e2b --connect HOST:PORT --listen HOST:PORT --templates FILE --keys FILE
-                [--tls DIR] [--threads N] [--quota N]
+                [--tls DIR] [--threads N] [--quota N] [--domain DOMAIN]
 
 An E2B-compatible API over a dsecd (docs/e2b.md). Point the e2b SDK at it with
 E2B_API_URL=http://HOST:PORT and E2B_SANDBOX_URL=http://HOST:PORT (the same
@@ -38,6 +38,14 @@ by the E2b-Sandbox-Id header) and E2B_API_KEY=one of the keys.
   --tls DIR            talk TLS to the dsecd, with the certificates of DIR
   --threads N          HTTP threads (default 2)
   --quota N            live sandboxes per key (default 1024)
+  --domain DOMAIN      the sandboxes' domain: the SDK's getHost(PORT) is then
+                       PORT-ID.DOMAIN, and a request for that host (this
+                       listener, by its Host header) reaches PORT inside sandbox
+                       ID, which dsec exposes on first use (its template needs
+                       "network": "loopback" or an egress policy). Without it,
+                       the SDK's E2B_DOMAIN makes the names; such requests are
+                       served all the same. E.g. localhost:PORT, which curl
+                       resolves with no DNS
 
 Every sandbox is destroyed when dsec-e2b stops (SIGINT, SIGTERM).
 )";
@@ -50,7 +58,7 @@ int bad(const std::string& msg) {
 } // namespace
 
 int main(int argc, char** argv) {
-  std::string connect, listen, templates, keys, tls, threads = "2", quota = "1024";
+  std::string connect, listen, templates, keys, tls, threads = "2", quota = "1024", domain;
   dsec::cli::args a{argc, argv, 1};
   while (!a.empty()) {
     if (a.help()) {
@@ -60,7 +68,8 @@ int main(int argc, char** argv) {
     bool any = false;
     for (auto [name, dst] : {std::pair{"--connect", &connect}, {"--listen", &listen},
                              {"--templates", &templates}, {"--keys", &keys}, {"--tls", &tls},
-                             {"--threads", &threads}, {"--quota", &quota}}) {
+                             {"--threads", &threads}, {"--quota", &quota},
+                             {"--domain", &domain}}) {
       auto r = a.option(name, *dst);
       if (!r)
         return bad(r.error_value().message);
@@ -114,6 +123,7 @@ int main(int argc, char** argv) {
   go.templates = std::move(*tmpl);
   go.keys = std::move(*k);
   go.quota = static_cast<uint32_t>(nquota);
+  go.domain = domain;
   auto gw = dsec::e2b::gateway::open(**c, std::move(go));
   if (!gw) {
     std::fprintf(stderr, "dsec-e2b: %s\n", gw.error_value().to_string().c_str());
@@ -127,6 +137,9 @@ int main(int argc, char** argv) {
   auto srv = dsec::e2b::server::listen(
     so, [g](dsec::e2b::http_request req, std::shared_ptr<dsec::e2b::responder> r) {
       g->handle(std::move(req), std::move(r));
+    },
+    [g](const dsec::e2b::http_request& head, std::function<void(dsec::e2b::route)> decide) {
+      return g->tunnel(head, std::move(decide));
     });
   if (!srv)
     return bad(srv.error_value().message);

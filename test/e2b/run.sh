@@ -99,7 +99,7 @@ cat > "$tmp/templates.json" <<TEMPLATES
 }}
 TEMPLATES
 ${E2B_GW_PREFIX:-} "$DSEC_E2B_BIN" --connect "127.0.0.1:$dsecd_port" --listen 127.0.0.1:0 \
-  --templates "$tmp/templates.json" --keys "$tmp/keys" >"$tmp/gw.out" 2>"$tmp/gw.out.err" &
+  --templates "$tmp/templates.json" --keys "$tmp/keys" --domain dsec.test >"$tmp/gw.out" 2>"$tmp/gw.out.err" &
 gw_pid=$!
 wait_for "$tmp/gw.out" "listening on" "$gw_pid" dsec-e2b
 gw_port="$(grep -o 'listening on 127.0.0.1:[0-9]*' "$tmp/gw.out" | head -1 | sed 's/.*://')"

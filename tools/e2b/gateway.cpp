@@ -25,13 +25,11 @@
 
 #include "actors/client.hpp"
 #include "runtime/units.hpp"
+#include "tools/e2b/gateway_impl.hpp"
 
 namespace dsec::e2b {
 
-using json = nlohmann::json;
 using namespace std::chrono_literals;
-
-namespace {
 
 uint64_t now_ms() {
   return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -61,6 +59,8 @@ std::string random_hex(size_t bytes) {
   }
   return s;
 }
+
+namespace {
 
 const char* b64chars = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
 
@@ -142,9 +142,10 @@ std::string envelope(uint8_t flags, const json& j) {
   return out;
 }
 
+} // namespace
+
 // ---- errors -----------------------------------------------------------------------
 
-// E2B's REST errors: {"code": status, "message": "..."}.
 void rest_error(responder& r, int status, const std::string& msg) {
   r.reply(status, "application/json", json{{"code", status}, {"message", msg}}.dump());
 }
@@ -178,6 +179,8 @@ int http_status(const error& e) {
     return 500;
   }
 }
+
+namespace {
 
 std::string connect_code(const error& e) {
   switch (e.code) {
@@ -227,14 +230,17 @@ void connect_error(responder& r, const std::string& code, const std::string& msg
           json{{"code", code}, {"message", msg}}.dump());
 }
 
+} // namespace
+
 std::string describe(const error& e) {
   return e.message.empty() ? std::string{to_string(e.code)} : e.message;
 }
 
-// Whether the error says the sandbox itself is gone.
 bool sandbox_gone(const error& e) {
   return e.code == errc::closed || e.code == errc::lost;
 }
+
+namespace {
 
 // ---- tar (libarchive) ---------------------------------------------------------------
 
@@ -466,194 +472,6 @@ std::optional<json> entry_of(const std::string& line) {
 
 } // namespace
 
-// ---- state ---------------------------------------------------------------------------
-
-struct process {
-  uint32_t pid = 0;
-  json config; // ProcessConfig as given
-  std::string tag;
-  bool pty = false; // started with `pty`: its output is data {pty}, its input input {pty}
-  std::mutex mu;
-  std::vector<std::shared_ptr<responder>> subs; // streams that get its events
-  bool ended = false;
-  /// The command's handle in dsec (docs/actors.md "Process handles"): its
-  /// stdin (when started with stdin: true) and its signals. Under `mu`.
-  std::shared_ptr<dsec::process> handle;
-};
-
-// A watcher of CreateWatcher (WatchDir without a stream, as E2B's Python SDK
-// uses it): its events wait here for GetWatcherEvents, at most
-// max_polled_events (the oldest go first).
-constexpr size_t max_polled_events = 10000;
-constexpr size_t max_polled_watchers = 64; // a sandbox's
-struct polled_watch {
-  std::mutex mu;
-  std::string pending, err;
-  bool started = false, ended = false;
-  std::pair<std::string, std::string> end; // its end as a Connect error (code empty: none)
-  std::deque<json> events;
-  std::shared_ptr<dsec::process> handle;
-};
-
-// A user of a sandbox's image, as a filesystem call that names it acts: its
-// home (where relative paths start) and the owner of what the call makes.
-struct fs_user {
-  std::string home;
-  uint32_t uid = 0;
-  uint32_t gid = 0;
-};
-
-struct sandbox {
-  std::string id;
-  std::string key;
-  std::string tmpl;
-  std::string token;
-  json metadata = json::object();
-  std::vector<std::string> env_vars; // K=V
-  std::string cwd;
-  const template_def* def = nullptr;
-  uint64_t started_ms = 0;
-  uint64_t end_ms = 0;
-  bool paused = false;
-  uint64_t paused_at_ms = 0;
-  uint32_t next_pid = 1;
-  std::map<uint32_t, std::shared_ptr<process>> procs;
-  // CreateWatcher's watchers, by id, until RemoveWatcher (or the sandbox's end).
-  std::map<std::string, std::shared_ptr<polled_watch>> watchers;
-  uint64_t next_watcher = 1;
-  // The users the filesystem calls named, as its image has them (fs_user).
-  std::map<std::string, fs_user> users;
-};
-
-// Where a filesystem call's relative paths start (watches' too): a user's
-// home (as envd's do), else the sandbox's cwd.
-const std::string& base_of(const sandbox& s, const std::optional<fs_user>& u) {
-  return u ? u->home : s.cwd;
-}
-
-struct gateway::impl {
-  client* c = nullptr;
-  gateway_options o;
-  std::map<std::string, std::unique_ptr<session>> sessions; // by API key
-  std::mutex mu;
-  std::map<std::string, std::shared_ptr<sandbox>> sandboxes; // by id
-
-  // ---- lookups -----------------------------------------------------------------
-  std::shared_ptr<sandbox> find(const std::string& id) {
-    std::lock_guard<std::mutex> g{mu};
-    auto it = sandboxes.find(id);
-    if (it == sandboxes.end())
-      return nullptr;
-    auto& s = *it->second;
-    if (!s.paused && s.end_ms && now_ms() > s.end_ms + 2000) {
-      // Past its TTL: dsec destroyed it.
-      sandboxes.erase(it);
-      return nullptr;
-    }
-    return it->second;
-  }
-  std::shared_ptr<sandbox> find_for(const std::string& key, const std::string& id) {
-    auto s = find(id);
-    return s && s->key == key ? s : nullptr;
-  }
-  void forget(const std::string& id) {
-    std::lock_guard<std::mutex> g{mu};
-    sandboxes.erase(id);
-  }
-
-  session& sess(const std::string& key) { return *sessions.at(key); }
-
-  json sandbox_json(const sandbox& s, bool detail) {
-    std::lock_guard<std::mutex> g{mu};
-    json j{{"sandboxID", s.id},
-           {"templateID", s.tmpl},
-           {"alias", s.tmpl},
-           {"clientID", "dsec"},
-           {"envdVersion", envd_version},
-           {"startedAt", rfc3339(s.started_ms)},
-           {"endAt", rfc3339(s.paused ? s.end_ms + (now_ms() - s.paused_at_ms) : s.end_ms)},
-           {"state", s.paused ? "paused" : "running"},
-           {"cpuCount", s.def->env.cpus > 0 ? static_cast<int>(s.def->env.cpus + 0.999) : 1},
-           {"memoryMB", s.def->env.memory / (1024 * 1024)},
-           {"diskSizeMB", s.def->env.disk / (1024 * 1024)},
-           {"metadata", s.metadata}};
-    if (detail)
-      j["envdAccessToken"] = s.token;
-    return j;
-  }
-  json created_json(const sandbox& s) {
-    return json{{"sandboxID", s.id},      {"templateID", s.tmpl},
-                {"alias", s.tmpl},        {"clientID", "dsec"},
-                {"envdVersion", envd_version}, {"envdAccessToken", s.token},
-                {"domain", nullptr}};
-  }
-
-  // ---- control plane -------------------------------------------------------------
-  void control(http_request& req, std::shared_ptr<responder> r);
-  void create(const std::string& key, http_request& req, std::shared_ptr<responder> r);
-  void kill(const std::string& key, const std::string& id, std::shared_ptr<responder> r);
-  void set_timeout(const std::string& key, const std::string& id, http_request& req,
-                   std::shared_ptr<responder> r);
-  void list(const std::string& key, http_request& req, std::shared_ptr<responder> r, bool v2);
-  void connect(const std::string& key, const std::string& id, http_request& req,
-               std::shared_ptr<responder> r, bool resume_only);
-  void pause(const std::string& key, const std::string& id, std::shared_ptr<responder> r);
-
-  // ---- sandbox endpoint ----------------------------------------------------------
-  void envd(http_request& req, std::shared_ptr<responder> r);
-  void start(std::shared_ptr<sandbox> s, http_request& req, std::shared_ptr<responder> r);
-  /// Start's second half: the command runs, its stream begins with its pid.
-  void launch(std::shared_ptr<sandbox> s, exec_request x, std::shared_ptr<process> p,
-              std::optional<std::pair<uint16_t, uint16_t>> pty_size,
-              std::chrono::milliseconds keepalive, std::shared_ptr<responder> r);
-  void attach(std::shared_ptr<sandbox> s, http_request& req, std::shared_ptr<responder> r);
-  void signal(std::shared_ptr<sandbox> s, const json& body, std::shared_ptr<responder> r);
-  void update(std::shared_ptr<sandbox> s, const json& body, std::shared_ptr<responder> r);
-  void input(std::shared_ptr<sandbox> s, const std::string& method, const json& body,
-             std::shared_ptr<responder> r);
-  /// The reply to a process verb done through its handle (signal, update):
-  /// {} once done; not_found for a command that ended; an invalid_argument
-  /// as failed_precondition "process with pid N IF_INVALID" when given.
-  completion<void> answer_of(std::shared_ptr<sandbox> s, std::shared_ptr<responder> r,
-                             uint32_t pid, std::string if_invalid = {});
-  /// The handle of the running process `pid` of `s`; replies not_found otherwise.
-  std::shared_ptr<dsec::process> handle_of(sandbox& s, uint32_t pid, responder& r);
-  void fs(std::shared_ptr<sandbox> s, const std::string& method, const json& body,
-          const std::optional<fs_user>& u, std::shared_ptr<responder> r);
-  /// The user `name` of `s`'s image (looked up once, by a command run as it),
-  /// for a filesystem call: nullopt for root or no name (paths start at the
-  /// sandbox's cwd, what is made is root's); `then` runs once.
-  void as_user(std::shared_ptr<sandbox> s, const std::string& name,
-               std::function<void(expected<std::optional<fs_user>>)> then);
-  void watch_dir(std::shared_ptr<sandbox> s, http_request& req, std::shared_ptr<responder> r);
-  void watch_from(std::shared_ptr<sandbox> s, const json& body, const std::string& base,
-                  uint64_t timeout_ms, std::chrono::milliseconds every,
-                  std::shared_ptr<responder> r);
-  void create_watcher(std::shared_ptr<sandbox> s, const json& body, const std::string& base,
-                      std::shared_ptr<responder> r);
-  void watcher_call(std::shared_ptr<sandbox> s, const std::string& method, const json& body,
-                    std::shared_ptr<responder> r);
-  void get_file(std::shared_ptr<sandbox> s, http_request& req, std::shared_ptr<responder> r);
-  void get_one(std::shared_ptr<sandbox> s, expected<std::string> path,
-               std::shared_ptr<responder> r);
-  void put_all(std::shared_ptr<sandbox> s, std::vector<std::pair<std::string, std::string>> files,
-               std::optional<fs_user> u, std::shared_ptr<responder> r);
-  void put_files(std::shared_ptr<sandbox> s, http_request& req, std::shared_ptr<responder> r);
-
-  // A shell script run in the sandbox (collected), for the filesystem calls.
-  void script(const sandbox& s, std::string text, std::vector<std::string> args,
-              completion<exec_result> done) {
-    exec_request x;
-    x.argv = {"/bin/sh", "-c", std::move(text), "sh"};
-    for (auto& a : args)
-      x.argv.push_back(std::move(a));
-    x.cwd = s.cwd;
-    x.timeout_ms = 60'000;
-    x.max_output = 64ull << 20;
-    sess(s.key).exec_async(s.id, x, std::move(done));
-  }
-};
-
 gateway::gateway(std::unique_ptr<impl> p) : p_(std::move(p)) {}
 gateway::~gateway() = default;
 
@@ -675,6 +493,11 @@ expected<std::unique_ptr<gateway>> gateway::open(client& c, gateway_options o) {
 }
 
 void gateway::handle(http_request req, std::shared_ptr<responder> r) {
+  // envd by its host name too ("49983-ID.DOMAIN", as the SDK names it when no
+  // E2B_SANDBOX_URL is set): the id as the header would give it.
+  if (req.header("e2b-sandbox-id").empty())
+    if (auto t = target_of(req); t && t->port == envd_port)
+      req.headers["e2b-sandbox-id"] = t->id;
   if (!req.header("e2b-sandbox-id").empty())
     p_->envd(req, std::move(r));
   else
@@ -815,6 +638,25 @@ void gateway::impl::create(const std::string& key, http_request& req,
       if (!v.is_string() || k.empty() || k.find('=') != std::string::npos)
         return rest_error(*r, 400, "envVars '" + k + "' must be a NAME with a string value");
       s->env_vars.push_back(k + "=" + v.get<std::string>());
+    }
+  }
+  if (b->contains("network") && !(*b)["network"].is_null()) {
+    // Of E2B's network options, the one about the sandbox's URLs (its egress
+    // is its template's "network").
+    const auto& nw = (*b)["network"];
+    if (!nw.is_object())
+      return rest_error(*r, 400, "network must be an object");
+    for (auto& [k, v] : nw.items()) {
+      if (k != "allowPublicTraffic")
+        return rest_error(*r, 400, "network." + k + " is not supported by dsec-e2b (a sandbox's "
+                                   "egress is its template's \"network\"; only "
+                                   "network.allowPublicTraffic is taken)");
+      if (!v.is_boolean())
+        return rest_error(*r, 400, "network.allowPublicTraffic must be true or false");
+      if (!v.get<bool>()) {
+        s->restricted = true;
+        s->traffic_token = random_hex(16);
+      }
     }
   }
   environment env = it->second.env;

@@ -39,7 +39,13 @@ struct gateway_options {
   std::map<std::string, template_def> templates;
   std::vector<std::string> keys;
   uint32_t quota = 1024; ///< live sandboxes per key
+  /// Reported as each sandbox's `domain`: the SDK's getHost(PORT) is then
+  /// "PORT-ID.DOMAIN" (empty: null, the SDK's E2B_DOMAIN applies).
+  std::string domain;
 };
+
+/// The port of envd, which the gateway itself answers for every sandbox.
+inline constexpr uint16_t envd_port = 49983;
 
 /// The envd version the gateway reports: it selects the SDK's code paths
 /// (docs/e2b.md, "envdVersion").
@@ -51,6 +57,10 @@ public:
   static expected<std::unique_ptr<gateway>> open(client& c, gateway_options o);
   /// Answers one HTTP request (control plane or sandbox endpoint).
   void handle(http_request req, std::shared_ptr<responder> r);
+  /// The server's router: takes a request whose Host is "PORT-ID.DOMAIN" (or
+  /// that names E2b-Sandbox-Id and an E2b-Sandbox-Port other than envd's) and
+  /// tunnels its connection to that port of the sandbox (docs/e2b.md, "Ports").
+  bool tunnel(const http_request& head, std::function<void(route)> decide);
   ~gateway();
 
   struct impl;

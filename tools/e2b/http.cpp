@@ -14,6 +14,8 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 
+#include <algorithm>
+#include <array>
 #include <atomic>
 #include <cctype>
 #include <cerrno>
@@ -53,10 +55,181 @@ std::string decode(std::string_view s, bool query) {
   return out;
 }
 
+// A request's method, decoded path and query, and headers (lower-case names).
+http_request head_of(const bhttp::request_header<>& msg) {
+  http_request req;
+  req.method = std::string(msg.method_string().data(), msg.method_string().size());
+  std::string_view target{msg.target().data(), msg.target().size()};
+  auto q = target.find('?');
+  req.path = decode(target.substr(0, q), false);
+  if (q != std::string_view::npos) {
+    auto rest = target.substr(q + 1);
+    while (!rest.empty()) {
+      auto amp = rest.find('&');
+      auto part = rest.substr(0, amp);
+      auto eq = part.find('=');
+      if (!part.empty())
+        req.query[decode(part.substr(0, eq), true)] =
+          eq == std::string_view::npos ? std::string{} : decode(part.substr(eq + 1), true);
+      if (amp == std::string_view::npos)
+        break;
+      rest = rest.substr(amp + 1);
+    }
+  }
+  for (auto& f : msg) {
+    std::string name(f.name_string().data(), f.name_string().size());
+    for (auto& ch : name)
+      ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    req.headers[name] = std::string(f.value().data(), f.value().size());
+  }
+  return req;
+}
+
+// The head again as bytes, as it came (the target unchanged), less `strip`.
+std::string wire_head(const bhttp::request_header<>& msg, const std::vector<std::string>& strip) {
+  std::string out;
+  out.append(msg.method_string().data(), msg.method_string().size()).push_back(' ');
+  out.append(msg.target().data(), msg.target().size());
+  out += msg.version() == 10 ? " HTTP/1.0\r\n" : " HTTP/1.1\r\n";
+  for (auto& f : msg) {
+    std::string name(f.name_string().data(), f.name_string().size());
+    std::string lower = name;
+    for (auto& ch : lower)
+      ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    if (std::find(strip.begin(), strip.end(), lower) != strip.end())
+      continue;
+    out += name;
+    out += ": ";
+    out.append(f.value().data(), f.value().size());
+    out += "\r\n";
+  }
+  out += "\r\n";
+  return out;
+}
+
+// A whole JSON response that ends its connection.
+std::shared_ptr<bhttp::response<bhttp::string_body>> closing_reply(int status, std::string body,
+                                                                   unsigned version = 11) {
+  auto res = std::make_shared<bhttp::response<bhttp::string_body>>(
+    static_cast<bhttp::status>(status), version);
+  res->set(bhttp::field::server, "dsec-e2b");
+  res->set(bhttp::field::content_type, "application/json");
+  res->body() = std::move(body);
+  res->keep_alive(false);
+  res->prepare_payload();
+  return res;
+}
+
+// A connection a router took, spliced to its target: two fixed buffers, each
+// direction reads only once its last piece was written (a side that does not
+// read holds the other back, TCP's flow control holds the writer), a
+// direction's EOF is passed on as a half-close, an error closes both.
+class tunnel : public std::enable_shared_from_this<tunnel> {
+public:
+  tunnel(tcp::socket client, std::string first, std::atomic<unsigned>& count)
+    : client_(std::move(client)), up_(client_.get_executor()), first_(std::move(first)),
+      count_(count) {}
+  ~tunnel() { --count_; }
+
+  void start(const std::string& host, uint16_t port) {
+    beast::error_code ec;
+    auto addr = net::ip::make_address(host, ec);
+    if (ec)
+      return fail("the sandbox's port is at '" + host + "', not an IP address");
+    up_.async_connect(tcp::endpoint{addr, port}, [self = shared_from_this(), host,
+                                                  port](beast::error_code ec) {
+      // (the node's forwarder accepts, then resets when nothing listens inside:
+      // that reset may come as early as the connect's own completion)
+      if (ec == net::error::connection_reset)
+        return self->fail(self->unanswered);
+      if (ec)
+        return self->fail("cannot reach the sandbox's port at " + host + ":" +
+                          std::to_string(port) + ": " + ec.message());
+      beast::error_code ignore;
+      self->up_.set_option(tcp::no_delay{true}, ignore);
+      net::async_write(self->up_, net::buffer(self->first_),
+                       [self](beast::error_code ec, size_t) {
+                         if (ec)
+                           return self->fail(self->unanswered);
+                         self->first_.clear();
+                         self->first_.shrink_to_fit();
+                         self->pump(self->client_, self->up_, self->to_up_, true);
+                         self->pump(self->up_, self->client_, self->to_client_, false);
+                       });
+    });
+  }
+
+  // Answers the client with a 502 naming `why`, then closes.
+  void fail(const std::string& why) {
+    auto res = closing_reply(
+      502, std::string{"{\"code\":502,\"message\":"} + quoted(why) + "}");
+    bhttp::async_write(client_, *res,
+                       [self = shared_from_this(), res](beast::error_code, size_t) {
+                         self->close();
+                       });
+  }
+
+  std::string unanswered; // the 502's message when the target sends nothing
+
+private:
+  static std::string quoted(const std::string& s) {
+    std::string out = "\"";
+    for (char ch : s) {
+      if (ch == '"' || ch == '\\')
+        out.push_back('\\');
+      if (static_cast<unsigned char>(ch) >= 0x20)
+        out.push_back(ch);
+    }
+    return out + "\"";
+  }
+
+  void pump(tcp::socket& from, tcp::socket& to, std::array<char, 64 * 1024>& buf, bool upward) {
+    from.async_read_some(net::buffer(buf), [self = shared_from_this(), &from, &to, &buf,
+                                            upward](beast::error_code ec, size_t n) {
+      if (ec) {
+        if (!upward && !self->answered_ && !self->closed_)
+          return self->fail(self->unanswered);
+        if (ec != net::error::eof)
+          return self->close();
+        beast::error_code ignore;
+        to.shutdown(tcp::socket::shutdown_send, ignore);
+        if (++self->ended_ == 2)
+          self->close();
+        return;
+      }
+      if (!upward)
+        self->answered_ = true;
+      net::async_write(to, net::buffer(buf.data(), n),
+                       [self, &from, &to, &buf, upward](beast::error_code ec, size_t) {
+                         if (ec)
+                           return self->close();
+                         self->pump(from, to, buf, upward);
+                       });
+    });
+  }
+
+  void close() {
+    closed_ = true;
+    beast::error_code ignore;
+    client_.close(ignore);
+    up_.close(ignore);
+  }
+
+  tcp::socket client_, up_;
+  std::string first_;
+  std::array<char, 64 * 1024> to_up_{}, to_client_{};
+  bool answered_ = false; // the target sent a byte
+  bool closed_ = false;
+  int ended_ = 0;         // directions that saw their EOF
+  std::atomic<unsigned>& count_;
+};
+
 class connection : public std::enable_shared_from_this<connection> {
 public:
-  connection(tcp::socket s, const handler& h, uint64_t limit)
-    : sock_(std::move(s)), timer_(sock_.get_executor()), handler_(h), limit_(limit) {}
+  connection(tcp::socket s, const handler& h, const router& rt, uint64_t limit,
+             std::atomic<unsigned>& tunnels, unsigned max_tunnels)
+    : sock_(std::move(s)), timer_(sock_.get_executor()), handler_(h), router_(rt),
+      limit_(limit), tunnels_(tunnels), max_tunnels_(max_tunnels) {}
 
   void start() { read(); }
 
@@ -143,11 +316,62 @@ private:
       beast::error_code ignore;
       self->sock_.close(ignore);
     });
+    bhttp::async_read_header(sock_, buf_, *parser_,
+                             [self = shared_from_this()](beast::error_code ec, size_t) {
+                               if (ec || !self->routed())
+                                 self->read_body(ec);
+                             });
+  }
+
+  void read_body(beast::error_code ec) {
+    if (ec) {
+      timer_.cancel();
+      return on_read(ec);
+    }
     bhttp::async_read(sock_, buf_, *parser_,
                       [self = shared_from_this()](beast::error_code ec, size_t) {
                         self->timer_.cancel();
                         self->on_read(ec);
                       });
+  }
+
+  // Offers the head just read to the router: true if it took the connection.
+  bool routed() {
+    if (!router_)
+      return false;
+    auto decide = [self = shared_from_this()](route rt) {
+      net::dispatch(self->sock_.get_executor(),
+                    [self, rt = std::move(rt)]() mutable { self->tunnel_to(std::move(rt)); });
+    };
+    return router_(head_of(parser_->get().base()), decide);
+  }
+
+  void tunnel_to(route rt) {
+    timer_.cancel();
+    if (!sock_.is_open())
+      return; // the request timer closed it meanwhile
+    if (rt.port == 0 || tunnels_.load() >= max_tunnels_) {
+      if (rt.port != 0) {
+        rt.status = 503;
+        rt.body = "{\"code\":503,\"message\":\"dsec-e2b has " + std::to_string(max_tunnels_) +
+                  " connections to sandboxes' ports open, its limit\"}";
+      }
+      auto res = closing_reply(rt.status, std::move(rt.body), parser_->get().version());
+      bhttp::async_write(sock_, *res, [self = shared_from_this(), res](beast::error_code, size_t) {
+        beast::error_code ignore;
+        self->sock_.shutdown(tcp::socket::shutdown_send, ignore);
+        self->sock_.close(ignore);
+      });
+      return;
+    }
+    ++tunnels_;
+    auto first = wire_head(parser_->get().base(), rt.strip);
+    auto rest = buf_.data();
+    first.append(static_cast<const char*>(rest.data()), rest.size());
+    buf_.consume(buf_.size());
+    auto t = std::make_shared<tunnel>(std::move(sock_), std::move(first), tunnels_);
+    t->unanswered = rt.unanswered.empty() ? "nothing answered on the port" : rt.unanswered;
+    t->start(rt.host, rt.port);
   }
 
   void on_read(beast::error_code ec);
@@ -184,7 +408,10 @@ private:
   std::deque<item> queue_;
   bool writing_ = false;
   const handler& handler_;
+  const router& router_;
   uint64_t limit_;
+  std::atomic<unsigned>& tunnels_;
+  unsigned max_tunnels_;
 };
 
 class conn_responder : public responder {
@@ -354,31 +581,7 @@ void connection::on_read(beast::error_code ec) {
   }
   auto msg = parser_->release();
   keep_alive_ = msg.keep_alive();
-  http_request req;
-  req.method = std::string(msg.method_string().data(), msg.method_string().size());
-  std::string_view target{msg.target().data(), msg.target().size()};
-  auto q = target.find('?');
-  req.path = decode(target.substr(0, q), false);
-  if (q != std::string_view::npos) {
-    auto rest = target.substr(q + 1);
-    while (!rest.empty()) {
-      auto amp = rest.find('&');
-      auto part = rest.substr(0, amp);
-      auto eq = part.find('=');
-      if (!part.empty())
-        req.query[decode(part.substr(0, eq), true)] =
-          eq == std::string_view::npos ? std::string{} : decode(part.substr(eq + 1), true);
-      if (amp == std::string_view::npos)
-        break;
-      rest = rest.substr(amp + 1);
-    }
-  }
-  for (auto& f : msg) {
-    std::string name(f.name_string().data(), f.name_string().size());
-    for (auto& ch : name)
-      ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-    req.headers[name] = std::string(f.value().data(), f.value().size());
-  }
+  http_request req = head_of(msg.base());
   req.body = std::move(msg.body());
   auto r = std::make_shared<conn_responder>(shared_from_this(), msg.version(), keep_alive_);
   r->self_ = r;
@@ -397,7 +600,9 @@ struct server::impl {
   net::io_context io;
   tcp::acceptor acceptor{io};
   handler h;
+  router rt;
   server_options o;
+  std::atomic<unsigned> tunnels{0};
   std::vector<std::thread> threads;
 
   void accept() {
@@ -407,16 +612,19 @@ struct server::impl {
       if (!ec) {
         beast::error_code ignore;
         s.set_option(tcp::no_delay{true}, ignore);
-        std::make_shared<connection>(std::move(s), h, o.body_limit)->start();
+        std::make_shared<connection>(std::move(s), h, rt, o.body_limit, tunnels, o.max_tunnels)
+          ->start();
       }
       accept();
     });
   }
 };
 
-expected<std::unique_ptr<server>> server::listen(const server_options& o, handler h) {
+expected<std::unique_ptr<server>> server::listen(const server_options& o, handler h,
+                                                 router rt) {
   auto p = std::make_unique<impl>();
   p->h = std::move(h);
+  p->rt = std::move(rt);
   p->o = o;
   beast::error_code ec;
   auto addr = net::ip::make_address(o.host, ec);

@@ -1,8 +1,10 @@
 // dsec-e2b's HTTP/1.1 server (Boost.Beast): keep-alive connections, one
 // request at a time on each (no pipelining), bodies read whole (chunked or
 // not) up to a limit, responses whole or streamed as chunks. It knows nothing
-// of E2B: every request goes to one handler with a responder to answer it on.
-// No CAF here; the handler may answer from any thread.
+// of E2B: every request goes to one handler with a responder to answer it on,
+// unless a router takes the connection whole as a byte tunnel to another
+// server (a sandbox's port). No CAF here; the handler and the router may
+// answer from any thread.
 #pragma once
 
 #include <chrono>
@@ -58,17 +60,39 @@ public:
 
 using handler = std::function<void(http_request, std::shared_ptr<responder>)>;
 
+/// What a router decides for a connection it took: splice it to host:port
+/// (port > 0), or answer `status` with the JSON `body` and close.
+struct route {
+  std::string host;
+  uint16_t port = 0;
+  std::vector<std::string> strip; ///< lower-case header names not passed on
+  std::string unanswered;         ///< the 502's message should the target send nothing
+  int status = 0;
+  std::string body;
+};
+
+/// Sees each request's head (no body read yet). Returns false to leave it to
+/// the handler; true to take the connection, and then calls `decide` once,
+/// from any thread. A taken connection is a tunnel from then on: its head (less
+/// the headers route.strip names), the bytes after it and everything later go
+/// to the target unparsed, and the target's bytes come back, until both sides
+/// have closed their ends. Should the target close or reset before it sent a
+/// byte, the client gets a 502 naming it instead.
+using router = std::function<bool(const http_request& head, std::function<void(route)> decide)>;
+
 struct server_options {
   std::string host = "127.0.0.1";
   uint16_t port = 0;        ///< 0: any free port
   unsigned threads = 2;
   uint64_t body_limit = 256ull << 20;
+  unsigned max_tunnels = 4096; ///< a router's tunnels at once; past it a 503
 };
 
 class server {
 public:
   /// Binds and listens (nothing served before run()).
-  static expected<std::unique_ptr<server>> listen(const server_options& o, handler h);
+  static expected<std::unique_ptr<server>> listen(const server_options& o, handler h,
+                                                  router rt = {});
   [[nodiscard]] uint16_t port() const;
   /// Serves on o.threads threads until stop().
   void run();
