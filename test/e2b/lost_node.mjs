@@ -33,3 +33,29 @@ test('a sandbox lost with its node: the SDK shows an error, the gateway goes on'
   assert.equal((await again.commands.run('echo back')).stdout, 'back\n')
   await again.kill()
 })
+
+test('a node killed outright (kill -9): its sandbox fails its calls and streams, the gateway goes on', async () => {
+  const sbx = await Sandbox.create('base')
+  const streamed = []
+  const bg = await sbx.commands.run('echo streaming; sleep 600', { background: true, onStdout: (d) => streamed.push(d) })
+  while (!streamed.length) await new Promise((r) => setTimeout(r, 20))
+  process.kill(Number(process.env.DSEC_NODE_PID), 'SIGKILL')
+  // The streaming command ends with an error, not silently and not never.
+  await assert.rejects(bg.wait(), (e) => {
+    assert.match(e.message, /lost|unavailable|not running|terminated/i)
+    return true
+  })
+  await assert.rejects(sbx.commands.run('echo gone?', { timeoutMs: 120_000 }), (e) => {
+    assert.match(e.message, /lost|not running/i)
+    return true
+  })
+  assert.equal(await sbx.isRunning(), false)
+  // The gateway answers on: the coordinator runs nothing itself (--slots 0), so a
+  // create is refused with a reason while no node is up, never left hanging.
+  await assert.rejects(Sandbox.create('base'), (e) => {
+    assert.match(e.message, /creating the sandbox: /)
+    return true
+  })
+  const res = await fetch(process.env.E2B_API_URL + '/health')
+  assert.equal(res.status, 200)
+})

@@ -181,6 +181,25 @@ if [ -z "${E2B_RUN:-}" ] && [ -z "${E2B_TEST_FILES:-}" ]; then
     status=1; echo "--- coordinator"; tail -20 "$tmp/coord.out" "$tmp/coord.out.err"
     echo "--- node"; tail -20 "$tmp/node.out" "$tmp/node.out.err"; echo "--- dsec-e2b"; tail -20 "$tmp/gw2.out.err"; }
   kill -0 "$gw2_pid" 2>/dev/null || { echo "e2b suite: the second dsec-e2b died"; status=1; }
+  # The node killed by lost_node.mjs starts again on its state dir: it sweeps
+  # what the kill left (cgroups, its nft table) and joins; sandboxes work again.
+  if ! kill -0 "$node_pid" 2>/dev/null; then
+    wait "$node_pid" 2>/dev/null || true
+    "$DSECD_BIN" --join "127.0.0.1:$cport" --listen 127.0.0.1:0 --state "$nstate" \
+      --cluster-key "$cstate/cluster.key" --trajectories "$cstate/trajectories" >"$tmp/node2.out" 2>"$tmp/node2.out.err" &
+    node_pid=$!
+    for _ in $(seq 600); do
+      [ "$("$DSEC_BIN" --connect "127.0.0.1:$cport" cluster status 2>/dev/null | grep -c ' up')" -ge 2 ] && break
+      kill -0 "$node_pid" || break
+      sleep 0.1
+    done
+    back="$("$DSEC_BIN" --connect "127.0.0.1:$cport" run --base e2bbase@1 -- echo back 2>&1)" || true
+    if [ "$back" = back ]; then
+      echo "ok: the killed node restarted, rejoined and runs sandboxes"
+    else
+      echo "e2b suite: after its restart the node ran no sandbox: $back"; tail -20 "$tmp/node2.out.err"; status=1
+    fi
+  fi
   stop_cluster
 fi
 exit $status
