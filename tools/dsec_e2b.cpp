@@ -32,7 +32,9 @@ by the E2b-Sandbox-Id header) and E2B_API_KEY=one of the keys.
   --templates FILE     {"templates": {"NAME": {"base": "N@V", "workdir": "N@V",
                        "tools": ["N@V"], "memory": "1g", "disk": "1g", "cpus": 1,
                        "pids": 256, "network": "none"|"loopback"|{"allow": [..]},
-                       "cwd": "/"}}}: E2B template ids to dsec environments
+                       "cwd": "/"}}}: E2B template ids to dsec environments;
+                       E2B's allowInternetAccess, allowOut and denyOut can
+                       only narrow a template's network
   --keys FILE          the API keys, one a line (e2b_ and hex digits); each gets
                        its own dsec session, and sees only its own sandboxes
   --tls DIR            talk TLS to the dsecd, with the certificates of DIR

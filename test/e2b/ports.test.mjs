@@ -132,7 +132,7 @@ test('allowPublicTraffic false: a port takes only requests with the traffic toke
   }
 })
 
-test('getHost errors: no network of its own, an unknown sandbox, unsupported network options', async () => {
+test('getHost errors: no network of its own, an unknown sandbox; allowOut on a loopback template', async () => {
   const sbx = await Sandbox.create('base')
   try {
     const r = await request(sbx.getHost(8080))
@@ -147,5 +147,5 @@ test('getHost errors: no network of its own, an unknown sandbox, unsupported net
   assert.equal(unknown.status, 502)
   assert.equal(JSON.parse(unknown.body).sandboxId, '0123456789ab')
   await assert.rejects(Sandbox.create('loopback', { network: { allowOut: ['198.18.0.1'] } }),
-                       /network.allowOut is not supported by dsec-e2b/)
+                       /template 'loopback' has no egress \(network loopback\)/)
 })

@@ -20,7 +20,55 @@ cleanup() {
   # Only the processes this script started, by pid.
   if [ -n "$gw_pid" ]; then kill -TERM "$gw_pid" 2>/dev/null || true; wait "$gw_pid" 2>/dev/null || true; fi
   if [ -n "$dsecd_pid" ]; then kill -TERM "$dsecd_pid" 2>/dev/null || true; wait "$dsecd_pid" 2>/dev/null || true; fi
+  inet_down
   rm -rf "$tmp"
+}
+
+# A test "internet" for egress sandboxes: a network namespace of this run
+# holding busybox httpd on 198.18.0.2:8000 and 198.18.0.3:8000 and dnsmasq on
+# 198.18.0.2:53 (allowed.test and every name below sub.test are 198.18.0.3), joined to
+# the host (198.18.0.1) by a veth that is the dsecd's --uplink. No packet
+# leaves the machine. Its servers are this script's children, ended by pid.
+inet_ns="dsec-e2binet-$$"; uplink="dte$$"; inet_pids=()
+inet_down() {
+  for p in "${inet_pids[@]}"; do kill -KILL "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
+  inet_pids=()
+  ip netns del "$inet_ns" 2>/dev/null || true
+  ip link del "$uplink" 2>/dev/null || true
+}
+inet_up() {
+  # What killed runs left (their pid is in the names; a live run's is kept).
+  for ns in $(ip netns list | awk '{print $1}' | grep '^dsec-e2binet-' || true); do
+    old="${ns#dsec-e2binet-}"
+    [ "$old" != "$$" ] && kill -0 "$old" 2>/dev/null && continue
+    for p in $(ip netns pids "$ns" 2>/dev/null); do kill -KILL "$p" 2>/dev/null || true; done
+    ip netns del "$ns" 2>/dev/null || true
+    ip link del "dte$old" 2>/dev/null || true
+  done
+  mkdir -p "$tmp/www"
+  echo "hello from the test internet" > "$tmp/www/index.html"
+  ip netns add "$inet_ns"
+  ip link add "$uplink" type veth peer name inet0 netns "$inet_ns"
+  ip addr add 198.18.0.1/24 dev "$uplink"
+  ip link set "$uplink" up
+  ip -n "$inet_ns" addr add 198.18.0.2/24 dev inet0
+  ip -n "$inet_ns" addr add 198.18.0.3/24 dev inet0
+  ip -n "$inet_ns" link set inet0 up
+  ip -n "$inet_ns" link set lo up
+  for at in 198.18.0.2:8000 198.18.0.3:8000; do
+    ip netns exec "$inet_ns" /bin/busybox httpd -f -p "$at" -h "$tmp/www" & inet_pids+=($!)
+  done
+  ip netns exec "$inet_ns" /usr/sbin/dnsmasq --keep-in-foreground --no-resolv --no-hosts \
+    --bind-interfaces --listen-address=198.18.0.2 --port=53 --local-ttl=60 --pid-file= --user=root \
+    --address=/allowed.test/198.18.0.3 --address=/sub.test/198.18.0.3 >/dev/null 2>&1 & inet_pids+=($!)
+  for _ in $(seq 200); do
+    # (nslookup fails on the AAAA query dnsmasq refuses: read its output)
+    ns="$(/bin/busybox nslookup allowed.test 198.18.0.2 2>/dev/null || true)"
+    /bin/busybox timeout 3 /bin/busybox wget -q -O /dev/null http://198.18.0.3:8000/ 2>/dev/null &&
+      grep -q 198.18.0.3 <<<"$ns" && return 0
+    sleep 0.1
+  done
+  echo "e2b suite: the test internet did not come up"; return 1
 }
 trap cleanup EXIT
 
@@ -76,13 +124,17 @@ expect_refused "a bad key line" "badkeys:2: not an API key" "${common[@]}" --tem
 expect_refused "an unknown template field" "template 't': unknown field 'colour'" "${common[@]}" --templates "$tmp/bad1.json" --keys "$tmp/goodkeys"
 expect_refused "a bad size" "template 't': memory" "${common[@]}" --templates "$tmp/bad2.json" --keys "$tmp/goodkeys"
 expect_refused "no base" "template 't': base is required" "${common[@]}" --templates "$tmp/bad3.json" --keys "$tmp/goodkeys"
+echo '{"templates": {"t": {"base": "b@1", "network": {"allow": ["*.test"]}}}}' > "$tmp/bad5.json"
+expect_refused "a bad network rule" "template 't': network.allow: rule '*.test'" "${common[@]}" --templates "$tmp/bad5.json" --keys "$tmp/goodkeys"
 expect_refused "not JSON" "not JSON" "${common[@]}" --templates "$tmp/bad4.json" --keys "$tmp/goodkeys"
 expect_refused "a missing file" "cannot read" "${common[@]}" --templates "$tmp/none.json" --keys "$tmp/goodkeys"
 expect_refused "no --keys" "are required" --connect 127.0.0.1:1 --listen 127.0.0.1:0 --templates "$tmp/good.json"
 expect_refused "a bad --listen" "--listen" --connect 127.0.0.1:1 --listen nowhere --templates "$tmp/good.json" --keys "$tmp/goodkeys"
 expect_refused "no daemon" "--connect 127.0.0.1:1" "${common[@]}" --templates "$tmp/good.json" --keys "$tmp/goodkeys"
 
-"$DSECD_BIN" --listen 127.0.0.1:0 --state "$state" >"$tmp/dsecd.out" 2>"$tmp/dsecd.out.err" &
+inet_up
+"$DSECD_BIN" --listen 127.0.0.1:0 --state "$state" --uplink "$uplink" --sandbox-net 198.19.3.0/24 \
+  --dns-upstream 198.18.0.2:53 >"$tmp/dsecd.out" 2>"$tmp/dsecd.out.err" &
 dsecd_pid=$!
 wait_for "$tmp/dsecd.out" " (state " "$dsecd_pid" dsecd
 dsecd_port="$(grep -o 'listening on 127.0.0.1:[0-9]*' "$tmp/dsecd.out" | head -1 | sed 's/.*://')"
@@ -95,7 +147,8 @@ KEYS
 cat > "$tmp/templates.json" <<TEMPLATES
 {"templates": {
   "base": {"base": "e2bbase@1", "memory": "256m", "cwd": "/root"},
-  "loopback": {"base": "e2bbase@1", "network": "loopback"}
+  "loopback": {"base": "e2bbase@1", "network": "loopback"},
+  "online": {"base": "e2bbase@1", "network": {"allow": ["198.18.0.2:8000", "198.18.0.3:8000", "allowed.test", "*.sub.test"]}}
 }}
 TEMPLATES
 ${E2B_GW_PREFIX:-} "$DSEC_E2B_BIN" --connect "127.0.0.1:$dsecd_port" --listen 127.0.0.1:0 \
@@ -188,12 +241,13 @@ if [ -z "${E2B_RUN:-}" ] && [ -z "${E2B_TEST_FILES:-}" ]; then
     "$DSECD_BIN" --join "127.0.0.1:$cport" --listen 127.0.0.1:0 --state "$nstate" \
       --cluster-key "$cstate/cluster.key" --trajectories "$cstate/trajectories" >"$tmp/node2.out" 2>"$tmp/node2.out.err" &
     node_pid=$!
+    # (until it has joined: a create before that is refused, naming no free slot)
     for _ in $(seq 600); do
-      [ "$("$DSEC_BIN" --connect "127.0.0.1:$cport" cluster status 2>/dev/null | grep -c ' up')" -ge 2 ] && break
+      back="$("$DSEC_BIN" --connect "127.0.0.1:$cport" run --base e2bbase@1 -- echo back 2>&1)" || true
+      [ "$back" = back ] && break
       kill -0 "$node_pid" || break
       sleep 0.1
     done
-    back="$("$DSEC_BIN" --connect "127.0.0.1:$cport" run --base e2bbase@1 -- echo back 2>&1)" || true
     if [ "$back" = back ]; then
       echo "ok: the killed node restarted, rejoined and runs sandboxes"
     else

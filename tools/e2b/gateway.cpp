@@ -24,6 +24,7 @@
 #include <sstream>
 
 #include "actors/client.hpp"
+#include "runtime/net_policy.hpp"
 #include "runtime/units.hpp"
 #include "tools/e2b/gateway_impl.hpp"
 
@@ -551,6 +552,8 @@ void gateway::impl::control(http_request& req, std::shared_ptr<responder> r) {
     return rest_error(*r, 405, "method " + m + " not allowed on " + req.path);
   }
   const auto& verb = seg[2];
+  if (verb == "network" && m == "PUT")
+    return update_network(key, id, req, r);
   if (m != "POST")
     return rest_error(*r, 405, "method " + m + " not allowed on " + req.path);
   if (verb == "timeout")
@@ -583,6 +586,23 @@ std::optional<json> body_json(const http_request& req, responder& r) {
     rest_error(r, 400, std::string{"the request body is not JSON: "} + e.what());
     return std::nullopt;
   }
+}
+
+// E2B's allow_internet_access (create and network update bodies) into `out`
+// (nullopt: not given); false after answering 400.
+bool internet_of(const json& b, responder& r, std::optional<bool>& out) {
+  out.reset();
+  for (const char* name : {"allow_internet_access", "allowInternetAccess"}) {
+    if (!b.contains(name) || b[name].is_null())
+      continue;
+    if (!b[name].is_boolean()) {
+      rest_error(r, 400, std::string{name} + " must be true or false");
+      return false;
+    }
+    out = b[name].get<bool>();
+    return true;
+  }
+  return true;
 }
 
 // `timeout` (seconds) of a body, or `dflt`; nullopt after answering 400.
@@ -640,17 +660,17 @@ void gateway::impl::create(const std::string& key, http_request& req,
       s->env_vars.push_back(k + "=" + v.get<std::string>());
     }
   }
+  json nw = json::object();
   if (b->contains("network") && !(*b)["network"].is_null()) {
-    // Of E2B's network options, the one about the sandbox's URLs (its egress
-    // is its template's "network").
-    const auto& nw = (*b)["network"];
+    nw = (*b)["network"];
     if (!nw.is_object())
       return rest_error(*r, 400, "network must be an object");
     for (auto& [k, v] : nw.items()) {
+      if (k == "allowOut" || k == "denyOut")
+        continue; // egress_of's
       if (k != "allowPublicTraffic")
-        return rest_error(*r, 400, "network." + k + " is not supported by dsec-e2b (a sandbox's "
-                                   "egress is its template's \"network\"; only "
-                                   "network.allowPublicTraffic is taken)");
+        return rest_error(*r, 400, "network." + k + " is not supported by dsec-e2b (it takes "
+                                   "allowOut, denyOut and allowPublicTraffic)");
       if (!v.is_boolean())
         return rest_error(*r, 400, "network.allowPublicTraffic must be true or false");
       if (!v.get<bool>()) {
@@ -659,8 +679,18 @@ void gateway::impl::create(const std::string& key, http_request& req,
       }
     }
   }
+  std::optional<bool> internet;
+  if (!internet_of(*b, *r, internet))
+    return;
+  auto policy = egress_of(tmpl, it->second, nw, internet);
+  if (!policy)
+    return rest_error(*r, 400, describe(policy.error_value()));
   environment env = it->second.env;
   env.ttl_ms = *secs * 1000;
+  if (*policy) {
+    env.allow = (*policy)->allow;
+    env.deny = (*policy)->deny;
+  }
   auto failure = std::make_shared<std::pair<std::mutex, std::optional<error>>>();
   sess(key).create_async(
     env, 1,
@@ -880,6 +910,42 @@ void gateway::impl::pause(const std::string& key, const std::string& id,
     }
     r->reply(204, "", "");
   });
+}
+
+void gateway::impl::update_network(const std::string& key, const std::string& id,
+                                   http_request& req, std::shared_ptr<responder> r) {
+  auto s = find_for(key, id);
+  if (!s)
+    return rest_error(*r, 404, "sandbox '" + id + "' not found");
+  auto b = body_json(req, *r);
+  if (!b)
+    return;
+  for (auto& [k, v] : b->items())
+    if (k != "allowOut" && k != "denyOut" && k != "allow_internet_access" &&
+        k != "allowInternetAccess")
+      return rest_error(*r, 400, k + " is not supported by dsec-e2b (a network update takes "
+                                 "allowOut, denyOut and allow_internet_access)");
+  std::optional<bool> internet;
+  if (!internet_of(*b, *r, internet))
+    return;
+  auto policy = egress_of(s->tmpl, *s->def, *b, internet);
+  if (!policy)
+    return rest_error(*r, 400, describe(policy.error_value()));
+  if (!s->def->env.egress)
+    return r->reply(204, "", ""); // nothing to change (egress_of refused what would widen)
+  // Omitted fields are cleared: back to the template's policy.
+  auto allow = *policy ? (*policy)->allow : s->def->env.allow;
+  auto deny = *policy ? (*policy)->deny : s->def->env.deny;
+  sess(key).set_network_async(id, std::move(allow), std::move(deny),
+                              [this, s, r](expected<void> ok) {
+                                if (!ok) {
+                                  if (sandbox_gone(ok.error_value()))
+                                    forget(s->id);
+                                  return rest_error(*r, http_status(ok.error_value()),
+                                                    describe(ok.error_value()));
+                                }
+                                r->reply(204, "", "");
+                              });
 }
 
 // ---- the sandbox endpoint (envd) ----------------------------------------------------------
@@ -2020,6 +2086,9 @@ expected<std::map<std::string, template_def>> load_templates(const std::string& 
             for (auto& rule : nv) {
               if (!rule.is_string())
                 return bad("network rules must be strings");
+              // (service names are the node's to know: checked at create)
+              if (auto ok = parse_net_rule(rule.get<std::string>()); !ok)
+                return bad("network." + nk + ": " + ok.error_value().message);
               (nk == "allow" ? d.env.allow : d.env.deny).push_back(rule.get<std::string>());
             }
           }

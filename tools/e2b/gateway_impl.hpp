@@ -36,6 +36,16 @@ bool sandbox_gone(const error& e);
 /// SDK's getHost gives; the port may be out of range), else its E2b-Sandbox-Id
 /// and E2b-Sandbox-Port headers (port 0 if that is not a number); nullopt if
 /// neither.
+/// The egress policy a create or PUT /sandboxes/{id}/network asks of
+/// template `tmpl` (egress.cpp): nullopt for the template's own; an error
+/// naming the option that would widen it or does not parse.
+struct egress_policy {
+  std::vector<std::string> allow, deny;
+};
+expected<std::optional<egress_policy>> egress_of(const std::string& tmpl,
+                                                 const template_def& def, const json& network,
+                                                 std::optional<bool> internet);
+
 struct host_target {
   unsigned long port = 0;
   std::string id;
@@ -195,6 +205,9 @@ struct gateway::impl {
   void connect(const std::string& key, const std::string& id, http_request& req,
                std::shared_ptr<responder> r, bool resume_only);
   void pause(const std::string& key, const std::string& id, std::shared_ptr<responder> r);
+  /// PUT /sandboxes/{id}/network: the template's policy narrowed by the body.
+  void update_network(const std::string& key, const std::string& id, http_request& req,
+                      std::shared_ptr<responder> r);
 
   // ---- sandboxes' ports (ports.cpp) ------------------------------------------------
   /// gateway::tunnel: a request for PORT-ID.DOMAIN (or E2b-Sandbox-Port).
