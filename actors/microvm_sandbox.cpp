@@ -13,6 +13,7 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -22,6 +23,7 @@
 #include "runtime/builder.hpp"
 #include "runtime/clock.hpp"
 #include "runtime/engine.hpp"
+#include "runtime/freezer.hpp"
 #include "runtime/microvm.hpp"
 
 namespace dsec {
@@ -37,6 +39,7 @@ struct vm_event {
   microvm::frame f;
   microvm_boot_times times;
   std::string accel;
+  std::vector<std::string> cgroups; // ready: QEMU's cgroup directories (pause freezes them)
 };
 
 // One VM's thread: lease, boot, pump; destroy on stop. Shared by the actor
@@ -99,7 +102,7 @@ private:
     // as the VM runs; their images are the VM's disks.
     auto leases = lease_layers(*store_, env_);
     if (!leases) {
-      post({vm_event::kind::failed, std::move(leases).error_value().in_step("lease_layers"), {}, {}, {}});
+      post({vm_event::kind::failed, std::move(leases).error_value().in_step("lease_layers"), {}, {}, {}, {}});
       return;
     }
     for (const auto& l : *leases)
@@ -110,13 +113,13 @@ private:
     auto cgroups = eng_->cgroups();
     if (!cgroups) {
       post({vm_event::kind::failed, std::move(cgroups).error_value().in_step("microvm_cgroup"),
-            {}, {}, {}});
+            {}, {}, {}, {}});
       return;
     }
     opts_.cgroups = *cgroups;
     auto vm = microvm::boot(opts_);
     if (!vm) {
-      post({vm_event::kind::failed, std::move(vm).error_value().in_step("boot_microvm"), {}, {}, {}});
+      post({vm_event::kind::failed, std::move(vm).error_value().in_step("boot_microvm"), {}, {}, {}, {}});
       return;
     }
     pid_ = (*vm)->pid();
@@ -124,13 +127,14 @@ private:
       std::lock_guard lock(mutex_);
       vm_ = vm->get();
     }
-    post({vm_event::kind::ready, {}, {}, (*vm)->boot_times(), to_string((*vm)->accel())});
+    post({vm_event::kind::ready, {}, {}, (*vm)->boot_times(), to_string((*vm)->accel()),
+          (*vm)->cgroup_paths()});
     while (!stop_) {
       auto r = vm_->pump(-1, [&](microvm::frame&& f) {
-        post({vm_event::kind::frame, {}, std::move(f), {}, {}});
+        post({vm_event::kind::frame, {}, std::move(f), {}, {}, {}});
       });
       if (!r) {
-        post({vm_event::kind::failed, std::move(r).error_value(), {}, {}, {}});
+        post({vm_event::kind::failed, std::move(r).error_value(), {}, {}, {}, {}});
         break;
       }
     }
@@ -182,12 +186,25 @@ struct vm_state {
   uint32_t next_id = 0;
   std::map<uint32_t, vm_exec> execs;
   std::vector<caf::typed_response_promise<bool>> destroy_waiters;
+  // pause: QEMU's cgroup frozen (every vCPU and device thread stops, so does
+  // the guest's clock), the TTL clock stopped.
+  std::vector<std::string> cgroups;
+  std::optional<sandbox_freezer> freezer; // opened at the first pause
+  bool paused = false;
+  uint64_t ttl_left_ms = 0; // while paused
 };
 
 using self_ptr = sandbox_actor::stateful_pointer<vm_state>;
 
 void finish_destroy(self_ptr self) {
   auto& s = self->state;
+  if (s.freezer) { // QEMU is reaped: its freezer cgroup (v1) goes
+    (void) s.freezer->destroy();
+    s.freezer.reset();
+  }
+  if (s.paused)
+    self->send(s.cfg.node, pause_atom::value, process_key(), s.cfg.id, false);
+  s.paused = false;
   for (auto& [id, x] : s.execs)
     if (!x.detach)
       x.rp.deliver(to_caf(make_error(errc::sandbox_failed, "sandbox " + s.cfg.id + " was destroyed")));
@@ -205,6 +222,10 @@ void begin_destroy(self_ptr self) {
   if (s.ph == phase::destroying)
     return;
   s.ph = phase::destroying;
+  // A frozen task takes its SIGKILL only once thawed (v1): thaw first, so the
+  // worker's kill and reap of QEMU go through.
+  if (s.freezer && s.freezer->frozen())
+    (void) s.freezer->thaw();
   s.worker->stop(); // the worker kills QEMU and then sends reaped_atom
   if (s.reaped)
     finish_destroy(self);
@@ -294,6 +315,7 @@ void on_events(self_ptr self) {
           break;
         s.ph = phase::ready;
         s.created_ms = unix_ms();
+        s.cgroups = std::move(ev.cgroups);
         std::printf("dsecd: microvm %s ready (%s): boot %.0f ms (kernel %.0f, agent %.0f, qemu %.0f)\n",
                     s.cfg.id.c_str(), ev.accel.c_str(), ev.times.total_ms, ev.times.kernel_ms,
                     ev.times.agent_ms, ev.times.qemu_ms);
@@ -323,6 +345,48 @@ void on_events(self_ptr self) {
         break;
     }
   }
+}
+
+// pause (true) / resume (false): QEMU frozen by its cgroup and the TTL clock
+// stopped, or both going again. True when the state changed.
+expected<bool> set_paused(self_ptr self, bool on) {
+  auto& s = self->state;
+  if (s.ph != phase::ready)
+    return make_error(s.ph == phase::creating ? errc::invalid_argument : errc::not_found,
+                      "sandbox " + s.cfg.id
+                        + (s.ph == phase::creating ? " is not ready yet" : " is being destroyed"));
+  if (on == s.paused)
+    return false;
+  if (on) {
+    if (!s.freezer) {
+      auto cg = s.cfg.eng->cgroups();
+      if (!cg)
+        return std::move(cg).error_value().in_step("pause");
+      auto f = sandbox_freezer::open(s.cgroups, s.cfg.id, (*cg)->owner());
+      if (!f)
+        return std::move(f).error_value().in_step("pause");
+      s.freezer.emplace(std::move(*f));
+    }
+    DSEC_TRY_VOID(s.freezer->freeze());
+    if (s.cfg.env.ttl_ms > 0 && s.expires != clock_type::time_point{}) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(s.expires
+                                                                        - clock_type::now());
+      s.ttl_left_ms = left.count() > 1 ? static_cast<uint64_t>(left.count()) : 1;
+      ++s.ttl_setting; // the running timer finds its setting gone
+    }
+    s.paused = true;
+  } else {
+    DSEC_TRY_VOID(s.freezer->thaw());
+    s.paused = false;
+    if (s.cfg.env.ttl_ms > 0 && s.ttl_left_ms > 0) {
+      ++s.ttl_setting;
+      s.expires = clock_type::now() + std::chrono::milliseconds(s.ttl_left_ms);
+      self->delayed_send(self, std::chrono::milliseconds(s.ttl_left_ms), ttl_atom::value,
+                         process_key(), s.ttl_setting);
+    }
+  }
+  self->send(s.cfg.node, pause_atom::value, process_key(), s.cfg.id, on);
+  return true;
 }
 
 caf::error not_ready(const vm_state& s) {
@@ -385,6 +449,10 @@ sandbox_actor::behavior_type vm_impl(self_ptr self, sandbox_config cfg,
         return refuse("exec");
       if (s.ph != phase::ready)
         return not_ready(s);
+      if (s.paused)
+        return to_caf(make_error(errc::paused, "sandbox " + s.cfg.id
+                                                 + " is paused: resume it first (dsec resume "
+                                                 + s.cfg.id + ", sb.resume())"));
       if (req.transfer != transfer_none) // a streamed put or get (docs/actors.md, "Transfers")
         return not_for_vm(s, req.transfer == transfer_put ? "put of tar archives"
                                                           : "get of tar archives");
@@ -504,11 +572,14 @@ sandbox_actor::behavior_type vm_impl(self_ptr self, sandbox_config cfg,
       info.node = s.cfg.node_name;
       info.state = s.ph == phase::creating     ? "creating"
                    : s.ph == phase::destroying ? "destroying"
+                   : s.paused                  ? "paused"
                    : s.execs.empty()           ? "ready"
                                                : "running";
       info.env = s.cfg.env;
       info.created_ms = s.created_ms;
-      if (s.expires != clock_type::time_point{}) {
+      if (s.paused) {
+        info.ttl_left_ms = s.ttl_left_ms; // its clock stands still
+      } else if (s.expires != clock_type::time_point{}) {
         auto left = std::chrono::duration_cast<std::chrono::milliseconds>(s.expires - clock_type::now());
         info.ttl_left_ms = left.count() > 0 ? static_cast<uint64_t>(left.count()) : 0;
       }
@@ -534,6 +605,11 @@ sandbox_actor::behavior_type vm_impl(self_ptr self, sandbox_config cfg,
         return to_caf(make_error(errc::invalid_argument,
                                  "sandbox " + s.cfg.id + " is not ready: its TTL can be set once it is"));
       ++s.ttl_setting;
+      s.cfg.env.ttl_ms = ms;
+      if (s.paused) { // starts running at resume
+        s.ttl_left_ms = ms;
+        return ms;
+      }
       s.expires = clock_type::now() + std::chrono::milliseconds(ms);
       self->delayed_send(self, std::chrono::milliseconds(ms), ttl_atom::value, process_key(),
                          s.ttl_setting);
@@ -594,10 +670,13 @@ sandbox_actor::behavior_type vm_impl(self_ptr self, sandbox_config cfg,
         return refuse("claim");
       return false; // warm pools keep containers
     },
-    [=](pause_atom, const internal_key& k, bool) -> caf::result<bool> {
+    [=](pause_atom, const internal_key& k, bool on) -> caf::result<bool> {
       if (!genuine(k, self->state.cfg.key, "pause (sandbox)"))
         return refuse("pause");
-      return not_for_vm(self->state, "pause");
+      auto r = set_paused(self, on);
+      if (!r)
+        return to_caf(std::move(r).error_value());
+      return *r;
     },
     [=](snapshot_atom, const internal_key& k,
         const std::string&) -> caf::result<internal_key, std::string> {

@@ -14,6 +14,7 @@
 
 #include <chrono>
 #include <fstream>
+#include <optional>
 #include <thread>
 
 #include "test/actors/common.hpp"
@@ -73,6 +74,30 @@ std::vector<std::string> qemu_cgroups() {
   }
   ::closedir(d);
   return out;
+}
+
+// Whether the QEMU child of this process is frozen, by the cgroup its freezer
+// put it in: v1's freezer.state, or v2's cgroup.events. nullopt: no QEMU, or
+// no freezer line.
+std::optional<bool> qemu_frozen() {
+  for (const auto& line : qemu_cgroups()) {
+    auto at = line.find(":freezer:");
+    if (at != std::string::npos) {
+      std::ifstream f("/sys/fs/cgroup/freezer" + line.substr(at + 9) + "/freezer.state");
+      std::string st;
+      std::getline(f, st);
+      if (!st.empty())
+        return st == "FROZEN";
+    }
+  }
+  for (const auto& line : qemu_cgroups())
+    if (line.rfind("0::", 0) == 0 && line.size() > 3) {
+      std::ifstream f("/sys/fs/cgroup" + line.substr(3) + "/cgroup.events");
+      for (std::string l; std::getline(f, l);)
+        if (l.rfind("frozen ", 0) == 0)
+          return l == "frozen 1";
+    }
+  return std::nullopt;
 }
 
 bool eventually_no_qemu() {
@@ -178,8 +203,6 @@ TEST_CASE("the microvm backend: create, exec with status, stdin and streaming, d
   REQUIRE(l->size() == 1);
   CHECK(l->front().env.backend == "microvm");
 
-  auto pause = s->pause(id);
-  check_error(pause, errc::unsupported, "microVM");
   auto on_tty = cmd({"sh"});
   on_tty.tty = true;
   auto t = s->exec(id, on_tty);
@@ -191,6 +214,58 @@ TEST_CASE("the microvm backend: create, exec with status, stdin and streaming, d
     if (b.name == "microvm")
       CHECK(b.live == 1);
 
+  REQUIRE(s->destroy(id));
+  CHECK(eventually_gone(*n.c, {id}));
+  CHECK(eventually_no_qemu());
+}
+
+TEST_CASE("a microVM pauses and resumes: QEMU frozen, commands refused, its TTL kept; destroyed while paused, nothing is left" *
+          skip_unless(have_microvm_guest(), "needs qemu-system-x86_64 and a guest kernel (tools/microvm-guest)")) {
+  embedded n(vm_daemon(microvm_guest_dir()));
+  auto s = open(*n.c);
+  auto env = vm_env();
+  env.ttl_ms = 600'000;
+  auto ids = s->create(env, 1);
+  REQUIRE_MESSAGE(ids, describe(ids.error_value()));
+  REQUIRE(ids->size() == 1);
+  auto id = ids->front();
+  auto r = s->exec(id, cmd({"sh", "-c", "echo before > /tmp/mark"}));
+  REQUIRE_MESSAGE(r, describe(r.error_value()));
+  CHECK(qemu_frozen() != std::optional<bool>{true});
+
+  auto p = s->pause(id);
+  REQUIRE_MESSAGE(p, describe(p.error_value()));
+  CHECK(*p == true);
+  CHECK(qemu_frozen() == std::optional<bool>{true});
+  auto again = s->pause(id);
+  REQUIRE(again);
+  CHECK(*again == false); // paused already
+  auto refused = s->exec(id, cmd({"true"}));
+  check_error(refused, errc::paused, "is paused: resume it first");
+  // The TTL clock stands still: two reads apart give the same time left.
+  auto l1 = s->list();
+  REQUIRE(l1);
+  REQUIRE(l1->size() == 1);
+  CHECK(l1->front().state == "paused");
+  std::this_thread::sleep_for(200ms);
+  auto l2 = s->list();
+  REQUIRE(l2);
+  CHECK(l2->front().ttl_left_ms == l1->front().ttl_left_ms);
+  CHECK(l1->front().ttl_left_ms > 0);
+
+  auto res = s->resume(id);
+  REQUIRE_MESSAGE(res, describe(res.error_value()));
+  CHECK(*res == true);
+  CHECK(qemu_frozen() == std::optional<bool>{false});
+  r = s->exec(id, cmd({"cat", "/tmp/mark"}));
+  REQUIRE_MESSAGE(r, describe(r.error_value()));
+  CHECK(r->out == "before\n"); // the same guest, its memory kept
+  auto l3 = s->list();
+  REQUIRE(l3);
+  CHECK(l3->front().state != "paused");
+
+  // Destroyed while paused: QEMU is thawed to die, nothing is left.
+  REQUIRE(s->pause(id));
   REQUIRE(s->destroy(id));
   CHECK(eventually_gone(*n.c, {id}));
   CHECK(eventually_no_qemu());
