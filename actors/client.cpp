@@ -250,7 +250,13 @@ caf::behavior reconnector_impl(caf::event_based_actor* self, std::shared_ptr<cli
       for (auto& l : sessions) {
         auto trainer = l->owned ? identity : caf::actor{};
         auto got = [=](session_actor& h, std::string&) {
-          l->set(std::move(h));
+          l->set(h);
+          // Its warm pools ended with the coordinator's process: set them
+          // again (best effort: a pool the nodes cannot fill now is refilled
+          // as they come back, one that is refused is logged by the daemon).
+          for (auto& [env, size] : l->pools_now())
+            self->request(h, caf::infinite, pool_atom::value, env, size)
+              .then([](uint32_t) {}, [](caf::error&) {});
           settle();
         };
         auto failed = [=](caf::error&) { settle(); }; // its calls fail: the actor is gone

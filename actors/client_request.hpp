@@ -34,6 +34,28 @@ struct session_link {
   session_options options;
   bool owned = false;
   std::shared_ptr<std::atomic<bool>> closed; // close() succeeded on the handle
+  // The warm pools set through the handle (session::pool), the last size for
+  // each environment: set again after a reattach, since a session's pools end
+  // with the coordinator's process that held it.
+  std::vector<std::pair<environment, uint32_t>> pools;
+
+  void remember_pool(const environment& env, uint32_t size) {
+    std::lock_guard<std::mutex> g{mu};
+    for (auto it = pools.begin(); it != pools.end(); ++it)
+      if (it->first == env) {
+        if (size == 0)
+          pools.erase(it);
+        else
+          it->second = size;
+        return;
+      }
+    if (size > 0)
+      pools.emplace_back(env, size);
+  }
+  std::vector<std::pair<environment, uint32_t>> pools_now() const {
+    std::lock_guard<std::mutex> g{mu};
+    return pools;
+  }
 
   session_actor get() const {
     std::lock_guard<std::mutex> g{mu};

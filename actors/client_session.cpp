@@ -324,12 +324,15 @@ void session::answer_async(const std::string& id, const chronus_feedback& fb,
 // ---- warm pools and the function backend (actors/warm_pool.hpp) -----------------
 
 expected<uint32_t> session::pool(const environment& env, uint32_t size) {
-  return blocking<uint32_t>([&](auto& w) {
+  auto took = blocking<uint32_t>([&](auto& w) {
     if (auto e = closed_error())
       return w.done()(*e);
     async_call<uint32_t>(*client_->sys_, client_->identity_, handle(), w.done(), pool_atom::value,
                          env, size);
   });
+  if (took)
+    link_->remember_pool(env, size); // set again after a reattach (client.cpp)
+  return took;
 }
 
 namespace {

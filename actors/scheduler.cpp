@@ -1380,14 +1380,17 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
 // ---- warm pools (actors/warm_pool.hpp) -------------------------------------------
 
 // The nodes a pool is spread over: this one, or (a coordinator) every node
-// up now, by name. A node that joins later gets no share of it.
-std::vector<std::pair<node_actor, std::string>> pool_nodes(self_ptr self) {
+// up now, by name; with `takers`, only those that take sandboxes (not one of
+// --slots 0, such as a coordinator that runs none, nor a cordoned one). A
+// node that joins later gets no share of a pool.
+std::vector<std::pair<node_actor, std::string>> pool_nodes(self_ptr self, bool takers) {
   auto& s = self->state;
   std::vector<std::pair<node_actor, std::string>> nodes;
   if (!s.cfg.coordinator)
     nodes.emplace_back(s.cfg.node, s.cfg.name);
   for (auto& [id, m] : s.members)
-    nodes.emplace_back(m.node, m.name);
+    if (!takers || (m.last.slots > 0 && !m.last.cordoned))
+      nodes.emplace_back(m.node, m.name);
   std::sort(nodes.begin(), nodes.end(),
             [](const auto& a, const auto& b) { return a.second < b.second; });
   return nodes;
@@ -1398,9 +1401,13 @@ std::vector<std::pair<node_actor, std::string>> pool_nodes(self_ptr self) {
 // error only if every node refused (the first node's).
 void spread_pool_to(self_ptr self, environment env, uint32_t size, session_actor owner,
                     std::string owner_id, std::function<void(caf::expected<uint32_t>)> done) {
-  auto nodes = pool_nodes(self);
+  auto nodes = pool_nodes(self, size > 0); // (a removal reaches every node)
   if (nodes.empty()) {
-    done(to_caf(make_error(errc::overloaded, "no node has joined the cluster")));
+    done(to_caf(make_error(errc::overloaded,
+                           self->state.members.empty()
+                             ? "no node has joined the cluster"
+                             : "no node takes a pool: every node up has --slots 0 or is "
+                               "cordoned")));
     return;
   }
   struct gather {
@@ -1452,7 +1459,7 @@ caf::typed_response_promise<uint32_t> spread_pool(self_ptr self, environment env
 // Every node's pools, from their stats (3 s each; one that does not answer is left out).
 caf::typed_response_promise<std::vector<pool_info>> gather_pools(self_ptr self) {
   auto rp = self->make_response_promise<std::vector<pool_info>>();
-  auto nodes = pool_nodes(self);
+  auto nodes = pool_nodes(self, false);
   struct gather {
     std::vector<pool_info> all;
     size_t left = 0;

@@ -1091,6 +1091,28 @@ TEST_CASE("kill -9 of the coordinator mid-session, `tools/cluster restart coordi
       auto w = (*logged)->exec(lids->front(), cmd({"/bin/busybox", "sh", "-c", "echo t > /mark-t"}));
       REQUIRE_MESSAGE(w, describe(w.error_value()));
     }
+    // A session with a warm pool: the pool ends with the coordinator's
+    // process (its pooled sandboxes monitor the session), and the client sets
+    // it again once it has reattached.
+    auto pooled = c->open_session({.quota = 4, .name = "pooled"});
+    REQUIRE_MESSAGE(pooled, describe(pooled.error_value()));
+    auto took = (*pooled)->pool(env, 2);
+    REQUIRE_MESSAGE(took, describe(took.error_value()));
+    CHECK(*took == 2);
+    auto pool_of = [&](uint32_t& target, uint32_t& ready) {
+      target = ready = 0;
+      auto ps = c->pools();
+      if (!ps)
+        return false;
+      for (const auto& p : *ps)
+        if (p.owner == (*pooled)->id()) {
+          target += p.target;
+          ready += p.ready;
+        }
+      return true;
+    };
+    uint32_t target = 0, ready = 0;
+    CHECK(eventually([&] { return pool_of(target, ready) && ready == 2; }, 60s));
     // A command in flight when the coordinator dies.
     waiter<exec_result> inflight;
     (*s)->exec_async(ids->front(), cmd({"/bin/busybox", "sleep", "60"}), inflight.done());
@@ -1177,6 +1199,25 @@ TEST_CASE("kill -9 of the coordinator mid-session, `tools/cluster restart coordi
     auto closed = (*s)->close();
     REQUIRE_MESSAGE(closed, describe(closed.error_value()));
     CHECK(*closed == 35);
+    // The warm pool is back, and a create of its session claims from it.
+    CHECK_MESSAGE(eventually([&] { return pool_of(target, ready) && target == 2 && ready == 2; },
+                             60s),
+                  "the pooled session's pool after the restart: target " << target << ", ready "
+                                                                          << ready);
+    auto claimed = (*pooled)->create(env, 1);
+    REQUIRE_MESSAGE(claimed, describe(claimed.error_value()));
+    CHECK(claimed->size() == 1);
+    CHECK(eventually([&] {
+      auto ps = c->pools();
+      uint64_t n = 0;
+      if (ps)
+        for (const auto& p : *ps)
+          if (p.owner == (*pooled)->id())
+            n += p.claimed;
+      return n >= 1;
+    }, 60s));
+    auto pc = (*pooled)->close();
+    CHECK_MESSAGE(pc, describe(pc.error_value()));
   }
   auto down = run_process({script, "down", "--dir", cdir}, o);
   CHECK_MESSAGE(down.status == 0, down.describe());
