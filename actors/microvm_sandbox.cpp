@@ -1,6 +1,7 @@
 #include "actors/microvm_sandbox.hpp"
 
 #include <caf/actor_system.hpp>
+#include <caf/event_based_actor.hpp>
 #include <caf/send.hpp>
 #include <caf/stateful_actor.hpp>
 #include <caf/typed_event_based_actor.hpp>
@@ -25,6 +26,7 @@
 #include "runtime/engine.hpp"
 #include "runtime/freezer.hpp"
 #include "runtime/microvm.hpp"
+#include "runtime/usage.hpp"
 
 namespace dsec {
 
@@ -402,6 +404,46 @@ caf::error not_for_vm(const vm_state& s, const char* what) {
                                                 + what + " yet (docs/microvm.md)"));
 }
 
+// What a microVM uses, as the host sees it (`dsec stats ID`): its QEMU's
+// memory (charged to QEMU's cgroup: the guest's RAM as it touched it, plus
+// QEMU itself), CPU time and threads (tasks). The guest's processes and its
+// writable layer (a tmpfs in its RAM) are not seen from here: 0. Read on a
+// detached helper, like a container's.
+caf::typed_response_promise<sandbox_usage> read_vm_usage(self_ptr self) {
+  auto& s = self->state;
+  auto rp = self->make_response_promise<sandbox_usage>();
+  sandbox_usage base;
+  base.id = s.cfg.id;
+  base.node = s.cfg.node_name;
+  auto now = unix_ms();
+  base.uptime_ms = s.created_ms && now > s.created_ms ? now - s.created_ms : 0;
+  auto helper = self->spawn<caf::detached>(
+    [qemu = s.worker->qemu_pid(), paths = s.cgroups, base](caf::event_based_actor* a) {
+      return caf::behavior{[=](usage_atom) -> caf::result<internal_key, sandbox_usage> {
+        a->quit();
+        auto out = base;
+        auto rows = read_sandbox_processes(qemu, paths, &out.usage);
+        if (!rows)
+          return to_caf(std::move(rows).error_value().in_step("usage"));
+        // (statfs of QEMU's root is the host's: not the guest's layer)
+        out.usage.processes = 0;
+        out.usage.disk_bytes = out.usage.disk_limit = 0;
+        out.usage.inodes = out.usage.inodes_limit = 0;
+        return {process_key(), std::move(out)};
+      }};
+    });
+  self->request(helper, caf::infinite, usage_atom::value)
+    .then(
+      [rp](const internal_key& k, sandbox_usage& u) mutable {
+        if (!genuine(k, process_key(), "a usage result (microvm sandbox)"))
+          rp.deliver(to_caf(make_error(errc::unauthorized, "a forged usage result")));
+        else
+          rp.deliver(std::move(u));
+      },
+      [rp](caf::error& e) mutable { rp.deliver(std::move(e)); });
+  return rp;
+}
+
 sandbox_actor::behavior_type vm_impl(self_ptr self, sandbox_config cfg,
                                      std::shared_ptr<const microvm_node_config> node) {
   auto& st = self->state;
@@ -631,10 +673,16 @@ sandbox_actor::behavior_type vm_impl(self_ptr self, sandbox_config cfg,
         return refuse("logs");
       return not_for_vm(self->state, "logs (a microVM's detached commands keep no output)");
     },
-    [=](usage_atom, const internal_key& k, bool) -> caf::result<sandbox_usage> {
-      if (!genuine(k, self->state.cfg.key, "usage (sandbox)"))
+    [=](usage_atom, const internal_key& k, bool processes) -> caf::result<sandbox_usage> {
+      auto& s = self->state;
+      if (!genuine(k, s.cfg.key, "usage (sandbox)"))
         return refuse("usage");
-      return not_for_vm(self->state, "stats and top (a microVM's guest reports no usage yet)");
+      if (s.ph != phase::ready)
+        return not_ready(s);
+      if (processes)
+        return not_for_vm(s, "top (the guest's processes are not seen from the host; stats shows "
+                             "its QEMU's figures)");
+      return read_vm_usage(self);
     },
     [=](event_atom, const internal_key& k) {
       if (genuine(k, process_key(), "event (sandbox)"))

@@ -208,6 +208,20 @@ TEST_CASE("the microvm backend: create, exec with status, stdin and streaming, d
   auto t = s->exec(id, on_tty);
   check_error(t, errc::unsupported, "terminals");
 
+  // stats: its QEMU's figures as the host sees them; top is the guest's, not seen.
+  auto u = n.c->usage(id);
+  REQUIRE_MESSAGE(u, describe(u.error_value()));
+  CHECK(u->id == id);
+  CHECK(u->usage.memory_from_cgroup);
+  CHECK(u->usage.memory_bytes > (16ull << 20)); // the guest's RAM it touched, and QEMU
+  CHECK(u->usage.memory_limit >= (128ull << 20));
+  CHECK(u->usage.cpu_ms > 0); // a TCG boot costs CPU seconds
+  CHECK(u->usage.tasks >= 1);  // QEMU's threads
+  CHECK(u->usage.disk_bytes == 0);
+  CHECK(u->usage.processes == 0);
+  auto top = n.c->usage(id, true);
+  check_error(top, errc::unsupported, "the guest's processes are not seen from the host");
+
   st = n.c->stats();
   REQUIRE(st);
   for (const auto& b : st->backends)
