@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -79,6 +80,12 @@ public:
   }
 
   pid_t qemu_pid() const { return pid_.load(); }
+
+  // Bytes queued for the guest and not yet written (stdin's back-pressure).
+  size_t queued() {
+    std::lock_guard lock(mutex_);
+    return vm_ ? vm_->queued() : 0;
+  }
 
 private:
   void post(vm_event ev) {
@@ -161,17 +168,35 @@ private:
 
 enum class phase : uint8_t { creating, ready, destroying };
 
+// A stdin piece waiting for room (the guest's channel holds stdin_buffer).
+struct vm_stdin_wait {
+  std::string data;
+  bool close = false;
+  caf::typed_response_promise<uint64_t> rp;
+};
+
 struct vm_exec {
   caf::typed_response_promise<exec_result> rp;
-  caf::strong_actor_ptr listener; // gets output_chunk when streaming
+  caf::strong_actor_ptr listener; // gets output_chunk when streaming, and a handle's id
   bool stream = false;
   bool detach = false;
+  bool handle = false;       // exec_request.handle: its id goes to the listener at start
+  bool open_stdin = false;   // its stdin stays open for the stdin verb
+  bool stdin_closed = false; // the end was sent (or it was never open)
+  std::deque<vm_stdin_wait> stdin_waiting;
   bool timed_out = false;
   bool truncated = false;
   uint64_t max_output = 0;
   std::string out, err;
   clock_type::time_point t0;
 };
+
+// What a command's stdin waiters hear when it can take no more.
+void fail_stdin_waiters(vm_exec& x, const std::string& why) {
+  for (auto& w : x.stdin_waiting)
+    w.rp.deliver(to_caf(make_error(errc::closed, why)));
+  x.stdin_waiting.clear();
+}
 
 struct vm_state {
   static inline const char* name = "dsec.microvm_sandbox";
@@ -207,9 +232,11 @@ void finish_destroy(self_ptr self) {
   if (s.paused)
     self->send(s.cfg.node, pause_atom::value, process_key(), s.cfg.id, false);
   s.paused = false;
-  for (auto& [id, x] : s.execs)
+  for (auto& [id, x] : s.execs) {
+    fail_stdin_waiters(x, "sandbox " + s.cfg.id + " was destroyed");
     if (!x.detach)
       x.rp.deliver(to_caf(make_error(errc::sandbox_failed, "sandbox " + s.cfg.id + " was destroyed")));
+  }
   s.execs.clear();
   tell_end(self, s.cfg.key, s.cfg.session, s.cfg.node, s.cfg.id, s.cfg.request, s.created_ms != 0,
            s.creation_failed_told);
@@ -248,6 +275,9 @@ void on_frame(self_ptr self, microvm::frame& f) {
   auto& x = it->second;
   switch (f.type) {
     case VM_STARTED:
+      if (x.handle && x.listener) // its id, for the stdin and signal verbs
+        caf::anon_send(caf::actor_cast<caf::actor>(x.listener),
+                       output_chunk{s.cfg.id, f.id, 0, {}});
       if (x.detach) {
         x.rp.deliver(exec_result{});
         // Nobody collects a detached command's output: forget it (its later
@@ -288,6 +318,8 @@ void on_frame(self_ptr self, microvm::frame& f) {
       r.err = std::move(x.err);
       r.duration_us = static_cast<uint64_t>(
         std::chrono::duration_cast<std::chrono::microseconds>(clock_type::now() - x.t0).count());
+      fail_stdin_waiters(x, "the stdin of command " + std::to_string(f.id) + " in sandbox "
+                              + s.cfg.id + " is closed (the command ended)");
       x.rp.deliver(std::move(r));
       s.execs.erase(it);
       return;
@@ -389,6 +421,36 @@ expected<bool> set_paused(self_ptr self, bool on) {
   }
   self->send(s.cfg.node, pause_atom::value, process_key(), s.cfg.id, on);
   return true;
+}
+
+// Sends stdin piece `data` (then, with `close`, the end) of command `id` to
+// the guest, in frames of 64 KiB.
+void send_stdin(vm_state& s, uint32_t id, vm_exec& x, const std::string& data, bool close) {
+  for (size_t off = 0; off < data.size(); off += 65536)
+    s.worker->queue(VM_STDIN, id, std::string_view(data).substr(off, 65536));
+  if (close && !x.stdin_closed) {
+    s.worker->queue(VM_STDIN, id, {});
+    x.stdin_closed = true;
+  }
+}
+
+// Hands waiting stdin pieces on while the guest's channel has room; looks
+// again in 10 ms while some still wait.
+void drain_stdin(self_ptr self, uint32_t id) {
+  auto& s = self->state;
+  auto it = s.execs.find(id);
+  if (it == s.execs.end())
+    return;
+  auto& x = it->second;
+  while (!x.stdin_waiting.empty() && s.worker->queued() < stdin_buffer) {
+    auto w = std::move(x.stdin_waiting.front());
+    x.stdin_waiting.pop_front();
+    send_stdin(s, id, x, w.data, w.close);
+    w.rp.deliver(static_cast<uint64_t>(w.data.size()));
+  }
+  if (!x.stdin_waiting.empty())
+    self->delayed_send(self, std::chrono::milliseconds(10), stdin_atom::value, process_key(),
+                       uint64_t{id});
 }
 
 caf::error not_ready(const vm_state& s) {
@@ -510,8 +572,10 @@ sandbox_actor::behavior_type vm_impl(self_ptr self, sandbox_config cfg,
         return not_for_vm(s, "Chronus (trusted commands)");
       if (req.uid >= 0 || req.gid >= 0 || !req.user.empty())
         return not_for_vm(s, "--user");
-      if (req.handle || req.open_stdin)
-        return not_for_vm(s, "process handles (background commands, streamed stdin)");
+      if (req.open_stdin && (!req.handle || req.detach))
+        return to_caf(make_error(errc::invalid_argument,
+                                 "an open stdin needs a process handle (exec_request.handle) and "
+                                 "a command that is not detached"));
       auto listener = self->current_sender();
       auto id = ++s.next_id;
       auto& x = s.execs[id];
@@ -519,17 +583,17 @@ sandbox_actor::behavior_type vm_impl(self_ptr self, sandbox_config cfg,
       x.stream = req.stream;
       x.detach = req.detach;
       x.max_output = req.max_output;
+      x.handle = req.handle;
+      x.open_stdin = req.open_stdin;
       x.t0 = clock_type::now();
-      if (req.stream && listener) {
+      if ((req.stream || req.handle) && listener) {
         self->monitor(listener);
         x.listener = std::move(listener);
       }
       std::vector<std::string> envv = {"HOME=/root", "TERM=xterm"};
       envv.insert(envv.end(), req.env.begin(), req.env.end());
       s.worker->queue(VM_EXEC, id, microvm::exec_payload(req.argv, envv, req.cwd.empty() ? "/" : req.cwd));
-      for (size_t off = 0; off < req.input.size(); off += 65536)
-        s.worker->queue(VM_STDIN, id, std::string_view(req.input).substr(off, 65536));
-      s.worker->queue(VM_STDIN, id, {});
+      send_stdin(s, id, x, req.input, !req.open_stdin);
       if (req.timeout_ms > 0)
         self->delayed_send(self, std::chrono::milliseconds(req.timeout_ms), timeout_atom::value,
                            process_key(), uint64_t{id});
@@ -558,18 +622,59 @@ sandbox_actor::behavior_type vm_impl(self_ptr self, sandbox_config cfg,
         s.worker->queue(VM_SIGNAL, id, {reinterpret_cast<const char*>(&sig), 4});
       return true;
     },
-    [=](signal_atom, const internal_key& k, uint64_t, int32_t) -> caf::result<bool> {
-      if (!genuine(k, self->state.cfg.key, "signal (sandbox)"))
+    [=](signal_atom, const internal_key& k, uint64_t eid, int32_t sig) -> caf::result<bool> {
+      auto& s = self->state;
+      if (!genuine(k, s.cfg.key, "signal (sandbox)"))
         return refuse("signal");
-      return not_for_vm(self->state, "process handles");
+      if (sig < 1 || sig > 64)
+        return to_caf(make_error(errc::invalid_argument, "bad signal " + std::to_string(sig)));
+      auto it = s.execs.find(static_cast<uint32_t>(eid));
+      if (eid > UINT32_MAX || it == s.execs.end())
+        return to_caf(make_error(errc::not_found, "no command " + std::to_string(eid)
+                                                    + " runs in sandbox " + s.cfg.id));
+      s.worker->queue(VM_SIGNAL, it->first, {reinterpret_cast<const char*>(&sig), 4});
+      return true;
     },
-    [=](stdin_atom, const internal_key& k, uint64_t, std::string&,
-        bool) -> caf::result<uint64_t> {
-      if (!genuine(k, self->state.cfg.key, "stdin (sandbox)"))
+    [=](stdin_atom, const internal_key& k, uint64_t eid, std::string& data,
+        bool close) -> caf::result<uint64_t> {
+      auto& s = self->state;
+      if (!genuine(k, s.cfg.key, "stdin (sandbox)"))
         return refuse("stdin");
-      return not_for_vm(self->state, "process handles");
+      auto it = s.execs.find(static_cast<uint32_t>(eid));
+      if (eid > UINT32_MAX || it == s.execs.end())
+        return to_caf(make_error(errc::not_found, "no command " + std::to_string(eid)
+                                                    + " runs in sandbox " + s.cfg.id));
+      auto& x = it->second;
+      if (!x.open_stdin || x.stdin_closed)
+        return to_caf(make_error(errc::closed, "the stdin of command " + std::to_string(eid)
+                                                 + " in sandbox " + s.cfg.id
+                                                 + (x.open_stdin ? " is closed"
+                                                                 : " was not left open (open_stdin)")));
+      if (data.size() > max_stdin_chunk)
+        return to_caf(make_error(errc::too_large, "stdin: at most "
+                                                    + std::to_string(max_stdin_chunk)
+                                                    + " bytes a message, got "
+                                                    + std::to_string(data.size())));
+      if (x.stdin_waiting.empty() && s.worker->queued() < stdin_buffer) {
+        send_stdin(s, it->first, x, data, close);
+        return static_cast<uint64_t>(data.size());
+      }
+      // The guest's channel is full: the reply waits until it has room.
+      if (x.stdin_waiting.size() >= 8)
+        return to_caf(make_error(errc::overloaded,
+                                 "stdin of command " + std::to_string(eid)
+                                   + ": 8 messages wait already (wait for their replies)"));
+      auto rp = self->make_response_promise<uint64_t>();
+      x.stdin_waiting.push_back({std::move(data), close, rp});
+      if (x.stdin_waiting.size() == 1)
+        self->delayed_send(self, std::chrono::milliseconds(10), stdin_atom::value,
+                           process_key(), uint64_t{it->first});
+      return rp;
     },
-    [=](stdin_atom, const internal_key&, uint64_t) {}, // (no stdin pipe of ours)
+    [=](stdin_atom, const internal_key& k, uint64_t eid) { // look for room again
+      if (genuine(k, process_key(), "stdin room (microvm sandbox)") && eid <= UINT32_MAX)
+        drain_stdin(self, static_cast<uint32_t>(eid));
+    },
     [=](resize_atom, const internal_key& k, uint64_t, uint16_t,
         uint16_t) -> caf::result<bool> {
       if (!genuine(k, self->state.cfg.key, "resize (sandbox)"))

@@ -304,6 +304,11 @@ void microvm::read_console() {
   }
 }
 
+size_t microvm::queued() const {
+  std::lock_guard lock(out_mutex_);
+  return out_.size();
+}
+
 void microvm::queue(uint16_t type, uint32_t id, std::string_view a, std::string_view b,
                     uint16_t flags) {
   vm_frame f{VM_MAGIC, static_cast<uint32_t>(a.size() + b.size()), type, flags, id};

@@ -127,6 +127,8 @@ public:
   /// The last bytes of the guest console and QEMU's stderr (for errors).
   [[nodiscard]] std::string console_tail() const;
 
+  /// The bytes queued and not yet written to the guest. Thread-safe.
+  [[nodiscard]] size_t queued() const;
   /// Adds a frame to send. Thread-safe; wakes pump().
   void queue(uint16_t type, uint32_t id, std::string_view a, std::string_view b = {},
              uint16_t flags = 0);
@@ -174,7 +176,7 @@ private:
   microvm_boot_times times_;
   std::chrono::steady_clock::time_point started_;
 
-  std::mutex out_mutex_;
+  mutable std::mutex out_mutex_;
   std::string out_; ///< queued bytes not yet written
   std::string in_;  ///< bytes read, not yet a whole frame
   std::string console_tail_;

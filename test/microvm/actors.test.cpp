@@ -14,12 +14,14 @@
 
 #include <chrono>
 #include <fstream>
+#include <mutex>
 #include <optional>
 #include <thread>
 
 #include "test/actors/common.hpp"
 #include "test/microvm/guest.hpp"
 #include "test/support/fixture.hpp"
+#include "test/support/host.hpp"
 #include "test/support/skip.hpp"
 
 using namespace dsec;
@@ -280,6 +282,97 @@ TEST_CASE("a microVM pauses and resumes: QEMU frozen, commands refused, its TTL 
 
   // Destroyed while paused: QEMU is thawed to die, nothing is left.
   REQUIRE(s->pause(id));
+  REQUIRE(s->destroy(id));
+  CHECK(eventually_gone(*n.c, {id}));
+  CHECK(eventually_no_qemu());
+}
+
+TEST_CASE("process handles in a microVM: stdin written in pieces and closed, a signal to one "
+          "command's process group, streamed output; refusals name what" *
+          skip_unless(have_microvm_guest(), "needs qemu-system-x86_64 and a guest kernel (tools/microvm-guest)")) {
+  embedded n(vm_daemon(microvm_guest_dir()));
+  auto s = open(*n.c);
+  auto ids = s->create(vm_env(), 1);
+  REQUIRE_MESSAGE(ids, describe(ids.error_value()));
+  REQUIRE(ids->size() == 1);
+  auto id = ids->front();
+
+  // cat with an open stdin: what is written comes back, the end ends it.
+  exec_request cat = cmd({"sh", "-c", "cat; echo done"});
+  cat.handle = true;
+  cat.open_stdin = true;
+  auto p = s->start(id, cat);
+  REQUIRE(p);
+  auto pid = p->id();
+  REQUIRE_MESSAGE(pid, describe(pid.error_value()));
+  std::string sent;
+  for (int i = 0; i < 40; ++i) { // 40 x 64 KiB: more than the channel holds at once
+    std::string piece(64 * 1024, static_cast<char>('a' + i % 26));
+    REQUIRE(p->write(piece));
+    sent += piece;
+  }
+  REQUIRE(p->close_stdin());
+  auto r = p->wait();
+  REQUIRE_MESSAGE(r, describe(r.error_value()));
+  CHECK(r->exit_code == 0);
+  CHECK(r->out.size() == sent.size() + 5);
+  CHECK(r->out == sent + "done\n");
+  // After its end: its stdin is refused.
+  auto late = p->write("x");
+  CHECK_FALSE(late);
+
+  // A signal to one command only: the other goes on.
+  exec_request sleeper = cmd({"sh", "-c", "trap 'echo got TERM; exit 7' TERM; echo ready; "
+                                          "while :; do sleep 0.1; done"});
+  sleeper.handle = true;
+  std::string seen;
+  std::mutex mu;
+  auto a = s->start(id, sleeper, [&](uint8_t, std::string_view d) {
+    std::lock_guard<std::mutex> g{mu};
+    seen += d;
+  });
+  exec_request other = cmd({"sh", "-c", "sleep 2; echo other"});
+  other.handle = true;
+  auto b = s->start(id, other);
+  REQUIRE(a->id());
+  REQUIRE(b->id());
+  CHECK(eventually([&] {
+    std::lock_guard<std::mutex> g{mu};
+    return seen == "ready\n";
+  }, 60s));
+  REQUIRE(a->signal(SIGTERM));
+  auto ra = a->wait();
+  REQUIRE_MESSAGE(ra, describe(ra.error_value()));
+  CHECK(ra->exit_code == 7);
+  {
+    std::lock_guard<std::mutex> g{mu};
+    // (to its process group: the sh's sleep child is told too, and sh may say so)
+    CHECK(seen.rfind("ready\n", 0) == 0);
+    CHECK_MESSAGE(seen.find("got TERM\n") != std::string::npos, seen);
+  }
+  auto rb = b->wait();
+  REQUIRE_MESSAGE(rb, describe(rb.error_value()));
+  CHECK(rb->exit_code == 0);
+  CHECK(rb->out == "other\n");
+
+  // Refusals: an open stdin without a handle; a command's stdin that was not left open.
+  exec_request bad = cmd({"cat"});
+  bad.open_stdin = true;
+  check_error(s->exec(id, bad), errc::invalid_argument, "an open stdin needs a process handle");
+  exec_request closed = cmd({"sleep", "30"});
+  closed.handle = true;
+  auto c = s->start(id, closed);
+  REQUIRE(c->id());
+  auto w = c->write("x");
+  REQUIRE_FALSE(w);
+  CHECK(w.error_value().code == errc::closed);
+  CHECK_MESSAGE(w.error_value().message.find("was not left open") != std::string::npos,
+                w.error_value().message);
+  REQUIRE(c->signal(SIGKILL));
+  auto rc = c->wait();
+  REQUIRE(rc);
+  CHECK(rc->signal == SIGKILL);
+
   REQUIRE(s->destroy(id));
   CHECK(eventually_gone(*n.c, {id}));
   CHECK(eventually_no_qemu());
