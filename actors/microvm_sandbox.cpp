@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "actors/sandbox.hpp"
+#include "actors/transfer_command.hpp"
 #include "actors/types.hpp"
 #include "runtime/builder.hpp"
 #include "runtime/clock.hpp"
@@ -177,6 +178,8 @@ struct vm_stdin_wait {
 
 struct vm_exec {
   caf::typed_response_promise<exec_result> rp;
+  // Instead of rp, when set: the whole-buffer put and get take the result.
+  std::function<void(expected<exec_result>)> done;
   caf::strong_actor_ptr listener; // gets output_chunk when streaming, and a handle's id
   bool stream = false;
   bool detach = false;
@@ -184,6 +187,11 @@ struct vm_exec {
   bool open_stdin = false;   // its stdin stays open for the stdin verb
   bool stdin_closed = false; // the end was sent (or it was never open)
   std::deque<vm_stdin_wait> stdin_waiting;
+  // A transfer (exec_request.transfer): its tar's end read as put's or get's
+  // (transfer_outcome); a get's stderr collected, its first transfer_hold_back
+  // bytes held until there are more or tar ended well (a failed get sends none).
+  std::optional<exec_request> transfer;
+  bool flowing = false;
   bool timed_out = false;
   bool truncated = false;
   uint64_t max_output = 0;
@@ -196,6 +204,16 @@ void fail_stdin_waiters(vm_exec& x, const std::string& why) {
   for (auto& w : x.stdin_waiting)
     w.rp.deliver(to_caf(make_error(errc::closed, why)));
   x.stdin_waiting.clear();
+}
+
+// Gives command `x` its result: to its done function, else its promise.
+void end_exec(vm_exec& x, expected<exec_result> r) {
+  if (x.done)
+    return x.done(std::move(r));
+  if (r)
+    x.rp.deliver(std::move(*r));
+  else
+    x.rp.deliver(to_caf(std::move(r).error_value()));
 }
 
 struct vm_state {
@@ -235,7 +253,7 @@ void finish_destroy(self_ptr self) {
   for (auto& [id, x] : s.execs) {
     fail_stdin_waiters(x, "sandbox " + s.cfg.id + " was destroyed");
     if (!x.detach)
-      x.rp.deliver(to_caf(make_error(errc::sandbox_failed, "sandbox " + s.cfg.id + " was destroyed")));
+      end_exec(x, make_error(errc::sandbox_failed, "sandbox " + s.cfg.id + " was destroyed"));
   }
   s.execs.clear();
   tell_end(self, s.cfg.key, s.cfg.session, s.cfg.node, s.cfg.id, s.cfg.request, s.created_ms != 0,
@@ -279,7 +297,7 @@ void on_frame(self_ptr self, microvm::frame& f) {
         caf::anon_send(caf::actor_cast<caf::actor>(x.listener),
                        output_chunk{s.cfg.id, f.id, 0, {}});
       if (x.detach) {
-        x.rp.deliver(exec_result{});
+        end_exec(x, exec_result{});
         // Nobody collects a detached command's output: forget it (its later
         // frames find no entry and are dropped).
         s.execs.erase(it);
@@ -287,7 +305,17 @@ void on_frame(self_ptr self, microvm::frame& f) {
       return;
     case VM_OUTPUT: {
       uint8_t stream = f.flags == 2 ? 2 : 1;
-      if (x.stream && x.listener) {
+      if (x.transfer && x.transfer->transfer == transfer_get && stream == 1 && !x.flowing) {
+        if (x.out.size() + f.payload.size() < transfer_hold_back) {
+          x.out += f.payload;
+          return;
+        }
+        x.flowing = true; // enough to be an archive: what was held goes first
+        f.payload.insert(0, x.out);
+        x.out.clear();
+      }
+      // (a transfer's stderr is collected for its error, never streamed)
+      if (x.stream && x.listener && !(x.transfer && stream == 2)) {
         caf::anon_send(caf::actor_cast<caf::actor>(x.listener),
                        output_chunk{s.cfg.id, f.id, stream, std::move(f.payload)});
         return;
@@ -314,13 +342,23 @@ void on_frame(self_ptr self, microvm::frame& f) {
       }
       r.timed_out = x.timed_out;
       r.truncated = x.truncated;
+      if (x.transfer && x.transfer->transfer == transfer_get && !x.flowing) {
+        // Its whole archive was held back: out now, before the end, if tar succeeded.
+        if (r.exit_code == 0 && !r.timed_out && !x.out.empty() && x.listener)
+          caf::anon_send(caf::actor_cast<caf::actor>(x.listener),
+                         output_chunk{s.cfg.id, f.id, 1, std::move(x.out)});
+        x.out.clear();
+      }
       r.out = std::move(x.out);
       r.err = std::move(x.err);
       r.duration_us = static_cast<uint64_t>(
         std::chrono::duration_cast<std::chrono::microseconds>(clock_type::now() - x.t0).count());
       fail_stdin_waiters(x, "the stdin of command " + std::to_string(f.id) + " in sandbox "
                               + s.cfg.id + " is closed (the command ended)");
-      x.rp.deliver(std::move(r));
+      if (x.transfer)
+        end_exec(x, transfer_outcome(*x.transfer, std::move(r)));
+      else
+        end_exec(x, std::move(r));
       s.execs.erase(it);
       return;
     }
@@ -329,9 +367,12 @@ void on_frame(self_ptr self, microvm::frame& f) {
       if (f.payload.size() >= 4)
         std::memcpy(&e, f.payload.data(), 4);
       std::string why = f.payload.size() > 4 ? f.payload.substr(4) : std::strerror(e);
-      x.rp.deliver(to_caf(make_error(e == ENOENT ? errc::not_found : errc::invalid_argument,
-                                     "sandbox " + s.cfg.id + ": cannot run the command: " + why)
-                            .in_step("execve")));
+      auto err = make_error(e == ENOENT ? errc::not_found : errc::invalid_argument,
+                            "sandbox " + s.cfg.id + ": cannot run the command: " + why)
+                   .in_step("execve");
+      if (x.transfer) // (no tar in the image: tar_error says so)
+        err = *tar_error(x.transfer->transfer == transfer_put, x.transfer->transfer_path, err);
+      end_exec(x, std::move(err));
       s.execs.erase(it);
       return;
     }
@@ -369,7 +410,7 @@ void on_events(self_ptr self) {
         } else {
           for (auto& [id, x] : s.execs)
             if (!x.detach)
-              x.rp.deliver(to_caf(ev.err));
+              end_exec(x, ev.err);
           s.execs.clear();
           begin_destroy(self);
         }
@@ -506,6 +547,70 @@ caf::typed_response_promise<sandbox_usage> read_vm_usage(self_ptr self) {
   return rp;
 }
 
+// Starts command `req_in` (or the transfer it asks for) in the VM: checks it,
+// makes its entry and queues its frames. The caller sets its promise or its
+// done function (same turn: no frame of it can come before).
+expected<vm_exec*> launch(self_ptr self, const exec_request& req_in,
+                          caf::strong_actor_ptr listener) {
+  auto& s = self->state;
+  if (s.ph != phase::ready)
+    return from_caf(not_ready(s));
+  // A transfer (a streamed put or get: docs/actors.md "Transfers") is the
+  // guest's tar, run as root of the VM (which is all a guest command is).
+  std::optional<exec_request> transfer;
+  if (req_in.transfer != transfer_none) {
+    if (req_in.uid > 0)
+      return from_caf(not_for_vm(s, "--user"));
+    auto t = transfer_command(req_in);
+    if (!t)
+      return std::move(t).error_value();
+    t->uid = t->gid = -1;
+    transfer = std::move(*t);
+  }
+  const exec_request& req = transfer ? *transfer : req_in;
+  if (s.paused)
+    return make_error(errc::paused, "sandbox " + s.cfg.id
+                                             + " is paused: resume it first (dsec resume "
+                                             + s.cfg.id + ", sb.resume())");
+  if (req.argv.empty() || req.argv[0].empty())
+    return make_error(errc::invalid_argument, "no command given");
+  for (const auto& kv : req.env)
+    if (kv.find('=') == std::string::npos || kv.front() == '=')
+      return make_error(errc::invalid_argument,
+                        "bad environment entry '" + kv + "' (expected KEY=VALUE)");
+  if (req.tty)
+    return from_caf(not_for_vm(s, "terminals (exec -t, pty=)"));
+  if (req.trusted || req.pristine)
+    return from_caf(not_for_vm(s, "Chronus (trusted commands)"));
+  if (req.uid >= 0 || req.gid >= 0 || !req.user.empty())
+    return from_caf(not_for_vm(s, "--user"));
+  if (req.open_stdin && (!req.handle || req.detach))
+    return make_error(errc::invalid_argument,
+                      "an open stdin needs a process handle (exec_request.handle) and "
+                      "a command that is not detached");
+  auto id = ++s.next_id;
+  auto& x = s.execs[id];
+  x.stream = req.stream;
+  x.detach = req.detach;
+  x.max_output = req.max_output;
+  x.handle = req.handle;
+  x.open_stdin = req.open_stdin;
+  x.transfer = transfer;
+  x.t0 = clock_type::now();
+  if ((req.stream || req.handle) && listener) {
+    self->monitor(listener);
+    x.listener = std::move(listener);
+  }
+  std::vector<std::string> envv = {"HOME=/root", "TERM=xterm"};
+  envv.insert(envv.end(), req.env.begin(), req.env.end());
+  s.worker->queue(VM_EXEC, id, microvm::exec_payload(req.argv, envv, req.cwd.empty() ? "/" : req.cwd));
+  send_stdin(s, id, x, req.input, !req.open_stdin);
+  if (req.timeout_ms > 0)
+    self->delayed_send(self, std::chrono::milliseconds(req.timeout_ms), timeout_atom::value,
+                       process_key(), uint64_t{id});
+  return &x;
+}
+
 sandbox_actor::behavior_type vm_impl(self_ptr self, sandbox_config cfg,
                                      std::shared_ptr<const microvm_node_config> node) {
   auto& st = self->state;
@@ -547,57 +652,15 @@ sandbox_actor::behavior_type vm_impl(self_ptr self, sandbox_config cfg,
   });
   st.worker->start();
   return {
-    [=](exec_atom, const internal_key& k, const exec_request& req) -> caf::result<exec_result> {
+    [=](exec_atom, const internal_key& k, const exec_request& req_in) -> caf::result<exec_result> {
       auto& s = self->state;
       if (!genuine(k, s.cfg.key, "exec (sandbox)"))
         return refuse("exec");
-      if (s.ph != phase::ready)
-        return not_ready(s);
-      if (s.paused)
-        return to_caf(make_error(errc::paused, "sandbox " + s.cfg.id
-                                                 + " is paused: resume it first (dsec resume "
-                                                 + s.cfg.id + ", sb.resume())"));
-      if (req.transfer != transfer_none) // a streamed put or get (docs/actors.md, "Transfers")
-        return not_for_vm(s, req.transfer == transfer_put ? "put of tar archives"
-                                                          : "get of tar archives");
-      if (req.argv.empty() || req.argv[0].empty())
-        return to_caf(make_error(errc::invalid_argument, "no command given"));
-      for (const auto& kv : req.env)
-        if (kv.find('=') == std::string::npos || kv.front() == '=')
-          return to_caf(make_error(errc::invalid_argument,
-                                   "bad environment entry '" + kv + "' (expected KEY=VALUE)"));
-      if (req.tty)
-        return not_for_vm(s, "terminals (exec -t, pty=)");
-      if (req.trusted || req.pristine)
-        return not_for_vm(s, "Chronus (trusted commands)");
-      if (req.uid >= 0 || req.gid >= 0 || !req.user.empty())
-        return not_for_vm(s, "--user");
-      if (req.open_stdin && (!req.handle || req.detach))
-        return to_caf(make_error(errc::invalid_argument,
-                                 "an open stdin needs a process handle (exec_request.handle) and "
-                                 "a command that is not detached"));
-      auto listener = self->current_sender();
-      auto id = ++s.next_id;
-      auto& x = s.execs[id];
-      x.rp = self->make_response_promise<exec_result>();
-      x.stream = req.stream;
-      x.detach = req.detach;
-      x.max_output = req.max_output;
-      x.handle = req.handle;
-      x.open_stdin = req.open_stdin;
-      x.t0 = clock_type::now();
-      if ((req.stream || req.handle) && listener) {
-        self->monitor(listener);
-        x.listener = std::move(listener);
-      }
-      std::vector<std::string> envv = {"HOME=/root", "TERM=xterm"};
-      envv.insert(envv.end(), req.env.begin(), req.env.end());
-      s.worker->queue(VM_EXEC, id, microvm::exec_payload(req.argv, envv, req.cwd.empty() ? "/" : req.cwd));
-      send_stdin(s, id, x, req.input, !req.open_stdin);
-      if (req.timeout_ms > 0)
-        self->delayed_send(self, std::chrono::milliseconds(req.timeout_ms), timeout_atom::value,
-                           process_key(), uint64_t{id});
-      return x.rp;
+      auto x = launch(self, req_in, self->current_sender());
+      if (!x)
+        return to_caf(std::move(x).error_value());
+      (*x)->rp = self->make_response_promise<exec_result>();
+      return (*x)->rp;
     },
     [=](timeout_atom, const internal_key& k, uint64_t id) {
       auto& s = self->state;
@@ -686,16 +749,49 @@ sandbox_actor::behavior_type vm_impl(self_ptr self, sandbox_config cfg,
         return refuse("credit");
       return false; // streamed output of a microVM is not flow-controlled
     },
-    [=](put_atom, const internal_key& k, const std::string&,
-        const std::string&) -> caf::result<uint64_t> {
+    // The whole-buffer put and get: the transfer's tar with the archive as its
+    // input, or its output collected, run as any command.
+    [=](put_atom, const internal_key& k, const std::string& dir,
+        const std::string& tar) -> caf::result<uint64_t> {
       if (!genuine(k, self->state.cfg.key, "put (sandbox)"))
         return refuse("put");
-      return not_for_vm(self->state, "put of tar archives");
+      auto req = whole_buffer_command(transfer_put, dir, tar);
+      if (!req)
+        return to_caf(req.error_value());
+      req->uid = req->gid = -1; // (the VM's root)
+      auto x = launch(self, *req, nullptr);
+      if (!x)
+        return to_caf(std::move(x).error_value());
+      auto rp = self->make_response_promise<uint64_t>();
+      (*x)->done = [rp, dir, size = uint64_t{tar.size()}](expected<exec_result> r) mutable {
+        if (auto e = tar_error(true, dir, r))
+          rp.deliver(to_caf(*e));
+        else
+          rp.deliver(size);
+      };
+      return rp;
     },
-    [=](get_atom, const internal_key& k, const std::string&) -> caf::result<std::string> {
+    [=](get_atom, const internal_key& k, const std::string& path) -> caf::result<std::string> {
       if (!genuine(k, self->state.cfg.key, "get (sandbox)"))
         return refuse("get");
-      return not_for_vm(self->state, "get of tar archives");
+      auto req = whole_buffer_command(transfer_get, path, {});
+      if (!req)
+        return to_caf(req.error_value());
+      req->uid = req->gid = -1;
+      auto x = launch(self, *req, nullptr);
+      if (!x)
+        return to_caf(std::move(x).error_value());
+      auto rp = self->make_response_promise<std::string>();
+      (*x)->done = [rp, path](expected<exec_result> r) mutable {
+        if (auto e = tar_error(false, path, r))
+          rp.deliver(to_caf(*e));
+        else if (r->truncated)
+          rp.deliver(to_caf(make_error(errc::invalid_argument,
+                                       "get " + path + ": larger than 256 MiB")));
+        else
+          rp.deliver(std::move(r->out));
+      };
+      return rp;
     },
     [=](destroy_atom, const internal_key& k) -> caf::result<bool> {
       if (!genuine(k, self->state.cfg.key, "destroy (sandbox)"))

@@ -22,6 +22,7 @@
 #include "test/microvm/guest.hpp"
 #include "test/support/fixture.hpp"
 #include "test/support/host.hpp"
+#include "test/support/tar_builder.hpp"
 #include "test/support/skip.hpp"
 
 using namespace dsec;
@@ -99,6 +100,26 @@ std::optional<bool> qemu_frozen() {
         if (l.rfind("frozen ", 0) == 0)
           return l == "frozen 1";
     }
+  return std::nullopt;
+}
+
+// The contents of file `name` in tar archive `tar`; nullopt if it has none.
+std::optional<std::string> file_in_tar(const std::string& tar, const std::string& name) {
+  std::unique_ptr<struct archive, int (*)(struct archive*)> a{archive_read_new(),
+                                                              archive_read_free};
+  archive_read_support_format_tar(a.get());
+  if (archive_read_open_memory(a.get(), tar.data(), tar.size()) != ARCHIVE_OK)
+    return std::nullopt;
+  struct archive_entry* e = nullptr;
+  while (archive_read_next_header(a.get(), &e) == ARCHIVE_OK) {
+    if (name != archive_entry_pathname(e))
+      continue;
+    std::string out;
+    char buf[65536];
+    for (la_ssize_t n; (n = archive_read_data(a.get(), buf, sizeof buf)) > 0;)
+      out.append(buf, static_cast<size_t>(n));
+    return out;
+  }
   return std::nullopt;
 }
 
@@ -372,6 +393,60 @@ TEST_CASE("process handles in a microVM: stdin written in pieces and closed, a s
   auto rc = c->wait();
   REQUIRE(rc);
   CHECK(rc->signal == SIGKILL);
+
+  REQUIRE(s->destroy(id));
+  CHECK(eventually_gone(*n.c, {id}));
+  CHECK(eventually_no_qemu());
+}
+
+TEST_CASE("files in and out of a microVM: a small put (one message) and a 3 MiB one (streamed), "
+          "gets back byte-exact, a small get held back whole, a missing path named" *
+          skip_unless(have_microvm_guest(), "needs qemu-system-x86_64 and a guest kernel (tools/microvm-guest)")) {
+  embedded n(vm_daemon(microvm_guest_dir()));
+  auto s = open(*n.c);
+  auto ids = s->create(vm_env(), 1);
+  REQUIRE_MESSAGE(ids, describe(ids.error_value()));
+  REQUIRE(ids->size() == 1);
+  auto id = ids->front();
+
+  tar_builder small;
+  small.dir("d");
+  small.file("d/note.txt", "a note for the VM\n");
+  auto put = s->put(id, "/tmp", small.finish());
+  REQUIRE_MESSAGE(put, describe(put.error_value()));
+  auto r = s->exec(id, cmd({"cat", "/tmp/d/note.txt"}));
+  REQUIRE_MESSAGE(r, describe(r.error_value()));
+  CHECK(r->out == "a note for the VM\n");
+
+  std::string big;
+  big.reserve(3u << 20);
+  uint32_t x = 12345;
+  while (big.size() < (3u << 20)) { // not compressible, not periodic
+    x = x * 1103515245u + 12345u;
+    big.push_back(static_cast<char>(x >> 24));
+  }
+  tar_builder large;
+  large.file("big.bin", big);
+  put = s->put(id, "/tmp", large.finish());
+  REQUIRE_MESSAGE(put, describe(put.error_value()));
+  r = s->exec(id, cmd({"sh", "-c", "wc -c < /tmp/big.bin"}));
+  REQUIRE(r);
+  CHECK(r->out == std::to_string(big.size()) + "\n");
+
+  auto got = s->get(id, "/tmp/big.bin");
+  REQUIRE_MESSAGE(got, describe(got.error_value()));
+  auto back = file_in_tar(*got, "big.bin");
+  REQUIRE(back);
+  CHECK(back->size() == big.size());
+  CHECK(*back == big);
+  got = s->get(id, "/tmp/d");
+  REQUIRE_MESSAGE(got, describe(got.error_value()));
+  CHECK(file_in_tar(*got, "d/note.txt") == std::optional<std::string>{"a note for the VM\n"});
+
+  auto missing = s->get(id, "/tmp/none");
+  check_error(missing, errc::not_found, "get /tmp/none: no such file or directory in the sandbox");
+  auto into_missing = s->put(id, "/no/such/dir", small.out);
+  CHECK_FALSE(into_missing);
 
   REQUIRE(s->destroy(id));
   CHECK(eventually_gone(*n.c, {id}));

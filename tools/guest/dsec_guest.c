@@ -286,6 +286,15 @@ static void boot(void) {
   must_mount("sysfs", "/newroot/sys", "sysfs", 0, NULL);
   must_mount("/dev", "/newroot/dev", NULL, MS_BIND, NULL);
   mkdir("/newroot/tmp", 01777);
+  /* The initramfs' static busybox at /.dsec/libexec, read-only (as a
+   * container's system layer has it): put and get use its tar when the image
+   * has none. */
+  if (access("/libexec/busybox", X_OK) == 0) {
+    mkdir("/newroot/.dsec", 0755);
+    mkdir("/newroot/.dsec/libexec", 0755);
+    must_mount("/libexec", "/newroot/.dsec/libexec", NULL, MS_BIND, NULL);
+    must_mount("/libexec", "/newroot/.dsec/libexec", NULL, MS_BIND | MS_REMOUNT | MS_RDONLY, NULL);
+  }
   v = cmdline_value(cmdline, "dsec.hostname");
   if (v)
     sethostname(v, strlen(v));
