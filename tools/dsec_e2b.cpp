@@ -135,6 +135,7 @@ int main(int argc, char** argv) {
   so.host = lep->host;
   so.port = lep->port;
   so.threads = static_cast<unsigned>(nthreads);
+  so.streams_body = &dsec::e2b::gateway::streams_body;
   auto* g = gw->get();
   auto srv = dsec::e2b::server::listen(
     so, [g](dsec::e2b::http_request req, std::shared_ptr<dsec::e2b::responder> r) {

@@ -591,4 +591,90 @@ test('CreateWatcher, GetWatcherEvents, RemoveWatcher: the watch E2B\'s Python SD
   }
 })
 
-test('not implemented by dsec-e2b: StreamInput', { skip: 'dsec-e2b has no StreamInput (client-streamed stdin; docs/e2b.md)' }, () => {})
+// A Connect envelope of JSON message `m` (flags 0).
+function envelope(m, flags = 0) {
+  const b = Buffer.from(JSON.stringify(m))
+  const e = Buffer.alloc(5 + b.length)
+  e[0] = flags
+  e.writeUInt32BE(b.length, 1)
+  b.copy(e, 5)
+  return e
+}
+// The envelopes of a Connect stream's bytes: [{flags, message}].
+function envelopes(buf) {
+  const out = []
+  for (let at = 0; at + 5 <= buf.length;) {
+    const n = buf.readUInt32BE(at + 1)
+    out.push({ flags: buf[at], message: JSON.parse(buf.subarray(at + 5, at + 5 + n).toString()) })
+    at += 5 + n
+  }
+  return out
+}
+
+// process.Process/StreamInput with a body the test writes as it goes.
+function streamInput(sbx) {
+  let ctl
+  const body = new ReadableStream({ start(c) { ctl = c } })
+  const answer = fetch(process.env.E2B_SANDBOX_URL + '/process.Process/StreamInput', {
+    method: 'POST', duplex: 'half', body,
+    headers: { 'Content-Type': 'application/connect+json', 'Connect-Protocol-Version': '1',
+               'E2b-Sandbox-Id': sbx.sandboxId, 'X-Access-Token': sbx.envdAccessToken },
+  }).then(async (r) => ({ status: r.status, frames: envelopes(Buffer.from(await r.arrayBuffer())) }))
+  return { send: (m) => ctl.enqueue(envelope(m)), end: () => ctl.close(), answer }
+}
+
+test('StreamInput (client-streamed, raw Connect): stdin reaches the command while the request is open', { timeout: 180_000 }, async () => {
+  const sbx = await Sandbox.create('base')
+  try {
+    let out = ''
+    const h = await sbx.commands.run('cat; echo eof', { background: true, stdin: true, onStdout: (d) => { out += d } })
+    const si = streamInput(sbx)
+    si.send({ start: { process: { pid: h.pid } } })
+    si.send({ data: { input: { stdin: Buffer.from('hello\n').toString('base64') } } })
+    // The command has it before the stream ends (no deadline: the test's timeout is the net).
+    while (!out.includes('hello\n')) await new Promise((r) => setTimeout(r, 20))
+    si.send({ keepalive: {} })
+    // 2 MiB more in one message and several small ones: in order, whole.
+    const big = 'y'.repeat(2 * 1024 * 1024 - 1) + '\n'
+    si.send({ data: { input: { stdin: Buffer.from(big).toString('base64') } } })
+    for (const w of ['a\n', 'b\n', 'c\n'])
+      si.send({ data: { input: { stdin: Buffer.from(w).toString('base64') } } })
+    si.end()
+    const r = await si.answer
+    assert.equal(r.status, 200)
+    assert.deepEqual(r.frames, [{ flags: 0, message: {} }, { flags: 2, message: {} }])
+    await h.closeStdin()
+    const done = await h.wait()
+    assert.equal(done.stdout, 'hello\n' + big + 'a\nb\nc\neof\n')
+
+    // Errors end the stream with a Connect error (HTTP 200, in the end frame).
+    const unknown = streamInput(sbx)
+    unknown.send({ start: { process: { pid: 999999 } } })
+    unknown.end()
+    let e = await unknown.answer
+    assert.equal(e.status, 200)
+    assert.equal(e.frames.at(-1).flags, 2)
+    assert.equal(e.frames.at(-1).message.error.code, 'not_found')
+    assert.match(e.frames.at(-1).message.error.message, /process with pid 999999 not found/)
+    const early = streamInput(sbx)
+    early.send({ data: { input: { stdin: 'eA==' } } })
+    early.end()
+    e = await early.answer
+    assert.equal(e.frames.at(-1).message.error.code, 'invalid_argument')
+    assert.match(e.frames.at(-1).message.error.message, /data before start/)
+    // A command started without stdin: its stdin is closed.
+    const n = await sbx.commands.run('sleep 30', { background: true })
+    const closed = streamInput(sbx)
+    closed.send({ start: { process: { pid: n.pid } } })
+    closed.send({ data: { input: { stdin: 'eA==' } } })
+    closed.end()
+    e = await closed.answer
+    assert.equal(e.frames.at(-1).message.error.code, 'failed_precondition')
+    assert.match(e.frames.at(-1).message.error.message, /stdin is closed/)
+    assert.equal(await sbx.commands.kill(n.pid), true)
+    // The gateway answers on after all of them.
+    assert.equal((await sbx.commands.run('echo still')).stdout, 'still\n')
+  } finally {
+    await sbx.kill()
+  }
+})

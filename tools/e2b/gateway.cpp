@@ -493,6 +493,10 @@ expected<std::unique_ptr<gateway>> gateway::open(client& c, gateway_options o) {
   return std::unique_ptr<gateway>(new gateway(std::move(p)));
 }
 
+bool gateway::streams_body(const http_request& head) {
+  return head.method == "POST" && head.path == "/process.Process/StreamInput";
+}
+
 void gateway::handle(http_request req, std::shared_ptr<responder> r) {
   // envd by its host name too ("49983-ID.DOMAIN", as the SDK names it when no
   // E2B_SANDBOX_URL is set): the id as the header would give it.
@@ -979,6 +983,15 @@ void gateway::impl::envd(http_request& req, std::shared_ptr<responder> r) {
   bool streaming = (service == "/process.Process" && (method == "Start" || method == "Connect")) ||
                    (service == "/filesystem.Filesystem" && method == "WatchDir");
   auto ct = req.header("content-type");
+  if (service == "/process.Process" && method == "StreamInput") {
+    if (ct.rfind("application/connect+json", 0) != 0 || !req.stream)
+      return r->reply(415, "application/json",
+                      json{{"code", "invalid_argument"},
+                           {"message", "StreamInput is client-streamed: it needs "
+                                       "application/connect+json (Connect's JSON codec)"}}
+                        .dump());
+    return stream_input(s, req, r);
+  }
   if (streaming) {
     if (ct.rfind("application/connect+json", 0) != 0)
       return r->reply(415, "application/json",
@@ -1034,10 +1047,6 @@ void gateway::impl::envd(http_request& req, std::shared_ptr<responder> r) {
     return input(s, method, body, r);
   if (method == "Update")
     return update(s, body, r);
-  if (method == "StreamInput")
-    return connect_error(*r, "unimplemented",
-                         "dsec-e2b does not implement process." + method +
-                           " (stdin goes by SendInput)");
   return connect_error(*r, "unimplemented", "no such method: process." + method);
 }
 
@@ -1654,6 +1663,39 @@ void gateway::impl::update(std::shared_ptr<sandbox> s, const json& body,
 // SendInput {process: {pid}, input: {stdin: BASE64}} and CloseStdin {process:
 // {pid}}: through the command's handle, whose daemon side buffers a bounded
 // amount (the reply waits while the command does not read).
+namespace {
+// Writes `data` to a handle's stdin, one piece (128 KiB) after another, each
+// sent once the daemon took the one before; `done` once, with the error if one
+// failed.
+void write_pieces(std::shared_ptr<dsec::process> h, std::string data,
+                  std::function<void(const error*)> done) {
+  auto rest = std::make_shared<std::string>(std::move(data));
+  auto step = std::make_shared<std::function<void()>>();
+  *step = [h, rest, step, done]() {
+    if (rest->empty()) {
+      // Resetting *step destroys this very lambda (and its captures): what
+      // runs after it must be a copy of its own (a use-after-free crashed
+      // dsec-e2b now and then at the end of a SendInput).
+      auto d = done;
+      *step = nullptr; // breaks the cycle
+      return d(nullptr);
+    }
+    auto n = std::min<size_t>(rest->size(), 128 * 1024);
+    std::string piece = rest->substr(0, n);
+    rest->erase(0, n);
+    h->write_async(std::move(piece), [step, done](expected<uint64_t> res) {
+      if (!res) {
+        auto e = res.error_value();
+        *step = nullptr;
+        return done(&e);
+      }
+      (*step)();
+    });
+  };
+  (*step)();
+}
+} // namespace
+
 void gateway::impl::input(std::shared_ptr<sandbox> s, const std::string& method,
                           const json& body, std::shared_ptr<responder> r) {
   auto pid = pid_of(body);
@@ -1695,31 +1737,116 @@ void gateway::impl::input(std::shared_ptr<sandbox> s, const std::string& method,
     return h->close_stdin_async([answer](expected<void> res) {
       answer(res ? nullptr : &res.error_value());
     });
-  // One piece after another, each sent once the daemon took the one before.
-  auto rest = std::make_shared<std::string>(std::move(data));
-  auto step = std::make_shared<std::function<void()>>();
-  *step = [h, rest, step, answer]() {
-    if (rest->empty()) {
-      // Resetting *step destroys this very lambda (and its captures): what
-      // runs after it must be a copy of its own (a use-after-free crashed
-      // dsec-e2b now and then at the end of a SendInput).
-      auto done = answer;
-      *step = nullptr; // breaks the cycle
-      return done(nullptr);
-    }
-    auto n = std::min<size_t>(rest->size(), 128 * 1024);
-    std::string piece = rest->substr(0, n);
-    rest->erase(0, n);
-    h->write_async(std::move(piece), [step, answer](expected<uint64_t> res) {
-      if (!res) {
-        auto e = res.error_value();
-        *step = nullptr;
-        return answer(&e);
-      }
-      (*step)();
-    });
+  write_pieces(h, std::move(data), answer);
+}
+
+// process.Process/StreamInput (client-streamed): envelopes as they arrive, a
+// start {process {pid}} first, then data {input {stdin|pty}} (and keepalives);
+// each batch of input goes to the command's handle before the next piece of
+// the body is read, so a command that does not read holds the client back. At
+// the body's end the answer is an empty message and the end of the stream; a
+// failure ends the stream with its error at once (the connection then closes).
+void gateway::impl::stream_input(std::shared_ptr<sandbox> s, http_request& req,
+                                 std::shared_ptr<responder> r) {
+  struct state {
+    std::string buf;
+    std::shared_ptr<dsec::process> h;
+    uint32_t pid = 0;
+    bool failed = false;
   };
-  (*step)();
+  auto st = std::make_shared<state>();
+  auto fail = [st, r](const std::string& code, const std::string& msg) {
+    if (st->failed)
+      return;
+    st->failed = true;
+    r->reply(200, "application/connect+json",
+             envelope(2, json{{"error", {{"code", code}, {"message", msg}}}}));
+  };
+  req.stream->read(
+    [this, s, st, fail](std::string data, std::function<void()> more) {
+      if (st->failed)
+        return;
+      st->buf += data;
+      std::string out; // the input of every whole envelope so far
+      while (st->buf.size() >= 5) {
+        uint32_t n = (uint8_t(st->buf[1]) << 24) | (uint8_t(st->buf[2]) << 16) |
+                     (uint8_t(st->buf[3]) << 8) | uint8_t(st->buf[4]);
+        if (n > (4u << 20))
+          return fail("resource_exhausted", "a StreamInput message of " + std::to_string(n) +
+                                              " bytes (at most 4 MiB)");
+        if (st->buf.size() - 5 < n)
+          break;
+        auto flags = static_cast<uint8_t>(st->buf[0]);
+        json m;
+        try {
+          m = json::parse(st->buf.substr(5, n));
+        } catch (const json::exception&) {
+          return fail("invalid_argument", "a StreamInput message is not JSON");
+        }
+        st->buf.erase(0, 5 + n);
+        if (flags != 0 || !m.is_object())
+          return fail("invalid_argument", "a StreamInput message must be a JSON object "
+                                          "in a plain envelope");
+        if (m.contains("start")) {
+          if (st->h)
+            return fail("invalid_argument", "StreamInput: a second start");
+          st->pid = pid_of(m["start"]);
+          std::shared_ptr<process> p;
+          {
+            std::lock_guard<std::mutex> g{mu};
+            if (auto it = s->procs.find(st->pid); it != s->procs.end())
+              p = it->second;
+          }
+          if (p) {
+            std::lock_guard<std::mutex> g{p->mu};
+            if (p->handle && !p->ended)
+              st->h = p->handle;
+          }
+          if (!st->h)
+            return fail("not_found", "process with pid " + std::to_string(st->pid) + " not found");
+        } else if (m.contains("data")) {
+          if (!st->h)
+            return fail("invalid_argument", "StreamInput: data before start");
+          const auto& d = m["data"];
+          const json in = d.is_object() && d.contains("input") ? d["input"] : json::object();
+          const char* field = in.contains("pty") ? "pty" : "stdin";
+          if (!in.contains(field) || !in[field].is_string())
+            return fail("invalid_argument", "data.input.stdin (or .pty) must be base64 bytes");
+          auto bytes = unbase64(in[field].get<std::string>());
+          if (!bytes)
+            return fail("invalid_argument", std::string{"data.input."} + field +
+                                              " is not valid base64");
+          out += *bytes;
+        } else if (!m.contains("keepalive")) {
+          return fail("invalid_argument", "StreamInput: a message that is none of start, data, "
+                                          "keepalive");
+        }
+      }
+      if (out.empty())
+        return more();
+      write_pieces(st->h, std::move(out), [this, s, st, fail, more](const error* e) {
+        if (!e)
+          return more();
+        if (e->code == errc::lost)
+          forget(s->id);
+        if (e->code == errc::closed)
+          return fail("failed_precondition",
+                      "process with pid " + std::to_string(st->pid) +
+                        ": its stdin is closed (start it with stdin: true; CloseStdin or its "
+                        "end closed it): " + e->message);
+        fail(connect_code(*e), describe(*e));
+      });
+    },
+    [st, fail, r](bool ok) {
+      if (st->failed || !ok)
+        return; // answered already, or the client went away
+      if (!st->buf.empty())
+        return fail("invalid_argument", "StreamInput: the body ended inside a message");
+      if (!st->h)
+        return fail("invalid_argument", "StreamInput: the stream ended before any start");
+      r->reply(200, "application/connect+json", envelope(0, json::object()) +
+                                                  envelope(2, json::object()));
+    });
 }
 
 // The user of a /files call: its `username` query parameter (the SDK's

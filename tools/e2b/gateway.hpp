@@ -61,6 +61,9 @@ public:
   /// that names E2b-Sandbox-Id and an E2b-Sandbox-Port other than envd's) and
   /// tunnels its connection to that port of the sandbox (docs/e2b.md, "Ports").
   bool tunnel(const http_request& head, std::function<void(route)> decide);
+  /// The server's streams_body: the requests whose body is read as it arrives
+  /// (process.Process/StreamInput, client-streamed).
+  static bool streams_body(const http_request& head);
   ~gateway();
 
   struct impl;

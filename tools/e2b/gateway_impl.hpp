@@ -227,6 +227,8 @@ struct gateway::impl {
   void update(std::shared_ptr<sandbox> s, const json& body, std::shared_ptr<responder> r);
   void input(std::shared_ptr<sandbox> s, const std::string& method, const json& body,
              std::shared_ptr<responder> r);
+  /// process.Process/StreamInput: the body's envelopes as they arrive.
+  void stream_input(std::shared_ptr<sandbox> s, http_request& req, std::shared_ptr<responder> r);
   /// The reply to a process verb done through its handle (signal, update):
   /// {} once done; not_found for a command that ended; an invalid_argument
   /// as failed_precondition "process with pid N IF_INVALID" when given.

@@ -227,9 +227,10 @@ private:
 class connection : public std::enable_shared_from_this<connection> {
 public:
   connection(tcp::socket s, const handler& h, const router& rt, uint64_t limit,
-             std::atomic<unsigned>& tunnels, unsigned max_tunnels)
+             std::atomic<unsigned>& tunnels, unsigned max_tunnels,
+             const std::function<bool(const http_request&)>& streams)
     : sock_(std::move(s)), timer_(sock_.get_executor()), handler_(h), router_(rt),
-      limit_(limit), tunnels_(tunnels), max_tunnels_(max_tunnels) {}
+      limit_(limit), tunnels_(tunnels), max_tunnels_(max_tunnels), streams_(streams) {}
 
   void start() { read(); }
 
@@ -319,8 +320,84 @@ private:
     bhttp::async_read_header(sock_, buf_, *parser_,
                              [self = shared_from_this()](beast::error_code ec, size_t) {
                                if (ec || !self->routed())
-                                 self->read_body(ec);
+                                 if (ec || !self->streamed())
+                                   self->read_body(ec);
                              });
+  }
+
+  // ---- a body read as it arrives (body_stream) ------------------------------------
+  // The handler gets the request at once; its pieces are read on demand.
+  bool streamed() {
+    if (!streams_)
+      return false;
+    auto head = head_of(parser_->get().base());
+    if (!streams_(head))
+      return false;
+    timer_.cancel(); // (each piece has its own idle timer)
+    begin_request();
+    keep_alive_ = parser_->get().keep_alive();
+    body_pending_ = true;
+    head.stream = std::make_shared<stream_of>(shared_from_this());
+    dispatch(std::move(head), parser_->get().version());
+    return true;
+  }
+
+  struct stream_of : body_stream {
+    explicit stream_of(std::shared_ptr<connection> c) : c_(std::move(c)) {}
+    void read(std::function<void(std::string, std::function<void()>)> on_piece,
+              std::function<void(bool)> on_end) override {
+      auto c = c_;
+      net::dispatch(c->sock_.get_executor(), [c, on_piece = std::move(on_piece),
+                                              on_end = std::move(on_end)]() mutable {
+        c->on_piece_ = std::move(on_piece);
+        c->on_end_ = std::move(on_end);
+        c->next_piece();
+      });
+    }
+    std::shared_ptr<connection> c_;
+  };
+
+  void end_body(bool ok) {
+    if (ok)
+      body_pending_ = false;
+    if (auto f = std::move(on_end_)) {
+      on_end_ = nullptr;
+      on_piece_ = nullptr;
+      f(ok);
+    }
+  }
+
+  void next_piece() {
+    if (!on_end_)
+      return;
+    if (parser_->is_done())
+      return end_body(true);
+    timer_.expires_after(request_timeout);
+    timer_.async_wait([self = shared_from_this()](beast::error_code ec) {
+      if (ec)
+        return; // the piece came
+      beast::error_code ignore;
+      self->sock_.close(ignore);
+    });
+    bhttp::async_read_some(
+      sock_, buf_, *parser_, [self = shared_from_this()](beast::error_code ec, size_t) {
+        if (!self->on_end_)
+          return; // abandoned: answered already (the connection's timer closes it)
+        self->timer_.cancel();
+        if (ec) {
+          self->keep_alive_ = false;
+          return self->end_body(false);
+        }
+        auto piece = std::move(self->parser_->get().body());
+        self->parser_->get().body().clear();
+        if (piece.empty())
+          return self->next_piece();
+        auto more = [self] {
+          net::dispatch(self->sock_.get_executor(), [self] { self->next_piece(); });
+        };
+        if (self->on_piece_)
+          self->on_piece_(std::move(piece), more);
+      });
   }
 
   void read_body(beast::error_code ec) {
@@ -375,6 +452,12 @@ private:
   }
 
   void on_read(beast::error_code ec);
+  void begin_request() {
+    ++generation_;
+    started_ = false;
+    done_ = false;
+  }
+  void dispatch(http_request req, unsigned version);
 
   void next_write() {
     if (queue_.empty() || broken_) {
@@ -391,11 +474,26 @@ private:
         self->timer_.cancel();
         self->writing_ = false;
         self->on_gone_ = nullptr;
-        if (self->keep_alive_) {
+        // (a response before its streamed body ended: the rest of the body
+        // would be read as the next request, so the connection ends here)
+        if (self->keep_alive_ && !self->body_pending_) {
           self->read();
         } else {
           beast::error_code ignore;
           self->sock_.shutdown(tcp::socket::shutdown_send, ignore);
+          if (self->body_pending_) {
+            // Nobody reads the rest of that body: the client has a while to
+            // take the response and hang up, then the connection is closed.
+            self->on_piece_ = nullptr;
+            self->on_end_ = nullptr;
+            self->timer_.expires_after(std::chrono::seconds(30));
+            self->timer_.async_wait([self](beast::error_code ec) {
+              if (ec)
+                return;
+              beast::error_code ignore2;
+              self->sock_.close(ignore2);
+            });
+          }
         }
         return;
       }
@@ -412,6 +510,11 @@ private:
   uint64_t limit_;
   std::atomic<unsigned>& tunnels_;
   unsigned max_tunnels_;
+  const std::function<bool(const http_request&)>& streams_;
+  // A streamed body's reader (its handler's callbacks) while it is read.
+  std::function<void(std::string, std::function<void()>)> on_piece_;
+  std::function<void(bool)> on_end_;
+  bool body_pending_ = false; // a streamed body has not ended yet
 };
 
 class conn_responder : public responder {
@@ -563,9 +666,7 @@ void connection::on_read(beast::error_code ec) {
     sock_.shutdown(tcp::socket::shutdown_send, ignore);
     return;
   }
-  ++generation_;
-  started_ = false;
-  done_ = false;
+  begin_request();
   if (ec) {
     // Garbage: a clear 400 (or 413), then close.
     keep_alive_ = false;
@@ -583,7 +684,11 @@ void connection::on_read(beast::error_code ec) {
   keep_alive_ = msg.keep_alive();
   http_request req = head_of(msg.base());
   req.body = std::move(msg.body());
-  auto r = std::make_shared<conn_responder>(shared_from_this(), msg.version(), keep_alive_);
+  dispatch(std::move(req), msg.version());
+}
+
+void connection::dispatch(http_request req, unsigned version) {
+  auto r = std::make_shared<conn_responder>(shared_from_this(), version, keep_alive_);
   r->self_ = r;
   r->version_gen_ = generation_;
   try {
@@ -612,7 +717,8 @@ struct server::impl {
       if (!ec) {
         beast::error_code ignore;
         s.set_option(tcp::no_delay{true}, ignore);
-        std::make_shared<connection>(std::move(s), h, rt, o.body_limit, tunnels, o.max_tunnels)
+        std::make_shared<connection>(std::move(s), h, rt, o.body_limit, tunnels, o.max_tunnels,
+                                     o.streams_body)
           ->start();
       }
       accept();

@@ -20,12 +20,17 @@
 
 namespace dsec::e2b {
 
+class body_stream;
+
 struct http_request {
   std::string method;                         ///< "GET", "POST", ...
   std::string path;                           ///< the target before '?', percent-decoded
   std::map<std::string, std::string> query;   ///< decoded query parameters (last one wins)
   std::map<std::string, std::string> headers; ///< lower-case names
   std::string body;
+  /// Instead of `body`, for a request server_options::streams_body picked:
+  /// its body as it arrives.
+  std::shared_ptr<body_stream> stream;
   [[nodiscard]] std::string header(const std::string& lower_name) const {
     auto it = headers.find(lower_name);
     return it == headers.end() ? std::string{} : it->second;
@@ -33,6 +38,20 @@ struct http_request {
 };
 
 using header_list = std::vector<std::pair<std::string, std::string>>;
+
+/// A request body read as it arrives (a client-streaming call), in pieces, each
+/// read only once the one before was taken: a handler that does not take
+/// more holds the client back (TCP's flow control), nothing grows.
+class body_stream {
+public:
+  virtual ~body_stream() = default;
+  /// Starts reading: `on_piece(data, more)` for each piece (on the server's
+  /// thread), where calling `more()` (once, from any thread) reads the next;
+  /// then `on_end(ok)` once: true at the body's end, false if it broke (the
+  /// client went away or sent a bad chunk, or sent nothing for 300 s).
+  virtual void read(std::function<void(std::string data, std::function<void()> more)> on_piece,
+                    std::function<void(bool ok)> on_end) = 0;
+};
 
 /// Answers one request. Thread-safe; every call after the response ended (or
 /// the client went away) is dropped.
@@ -86,6 +105,10 @@ struct server_options {
   unsigned threads = 2;
   uint64_t body_limit = 256ull << 20;
   unsigned max_tunnels = 4096; ///< a router's tunnels at once; past it a 503
+  /// Which requests (by their head) get their body as a stream
+  /// (http_request::stream) rather than whole. A response given before such
+  /// a body ended closes the connection after it.
+  std::function<bool(const http_request& head)> streams_body;
 };
 
 class server {
