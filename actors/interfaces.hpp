@@ -135,7 +135,7 @@ using sandbox_actor = caf::typed_actor<
   /// --orphan-grace) belongs to `session` from now on (the restarted
   /// coordinator's session of the same id), and tells it so (adopt_atom).
   /// Nothing happens if it was not orphaned (or cannot be adopted).
-  caf::reacts_to<adopt_atom, internal_key, caf::actor>,
+  caf::reacts_to<adopt_atom, internal_key, caf::actor, create_labels, uint32_t>,
   /// Process surface: the orphan grace of its `n`th orphaning ran out: if it
   /// is still orphaned, it is destroyed.
   caf::reacts_to<orphan_atom, internal_key, uint64_t>,
@@ -227,7 +227,7 @@ using session_actor = caf::typed_actor<
   /// From one of its sandboxes (member surface): it was kept by its node while
   /// the coordinator was gone, and is this session's again (a restarted
   /// coordinator's session rebuilt from the nodes' reports).
-  caf::reacts_to<adopt_atom, internal_key, std::string, sandbox_actor>,
+  caf::reacts_to<adopt_atom, internal_key, std::string, sandbox_actor, create_labels, uint32_t>,
   /// From the scheduler (process surface): `trainer` owns the session from
   /// now on (a trainer's client reattached after a coordinator restart).
   caf::reacts_to<reattach_atom, internal_key, caf::actor>,

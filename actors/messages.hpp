@@ -130,6 +130,22 @@ typename Inspector::result_type inspect(Inspector& f, session_options& x) {
            x.trajectory);
 }
 
+/// What a create call carries besides its environment (docs/trajectory.md):
+/// the trainer's name for it and tags for its sandboxes. A resumed session
+/// gives a create the sandboxes its log made for the same key, and never
+/// another key's. The sandboxes of a call keyed K are keyed K (count 1) or
+/// K#0, K#1, ... in the order they were announced; a call without a key gets
+/// "#N" (N: its number in the session).
+struct create_labels {
+  std::string key;                         ///< empty: dsec picks "#N"
+  std::map<std::string, std::string> tags; ///< shown by list(), kept in the log
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, create_labels& x) {
+  return f(caf::meta::type_name("dsec.create_labels"), x.key, x.tags);
+}
+
 /// Where and how the sandboxes of one create request are made (session ->
 /// scheduler -> node).
 struct placement {
@@ -156,30 +172,21 @@ struct placement {
   /// learns them back from the node (node_report.held).
   session_options session;
   bool owned = false;
+  /// The create's key as the trainer gave it (empty: none; dsec's "#N" keys
+  /// are not sent) and its tags, and its count: the node keeps them with its
+  /// sandboxes too, so that a restarted coordinator's session gets them back
+  /// when it adopts them.
+  create_labels labels;
+  uint32_t count = 1;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, placement& x) {
   return f(caf::meta::type_name("dsec.placement"), x.request, x.session_id, x.ttl_ms,
            x.keep_upper, x.id, x.seed_pack, x.seed_manifest, x.report_refusals, x.session,
-           x.owned);
+           x.owned, x.labels, x.count);
 }
 
-/// What a create call carries besides its environment (docs/trajectory.md):
-/// the trainer's name for it and tags for its sandboxes. A resumed session
-/// gives a create the sandboxes its log made for the same key, and never
-/// another key's. The sandboxes of a call keyed K are keyed K (count 1) or
-/// K#0, K#1, ... in the order they were announced; a call without a key gets
-/// "#N" (N: its number in the session).
-struct create_labels {
-  std::string key;                         ///< empty: dsec picks "#N"
-  std::map<std::string, std::string> tags; ///< shown by list(), kept in the log
-};
-
-template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, create_labels& x) {
-  return f(caf::meta::type_name("dsec.create_labels"), x.key, x.tags);
-}
 
 // ---- commands -------------------------------------------------------------------
 

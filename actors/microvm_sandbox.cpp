@@ -907,7 +907,7 @@ sandbox_actor::behavior_type vm_impl(self_ptr self, sandbox_config cfg,
     },
     // Never orphaned (a microVM ends with its session, even when its
     // coordinator's process went away): nothing to adopt.
-    [=](adopt_atom, const internal_key& k, const caf::actor&) {
+    [=](adopt_atom, const internal_key& k, const caf::actor&, const create_labels&, uint32_t) {
       (void) genuine(k, process_key(), "adopt (microvm sandbox)");
     },
     [=](orphan_atom, const internal_key& k, uint64_t) {

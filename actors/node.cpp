@@ -152,6 +152,8 @@ struct node_state {
     mclock::time_point admitted{}; // for dsec_sandbox_create_seconds
     backend_metrics* m = nullptr;
     std::string session_id; // whose it is (empty: a pool's, unclaimed)
+    create_labels labels;   // its create's key and tags (placement.labels), for adoption
+    uint32_t count = 1;     // its create's count
   };
   std::unordered_map<std::string, entry> live;
   // What each session's creates said of it (placement.session, .owned), for
@@ -416,7 +418,7 @@ void refill_pools(self_ptr self) {
       sc.pooled = true;
       s.pools.warming(pid, sc.id);
       s.live.emplace(sc.id, node_state::entry{{}, false, each, mclock::now(),
-                                              &metrics_of(sc.env.backend), {}});
+                                              &metrics_of(sc.env.backend), {}, {}, 1});
       s.memory_admitted += each;
       s.queued.push_back(std::move(sc));
       ++s.creating;
@@ -445,6 +447,8 @@ uint32_t claim_pooled(self_ptr self, const environment& env, uint32_t count,
       break;
     auto& e = s.live.at(*id);
     e.session_id = pl.session_id;
+    e.labels = pl.labels;
+    e.count = pl.count;
     // Claimed, it counts what a create of `env` counts.
     uint64_t charge = charge_of(s, env);
     s.memory_admitted = s.memory_admitted - e.memory + charge;
@@ -673,8 +677,8 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
         for (uint32_t i = 0; i < admitted; ++i) {
           auto id = pl.id.empty() ? sim_id(s) : pl.id;
           auto h = spawn_sim_sandbox(self->system(), shared, id, request);
-          s.live.emplace(std::move(id),
-                         node_state::entry{std::move(h), false, each, t0, bm, pl.session_id});
+          s.live.emplace(std::move(id), node_state::entry{std::move(h), false, each, t0, bm,
+                                                          pl.session_id, pl.labels, pl.count});
           s.memory_admitted += each;
           ++s.creating;
           ++s.starting;
@@ -702,7 +706,8 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
         sc.key = s.cfg.key;
         sc.orphan_grace = s.cfg.orphan_grace;
         s.live.emplace(sc.id, node_state::entry{{}, false, each, mclock::now(),
-                                                &metrics_of(env.backend), pl.session_id});
+                                                &metrics_of(env.backend), pl.session_id,
+                                                pl.labels, pl.count});
         if (microvm)
           s.microvm_ids.insert(sc.id);
         s.memory_admitted += each;
@@ -1038,7 +1043,7 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
         if (e.ready && e.handle && e.session_id == session_id) {
           // Each tells the session itself (adopt_atom) if it was orphaned.
           self->send(e.handle, adopt_atom::value, process_key(),
-                     caf::actor_cast<caf::actor>(session));
+                     caf::actor_cast<caf::actor>(session), e.labels, e.count);
           ++n;
         }
       return {s.cfg.key, n};

@@ -2044,7 +2044,8 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
       self->send(s.cfg.session, ttl_atom::value, s.cfg.key, s.cfg.id); // before its gone_atom
       begin_destroy(self);
     },
-    [=](adopt_atom, const internal_key& k, const caf::actor& session) {
+    [=](adopt_atom, const internal_key& k, const caf::actor& session, create_labels& labels,
+        uint32_t count) {
       auto& s = self->state;
       if (!genuine(k, process_key(), "adopt (sandbox)"))
         return;
@@ -2055,7 +2056,8 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
       s.cfg.session = sess;
       self->monitor(sess);
       s.route->set(sess);
-      self->send(sess, adopt_atom::value, s.cfg.key, s.cfg.id, sandbox_actor{self});
+      self->send(sess, adopt_atom::value, s.cfg.key, s.cfg.id, sandbox_actor{self},
+                 std::move(labels), count);
     },
     [=](orphan_atom, const internal_key& k, uint64_t n) {
       auto& s = self->state;

@@ -213,6 +213,33 @@ std::string label_sandbox(self_ptr self, Batch& b, const std::string& id) {
   return key;
 }
 
+// An adopted sandbox's labels (a restarted coordinator's session): its
+// create's key, if the trainer gave one, counts again (a create of that key is
+// refused while it lives), and its tags show in list(). Of a create of several,
+// the members are keyed K#0, K#1, ... again in the order they are adopted
+// (their first numbering is not known to the node).
+void adopt_labels(self_ptr self, const std::string& id, create_labels labels, uint32_t count) {
+  auto& s = self->state;
+  if (s.labels.count(id))
+    return;
+  if (labels.key.empty()) {
+    if (!labels.tags.empty())
+      s.labels[id] = box_labels{{}, {}, std::move(labels.tags), 0};
+    return;
+  }
+  auto& members = s.key_members[labels.key];
+  std::string key = labels.key;
+  if (count > 1) {
+    uint32_t i = 0;
+    while (s.by_key.count(labels.key + "#" + std::to_string(i)))
+      ++i;
+    key = labels.key + "#" + std::to_string(i);
+  }
+  s.labels[id] = box_labels{key, labels.key, std::move(labels.tags), 0};
+  s.by_key[key] = id;
+  members.insert(id);
+}
+
 // A sandbox no longer counts for its create's key (it ended, or was
 // destroyed while replaying).
 void release_key(self_ptr self, const std::string& id) {
@@ -577,6 +604,7 @@ caf::result<uint32_t> start_batch(self_ptr self, environment env, uint32_t count
   b.group = group != 0 ? group : s.next_group++;
   b.env = env;
   b.labeled = labeled;
+  create_labels given{labels.key, labels.tags}; // for the nodes (placement.labels)
   b.key = labels.key.empty() ? "#" + std::to_string(b.group) : std::move(labels.key);
   b.tags = std::move(labels.tags);
   b.ttl_ms = env.ttl_ms != 0 ? env.ttl_ms : s.cfg.options.default_ttl_ms;
@@ -590,6 +618,8 @@ caf::result<uint32_t> start_batch(self_ptr self, environment env, uint32_t count
   pl.owned = s.cfg.trainer || s.cfg.owned;
   pl.ttl_ms = s.cfg.options.default_ttl_ms;
   pl.keep_upper = s.log.has_value();
+  pl.labels = std::move(given);
+  pl.count = count;
   self
     ->request(s.cfg.scheduler, caf::infinite, place_atom::value, process_key(), std::move(env),
               fresh, session_actor{self}, std::move(pl))
@@ -933,9 +963,11 @@ session_actor::behavior_type session_impl(self_ptr self, session_config cfg) {
       if (genuine(k, process_key(), "lost (session)"))
         node_lost(self, where, name, why);
     },
-    [=](adopt_atom, const internal_key& k, const std::string& id, const sandbox_actor& sb) {
+    [=](adopt_atom, const internal_key& k, const std::string& id, const sandbox_actor& sb,
+        create_labels& labels, uint32_t count) {
       // One of its sandboxes, kept by its node while the coordinator was
-      // gone: this session's again (docs/cluster.md).
+      // gone: this session's again (docs/cluster.md), with its create's key
+      // and tags as the node kept them.
       auto& s = self->state;
       if (!genuine(k, s.cfg.key, "adopt (session)") || !sb)
         return;
@@ -946,6 +978,7 @@ session_actor::behavior_type session_impl(self_ptr self, session_config cfg) {
       s.sandboxes[id] = sb;
       s.lost_boxes.erase(id);
       s.ended.erase(id);
+      adopt_labels(self, id, std::move(labels), count);
     },
     [=](reattach_atom, const internal_key& k, const caf::actor& trainer) {
       auto& s = self->state;

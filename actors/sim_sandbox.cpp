@@ -314,7 +314,7 @@ sandbox_actor::behavior_type sim_impl(self_ptr self, std::shared_ptr<const sim_c
     },
     // Never orphaned (a simulated sandbox ends with its session, even when its
     // coordinator's process went away): nothing to adopt.
-    [=](adopt_atom, const internal_key& k, const caf::actor&) {
+    [=](adopt_atom, const internal_key& k, const caf::actor&, const create_labels&, uint32_t) {
       (void) genuine(k, process_key(), "adopt (sim sandbox)");
     },
     [=](orphan_atom, const internal_key& k, uint64_t) {

@@ -1113,6 +1113,16 @@ TEST_CASE("kill -9 of the coordinator mid-session, `tools/cluster restart coordi
     };
     uint32_t target = 0, ready = 0;
     CHECK(eventually([&] { return pool_of(target, ready) && ready == 2; }, 60s));
+    // A session whose creates have keys and tags: a restarted coordinator's
+    // session gets them back from the nodes with the sandboxes.
+    auto keyed = c->open_session({.quota = 8, .name = "keyed"});
+    REQUIRE_MESSAGE(keyed, describe(keyed.error_value()));
+    auto batch = (*keyed)->create(env, 3, create_labels{"batch", {{"task", "t1"}}});
+    REQUIRE_MESSAGE(batch, describe(batch.error_value()));
+    REQUIRE(batch->size() == 3);
+    auto solo = (*keyed)->create(env, 1, create_labels{"solo", {{"task", "t2"}}});
+    REQUIRE_MESSAGE(solo, describe(solo.error_value()));
+    REQUIRE(solo->size() == 1);
     // A command in flight when the coordinator dies.
     waiter<exec_result> inflight;
     (*s)->exec_async(ids->front(), cmd({"/bin/busybox", "sleep", "60"}), inflight.done());
@@ -1199,6 +1209,35 @@ TEST_CASE("kill -9 of the coordinator mid-session, `tools/cluster restart coordi
     auto closed = (*s)->close();
     REQUIRE_MESSAGE(closed, describe(closed.error_value()));
     CHECK(*closed == 35);
+    // The keyed session's sandboxes came back with their keys and tags: its
+    // keys are in use again (a create of one is refused), find() finds them.
+    std::vector<sandbox_info> kl;
+    CHECK_MESSAGE(eventually([&] {
+      auto l = (*keyed)->list();
+      if (!l)
+        return false;
+      kl = *l;
+      return kl.size() == 4 && std::all_of(kl.begin(), kl.end(),
+                                           [](const auto& i) { return !i.key.empty(); });
+    }, 60s), "the keyed session lists " << kl.size());
+    std::set<std::string> keys;
+    for (const auto& i : kl) {
+      keys.insert(i.key);
+      CHECK(i.tags.at("task") == (i.key == "solo" ? "t2" : "t1"));
+    }
+    CHECK(keys == std::set<std::string>{"batch#0", "batch#1", "batch#2", "solo"});
+    auto found_solo = (*keyed)->find("solo");
+    REQUIRE_MESSAGE(found_solo, describe(found_solo.error_value()));
+    CHECK(found_solo->id == solo->front().id);
+    auto again_solo = (*keyed)->create(env, 1, create_labels{"solo", {}});
+    REQUIRE_FALSE(again_solo);
+    CHECK_MESSAGE(again_solo.error_value().code == errc::already_exists,
+                  describe(again_solo.error_value()));
+    auto again_batch = (*keyed)->create(env, 3, create_labels{"batch", {}});
+    REQUIRE_FALSE(again_batch);
+    CHECK(again_batch.error_value().code == errc::already_exists);
+    auto kc = (*keyed)->close();
+    CHECK_MESSAGE(kc, describe(kc.error_value()));
     // The warm pool is back, and a create of its session claims from it.
     CHECK_MESSAGE(eventually([&] { return pool_of(target, ready) && target == 2 && ready == 2; },
                              60s),
