@@ -168,9 +168,29 @@ expected<scheduler_actor> reach(caf::actor_system& sys, const std::string& host,
 }
 
 using reconnect_atom = caf::atom_constant<caf::atom("reconnect")>;
+using reached_atom = caf::atom_constant<caf::atom("reached")>;
 
-// A connected client's reconnector (detached: its connects block its own
-// thread only). It monitors the scheduler; when the link drops (the daemon
+// One connect of the reconnector's, on a detached helper of its own (a
+// connect blocks its thread): it answers the reconnector with the scheduler,
+// or with nothing, and ends. It holds nothing of anybody's after that, so an
+// actor system being destroyed never waits for it for long.
+caf::behavior reach_impl(caf::event_based_actor* self, caf::actor reconnector, std::string host,
+                         uint16_t port) {
+  return {[=](reconnect_atom) {
+    auto sch = reach(self->system(), host, port);
+    if (sch)
+      caf::anon_send(reconnector, reached_atom::value, *sch);
+    else
+      caf::anon_send(reconnector, reached_atom::value);
+    self->quit();
+  }};
+}
+
+// A connected client's reconnector (an ordinary actor: its connects run on
+// detached helpers, reach_impl, so it never blocks a CAF thread, and a
+// reference to it that something keeps cannot hold up the actor system's
+// end, which waits only for detached actors to be destroyed). It monitors the
+// scheduler; when the link drops (the daemon
 // died or restarted) it connects again, to each of the client's addresses in
 // turn, with backoff (100 ms doubling to 2 s), then reattaches every session
 // handle the client made that was not closed: an opened one by its id and
@@ -183,6 +203,7 @@ caf::behavior reconnector_impl(caf::event_based_actor* self, std::shared_ptr<cli
     size_t next = 0;
     std::chrono::milliseconds backoff{0};
     caf::actor_addr watched;
+    bool reaching = false; // a helper's connect is under way
   };
   auto st = std::make_shared<state>();
   auto watch = [=] {
@@ -206,17 +227,23 @@ caf::behavior reconnector_impl(caf::event_based_actor* self, std::shared_ptr<cli
   return {
     [=](reconnect_atom) {
       const auto& addrs = link->addresses;
-      if (addrs.empty())
+      if (addrs.empty() || st->reaching)
         return;
       const auto& [host, port] = addrs[st->next++ % addrs.size()];
-      auto sch = reach(self->system(), host, port);
-      if (!sch) {
-        using std::chrono::milliseconds;
-        st->backoff = st->backoff.count() == 0 ? milliseconds(100)
-                                               : std::min(milliseconds(2000), st->backoff * 2);
-        self->delayed_send(self, st->backoff, reconnect_atom::value);
-        return;
-      }
+      st->reaching = true;
+      auto helper = self->system().spawn<caf::detached>(reach_impl, caf::actor{self}, host, port);
+      caf::anon_send(helper, reconnect_atom::value);
+    },
+    [=](reached_atom) { // that connect failed: the next address, after the backoff
+      using std::chrono::milliseconds;
+      st->reaching = false;
+      st->backoff = st->backoff.count() == 0 ? milliseconds(100)
+                                             : std::min(milliseconds(2000), st->backoff * 2);
+      self->delayed_send(self, st->backoff, reconnect_atom::value);
+    },
+    [=](reached_atom, scheduler_actor& reached) {
+      st->reaching = false;
+      auto sch = std::optional<scheduler_actor>{std::move(reached)};
       std::vector<std::shared_ptr<session_link>> sessions;
       {
         std::lock_guard<std::mutex> g{link->mu};
@@ -294,7 +321,7 @@ client::connect(caf::actor_system& sys,
     std::unique_ptr<client> c{new client(sys, std::move(*s))};
     c->link_->addresses = addresses;
     caller_thread_guard pin; // see thread_guard.hpp
-    c->reconnector_ = sys.spawn<caf::detached>(reconnector_impl, c->link_, c->identity_);
+    c->reconnector_ = sys.spawn(reconnector_impl, c->link_, c->identity_);
     return c;
   }
   return std::move(*last);
