@@ -274,6 +274,21 @@ test('errors: unknown sandbox, bad key, another key\'s sandbox, unknown template
     const badTimeout = await rest('POST', '/v2/sandboxes', { templateID: 'base', timeout: -5 })
     assert.equal(badTimeout.status, 400)
     assert.match(badTimeout.json.message, /timeout/)
+    // Options dsec-e2b cannot honour are refused, naming them (not ignored).
+    for (const [field, value] of [['autoPause', true], ['autoResume', { enabled: true }],
+                                  ['volumeMounts', [{ name: 'v', path: '/data' }]],
+                                  ['mcp', { github: {} }]]) {
+      const refused = await rest('POST', '/v2/sandboxes', { templateID: 'base', [field]: value })
+      assert.equal(refused.status, 400, field)
+      assert.match(refused.json.message, new RegExp(`${field} is not supported by dsec-e2b`))
+    }
+    await assert.rejects(Sandbox.create('base', { lifecycle: { onTimeout: 'pause' } }),
+                         /autoPause is not supported by dsec-e2b/)
+    // Their "off" values are what the SDK may send by default: accepted.
+    const off = await rest('POST', '/v2/sandboxes', { templateID: 'base', autoPause: false,
+                                                      autoResume: { enabled: false }, volumeMounts: [] })
+    assert.equal(off.status, 201, JSON.stringify(off.json))
+    await Sandbox.kill(off.json.sandboxID)
   } finally {
     await sbx.kill()
   }

@@ -664,6 +664,27 @@ void gateway::impl::create(const std::string& key, http_request& req,
       s->env_vars.push_back(k + "=" + v.get<std::string>());
     }
   }
+  // E2B options dsec-e2b cannot honour are refused, naming them, rather than
+  // ignored: a sandbox killed at its timeout where it asked to be paused, or
+  // one without the volume it asked for, would lose the trainer's work.
+  auto given = [&](const char* k) {
+    if (!b->contains(k))
+      return false;
+    const auto& v = (*b)[k];
+    return !(v.is_null() || (v.is_boolean() && !v.get<bool>()) ||
+             ((v.is_array() || v.is_object()) && v.empty()) ||
+             (v.is_object() && v.contains("enabled") && v["enabled"] == false && v.size() == 1));
+  };
+  for (auto [k, why] : {std::pair{"autoPause", "a sandbox is destroyed at its timeout (pause it "
+                                               "with POST /sandboxes/{id}/pause)"},
+                        {"autoPauseMemory", "a sandbox is destroyed at its timeout"},
+                        {"autoResume", "a paused sandbox is resumed by connect only"},
+                        {"volumeMounts", "a sandbox has only its template's layers and its "
+                                         "own writable layer"},
+                        {"mcp", "no MCP gateway runs in the sandbox"},
+                        {"iam", "no IAM tokens are issued"}})
+    if (given(k))
+      return rest_error(*r, 400, std::string{k} + " is not supported by dsec-e2b (" + why + ")");
   json nw = json::object();
   if (b->contains("network") && !(*b)["network"].is_null()) {
     nw = (*b)["network"];
