@@ -764,10 +764,7 @@ sandbox_actor::behavior_type vm_impl(self_ptr self, sandbox_config cfg,
         return to_caf(std::move(x).error_value());
       auto rp = self->make_response_promise<uint64_t>();
       (*x)->done = [rp, dir, size = uint64_t{tar.size()}](expected<exec_result> r) mutable {
-        if (auto e = tar_error(true, dir, r))
-          rp.deliver(to_caf(*e));
-        else
-          rp.deliver(size);
+        deliver(rp, put_answer(dir, size, r));
       };
       return rp;
     },
@@ -783,13 +780,7 @@ sandbox_actor::behavior_type vm_impl(self_ptr self, sandbox_config cfg,
         return to_caf(std::move(x).error_value());
       auto rp = self->make_response_promise<std::string>();
       (*x)->done = [rp, path](expected<exec_result> r) mutable {
-        if (auto e = tar_error(false, path, r))
-          rp.deliver(to_caf(*e));
-        else if (r->truncated)
-          rp.deliver(to_caf(make_error(errc::invalid_argument,
-                                       "get " + path + ": larger than 256 MiB")));
-        else
-          rp.deliver(std::move(r->out));
+        deliver(rp, get_answer(path, std::move(r)));
       };
       return rp;
     },

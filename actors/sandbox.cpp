@@ -1770,11 +1770,8 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
       auto rp = self->make_response_promise<uint64_t>();
       start_exec(self, *req, nullptr,
                  [rp, size = uint64_t{tar.size()}, dir](expected<exec_result> r) mutable {
-        if (auto e = tar_error(true, dir, r))
-          rp.deliver(to_caf(*e));
-        else
-          rp.deliver(size);
-      });
+                   deliver(rp, put_answer(dir, size, r));
+                 });
       return rp;
     },
     [=](get_atom, const internal_key& k, const std::string& path) -> caf::result<std::string> {
@@ -1785,13 +1782,7 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
         return to_caf(req.error_value());
       auto rp = self->make_response_promise<std::string>();
       start_exec(self, *req, nullptr, [rp, path](expected<exec_result> r) mutable {
-        if (auto e = tar_error(false, path, r))
-          rp.deliver(to_caf(*e));
-        else if (r->truncated)
-          rp.deliver(to_caf(make_error(errc::invalid_argument,
-                                       "get " + path + ": larger than 256 MiB")));
-        else
-          rp.deliver(std::move(r->out));
+        deliver(rp, get_answer(path, std::move(r)));
       });
       return rp;
     },

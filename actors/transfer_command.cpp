@@ -125,4 +125,19 @@ expected<exec_request> whole_buffer_command(uint8_t kind, const std::string& pat
   return r;
 }
 
+expected<uint64_t> put_answer(const std::string& dir, uint64_t size,
+                              const expected<exec_result>& r) {
+  if (auto e = tar_error(true, dir, r))
+    return *e;
+  return size;
+}
+
+expected<std::string> get_answer(const std::string& path, expected<exec_result> r) {
+  if (auto e = tar_error(false, path, r))
+    return *e;
+  if (r->truncated)
+    return make_error(errc::invalid_argument, "get " + path + ": larger than 256 MiB");
+  return std::move(r->out);
+}
+
 } // namespace dsec

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "actors/messages.hpp"
 #include "actors/transfer.hpp"
@@ -44,5 +45,19 @@ expected<exec_result> transfer_outcome(const exec_request& req, expected<exec_re
 /// MiB) instead of streamed.
 expected<exec_request> whole_buffer_command(uint8_t kind, const std::string& path,
                                             const std::string& tar);
+/// A whole-buffer put's answer from its tar's end: the archive's `size`.
+expected<uint64_t> put_answer(const std::string& dir, uint64_t size,
+                              const expected<exec_result>& r);
+/// A whole-buffer get's answer from its tar's end: the archive (at most 256 MiB).
+expected<std::string> get_answer(const std::string& path, expected<exec_result> r);
+/// Gives a response promise an answer: its value, or its error (to_caf of
+/// actors/types.hpp, found where it is used).
+template <class Promise, class T>
+void deliver(Promise& rp, expected<T> r) {
+  if (r)
+    rp.deliver(std::move(*r));
+  else
+    rp.deliver(to_caf(std::move(r).error_value()));
+}
 
 } // namespace dsec

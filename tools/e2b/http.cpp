@@ -319,6 +319,8 @@ private:
     });
     bhttp::async_read_header(sock_, buf_, *parser_,
                              [self = shared_from_this()](beast::error_code ec, size_t) {
+                               if (!ec) // decoded once: the router, a stream, on_read use it
+                                 self->head_ = head_of(self->parser_->get().base());
                                if (ec || !self->routed())
                                  if (ec || !self->streamed())
                                    self->read_body(ec);
@@ -330,9 +332,9 @@ private:
   bool streamed() {
     if (!streams_)
       return false;
-    auto head = head_of(parser_->get().base());
-    if (!streams_(head))
+    if (!streams_(head_))
       return false;
+    auto head = std::move(head_);
     timer_.cancel(); // (each piece has its own idle timer)
     begin_request();
     keep_alive_ = parser_->get().keep_alive();
@@ -420,7 +422,7 @@ private:
       net::dispatch(self->sock_.get_executor(),
                     [self, rt = std::move(rt)]() mutable { self->tunnel_to(std::move(rt)); });
     };
-    return router_(head_of(parser_->get().base()), decide);
+    return router_(head_, decide);
   }
 
   void tunnel_to(route rt) {
@@ -511,6 +513,7 @@ private:
   std::atomic<unsigned>& tunnels_;
   unsigned max_tunnels_;
   const std::function<bool(const http_request&)>& streams_;
+  http_request head_; // the request being read, decoded once its header came
   // A streamed body's reader (its handler's callbacks) while it is read.
   std::function<void(std::string, std::function<void()>)> on_piece_;
   std::function<void(bool)> on_end_;
@@ -682,7 +685,7 @@ void connection::on_read(beast::error_code ec) {
   }
   auto msg = parser_->release();
   keep_alive_ = msg.keep_alive();
-  http_request req = head_of(msg.base());
+  http_request req = std::move(head_); // (read with the header)
   req.body = std::move(msg.body());
   dispatch(std::move(req), msg.version());
 }
