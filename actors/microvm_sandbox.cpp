@@ -20,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include "actors/exec_command.hpp"
 #include "actors/sandbox.hpp"
 #include "actors/transfer_command.hpp"
 #include "actors/types.hpp"
@@ -27,7 +28,9 @@
 #include "runtime/clock.hpp"
 #include "runtime/engine.hpp"
 #include "runtime/freezer.hpp"
+#include "runtime/image_config.hpp"
 #include "runtime/microvm.hpp"
+#include "runtime/mount.hpp"
 #include "runtime/usage.hpp"
 
 namespace dsec {
@@ -37,6 +40,36 @@ namespace {
 using clock_type = std::chrono::steady_clock;
 
 // What the worker thread tells the actor, in order.
+// What a VM's commands take from its base image (docs/images.md, "The image
+// config"), read on the host from the base's own blobs before the VM boots:
+// never from the guest, whose tree is the agent's.
+struct vm_image {
+  command_defaults defaults;
+  user_files users; // its etc/passwd and etc/group, for commands naming a user
+};
+
+// The base layer's config and user files: each of its images (an OCI image has
+// several, topmost first) mounted on the host, detached and read-only, for as
+// long as it takes to read two files (nothing is attached anywhere; the mounts
+// go with their descriptors).
+expected<vm_image> read_vm_image(const layer_lease& base) {
+  vm_image out;
+  std::vector<layer_mount> mounts;
+  for (const auto& path : base.blob_paths()) {
+    auto m = layer_mount::open(path, -1);
+    if (!m)
+      return std::move(m).error_value();
+    out.users.add_lower(m->dir_fd());
+    mounts.push_back(std::move(*m));
+  }
+  auto d = command_defaults::of(base.info().config,
+                                [&]() -> std::optional<std::string> { return out.users.passwd; });
+  if (!d)
+    return std::move(d).error_value();
+  out.defaults = std::move(*d);
+  return out;
+}
+
 struct vm_event {
   enum class kind { ready, failed, frame } what;
   error err;
@@ -44,6 +77,8 @@ struct vm_event {
   microvm_boot_times times;
   std::string accel;
   std::vector<std::string> cgroups; // ready: QEMU's cgroup directories (pause freezes them)
+  // ready: what commands leave out, from the base image, and its users.
+  std::shared_ptr<const vm_image> image;
 };
 
 // One VM's thread: lease, boot, pump; destroy on stop. Shared by the actor
@@ -89,6 +124,13 @@ public:
   }
 
 private:
+  void post_failed(error e) {
+    vm_event ev{};
+    ev.what = vm_event::kind::failed;
+    ev.err = std::move(e);
+    post(std::move(ev));
+  }
+
   void post(vm_event ev) {
     bool first;
     {
@@ -112,24 +154,32 @@ private:
     // as the VM runs; their images are the VM's disks.
     auto leases = lease_layers(*store_, env_);
     if (!leases) {
-      post({vm_event::kind::failed, std::move(leases).error_value().in_step("lease_layers"), {}, {}, {}, {}});
+      post_failed(std::move(leases).error_value().in_step("lease_layers"));
       return;
     }
     for (const auto& l : *leases)
       for (const auto& p : l.blob_paths())
         opts_.layers.push_back(p);
+    if (leases->empty()) {
+      post_failed(make_error(errc::invalid_argument, "no base layer"));
+      return;
+    }
+    auto image = read_vm_image(leases->back());
+    if (!image) {
+      post_failed(std::move(image).error_value().in_step("image_config"));
+      return;
+    }
     opts_.cancel = &stop_;
     // QEMU in a cgroup of its own, bounded by the guest's size (microvm.hpp).
     auto cgroups = eng_->cgroups();
     if (!cgroups) {
-      post({vm_event::kind::failed, std::move(cgroups).error_value().in_step("microvm_cgroup"),
-            {}, {}, {}, {}});
+      post_failed(std::move(cgroups).error_value().in_step("microvm_cgroup"));
       return;
     }
     opts_.cgroups = *cgroups;
     auto vm = microvm::boot(opts_);
     if (!vm) {
-      post({vm_event::kind::failed, std::move(vm).error_value().in_step("boot_microvm"), {}, {}, {}, {}});
+      post_failed(std::move(vm).error_value().in_step("boot_microvm"));
       return;
     }
     pid_ = (*vm)->pid();
@@ -137,14 +187,22 @@ private:
       std::lock_guard lock(mutex_);
       vm_ = vm->get();
     }
-    post({vm_event::kind::ready, {}, {}, (*vm)->boot_times(), to_string((*vm)->accel()),
-          (*vm)->cgroup_paths()});
+    vm_event ready{};
+    ready.what = vm_event::kind::ready;
+    ready.times = (*vm)->boot_times();
+    ready.accel = to_string((*vm)->accel());
+    ready.cgroups = (*vm)->cgroup_paths();
+    ready.image = std::make_shared<const vm_image>(std::move(*image));
+    post(std::move(ready));
     while (!stop_) {
       auto r = vm_->pump(-1, [&](microvm::frame&& f) {
-        post({vm_event::kind::frame, {}, std::move(f), {}, {}, {}});
+        vm_event ev{};
+        ev.what = vm_event::kind::frame;
+        ev.f = std::move(f);
+        post(std::move(ev));
       });
       if (!r) {
-        post({vm_event::kind::failed, std::move(r).error_value(), {}, {}, {}, {}});
+        post_failed(std::move(r).error_value());
         break;
       }
     }
@@ -234,6 +292,7 @@ struct vm_state {
   // pause: QEMU's cgroup frozen (every vCPU and device thread stops, so does
   // the guest's clock), the TTL clock stopped.
   std::vector<std::string> cgroups;
+  std::shared_ptr<const vm_image> image; // from ready on
   std::optional<sandbox_freezer> freezer; // opened at the first pause
   bool paused = false;
   uint64_t ttl_left_ms = 0; // while paused
@@ -391,6 +450,7 @@ void on_events(self_ptr self) {
         s.ph = phase::ready;
         s.created_ms = unix_ms();
         s.cgroups = std::move(ev.cgroups);
+        s.image = std::move(ev.image);
         std::printf("dsecd: microvm %s ready (%s): boot %.0f ms (kernel %.0f, agent %.0f, qemu %.0f)\n",
                     s.cfg.id.c_str(), ev.accel.c_str(), ev.times.total_ms, ev.times.kernel_ms,
                     ev.times.agent_ms, ev.times.qemu_ms);
@@ -556,15 +616,12 @@ expected<vm_exec*> launch(self_ptr self, const exec_request& req_in,
   if (s.ph != phase::ready)
     return from_caf(not_ready(s));
   // A transfer (a streamed put or get: docs/actors.md "Transfers") is the
-  // guest's tar, run as root of the VM (which is all a guest command is).
+  // guest's tar, run as the VM's root from / (or as the uid it names).
   std::optional<exec_request> transfer;
   if (req_in.transfer != transfer_none) {
-    if (req_in.uid > 0)
-      return from_caf(not_for_vm(s, "--user"));
     auto t = transfer_command(req_in);
     if (!t)
       return std::move(t).error_value();
-    t->uid = t->gid = -1;
     transfer = std::move(*t);
   }
   const exec_request& req = transfer ? *transfer : req_in;
@@ -572,8 +629,6 @@ expected<vm_exec*> launch(self_ptr self, const exec_request& req_in,
     return make_error(errc::paused, "sandbox " + s.cfg.id
                                              + " is paused: resume it first (dsec resume "
                                              + s.cfg.id + ", sb.resume())");
-  if (req.argv.empty() || req.argv[0].empty())
-    return make_error(errc::invalid_argument, "no command given");
   for (const auto& kv : req.env)
     if (kv.find('=') == std::string::npos || kv.front() == '=')
       return make_error(errc::invalid_argument,
@@ -582,12 +637,21 @@ expected<vm_exec*> launch(self_ptr self, const exec_request& req_in,
     return from_caf(not_for_vm(s, "terminals (exec -t, pty=)"));
   if (req.trusted || req.pristine)
     return from_caf(not_for_vm(s, "Chronus (trusted commands)"));
-  if (req.uid >= 0 || req.gid >= 0 || !req.user.empty())
-    return from_caf(not_for_vm(s, "--user"));
   if (req.open_stdin && (!req.handle || req.detach))
     return make_error(errc::invalid_argument,
                       "an open stdin needs a process handle (exec_request.handle) and "
                       "a command that is not detached");
+  // What it leaves out comes from the base image's config, as in a container
+  // (actors/exec_command.hpp); a user by name from the image's own files.
+  auto made = make_command(req, s.image->defaults);
+  if (!made)
+    return std::move(made).error_value();
+  auto cmd = std::move(*made);
+  if (auto u = apply_request_user(cmd, req, s.image->users); !u)
+    return std::move(u).error_value();
+  if (cmd.groups.size() > VM_MAX_GROUPS)
+    return make_error(errc::invalid_argument, "user '" + req.user + "' has more than "
+                                                + std::to_string(VM_MAX_GROUPS) + " groups");
   auto id = ++s.next_id;
   auto& x = s.execs[id];
   x.stream = req.stream;
@@ -601,9 +665,11 @@ expected<vm_exec*> launch(self_ptr self, const exec_request& req_in,
     self->monitor(listener);
     x.listener = std::move(listener);
   }
-  std::vector<std::string> envv = {"HOME=/root", "TERM=xterm"};
-  envv.insert(envv.end(), req.env.begin(), req.env.end());
-  s.worker->queue(VM_EXEC, id, microvm::exec_payload(req.argv, envv, req.cwd.empty() ? "/" : req.cwd));
+  vm_credentials who;
+  who.uid = cmd.uid.value_or(0);
+  who.gid = cmd.gid.value_or(cmd.uid ? who.uid : 0);
+  who.groups = cmd.groups;
+  s.worker->queue(VM_EXEC, id, microvm::exec_payload(cmd.argv, cmd.env, cmd.cwd, who));
   send_stdin(s, id, x, req.input, !req.open_stdin);
   if (req.timeout_ms > 0)
     self->delayed_send(self, std::chrono::milliseconds(req.timeout_ms), timeout_atom::value,

@@ -33,6 +33,7 @@
 #include "actors/detached_log.hpp"
 #include "actors/trajectory.hpp"
 #include "actors/transfer.hpp"
+#include "actors/exec_command.hpp"
 #include "actors/transfer_command.hpp"
 #include "actors/types.hpp"
 #include "runtime/builder.hpp"
@@ -680,37 +681,6 @@ void on_event(self_ptr self, container_event& ev) {
   }
 }
 
-// The command of `req`, what it leaves out taken from the image's config
-// (docs/images.md, "The image config"): its argv, else Entrypoint + Cmd; dsec's
-// environment under the image's Env under the request's; its cwd, else
-// WorkingDir, else /; its user, else the image's User, else root. A gid alone
-// keeps the user's uid.
-expected<command> make_command(const exec_request& req, const command_defaults& d) {
-  command c;
-  c.argv = req.argv.empty() ? d.argv : req.argv;
-  if (c.argv.empty() || c.argv[0].empty())
-    return make_error(errc::invalid_argument,
-                      req.argv.empty() ? "no command given, and the sandbox's image has no "
-                                         "Entrypoint or Cmd"
-                                       : "no command given");
-  c.env = merge_env(d.env, req.env);
-  c.cwd = req.cwd.empty() ? d.cwd : req.cwd;
-  // The image's User applies unless the request names a user (by number or
-  // by name: start_exec looks the name up).
-  bool given = req.uid >= 0 || !req.user.empty();
-  if (!given && d.user_error)
-    return *d.user_error;
-  if (req.uid >= 0)
-    c.uid = static_cast<uint32_t>(req.uid);
-  else if (!given && d.user)
-    c.uid = d.user->uid;
-  if (req.gid >= 0)
-    c.gid = static_cast<uint32_t>(req.gid);
-  else if (!given && d.user)
-    c.gid = d.user->gid;
-  return c;
-}
-
 // write(2) that never raises SIGPIPE, whatever the process does with it (an
 // embedded daemon runs in its trainer's process, which may not ignore it):
 // SIGPIPE is blocked on this thread around the write, and one the write
@@ -903,10 +873,8 @@ void start_exec(self_ptr self, const exec_request& req_in, caf::strong_actor_ptr
       for (size_t i = s.layer_fds.size() - s.base_lowers; i < s.layer_fds.size(); ++i)
         s.users->add_lower(s.layer_fds[i]);
     }
-    auto u = resolve_command_user(req.user, *s.users);
-    if (!u) // as a uid that does not work: status 126 on the command line
-      return done(std::move(u).error_value().in_step("setuid"));
-    apply_command_user(cmd, std::move(*u), req.env);
+    if (auto u = apply_request_user(cmd, req, *s.users); !u)
+      return done(std::move(u).error_value());
   }
   if (req.trusted) {
     if (!s.token)

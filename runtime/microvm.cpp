@@ -12,6 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -329,11 +330,15 @@ void microvm::wake() {
 }
 
 std::string microvm::exec_payload(const std::vector<std::string>& argv,
-                                  const std::vector<std::string>& env, const std::string& cwd) {
+                                  const std::vector<std::string>& env, const std::string& cwd,
+                                  const vm_credentials& who) {
   std::string p;
   uint32_t argc = static_cast<uint32_t>(argv.size()), envc = static_cast<uint32_t>(env.size());
-  p.append(reinterpret_cast<const char*>(&argc), 4);
-  p.append(reinterpret_cast<const char*>(&envc), 4);
+  auto ngroups = static_cast<uint32_t>(std::min<size_t>(who.groups.size(), VM_MAX_GROUPS));
+  for (uint32_t v : {argc, envc, who.uid, who.gid, ngroups})
+    p.append(reinterpret_cast<const char*>(&v), 4);
+  for (uint32_t i = 0; i < ngroups; ++i)
+    p.append(reinterpret_cast<const char*>(&who.groups[i]), 4);
   p.append(cwd);
   p.push_back('\0');
   for (const auto& a : argv) {

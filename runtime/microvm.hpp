@@ -97,6 +97,14 @@ struct microvm_boot_times {
   unsigned attempts = 0;
 };
 
+/// Who a guest command runs as: root unless said (the guest agent sets the
+/// groups, gid and uid after its chroot, before the exec).
+struct vm_credentials {
+  uint32_t uid = 0;
+  uint32_t gid = 0;
+  std::vector<uint32_t> groups; ///< supplementary; at most VM_MAX_GROUPS
+};
+
 class microvm {
 public:
   /// One whole frame from the guest.
@@ -134,7 +142,8 @@ public:
              uint16_t flags = 0);
   /// Encodes an exec frame's payload.
   static std::string exec_payload(const std::vector<std::string>& argv,
-                                  const std::vector<std::string>& env, const std::string& cwd);
+                                  const std::vector<std::string>& env, const std::string& cwd,
+                                  const vm_credentials& who = {});
 
   /// Moves bytes: sends what is queued, reads what the guest wrote and calls
   /// on_frame for each whole frame. Waits at most timeout_ms (-1: until

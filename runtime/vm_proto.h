@@ -17,6 +17,7 @@
 #define VM_MAGIC 0x6d766473u /* "sdvm" */
 #define VM_MAX_PAYLOAD (1u << 20)
 #define VM_PORT_NAME "dsec.agent"
+#define VM_MAX_GROUPS 256/* supplementary groups of an exec, at most */
 /* The serial of layer disk i (topmost first) is VM_LAYER_SERIAL_PREFIX "i". */
 #define VM_LAYER_SERIAL_PREFIX "dsec-l"
 
@@ -30,7 +31,8 @@ enum vm_type {
   VM_DONE = 6,        /* id: put/get/exec-start finished; payload = int32 errno, then text */
   VM_DATA = 7,        /* id: a chunk of a file asked for by VM_GET */
   /* host -> guest */
-  VM_EXEC = 16,       /* id: payload = uint32 argc, uint32 envc, cwd\0 argv..\0 env..\0 */
+  VM_EXEC = 16,       /* id: payload = uint32 argc, envc, uid, gid, ngroups, uint32 groups[ngroups],
+                         then cwd\0 argv..\0 env..\0 */
   VM_STDIN = 17,      /* id: bytes for its stdin; an empty payload closes it */
   VM_SIGNAL = 18,     /* id: payload = int32 signal number, sent to its process group */
   VM_PUT = 19,        /* id: payload = uint32 mode, path\0, content (one frame) */

@@ -9,6 +9,9 @@ SPEC: {"dir": LAYOUT, "images": [IMAGE...]}
 IMAGE: {"tag": T, "platform": "linux/amd64" (optional), "config": {Env, Cmd, ...},
         "layers": [LAYER...]}
 LAYER: {"compress": "gzip" | "none", "entries": [ENTRY...]}
+    or {"compress": ..., "tree": HOST_DIR}: a host directory tree as it is
+    (owners, modes, times, links), device nodes left out (an image's /dev is
+    empty: the runtime makes its own)
 ENTRY: {"name": N, "type": "file"|"dir"|"symlink"|"hardlink"|"fifo"|"chardev",
         "content": S, "source": HOST_FILE, "target": S, "mode": M, "uid": U, "gid": G, "mtime": T}
 
@@ -76,6 +79,18 @@ def layer_tar(entries):
     return buf.getvalue()
 
 
+def tree_tar(root):
+    buf = io.BytesIO()
+
+    def keep(info):
+        return None if info.ischr() or info.isblk() else info
+
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for entry in sorted(os.listdir(root)):
+            tar.add(os.path.join(root, entry), arcname=entry, filter=keep)
+    return buf.getvalue()
+
+
 def main():
     spec = json.load(open(sys.argv[1]))
     layout = spec["dir"]
@@ -86,7 +101,10 @@ def main():
     for image in spec["images"]:
         layers, diff_ids = [], []
         for layer in image["layers"]:
-            tar = layer_tar(layer["entries"])
+            if "tree" in layer:
+                tar = tree_tar(layer["tree"])
+            else:
+                tar = layer_tar(layer["entries"])
             diff_ids.append("sha256:" + hashlib.sha256(tar).hexdigest())
             if layer.get("compress", "gzip") == "gzip":
                 data = gzip.compress(tar, mtime=0)

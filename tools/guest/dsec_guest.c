@@ -19,6 +19,7 @@
  */
 #define _GNU_SOURCE
 #include <dirent.h>
+#include <grp.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -366,20 +367,30 @@ static int pump(struct cmd* c, int* fd, uint16_t stream) {
 }
 
 static void do_exec(uint32_t id, const char* p, uint32_t len) {
-  if (find_cmd(id) || len < 8) {
+  if (find_cmd(id) || len < 20) {
     send_done(id, EINVAL, "bad exec frame");
     return;
   }
-  uint32_t argc, envc;
+  uint32_t argc, envc, uid, gid, ngroups;
   memcpy(&argc, p, 4);
   memcpy(&envc, p + 4, 4);
-  if (argc < 1 || argc > 4096 || envc > 4096) {
-    send_done(id, EINVAL, "bad argc or envc");
+  memcpy(&uid, p + 8, 4);
+  memcpy(&gid, p + 12, 4);
+  memcpy(&ngroups, p + 16, 4);
+  if (argc < 1 || argc > 4096 || envc > 4096 || ngroups > VM_MAX_GROUPS
+      || len < 20 + 4 * ngroups) {
+    send_done(id, EINVAL, "bad argc, envc or ngroups");
     return;
+  }
+  gid_t groups[VM_MAX_GROUPS];
+  for (uint32_t i = 0; i < ngroups; ++i) {
+    uint32_t g;
+    memcpy(&g, p + 20 + 4 * i, 4);
+    groups[i] = g;
   }
   char** argv = calloc(argc + 1, sizeof(char*));
   char** envp = calloc(envc + 1, sizeof(char*));
-  const char* q = p + 8;
+  const char* q = p + 20 + 4 * ngroups;
   const char* end = p + len;
   const char* cwd = NULL;
   uint32_t n = 0;
@@ -426,7 +437,9 @@ static void do_exec(uint32_t id, const char* p, uint32_t len) {
     dup2(out[1], 1);
     dup2(err[1], 2);
     int e = 0;
-    if (chroot("/newroot") != 0 || chdir(cwd && cwd[0] ? cwd : "/") != 0) {
+    /* Its user, then its directory (as that user, like a login). */
+    if (chroot("/newroot") != 0 || setgroups(ngroups, groups) != 0 || setgid(gid) != 0
+        || setuid(uid) != 0 || chdir(cwd && cwd[0] ? cwd : "/") != 0) {
       e = errno;
     } else {
       extern char** environ;
