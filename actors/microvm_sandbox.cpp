@@ -30,6 +30,7 @@
 #include "runtime/freezer.hpp"
 #include "runtime/image_config.hpp"
 #include "runtime/microvm.hpp"
+#include "runtime/microvm_disks.hpp"
 #include "runtime/mount.hpp"
 #include "runtime/usage.hpp"
 
@@ -81,13 +82,22 @@ struct vm_event {
   std::shared_ptr<const vm_image> image;
 };
 
+// The node's merged disks (runtime/microvm_disks.hpp), shared by its VMs'
+// workers: opened when the backend is made (collecting what a killed daemon
+// left), removed when the last holder goes.
+struct vm_disks {
+  std::unique_ptr<microvm_disks> disks;
+  error why; // why there are none
+};
+
 // One VM's thread: lease, boot, pump; destroy on stop. Shared by the actor
 // and the thread; the thread holds it until it has reaped QEMU.
 class vm_worker : public std::enable_shared_from_this<vm_worker> {
 public:
-  vm_worker(sandbox_actor owner, microvm_options opts, engine* eng, environment env)
+  vm_worker(sandbox_actor owner, microvm_options opts, engine* eng, environment env,
+            std::shared_ptr<vm_disks> disks)
     : owner_(std::move(owner)), opts_(std::move(opts)), eng_(eng), store_(&eng->layers()),
-      env_(std::move(env)) {}
+      env_(std::move(env)), disks_(std::move(disks)) {}
 
   void start() {
     auto self = shared_from_this();
@@ -160,6 +170,19 @@ private:
     for (const auto& l : *leases)
       for (const auto& p : l.blob_paths())
         opts_.layers.push_back(p);
+    if (opts_.layers.size() > microvm_options::max_layers) {
+      // More images than disk slots: the lowest ones as one merged disk.
+      if (!disks_->disks) {
+        post_failed(disks_->why.in_step("merge_disks"));
+        return;
+      }
+      auto fit = disks_->disks->fit(opts_.layers, microvm_options::max_layers);
+      if (!fit) {
+        post_failed(std::move(fit).error_value());
+        return;
+      }
+      opts_.layers = std::move(*fit);
+    }
     if (leases->empty()) {
       post_failed(make_error(errc::invalid_argument, "no base layer"));
       return;
@@ -218,6 +241,7 @@ private:
   engine* eng_;
   store* store_;
   environment env_;
+  std::shared_ptr<vm_disks> disks_;
   std::atomic<bool> stop_{false};
   std::atomic<pid_t> pid_{-1};
   std::mutex mutex_;
@@ -243,6 +267,7 @@ struct vm_exec {
   bool detach = false;
   bool handle = false;       // exec_request.handle: its id goes to the listener at start
   bool open_stdin = false;   // its stdin stays open for the stdin verb
+  std::string prog;          // argv[0], for the error when it cannot start
   bool stdin_closed = false; // the end was sent (or it was never open)
   std::deque<vm_stdin_wait> stdin_waiting;
   // A transfer (exec_request.transfer): its tar's end read as put's or get's
@@ -425,9 +450,11 @@ void on_frame(self_ptr self, microvm::frame& f) {
       int32_t e = 0;
       if (f.payload.size() >= 4)
         std::memcpy(&e, f.payload.data(), 4);
-      std::string why = f.payload.size() > 4 ? f.payload.substr(4) : std::strerror(e);
+      // Worded as a container's (container::describe_exec_failure).
+      // (the guest's own text, which is the guest's: cut short)
+      std::string why = f.payload.size() > 4 ? f.payload.substr(4, 200) : std::strerror(e);
       auto err = make_error(e == ENOENT ? errc::not_found : errc::invalid_argument,
-                            "sandbox " + s.cfg.id + ": cannot run the command: " + why)
+                            "cannot execute '" + x.prog + "' in the sandbox: " + why)
                    .in_step("execve");
       if (x.transfer) // (no tar in the image: tar_error says so)
         err = *tar_error(x.transfer->transfer == transfer_put, x.transfer->transfer_path, err);
@@ -669,6 +696,7 @@ expected<vm_exec*> launch(self_ptr self, const exec_request& req_in,
   who.uid = cmd.uid.value_or(0);
   who.gid = cmd.gid.value_or(cmd.uid ? who.uid : 0);
   who.groups = cmd.groups;
+  x.prog = cmd.argv.front();
   s.worker->queue(VM_EXEC, id, microvm::exec_payload(cmd.argv, cmd.env, cmd.cwd, who));
   send_stdin(s, id, x, req.input, !req.open_stdin);
   if (req.timeout_ms > 0)
@@ -678,7 +706,8 @@ expected<vm_exec*> launch(self_ptr self, const exec_request& req_in,
 }
 
 sandbox_actor::behavior_type vm_impl(self_ptr self, sandbox_config cfg,
-                                     std::shared_ptr<const microvm_node_config> node) {
+                                     std::shared_ptr<const microvm_node_config> node,
+                                     std::shared_ptr<vm_disks> disks) {
   auto& st = self->state;
   st.cfg = std::move(cfg);
   st.node = std::move(node);
@@ -699,7 +728,8 @@ sandbox_actor::behavior_type vm_impl(self_ptr self, sandbox_config cfg,
   o.disk = env.disk;
   o.hostname = st.cfg.id;
   o.cgroup_name = st.cfg.id;
-  st.worker = std::make_shared<vm_worker>(sandbox_actor{self}, std::move(o), st.cfg.eng, env);
+  st.worker = std::make_shared<vm_worker>(sandbox_actor{self}, std::move(o), st.cfg.eng, env,
+                                          std::move(disks));
   self->monitor(st.cfg.session);
   self->set_down_handler([=](caf::down_msg& dm) {
     auto& s = self->state;
@@ -995,21 +1025,34 @@ sandbox_actor::behavior_type vm_impl(self_ptr self, sandbox_config cfg,
 
 class microvm_backend final : public backend {
 public:
-  explicit microvm_backend(microvm_node_config cfg)
-    : cfg_(std::make_shared<const microvm_node_config>(std::move(cfg))) {}
+  microvm_backend(microvm_node_config cfg, engine& eng)
+    : cfg_(std::make_shared<const microvm_node_config>(std::move(cfg))),
+      disks_(std::make_shared<vm_disks>()) {
+    std::vector<std::string> collected;
+    auto d = microvm_disks::open(eng.layers(), &collected);
+    for (const auto& c : collected)
+      std::printf("dsecd: removed %s (merged microVM disks left by a dsec that is gone)\n",
+                  c.c_str());
+    std::fflush(stdout);
+    if (d)
+      disks_->disks = std::move(*d);
+    else
+      disks_->why = std::move(d).error_value();
+  }
   [[nodiscard]] std::string_view name() const override { return "microvm"; }
   sandbox_actor spawn(caf::actor_system& sys, sandbox_config cfg) override {
-    return sys.spawn(vm_impl, std::move(cfg), cfg_);
+    return sys.spawn(vm_impl, std::move(cfg), cfg_, disks_);
   }
 
 private:
   std::shared_ptr<const microvm_node_config> cfg_;
+  std::shared_ptr<vm_disks> disks_;
 };
 
 } // namespace
 
-std::unique_ptr<backend> make_microvm_backend(microvm_node_config cfg) {
-  return std::make_unique<microvm_backend>(std::move(cfg));
+std::unique_ptr<backend> make_microvm_backend(microvm_node_config cfg, engine& eng) {
+  return std::make_unique<microvm_backend>(std::move(cfg), eng);
 }
 
 std::string microvm_accel_of(const microvm_node_config& cfg) {

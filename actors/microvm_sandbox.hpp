@@ -26,8 +26,9 @@ struct microvm_node_config {
   std::string accel = "auto"; ///< auto, kvm or tcg
 };
 
-/// The backend; `stats_accel` is what it runs with ("kvm" or "tcg").
-std::unique_ptr<backend> make_microvm_backend(microvm_node_config cfg);
+/// The backend. Its VMs' merged disks (more layer images than disk slots:
+/// runtime/microvm_disks.hpp) go in `eng`'s store directory.
+std::unique_ptr<backend> make_microvm_backend(microvm_node_config cfg, engine& eng);
 
 /// "kvm" or "tcg": what a microVM of `cfg` runs with on this machine.
 std::string microvm_accel_of(const microvm_node_config& cfg);

@@ -580,7 +580,7 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
     auto c = make_container_backend();
     st.backends.emplace(std::string{c->name()}, std::move(c));
     if (st.cfg.microvm && st.cfg.eng) {
-      auto m = make_microvm_backend(*st.cfg.microvm);
+      auto m = make_microvm_backend(*st.cfg.microvm, *st.cfg.eng);
       std::printf("dsecd: node %s: microvm backend, %u slots, %s, guest %s\n", st.cfg.name.c_str(),
                   st.cfg.microvm->slots, microvm_accel_of(*st.cfg.microvm).c_str(),
                   st.cfg.microvm->guest_dir.c_str());

@@ -149,6 +149,7 @@ struct exec_state {
   bool stream = false;
   bool handle = false; // exec_request.handle: the listener hears its id, and it dies with it
   std::optional<stdin_feed> in; // exec_request.open_stdin, until closed
+  bool open_stdin = false;      // exec_request.open_stdin (an ended stdin says "closed")
   bool detach = false;
   // exec_request.tty: the terminal's master once the command runs (shared
   // with the output reader and the stdin feed), and a window size asked for
@@ -799,8 +800,8 @@ caf::result<uint64_t> feed_stdin(self_ptr self, uint64_t eid, std::string& data,
   if (!x.in)
     return to_caf(make_error(errc::closed, "the stdin of command " + std::to_string(eid)
                                              + " in sandbox " + s.cfg.id
-                                             + (x.handle ? " is closed (or it ended)"
-                                                         : " was not left open (open_stdin)")));
+                                             + (x.open_stdin ? " is closed (or it ended)"
+                                                             : " was not left open (open_stdin)")));
   if (data.size() > max_stdin_chunk)
     return to_caf(make_error(errc::too_large, "stdin: at most " + std::to_string(max_stdin_chunk)
                                                 + " bytes a message, got "
@@ -963,6 +964,7 @@ void start_exec(self_ptr self, const exec_request& req_in, caf::strong_actor_ptr
   x.id = *id;
   x.stream = req.stream;
   x.handle = req.handle;
+  x.open_stdin = req.open_stdin;
   x.detach = req.detach;
   x.max_output = req.max_output;
   x.t0 = clock_type::now();

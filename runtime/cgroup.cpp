@@ -1160,4 +1160,11 @@ expected<void> sandbox_cgroup::remove_dirs() {
   return {};
 }
 
+expected<std::string> process_owner_name() { return self_owner(); }
+
+bool process_owner_alive(std::string_view name) {
+  auto o = parse_owner(name);
+  return o && owner_alive(o->first, o->second);
+}
+
 } // namespace dsec

@@ -274,4 +274,12 @@ private:
   uint64_t oom_base_ = 0; // OOM kills before this sandbox (a reused cgroup)
 };
 
+/// "<pid>-<starttime>" of this process: how dsec names what one process owns
+/// (its cgroups, a node's merged microVM disks), so that what a killed one
+/// left can be told from what a live one holds.
+expected<std::string> process_owner_name();
+/// Whether `name` ("<pid>-<starttime>") is a process that runs now with that
+/// start time (a zombie does not); false for any other name.
+bool process_owner_alive(std::string_view name);
+
 } // namespace dsec

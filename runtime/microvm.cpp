@@ -123,7 +123,7 @@ expected<std::unique_ptr<microvm>> microvm::boot(const microvm_options& opts) {
     return make_error(errc::invalid_argument,
                       "microvm: " + std::to_string(opts.layers.size()) + " layers, at most " +
                           std::to_string(microvm_options::max_layers) +
-                          " (virtio-mmio has 8 slots; merging lowers is not done yet)");
+                          " (virtio-mmio has 8 slots; a node merges the lowest ones first: runtime/microvm_disks.hpp)");
   if (opts.memory < (64ull << 20))
     return make_error(errc::invalid_argument,
                       "microvm: memory " + std::to_string(opts.memory) + " is below 64 MiB");

@@ -236,74 +236,6 @@ expected<std::string> file_digest(const std::string& path) {
 
 namespace {
 
-// Makes one lower of the images `blobs` (lowest first) merged: a read-only
-// overlay of them, read by mkfs.erofs in a child process that attaches it in a
-// mount namespace of its own.
-expected<image_lower> flatten(store& st, const std::vector<std::string>& blobs_lowest_first,
-                              const std::string& out, const std::string& shown,
-                              std::vector<std::string>& skipped) {
-  std::vector<layer_mount> mounts;
-  std::vector<int> fds; // topmost first
-  for (auto it = blobs_lowest_first.rbegin(); it != blobs_lowest_first.rend(); ++it) {
-    DSEC_TRY(m, layer_mount::open(*it, -1));
-    mounts.push_back(std::move(m));
-  }
-  for (const auto& m : mounts)
-    fds.push_back(m.dir_fd());
-  DSEC_TRY(view, make_lower_view(fds));
-  int pipefd[2];
-  if (::pipe2(pipefd, O_CLOEXEC) != 0)
-    return sys_error("pipe");
-  unique_fd rd{pipefd[0]}, wr{pipefd[1]};
-  pid_t pid = ::fork();
-  if (pid < 0)
-    return sys_error("fork");
-  if (pid == 0) {
-    rd.reset();
-    // mkfs.erofs wants a path (it takes the realpath of its source), so the
-    // view is attached, in a mount namespace of this child alone that dies
-    // with it: nothing is ever attached where anyone else sees it.
-    std::string msg;
-    auto target = out + ".root";
-    if (::unshare(CLONE_NEWNS) != 0)
-      msg = "cannot make a private mount namespace: " + std::string{std::strerror(errno)};
-    else if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0)
-      msg = "cannot make the mounts private: " + std::string{std::strerror(errno)};
-    else if (::mkdir(target.c_str(), 0755) != 0)
-      msg = "cannot create " + target;
-    else if (sys::move_mount(view.get(), "", AT_FDCWD, target.c_str(),
-                             MOVE_MOUNT_F_EMPTY_PATH) != 0)
-      msg = "cannot attach the merged view: " + std::string{std::strerror(errno)};
-    else {
-      std::vector<std::string> sk;
-      auto r = st.make_image(target, out, shown, sk);
-      if (!r)
-        msg = r.error_value().to_string();
-    }
-    if (!msg.empty())
-      (void) !::write(wr.get(), msg.data(), msg.size());
-    ::_exit(msg.empty() ? 0 : 1);
-  }
-  wr.reset();
-  auto msg = read_all(rd.get(), "the flattening child");
-  int status = 0;
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
-    return make_error(errc::tool_failed, "cannot flatten " + shown + ": "
-                                           + (msg && !msg->empty() ? *msg : "it failed"));
-  (void) skipped;
-  DSEC_TRY(digest, file_digest(out));
-  struct stat sb{};
-  if (::stat(out.c_str(), &sb) != 0)
-    return sys_error("cannot stat", out);
-  image_lower l;
-  l.digest = digest;
-  l.size = static_cast<uint64_t>(sb.st_size);
-  l.image = out;
-  return l;
-}
-
 std::string canonical(const std::string& p) {
   std::error_code ec;
   auto c = fs::canonical(p, ec);
@@ -378,9 +310,8 @@ expected<build_result> build_image(store& st, const layer_ref& ref,
       blobs.push_back(!l.image.empty() ? l.image
                                        : st.dir() + "/blobs/sha256/" + l.digest.substr(7));
     }
-    DSEC_TRY(flat, flatten(st, blobs, work + "/flat.erofs",
-                           "the lowest " + std::to_string(n) + " layers of " + ref.to_string(),
-                           out.skipped));
+    DSEC_TRY(flat, st.flatten(blobs, work + "/flat.erofs",
+                           "the lowest " + std::to_string(n) + " layers of " + ref.to_string()));
     lowest_first.erase(lowest_first.begin(), lowest_first.begin() + static_cast<long>(n));
     lowest_first.insert(lowest_first.begin(), std::move(flat));
     out.flattened = n;

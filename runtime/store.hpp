@@ -334,6 +334,16 @@ public:
                                                  const std::string& out,
                                                  const std::string& subject,
                                                  std::vector<std::string>& skipped) const;
+  /// Makes one EROFS image, at `out`, of the images `blobs_lowest_first`
+  /// merged as overlayfs merges them (whiteouts and opaque directories
+  /// applied): their read-only overlay, read by mkfs.erofs in a child process
+  /// that attaches it in a mount namespace of its own (nothing is ever
+  /// attached where anyone else sees it). `shown` names them in errors. For
+  /// an image with too many layers (runtime/oci.hpp), and a microVM with more
+  /// disks than it has slots (docs/microvm.md).
+  [[nodiscard]] expected<image_lower> flatten(const std::vector<std::string>& blobs_lowest_first,
+                                              const std::string& out,
+                                              const std::string& shown) const;
 
   /// The stored lower made from the layer tar with digest `tar_digest`
   /// (STATE/oci/tars/<hex>, written by commit_image), when its blob is still

@@ -8,16 +8,21 @@
 //                          registry's blob digest and the config's diff_id both
 //                          point there). Only a hint: used while that blob is stored.
 #include <fcntl.h>
+#include <sched.h>
+#include <sys/mount.h>
+#include <sys/wait.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
 #include <charconv>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
 
 #include "runtime/io.hpp"
+#include "runtime/mount.hpp"
 #include "runtime/sha256.hpp"
 #include "runtime/store_detail.hpp"
 #include "runtime/sys.hpp"
@@ -212,6 +217,75 @@ expected<import_result> store::commit_image(const layer_ref& ref,
         ::unlink(tmp.c_str());
     }
   return result;
+}
+
+// A read-only overlay of the images, read by mkfs.erofs in a child process
+// that attaches it in a mount namespace of its own.
+expected<image_lower> store::flatten(const std::vector<std::string>& blobs_lowest_first,
+                                     const std::string& out, const std::string& shown) const {
+  std::vector<layer_mount> mounts;
+  std::vector<int> fds; // topmost first
+  for (auto it = blobs_lowest_first.rbegin(); it != blobs_lowest_first.rend(); ++it) {
+    DSEC_TRY(m, layer_mount::open(*it, -1));
+    mounts.push_back(std::move(m));
+  }
+  for (const auto& m : mounts)
+    fds.push_back(m.dir_fd());
+  DSEC_TRY(view, make_lower_view(fds));
+  int pipefd[2];
+  if (::pipe2(pipefd, O_CLOEXEC) != 0)
+    return sys_error("pipe");
+  unique_fd rd{pipefd[0]}, wr{pipefd[1]};
+  pid_t pid = ::fork();
+  if (pid < 0)
+    return sys_error("fork");
+  if (pid == 0) {
+    rd.reset();
+    // mkfs.erofs wants a path (it takes the realpath of its source), so the
+    // view is attached, in a mount namespace of this child alone that dies
+    // with it: nothing is ever attached where anyone else sees it.
+    std::string msg;
+    auto target = out + ".root";
+    if (::unshare(CLONE_NEWNS) != 0)
+      msg = "cannot make a private mount namespace: " + std::string{std::strerror(errno)};
+    else if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0)
+      msg = "cannot make the mounts private: " + std::string{std::strerror(errno)};
+    else if (::mkdir(target.c_str(), 0755) != 0)
+      msg = "cannot create " + target;
+    else if (sys::move_mount(view.get(), "", AT_FDCWD, target.c_str(),
+                             MOVE_MOUNT_F_EMPTY_PATH) != 0)
+      msg = "cannot attach the merged view: " + std::string{std::strerror(errno)};
+    else {
+      std::vector<std::string> sk;
+      auto r = make_image(target, out, shown, sk);
+      if (!r)
+        msg = r.error_value().to_string();
+    }
+    if (!msg.empty())
+      (void) !::write(wr.get(), msg.data(), msg.size());
+    ::_exit(msg.empty() ? 0 : 1);
+  }
+  wr.reset();
+  auto msg = read_all(rd.get(), "the flattening child");
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+    return make_error(errc::tool_failed, "cannot flatten " + shown + ": "
+                                           + (msg && !msg->empty() ? *msg : "it failed"));
+  unique_fd img{sys::retry([&] { return ::open(out.c_str(), O_RDONLY | O_CLOEXEC); })};
+  if (!img)
+    return sys_error("cannot open", out);
+  DSEC_TRY(hex, sha256_hex_of_file(img.get()));
+  auto digest = "sha256:" + hex;
+  struct stat sb{};
+  if (::stat(out.c_str(), &sb) != 0)
+    return sys_error("cannot stat", out);
+  image_lower l;
+  l.digest = digest;
+  l.size = static_cast<uint64_t>(sb.st_size);
+  l.image = out;
+  return l;
 }
 
 } // namespace dsec

@@ -4,6 +4,10 @@
 // TTL, destroy, a failing boot; the node's stats advertise the backend and its
 // own capacity. Nothing is left: no QEMU process after any of them.
 //
+// The cases that are not about a VM as such (exec, process handles, files,
+// TTL) are written once and registered for each backend (BACKEND_CASE): the
+// container backend's behaviour is what the microVM must match.
+//
 // Skipped without qemu or a guest (test/microvm/guest.hpp). Waits are safety
 // nets with generous caps, never thresholds.
 #include <doctest/doctest.h>
@@ -135,21 +139,38 @@ bool eventually_no_qemu() {
 daemon_options vm_daemon(const std::string& guest) {
   daemon_options o;
   o.state_dir = actor_layers();
-  microvm_node_config m;
-  m.slots = 2;
-  m.guest_dir = guest;
-  o.microvm = m;
+  if (!guest.empty()) {
+    microvm_node_config m;
+    m.slots = 2;
+    m.guest_dir = guest;
+    o.microvm = m;
+  }
   return o;
 }
 
-environment vm_env() {
+environment vm_env(const std::string& backend = "microvm") {
   environment env;
   env.base = base_layer; // bb@1 (busybox)
   env.tools = {tool_a};
-  env.backend = "microvm";
+  env.backend = backend;
   env.memory = 128ull << 20;
   return env;
 }
+
+// Nothing of the backend's is left: for a microVM, no QEMU.
+bool eventually_nothing_left(const std::string& backend) {
+  return backend != "microvm" || eventually_no_qemu();
+}
+
+// A case written once, registered for the container backend and (when this
+// machine can boot one) the microVM backend: `fn(backend)`.
+#define BACKEND_CASE(title, fn)                                                                  \
+  TEST_CASE("container: " title) { fn("container"); }                                           \
+  TEST_CASE("microvm: " title * skip_unless(have_microvm_guest(), "needs qemu-system-x86_64 "   \
+                                                                   "and a guest kernel "        \
+                                                                   "(tools/microvm-guest)")) {  \
+    fn("microvm");                                                                              \
+  }
 
 std::unique_ptr<session> open(client& c) {
   auto s = c.open_session();
@@ -161,7 +182,72 @@ std::unique_ptr<session> open(client& c) {
 
 TEST_SUITE("microvm") {
 
-TEST_CASE("the microvm backend: create, exec with status, stdin and streaming, destroy; stats offer it" *
+void exec_basics(const std::string& backend) {
+  embedded n(vm_daemon(backend == "microvm" ? microvm_guest_dir() : std::string()));
+  auto s = open(*n.c);
+  auto ids = s->create(vm_env(backend), 1);
+  REQUIRE_MESSAGE(ids, describe(ids.error_value()));
+  REQUIRE(ids->size() == 1);
+  auto id = ids->front();
+
+  auto r = s->exec(id, cmd({"sh", "-c", "cat /etc/layer-file; hostname; echo e >&2; exit 5"}));
+  REQUIRE_MESSAGE(r, describe(r.error_value()));
+  CHECK(r->exit_code == 5);
+  CHECK(r->out == "tool-a\n" + id + "\n");
+  CHECK(r->err == "e\n");
+
+  auto in = cmd({"sh", "-c", "read x; echo got $x"});
+  in.input = "hello\n";
+  r = s->exec(id, in);
+  REQUIRE(r);
+  CHECK(r->out == "got hello\n");
+
+  std::string streamed;
+  int chunks = 0;
+  r = s->exec(id, cmd({"sh", "-c", "echo one; sleep 1; echo two"}),
+              [&](uint8_t, std::string_view data) {
+                streamed += data;
+                ++chunks;
+              });
+  REQUIRE_MESSAGE(r, describe(r.error_value()));
+  CHECK(streamed == "one\ntwo\n");
+  CHECK(chunks >= 2);
+
+  auto missing = s->exec(id, cmd({"/no/such/command"}));
+  check_error(missing, errc::not_found, "cannot execute '/no/such/command' in the sandbox");
+
+  auto l = s->list();
+  REQUIRE(l);
+  REQUIRE(l->size() == 1);
+  CHECK(l->front().env.backend == backend);
+
+  // The environment and directory given, over the defaults.
+  auto where = cmd({"sh", "-c", "echo $FOO; pwd; echo $HOME"});
+  where.env = {"FOO=given"};
+  where.cwd = "/etc";
+  r = s->exec(id, where);
+  REQUIRE_MESSAGE(r, describe(r.error_value()));
+  CHECK(r->out == "given\n/etc\n/root\n");
+  // A timeout kills the command and says so.
+  auto slow = cmd({"sleep", "60"});
+  slow.timeout_ms = 500;
+  r = s->exec(id, slow);
+  REQUIRE_MESSAGE(r, describe(r.error_value()));
+  CHECK(r->timed_out);
+  CHECK(r->signal == SIGKILL);
+
+  REQUIRE(s->destroy(id));
+  CHECK(eventually_gone(*n.c, {id}));
+  CHECK(eventually_nothing_left(backend));
+  // A destroyed sandbox's id is refused, naming it.
+  auto after = s->exec(id, cmd({"true"}));
+  CHECK_FALSE(after);
+}
+BACKEND_CASE("exec: status, stdout and stderr, stdin, streaming, env and cwd, a timeout, a missing "
+             "command named; list shows the backend; destroyed, its id is refused",
+             exec_basics)
+
+TEST_CASE("the microvm backend: create, QEMU in dsec's cgroup, usage as the host sees it, destroy; stats offer it" *
           skip_unless(have_microvm_guest(), "needs qemu-system-x86_64 and a guest kernel (tools/microvm-guest)")) {
   embedded n(vm_daemon(microvm_guest_dir()));
   auto st = n.c->stats();
@@ -195,37 +281,7 @@ TEST_CASE("the microvm backend: create, exec with status, stdin and streaming, d
     return all;
   }());
 
-  auto r = s->exec(id, cmd({"sh", "-c", "cat /etc/layer-file; hostname; echo e >&2; exit 5"}));
-  REQUIRE_MESSAGE(r, describe(r.error_value()));
-  CHECK(r->exit_code == 5);
-  CHECK(r->out == "tool-a\n" + id + "\n");
-  CHECK(r->err == "e\n");
-
-  auto in = cmd({"sh", "-c", "read x; echo got $x"});
-  in.input = "hello\n";
-  r = s->exec(id, in);
-  REQUIRE(r);
-  CHECK(r->out == "got hello\n");
-
-  std::string streamed;
-  int chunks = 0;
-  r = s->exec(id, cmd({"sh", "-c", "echo one; sleep 1; echo two"}),
-              [&](uint8_t, std::string_view data) {
-                streamed += data;
-                ++chunks;
-              });
-  REQUIRE_MESSAGE(r, describe(r.error_value()));
-  CHECK(streamed == "one\ntwo\n");
-  CHECK(chunks >= 2);
-
-  auto missing = s->exec(id, cmd({"/no/such/command"}));
-  check_error(missing, errc::not_found, "cannot run the command");
-
-  auto l = s->list();
-  REQUIRE(l);
-  REQUIRE(l->size() == 1);
-  CHECK(l->front().env.backend == "microvm");
-
+  // (exec itself: the "exec" case, for both backends)
   auto on_tty = cmd({"sh"});
   on_tty.tty = true;
   auto t = s->exec(id, on_tty);
@@ -308,12 +364,10 @@ TEST_CASE("a microVM pauses and resumes: QEMU frozen, commands refused, its TTL 
   CHECK(eventually_no_qemu());
 }
 
-TEST_CASE("process handles in a microVM: stdin written in pieces and closed, a signal to one "
-          "command's process group, streamed output; refusals name what" *
-          skip_unless(have_microvm_guest(), "needs qemu-system-x86_64 and a guest kernel (tools/microvm-guest)")) {
-  embedded n(vm_daemon(microvm_guest_dir()));
+void process_handles(const std::string& backend) {
+  embedded n(vm_daemon(backend == "microvm" ? microvm_guest_dir() : std::string()));
   auto s = open(*n.c);
-  auto ids = s->create(vm_env(), 1);
+  auto ids = s->create(vm_env(backend), 1);
   REQUIRE_MESSAGE(ids, describe(ids.error_value()));
   REQUIRE(ids->size() == 1);
   auto id = ids->front();
@@ -396,15 +450,15 @@ TEST_CASE("process handles in a microVM: stdin written in pieces and closed, a s
 
   REQUIRE(s->destroy(id));
   CHECK(eventually_gone(*n.c, {id}));
-  CHECK(eventually_no_qemu());
+  CHECK(eventually_nothing_left(backend));
 }
+BACKEND_CASE("process handles: stdin written in pieces and closed, a signal to one command's process group, streamed output; refusals name what",
+             process_handles)
 
-TEST_CASE("files in and out of a microVM: a small put (one message) and a 3 MiB one (streamed), "
-          "gets back byte-exact, a small get held back whole, a missing path named" *
-          skip_unless(have_microvm_guest(), "needs qemu-system-x86_64 and a guest kernel (tools/microvm-guest)")) {
-  embedded n(vm_daemon(microvm_guest_dir()));
+void files_in_and_out(const std::string& backend) {
+  embedded n(vm_daemon(backend == "microvm" ? microvm_guest_dir() : std::string()));
   auto s = open(*n.c);
-  auto ids = s->create(vm_env(), 1);
+  auto ids = s->create(vm_env(backend), 1);
   REQUIRE_MESSAGE(ids, describe(ids.error_value()));
   REQUIRE(ids->size() == 1);
   auto id = ids->front();
@@ -450,21 +504,24 @@ TEST_CASE("files in and out of a microVM: a small put (one message) and a 3 MiB 
 
   REQUIRE(s->destroy(id));
   CHECK(eventually_gone(*n.c, {id}));
-  CHECK(eventually_no_qemu());
+  CHECK(eventually_nothing_left(backend));
 }
+BACKEND_CASE("files in and out: a small put (one message) and a 3 MiB one (streamed), gets back byte-exact, a small get held back whole, a missing path named",
+             files_in_and_out)
 
-TEST_CASE("a microVM's TTL ends it; QEMU goes with it" *
-          skip_unless(have_microvm_guest(), "needs qemu-system-x86_64 and a guest kernel (tools/microvm-guest)")) {
-  embedded n(vm_daemon(microvm_guest_dir()));
+void ttl_ends_it(const std::string& backend) {
+  embedded n(vm_daemon(backend == "microvm" ? microvm_guest_dir() : std::string()));
   auto s = open(*n.c);
-  auto env = vm_env();
+  auto env = vm_env(backend);
   env.ttl_ms = 1500;
   auto ids = s->create(env, 1);
   REQUIRE_MESSAGE(ids, describe(ids.error_value()));
   REQUIRE(ids->size() == 1);
   CHECK(eventually_gone(*n.c, *ids));
-  CHECK(eventually_no_qemu());
+  CHECK(eventually_nothing_left(backend));
 }
+BACKEND_CASE("its TTL ends it, and nothing of it is left",
+             ttl_ends_it)
 
 TEST_CASE("a microVM whose kernel does not boot fails its create with QEMU's reason; nothing is left" *
           skip_unless(have_microvm_guest(), "needs qemu-system-x86_64 and a guest kernel (tools/microvm-guest)")) {

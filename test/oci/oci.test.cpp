@@ -854,6 +854,92 @@ TEST_CASE("a microVM takes the image config as a container does: Entrypoint + Cm
   s.dsec({"layer", "rm", "vmcfg@1"});
 }
 
+TEST_CASE("a microVM of an image with more layers than it has disk slots: the lowest merged into "
+          "one disk, made once per node and shared, whiteouts kept; removed when the node stops" *
+          skip_unless(have("python3") && have_microvm_guest(),
+                      "needs python3, qemu and the microVM guest (tools/microvm-guest)")) {
+  auto& s = suite::get();
+  auto work = s.scratch();
+  auto layout = work / "layout";
+  // 10 layers: busybox, then data/l1..l9; l2 has a file that l9 whites out,
+  // l3 a directory that l8 makes opaque.
+  json layers = json::array({busybox_layer("many")});
+  for (int i = 1; i <= 9; ++i) {
+    auto n = std::to_string(i);
+    json e = json::array({dir("data"), file("data/l" + n, "layer " + n + "\n")});
+    if (i == 2)
+      e.push_back(file("data/gone", "gone\n"));
+    if (i == 3) {
+      e.push_back(dir("data/d"));
+      e.push_back(file("data/d/old", "old\n"));
+    }
+    if (i == 8) {
+      e.push_back(dir("data/d"));
+      e.push_back(file("data/d/.wh..wh..opq", ""));
+      e.push_back(file("data/d/new", "new\n"));
+    }
+    if (i == 9)
+      e.push_back(file("data/.wh.gone", ""));
+    layers.push_back(layer(e));
+  }
+  make_layout(layout, json::array({{{"tag", "m"}, {"layers", layers}}}));
+  auto r = s.dsec({"layer", "import", "vmmany@1", "oci:" + layout + ":m"});
+  REQUIRE_MESSAGE(r.status == 0, r.describe());
+  REQUIRE(lowers_of("vmmany@1").size() == 10);
+  const std::string expected = "data/\ndata/d/\ndata/d/new: new\n"
+                               "data/l1: layer 1\ndata/l2: layer 2\ndata/l3: layer 3\n"
+                               "data/l4: layer 4\ndata/l5: layer 5\ndata/l6: layer 6\n"
+                               "data/l7: layer 7\ndata/l8: layer 8\ndata/l9: layer 9\n";
+  CHECK(sandbox_view("vmmany@1") == expected); // a container sees the 10 lowers
+
+  background daemon{{env_path("DSECD_BIN"), "--listen", "127.0.0.1:0", "--state", s.state(),
+                     "--slots", "4", "--microvm-slots", "2", "--microvm-guest",
+                     microvm_guest_dir()}};
+  auto addr = address_of(daemon);
+  auto merged = [&] { // the merged images this daemon made
+    size_t n = 0;
+    std::error_code ec;
+    for (const auto& owner : fs::directory_iterator(s.state() + "/microvm-disks", ec))
+      for (const auto& f : fs::directory_iterator(owner.path()))
+        n += f.path().extension() == ".erofs" ? 1 : 0;
+    return n;
+  };
+  const std::string listing =
+    "cd / && find data | sort | while read p; do if test -d \"$p\"; then echo \"$p/\"; "
+    "else echo \"$p: $(cat \"$p\")\"; fi; done";
+  spawn_options slow;
+  slow.kill_after = std::chrono::seconds(600);
+  for (int round = 0; round < 2; ++round) {
+    r = s.dsec({"--connect", addr, "run", "--backend", "microvm", "--base", "vmmany@1", "--", "sh",
+                "-c", listing},
+               slow);
+    CHECK_MESSAGE(r.status == 0, r.describe());
+    CHECK(r.out == expected);
+    CHECK(merged() == 1); // made by the first VM, used again by the second
+  }
+  // A killed node leaves its merged disk; the next one removes it at its start.
+  daemon.kill(SIGKILL);
+  daemon.wait();
+  CHECK(merged() == 1);
+  background again{{env_path("DSECD_BIN"), "--listen", "127.0.0.1:0", "--state", s.state(),
+                    "--slots", "4", "--microvm-slots", "2", "--microvm-guest",
+                    microvm_guest_dir()}};
+  CHECK_MESSAGE(again.wait_for_output("merged microVM disks left by a dsec that is gone"),
+                again.out());
+  CHECK(merged() == 0);
+  // One it made is removed when it stops.
+  r = s.dsec({"--connect", address_of(again), "run", "--backend", "microvm", "--base",
+              "vmmany@1", "--", "cat", "/data/l1"},
+             slow);
+  CHECK(r.out == "layer 1\n");
+  CHECK(merged() == 1);
+  again.kill(SIGTERM);
+  auto end = again.wait();
+  CHECK_MESSAGE(end.status == 0, end.describe());
+  CHECK(merged() == 0);
+  s.dsec({"layer", "rm", "vmmany@1"});
+}
+
 TEST_CASE("a cluster node fetches an image from its coordinator: each lower once, shared ones "
           "not again, with the config" * skip_unless(have("python3"), "needs python3")) {
   auto& s = suite::get();
