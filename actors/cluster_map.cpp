@@ -152,14 +152,17 @@ cluster_node* cluster_map::find(uint32_t id) {
 
 cluster_map::batch cluster_map::make_batch(const std::string& base, const std::string& workdir,
                                            const std::vector<std::string>& tools,
-                                           std::string backend) {
+                                           std::string backend, const std::string& snapshot) {
   batch b;
   b.backend = std::move(backend);
-  b.refs.push_back(base);
+  if (!base.empty())
+    b.refs.push_back(base);
+  if (!snapshot.empty())
+    b.refs.push_back(snapshot);
   if (!workdir.empty())
     b.refs.push_back(workdir);
   b.refs.insert(b.refs.end(), tools.begin(), tools.end());
-  b.key = workdir.empty() ? base : workdir;
+  b.key = !snapshot.empty() ? snapshot : workdir.empty() ? base : workdir;
   return b;
 }
 
@@ -169,7 +172,7 @@ uint32_t cluster_map::piece_size(uint32_t count) const {
 }
 
 bool cluster_map::can_run(const cluster_node& n, const batch& b) const {
-  if (n.cordoned || !n.offers(b.backend))
+  if (n.cordoned || !n.offers(b.backend) || (b.only != 0 && n.id != b.only))
     return false;
   if (!source_)
     return true;

@@ -127,15 +127,18 @@ public:
     std::vector<std::string> refs; ///< the environment's layers
     std::string key;               ///< its most specific layer
     std::string backend = "container"; ///< only nodes offering it are picked
+    uint32_t only = 0; ///< a node's id: only it is picked (placement.near); 0: any
     std::unordered_map<uint32_t, uint32_t> pieces;
     /// Warm pools it may claim from: "SESSION\nKEY" (the placing session's
     /// pools) and "node\nKEY" (the nodes' own); empty: none (a sandbox
     /// rebuilt from a log, another backend).
     std::string own_pool, node_pool;
   };
+  /// `snapshot` (environment.snapshot): a diff whose recorded environment
+  /// gives the base; it is then the batch's key.
   static batch make_batch(const std::string& base, const std::string& workdir,
                           const std::vector<std::string>& tools,
-                          std::string backend = "container");
+                          std::string backend = "container", const std::string& snapshot = {});
 
   /// `n` sandboxes of batch `b` placed on node `id`: that many fewer of its
   /// ready pooled ones are left for the next pieces (until its next report).

@@ -159,6 +159,11 @@ using session_actor = caf::typed_actor<
   /// to `listener` as (ready_atom, ready_ids) with its key. A resumed session
   /// gives the call the sandboxes its log made for the key (docs/trajectory.md).
   caf::replies_to<create_atom, environment, uint32_t, caf::actor, create_labels>::with<uint32_t>,
+  /// The same, placed only on the node of the session's own sandbox `near`
+  /// (a fork's: its snapshot is in that node's store alone); errc::not_found
+  /// for a sandbox the session does not have.
+  caf::replies_to<create_atom, environment, uint32_t, caf::actor, create_labels,
+                  std::string>::with<uint32_t>,
   /// The sandbox with this key (create_labels), or errc::not_found.
   caf::replies_to<lookup_atom, std::string>::with<sandbox_info>,
   caf::replies_to<exec_atom, std::string, exec_request>::with<exec_result>,

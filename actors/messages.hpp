@@ -178,13 +178,16 @@ struct placement {
   /// when it adopts them.
   create_labels labels;
   uint32_t count = 1;
+  /// A sandbox id: place them only on its node (a fork: its diff is in that
+  /// node's store alone, until diffs travel between nodes). Empty: anywhere.
+  std::string near;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, placement& x) {
   return f(caf::meta::type_name("dsec.placement"), x.request, x.session_id, x.ttl_ms,
            x.keep_upper, x.id, x.seed_pack, x.seed_manifest, x.report_refusals, x.session,
-           x.owned, x.labels, x.count);
+           x.owned, x.labels, x.count, x.near);
 }
 
 

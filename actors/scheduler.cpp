@@ -997,7 +997,8 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
         return to_caf(make_error(errc::unsupported,
                                  "no node of the cluster offers backend '" + env.backend + "'"));
       auto job = std::make_shared<place_job>();
-      job->batch = cluster_map::make_batch(env.base, env.workdir, env.tools, env.backend);
+      job->batch = cluster_map::make_batch(env.base, env.workdir, env.tools, env.backend,
+                                           env.snapshot);
       // Where a ready pooled sandbox is, for what a node would claim one for
       // (actors/node.cpp, claim_pooled): the session's pools, then the nodes'.
       if (s.map.any_pooled() && poolable(env) && pl.id.empty() && pl.seed_pack.empty()
@@ -1015,7 +1016,33 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
       job->rp = self->make_response_promise<internal_key, uint32_t>();
       auto rp = job->rp;
       s.placing.push_back(job);
-      place_more(self, job);
+      if (job->pl.near.empty()) {
+        place_more(self, job);
+        return rp;
+      }
+      // Only on the node of sandbox `near` (a fork: its diff is there).
+      auto near = job->pl.near;
+      find_box(
+        self, near,
+        [=](sandbox_actor& sb) {
+          auto& s = self->state;
+          for (const auto& [id, m] : s.members)
+            if (m.where == sb.node())
+              job->batch.only = id;
+          if (job->batch.only == 0)
+            job->why = "sandbox " + near + "'s node is not a member now";
+          else
+            job->why = "they go to node " + s.members.at(job->batch.only).name
+                       + ", where sandbox " + near + " and its snapshot are";
+          if (job->batch.only == 0)
+            job->refusals = max_refusals; // nowhere to place them
+          place_more(self, job);
+        },
+        [=](caf::error e) {
+          job->why = "sandbox " + near + ": " + from_caf(e).message;
+          job->refusals = max_refusals;
+          place_more(self, job);
+        });
       return rp;
     },
     [=](exec_atom, const std::string& id, const exec_request& req) {

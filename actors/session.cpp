@@ -590,7 +590,8 @@ caf::result<sandbox_info> find_by_key(self_ptr self, const std::string& key) {
 // settled already (a resumed create's logged ones): the others are placed.
 caf::result<uint32_t> start_batch(self_ptr self, environment env, uint32_t count,
                                   const caf::actor& listener, create_labels labels, bool labeled,
-                                  uint64_t group, uint32_t ready, uint32_t failed) {
+                                  uint64_t group, uint32_t ready, uint32_t failed,
+                                  std::string near) {
   auto& s = self->state;
   uint32_t fresh = count - ready - failed;
   uint64_t req = s.next_request++;
@@ -620,6 +621,7 @@ caf::result<uint32_t> start_batch(self_ptr self, environment env, uint32_t count
   pl.keep_upper = s.log.has_value();
   pl.labels = std::move(given);
   pl.count = count;
+  pl.near = std::move(near);
   self
     ->request(s.cfg.scheduler, caf::infinite, place_atom::value, process_key(), std::move(env),
               fresh, session_actor{self}, std::move(pl))
@@ -658,7 +660,7 @@ std::optional<error> over_quota(self_ptr self, uint64_t more) {
 // another key's).
 caf::result<uint32_t> create_call(self_ptr self, environment env, uint32_t count,
                                   const caf::actor& listener, create_labels labels,
-                                  bool labeled) {
+                                  bool labeled, std::string near = {}) {
   auto& s = self->state;
   if (s.closing)
     return to_caf(make_error(errc::closed, "session " + s.cfg.id + " is closing"));
@@ -713,7 +715,7 @@ caf::result<uint32_t> create_call(self_ptr self, environment env, uint32_t count
     return to_caf(*e);
   }
   return start_batch(self, std::move(env), count, listener, std::move(labels), labeled, 0, 0,
-                     0);
+                     0, std::move(near));
 }
 
 // Warm pools and the function backend (at the end of this file).
@@ -774,6 +776,16 @@ session_actor::behavior_type session_impl(self_ptr self, session_config cfg) {
         create_labels& labels) -> caf::result<uint32_t> {
       note_mailbox(self);
       return create_call(self, std::move(env), count, listener, std::move(labels), true);
+    },
+    [=](create_atom, environment& env, uint32_t count, const caf::actor& listener,
+        create_labels& labels, std::string& near) -> caf::result<uint32_t> {
+      note_mailbox(self);
+      if (!self->state.sandboxes.count(near))
+        return to_caf(make_error(errc::not_found, "session " + self->state.cfg.id
+                                                    + " has no sandbox " + near
+                                                    + " to place sandboxes near"));
+      return create_call(self, std::move(env), count, listener, std::move(labels),
+                         !labels.key.empty() || !labels.tags.empty(), std::move(near));
     },
     [=](lookup_atom, const std::string& key) -> caf::result<sandbox_info> {
       return find_by_key(self, key);

@@ -104,7 +104,10 @@ caf::result<uint32_t> fork_one(self_ptr self, const std::string& id, uint32_t co
                   env.tools.clear();
                   env.snapshot = ref;
                   session_actor me = self;
-                  self->request(me, caf::infinite, create_atom::value, env, count, listener)
+                  // On the source's node, where the snapshot is (diffs do
+                  // not travel between nodes yet).
+                  self->request(me, caf::infinite, create_atom::value, env, count, listener,
+                                create_labels{}, id)
                     .then([=](uint32_t n) mutable { rp.deliver(n); },
                           [=](caf::error& e) mutable { rp.deliver(e); });
                 },

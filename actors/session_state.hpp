@@ -166,7 +166,8 @@ void publish_event(self_ptr self, chronus_event_msg ev);
 std::optional<error> over_quota(self_ptr self, uint64_t more);
 caf::result<uint32_t> start_batch(self_ptr self, environment env, uint32_t count,
                                   const caf::actor& listener, create_labels labels, bool labeled,
-                                  uint64_t group, uint32_t ready, uint32_t failed);
+                                  uint64_t group, uint32_t ready, uint32_t failed,
+                                  std::string near = {});
 
 /// What a relay for a streamed command keeps of its output (see spawn_relay).
 struct kept_output {
