@@ -176,6 +176,7 @@ expected<std::unique_ptr<daemon>> daemon::start(caf::actor_system& sys,
   }
   sc.coordinator = opts.coordinator;
   sc.store = d->layer_store_;
+  sc.cache = d->cache_;
   sc.beat_timeout = opts.beat_timeout;
   sc.orphan_grace = opts.orphan_grace;
   sc.door = opts.door;

@@ -51,6 +51,12 @@ using layer_cache_actor = caf::typed_actor<
   /// Fetch missing layers from here from now on (a node that joined a
   /// cluster); the name is how errors call it ("the coordinator HOST:PORT").
   caf::reacts_to<source_atom, internal_key, layer_store_actor, std::string>,
+  /// Copies layer NAME@VERSION from `from` (a peer's layer store, named
+  /// `from_name` in errors) into the node's store, as a fetch does: a diff
+  /// made on another node, which the coordinator keeps so that every node can
+  /// fetch it. true: copied now; false: the store had it.
+  caf::replies_to<copy_atom, internal_key, std::string, layer_store_actor,
+                  std::string>::with<internal_key, bool>,
   /// The NAME@VERSION layers in the node's store; layers fetched so far and
   /// their bytes.
   caf::replies_to<list_atom, internal_key>::with<std::vector<std::string>, uint64_t, uint64_t>,
@@ -367,6 +373,11 @@ using scheduler_actor = caf::typed_actor<
   caf::replies_to<place_atom, internal_key, environment, uint32_t, session_actor,
                   placement>::with<internal_key, uint32_t>,
   caf::reacts_to<gone_atom, internal_key, std::string>, ///< a session ended
+  /// From a session: layer NAME@VERSION was just made by sandbox ID (a
+  /// snapshot). A coordinator copies it from the sandbox's node into its own
+  /// store, where every node fetches layers, and replies true once it has;
+  /// false when there is nothing to copy (one node, the coordinator's own).
+  caf::replies_to<copy_atom, internal_key, std::string, std::string>::with<internal_key, bool>,
   /// From a session: its warm pool of `env` (spread over the nodes).
   caf::replies_to<pool_atom, internal_key, environment, uint32_t, session_actor,
                   std::string>::with<internal_key, uint32_t>,

@@ -149,6 +149,8 @@ struct layer_cache_state {
     uint32_t in_flight = 0;
     std::map<uint64_t, std::string> early; // chunks that came before their turn
     std::vector<uint64_t> waiters; // the acquires waiting for it
+    // copy_atom's callers (a diff made on another node, copied here)
+    std::vector<caf::typed_response_promise<internal_key, bool>> copies;
     std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
   };
   std::unordered_map<std::string, fetch_job> fetches; // by NAME@VERSION
@@ -159,6 +161,7 @@ struct layer_cache_state {
     environment env;
     caf::typed_response_promise<internal_key, layer_set> rp;
     size_t pending = 0;            // fetches not finished yet
+    uint32_t rounds = 1;           // a snapshot's record names more once its diff is here
     std::optional<error> failure;  // the first that failed
   };
   std::unordered_map<uint64_t, waiting_acquire> waiting;
@@ -166,10 +169,33 @@ struct layer_cache_state {
 
   // The layers of `env` that the store lacks (not_found), each once.
   std::vector<std::string> missing(const environment& env) {
-    std::vector<std::string> all{env.base};
-    if (!env.workdir.empty())
-      all.push_back(env.workdir);
-    all.insert(all.end(), env.tools.begin(), env.tools.end());
+    std::vector<std::string> all;
+    auto add = [&](const environment& e) {
+      if (!e.base.empty())
+        all.push_back(e.base);
+      if (!e.workdir.empty())
+        all.push_back(e.workdir);
+      all.insert(all.end(), e.tools.begin(), e.tools.end());
+    };
+    add(env);
+    // A snapshot: its diff, and once that is here the layers its record
+    // names, down the chain (diffs stack); acquire fetches them round by round.
+    environment at = env;
+    for (int depth = 0; !at.snapshot.empty() && depth < 16; ++depth) {
+      auto parsed = parse_layer_ref(at.snapshot);
+      if (!parsed)
+        break;
+      auto info = eng->layers().find(*parsed);
+      if (!info) {
+        all.push_back(at.snapshot);
+        break;
+      }
+      auto rec = parse_on(info->on);
+      if (!rec)
+        break;
+      at = std::move(*rec);
+      add(at);
+    }
     std::vector<std::string> out;
     for (const auto& text : all) {
       if (auto it = refs.find(text); it != refs.end() && it->second.users > 0)
@@ -333,6 +359,8 @@ using cache_ptr = layer_cache_actor::stateful_pointer<layer_cache_state>;
 
 // ---- layer distribution ---------------------------------------------------------
 
+void join_fetch(cache_ptr self, const std::string& ref, uint64_t id);
+
 // Ends the fetch of `ref`: its staged file goes (unless imported), and every
 // acquire waiting for it either fails with `failure` or, once it waits for no
 // other fetch, is served from the store.
@@ -342,6 +370,12 @@ void end_fetch(cache_ptr self, const std::string& ref, std::optional<error> fail
   if (it == s.fetches.end())
     return;
   auto waiters = std::move(it->second.waiters);
+  for (auto& c : it->second.copies) {
+    if (failure)
+      c.deliver(to_caf(*failure));
+    else
+      c.deliver(process_key(), true);
+  }
   auto& cm = cache_metrics::get();
   if (failure) {
     cm.fetch_failed.inc();
@@ -368,10 +402,24 @@ void end_fetch(cache_ptr self, const std::string& ref, std::optional<error> fail
       continue;
     }
     auto r = s.acquire(done.env);
-    if (r)
+    if (r) {
       done.rp.deliver(process_key(), std::move(*r));
-    else
-      done.rp.deliver(to_caf(r.error_value()));
+      continue;
+    }
+    // A diff fetched names layers this node lacks too: fetch those.
+    if (r.error_value().code == errc::not_found && done.rounds < 17) {
+      auto lacking = s.missing(done.env);
+      if (!lacking.empty()) {
+        auto again = s.next_waiter++;
+        done.pending = lacking.size();
+        ++done.rounds;
+        s.waiting.emplace(again, std::move(done));
+        for (const auto& l : lacking)
+          join_fetch(self, l, again);
+        continue;
+      }
+    }
+    done.rp.deliver(to_caf(r.error_value()));
   }
 }
 
@@ -585,18 +633,26 @@ void start_blob(cache_ptr self, const std::string& ref) {
   pump(self, ref);
 }
 
-// Makes acquire `id` wait for the fetch of `ref`, starting it unless it runs.
+// Starts the fetch of `ref` from `from` (which must not run yet).
+void start_fetch(cache_ptr self, const std::string& ref, layer_store_actor from,
+                 std::string from_name);
+
+// Makes acquire `id` wait for the fetch of `ref`, starting it from the
+// layer source unless it runs.
 void join_fetch(cache_ptr self, const std::string& ref, uint64_t id) {
   auto& s = self->state;
-  if (auto it = s.fetches.find(ref); it != s.fetches.end()) {
-    it->second.waiters.push_back(id);
-    return;
-  }
+  if (auto it = s.fetches.find(ref); it == s.fetches.end())
+    start_fetch(self, ref, s.source, s.source_name);
+  s.fetches[ref].waiters.push_back(id);
+}
+
+void start_fetch(cache_ptr self, const std::string& ref, layer_store_actor from,
+                 std::string from_name) {
+  auto& s = self->state;
   auto& job = s.fetches[ref];
   job.id = s.next_job++;
-  job.from = s.source;
-  job.from_name = s.source_name;
-  job.waiters.push_back(id);
+  job.from = std::move(from);
+  job.from_name = std::move(from_name);
   self->request(job.from, fetch_timeout, describe_atom::value, s.key, ref)
     .then([=, id = job.id](const internal_key& k, layer_meta& meta) {
             if (genuine(k, self->state.key, "a reply to describe")) {
@@ -631,6 +687,9 @@ void fail_waiting(cache_ptr self, const std::string& why) {
   for (auto& [id, w] : s.waiting)
     w.rp.deliver(to_caf(make_error(errc::disconnected, why)));
   s.waiting.clear();
+  for (auto& [ref, job] : s.fetches)
+    for (auto& c : job.copies)
+      c.deliver(to_caf(make_error(errc::disconnected, why)));
   s.fetches.clear();
 }
 
@@ -682,6 +741,26 @@ layer_cache_actor::behavior_type layer_cache_impl(cache_ptr self, engine* eng,
     [=](release_atom, const internal_key& k, uint64_t lease) {
       if (genuine(k, process_key(), "release (layer cache)"))
         self->state.release(lease);
+    },
+    [=](copy_atom, const internal_key& k, const std::string& ref, layer_store_actor& from,
+        std::string& from_name) -> caf::result<internal_key, bool> {
+      auto& s = self->state;
+      if (!genuine(k, process_key(), "copy (layer cache)"))
+        return refuse("copy");
+      auto parsed = parse_layer_ref(ref);
+      if (!parsed)
+        return to_caf(parsed.error_value());
+      if (s.eng->layers().find(*parsed))
+        return {process_key(), false};
+      if (!from)
+        return to_caf(make_error(errc::invalid_argument, "copy " + ref + ": no layer store"));
+      auto rp = self->make_response_promise<internal_key, bool>();
+      if (!s.fetches.count(ref)) {
+        self->monitor(from); // a node that goes fails the copy at once
+        start_fetch(self, ref, std::move(from), std::move(from_name));
+      }
+      s.fetches[ref].copies.push_back(rp);
+      return rp;
     },
     [=](source_atom, const internal_key& k, layer_store_actor& src, std::string& name) {
       auto& s = self->state;

@@ -64,6 +64,7 @@ using reset_atom = caf::atom_constant<caf::atom("reset")>;
 // layer distribution
 using describe_atom = caf::atom_constant<caf::atom("describe")>;
 using fetch_atom = caf::atom_constant<caf::atom("fetch")>;
+using copy_atom = caf::atom_constant<caf::atom("copy")>;
 using source_atom = caf::atom_constant<caf::atom("source")>;
 // operating nodes
 using cordon_atom = caf::atom_constant<caf::atom("cordon")>;

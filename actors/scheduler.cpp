@@ -1045,6 +1045,41 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
         });
       return rp;
     },
+    [=](copy_atom, const internal_key& k, const std::string& ref,
+        const std::string& id) -> caf::result<internal_key, bool> {
+      auto& s = self->state;
+      if (!genuine(k, process_key(), "copy (scheduler)"))
+        return refuse("copy");
+      if (!s.cfg.coordinator || !s.cfg.cache)
+        return {s.cfg.key, false}; // one node: its store is the only one
+      auto rp = self->make_response_promise<internal_key, bool>();
+      find_box(
+        self, id,
+        [=](sandbox_actor& sb) mutable {
+          auto& s = self->state;
+          const scheduler_state::member* from = nullptr;
+          for (const auto& [mid, m] : s.members)
+            if (m.where == sb.node())
+              from = &m;
+          if (!from || from->local || !from->store) {
+            rp.deliver(s.cfg.key, false); // made here (or its node is gone)
+            return;
+          }
+          self
+            ->request(s.cfg.cache, caf::infinite, copy_atom::value, process_key(), ref,
+                      from->store, "node " + from->name)
+            .then(
+              [=](const internal_key& k2, bool copied) mutable {
+                if (!genuine(k2, process_key(), "a reply to copy"))
+                  rp.deliver(refuse("a reply to copy"));
+                else
+                  rp.deliver(self->state.cfg.key, copied);
+              },
+              [=](caf::error& e) mutable { rp.deliver(e); });
+        },
+        [=](caf::error e) mutable { rp.deliver(e); });
+      return rp;
+    },
     [=](exec_atom, const std::string& id, const exec_request& req) {
       return by_id<exec_result>(self, id, exec_atom::value, req);
     },

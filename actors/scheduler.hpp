@@ -30,6 +30,8 @@ struct scheduler_config {
   bool coordinator = false;
   /// The coordinator's layer store, handed to joining nodes.
   layer_store_actor store;
+  /// Its own node's layer cache (copy_atom: diffs made on other nodes).
+  layer_cache_actor cache;
   /// A node with no heartbeat for this long is lost.
   std::chrono::milliseconds beat_timeout{1500};
   /// A session a restarted coordinator rebuilt from its nodes' reports waits

@@ -6,6 +6,7 @@
 
 #include "actors/session_state.hpp"
 #include "runtime/clock.hpp"
+#include "runtime/log.hpp"
 
 namespace dsec::session_detail {
 
@@ -64,7 +65,22 @@ caf::result<std::string> snapshot_one(self_ptr self, const std::string& id,
               rp.deliver(refuse("a reply to snapshot"));
               return;
             }
-            rp.deliver(std::move(digest));
+            // A copy in the coordinator's store, where every node fetches
+            // layers (nothing to do on one node), before the answer: once
+            // it returns, the snapshot can be used on any node. If the copy
+            // fails, it is used on its own node only (placement follows the
+            // nodes' layer lists), and the answer is still the digest.
+            self->request(self->state.cfg.scheduler, caf::infinite, copy_atom::value,
+                          process_key(), ref, id)
+              .then([=](const internal_key&, bool) mutable { rp.deliver(digest); },
+                    [=](caf::error& e) mutable {
+                      log::write(log::level::warn, "snapshot",
+                                 "a snapshot was not copied to the coordinator: it is used on "
+                                 "its node only",
+                                 {{"sandbox", id}, {"layer", ref},
+                                  {"error", from_caf(e).message}});
+                      rp.deliver(digest);
+                    });
           },
           [=](caf::error& e) mutable { rp.deliver(e); });
     },
@@ -104,12 +120,31 @@ caf::result<uint32_t> fork_one(self_ptr self, const std::string& id, uint32_t co
                   env.tools.clear();
                   env.snapshot = ref;
                   session_actor me = self;
-                  // On the source's node, where the snapshot is (diffs do
-                  // not travel between nodes yet).
-                  self->request(me, caf::infinite, create_atom::value, env, count, listener,
-                                create_labels{}, id)
-                    .then([=](uint32_t n) mutable { rp.deliver(n); },
-                          [=](caf::error& e) mutable { rp.deliver(e); });
+                  // In a cluster the diff is copied into the coordinator's
+                  // store first, so the forks may go to any node (each
+                  // fetches it once); if that fails, they all go to the
+                  // source's node, where the diff is.
+                  auto create = [=](bool anywhere) mutable {
+                    auto done = [=](uint32_t n) mutable { rp.deliver(n); };
+                    auto fail = [=](caf::error& e) mutable { rp.deliver(e); };
+                    if (anywhere)
+                      self->request(me, caf::infinite, create_atom::value, env, count, listener)
+                        .then(done, fail);
+                    else
+                      self->request(me, caf::infinite, create_atom::value, env, count, listener,
+                                    create_labels{}, id)
+                        .then(done, fail);
+                  };
+                  self->request(self->state.cfg.scheduler, caf::infinite, copy_atom::value,
+                                process_key(), ref, id)
+                    .then([=](const internal_key&, bool) mutable { create(true); },
+                          [=](caf::error& e) mutable {
+                            log::write(log::level::warn, "snapshot",
+                                       "a fork's diff was not copied to the coordinator: "
+                                       "its sandboxes stay on the source's node",
+                                       {{"sandbox", id}, {"error", from_caf(e).message}});
+                            create(false);
+                          });
                 },
                 [=](caf::error& e) mutable { rp.deliver(e); });
           },
