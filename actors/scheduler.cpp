@@ -436,6 +436,14 @@ constexpr auto list_wait = std::chrono::seconds(3);
 // what is left of it fails.
 constexpr uint32_t max_refusals = 16;
 
+// The member (its map id) that sandbox actor `sb` runs on; 0: none now.
+uint32_t member_of(const scheduler_state& s, const sandbox_actor& sb) {
+  for (const auto& [id, m] : s.members)
+    if (m.where == sb.node())
+      return id;
+  return 0;
+}
+
 void place_more(self_ptr self, const std::shared_ptr<place_job>& job) {
   auto& s = self->state;
   while (job->left > 0 && job->refusals < max_refusals) {
@@ -1026,16 +1034,14 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
         self, near,
         [=](sandbox_actor& sb) {
           auto& s = self->state;
-          for (const auto& [id, m] : s.members)
-            if (m.where == sb.node())
-              job->batch.only = id;
-          if (job->batch.only == 0)
+          job->batch.only = member_of(s, sb);
+          if (job->batch.only == 0) {
             job->why = "sandbox " + near + "'s node is not a member now";
-          else
+            job->refusals = max_refusals; // nowhere to place them
+          } else {
             job->why = "they go to node " + s.members.at(job->batch.only).name
                        + ", where sandbox " + near + " and its snapshot are";
-          if (job->batch.only == 0)
-            job->refusals = max_refusals; // nowhere to place them
+          }
           place_more(self, job);
         },
         [=](caf::error e) {
@@ -1057,10 +1063,8 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
         self, id,
         [=](sandbox_actor& sb) mutable {
           auto& s = self->state;
-          const scheduler_state::member* from = nullptr;
-          for (const auto& [mid, m] : s.members)
-            if (m.where == sb.node())
-              from = &m;
+          auto mid = member_of(s, sb);
+          const auto* from = mid != 0 ? &s.members.at(mid) : nullptr;
           if (!from || from->local || !from->store) {
             rp.deliver(s.cfg.key, false); // made here (or its node is gone)
             return;

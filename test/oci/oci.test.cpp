@@ -262,6 +262,25 @@ std::vector<std::string> split(const std::string& s) {
 }
 
 
+// put and get of sandbox `id` (through `remote`, a `dsec --connect` call) run
+// as its root: a file copied into /data (root's, 0755), which the image's
+// User cannot write, and back out.
+template <class Remote>
+void check_put_get_as_root(Remote& remote, const std::string& id, const temp_dir& work) {
+  auto local = work / "hello.txt";
+  write_file(local, "hello\n");
+  auto r = remote({"cp", local, id + ":/data/"});
+  CHECK_MESSAGE(r.status == 0, r.describe());
+  r = remote({"exec", id, "--", "sh", "-c", "cat /data/hello.txt; touch /data/mine || echo denied"});
+  CHECK(r.out.find("hello\n") == 0);
+  CHECK_MESSAGE(r.out.find("denied") != std::string::npos, r.describe());
+  auto back = work / "back";
+  fs::create_directories(back);
+  r = remote({"cp", id + ":/data/hello.txt", back});
+  CHECK_MESSAGE(r.status == 0, r.describe());
+  CHECK(read_file(back + "/hello.txt") == "hello\n");
+}
+
 // The Debian mirror this machine's apt uses (the first http URI of its sources
 // that serves bookworm), for debootstrap; empty if none is found.
 std::string debian_mirror() {
@@ -739,18 +758,7 @@ TEST_CASE("a daemon's sandboxes take the image config: Entrypoint + Cmd, Env, Wo
   CHECK(r.out == "0\n");
   // put and get run as the sandbox's root: /data is root's (0755), which the
   // image's user could not write.
-  auto local = work / "hello.txt";
-  write_file(local, "hello\n");
-  r = remote({"cp", local, id + ":/data/"});
-  CHECK_MESSAGE(r.status == 0, r.describe());
-  r = remote({"exec", id, "--", "sh", "-c", "cat /data/hello.txt; touch /data/mine || echo denied"});
-  CHECK(r.out.find("hello\n") == 0);
-  CHECK_MESSAGE(r.out.find("denied") != std::string::npos, r.describe());
-  auto back = work / "back";
-  fs::create_directories(back);
-  r = remote({"cp", id + ":/data/hello.txt", back});
-  CHECK_MESSAGE(r.status == 0, r.describe());
-  CHECK(read_file(back + "/hello.txt") == "hello\n");
+  check_put_get_as_root(remote, id, work);
   remote({"rm", id});
 
   // A User the image cannot resolve fails the commands that take it, naming it.
@@ -833,18 +841,7 @@ TEST_CASE("a microVM takes the image config as a container does: Entrypoint + Cm
   CHECK_MESSAGE(r.err.find("nobody-here") != std::string::npos, r.describe());
   // put and get as the VM's root: /data is root's (0755), which the image's
   // user cannot write.
-  auto local = work / "hello.txt";
-  write_file(local, "hello\n");
-  r = remote({"cp", local, id + ":/data/"});
-  CHECK_MESSAGE(r.status == 0, r.describe());
-  r = remote({"exec", id, "--", "sh", "-c", "cat /data/hello.txt; touch /data/mine || echo denied"});
-  CHECK(r.out.find("hello\n") == 0);
-  CHECK_MESSAGE(r.out.find("denied") != std::string::npos, r.describe());
-  auto back = work / "back";
-  fs::create_directories(back);
-  r = remote({"cp", id + ":/data/hello.txt", back});
-  CHECK_MESSAGE(r.status == 0, r.describe());
-  CHECK(read_file(back + "/hello.txt") == "hello\n");
+  check_put_get_as_root(remote, id, work);
   r = remote({"rm", id});
   CHECK_MESSAGE(r.status == 0, r.describe());
 
