@@ -602,7 +602,8 @@ public:
   /// session. Returns how many the nodes took. Its sandboxes count against
   /// the session's quota (overloaded when the size does not fit beside what
   /// is live); a create claims one only for an environment equal in every
-  /// field but the TTL (a pool keeps containers: unsupported for a microVM).
+  /// field but the TTL (the backend too: a pool of microVMs, env.backend
+  /// "microvm", keeps booted VMs, on nodes that offer them).
   /// A session with a trajectory log takes packs of claimed ones as of any.
   expected<uint32_t> pool(const environment& env, uint32_t size);
   /// The function backend: a sandbox of `env` (from a warm pool when one has

@@ -321,6 +321,9 @@ struct vm_state {
   std::optional<sandbox_freezer> freezer; // opened at the first pause
   bool paused = false;
   uint64_t ttl_left_ms = 0; // while paused
+  // A warm pool's (cfg.pooled), booted before anyone asked, until a create
+  // claims it: nobody's, so it refuses every command, and has no TTL yet.
+  bool pooled = false;
 };
 
 using self_ptr = sandbox_actor::stateful_pointer<vm_state>;
@@ -340,8 +343,11 @@ void finish_destroy(self_ptr self) {
       end_exec(x, make_error(errc::sandbox_failed, "sandbox " + s.cfg.id + " was destroyed"));
   }
   s.execs.clear();
-  tell_end(self, s.cfg.key, s.cfg.session, s.cfg.node, s.cfg.id, s.cfg.request, s.created_ms != 0,
-           s.creation_failed_told);
+  if (s.pooled) // nobody's: only its node hears
+    self->send(s.cfg.node, gone_atom::value, process_key(), s.cfg.id, s.created_ms != 0);
+  else
+    tell_end(self, s.cfg.key, s.cfg.session, s.cfg.node, s.cfg.id, s.cfg.request,
+             s.created_ms != 0, s.creation_failed_told);
   for (auto& rp : s.destroy_waiters)
     rp.deliver(true);
   s.destroy_waiters.clear();
@@ -365,8 +371,25 @@ void begin_destroy(self_ptr self) {
 void fail_creation(self_ptr self, const error& e) {
   auto& s = self->state;
   s.creation_failed_told = true;
-  self->send(s.cfg.session, failed_atom::value, s.cfg.key, to_caf(e), s.cfg.request);
+  if (s.pooled) {
+    std::printf("dsecd: microvm %s (warm pool) failed to boot: %s\n", s.cfg.id.c_str(),
+                e.to_string().c_str());
+    std::fflush(stdout);
+  } else {
+    self->send(s.cfg.session, failed_atom::value, s.cfg.key, to_caf(e), s.cfg.request);
+  }
   begin_destroy(self);
+}
+
+// The TTL clock of a sandbox just handed to its caller.
+void start_ttl(self_ptr self) {
+  auto& s = self->state;
+  if (s.cfg.env.ttl_ms == 0)
+    return;
+  ++s.ttl_setting;
+  s.expires = clock_type::now() + std::chrono::milliseconds(s.cfg.env.ttl_ms);
+  self->delayed_send(self, std::chrono::milliseconds(s.cfg.env.ttl_ms), ttl_atom::value,
+                     process_key(), s.ttl_setting);
 }
 
 void on_frame(self_ptr self, microvm::frame& f) {
@@ -478,18 +501,16 @@ void on_events(self_ptr self) {
         s.created_ms = unix_ms();
         s.cgroups = std::move(ev.cgroups);
         s.image = std::move(ev.image);
-        std::printf("dsecd: microvm %s ready (%s): boot %.0f ms (kernel %.0f, agent %.0f, qemu %.0f)\n",
-                    s.cfg.id.c_str(), ev.accel.c_str(), ev.times.total_ms, ev.times.kernel_ms,
-                    ev.times.agent_ms, ev.times.qemu_ms);
+        std::printf("dsecd: microvm %s ready%s (%s): boot %.0f ms (kernel %.0f, agent %.0f, qemu %.0f)\n",
+                    s.cfg.id.c_str(), s.pooled ? " (warm pool)" : "", ev.accel.c_str(),
+                    ev.times.total_ms, ev.times.kernel_ms, ev.times.agent_ms, ev.times.qemu_ms);
         std::fflush(stdout);
         self->send(s.cfg.node, ready_atom::value, process_key(), s.cfg.id);
+        if (s.pooled)
+          break; // waits for a claim: no session, no TTL yet
         self->send(s.cfg.session, ready_atom::value, s.cfg.key, s.cfg.id, sandbox_actor{self},
                    s.cfg.request);
-        if (s.cfg.env.ttl_ms > 0) {
-          s.expires = clock_type::now() + std::chrono::milliseconds(s.cfg.env.ttl_ms);
-          self->delayed_send(self, std::chrono::milliseconds(s.cfg.env.ttl_ms), ttl_atom::value,
-                             process_key(), s.ttl_setting);
-        }
+        start_ttl(self);
         break;
       case vm_event::kind::failed:
         if (s.ph == phase::creating) {
@@ -513,6 +534,8 @@ void on_events(self_ptr self) {
 // stopped, or both going again. True when the state changed.
 expected<bool> set_paused(self_ptr self, bool on) {
   auto& s = self->state;
+  if (s.pooled)
+    return make_error(errc::not_found, "sandbox " + s.cfg.id + " is in a warm pool (nobody's)");
   if (s.ph != phase::ready)
     return make_error(s.ph == phase::creating ? errc::invalid_argument : errc::not_found,
                       "sandbox " + s.cfg.id
@@ -582,6 +605,8 @@ void drain_stdin(self_ptr self, uint32_t id) {
 }
 
 caf::error not_ready(const vm_state& s) {
+  if (s.pooled)
+    return to_caf(make_error(errc::not_found, "sandbox " + s.cfg.id + " is in a warm pool (nobody's)"));
   return to_caf(make_error(s.ph == phase::creating ? errc::invalid_argument : errc::not_found,
                            "sandbox " + s.cfg.id
                              + (s.ph == phase::creating ? " is not ready yet"
@@ -640,7 +665,7 @@ caf::typed_response_promise<sandbox_usage> read_vm_usage(self_ptr self) {
 expected<vm_exec*> launch(self_ptr self, const exec_request& req_in,
                           caf::strong_actor_ptr listener) {
   auto& s = self->state;
-  if (s.ph != phase::ready)
+  if (s.ph != phase::ready || s.pooled)
     return from_caf(not_ready(s));
   // A transfer (a streamed put or get: docs/actors.md "Transfers") is the
   // guest's tar, run as the VM's root from / (or as the uid it names).
@@ -705,6 +730,39 @@ expected<vm_exec*> launch(self_ptr self, const exec_request& req_in,
   return &x;
 }
 
+// A pooled microVM handed to a create (claim_atom): from now on it is that
+// session's, of that request, with that TTL, as if it had been booted for it.
+// One that is not ready (it is going) fails the request.
+bool claim(self_ptr self, const session_actor& session, const std::string& session_id,
+           uint64_t request, uint64_t ttl_ms) {
+  auto& s = self->state;
+  if (!s.pooled || !session)
+    return false;
+  s.pooled = false;
+  if (s.cfg.session && s.cfg.session != session)
+    self->demonitor(s.cfg.session.address());
+  if (s.cfg.session != session)
+    self->monitor(session);
+  s.cfg.session = session;
+  s.cfg.session_id = session_id;
+  s.cfg.request = request;
+  s.cfg.env.ttl_ms = ttl_ms;
+  if (s.ph != phase::ready || !s.execs.empty()) {
+    s.creation_failed_told = true;
+    s.created_ms = 0; // never the caller's: its end is no gone_atom
+    self->send(session, failed_atom::value, s.cfg.key,
+               to_caf(make_error(errc::sandbox_failed, "pooled sandbox " + s.cfg.id
+                                                         + " ended before it was claimed")),
+               request);
+    begin_destroy(self);
+    return false;
+  }
+  s.created_ms = unix_ms();
+  self->send(session, ready_atom::value, s.cfg.key, s.cfg.id, sandbox_actor{self}, request);
+  start_ttl(self);
+  return true;
+}
+
 sandbox_actor::behavior_type vm_impl(self_ptr self, sandbox_config cfg,
                                      std::shared_ptr<const microvm_node_config> node,
                                      std::shared_ptr<vm_disks> disks) {
@@ -730,7 +788,10 @@ sandbox_actor::behavior_type vm_impl(self_ptr self, sandbox_config cfg,
   o.cgroup_name = st.cfg.id;
   st.worker = std::make_shared<vm_worker>(sandbox_actor{self}, std::move(o), st.cfg.eng, env,
                                           std::move(disks));
-  self->monitor(st.cfg.session);
+  st.pooled = st.cfg.pooled;
+  // The session ending ends its sandboxes (a pooled one's: the pool's owner, if any).
+  if (st.cfg.session)
+    self->monitor(st.cfg.session);
   self->set_down_handler([=](caf::down_msg& dm) {
     auto& s = self->state;
     if (dm.source == s.cfg.session.address()) {
@@ -773,7 +834,7 @@ sandbox_actor::behavior_type vm_impl(self_ptr self, sandbox_config cfg,
       auto& s = self->state;
       if (!genuine(k, s.cfg.key, "signal (sandbox)"))
         return refuse("signal");
-      if (s.ph != phase::ready)
+      if (s.ph != phase::ready || s.pooled)
         return to_caf(make_error(errc::not_found, "sandbox " + s.cfg.id + " is not running"));
       if (sig < 1 || sig > 64)
         return to_caf(make_error(errc::invalid_argument, "bad signal " + std::to_string(sig)));
@@ -902,6 +963,7 @@ sandbox_actor::behavior_type vm_impl(self_ptr self, sandbox_config cfg,
       info.node = s.cfg.node_name;
       info.state = s.ph == phase::creating     ? "creating"
                    : s.ph == phase::destroying ? "destroying"
+                   : s.pooled                  ? "pooled"
                    : s.paused                  ? "paused"
                    : s.execs.empty()           ? "ready"
                                                : "running";
@@ -931,6 +993,8 @@ sandbox_actor::behavior_type vm_impl(self_ptr self, sandbox_config cfg,
       auto& s = self->state;
       if (!genuine(k, s.cfg.key, "lifetime (sandbox)"))
         return refuse("lifetime");
+      if (s.pooled)
+        return not_ready(s);
       if (s.ph != phase::ready)
         return to_caf(make_error(errc::invalid_argument,
                                  "sandbox " + s.cfg.id + " is not ready: its TTL can be set once it is"));
@@ -965,7 +1029,7 @@ sandbox_actor::behavior_type vm_impl(self_ptr self, sandbox_config cfg,
       auto& s = self->state;
       if (!genuine(k, s.cfg.key, "usage (sandbox)"))
         return refuse("usage");
-      if (s.ph != phase::ready)
+      if (s.ph != phase::ready || s.pooled)
         return not_ready(s);
       if (processes)
         return not_for_vm(s, "top (the guest's processes are not seen from the host; stats shows "
@@ -1000,11 +1064,12 @@ sandbox_actor::behavior_type vm_impl(self_ptr self, sandbox_config cfg,
     [=](orphan_atom, const internal_key& k, uint64_t) {
       (void) genuine(k, process_key(), "orphan (microvm sandbox)");
     },
-    [=](claim_atom, const internal_key& k, const caf::actor&, const std::string&, uint64_t,
-        uint64_t, bool) -> caf::result<bool> {
+    [=](claim_atom, const internal_key& k, const caf::actor& session,
+        const std::string& session_id, uint64_t request, uint64_t ttl_ms,
+        bool) -> caf::result<bool> { // (keep_upper: a microVM takes no packs)
       if (!genuine(k, process_key(), "claim (microvm sandbox)"))
         return refuse("claim");
-      return false; // warm pools keep containers
+      return claim(self, caf::actor_cast<session_actor>(session), session_id, request, ttl_ms);
     },
     [=](pause_atom, const internal_key& k, bool on) -> caf::result<bool> {
       if (!genuine(k, self->state.cfg.key, "pause (sandbox)"))

@@ -308,6 +308,22 @@ uint32_t live_microvms(const node_state& s) {
   return n;
 }
 
+// The microVM slots free now (pooled microVMs given up and not yet gone are free).
+uint32_t free_microvm_slots(node_state& s) {
+  if (!s.cfg.microvm)
+    return 0;
+  uint32_t used = 0;
+  for (auto it = s.microvm_ids.begin(); it != s.microvm_ids.end();) {
+    if (!s.live.count(*it)) {
+      it = s.microvm_ids.erase(it);
+      continue;
+    }
+    used += s.pools.releasing(*it) ? 0 : 1;
+    ++it;
+  }
+  return s.cfg.microvm->slots > used ? s.cfg.microvm->slots - used : 0;
+}
+
 // The backends it offers with their capacity (node_stats, node_report). The
 // microvm backend has its own slots (node_config::microvm).
 std::vector<backend_offer> offers(const node_state& s) {
@@ -394,14 +410,18 @@ void refill_pools(self_ptr self) {
   uint32_t used = used_slots(s);
   uint32_t room = used >= s.admit_limit || s.cordoned ? 0 : s.admit_limit - used;
   uint64_t capacity = memory_capacity(s);
+  uint32_t vm_room = free_microvm_slots(s);
   for (auto [pid, n] : s.pools.wanted(room)) {
     const auto* p = s.pools.find(pid);
     // A pooled sandbox counts against the node's memory as a created one
     // does (its environment has the node's defaults), so pools fill only
-    // the memory that creates leave.
+    // the memory that creates leave; a pooled microVM takes a microVM slot.
     uint64_t each = charge_of(s, p->env);
+    bool microvm = p->env.backend == "microvm";
     for (uint32_t i = 0; i < n; ++i) {
       if (capacity > 0 && each > 0 && s.memory_admitted + each > capacity)
+        break;
+      if (microvm && vm_room == 0)
         break;
       sandbox_config sc;
       sc.id = fresh_id(s);
@@ -416,6 +436,10 @@ void refill_pools(self_ptr self) {
       sc.trajectories = s.cfg.trajectories;
       sc.key = s.cfg.key;
       sc.pooled = true;
+      if (microvm) {
+        s.microvm_ids.insert(sc.id);
+        --vm_room;
+      }
       s.pools.warming(pid, sc.id);
       s.live.emplace(sc.id, node_state::entry{{}, false, each, mclock::now(),
                                               &metrics_of(sc.env.backend), {}, {}, 1});
@@ -475,12 +499,13 @@ uint32_t claim_pooled(self_ptr self, const environment& env, uint32_t count,
   return n;
 }
 
-// Destroys up to `n` idle pooled sandboxes for a create; how many.
-uint32_t evict_pooled(self_ptr self, uint32_t n) {
+// Destroys up to `n` idle pooled sandboxes for a create (with `only_microvm`,
+// pooled microVMs, for a create that needs their slots); how many.
+uint32_t evict_pooled(self_ptr self, uint32_t n, bool only_microvm = false) {
   auto& s = self->state;
   std::vector<std::string> ids;
   while (ids.size() < n) {
-    auto id = s.pools.evict();
+    auto id = s.pools.evict(only_microvm);
     if (!id)
       break;
     ids.push_back(std::move(*id));
@@ -529,16 +554,22 @@ expected<uint32_t> set_pool(self_ptr self, environment env, uint32_t size,
   if (auto v = env.validate(); !v)
     return std::move(v).error_value();
   if (!poolable(env))
-    return make_error(errc::unsupported, "a warm pool keeps containers, not " + env.backend
-                                           + " sandboxes (backend container or function)");
-  if (size > s.admit_limit)
+    return make_error(errc::unsupported, "a warm pool keeps containers or microVMs, not "
+                                           + env.backend
+                                           + " sandboxes (backend container, function or microvm)");
+  bool microvm = env.backend == "microvm";
+  if (auto e = check_backend(s, env.backend); microvm && e && size > 0)
+    return std::move(*e);
+  uint32_t fits = microvm && s.cfg.microvm ? std::min(s.cfg.microvm->slots, s.admit_limit)
+                                           : s.admit_limit;
+  if (size > fits)
     return make_error(errc::invalid_argument,
                       "a pool of " + std::to_string(size) + " does not fit node " + s.cfg.name
-                        + " (" + std::to_string(s.admit_limit) + " slots)");
+                        + " (" + std::to_string(fits) + (microvm ? " microVM slots)" : " slots)"));
   auto asked = pool_key(env);
   s.cfg.defaults.apply(env);
   env.ttl_ms = 0;
-  env.backend = "container";
+  env.backend = microvm ? "microvm" : "container";
   std::vector<std::string> orphans;
   s.pools.set(env, asked, owner, owner.address() ? owner_id : "node", size, orphans);
   destroy_pooled(self, orphans);
@@ -653,10 +684,11 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
       }
       bool microvm = env.backend == "microvm" && s.cfg.microvm;
       if (microvm) {
-        for (auto it = s.microvm_ids.begin(); it != s.microvm_ids.end();)
-          it = s.live.count(*it) ? std::next(it) : s.microvm_ids.erase(it);
-        auto used = static_cast<uint32_t>(s.microvm_ids.size());
-        room = std::min(room, s.cfg.microvm->slots > used ? s.cfg.microvm->slots - used : 0u);
+        uint32_t vm_room = free_microvm_slots(s);
+        // Pooled microVMs (of other environments) give up their slots first.
+        if (vm_room < std::min(room, count) && !s.shutting_down && !s.cordoned)
+          vm_room += evict_pooled(self, std::min(room, count) - vm_room, true);
+        room = std::min(room, vm_room);
       }
       uint32_t admitted = std::min(count, room);
       if (s.cfg.sim && admitted > 0) {

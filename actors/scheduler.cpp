@@ -1449,13 +1449,23 @@ scheduler_actor::behavior_type scheduler_impl(self_ptr self, scheduler_config cf
 // up now, by name; with `takers`, only those that take sandboxes (not one of
 // --slots 0, such as a coordinator that runs none, nor a cordoned one). A
 // node that joins later gets no share of a pool.
-std::vector<std::pair<node_actor, std::string>> pool_nodes(self_ptr self, bool takers) {
+std::vector<std::pair<node_actor, std::string>> pool_nodes(self_ptr self, bool takers,
+                                                         const std::string& backend = {}) {
   auto& s = self->state;
   std::vector<std::pair<node_actor, std::string>> nodes;
   if (!s.cfg.coordinator)
     nodes.emplace_back(s.cfg.node, s.cfg.name);
+  // A pool of microVMs goes only to the nodes that offer them.
+  auto offers = [&](const node_report& r) {
+    if (backend != "microvm")
+      return true;
+    for (const auto& b : r.backends)
+      if (b.name == backend && b.slots > 0)
+        return true;
+    return false;
+  };
   for (auto& [id, m] : s.members)
-    if (!takers || (m.last.slots > 0 && !m.last.cordoned))
+    if (!takers || (m.last.slots > 0 && !m.last.cordoned && offers(m.last)))
       nodes.emplace_back(m.node, m.name);
   std::sort(nodes.begin(), nodes.end(),
             [](const auto& a, const auto& b) { return a.second < b.second; });
@@ -1467,11 +1477,16 @@ std::vector<std::pair<node_actor, std::string>> pool_nodes(self_ptr self, bool t
 // error only if every node refused (the first node's).
 void spread_pool_to(self_ptr self, environment env, uint32_t size, session_actor owner,
                     std::string owner_id, std::function<void(caf::expected<uint32_t>)> done) {
-  auto nodes = pool_nodes(self, size > 0); // (a removal reaches every node)
+  // (a removal reaches every node)
+  auto nodes = pool_nodes(self, size > 0, env.backend);
   if (nodes.empty()) {
     done(to_caf(make_error(errc::overloaded,
                            self->state.members.empty()
                              ? "no node has joined the cluster"
+                           : env.backend == "microvm"
+                             ? "no node takes a pool of microVMs: none up offers the microvm "
+                               "backend with slots, or those that do have --slots 0 or are "
+                               "cordoned"
                              : "no node takes a pool: every node up has --slots 0 or is "
                                "cordoned")));
     return;

@@ -14,23 +14,26 @@ std::string pool_key(const environment& e) {
   // Every field that shapes the sandbox (layers, snapshot, limits, network
   // and its policy, exposed ports, host mounts, Chronus): a create must
   // never get a sandbox of another policy or with another's mounts. Only the
-  // TTL (set at the claim) and the backend (pools keep containers, which the
-  // function backend runs too) are left out.
+  // TTL (set at the claim) is left out, and the backend is a container's
+  // for the function backend (whose sandboxes are containers); a microVM
+  // pool is one of microVMs.
   auto k = e;
   k.ttl_ms = 0;
-  k.backend = std::string{backend_container};
+  if (k.backend != "microvm")
+    k.backend = std::string{backend_container};
   return k.to_json();
 }
 
 bool poolable(const environment& e) {
-  return e.backend == backend_container || e.backend == backend_function;
+  return e.backend == backend_container || e.backend == backend_function
+         || e.backend == "microvm";
 }
 
 expected<pool_spec> parse_pool_spec(const std::string& text) {
   auto bad = [&](const std::string& why) {
     return make_error(errc::invalid_argument, "--pool '" + text + "': " + why
                                                 + " (expected NAME@VERSION=N[,workdir=W@V]"
-                                                  "[,tool=T@V][,memory=SIZE][,net][,chronus])");
+                                                  "[,tool=T@V][,memory=SIZE][,net][,chronus][,microvm])");
   };
   pool_spec out;
   std::vector<std::string> parts;
@@ -61,6 +64,8 @@ expected<pool_spec> parse_pool_spec(const std::string& text) {
     };
     if (p == "net")
       out.env.net = true;
+    else if (p == "microvm")
+      out.env.backend = "microvm";
     else if (p == "chronus")
       out.env.chronus = true;
     else if (auto w = val("workdir"))
@@ -212,15 +217,16 @@ std::optional<std::string> warm_pools::take(const environment& env,
   return id;
 }
 
-std::optional<std::string> warm_pools::evict() {
+std::optional<std::string> warm_pools::evict(bool only_microvm) {
+  auto eligible = [&](const pool& p) { return !only_microvm || p.env.backend == "microvm"; };
   pool* most = nullptr;
   for (auto& [id, p] : pools_)
-    if (!p.ready.empty() && (!most || p.ready.size() > most->ready.size()))
+    if (eligible(p) && !p.ready.empty() && (!most || p.ready.size() > most->ready.size()))
       most = &p;
   if (!most) {
     // Then one still being made.
     for (auto& [pid, p] : pools_)
-      if (!p.warming.empty()) {
+      if (eligible(p) && !p.warming.empty()) {
         auto id = *p.warming.begin();
         p.warming.erase(p.warming.begin());
         member_.erase(id);

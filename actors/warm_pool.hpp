@@ -1,7 +1,8 @@
 // warm_pool: a node's warm pools, the bookkeeping the node actor
 // (actors/node.cpp) keeps for them. A pool holds `target` READY sandboxes of
-// one environment (every field but its TTL and backend equal: pool_key), made
-// in the background as containers, that no caller has
+// one environment (every field but its TTL equal: pool_key), made in the
+// background (containers, which the function backend's calls take too, or
+// microVMs, booted before anyone asks), that no caller has
 // touched: a pooled sandbox refuses every command, put, get and signal, and
 // is reachable by nobody's lookup. A create on the node for an equal
 // environment (of the pool's owning session, or of any session for a pool
@@ -39,15 +40,16 @@
 namespace dsec {
 
 /// What makes two environments interchangeable for a pool: every field but
-/// the TTL and the backend (layers, snapshot, limits, network and its policy,
-/// exposed ports, host mounts, Chronus), after the node's defaults are filled in.
+/// the TTL (layers, snapshot, limits, network and its policy, exposed ports,
+/// host mounts, Chronus, and the backend, the function backend's being the
+/// container's), after the node's defaults are filled in.
 std::string pool_key(const environment& env);
 /// Whether sandboxes of `env` can come from a pool: its backend is the
-/// container or the function backend (pools keep containers).
+/// container, the function or the microvm backend.
 bool poolable(const environment& env);
 
 /// A pool spec NAME@V=N, with optional ",workdir=W@V", ",tool=T@V",
-/// ",memory=SIZE", ",net", ",chronus" parts (dsecd --pool).
+/// ",memory=SIZE", ",net", ",chronus", ",microvm" parts (dsecd --pool).
 struct pool_spec {
   environment env;
   uint32_t size = 0;
@@ -89,8 +91,11 @@ public:
   /// own pools first, then the node's), taken out of its pool; nullopt if none.
   std::optional<std::string> take(const environment& env, const caf::actor_addr& session);
   /// An idle pooled sandbox to destroy for a real create (the pool with the
-  /// most ready first); nullopt if none. Counted as released until gone.
-  std::optional<std::string> evict();
+  /// most ready first; with `only_microvm`, of a microVM pool, for a create
+  /// that needs a microVM slot); nullopt if none. Counted as released until gone.
+  std::optional<std::string> evict(bool only_microvm = false);
+  /// Whether `id` was given up by its pool and is not gone yet.
+  [[nodiscard]] bool releasing(const std::string& id) const { return released_.count(id) > 0; }
 
   /// A new pooled sandbox `id` of pool `pool` is being made.
   void warming(uint64_t pool, const std::string& id);

@@ -91,9 +91,10 @@ Options:
   --cache-bytes SIZE     unmount unused layers beyond this many mounted bytes
                          (default: no limit), e.g. 20g
   --spawners N           zygotes creating sandboxes in parallel (default 2)
-  --pool NAME@V=N[,workdir=W@V][,tool=T@V][,memory=SIZE][,net][,chronus]
+  --pool NAME@V=N[,workdir=W@V][,tool=T@V][,memory=SIZE][,net][,chronus][,microvm]
                          keep a warm pool of N ready sandboxes of that
-                         environment on this node (repeatable; the node's own,
+                         environment on this node (,microvm: booted microVMs,
+                         needs --microvm-slots; repeatable; the node's own,
                          it lives with the node): a create or call of an equal
                          environment claims one in one message, and the pool
                          refills in the background. Pooled sandboxes take

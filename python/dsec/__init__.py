@@ -581,14 +581,18 @@ class Client:
     def pool(self, base: str, workdir: str | None = None, tools: Sequence[str] = (),
              size: int = 1, *, memory: Size | None = None, pids: int | None = None,
              cpus: float | None = None, disk: Size | None = None, net: bool = False,
-             chronus: bool = False, network: Network | None = None) -> int:
+             chronus: bool = False, network: Network | None = None,
+             backend: str = "container") -> int:
         """A warm pool of the nodes' own (it lives with them, not with this
         client): `size` ready sandboxes of that environment spread over the
         nodes, for any session's creates and calls (0 removes it). Returns how
         many the nodes took (`dsec pool set`). network: as Session.create's; a
-        create or call takes from the pool only with the same policy."""
+        create or call takes from the pool only with the same policy.
+        backend: "container" (default) or "microvm" (booted microVMs, on the
+        nodes that offer them; a create with backend="microvm" of the same
+        environment takes one instead of booting)."""
         env = _environment(base, workdir, tools, memory, pids, cpus, disk, net, chronus, None,
-                           network=network)
+                           backend=backend, network=network)
         n: int = self._c.pool(env, _int("size", size, hi=100_000))
         return n
 
@@ -710,15 +714,18 @@ class Session:
     def pool(self, base: str, workdir: str | None = None, tools: Sequence[str] = (),
              size: int = 1, *, memory: Size | None = None, pids: int | None = None,
              cpus: float | None = None, disk: Size | None = None, net: bool = False,
-             chronus: bool = False, network: Network | None = None) -> int:
+             chronus: bool = False, network: Network | None = None,
+             backend: str = "container") -> int:
         """A warm pool of this session's: `size` ready sandboxes of that
         environment kept on the nodes for its creates and calls (0 removes it);
         it ends with the session. Returns how many the nodes took. They count
         against the session's quota (Overloaded when `size` does not fit beside
         what is live). network: as create's; a create or call takes from the
-        pool only with the same environment and policy (mounts included)."""
+        pool only with the same environment and policy (mounts included).
+        backend: "container" (default) or "microvm": booted microVMs that a
+        create(backend="microvm") of the same environment takes."""
         env = _environment(base, workdir, tools, memory, pids, cpus, disk, net, chronus, None,
-                           network=network)
+                           backend=backend, network=network)
         n: int = self._s.pool(env, _int("size", size, hi=100_000))
         return n
 

@@ -110,6 +110,22 @@ class MicroVM(unittest.TestCase):
             sb.close()
         self.assertTrue(eventually(lambda: qemu_children(D.proc.pid) == 0))
 
+    def test_a_warm_pool_of_microvms(self):
+        with self.c.session(quota=2, ttl=300) as s:
+            self.assertEqual(s.pool("py@1", size=1, backend="microvm", memory="128M"), 1)
+            # Booted before any create asks for it.
+            self.assertTrue(eventually(lambda: qemu_children(D.proc.pid) == 1, cap=240))
+            self.assertEqual(s.list(), [])  # nobody's yet
+            sb = s.create("py@1", backend="microvm", memory="128M")[0]
+            r = sb.exec("hostname")
+            self.assertEqual(r.stdout.decode().strip(), sb.id)
+            self.assertEqual([i.id for i in s.list()], [sb.id])
+            # The pool boots another: the claimed one and the new one.
+            self.assertTrue(eventually(lambda: qemu_children(D.proc.pid) == 2, cap=240))
+            sb.close()
+        # The session's end takes its pool's microVM too.
+        self.assertTrue(eventually(lambda: qemu_children(D.proc.pid) == 0))
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -249,7 +249,7 @@ TEST_CASE("pool: memory pressure shrinks the node's pools first, and they refill
   std::remove(psi.c_str());
 }
 
-TEST_CASE("pool: two environments share a pool only when every field but the TTL and backend is equal") {
+TEST_CASE("pool: two environments share a pool only when every field but the TTL is equal (the function backend's is the container's)") {
   auto base = env_of("wd@1");
   base.memory = 64ull << 20;
   auto key = pool_key(base);
@@ -288,11 +288,20 @@ TEST_CASE("pool: two environments share a pool only when every field but the TTL
   CHECK(poolable(same));
   auto vm = base;
   vm.backend = "microvm";
-  CHECK_FALSE(poolable(vm));
+  CHECK(poolable(vm));
+  CHECK(pool_key(vm) != key); // a pool of microVMs is not one of containers
+  // dsecd --pool: ",microvm" makes it a pool of microVMs; an unknown part is named.
+  auto spec = parse_pool_spec("bb@1=2,memory=128m,microvm");
+  REQUIRE_MESSAGE(spec, describe(spec.error_value()));
+  CHECK(spec->size == 2);
+  CHECK(spec->env.backend == "microvm");
+  CHECK(spec->env.memory == 128ull << 20);
+  CHECK(parse_pool_spec("bb@1=2")->env.backend == "container");
+  check_error(parse_pool_spec("bb@1=2,kvm"), errc::invalid_argument, "unknown part 'kvm'");
 }
 
 TEST_CASE("pool: a create gets a pooled sandbox of its own environment only, never one with "
-          "another's host mounts; a microVM pool is refused") {
+          "another's host mounts; a microVM pool is refused by a node without microVMs") {
   temp_dir t{"/tmp", "dsec-pool-mount"};
   auto shared = t / "shared";
   REQUIRE(::mkdir(shared.c_str(), 0755) == 0);
@@ -321,10 +330,10 @@ TEST_CASE("pool: a create gets a pooled sandbox of its own environment only, nev
   r = s->exec(with->front(), sh("cat /data/secret"));
   REQUIRE_MESSAGE(r, describe(r.error_value()));
   CHECK(r->out == "s3cret\n");
-  // Pools keep containers: a pool of microVMs is refused, by name.
+  // This node offers no microVMs: a pool of them is refused, naming the backend.
   environment vm = env_of();
   vm.backend = "microvm";
-  check_error(s->pool(vm, 1), errc::unsupported, "microvm");
+  check_error(s->pool(vm, 1), errc::unsupported, "offers no backend 'microvm'");
 }
 
 TEST_CASE("pool: a session's pooled sandboxes count against its quota") {

@@ -18,6 +18,7 @@
 
 #include <chrono>
 #include <fstream>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -361,6 +362,99 @@ TEST_CASE("a microVM pauses and resumes: QEMU frozen, commands refused, its TTL 
   REQUIRE(s->pause(id));
   REQUIRE(s->destroy(id));
   CHECK(eventually_gone(*n.c, {id}));
+  CHECK(eventually_no_qemu());
+}
+
+// The node's stats until `ok` holds (cap: 240 s for TCG boots, a failure, not a measure).
+bool until_stats(client& c, const std::function<bool(const node_stats&)>& ok) {
+  auto give_up = std::chrono::steady_clock::now() + 240s;
+  while (std::chrono::steady_clock::now() < give_up) {
+    if (ok(node_stats_of(c)))
+      return true;
+    std::this_thread::sleep_for(50ms);
+  }
+  return false;
+}
+
+TEST_CASE("a warm pool of microVMs: booted before the create, which claims one; refilled; a container create does not take it; a microVM create of another environment evicts it; nothing left" *
+          skip_unless(have_microvm_guest(), "needs qemu-system-x86_64 and a guest kernel (tools/microvm-guest)")) {
+  embedded n(vm_daemon(microvm_guest_dir())); // 2 microVM slots
+  auto s = open(*n.c);
+  auto env = vm_env();
+  auto ready_vms = [](const node_stats& st) {
+    return st.pools.size() == 1 ? st.pools[0].ready : 0u;
+  };
+
+  // More than the node's microVM slots: refused, naming them.
+  auto big = s->pool(env, 3);
+  check_error(big, errc::invalid_argument, "2 microVM slots");
+
+  auto took = s->pool(env, 1);
+  REQUIRE_MESSAGE(took, describe(took.error_value()));
+  CHECK(*took == 1);
+  REQUIRE(until_stats(*n.c, [&](const node_stats& st) { return ready_vms(st) == 1; }));
+  // Booted, and nobody's: not in the node's list, its QEMU running.
+  CHECK(node_list(*n.c).empty());
+  CHECK(qemu_processes() == 1);
+  for (const auto& b : node_stats_of(*n.c).backends)
+    if (b.name == "microvm")
+      CHECK(b.live == 1);
+
+  // A container of the same layers is not one of the pool's.
+  auto c = s->create(vm_env("container"), 1);
+  REQUIRE_MESSAGE(c, describe(c.error_value()));
+  REQUIRE(c->size() == 1);
+  auto st = node_stats_of(*n.c);
+  REQUIRE(st.pools.size() == 1);
+  CHECK(st.pools[0].claimed == 0);
+  CHECK(st.pools[0].ready == 1);
+  REQUIRE(s->destroy(c->front()));
+
+  // A microVM create of its environment claims it: the guest booted for the
+  // pool, under the id it booted with, and it is the caller's from now on.
+  auto claimed_env = env;
+  claimed_env.ttl_ms = 600'000;
+  auto ids = s->create(claimed_env, 1);
+  REQUIRE_MESSAGE(ids, describe(ids.error_value()));
+  REQUIRE(ids->size() == 1);
+  auto id = ids->front();
+  st = node_stats_of(*n.c);
+  REQUIRE(st.pools.size() == 1);
+  CHECK(st.pools[0].claimed == 1);
+  auto r = s->exec(id, cmd({"sh", "-c", "cat /etc/layer-file; hostname; ls /tmp | wc -l"}));
+  REQUIRE_MESSAGE(r, describe(r.error_value()));
+  CHECK(r->out == "tool-a\n" + id + "\n0\n");
+  auto l = s->list();
+  REQUIRE(l);
+  REQUIRE(l->size() == 1);
+  CHECK(l->front().id == id);
+  CHECK(l->front().env.backend == "microvm");
+  CHECK(l->front().ttl_left_ms > 0); // the claim's TTL runs
+  CHECK(l->front().ttl_left_ms <= 600'000);
+  // The pool boots another into the slot left.
+  REQUIRE(until_stats(*n.c, [&](const node_stats& st) { return ready_vms(st) == 1; }));
+  CHECK(qemu_processes() == 2);
+
+  // Both microVM slots are taken (the claimed one, the pooled one): a microVM
+  // of another environment gets the pooled one's slot.
+  auto other = vm_env();
+  other.memory = 112ull << 20;
+  auto o = s->create(other, 1);
+  REQUIRE_MESSAGE(o, describe(o.error_value()));
+  REQUIRE(o->size() == 1);
+  st = node_stats_of(*n.c);
+  REQUIRE(st.pools.size() == 1);
+  CHECK(st.pools[0].evicted == 1);
+  r = s->exec(o->front(), cmd({"cat", "/etc/layer-file"}));
+  REQUIRE_MESSAGE(r, describe(r.error_value()));
+  CHECK(r->out == "tool-a\n");
+  // A slot freed, the pool fills it again.
+  REQUIRE(s->destroy(o->front()));
+  REQUIRE(until_stats(*n.c, [&](const node_stats& st) { return ready_vms(st) == 1; }));
+
+  // The session ends: its microVMs and its pool's go, and no QEMU is left.
+  REQUIRE(s->close());
+  REQUIRE(until_stats(*n.c, [](const node_stats& st) { return st.pools.empty() && st.live == 0; }));
   CHECK(eventually_no_qemu());
 }
 

@@ -19,8 +19,8 @@ namespace {
 const char* pool_usage = R"(usage: dsec --connect HOST:PORT pool set [OPTIONS] --size N
        dsec --connect HOST:PORT pool ls
 
-Warm pools: ready sandboxes of one environment, made in the background, that
-no caller has touched. A create (`run`, a trainer's create) or a `call` of an
+Warm pools: ready sandboxes of one environment (containers, or microVMs
+already booted), made in the background, that no caller has touched. A create (`run`, a trainer's create) or a `call` of an
 equal environment (same layers, limits, network and its rules, -v mounts:
 every option but the TTL) claims one in one message, and the pool refills.
 A create goes to a node that has one ready. Pooled sandboxes take slots of
@@ -40,6 +40,10 @@ Options of pool set:
   --base NAME@VERSION, --workdir NAME@VERSION, --tool NAME@VERSION
   --net, --network MODE, --allow RULE, --deny RULE, --memory SIZE, --pids N,
   --cpus N, --disk SIZE, -v HOST:SANDBOX[:OPTS] (the node must allow it)
+  --backend container|microvm
+                           what the pool keeps (default container); a pool of
+                           microVMs goes to the nodes that offer them, and a
+                           `run --backend microvm` of its environment skips the boot
   --size N                 ready sandboxes to keep (required; 0 removes)
   -h, --help               this text
 )";
@@ -54,6 +58,8 @@ std::string pool_layers(const environment& env) {
     s += " net";
   if (env.chronus)
     s += " chronus";
+  if (env.backend == "microvm")
+    s += " microvm";
   return s;
 }
 
@@ -124,7 +130,17 @@ int pool_main(context& ctx, args& a) {
     if (p == parsed::yes)
       continue;
     std::string v;
-    auto got = a.option("--size", v);
+    auto got = a.option("--backend", v);
+    if (!got)
+      return usage_error(verb, got.error_value().message);
+    if (*got) {
+      if (v != "container" && v != "microvm")
+        return usage_error(verb, "--backend: a pool keeps container or microvm sandboxes, not '"
+                                   + v + "'");
+      sb.env.backend = v;
+      continue;
+    }
+    got = a.option("--size", v);
     if (!got)
       return usage_error(verb, got.error_value().message);
     if (*got) {
