@@ -18,7 +18,10 @@
 //    (TCP's own flow control then holds the writer), nothing grows;
 //  - at most options.per_port connections per exposed port and
 //    options.max_connections in all; a connection past either is closed at
-//    once (counted as refused).
+//    once (counted as refused);
+//  - a connection through which no byte moved either way for
+//    options.idle_timeout is closed (the trainer's side reset, the sandbox's
+//    closed), so a server that never answers cannot hold its slots for good.
 // The inner socket is made by the forwarder's thread after a setns() to the
 // sandbox's pidfd and straight back (a pidfd does not keep the namespace
 // alive: a forward never keeps a sandbox's network, or its veth, from going).
@@ -29,6 +32,7 @@
 #include <sys/types.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -45,6 +49,9 @@ struct port_forward_options {
   size_t buffer = 64 * 1024;     ///< bytes per direction per connection
   size_t per_port = 64;          ///< connections at once per exposed port
   size_t max_connections = 1024; ///< connections at once, all ports together
+  /// dsecd --expose-idle-timeout: a connection idle (no byte either way) this
+  /// long is closed; 0: never.
+  std::chrono::milliseconds idle_timeout{std::chrono::hours(1)};
 };
 
 class port_forwarder;
@@ -87,6 +94,7 @@ public:
     uint64_t accepted = 0;    ///< since start, joined to the sandbox's side
     uint64_t refused = 0;     ///< since start: over a limit, sandbox gone, nothing listening
     uint64_t bytes = 0;       ///< since start, both directions
+    uint64_t idle_closed = 0; ///< since start: closed after options.idle_timeout idle
   };
   [[nodiscard]] counters stats() const;
   [[nodiscard]] const port_forward_options& options() const { return opts_; }

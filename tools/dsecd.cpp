@@ -153,6 +153,10 @@ Options:
                          ADDR (an IPv4 or IPv6 address of this node; 0.0.0.0
                          for all) forwarded by dsecd to a port on a sandbox's
                          loopback. Default 127.0.0.1
+  --expose-idle-timeout D
+                         close a forwarded connection through which no byte
+                         moved either way for D (e.g. 30s, 10m; 0: never).
+                         Default 1h
   --coordinator          be a cluster's coordinator: nodes join it (--join), it
                          holds the sessions and places every sandbox over the
                          nodes (this one among them, filled last) with
@@ -393,6 +397,15 @@ int main(int argc, char** argv) {
       if (v.empty())
         return bad("--expose-address: expected an address of this node (e.g. 127.0.0.1)");
       o.d.ports.address = v;
+    } else if (opt("--expose-idle-timeout")) {
+      if (v == "0") {
+        o.d.ports.idle_timeout = std::chrono::milliseconds(0);
+      } else {
+        auto dur = dsec::parse_duration(v, "--expose-idle-timeout");
+        if (!dur)
+          return bad(dur.error_value().message);
+        o.d.ports.idle_timeout = std::chrono::duration_cast<std::chrono::milliseconds>(*dur);
+      }
     } else if (opt("--state")) {
       o.d.state_dir = v;
     } else if (opt("--cluster-key")) {

@@ -6,6 +6,8 @@
 // "hello" to every connection) and the system layer's busybox httpd.
 #include <doctest/doctest.h>
 
+#include <atomic>
+
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -25,6 +27,7 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -37,6 +40,7 @@
 #include "test/support/skip.hpp"
 
 using namespace dsec;
+using namespace std::chrono_literals;
 using namespace dsec::test;
 
 namespace {
@@ -497,6 +501,71 @@ TEST_CASE("the forwarder bounds connections per port, passes half-closes, closes
   auto nf = port_forwarder::start(bad);
   REQUIRE_FALSE(nf);
   CHECK(nf.error_value().message.find("localhost") != std::string::npos);
+  bad = {};
+  bad.idle_timeout = std::chrono::milliseconds(-1);
+  nf = port_forwarder::start(bad);
+  REQUIRE_FALSE(nf);
+  CHECK(nf.error_value().message.find("--expose-idle-timeout") != std::string::npos);
+
+  // An idle timeout closes a connection through which nothing moves, and
+  // not one that keeps moving bytes (a byte every 100 ms against a 2 s
+  // timeout), whose bytes still pass after the idle one went.
+  port_forward_options io;
+  io.idle_timeout = std::chrono::seconds(2);
+  auto ifw = port_forwarder::start(io);
+  REQUIRE(ifw);
+  auto idle_f = (*ifw)->expose(pidfd.get(), 5000);
+  REQUIRE(idle_f);
+  to.sin_port = htons((*idle_f)->host_port());
+  auto quiet = dial(), busy = dial();
+  unique_fd quiet_in(::accept4(server.get(), nullptr, nullptr, SOCK_CLOEXEC));
+  unique_fd busy_in(::accept4(server.get(), nullptr, nullptr, SOCK_CLOEXEC));
+  REQUIRE(quiet_in);
+  REQUIRE(busy_in);
+  ::setsockopt(quiet_in.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  ::setsockopt(busy_in.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  // (which accepted socket is which: the first bytes say)
+  REQUIRE(::send(quiet.get(), "q", 1, 0) == 1);
+  REQUIRE(::send(busy.get(), "b", 1, 0) == 1);
+  REQUIRE(::recv(quiet_in.get(), &ch, 1, 0) == 1);
+  char other = 0;
+  REQUIRE(::recv(busy_in.get(), &other, 1, 0) == 1);
+  CHECK(std::set<char>{ch, other} == std::set<char>{'q', 'b'});
+  if (ch != 'q')
+    std::swap(quiet_in, busy_in);
+  std::atomic<bool> quiet_gone{false};
+  int busy_sent = 0, busy_got = 0;
+  std::thread pinger([&] {
+    char b = 0;
+    while (!quiet_gone.load() && busy_sent < 600) { // (60 s at most)
+      if (::send(busy.get(), "p", 1, MSG_NOSIGNAL) != 1)
+        break;
+      ++busy_sent;
+      if (::recv(busy_in.get(), &b, 1, 0) != 1)
+        break;
+      ++busy_got;
+      std::this_thread::sleep_for(100ms);
+    }
+  });
+  errno = 0;
+  auto got = ::recv(quiet.get(), &ch, 1, 0); // blocks until the forwarder closes it
+  int why = errno;
+  quiet_gone = true;
+  pinger.join();
+  CHECK(got < 0);
+  CHECK(why == ECONNRESET);
+  CHECK(::recv(quiet_in.get(), &ch, 1, 0) == 0); // the sandbox's side closed
+  CHECK(busy_got == busy_sent);
+  CHECK(busy_sent > 10);
+  REQUIRE(::send(busy.get(), "z", 1, 0) == 1);
+  REQUIRE(::recv(busy_in.get(), &ch, 1, 0) == 1);
+  CHECK(ch == 'z');
+  REQUIRE(::send(busy_in.get(), "y", 1, 0) == 1);
+  REQUIRE(::recv(busy.get(), &ch, 1, 0) == 1);
+  CHECK(ch == 'y');
+  auto ist = (*ifw)->stats();
+  CHECK(ist.idle_closed == 1);
+  CHECK(ist.connections == 1);
 }
 
 TEST_CASE("dsec expose, ps and run --expose against a dsecd; kill -9 leaves nothing") {
