@@ -739,14 +739,7 @@ bool claim(self_ptr self, const session_actor& session, const std::string& sessi
   if (!s.pooled || !session)
     return false;
   s.pooled = false;
-  if (s.cfg.session && s.cfg.session != session)
-    self->demonitor(s.cfg.session.address());
-  if (s.cfg.session != session)
-    self->monitor(session);
-  s.cfg.session = session;
-  s.cfg.session_id = session_id;
-  s.cfg.request = request;
-  s.cfg.env.ttl_ms = ttl_ms;
+  take_claim(self, s.cfg, session, session_id, request, ttl_ms);
   if (s.ph != phase::ready || !s.execs.empty()) {
     s.creation_failed_told = true;
     s.created_ms = 0; // never the caller's: its end is no gone_atom

@@ -1298,14 +1298,7 @@ bool claim(self_ptr self, const session_actor& session, const std::string& sessi
   if (!s.pooled || !session)
     return false;
   s.pooled = false;
-  if (s.cfg.session && s.cfg.session != session)
-    self->demonitor(s.cfg.session.address());
-  if (s.cfg.session != session)
-    self->monitor(session);
-  s.cfg.session = session;
-  s.cfg.session_id = session_id;
-  s.cfg.request = request;
-  s.cfg.env.ttl_ms = ttl_ms;
+  take_claim(self, s.cfg, session, session_id, request, ttl_ms);
   s.cfg.keep_upper = keep_upper;
   s.route->set(session);
   if (s.ph != phase::ready || s.commands > 0 || !s.box) {

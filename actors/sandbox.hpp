@@ -78,6 +78,23 @@ void tell_end(Self* self, const internal_key& key, const session_actor& session,
   self->send(node, gone_atom::value, process_key(), id, was_created);
 }
 
+/// A pooled sandbox handed to a create (claim_atom), the container's and the
+/// microVM's alike: from now on its config names the claiming session (which
+/// it monitors instead of the pool's owner), its id, the create request and
+/// the TTL that starts at the claim.
+template <class Self>
+void take_claim(Self* self, sandbox_config& cfg, const session_actor& session,
+                const std::string& session_id, uint64_t request, uint64_t ttl_ms) {
+  if (cfg.session && cfg.session != session)
+    self->demonitor(cfg.session.address());
+  if (cfg.session != session)
+    self->monitor(session);
+  cfg.session = session;
+  cfg.session_id = session_id;
+  cfg.request = request;
+  cfg.env.ttl_ms = ttl_ms;
+}
+
 /// Asks each of `boxes` for its sandbox_info (10 s each; one that does not
 /// answer is left out) and hands them, after `known`, to `done`. For the list
 /// verbs of the node and the session.

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <exception>
 #include <filesystem>
+#include <thread>
 
 #include "actors/types.hpp"
 #include "test/support/host.hpp"
@@ -92,6 +93,17 @@ node_stats node_stats_of(client& c) {
   auto s = c.stats();
   REQUIRE_MESSAGE(s, "stats: " << describe(s.error_value()));
   return std::move(*s);
+}
+
+bool until_stats(client& c, const std::function<bool(const node_stats&)>& ok,
+                 std::chrono::seconds cap) {
+  auto give_up = std::chrono::steady_clock::now() + cap;
+  while (std::chrono::steady_clock::now() < give_up) {
+    if (ok(node_stats_of(c)))
+      return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return false;
 }
 
 bool eventually_gone(client& c, const std::vector<std::string>& ids) {

@@ -12,6 +12,8 @@
 
 #include <doctest/doctest.h>
 
+#include <chrono>
+#include <functional>
 #include <memory>
 #include <set>
 #include <string>
@@ -65,6 +67,11 @@ std::vector<sandbox_info> node_list(client& c);
 
 /// The node's stats through `c`; the test fails if they err.
 node_stats node_stats_of(client& c);
+
+/// Polls the node's stats through `c` until `ok` holds; false after `cap` (a
+/// failure, not a measure).
+bool until_stats(client& c, const std::function<bool(const node_stats&)>& ok,
+                 std::chrono::seconds cap = std::chrono::seconds(120));
 
 /// True once none of `ids` is on the node (polled with a generous cap).
 bool eventually_gone(client& c, const std::vector<std::string>& ids);

@@ -35,15 +35,9 @@ std::unique_ptr<session> open(client& c) {
   return std::move(*s);
 }
 
-// Polls the node's stats until `ok` holds (cap: 120 s, a failure, not a measure).
+// The node's stats until `ok` holds (test/actors/common.hpp, 120 s cap).
 bool until(client& c, const std::function<bool(const node_stats&)>& ok) {
-  auto give_up = std::chrono::steady_clock::now() + 120s;
-  while (std::chrono::steady_clock::now() < give_up) {
-    if (ok(node_stats_of(c)))
-      return true;
-    std::this_thread::sleep_for(20ms);
-  }
-  return false;
+  return until_stats(c, ok);
 }
 
 uint32_t ready_of(const node_stats& s) {

@@ -365,16 +365,8 @@ TEST_CASE("a microVM pauses and resumes: QEMU frozen, commands refused, its TTL 
   CHECK(eventually_no_qemu());
 }
 
-// The node's stats until `ok` holds (cap: 240 s for TCG boots, a failure, not a measure).
-bool until_stats(client& c, const std::function<bool(const node_stats&)>& ok) {
-  auto give_up = std::chrono::steady_clock::now() + 240s;
-  while (std::chrono::steady_clock::now() < give_up) {
-    if (ok(node_stats_of(c)))
-      return true;
-    std::this_thread::sleep_for(50ms);
-  }
-  return false;
-}
+// (until_stats: test/actors/common.hpp; TCG boots get a 240 s cap)
+constexpr auto boot_cap = std::chrono::seconds(240);
 
 TEST_CASE("a warm pool of microVMs: booted before the create, which claims one; refilled; a container create does not take it; a microVM create of another environment evicts it; nothing left" *
           skip_unless(have_microvm_guest(), "needs qemu-system-x86_64 and a guest kernel (tools/microvm-guest)")) {
@@ -392,7 +384,7 @@ TEST_CASE("a warm pool of microVMs: booted before the create, which claims one; 
   auto took = s->pool(env, 1);
   REQUIRE_MESSAGE(took, describe(took.error_value()));
   CHECK(*took == 1);
-  REQUIRE(until_stats(*n.c, [&](const node_stats& st) { return ready_vms(st) == 1; }));
+  REQUIRE(until_stats(*n.c, [&](const node_stats& st) { return ready_vms(st) == 1; }, boot_cap));
   // Booted, and nobody's: not in the node's list, its QEMU running.
   CHECK(node_list(*n.c).empty());
   CHECK(qemu_processes() == 1);
@@ -432,7 +424,7 @@ TEST_CASE("a warm pool of microVMs: booted before the create, which claims one; 
   CHECK(l->front().ttl_left_ms > 0); // the claim's TTL runs
   CHECK(l->front().ttl_left_ms <= 600'000);
   // The pool boots another into the slot left.
-  REQUIRE(until_stats(*n.c, [&](const node_stats& st) { return ready_vms(st) == 1; }));
+  REQUIRE(until_stats(*n.c, [&](const node_stats& st) { return ready_vms(st) == 1; }, boot_cap));
   CHECK(qemu_processes() == 2);
 
   // Both microVM slots are taken (the claimed one, the pooled one): a microVM
@@ -450,11 +442,11 @@ TEST_CASE("a warm pool of microVMs: booted before the create, which claims one; 
   CHECK(r->out == "tool-a\n");
   // A slot freed, the pool fills it again.
   REQUIRE(s->destroy(o->front()));
-  REQUIRE(until_stats(*n.c, [&](const node_stats& st) { return ready_vms(st) == 1; }));
+  REQUIRE(until_stats(*n.c, [&](const node_stats& st) { return ready_vms(st) == 1; }, boot_cap));
 
   // The session ends: its microVMs and its pool's go, and no QEMU is left.
   REQUIRE(s->close());
-  REQUIRE(until_stats(*n.c, [](const node_stats& st) { return st.pools.empty() && st.live == 0; }));
+  REQUIRE(until_stats(*n.c, [](const node_stats& st) { return st.pools.empty() && st.live == 0; }, boot_cap));
   CHECK(eventually_no_qemu());
 }
 
