@@ -640,10 +640,12 @@ struct node_stats {
   /// Each egress sandbox's own counters (the sandboxes attached now).
   std::vector<egress_traffic> egress_by_sandbox;
   /// Port exposure: ports forwarded now, and the connections forwarded and
-  /// refused (the per-port limit, or nothing listening inside) since start.
+  /// refused (the per-port limit, or nothing listening inside) since start,
+  /// and those closed for idleness (dsecd --expose-idle-timeout).
   uint32_t exposed_ports = 0;
   uint64_t exposed_connections = 0;
   uint64_t exposed_refused = 0;
+  uint64_t exposed_idle_closed = 0;
   /// Sandboxes paused now (`dsec pause`; in `live` too).
   uint32_t paused = 0;
   /// Its create latency since it started (dsec_sandbox_create_seconds over
@@ -667,6 +669,7 @@ typename Inspector::result_type inspect(Inspector& f, node_stats& x) {
            x.egress_sandboxes, x.egress_allowed, x.egress_denied, x.egress_by_sandbox,
            /* snapshots */ x.paused,
            /* port exposure */ x.exposed_ports, x.exposed_connections, x.exposed_refused,
+           x.exposed_idle_closed,
            x.create_buckets, x.create_sum);
 }
 

@@ -871,6 +871,7 @@ node_actor::behavior_type node_impl(self_ptr self, node_config cfg) {
           ns.exposed_ports = static_cast<uint32_t>(c.forwards);
           ns.exposed_connections = c.accepted;
           ns.exposed_refused = c.refused;
+          ns.exposed_idle_closed = c.idle_closed;
         }
         ns.chronus_events = c.events;
         ns.chronus_answered = c.answered;

@@ -308,6 +308,22 @@ class NodeStats:
     def egress_by_sandbox(self) -> list[EgressTraffic]:
         """Each egress sandbox's own counters."""
         ...
+    @property
+    def exposed_ports(self) -> int:
+        """Sandbox ports the node forwards now (docs/network.md, "Exposed ports")."""
+        ...
+    @property
+    def exposed_connections(self) -> int:
+        """Connections forwarded to exposed ports since the node started."""
+        ...
+    @property
+    def exposed_refused(self) -> int:
+        """Connections to exposed ports refused (a limit, nothing listening inside)."""
+        ...
+    @property
+    def exposed_idle_closed(self) -> int:
+        """Forwarded connections closed for idleness (dsecd --expose-idle-timeout)."""
+        ...
 
 class RawEvent:
     """A Chronus event as decoded (runtime/chronus.hpp)."""

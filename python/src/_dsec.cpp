@@ -877,6 +877,8 @@ void bind_values(py::module_& m) {
   DSEC_STAT(memory_capacity); DSEC_STAT(memory_admitted); DSEC_STAT(cordoned);
   DSEC_STAT(egress_sandboxes); DSEC_STAT(egress_allowed); DSEC_STAT(egress_denied);
   DSEC_STAT(egress_by_sandbox);
+  DSEC_STAT(exposed_ports); DSEC_STAT(exposed_connections); DSEC_STAT(exposed_refused);
+  DSEC_STAT(exposed_idle_closed);
 #undef DSEC_STAT
   stats.def("__repr__", [](const node_stats& s) {
     return "<dsec NodeStats node=" + s.node + " live=" + std::to_string(s.live)

@@ -1025,6 +1025,12 @@ class ExposedPorts(Base):
             at = b.expose(8080)
             self.assertNotEqual(at, ports[8080])
             self.assertEqual(self.fetch(at), b"from-b\n")
+            # The node counts them (node stats' exposed_*).
+            st = self.c.stats()
+            self.assertGreaterEqual(st.exposed_ports, 2)
+            self.assertGreaterEqual(st.exposed_connections, 2)
+            self.assertIsInstance(st.exposed_refused, int)
+            self.assertEqual(st.exposed_idle_closed, 0)
             # Refusals name what is wrong.
             with self.assertRaises(dsec.AlreadyExists):
                 b.expose(8080)

@@ -574,7 +574,8 @@ TEST_CASE("dsec expose, ps and run --expose against a dsecd; kill -9 leaves noth
   uint16_t host_port = 0, later_port = 0;
   std::string id;
   {
-    dsecd_proc d;
+    // A short idle timeout: a connection left quiet is closed and counted.
+    dsecd_proc d{{"--expose-idle-timeout", "2s"}};
     auto at = "127.0.0.1:" + std::to_string(d.port);
     auto dsec = [&](std::vector<std::string> args) {
       std::vector<std::string> argv{env_path("DSEC_BIN"), "--connect", at};
@@ -625,6 +626,27 @@ TEST_CASE("dsec expose, ps and run --expose against a dsecd; kill -9 leaves noth
                   js.out);
     auto stats = dsec({"node", "stats"});
     CHECK_MESSAGE(stats.out.find("exposed ports   2 now") != std::string::npos, stats.out);
+    CHECK_MESSAGE(stats.out.find(", 0 closed idle") != std::string::npos, stats.out);
+    {
+      // A connection through which nothing moves (a server on 7001 that
+      // holds it and never writes) is reset within 1.125 timeouts; node
+      // stats counts it.
+      auto hold = dsec({"exec", id, "--", "/usr/bin/probe", "tcp-hold", "7001"});
+      REQUIRE_MESSAGE(hold.status == 0, hold.describe());
+      unique_fd quiet{::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0)};
+      sockaddr_in to{};
+      to.sin_family = AF_INET;
+      to.sin_port = htons(later_port);
+      to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      REQUIRE(::connect(quiet.get(), reinterpret_cast<sockaddr*>(&to), sizeof to) == 0);
+      char buf[64];
+      pollfd pf{quiet.get(), POLLIN, 0};
+      REQUIRE(::poll(&pf, 1, 30000) == 1);
+      CHECK(::read(quiet.get(), buf, sizeof buf) <= 0);
+      REQUIRE(eventually([&] {
+        return dsec({"node", "stats"}).out.find(", 1 closed idle") != std::string::npos;
+      }));
+    }
     // kill -9: the daemon's sockets die with it.
     d.stop(SIGKILL);
   }

@@ -168,8 +168,10 @@ int node_main(context& ctx, args& a) {
     std::printf("  sandbox %s  sent %s, received %s, %llu connections, %llu packets denied\n",
                 t.sandbox.c_str(), format_size(t.sent_bytes).c_str(),
                 format_size(t.received_bytes).c_str(), u(t.connections), u(t.denied));
-  std::printf("exposed ports   %u now, %llu connections forwarded, %llu refused\n",
-              s.exposed_ports, u(s.exposed_connections), u(s.exposed_refused));
+  std::printf("exposed ports   %u now, %llu connections forwarded, %llu refused, "
+              "%llu closed idle\n",
+              s.exposed_ports, u(s.exposed_connections), u(s.exposed_refused),
+              u(s.exposed_idle_closed));
   std::printf("clients refused %llu (before their first message)\n", u(s.refused_clients));
   std::printf("refused internal %llu (internal messages without the cluster's key, and "
               "CAF's own messages from a connection: docs/security.md)\n",
