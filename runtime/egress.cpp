@@ -127,11 +127,28 @@ std::vector<net_rule> normalised(std::vector<net_rule> rules) {
   return out;
 }
 
-std::string element(const std::string& ifname, const net_rule& r) {
-  std::string ports = r.port_lo == r.port_hi
-                        ? std::to_string(r.port_lo)
-                        : std::to_string(r.port_lo) + "-" + std::to_string(r.port_hi);
-  return "\"" + ifname + "\" . " + r.net.to_string() + " . " + ports;
+// An element of an interval set "ifname . ipv4_addr . inet_service": from
+// the network's first address and the lowest port to its last and the
+// highest.
+nft_elem element(const std::string& ifname, const net_rule& r) {
+  nft_elem e;
+  e.key.ifname(ifname).ipv4(r.net.first()).port(r.port_lo);
+  e.key_end.ifname(ifname).ipv4(r.net.last()).port(r.port_hi);
+  return e;
+}
+
+// The anti-spoofing element of a sandbox: its veth and its address.
+nft_set_elems addrs_element(const std::string& ifname, uint32_t addr) {
+  nft_elem e;
+  e.key.ifname(ifname).ipv4(addr);
+  return {"addrs", {e}};
+}
+
+// The elements a sandbox has: its address, then its policy's.
+std::vector<nft_set_elems> with_addrs(const std::string& ifname, uint32_t addr,
+                                      std::vector<nft_set_elems> policy) {
+  policy.insert(policy.begin(), addrs_element(ifname, addr));
+  return policy;
 }
 
 } // namespace
@@ -225,6 +242,10 @@ expected<std::unique_ptr<egress_network>> egress_network::start(const egress_opt
   n->nft_ = new_nft();
   if (!n->nft_)
     return make_error(errc::system_error, "nft_ctx_new failed");
+  {
+    DSEC_TRY(el, nft_elements::open(n->table_));
+    n->elems_.emplace(std::move(el));
+  }
   DSEC_TRY(nl, rtnl::open());
   // A veth pair of the node's own rather than a dummy link (kernels without
   // the dummy driver): the resolver's address lives on one end.
@@ -517,10 +538,10 @@ expected<egress_network::compiled> egress_network::compile(
   auto add = [&](const char* set, const std::vector<net_rule>& rules) {
     if (rules.empty())
       return;
-    std::string elems;
+    nft_set_elems elems{set, {}};
     for (const auto& r : normalised(rules))
-      elems += (elems.empty() ? "" : ", ") + element(ifname, r);
-    out.elements += std::string{set} + " { " + elems + " }\n";
+      elems.elems.push_back(element(ifname, r));
+    out.elements.push_back(std::move(elems));
   };
   add("allow", a);
   add("allow_special", as);
@@ -534,19 +555,6 @@ expected<void> egress_network::check_policy(const std::vector<std::string>& allo
   return {};
 }
 
-namespace {
-std::string with_verb(const std::string& verb, const std::string& table,
-                      const std::string& lines) {
-  std::string out;
-  size_t at = 0;
-  while (at < lines.size()) {
-    auto nl = lines.find('\n', at);
-    out += verb + " element inet " + table + " " + lines.substr(at, nl - at) + "\n";
-    at = nl == std::string::npos ? lines.size() : nl + 1;
-  }
-  return out;
-}
-} // namespace
 
 expected<std::unique_ptr<egress_link>> egress_network::attach(pid_t pid, int pidfd,
                                                               const std::vector<std::string>& allow,
@@ -577,8 +585,7 @@ expected<std::unique_ptr<egress_link>> egress_network::attach(pid_t pid, int pid
   l->ifname_ = prefix_ + base36(next_name_++);
   l->addr_ = net_.addr + 3 + 2 * static_cast<uint32_t>(slot);
   DSEC_TRY(pol, compile(l->ifname_, allow, deny));
-  auto elems = "addrs { \"" + l->ifname_ + "\" . " + ipv4_to_string(l->addr_) + " }\n"
-               + pol.elements;
+  auto elems = with_addrs(l->ifname_, l->addr_, std::move(pol.elements));
   auto fail = [&](error e) -> error {
     if (auto nl = rtnl::open())
       (void) nl->delete_link(l->ifname_);
@@ -608,8 +615,10 @@ expected<std::unique_ptr<egress_link>> egress_network::attach(pid_t pid, int pid
     if (auto r = in->add_default_route(*idx, l->gateway()); !r)
       return fail(r.error_value());
   }
-  auto counting = counting_elements(l->ifname_);
-  if (auto r = nft(with_verb("add", table_, elems + counting)); !r)
+  auto adding = elems;
+  for (auto& c : counting_elements(l->ifname_))
+    adding.push_back(std::move(c));
+  if (auto r = elems_->apply({}, adding); !r)
     return fail(r.error_value());
   l->elements_ = std::move(elems);
   l->allow_ = allow;
@@ -632,15 +641,21 @@ expected<std::unique_ptr<egress_link>> egress_network::attach(pid_t pid, int pid
 void egress_network::forget_admitted(egress_link& l) {
   // One transaction each: an element whose TTL ran out is gone already, and
   // its failed delete must not undo the others.
-  for (auto a : l.admitted_)
-    (void) nft("delete element inet " + table_ + " dns_allow { \"" + l.ifname_ + "\" . "
-               + ipv4_to_string(a) + " }");
+  for (auto a : l.admitted_) {
+    nft_elem e;
+    e.key.ifname(l.ifname_).ipv4(a);
+    nft_set_elems one{"dns_allow", {e}};
+    (void) elems_->apply({&one, 1}, {});
+  }
   l.admitted_.clear();
 }
 
 void egress_network::release(egress_link& l) {
   std::lock_guard<std::mutex> g{mu_};
-  (void) nft(with_verb("delete", table_, l.elements_ + counting_elements(l.ifname_)));
+  auto removing = l.elements_;
+  for (auto& c : counting_elements(l.ifname_))
+    removing.push_back(std::move(c));
+  (void) elems_->apply(removing, {});
   forget_admitted(l);
   by_addr_.erase(l.addr_);
   by_ifname_.erase(l.ifname_);
@@ -683,24 +698,24 @@ void egress_network::dns_admit(uint32_t src, const std::vector<uint32_t>& addrs,
   if (it == by_addr_.end())
     return;
   auto& l = *it->second;
-  std::string elems;
+  nft_set_elems elems{"dns_allow", {}};
   for (auto a : addrs) {
-    elems += (elems.empty() ? "" : ", ") + std::string{"\""} + l.ifname_ + "\" . "
-             + ipv4_to_string(a) + " timeout " + std::to_string(std::min<uint32_t>(ttl_s, 86400))
-             + "s";
+    nft_elem e;
+    e.key.ifname(l.ifname_).ipv4(a);
+    e.timeout_ms = uint64_t{std::min<uint32_t>(ttl_s, 86400)} * 1000;
+    elems.elems.push_back(e);
     if (std::find(l.admitted_.begin(), l.admitted_.end(), a) == l.admitted_.end())
       l.admitted_.push_back(a);
   }
-  (void) nft("add element inet " + table_ + " dns_allow { " + elems + " }");
+  (void) elems_->apply({}, {&elems, 1});
 }
 
 expected<void> egress_link::set_policy(const std::vector<std::string>& allow,
                                        const std::vector<std::string>& deny) {
   std::lock_guard<std::mutex> g{net_->mu_};
   DSEC_TRY(pol, net_->compile(ifname_, allow, deny));
-  auto elems = "addrs { \"" + ifname_ + "\" . " + ipv4_to_string(addr_) + " }\n" + pol.elements;
-  DSEC_TRY_VOID(net_->nft(with_verb("delete", net_->table_, elements_)
-                          + with_verb("add", net_->table_, elems)));
+  auto elems = with_addrs(ifname_, addr_, std::move(pol.elements));
+  DSEC_TRY_VOID(net_->elems_->apply(elements_, elems));
   // What the old domain rules admitted goes too: new connections follow the
   // new policy only.
   net_->forget_admitted(*this);
@@ -714,10 +729,12 @@ expected<void> egress_link::set_policy(const std::vector<std::string>& allow,
   return {};
 }
 
-std::string egress_network::counting_elements(const std::string& ifname) {
-  std::string out;
+std::vector<nft_set_elems> egress_network::counting_elements(const std::string& ifname) {
+  std::vector<nft_set_elems> out;
+  nft_elem e;
+  e.key.ifname(ifname);
   for (const char* set : {"sb_tx", "sb_rx", "sb_new", "sb_denied"})
-    out += std::string{set} + " { \"" + ifname + "\" }\n";
+    out.push_back({set, {e}});
   return out;
 }
 

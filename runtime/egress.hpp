@@ -12,7 +12,9 @@
 //    kernels have no dummy driver);
 //  - its policy as elements of the sets of one nftables table of the node,
 //    "inet dsec_<tag>", whose chains are fixed: a create or a policy change
-//    adds and removes set elements in one transaction, never rules.
+//    adds and removes set elements in one transaction, never rules (made
+//    with libnftables, the elements sent as netlink messages directly:
+//    runtime/nft_elements.hpp).
 // The node NATs (masquerades) the sandboxes' traffic out through --uplink
 // only: a packet from a sandbox that would leave by any other interface is
 // dropped, whatever the policy says.
@@ -23,7 +25,9 @@
 //
 // Teardown: a sandbox's veth goes with its network namespace when its last
 // process ends (one batched kernel teardown, not a 16 ms link delete each);
-// its set elements are removed by its egress_link's destructor; its /31 is
+// its set elements are removed by its egress_link's destructor, in one
+// transaction (most of a destroy's cost: the kernel's interval sets take
+// ~0.15 ms to remove an element, where adding one is cheap); its /31 is
 // reused only once the old veth is gone.
 //
 // No CAF. Thread-safe (one lock).
@@ -39,6 +43,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -47,6 +52,7 @@
 #include "runtime/fd.hpp"
 #include "runtime/dns_proxy.hpp"
 #include "runtime/net_policy.hpp"
+#include "runtime/nft_elements.hpp"
 
 struct nft_ctx;
 
@@ -136,7 +142,7 @@ private:
   uint32_t addr_ = 0;
   size_t slot_ = 0;
   std::vector<std::string> allow_, deny_;
-  std::string elements_; // what delete_elements() removes: "set { ... }" lines
+  std::vector<nft_set_elems> elements_; // its policy's (and addrs') elements
   // Domain rules (the DNS proxy's), and the addresses it admitted.
   std::vector<std::string> dns_exact_, dns_suffix_, deny_exact_, deny_suffix_;
   std::vector<uint32_t> admitted_;
@@ -195,6 +201,7 @@ public:
   static constexpr int poll_interval_ms = 1000;
   static constexpr int denied_memory_s = 60;
 
+
   /// Deletes the table and the dummy link, restores the uplink's forwarding.
   ~egress_network();
   egress_network(const egress_network&) = delete;
@@ -204,16 +211,16 @@ private:
   friend class egress_link;
   egress_network() = default;
   expected<void> nft(const std::string& cmds);
-  // A policy for `ifname`: its set elements ("SET { ... }" lines, for add or
-  // delete element) and its domain rules; or an error naming the bad rule.
+  // A policy for `ifname`: its set elements (addrs, allow, allow_special,
+  // deny) and its domain rules; or an error naming the bad rule.
   struct compiled {
-    std::string elements;
+    std::vector<nft_set_elems> elements;
     std::vector<std::string> dns_exact, dns_suffix, deny_exact, deny_suffix;
   };
   expected<compiled> compile(const std::string& ifname, const std::vector<std::string>& allow,
                              const std::vector<std::string>& deny) const;
   void release(egress_link& l);
-  static std::string counting_elements(const std::string& ifname);
+  static std::vector<nft_set_elems> counting_elements(const std::string& ifname);
   void poll_loop();
   void poll_denied(); // with mu_ held
   expected<void> load_services(const std::string& path);
@@ -230,6 +237,7 @@ private:
   std::string uplink_forwarding_; // its value before we set it, to restore
   mutable std::mutex mu_;
   nft_ctx* nft_ = nullptr;
+  std::optional<nft_elements> elems_; // the hot path's: adds and removes elements
   uint64_t next_name_ = 0;
   // /31 slot i: addresses net + 2 + 2i (node) and net + 3 + 2i (sandbox).
   struct slot {
@@ -249,6 +257,7 @@ private:
   bool stopping_ = false;
   std::condition_variable poll_cv_;
   std::thread poller_;
+
   // For /metrics: what the poll thread read last (shared with the
   // collector, which a scrape may be running while this network goes).
   struct gauges {

@@ -402,6 +402,10 @@ TEST_CASE("each egress sandbox's traffic is counted, and what it is denied reach
   REQUIRE(s->destroy(b));
   left = run_process({"/usr/sbin/nft", "list", "set", "inet", "dsec_" + tag, "sb_tx"});
   CHECK_MESSAGE(left.out.find("elements") == std::string::npos, left.out);
+  // a's allow rule went with it (an interval set's element).
+  auto allow = run_process({"/usr/sbin/nft", "list", "set", "inet", "dsec_" + tag, "allow"});
+  CHECK(allow.status == 0);
+  CHECK_MESSAGE(allow.out.find("elements") == std::string::npos, allow.out);
 }
 
 TEST_CASE("private, metadata and the node's denied ranges are denied unless a rule names them"
