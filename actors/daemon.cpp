@@ -105,6 +105,9 @@ expected<std::unique_ptr<daemon>> daemon::start(caf::actor_system& sys,
     DSEC_TRY(net, egress_network::start(eo));
     d->egress_ = std::move(net);
     d->engine_->set_network(d->egress_.get());
+    for (const auto& sp : d->engine_->spawners())
+      d->egress_->prewire(sp.get(), opts.egress_prewire,
+                          [s = sp.get()] { return s->make_netns(); });
   }
   {
     DSEC_TRY(fw, port_forwarder::start(opts.ports));
@@ -256,6 +259,8 @@ daemon::~daemon() {
   (void) shutdown();
   if (collector_ != 0)
     metrics::process_registry().remove_collector(collector_);
+  if (egress_)
+    egress_->stop_prewiring(); // it asks the spawners for namespaces
   engine_.reset();
 }
 

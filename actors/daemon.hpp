@@ -51,6 +51,10 @@ struct daemon_options {
   /// Egress networking (dsecd --uplink, docs/network.md); nullopt: none.
   /// Its tag is filled from state_dir when empty.
   std::optional<egress_options> egress;
+  /// Network namespaces each spawner keeps wired for egress sandboxes
+  /// (dsecd --egress-prewire N; egress_network::prewire); 0: none, each
+  /// create wires its own.
+  unsigned egress_prewire = 4;
   /// The directories its sandboxes may bind-mount (dsecd --allow-host-mount
   /// DIR[:rw], runtime/host_mount.hpp); empty: none.
   std::vector<std::string> host_mounts;

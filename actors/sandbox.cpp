@@ -1542,7 +1542,16 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
                                        .in_step("setup_egress"));
         if (s.cfg.env.egress)
           x.resolv_conf = "nameserver " + ipv4_to_string(eng->network()->resolver()) + "\n";
-        auto box = build_sandbox(eng->pick(), s.cfg.env, ls.fds, std::move(x),
+        auto& sp = eng->pick();
+        // An egress sandbox joins a namespace wired ahead for this spawner
+        // (veth, /31, route, loopback) when one is ready.
+        std::optional<egress_network::prewired> pre;
+        if (s.cfg.env.egress) {
+          pre = eng->network()->take(&sp);
+          if (pre)
+            x.netns = pre->netns.get();
+        }
+        auto box = build_sandbox(sp, s.cfg.env, ls.fds, std::move(x),
                                  [eng] { return eng->cgroups(); }, build_until::started);
         if (!box)
           return fail_creation(self, box.error_value());
@@ -1550,14 +1559,24 @@ sandbox_actor::behavior_type sandbox_impl(self_ptr self, sandbox_config cfg) {
         s.base_lowers = std::min<size_t>(ls.base_lowers, ls.fds.size());
         s.layer_fds = std::move(ls.fds); // a move: nothing allocated for it
         if (s.cfg.env.egress) {
-          // The veth, /31, route and policy, while init sets itself up: its
-          // network namespace exists from the clone on, and no command runs
-          // before init reports ready.
-          auto link = eng->network()->attach(s.box->pid(), s.box->pidfd(), s.cfg.env.allow,
-                                             s.cfg.env.deny);
-          if (!link)
-            return fail_creation(self, link.error_value());
-          s.egress = std::move(*link);
+          // Its policy (and, without a namespace wired ahead, the veth, /31
+          // and route), while init sets itself up: its network namespace
+          // exists from the clone on, and no command runs before init
+          // reports ready.
+          std::unique_ptr<egress_link> link;
+          if (pre) {
+            link = std::move(pre->link);
+            pre.reset(); // our copy of the namespace: init holds its own
+            if (auto a = eng->network()->activate(*link, s.cfg.env.allow, s.cfg.env.deny); !a)
+              return fail_creation(self, a.error_value());
+          } else {
+            auto a = eng->network()->attach(s.box->pid(), s.box->pidfd(), s.cfg.env.allow,
+                                            s.cfg.env.deny);
+            if (!a)
+              return fail_creation(self, a.error_value());
+            link = std::move(*a);
+          }
+          s.egress = std::move(link);
           // What it is denied goes to its session as events (on the
           // network's poll thread: straight to the session's mailbox).
           s.egress->watch(s.cfg.id, [route = s.route, key = s.cfg.key,

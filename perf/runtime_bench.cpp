@@ -30,6 +30,7 @@
 #include <cstring>
 #include <memory>
 #include <optional>
+#include <thread>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -363,7 +364,7 @@ const std::vector<std::string> bench_policy = {
 
 void sandbox_loop(benchmark::State& state, bool net, bool chronus, bool trusted,
                   const dsec::cgroup_root* cgroups = nullptr, const dsec::limits& lim = {},
-                  bool egress = false) {
+                  bool egress = false, bool prewired = false) {
   auto& e = *env;
   if (egress && !e.egress) {
     state.SkipWithError(("egress: " + e.egress_error).c_str());
@@ -397,14 +398,39 @@ void sandbox_loop(benchmark::State& state, bool net, bool chronus, bool trusted,
   std::vector<uint64_t> step_ns;
   uint64_t create_ns = 0, exec_ns = 0, wait_ns = 0, destroy_ns = 0;
   uint64_t attach_ns = 0, release_ns = 0; // egress: inside create and destroy
+  uint64_t missed = 0;                     // prewired: creates that found none ready
+  if (prewired) {
+    // As dsecd does (--egress-prewire 4): this spawner's zygote makes the
+    // namespaces, the network's thread wires them while the loop runs.
+    e.egress->prewire(&sp, 4, [&sp] { return sp.make_netns(); });
+    auto until = clk::now() + std::chrono::seconds(10);
+    while (e.egress->prewire_stats().ready < 4 && clk::now() < until)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
   // Thread 0 reads the CPU clocks before the start barrier and after the stop
   // barrier, so the window holds every thread's sandboxes and nothing else.
   uint64_t cpu0 = state.thread_index() == 0 ? cpu_ns_all() : 0;
   for (auto _ : state) {
     auto t0 = clk::now();
+    std::optional<dsec::egress_network::prewired> pre;
+    if (prewired) {
+      pre = e.egress->take(&sp);
+      missed += pre ? 0 : 1;
+    }
+    opts.netns = pre ? pre->netns.get() : -1;
     auto c = dsec::container::create(sp, e.lowers, opts, cgroups);
     std::unique_ptr<dsec::egress_link> link;
-    if (c && egress) {
+    if (c && egress && pre) {
+      auto ta = clk::now();
+      link = std::move(pre->link);
+      pre.reset();
+      auto a = e.egress->activate(*link, bench_policy, {});
+      attach_ns += ns_since(ta, clk::now());
+      if (!a) {
+        state.SkipWithError(("egress activate: " + a.error_value().to_string()).c_str());
+        break;
+      }
+    } else if (c && egress) {
       auto ta = clk::now();
       auto l = e.egress->attach((*c)->pid(), (*c)->pidfd(), bench_policy, {});
       attach_ns += ns_since(ta, clk::now());
@@ -469,6 +495,10 @@ void sandbox_loop(benchmark::State& state, bool net, bool chronus, bool trusted,
     state.counters["egress_attach_us"] = mean_us(attach_ns);
     state.counters["egress_release_us"] = mean_us(release_ns);
   }
+  if (prewired) {
+    state.counters["prewire_missed"] = static_cast<double>(missed);
+    e.egress->prewire(&sp, 0, {});
+  }
   // Host steps first, then the steps inside the sandbox ("in." prefix: they
   // happen during wait_ready). Steps that take no time in this configuration
   // (make_cgroup without limits, join_cgroup, setup_network without --net) are
@@ -493,6 +523,13 @@ void BM_sandbox(benchmark::State& state) {
 // routed /31, a default route and a 10-rule policy, all inside create.
 void BM_sandbox_egress(benchmark::State& state) {
   sandbox_loop(state, true, false, false, nullptr, {}, true);
+}
+
+// The same, the namespace wired ahead (dsecd --egress-prewire 4): the create
+// joins it and adds the policy's elements; the network's thread wires the
+// next ones meanwhile, on the same two cores.
+void BM_sandbox_egress_prewired(benchmark::State& state) {
+  sandbox_loop(state, true, false, false, nullptr, {}, true, true);
 }
 
 // A Chronus sandbox without --net. Arg 0: 1 = exit0 runs as a trusted command.
@@ -640,6 +677,7 @@ void register_benchmarks(int64_t iterations) {
   };
   fix(benchmark::RegisterBenchmark("BM_sandbox", BM_sandbox)->ArgName("net")->Arg(0)->Arg(1));
   fix(benchmark::RegisterBenchmark("BM_sandbox_egress", BM_sandbox_egress));
+  fix(benchmark::RegisterBenchmark("BM_sandbox_egress_prewired", BM_sandbox_egress_prewired));
   fix(benchmark::RegisterBenchmark("BM_sandbox_chronus", BM_sandbox_chronus)
         ->ArgName("trusted")->Arg(0)->Arg(1));
   fix(benchmark::RegisterBenchmark("BM_sandbox_limits", BM_sandbox_limits)

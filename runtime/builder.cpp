@@ -17,6 +17,7 @@ container_options container_options_for(const environment& env, build_extras ext
   o.seed_manifest = std::move(extras.seed_manifest);
   o.seed_blobs = std::move(extras.seed_blobs);
   o.resolv_conf = std::move(extras.resolv_conf);
+  o.netns = extras.netns;
   return o;
 }
 

@@ -37,6 +37,9 @@ struct build_extras {
   std::string seed_blobs;
   /// Egress networking: /etc/resolv.conf (container_options::resolv_conf).
   std::string resolv_conf;
+  /// Egress networking: a namespace wired ahead to join
+  /// (container_options::netns; not owned); -1: a fresh one.
+  int netns = -1;
   /// Where environment::mounts may come from (the node's dsecd
   /// --allow-host-mount, or everything for `dsec run`); null: nowhere, and a
   /// sandbox with host mounts is refused.

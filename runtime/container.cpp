@@ -231,7 +231,7 @@ struct create_steps {
       cf.channel = x.child_channel.get();
     }
     DSEC_TRY(s, x.sp.spawn(x.overlay.get(), x.child_ctl.get(), cg_fds, hostname, x.opts.net,
-                           x.opts.chronus ? &cf : nullptr, x.opts.host_mounts));
+                           x.opts.chronus ? &cf : nullptr, x.opts.host_mounts, x.opts.netns));
     x.c.pid_ = s.pid;
     x.c.pidfd_ = std::move(s.pidfd);
     if (x.c.cgroup_)

@@ -45,6 +45,10 @@ struct container_options {
   std::string id;          ///< the sandbox id; empty: a random one
   std::string hostname;    ///< empty: the sandbox id
   bool net = false;        ///< a private network namespace with loopback up
+  /// With net: the network namespace to join instead of a fresh one (not
+  /// owned; made by the spawner that spawns this sandbox, spawner::make_netns,
+  /// and wired: egress_network::take).
+  int netns = -1;
   uint64_t disk_bytes = 0; ///< size of the writable layer; 0: tmpfs default (half of RAM)
   limits lim;              ///< cgroup limits; none set: no cgroup of its own
   /// A Chronus sandbox: a listening SOCK_SEQPACKET socket at /run/chronus.sock

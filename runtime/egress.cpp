@@ -369,6 +369,16 @@ expected<std::unique_ptr<egress_network>> egress_network::start(const egress_opt
       out.push_back({"dsec_egress_sandboxes", "Egress sandboxes attached now.", "gauge",
                      {{{}, d(g->attached)}},
                      {}});
+      out.push_back({"dsec_egress_prewired", "Network namespaces wired ahead and ready now "
+                     "(dsecd --egress-prewire).", "gauge",
+                     {{{}, d(g->prewired)}},
+                     {}});
+      out.push_back({"dsec_egress_prewire_total", "Egress creates that found a namespace "
+                     "wired ahead (taken) or none (missed: wired on the create's path).",
+                     "counter",
+                     {{{{"outcome", "taken"}}, d(g->prewire_taken)},
+                      {{{"outcome", "missed"}}, d(g->prewire_missed)}},
+                     {}});
       out.push_back({"dsec_egress_packets_total",
                      "Packets of egress sandboxes by verdict: allowed (first packets of "
                      "connections their policies allowed) and denied (read once a second).",
@@ -389,6 +399,7 @@ expected<std::unique_ptr<egress_network>> egress_network::start(const egress_opt
 }
 
 egress_network::~egress_network() {
+  stop_prewiring(); // its links release into this network
   if (collector_)
     metrics::process_registry().remove_collector(collector_);
   if (poller_.joinable()) {
@@ -556,11 +567,9 @@ expected<void> egress_network::check_policy(const std::vector<std::string>& allo
 }
 
 
-expected<std::unique_ptr<egress_link>> egress_network::attach(pid_t pid, int pidfd,
-                                                              const std::vector<std::string>& allow,
-                                                              const std::vector<std::string>& deny) {
-  std::lock_guard<std::mutex> g{mu_};
-  // A free /31 whose last veth is gone.
+// With mu_ held: a free /31 whose last veth is gone, and a fresh name,
+// reserved for a link (released by its destructor, which takes mu_).
+expected<std::unique_ptr<egress_link>> egress_network::reserve_link() {
   size_t count = ((size_t{1} << (32 - net_.prefix)) - 2) / 2;
   size_t slot = count;
   for (size_t k = 0; k < count; ++k) {
@@ -578,64 +587,285 @@ expected<std::unique_ptr<egress_link>> egress_network::attach(pid_t pid, int pid
   if (slot == count)
     return make_error(errc::overloaded, "--sandbox-net " + net_.to_string()
                                           + " has no free address for another egress sandbox");
-  // net_ stays null until it is attached: a failure below must not release
-  // it (that would take mu_, held here).
   std::unique_ptr<egress_link> l{new egress_link};
   l->slot_ = slot;
   l->ifname_ = prefix_ + base36(next_name_++);
   l->addr_ = net_.addr + 3 + 2 * static_cast<uint32_t>(slot);
-  DSEC_TRY(pol, compile(l->ifname_, allow, deny));
-  auto elems = with_addrs(l->ifname_, l->addr_, std::move(pol.elements));
-  auto fail = [&](error e) -> error {
-    if (auto nl = rtnl::open())
-      (void) nl->delete_link(l->ifname_);
-    return std::move(e).in_step("setup_egress");
-  };
-  {
-    DSEC_TRY(nl, rtnl::open());
-    if (auto r = nl.add_veth(l->ifname_, "eth0", pid); !r)
-      return fail(r.error_value());
-    auto idx = nl.set_up_index(l->ifname_);
-    if (!idx)
-      return fail(idx.error_value());
-    if (auto r = nl.add_address(*idx, l->gateway(), 31); !r)
-      return fail(r.error_value());
-    if (auto r = write_sysctl(forwarding_path(l->ifname_), "1"); !r)
-      return fail(r.error_value());
-  }
-  {
-    auto in = rtnl::open_in(pidfd, home_ns_.get());
-    if (!in)
-      return fail(in.error_value());
-    auto idx = in->set_up_index("eth0");
-    if (!idx)
-      return fail(idx.error_value());
-    if (auto r = in->add_address(*idx, l->addr_, 31); !r)
-      return fail(r.error_value());
-    if (auto r = in->add_default_route(*idx, l->gateway()); !r)
-      return fail(r.error_value());
-  }
-  auto adding = elems;
-  for (auto& c : counting_elements(l->ifname_))
-    adding.push_back(std::move(c));
-  if (auto r = elems_->apply({}, adding); !r)
-    return fail(r.error_value());
-  l->elements_ = std::move(elems);
-  l->allow_ = allow;
-  l->deny_ = deny;
-  l->dns_exact_ = std::move(pol.dns_exact);
-  l->dns_suffix_ = std::move(pol.dns_suffix);
-  l->deny_exact_ = std::move(pol.deny_exact);
-  l->deny_suffix_ = std::move(pol.deny_suffix);
-  by_addr_[l->addr_] = l.get();
-  by_ifname_[l->ifname_] = l.get();
   l->net_ = this;
   slots_[slot].used = true;
   slots_[slot].last_ifname = l->ifname_;
   next_slot_ = (slot + 1) % count;
+  return l;
+}
+
+// Without mu_: the veth (made by `add_veth`, its peer "eth0" in the
+// namespace `ns`, a namespace fd or a pidfd), the node's end up with the even
+// address and forwarding on, the sandbox's end up with the odd one and the
+// default route; with `loopback` its lo up too. A failure deletes the veth.
+expected<void> egress_network::wire(egress_link& l,
+                                    const std::function<expected<void>(rtnl&)>& add_veth,
+                                    int ns, bool loopback) {
+  auto fail = [&](error e) -> error {
+    if (auto nl = rtnl::open())
+      (void) nl->delete_link(l.ifname_);
+    return std::move(e).in_step("setup_egress");
+  };
+  {
+    DSEC_TRY(nl, rtnl::open());
+    if (auto r = add_veth(nl); !r)
+      return fail(r.error_value());
+    auto idx = nl.set_up_index(l.ifname_);
+    if (!idx)
+      return fail(idx.error_value());
+    if (auto r = nl.add_address(*idx, l.gateway(), 31); !r)
+      return fail(r.error_value());
+    if (auto r = write_sysctl(forwarding_path(l.ifname_), "1"); !r)
+      return fail(r.error_value());
+  }
+  auto in = rtnl::open_in(ns, home_ns_.get());
+  if (!in)
+    return fail(in.error_value());
+  if (loopback)
+    if (auto r = in->set_up("lo"); !r)
+      return fail(r.error_value());
+  auto idx = in->set_up_index("eth0");
+  if (!idx)
+    return fail(idx.error_value());
+  if (auto r = in->add_address(*idx, l.addr_, 31); !r)
+    return fail(r.error_value());
+  if (auto r = in->add_default_route(*idx, l.gateway()); !r)
+    return fail(r.error_value());
+  return {};
+}
+
+// With mu_ held: the link serves its sandbox from now on (its policy's
+// elements are in the table).
+void egress_network::install(egress_link& l, compiled pol, const std::vector<std::string>& allow,
+                             const std::vector<std::string>& deny) {
+  l.allow_ = allow;
+  l.deny_ = deny;
+  l.dns_exact_ = std::move(pol.dns_exact);
+  l.dns_suffix_ = std::move(pol.dns_suffix);
+  l.deny_exact_ = std::move(pol.deny_exact);
+  l.deny_suffix_ = std::move(pol.deny_suffix);
+  by_addr_[l.addr_] = &l;
+  by_ifname_[l.ifname_] = &l;
+  l.active_ = true;
   ++attached_;
   gauges_->attached = attached_;
-  return l;
+}
+
+expected<std::unique_ptr<egress_link>> egress_network::attach(pid_t pid, int pidfd,
+                                                              const std::vector<std::string>& allow,
+                                                              const std::vector<std::string>& deny) {
+  std::unique_ptr<egress_link> l;
+  {
+    std::lock_guard<std::mutex> g{mu_};
+    DSEC_TRY(r, reserve_link());
+    l = std::move(r);
+  }
+  // From here a failure's `l` releases its slot (taking mu_): none is held.
+  DSEC_TRY(pol, compile(l->ifname_, allow, deny));
+  DSEC_TRY_VOID(wire(
+    *l, [&](rtnl& nl) { return nl.add_veth(l->ifname_, "eth0", pid); }, pidfd, false));
+  auto elems = with_addrs(l->ifname_, l->addr_, std::move(pol.elements));
+  auto adding = elems;
+  for (auto& c : counting_elements(l->ifname_))
+    adding.push_back(std::move(c));
+  expected<void> added;
+  {
+    std::lock_guard<std::mutex> g{mu_};
+    added = elems_->apply({}, adding);
+    if (added) {
+      l->elements_ = std::move(elems);
+      install(*l, std::move(pol), allow, deny);
+      return l;
+    }
+  }
+  if (auto nl = rtnl::open())
+    (void) nl->delete_link(l->ifname_);
+  return std::move(added).error_value().in_step("setup_egress"); // `l` releases its slot
+}
+
+// ---- namespaces wired ahead ------------------------------------------------
+
+void egress_network::prewire(const void* owner, size_t n,
+                             std::function<expected<unique_fd>()> make) {
+  std::vector<prewired> drop;
+  {
+    std::lock_guard<std::mutex> g{mu_};
+    auto it = std::find_if(pools_.begin(), pools_.end(),
+                           [&](const prewire_pool& p) { return p.owner == owner; });
+    if (it == pools_.end()) {
+      if (n == 0)
+        return;
+      it = pools_.insert(pools_.end(), prewire_pool{owner, 0, {}, {}, {}});
+    }
+    it->want = n;
+    it->make = std::move(make);
+    while (it->ready.size() > n) {
+      drop.push_back(std::move(it->ready.back()));
+      it->ready.pop_back();
+      --gauges_->prewired;
+    }
+    if (!prewirer_.joinable() && n > 0)
+      prewirer_ = std::thread([this] { prewire_loop(); });
+  }
+  prewire_cv_.notify_all();
+  // `drop` goes here, without mu_ (its links' destructors take it).
+}
+
+void egress_network::stop_prewiring() {
+  {
+    std::lock_guard<std::mutex> g{mu_};
+    prewire_stop_ = true;
+  }
+  prewire_cv_.notify_all();
+  if (prewirer_.joinable())
+    prewirer_.join();
+  std::vector<prewired> drop;
+  {
+    std::lock_guard<std::mutex> g{mu_};
+    for (auto& p : pools_)
+      for (auto& w : p.ready)
+        drop.push_back(std::move(w));
+    pools_.clear();
+    gauges_->prewired = 0;
+  }
+}
+
+std::optional<egress_network::prewired> egress_network::take(const void* owner) {
+  std::optional<prewired> out;
+  {
+    std::lock_guard<std::mutex> g{mu_};
+    for (auto& p : pools_)
+      if (p.owner == owner) {
+        if (p.ready.empty()) {
+          ++pstats_.missed;
+          gauges_->prewire_missed = pstats_.missed;
+        } else {
+          out.emplace(std::move(p.ready.front()));
+          p.ready.erase(p.ready.begin());
+          ++pstats_.taken;
+          gauges_->prewire_taken = pstats_.taken;
+          --gauges_->prewired;
+        }
+        break;
+      }
+  }
+  prewire_cv_.notify_all();
+  return out;
+}
+
+expected<void> egress_network::activate(egress_link& l, const std::vector<std::string>& allow,
+                                        const std::vector<std::string>& deny) {
+  DSEC_TRY(pol, compile(l.ifname_, allow, deny));
+  std::lock_guard<std::mutex> g{mu_};
+  // Its address (the anti-spoofing element) is there since it was wired;
+  // its counters start now.
+  auto adding = pol.elements;
+  for (auto& c : counting_elements(l.ifname_))
+    adding.push_back(std::move(c));
+  if (auto r = elems_->apply({}, adding); !r)
+    return std::move(r).error_value().in_step("setup_egress");
+  l.elements_ = with_addrs(l.ifname_, l.addr_, std::move(pol.elements));
+  install(l, std::move(pol), allow, deny);
+  return {};
+}
+
+egress_network::prewire_counters egress_network::prewire_stats() const {
+  std::lock_guard<std::mutex> g{mu_};
+  auto c = pstats_;
+  c.ready = 0;
+  for (const auto& p : pools_)
+    c.ready += p.ready.size();
+  return c;
+}
+
+void egress_network::prewire_loop() {
+  std::unique_lock<std::mutex> lk{mu_};
+  while (!prewire_stop_ && !stopping_) {
+    auto now = std::chrono::steady_clock::now();
+    prewire_pool* p = nullptr;
+    auto wake = now + std::chrono::hours(1);
+    for (auto& q : pools_) {
+      if (q.ready.size() >= q.want)
+        continue;
+      if (q.retry_at > now) {
+        wake = std::min(wake, q.retry_at);
+        continue;
+      }
+      p = &q;
+      break;
+    }
+    if (!p) {
+      prewire_cv_.wait_until(lk, wake);
+      continue;
+    }
+    const void* owner = p->owner;
+    auto make = p->make;
+    lk.unlock();
+    // The namespace from the owner's zygote, then its link: none of it
+    // under mu_ (attaches, the DNS proxy and the poll thread go on).
+    std::optional<prewired> w;
+    std::optional<error> failed;
+    auto ns = make();
+    if (!ns) {
+      failed = ns.error_value();
+    } else {
+      std::unique_ptr<egress_link> l;
+      {
+        std::lock_guard<std::mutex> g{mu_};
+        if (auto r = reserve_link())
+          l = std::move(*r);
+        else
+          failed = r.error_value();
+      }
+      if (l) {
+        int fd = ns->get();
+        if (auto r = wire(
+              *l, [&](rtnl& nl) { return nl.add_veth_into(l->ifname_, "eth0", fd); }, fd, true);
+            !r) {
+          failed = r.error_value();
+          l.reset();
+        } else {
+          std::lock_guard<std::mutex> g{mu_};
+          auto adding = addrs_element(l->ifname_, l->addr_);
+          if (auto a = elems_->apply({}, {&adding, 1}); !a) {
+            failed = a.error_value();
+          } else {
+            l->elements_ = {addrs_element(l->ifname_, l->addr_)};
+            w.emplace(prewired{std::move(*ns), std::move(l)});
+          }
+        }
+        if (!w && l) {
+          if (auto nl = rtnl::open())
+            (void) nl->delete_link(l->ifname_);
+          l.reset();
+        }
+      }
+    }
+    lk.lock();
+    auto it = std::find_if(pools_.begin(), pools_.end(),
+                           [&](const prewire_pool& q) { return q.owner == owner; });
+    if (failed) {
+      ++pstats_.failed;
+      // Not again for a second (a zygote gone, --sandbox-net full).
+      if (it != pools_.end())
+        it->retry_at = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+      pstats_.last_error = failed->to_string();
+    } else if (w) {
+      ++pstats_.made;
+      if (it != pools_.end() && it->ready.size() < it->want && !prewire_stop_) {
+        it->ready.push_back(std::move(*w));
+        ++gauges_->prewired;
+      } else {
+        lk.unlock();
+        w.reset(); // not wanted any more
+        lk.lock();
+      }
+    }
+  }
 }
 
 void egress_network::forget_admitted(egress_link& l) {
@@ -652,14 +882,20 @@ void egress_network::forget_admitted(egress_link& l) {
 
 void egress_network::release(egress_link& l) {
   std::lock_guard<std::mutex> g{mu_};
+  // A link reserved but never wired has no elements; one wired ahead and
+  // never taken only its address.
   auto removing = l.elements_;
-  for (auto& c : counting_elements(l.ifname_))
-    removing.push_back(std::move(c));
-  (void) elems_->apply(removing, {});
+  if (l.active_)
+    for (auto& c : counting_elements(l.ifname_))
+      removing.push_back(std::move(c));
+  if (!removing.empty())
+    (void) elems_->apply(removing, {});
   forget_admitted(l);
+  slots_[l.slot_].used = false;
+  if (!l.active_)
+    return; // reserved or wired ahead, never a sandbox's
   by_addr_.erase(l.addr_);
   by_ifname_.erase(l.ifname_);
-  slots_[l.slot_].used = false;
   --attached_;
   gauges_->attached = attached_;
 }

@@ -58,6 +58,8 @@ struct nft_ctx;
 
 namespace dsec {
 
+class rtnl; // runtime/netlink.hpp
+
 struct egress_options {
   std::string uplink;                       ///< dsecd --uplink IFACE (required)
   std::string sandbox_net = "198.19.0.0/16"; ///< dsecd --sandbox-net CIDR (/8 to /29)
@@ -138,6 +140,7 @@ private:
   friend class egress_network;
   egress_link() = default;
   egress_network* net_ = nullptr;
+  bool active_ = false; // a sandbox's (not reserved, nor wired ahead)
   std::string ifname_;
   uint32_t addr_ = 0;
   size_t slot_ = 0;
@@ -174,6 +177,40 @@ public:
   expected<std::unique_ptr<egress_link>> attach(pid_t pid, int pidfd,
                                                 const std::vector<std::string>& allow,
                                                 const std::vector<std::string>& deny);
+
+  // ---- network namespaces wired ahead (dsecd --egress-prewire N) ----
+  /// A network namespace made by a spawner's zygote (owned by the sandbox
+  /// user namespace) and wired by this network's thread before any create
+  /// asks: veth, /31, default route, loopback up, the link's address and
+  /// counting elements in the table. Only the policy is left (activate).
+  /// Given to that spawner's spawn (container_options::netns) and then
+  /// closed here: the namespace lives on in the sandbox, its veth goes with it.
+  struct prewired {
+    unique_fd netns;
+    std::unique_ptr<egress_link> link;
+  };
+  /// Keeps `n` wired ahead for the sandboxes of one spawner (`owner`), made
+  /// by `make` (its spawner::make_netns) on a thread of this network's; 0:
+  /// none. `make` must stay callable until stop_prewiring().
+  void prewire(const void* owner, size_t n, std::function<expected<unique_fd>()> make);
+  /// Stops the thread and drops what it wired (before the spawners go).
+  void stop_prewiring();
+  /// One of `owner`'s if one is ready, never waiting (an empty pool: the
+  /// caller attaches the old way); the thread wires another.
+  std::optional<prewired> take(const void* owner);
+  /// A taken link's policy, in one transaction: from now on it is the
+  /// sandbox's like one attach() made.
+  expected<void> activate(egress_link& l, const std::vector<std::string>& allow,
+                          const std::vector<std::string>& deny);
+  struct prewire_counters {
+    uint64_t taken = 0;  ///< creates that found one ready
+    uint64_t missed = 0; ///< creates that found none (attached the old way)
+    uint64_t made = 0;
+    uint64_t failed = 0;
+    uint64_t ready = 0;  ///< wired and waiting now
+    std::string last_error;
+  };
+  [[nodiscard]] prewire_counters prewire_stats() const;
 
   [[nodiscard]] const std::string& table() const { return table_; }
   [[nodiscard]] const std::string& link_prefix() const { return prefix_; }
@@ -220,6 +257,12 @@ private:
   expected<compiled> compile(const std::string& ifname, const std::vector<std::string>& allow,
                              const std::vector<std::string>& deny) const;
   void release(egress_link& l);
+  expected<std::unique_ptr<egress_link>> reserve_link(); // with mu_ held
+  expected<void> wire(egress_link& l, const std::function<expected<void>(rtnl&)>& add_veth,
+                      int ns, bool loopback);
+  void install(egress_link& l, compiled pol, const std::vector<std::string>& allow,
+               const std::vector<std::string>& deny); // with mu_ held
+  void prewire_loop();
   static std::vector<nft_set_elems> counting_elements(const std::string& ifname);
   void poll_loop();
   void poll_denied(); // with mu_ held
@@ -257,11 +300,25 @@ private:
   bool stopping_ = false;
   std::condition_variable poll_cv_;
   std::thread poller_;
+  // Namespaces wired ahead, per spawner, and the thread that wires them.
+  struct prewire_pool {
+    const void* owner;
+    size_t want;
+    std::function<expected<unique_fd>()> make;
+    std::vector<prewired> ready;
+    std::chrono::steady_clock::time_point retry_at;
+  };
+  std::vector<prewire_pool> pools_;
+  prewire_counters pstats_;
+  bool prewire_stop_ = false;
+  std::condition_variable prewire_cv_;
+  std::thread prewirer_;
 
   // For /metrics: what the poll thread read last (shared with the
   // collector, which a scrape may be running while this network goes).
   struct gauges {
     std::atomic<uint64_t> allowed{0}, denied{0}, attached{0};
+    std::atomic<uint64_t> prewired{0}, prewire_taken{0}, prewire_missed{0};
     std::atomic<uint64_t> dns_answered{0}, dns_refused{0}, dns_failed{0};
     std::atomic<bool> dns{false};
   };

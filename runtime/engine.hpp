@@ -47,6 +47,10 @@ public:
 
   /// A spawner, round-robin; one that is busy serialises its callers.
   spawner& pick();
+  /// Every spawner (the egress network wires namespaces ahead for each).
+  [[nodiscard]] const std::vector<std::unique_ptr<spawner>>& spawners() const {
+    return spawners_;
+  }
 
   /// The user namespace the layer mounts are idmapped into.
   [[nodiscard]] int userns_fd() const { return spawners_.front()->userns_fd(); }

@@ -110,6 +110,22 @@ expected<void> rtnl::add_veth(const std::string& name, const std::string& peer, 
   return {};
 }
 
+expected<void> rtnl::add_veth_into(const std::string& name, const std::string& peer,
+                                   int peer_ns) {
+  link_ptr l{rtnl_link_veth_alloc()};
+  if (!l.p)
+    return make_error(errc::system_error, "rtnl_link_veth_alloc: out of memory");
+  rtnl_link_set_name(l.p, name.c_str());
+  rtnl_link* p = rtnl_link_veth_get_peer(l.p);
+  rtnl_link_set_name(p, peer.c_str());
+  rtnl_link_set_ns_fd(p, peer_ns);
+  int err = rtnl_link_add(sk_, l.p, NLM_F_CREATE | NLM_F_EXCL);
+  rtnl_link_put(p);
+  if (err < 0)
+    return nl_error("adding the veth pair", name, err);
+  return {};
+}
+
 expected<void> rtnl::set_up(const std::string& name) {
   rtnl_link* l = nullptr;
   if (int err = rtnl_link_get_kernel(sk_, 0, name.c_str(), &l); err < 0)

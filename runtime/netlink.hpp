@@ -31,6 +31,8 @@ public:
   /// `peer_pid` (0: here too); both down (the kernel refuses to bring up
   /// one end before the pair is complete): set_up() each in its namespace.
   expected<void> add_veth(const std::string& name, const std::string& peer, pid_t peer_pid);
+  /// The same, the peer in the network namespace `peer_ns` (a namespace fd).
+  expected<void> add_veth_into(const std::string& name, const std::string& peer, int peer_ns);
   /// Brings the link up.
   expected<void> set_up(const std::string& name);
   /// set_up(), then index_of().

@@ -34,6 +34,8 @@ enum class type : uint32_t {
   exec_failed,   ///< init -> host: the command could not be started
   exited,        ///< init -> host: the command ended; its wait status
   give_netns,    ///< host -> zygote: a network namespace for the pool attached
+  make_netns,    ///< host -> zygote: make a network namespace for the host
+  netns_made,    ///< zygote -> host: it (attached), or why not
 };
 
 struct header {
@@ -99,6 +101,11 @@ constexpr uint32_t spawn_net = 1;
 /// the agent's root read-only at /.dsec/agent (pristine_agent_dir).
 constexpr uint32_t spawn_chronus = 2;
 
+/// With spawn_net: join the network namespace attached last (made by this
+/// zygote through make_netns and wired by the host: an egress sandbox's,
+/// runtime/egress.hpp) instead of cloning a fresh one.
+constexpr uint32_t spawn_netns = 4;
+
 /// Where dsec's own files are, in every root of a Chronus sandbox; trusted
 /// commands' PATH starts with its bin/.
 inline constexpr const char* dsec_dir = "/.dsec";
@@ -112,7 +119,8 @@ inline constexpr int trusted_channel_fd = 3;
 /// Descriptors attached, in order: the overlay mount, init's end of the control
 /// socket, `cgroup_fds` cgroup.procs files to join, then with spawn_chronus the
 /// chronus_fd::count below, then `host_mounts` detached mounts
-/// (runtime/host_mount.hpp) to attach inside the root.
+/// (runtime/host_mount.hpp) to attach inside the root, then with spawn_netns
+/// the network namespace to join.
 /// With spawn_chronus, after the cgroup files: the pristine root (a read-only
 /// overlay of the layers; its /.dsec is also mounted over the sandbox's own),
 /// its /tmp (a tmpfs), and the sandbox's end of the trusted channel.
@@ -143,6 +151,19 @@ inline constexpr uint32_t max_mount_paths = max_spawn_mounts * 1024;
 /// the zygote's pool; its fd attached. No reply.
 struct give_netns {
   header h{magic, type::give_netns};
+};
+
+/// Asks the zygote for a fresh network namespace owned by the sandbox user
+/// namespace (nothing up), for the host to wire before a spawn_netns.
+struct make_netns {
+  header h{magic, type::make_netns};
+};
+
+/// The namespace attached when err == 0.
+struct netns_made {
+  header h{magic, type::netns_made};
+  int32_t err = 0;
+  int32_t pad = 0;
 };
 
 /// pidfd attached when err == 0.

@@ -119,20 +119,21 @@ expected<spawner::spawned> spawner::spawn(int overlay, int ctl,
                                           std::span<const int> cgroup_fds,
                                           const std::string& hostname, bool net,
                                           const chronus_fds* chronus,
-                                          std::span<const prepared_mount> mounts) {
+                                          std::span<const prepared_mount> mounts, int netns) {
   struct {
     proto::spawn req;
     char paths[proto::max_mount_paths];
   } msg;
   auto& req = msg.req;
-  req.flags = (net ? proto::spawn_net : 0) | (chronus ? proto::spawn_chronus : 0);
+  req.flags = (net ? proto::spawn_net : 0) | (chronus ? proto::spawn_chronus : 0)
+              | (net && netns >= 0 ? proto::spawn_netns : 0);
   if (hostname.size() >= sizeof req.hostname)
     return make_error(errc::invalid_argument,
                       "hostname '" + hostname + "' is longer than 63 characters");
   std::memcpy(req.hostname, hostname.data(), hostname.size());
   int fds[unix_socket::max_fds];
   size_t before_mounts = 2 + cgroup_fds.size() + (chronus ? size_t{proto::chronus_fd::count} : 0);
-  size_t nsend = before_mounts + mounts.size();
+  size_t nsend = before_mounts + mounts.size() + (req.flags & proto::spawn_netns ? 1 : 0);
   static_assert(max_host_mounts <= proto::max_spawn_mounts);
   if (mounts.size() > proto::max_spawn_mounts)
     return make_error(errc::invalid_argument,
@@ -165,6 +166,8 @@ expected<spawner::spawned> spawner::spawn(int overlay, int ctl,
     fds[before_mounts + i] = mounts[i].tree.get();
   }
   req.host_mounts = static_cast<uint32_t>(mounts.size());
+  if (req.flags & proto::spawn_netns)
+    fds[nsend - 1] = netns;
   std::lock_guard<std::mutex> guard{mu_};
   DSEC_TRY_VOID(ready());
   if (unix_socket::send(sock_.get(), &msg, sizeof req + req.paths_len, fds, nsend) < 0)
@@ -189,6 +192,30 @@ expected<spawner::spawned> spawner::spawn(int overlay, int ctl,
   if (!out.pidfd)
     return make_error(errc::system_error, "the sandbox spawner sent no pidfd");
   out.pid = reply.pid;
+  return out;
+}
+
+expected<unique_fd> spawner::make_netns() {
+  std::lock_guard<std::mutex> guard{mu_};
+  DSEC_TRY_VOID(ready());
+  proto::make_netns m;
+  if (unix_socket::send(sock_.get(), &m, sizeof m, nullptr, 0) < 0)
+    return make_error(errc::disconnected,
+                      std::string{"the sandbox spawner is gone: "} + std::strerror(errno));
+  proto::netns_made reply;
+  int fd = -1;
+  size_t nfds = 0;
+  auto n = unix_socket::recv(sock_.get(), &reply, sizeof reply, &fd, 1, &nfds);
+  if (n <= 0)
+    return make_error(errc::disconnected, "the sandbox spawner is gone");
+  unique_fd out{nfds == 1 ? fd : -1};
+  if (n != static_cast<ssize_t>(sizeof reply) || reply.h.kind != proto::type::netns_made)
+    return make_error(errc::system_error, "the sandbox spawner answered garbage");
+  if (reply.err != 0)
+    return sys_error("the sandbox spawner making a network namespace: unshare(CLONE_NEWNET)", "",
+                     reply.err);
+  if (!out)
+    return make_error(errc::system_error, "the sandbox spawner sent no network namespace");
   return out;
 }
 

@@ -471,7 +471,11 @@ void close_all_but(int* keep, size_t n) {
   if (::sethostname(req.hostname, ::strnlen(req.hostname, sizeof req.hostname)) < 0)
     child_fail(c, S::set_hostname, req.hostname, errno);
   mark(c, S::set_hostname);
-  if (req.flags & proto::spawn_net) {
+  if (req.flags & proto::spawn_netns) {
+    // Wired by the host already (its loopback too).
+    if (::setns(c.fds[c.nfds - 1], CLONE_NEWNET) < 0)
+      child_fail(c, S::setup_network, "setns(egress netns)", errno);
+  } else if (req.flags & proto::spawn_net) {
     if (!loopback_up())
       child_fail(c, S::setup_network, "lo", errno);
   } else if (::setns(c.netns, CLONE_NEWNET) < 0) {
@@ -536,7 +540,7 @@ pid_t clone_sandbox(uint32_t flags, int* pidfd) {
   clone_args args{};
   args.flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_PARENT
                | CLONE_PIDFD;
-  if (flags & proto::spawn_net)
+  if ((flags & proto::spawn_net) && !(flags & proto::spawn_netns))
     args.flags |= CLONE_NEWNET;
   args.pidfd = reinterpret_cast<uint64_t>(pidfd);
   args.exit_signal = 0; // CLONE_PARENT: the child signals our parent like we would
@@ -566,6 +570,20 @@ void serve(zygote_state& z) {
       }
       continue;
     }
+    if (n == static_cast<ssize_t>(sizeof(proto::make_netns)) && req.h.magic == proto::magic
+        && req.h.kind == proto::type::make_netns) {
+      for (size_t i = 0; i < nfds; ++i)
+        ::close(fds[i]);
+      proto::netns_made made;
+      int fd = make_netns();
+      if (fd < 0)
+        made.err = errno;
+      if (unix_socket::send(host_sock, &made, sizeof made, &fd, fd >= 0 ? 1 : 0) < 0)
+        ::_exit(1);
+      if (fd >= 0)
+        ::close(fd);
+      continue;
+    }
     proto::spawn_reply reply;
     if (n < 0) {
       if (errno == EINTR)
@@ -580,12 +598,14 @@ void serve(zygote_state& z) {
                     != static_cast<long>(req.host_mounts)
                || nfds != 2 + static_cast<size_t>(req.cgroup_fds)
                             + ((req.flags & proto::spawn_chronus) ? size_t{proto::chronus_fd::count} : 0)
-                            + req.host_mounts) {
+                            + req.host_mounts
+                            + ((req.flags & proto::spawn_netns) ? 1 : 0)
+               || ((req.flags & proto::spawn_netns) && !(req.flags & proto::spawn_net))) {
       reply.err = EPROTO;
     }
     int pidfd = -1;
     int netns = -1;
-    bool pooled = reply.err == 0 && !(req.flags & proto::spawn_net);
+    bool pooled = reply.err == 0 && !(req.flags & (proto::spawn_net | proto::spawn_netns));
     if (pooled) {
       recycle(z.pool);
       if (!z.pool.free.empty()) {

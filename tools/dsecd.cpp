@@ -148,6 +148,10 @@ Options:
   --deny-range CIDR      one more range egress sandboxes never reach unless a
                          rule names it (repeatable), besides private, link-
                          local, metadata and the node's own addresses
+  --egress-prewire N     network namespaces each spawner keeps wired for
+                         egress sandboxes (veth, /31, route, loopback made
+                         ahead, off the create's path; default 4, 0: none,
+                         every create wires its own)
   --expose-address ADDR  where exposed ports listen (`dsec expose`, `run
                          --expose`; docs/network.md): each is a fresh port of
                          ADDR (an IPv4 or IPv6 address of this node; 0.0.0.0
@@ -393,6 +397,10 @@ int main(int argc, char** argv) {
       if (!o.d.egress)
         o.d.egress.emplace();
       o.d.egress->deny_ranges.push_back(v);
+    } else if (opt("--egress-prewire")) {
+      if (!dsec::cli::parse_uint(v, 256, n))
+        return bad("--egress-prewire: expected a whole number from 0 to 256, got '" + v + "'");
+      o.d.egress_prewire = static_cast<unsigned>(n);
     } else if (opt("--expose-address")) {
       if (v.empty())
         return bad("--expose-address: expected an address of this node (e.g. 127.0.0.1)");

@@ -12,9 +12,11 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <map>
 #include <memory>
@@ -204,6 +206,24 @@ std::string join(const std::vector<std::string>& v) {
   return s.empty() ? "(nothing)" : s;
 }
 
+// A series of this process's /metrics (the embedded daemon's); -1: none.
+double metric(const std::string& series) {
+  auto text = metrics::process_registry().expose();
+  auto at = text.find("\n" + series + " ");
+  return at == std::string::npos ? -1 : std::stod(text.substr(at + series.size() + 2));
+}
+
+// While its daemon runs: only the veths of namespaces wired ahead are left
+// (dsecd --egress-prewire), as many as its gauge says are ready.
+bool only_prewired_left(const std::string& tag) {
+  return eventually([&] {
+    auto nl = rtnl::open();
+    auto links = nl ? nl->links_with_prefix("dx" + tag + "_") : expected<std::vector<std::string>>{
+                                                                    std::vector<std::string>{}};
+    return links && static_cast<double>(links->size()) == metric("dsec_egress_prewired");
+  });
+}
+
 bool veths_gone(const std::string& tag) {
   return eventually([&] {
     auto nl = rtnl::open();
@@ -260,6 +280,9 @@ TEST_CASE("an egress sandbox reaches what its policy allows, nothing else"
   embedded e{egress_daemon(net)};
   auto tag = tag_of(actor_layers());
   auto s = open(*e.c);
+  // Its 2 spawners keep 4 namespaces each wired ahead (veth, /31, route,
+  // loopback): both sandboxes below join one.
+  REQUIRE(eventually([&] { return metric("dsec_egress_prewired") == 8; }));
   auto id = make_one(*s, egress_env({"198.18.0.2:8000"}));
   // The allowed address and port.
   CHECK(reached(get(*s, id, "198.18.0.2", 8000)));
@@ -292,6 +315,8 @@ TEST_CASE("an egress sandbox reaches what its policy allows, nothing else"
   REQUIRE_MESSAGE(exposed, describe(exposed.error_value()));
   auto via = run_process({probe(), "tcp-connect", std::to_string(exposed->host_port)});
   CHECK_MESSAGE(via.out == "ok hello\n", via.describe());
+  CHECK(metric("dsec_egress_prewire_total{outcome=\"taken\"}") == 2);
+  CHECK(metric("dsec_egress_prewire_total{outcome=\"missed\"}") == 0);
   // The stats count what was allowed and denied.
   auto st = node_stats_of(*e.c);
   CHECK(st.egress_sandboxes == 2);
@@ -300,7 +325,7 @@ TEST_CASE("an egress sandbox reaches what its policy allows, nothing else"
   // Destroyed: the veths go with the sandboxes' namespaces.
   REQUIRE(s->destroy(id));
   REQUIRE(s->destroy(id2));
-  CHECK_MESSAGE(veths_gone(tag), "left: " << join(leftovers(tag)));
+  CHECK_MESSAGE(only_prewired_left(tag), "left: " << join(leftovers(tag)));
   CHECK(node_stats_of(*e.c).egress_sandboxes == 0);
 }
 
@@ -413,8 +438,10 @@ TEST_CASE("private, metadata and the node's denied ranges are denied unless a ru
   internet net;
   auto o = egress_daemon(net);
   o.egress->deny_ranges = {"198.18.0.3/32"};
+  o.egress_prewire = 0; // each create wires its own namespace (the other path)
   embedded e{o};
   auto s = open(*e.c);
+  CHECK(metric("dsec_egress_prewired") == 0);
   // Everything on port 8000: 198.18.0.2 is reached, 198.18.0.3 is in a range
   // the node denies (--deny-range) and a wide rule does not open it; nor the
   // metadata address.
@@ -576,6 +603,85 @@ TEST_CASE("dsecd sweeps what a killed dsecd left, and leaves nothing when stoppe
   }
   CHECK(veths_gone(tag));
   CHECK_MESSAGE(leftovers(tag).empty(), "after a stop: " << join(leftovers(tag)));
+}
+
+namespace {
+// The network namespaces processes are in now (their inode numbers).
+std::set<std::string> netns_in_use() {
+  std::set<std::string> out;
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    std::error_code ec;
+    auto target = fs::read_symlink(e.path() / "ns/net", ec);
+    if (!ec)
+      out.insert(target.string());
+  }
+  return out;
+}
+} // namespace
+
+TEST_CASE("1,000 egress sandboxes, then kill -9: the next dsecd collects the rest, nothing is left"
+          * skip_unless(have_tools(), "needs root, ip (iproute2) and busybox")) {
+  internet net;
+  auto tag = tag_of(actor_layers());
+  auto ns_before = netns_in_use();
+  std::vector<std::string> args{"--uplink", net.uplink, "--sandbox-net", "198.19.0.0/22",
+                                "--slots", "64"};
+  {
+    dsecd_proc d{args};
+    test_system ts;
+    caf::actor_system sys{ts.cfg};
+    auto c = connect(sys, d.port);
+    auto s = open(*c);
+    // 20 rounds of 50: each round's sandboxes destroyed, the last one's kept.
+    std::vector<std::string> live;
+    int made = 0;
+    for (int round = 0; round < 20; ++round) {
+      std::vector<std::string> failures;
+      auto ids = s->create(egress_env({"198.18.0.2:8000"}), 50, {},
+                           [&](const error& e) { failures.push_back(describe(e)); });
+      REQUIRE_MESSAGE(ids, "create: " << describe(ids.error_value()));
+      REQUIRE_MESSAGE(ids->size() == 50, "round " << round << ": "
+                                                  << (failures.empty() ? "?" : failures[0]));
+      made += 50;
+      if (round == 19) {
+        live = *ids;
+        break;
+      }
+      for (const auto& id : *ids)
+        REQUIRE(s->destroy(id));
+    }
+    CHECK(made == 1000);
+    CHECK(reached(get(*s, live.front(), "198.18.0.2", 8000)));
+    CHECK(get(*s, live.back(), "198.18.0.3", 8000) == "ETIMEDOUT");
+    CHECK(node_stats_of(*c).egress_sandboxes == 50);
+    s.reset();
+    c.reset();
+    d.stop(SIGKILL);
+  }
+  // Its 50 sandboxes died with it, and the namespaces it had wired ahead:
+  // every veth goes with its namespace, and no namespace is left.
+  CHECK_MESSAGE(veths_gone(tag), "after kill -9: " << join(leftovers(tag)));
+  CHECK(eventually([&] {
+    auto now = netns_in_use();
+    return std::includes(ns_before.begin(), ns_before.end(), now.begin(), now.end());
+  }));
+  {
+    // The next dsecd of the state dir removes the table the killed one left.
+    dsecd_proc d{args};
+    CHECK_MESSAGE(d.bg.out().find("dsecd: removed nftables table inet dsec_" + tag)
+                    != std::string::npos,
+                  d.bg.out());
+    CHECK(d.stop(SIGTERM).status == 0);
+  }
+  CHECK(veths_gone(tag));
+  CHECK_MESSAGE(leftovers(tag).empty(), "after a stop: " << join(leftovers(tag)));
+  // No address of --sandbox-net on the node.
+  auto nl = rtnl::open();
+  REQUIRE(nl);
+  auto addrs = nl->ipv4_addresses();
+  REQUIRE(addrs);
+  for (auto a : *addrs)
+    CHECK_MESSAGE((a & 0xfffffc00u) != 0xc6130000u, "left: " << ipv4_to_string(a));
 }
 
 TEST_CASE("domain rules: the node's resolver answers allowed names and admits their answers"
