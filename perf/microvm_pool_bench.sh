@@ -37,7 +37,7 @@ guest=$("$here/tools/microvm-guest" --guest "$build/tools/dsec-guest" \
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/dsec-microvm-pool-bench.XXXXXX")
 pid=
 cleanup() {
-  [ -n "$pid" ] && kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null
+  [ -n "$pid" ] && kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null || true
   rm -rf "$tmp"
 }
 trap cleanup EXIT

@@ -40,7 +40,7 @@ done
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/dsec-snapshot-bench.XXXXXX")
 pid=
 cleanup() {
-  [ -n "$pid" ] && kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null
+  [ -n "$pid" ] && kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null || true
   rm -rf "$tmp"
 }
 trap cleanup EXIT

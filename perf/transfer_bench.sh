@@ -32,7 +32,7 @@ tmp=$(mktemp -d "${TMPDIR:-/tmp}/dsec-transfer-bench.XXXXXX")
 data=$(mktemp -d "${DSEC_BENCH_DATA:-$tmp}/dsec-transfer-data.XXXXXX")
 pid=
 cleanup() {
-  [ -n "$pid" ] && kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null
+  [ -n "$pid" ] && kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null || true
   rm -rf "$tmp" "$data"
 }
 trap cleanup EXIT
