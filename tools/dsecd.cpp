@@ -604,6 +604,16 @@ int main(int argc, char** argv) {
     return bad(std::string{sim_flag} + " is for --backend sim");
   if (backend_sim)
     o.d.sim = model;
+  // Every thread (the log's, CAF's, the reactor's, the egress network's)
+  // inherits these blocked; main waits for them. Before the first thread: a
+  // SIGTERM that found one without them blocked killed dsecd outright, its
+  // sandboxes, table and links left for the next start to sweep.
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGINT);
+  sigaddset(&stop, SIGTERM);
+  sigaddset(&stop, SIGHUP);
+  ::pthread_sigmask(SIG_BLOCK, &stop, nullptr);
   // The log's writer thread, from here on (runtime/log.hpp).
   dsec::log::configure(o.log);
   {
@@ -685,13 +695,6 @@ int main(int argc, char** argv) {
   for (int fd = 0; fd < 3; ++fd)
     if (::fcntl(fd, F_GETFD) < 0 && ::open("/dev/null", O_RDWR) != fd)
       return 1;
-  // Every thread (CAF's, the reactor's) inherits these blocked; main waits for them.
-  sigset_t stop;
-  sigemptyset(&stop);
-  sigaddset(&stop, SIGINT);
-  sigaddset(&stop, SIGTERM);
-  sigaddset(&stop, SIGHUP);
-  ::pthread_sigmask(SIG_BLOCK, &stop, nullptr);
   ::signal(SIGPIPE, SIG_IGN);
 
   caf::actor_system_config cfg;

@@ -671,7 +671,8 @@ TEST_CASE("1,000 egress sandboxes, then kill -9: the next dsecd collects the res
     CHECK_MESSAGE(d.bg.out().find("dsecd: removed nftables table inet dsec_" + tag)
                     != std::string::npos,
                   d.bg.out());
-    CHECK(d.stop(SIGTERM).status == 0);
+    auto r = d.stop(SIGTERM);
+    CHECK_MESSAGE(r.status == 0, r.describe());
   }
   CHECK(veths_gone(tag));
   CHECK_MESSAGE(leftovers(tag).empty(), "after a stop: " << join(leftovers(tag)));
