@@ -94,36 +94,36 @@ rtnl::~rtnl() {
     nl_socket_free(sk_); // closes the socket
 }
 
-expected<void> rtnl::add_veth(const std::string& name, const std::string& peer, pid_t peer_pid) {
+namespace {
+// A veth pair `name`/`peer`, the peer placed by `place` (its namespace).
+expected<void> make_veth(nl_sock* sk, const std::string& name, const std::string& peer,
+                         void (*place)(rtnl_link*, int), int where) {
   link_ptr l{rtnl_link_veth_alloc()};
   if (!l.p)
     return make_error(errc::system_error, "rtnl_link_veth_alloc: out of memory");
   rtnl_link_set_name(l.p, name.c_str());
   rtnl_link* p = rtnl_link_veth_get_peer(l.p);
   rtnl_link_set_name(p, peer.c_str());
-  if (peer_pid > 0)
-    rtnl_link_set_ns_pid(p, peer_pid);
-  int err = rtnl_link_add(sk_, l.p, NLM_F_CREATE | NLM_F_EXCL);
+  if (place)
+    place(p, where);
+  int err = rtnl_link_add(sk, l.p, NLM_F_CREATE | NLM_F_EXCL);
   rtnl_link_put(p);
   if (err < 0)
     return nl_error("adding the veth pair", name, err);
   return {};
 }
 
+void place_by_pid(rtnl_link* p, int pid) { rtnl_link_set_ns_pid(p, pid); }
+void place_by_fd(rtnl_link* p, int fd) { rtnl_link_set_ns_fd(p, fd); }
+} // namespace
+
+expected<void> rtnl::add_veth(const std::string& name, const std::string& peer, pid_t peer_pid) {
+  return make_veth(sk_, name, peer, peer_pid > 0 ? place_by_pid : nullptr, peer_pid);
+}
+
 expected<void> rtnl::add_veth_into(const std::string& name, const std::string& peer,
                                    int peer_ns) {
-  link_ptr l{rtnl_link_veth_alloc()};
-  if (!l.p)
-    return make_error(errc::system_error, "rtnl_link_veth_alloc: out of memory");
-  rtnl_link_set_name(l.p, name.c_str());
-  rtnl_link* p = rtnl_link_veth_get_peer(l.p);
-  rtnl_link_set_name(p, peer.c_str());
-  rtnl_link_set_ns_fd(p, peer_ns);
-  int err = rtnl_link_add(sk_, l.p, NLM_F_CREATE | NLM_F_EXCL);
-  rtnl_link_put(p);
-  if (err < 0)
-    return nl_error("adding the veth pair", name, err);
-  return {};
+  return make_veth(sk_, name, peer, place_by_fd, peer_ns);
 }
 
 expected<void> rtnl::set_up(const std::string& name) {
